@@ -1,0 +1,110 @@
+"""Shared benchmark helpers: timing, FLOP/byte floors, device ceilings and result files.
+
+Every benchmark script imports from here so that all numbers in bench/results/ are computed the
+same way: medians of ``triton.testing.do_bench`` (milliseconds), useful FLOPs counted from the
+visible (unmasked) query-key pairs, and the H200 ceilings measured on 2026-11-29.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Card ceilings (H200, measured 2026-11-29): bf16 dense matrix rate and device copy bandwidth.
+PEAK_TFLOPS = {"NVIDIA H200": 796.0}
+PEAK_TBPS = {"NVIDIA H200": 4.27}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_package_paths() -> None:
+    """Make the packages importable from a source checkout (no install needed, as on the device)."""
+    for src in sorted((ROOT / "packages").glob("*/src")):
+        if str(src) not in sys.path:
+            sys.path.insert(0, str(src))
+    peers = ROOT / ".peers"
+    if peers.is_dir() and str(peers) not in sys.path:
+        sys.path.append(str(peers))
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return os.environ.get("BENCH_COMMIT", "unknown")
+
+
+def today() -> str:
+    return _dt.date.today().isoformat()
+
+
+def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn()`` by triton.testing.do_bench (device events, L2 flushed)."""
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def attn_flops(pairs: int, head_dim: int, heads: int, head_dim_v: int | None = None) -> float:
+    """Useful FLOPs of attention over ``pairs`` visible (query, key) pairs per head:
+    2*D for QK^T plus 2*Dv for PV, per pair, per head."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    return float(pairs) * heads * 2.0 * (head_dim + dv)
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def floors_ms(flops: float, nbytes: float, gpu: str | None = None) -> tuple[float, float]:
+    """(compute floor, memory floor) in ms at the card's measured ceilings."""
+    gpu = gpu or gpu_name()
+    peak = PEAK_TFLOPS.get(gpu, 796.0)
+    bw = PEAK_TBPS.get(gpu, 4.27)
+    return flops / (peak * 1e12) * 1e3, nbytes / (bw * 1e12) * 1e3
+
+
+def write_rows(out_dir: Path, stem: str, rows: list[dict]) -> tuple[Path, Path]:
+    """Write ``rows`` (dicts with the same keys) as ``stem.csv`` and a markdown table ``stem.md``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    csv_path = out_dir / f"{stem}.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    md_path = out_dir / f"{stem}.md"
+
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = [
+        f"<!-- {gpu_name()}, {today()}, commit {commit()} -->",
+        "| " + " | ".join(keys) + " |",
+        "|" + "---|" * len(keys),
+    ]
+    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
+    md_path.write_text("\n".join(lines) + "\n")
+    return csv_path, md_path
+
+
+def print_rows(rows: list[dict], keys: list[str]) -> None:
+    """One line per row, flushed, so long runs show progress."""
+    for r in rows:
+        print(
+            "  ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r.get(k)}" for k in keys),
+            flush=True,
+        )

@@ -1,0 +1,233 @@
+"""paged_kv_offsets: a small Triton gather kernel through the helper must match a plain torch gather.
+
+The torch gather below is written independently of the helper (its own page arithmetic), for every
+page size the project cares about and every accepted layout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import DEVICE
+
+from paged_kv_offsets import describe_cache, describe_kv_cache, pages_needed
+from paged_kv_offsets.kernel import dim_offsets, token_mask, token_offsets
+
+PAGE_SIZES = [1, 3, 16, 17, 544, 1040, 1056, 2048]
+LAYOUT_ROLES = [("split", "k"), ("split", "v"), ("nhd", "k"), ("hnd", "k")]
+KV_HEADS, HEAD_SIZE, X = 2, 16, 8
+
+
+@triton.jit
+def _gather_kernel(
+    cache,
+    out,
+    offs_out,
+    block_table,
+    positions,
+    seq_lens,
+    n_pos,
+    n_cols,
+    stride_bt_row,
+    stride_bt_col,
+    stride_block,
+    stride_slot,
+    stride_head,
+    stride_dim,
+    stride_x,
+    kv_head,
+    PAGE_SIZE: tl.constexpr,
+    X: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """out[seq, i, :] = cache[token at positions[i] of sequence seq, kv_head, :] (0 for padding lanes)."""
+    seq = tl.program_id(0)
+    i_blk = tl.program_id(1)
+    o_i = i_blk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    m_i = o_i < n_pos
+    b_pos = tl.load(positions + o_i, mask=m_i, other=0)  # [BLOCK]
+    n_valid = tl.load(seq_lens + seq)
+    bt_row = block_table + seq.to(tl.int64) * stride_bt_row
+    b_off = token_offsets(bt_row, stride_bt_col, b_pos, n_valid, n_cols, stride_block, stride_slot, PAGE_SIZE)
+    m_tok = token_mask(b_pos, n_valid, n_cols, PAGE_SIZE) & m_i  # [BLOCK]
+    o_d = tl.arange(0, D)
+    b_doff = dim_offsets(o_d, stride_dim, stride_x, X)  # [D]
+    p_c = cache + b_off[:, None] + kv_head * stride_head + b_doff[None, :]  # [BLOCK, D]
+    b_v = tl.load(p_c, mask=m_tok[:, None], other=0.0)  # [BLOCK, D]
+    p_o = out + (seq * n_pos + o_i)[:, None] * D + o_d[None, :]
+    tl.store(p_o, b_v, mask=m_i[:, None])
+    tl.store(offs_out + seq * n_pos + o_i, b_off, mask=m_i)
+
+
+def gather_via_helper(cache, layout, role, block_table, seq_lens, positions, kv_head, page_size=None):
+    view = describe_cache(cache, layout, role=role)
+    page = view.page_size if page_size is None else page_size
+    batch, n_pos = seq_lens.numel(), positions.numel()
+    out = torch.full((batch, n_pos, view.head_size), float("nan"), dtype=cache.dtype, device=cache.device)
+    offs = torch.full((batch, n_pos), -1, dtype=torch.int64, device=cache.device)
+    BLOCK = 32
+    _gather_kernel[(batch, triton.cdiv(n_pos, BLOCK))](
+        cache, out, offs, block_table, positions, seq_lens, n_pos, block_table.shape[1],
+        block_table.stride(0), block_table.stride(1), *view.kernel_args(), kv_head,
+        PAGE_SIZE=page, X=view.x, D=view.head_size, BLOCK=BLOCK,
+    )  # fmt: skip
+    return out, offs
+
+
+def gather_via_torch(cache, layout, role, block_table, seq_lens, positions, kv_head):
+    """Independent gather: plain indexing per token, zeros for padding lanes."""
+    batch, n_pos = seq_lens.numel(), positions.numel()
+    out = torch.zeros((batch, n_pos, HEAD_SIZE), dtype=cache.dtype)
+    page = cache.shape[3] if layout == "split" else (cache.shape[1] if layout == "nhd" else cache.shape[2])
+    for b in range(batch):
+        for i, p in enumerate(positions.tolist()):
+            if p >= int(seq_lens[b]):
+                continue
+            blk = int(block_table[b, p // page])
+            slot = p % page
+            if layout == "split" and role == "k":
+                out[b, i] = cache[blk, kv_head, :, slot, :].reshape(-1)
+            elif layout == "split":
+                out[b, i] = cache[blk, kv_head, :, slot]
+            elif layout == "nhd":
+                out[b, i] = cache[blk, slot, kv_head]
+            else:
+                out[b, i] = cache[blk, kv_head, slot]
+    return out
+
+
+def make_cache(layout, role, num_blocks, page, dtype=torch.float16, device=DEVICE):
+    if layout == "split" and role == "k":
+        shape = (num_blocks, KV_HEADS, HEAD_SIZE // X, page, X)
+    elif layout == "split":
+        shape = (num_blocks, KV_HEADS, HEAD_SIZE, page)
+    elif layout == "nhd":
+        shape = (num_blocks, page, KV_HEADS, HEAD_SIZE)
+    else:
+        shape = (num_blocks, KV_HEADS, page, HEAD_SIZE)
+    return torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
+
+
+def make_case(page, seq_lens_list):
+    """Block table exactly as wide as the longest sequence needs, with shuffled block ids,
+    allocated as the tail of a larger buffer whose next element is a huge (bogus) block id."""
+    need = [pages_needed(n, page) for n in seq_lens_list]
+    width = max(need)
+    total = sum(need)
+    num_blocks = total + 3
+    ids = torch.randperm(num_blocks)[:total]
+    flat = torch.full((len(seq_lens_list) * width + 1,), 2**30, dtype=torch.int32)
+    table = flat[: len(seq_lens_list) * width].view(len(seq_lens_list), width)
+    k = 0
+    for b, n in enumerate(need):
+        table[b, :n] = ids[k : k + n].to(torch.int32)
+        table[b, n:] = 2**30  # entries past a sequence's need are garbage: must be ignored
+        k += n
+    return table, num_blocks
+
+
+def positions_for(page, max_len):
+    """Positions crossing page boundaries, plus padding lanes past every sequence."""
+    pts = {0, max_len - 1, max_len, max_len + 5}
+    for m in range(1, 4):
+        for d in (-1, 0, 1):
+            pts.add(m * page + d)
+    pts |= set(torch.randint(0, max_len, (24,)).tolist())
+    return torch.tensor(sorted(p for p in pts if p >= 0), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("layout,role", LAYOUT_ROLES)
+@pytest.mark.parametrize("page", PAGE_SIZES)
+def test_gather_matches_torch(layout, role, page):
+    seq_lens_list = [1, 2 * page + 3, page, 3 * page - 1] if page < 1000 else [1, page + 7, 2 * page]
+    table, num_blocks = make_case(page, seq_lens_list)
+    cache = make_cache(layout, role, num_blocks, page)
+    seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32)
+    positions = positions_for(page, max(seq_lens_list))
+    for kv_head in range(KV_HEADS):
+        want = gather_via_torch(cache.cpu(), layout, role, table, seq_lens, positions, kv_head)
+        got, offs = gather_via_helper(
+            cache, layout, role, table.to(DEVICE), seq_lens.to(DEVICE), positions.to(DEVICE), kv_head
+        )
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+        pad = positions[None, :].expand(len(seq_lens_list), -1) >= seq_lens[:, None]
+        assert (offs.cpu()[pad] == 0).all(), "padding lanes must not take an offset from the table"
+
+
+@pytest.mark.parametrize("page", [3, 16, 544])
+def test_negative_control_wrong_page_size(page):
+    """The same assertion must fail when the helper is told a wrong page size."""
+    seq_lens_list = [3 * page + 2, 2 * page]
+    table, num_blocks = make_case(page, seq_lens_list)
+    cache = make_cache("nhd", "k", num_blocks, page)
+    seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32)
+    positions = positions_for(page, max(seq_lens_list))
+    want = gather_via_torch(cache.cpu(), "nhd", "k", table, seq_lens, positions, 0)
+    got, _ = gather_via_helper(
+        cache, "nhd", "k", table.to(DEVICE), seq_lens.to(DEVICE), positions.to(DEVICE), 0, page_size=page + 1
+    )
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_table_dtypes_and_strided_rows(dtype):
+    """int64 tables and tables that are column-slices of a wider buffer address the same tokens."""
+    page = 17
+    seq_lens_list = [40, 17, 1]
+    table, num_blocks = make_case(page, seq_lens_list)
+    wide = torch.full((table.shape[0], table.shape[1] * 2), 2**30, dtype=dtype)
+    wide[:, ::2] = table.to(dtype)
+    strided = wide[:, ::2]  # stride_bt_col = 2
+    cache = make_cache("nhd", "k", num_blocks, page)
+    seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32)
+    positions = positions_for(page, max(seq_lens_list))
+    want = gather_via_torch(cache.cpu(), "nhd", "k", table, seq_lens, positions, 1)
+    got, _ = gather_via_helper(
+        cache, "nhd", "k", strided.to(DEVICE), seq_lens.to(DEVICE), positions.to(DEVICE), 1
+    )
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@triton.jit
+def _offsets_only_kernel(block_table, positions, out, n_pos, n_valid, n_cols, stride_block, stride_slot,
+                         PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    o_i = tl.arange(0, BLOCK)
+    m_i = o_i < n_pos
+    b_pos = tl.load(positions + o_i, mask=m_i, other=0)
+    b_off = token_offsets(block_table, 1, b_pos, n_valid, n_cols, stride_block, stride_slot, PAGE_SIZE)
+    tl.store(out + o_i, b_off, mask=m_i)
+
+
+@pytest.mark.parametrize("page", [16, 1056])
+def test_offsets_above_2_31_elements(page):
+    """Offset arithmetic is int64 all the way: block ids above 2**20 times a big block stride,
+    positions near int32 limits of pages, checked without allocating such a cache."""
+    heads, head = 8, 256
+    stride_slot = heads * head  # NHD
+    stride_block = page * stride_slot
+    n_cols = 64
+    table = torch.randint(2**20, 2**21, (n_cols,), dtype=torch.int32)
+    positions = torch.tensor([0, 1, page - 1, page, 5 * page + 3, n_cols * page - 1], dtype=torch.int32)
+    out = torch.zeros(positions.numel(), dtype=torch.int64)
+    _offsets_only_kernel[(1,)](
+        table.to(DEVICE), positions.to(DEVICE), out_d := out.to(DEVICE), positions.numel(), n_cols * page,
+        n_cols, stride_block, stride_slot, PAGE_SIZE=page, BLOCK=8,
+    )  # fmt: skip
+    want = [int(table[p // page]) * stride_block + (p % page) * stride_slot for p in positions.tolist()]
+    assert out_d.cpu().tolist() == want
+    assert max(want) > 2**31
+
+
+def test_describe_rejects_wrong_rank():
+    with pytest.raises(ValueError, match="k_cache"):
+        describe_cache(torch.zeros(2, 3, 4), "nhd", role="k")
+    with pytest.raises(ValueError, match="layout"):
+        describe_cache(torch.zeros(2, 3, 4, 5), "bogus", role="k")
+    k = torch.zeros(4, 2, 2, 16, 8)
+    v = torch.zeros(4, 2, 16, 32)  # page 32 != 16
+    with pytest.raises(ValueError, match="page_size"):
+        describe_kv_cache(k, v, "split")
