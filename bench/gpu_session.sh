@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call that checks and times everything: the GPU test suite, then both benchmarks.
+# Usage (repository root, on the GPU machine): bash bench/gpu_session.sh [tests|bench|all] [extra bench args]
+# Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
+set -uo pipefail
+what=${1:-all}; shift || true
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/.peers"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+{
+  date -u; git rev-parse --short HEAD 2>/dev/null || true
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+rc=0
+if [[ $what == tests || $what == all ]]; then
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider --maxfail=30 \
+    --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+  rc=${PIPESTATUS[0]}
+fi
+if [[ $what == bench || $what == all ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  for s in window_prefill prefix_prefill; do
+    timeout ${BENCH_TIMEOUT:-280} python3 bench/$s.py --out "$res" "$@" 2>&1 | tee -a "$OUT/bench.log"
+  done
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+exit $rc
