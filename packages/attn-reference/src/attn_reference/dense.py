@@ -6,8 +6,8 @@ per sequence (chunked over query rows so an 8k x 8k sequence fits in memory), no
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Optional
 
 import torch
 
@@ -35,7 +35,7 @@ def _check_cu_seqlens(cu: object, name: str, total: int) -> list[int]:
     vals = [int(x) for x in cu.tolist()]
     if vals[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {vals[0]}")
-    if any(b < a for a, b in zip(vals[:-1], vals[1:])):
+    if any(b < a for a, b in itertools.pairwise(vals)):
         raise ValueError(f"{name} must be non-decreasing, got {vals}")
     if vals[-1] != total:
         raise ValueError(f"{name}[-1] must equal the number of tokens ({total}), got {vals[-1]}")
@@ -58,9 +58,9 @@ def _check_options(
     q: torch.Tensor,
     num_kv_heads: int,
     batch: int,
-    softmax_scale: Optional[float],
-    alibi_slopes: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
+    softmax_scale: float | None,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
     sinks_mode: str,
     softcap: float,
     dtype: torch.dtype,
@@ -68,7 +68,8 @@ def _check_options(
     num_heads = q.shape[1]
     if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
         raise ValueError(
-            f"number of query heads ({num_heads}) must be a multiple of the number of kv heads ({num_kv_heads})"
+            f"number of query heads ({num_heads}) must be a multiple of "
+            f"the number of kv heads ({num_kv_heads})"
         )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 4:
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
@@ -131,8 +132,8 @@ def _attend_sequence(
     left: int,
     right: int,
     scale: float,
-    slopes: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
+    slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
     sinks_mode: str,
     softcap: float,
     window_shift: int = 0,
@@ -190,9 +191,9 @@ def _attention_varlen_impl(
     *,
     causal: bool,
     window: tuple[int, int],
-    softmax_scale: Optional[float],
-    alibi_slopes: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
+    softmax_scale: float | None,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
     sinks_mode: str,
     softcap: float,
     dtype: torch.dtype,
@@ -221,7 +222,8 @@ def _attention_varlen_impl(
     cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
     if len(cu_q) != len(cu_k):
         raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got {len(cu_q)} and {len(cu_k)}"
+            "cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+            f"got {len(cu_q)} and {len(cu_k)}"
         )
     batch = len(cu_q) - 1
     scale = _check_options(
@@ -265,9 +267,9 @@ def attention_varlen(
     *,
     causal: bool = False,
     window: tuple[int, int] = (-1, -1),
-    softmax_scale: Optional[float] = None,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    sinks: Optional[torch.Tensor] = None,
+    softmax_scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
     dtype: torch.dtype = torch.float64,
@@ -328,9 +330,9 @@ def negative_control(
     *,
     causal: bool = False,
     window: tuple[int, int] = (-1, -1),
-    softmax_scale: Optional[float] = None,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    sinks: Optional[torch.Tensor] = None,
+    softmax_scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
     dtype: torch.dtype = torch.float64,
