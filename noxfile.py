@@ -114,3 +114,23 @@ def demo(session: nox.Session) -> None:
     """A realistic prefill per kernel, checked against the reference (GPU if present, else the
     interpreter at a small size)."""
     session.run("python", "bench/demo.py", *session.posargs, env={"PYTHONPATH": _src_path()}, external=True)
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def packaging(session: nox.Session, package: str) -> None:
+    """``pip install packages/<name>`` in a fresh venv installs that package and its declared
+    dependencies only (attn-reference must not bring triton); then the package imports."""
+    session.install(CPU_TORCH)
+    local = [d for d in PACKAGES[package][1] if d != "packages/attn-reference"]
+    session.install(*local, package)
+    module = PACKAGES[package][0]
+    code = (
+        "import importlib, importlib.metadata as md, sys;"
+        f"m = importlib.import_module('{module}'); print(m.__name__, m.__version__);"
+        "names = sorted(d.metadata['Name'].lower() for d in md.distributions());"
+        "print('installed:', ' '.join(names));"
+        "bad = 'triton' in names or 'triton' in sys.modules;"
+        f"sys.exit(1 if '{module}' == 'attn_reference' and bad else 0)"
+    )
+    session.run("python", "-c", code)
