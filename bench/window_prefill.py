@@ -1,0 +1,416 @@
+#!/usr/bin/env python
+"""Benchmark window_prefill against its peers on one GPU (H200): time, useful TFLOP/s, GB/s, floors.
+
+Usage::
+
+    python bench/window_prefill.py --out DIR [--quick] [--sweep] [--shapes pr,llm,sweep_n,sweep_w]
+
+Shapes (all bf16, one sequence of N tokens):
+
+* ``pr``      N=16384, 8 q / 8 kv heads, head_dim 64, window (64, 64), non-causal;
+* ``llm``     N=32768, 32 q / 8 kv heads, head_dim 128, causal, window (4095, -1);
+* ``sweep_n`` N = 4k .. 256k (powers of two) at the ``pr`` configuration;
+* ``sweep_w`` window (w, w), w = 64 .. N, at N=16384, otherwise the ``pr`` configuration.
+
+Peers, each guarded (printed and skipped when unavailable): ``ours``; ``ours_nowindow`` (same kernel,
+window off: O(N^2)); ``vllm`` (vLLM 0.33 context_attention_fwd from .peers, sliding_window_q/k);
+``flex`` (torch FlexAttention, torch.compile'd, sliding-window block mask built once per shape, GQA via
+enable_gqa); ``sdpa_flash`` / ``sdpa_cudnn`` (torch SDPA backends on FULL attention, noted in the row).
+Full-attention peers are skipped above N=65536 to keep the run short.
+
+Useful FLOPs = visible (query, key) pairs (exact, closed form per row) * heads * 4 * head_dim; bytes =
+q, k, v and o once. ``floor_ms`` = max(compute floor, memory floor) at the card's measured ceilings.
+Windowed peers are checked against ``ours`` (attn_reference.compare, bf16 tolerances) in ``check``.
+
+``--sweep`` also times our kernel over BLOCK_M {64,128} x BLOCK_N {32,64,128} x warps {4,8} x stages
+{2,3,4} on the ``pr`` and ``llm`` shapes and writes DIR/window_sweep.{csv,md} (pass ``--shapes ""``
+for the sweep alone). Writes DIR/window_prefill.{csv,md} and DIR/window_prefill.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+_BENCH_DIR = os.path.realpath(Path(__file__).resolve().parent)
+sys.path.insert(0, _BENCH_DIR)
+
+from common import add_package_paths, attn_flops, bench_ms, floors_ms, gpu_name, tflops, write_rows  # noqa: E402
+
+# This script's own name would shadow the window_prefill package: keep bench/ off the import path.
+sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != _BENCH_DIR]
+
+FULL_MAX_N = 65536  # full-attention peers above this would dominate the run time
+DEVICE = "cuda"  # a CPU smoke run (TRITON_INTERPRET=1) may set "cpu" ...
+DTYPE_NAME = "bfloat16"  # ... and "float16" (the interpreter has no bf16 tl.dot)
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    window: tuple[int, int]
+
+
+def make_shapes(kinds: list[str], quick: bool) -> list[Shape]:
+    pr = Shape("pr", 16384, 8, 8, 64, False, (64, 64))
+    out: list[Shape] = []
+    for kind in kinds:
+        if kind == "pr":
+            out.append(pr)
+        elif kind == "llm":
+            out.append(Shape("llm", 32768, 32, 8, 128, True, (4095, -1)))
+        elif kind == "sweep_n":
+            ns = [4096, 16384, 65536, 262144] if quick else [4096 << i for i in range(7)]
+            out += [Shape("sweep_n", n, 8, 8, 64, False, (64, 64)) for n in ns]
+        elif kind == "sweep_w":
+            ws = [64, 1024, 16384] if quick else [64, 256, 1024, 4096, 16384]
+            out += [Shape("sweep_w", 16384, 8, 8, 64, False, (w, w)) for w in ws]
+        elif kind:
+            raise SystemExit(f"unknown shape kind {kind!r}; expected pr, llm, sweep_n, sweep_w")
+    return out
+
+
+def visible_pairs(n: int, causal: bool, window: tuple[int, int]) -> int:
+    """Exact count of visible (query, key) pairs of one self-attention sequence of n tokens:
+    row i sees keys [max(0, i - left), min(n - 1, i + right, i if causal)] (closed form per row)."""
+    import torch
+
+    left, right = window
+    i = torch.arange(n, dtype=torch.int64)
+    lo = (i - left).clamp(min=0) if left >= 0 else torch.zeros_like(i)
+    hi = (i + right).clamp(max=n - 1) if right >= 0 else torch.full_like(i, n - 1)
+    if causal:
+        hi = torch.minimum(hi, i)
+    return int((hi - lo + 1).clamp(min=0).sum())
+
+
+class Peers:
+    """Builds one timed callable per peer for a shape; each may raise (then the peer is skipped)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self._flex = None
+        self._masks: dict[tuple, object] = {}
+
+    def inputs(self, s: Shape):
+        torch = self.torch
+        dt = getattr(torch, DTYPE_NAME)
+        q = torch.randn(s.n, s.heads, s.head_dim, device=DEVICE, dtype=dt)
+        k = torch.randn(s.n, s.kv_heads, s.head_dim, device=DEVICE, dtype=dt)
+        v = torch.randn(s.n, s.kv_heads, s.head_dim, device=DEVICE, dtype=dt)
+        cu = torch.tensor([0, s.n], device=DEVICE, dtype=torch.int32)
+        return q, k, v, cu
+
+    def ours(self, s: Shape, q, k, v, cu, window=None, config=None) -> Callable[[], object]:
+        from window_prefill import window_prefill
+
+        out = self.torch.empty_like(q)
+        w = s.window if window is None else window
+        return lambda: window_prefill(q, k, v, cu, s.n, causal=s.causal, window=w, out=out, config=config)
+
+    def ours_nowindow(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
+        if s.n > FULL_MAX_N:
+            raise RuntimeError(f"full attention skipped above N={FULL_MAX_N}")
+        return self.ours(s, q, k, v, cu, window=(-1, -1))
+
+    def vllm(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
+        from vllm.v1.attention.ops.triton_prefill_attention import context_attention_fwd
+
+        o = self.torch.empty_like(q)
+        lens = cu.diff()
+        left, right = s.window
+        sw_q = left if left > 0 else None
+        sw_k = right if right > 0 else None
+        if left == 0 or right == 0:
+            raise RuntimeError("vLLM cannot express a zero-width window side")
+
+        def fn():
+            context_attention_fwd(q, k, v, o, cu[:-1], lens, s.n, s.causal, None, sw_q, sw_k)
+            return o
+
+        return fn
+
+    def flex(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
+        torch = self.torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        if self._flex is None:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = 64  # never fall back to eager (O(N^2) memory)
+            self._flex = torch.compile(flex_attention, dynamic=False)
+        key = (s.n, s.causal, s.window)
+        if key not in self._masks:
+            left_t = torch.tensor(s.window[0], device=DEVICE)
+            right_t = torch.tensor(s.window[1], device=DEVICE)
+            causal, has_left, has_right = s.causal, s.window[0] >= 0, s.window[1] >= 0
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                vis = q_idx >= 0
+                if causal:
+                    vis = vis & (kv_idx <= q_idx)
+                if has_left:
+                    vis = vis & (q_idx - kv_idx <= left_t)
+                if has_right:
+                    vis = vis & (kv_idx - q_idx <= right_t)
+                return vis
+
+            self._masks[key] = create_block_mask(mask_mod, None, None, s.n, s.n, device=DEVICE)
+        bm = self._masks[key]
+        q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))  # [1, H, N, D]
+        gqa = s.heads != s.kv_heads
+        fn = self._flex
+        return lambda: fn(q4, k4, v4, block_mask=bm, enable_gqa=gqa)
+
+    def _sdpa(self, backend_name: str, s: Shape, q, k, v) -> Callable[[], object]:
+        torch = self.torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if s.n > FULL_MAX_N:
+            raise RuntimeError(f"full attention skipped above N={FULL_MAX_N}")
+        backend = getattr(SDPBackend, backend_name)
+        group = s.heads // s.kv_heads
+        q4 = q.transpose(0, 1).unsqueeze(0).contiguous()
+        k4, v4 = (t.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0).contiguous() for t in (k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def fn():
+            with sdpa_kernel(backend):
+                return sdpa(q4, k4, v4, is_causal=s.causal)
+
+        return fn
+
+    def sdpa_flash(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
+        return self._sdpa("FLASH_ATTENTION", s, q, k, v)
+
+    def sdpa_cudnn(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
+        return self._sdpa("CUDNN_ATTENTION", s, q, k, v)
+
+
+PEERS = ["ours", "ours_nowindow", "vllm", "flex", "sdpa_flash", "sdpa_cudnn"]
+FULL_PEERS = {"ours_nowindow", "sdpa_flash", "sdpa_cudnn"}
+
+
+def _as_tokens(t, s: Shape):
+    """A peer's output as [N, H, D] (flex/SDPA return [1, H, N, D])."""
+    if t.dim() == 4:
+        return t[0].transpose(0, 1)
+    return t
+
+
+def fmt_row(r: dict) -> str:
+    keys = [
+        "shape",
+        "peer",
+        "n",
+        "window",
+        "causal",
+        "ms",
+        "tflops",
+        "gbps",
+        "floor_ms",
+        "pct_floor",
+        "check",
+    ]
+    return "  ".join(
+        f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r.get(k, '')}" for k in keys
+    )
+
+
+def run_peers(shapes: list[Shape], gpu: str) -> list[dict]:
+    import torch
+
+    from attn_reference import compare
+
+    peers = Peers()
+    rows: list[dict] = []
+    for s in shapes:
+        q, k, v, cu = peers.inputs(s)
+        pairs = visible_pairs(s.n, s.causal, s.window)
+        flops = attn_flops(pairs, s.head_dim, s.heads)
+        nbytes = (2 * s.heads + 2 * s.kv_heads) * s.n * s.head_dim * q.element_size()
+        f_ms, m_ms = floors_ms(flops, nbytes, gpu)
+        floor = max(f_ms, m_ms)
+        ours_out = None
+        for name in PEERS:
+            try:
+                fn = getattr(peers, name)(s, q, k, v, cu)
+                res = fn()
+                torch.cuda.synchronize()
+                ms = bench_ms(fn)
+            except Exception as exc:
+                print(
+                    f"shape={s.name} n={s.n} peer={name} SKIP ({type(exc).__name__}: {str(exc)[:160]})",
+                    flush=True,
+                )
+                continue
+            check = ""
+            if name == "ours":
+                ours_out = _as_tokens(res, s)
+            elif name not in FULL_PEERS and ours_out is not None:
+                try:
+                    c = compare(ours_out, _as_tokens(res, s).float(), dtype=torch.bfloat16)  # bf16 tolerance
+                    check = "ok" if c else f"FAIL max_abs={c.max_abs:.3g}"
+                except Exception as exc:
+                    check = f"n/a ({type(exc).__name__})"
+            row = {
+                "shape": s.name,
+                "peer": name,
+                "n": s.n,
+                "heads": s.heads,
+                "kv_heads": s.kv_heads,
+                "head_dim": s.head_dim,
+                "causal": s.causal,
+                "window": f"{s.window[0]}/{s.window[1]}",
+                "note": "full attention (no window)" if name in FULL_PEERS else "",
+                "ms": ms,
+                "tflops": tflops(flops, ms),
+                "gbps": nbytes / (ms * 1e-3) / 1e9,
+                "floor_ms": floor,
+                "compute_floor_ms": f_ms,
+                "memory_floor_ms": m_ms,
+                "pct_floor": 100.0 * floor / ms,
+                "check": check,
+            }
+            rows.append(row)
+            print(fmt_row(row), flush=True)
+        del q, k, v, ours_out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_sweep(gpu: str, shapes: list[Shape] | None = None) -> list[dict]:
+    import torch
+
+    from window_prefill import Config, detect_arch, get_config, shared_memory_bytes
+    from window_prefill.configs import SHARED_MEMORY_LIMIT
+
+    arch = detect_arch(torch.device(DEVICE))
+    limit = SHARED_MEMORY_LIMIT.get(arch, SHARED_MEMORY_LIMIT["default"])
+    peers = Peers()
+    rows: list[dict] = []
+    for s in shapes if shapes is not None else make_shapes(["pr", "llm"], quick=False):
+        q, k, v, cu = peers.inputs(s)
+        flops = attn_flops(visible_pairs(s.n, s.causal, s.window), s.head_dim, s.heads)
+        default = get_config(s.head_dim, q.dtype, s.causal, arch)
+        best: tuple[float, Config] | None = None
+        default_ms = float("nan")
+        for bm, bn, nw, ns in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
+            cfg = Config(bm, bn, nw, ns)
+            smem = shared_memory_bytes(cfg, s.head_dim, q.dtype)
+            row = {"shape": s.name, "block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns}
+            row["smem_est"] = smem
+            if smem > limit:
+                row.update(ms=float("nan"), tflops=float("nan"), status="skipped: shared memory estimate")
+            else:
+                try:
+                    fn = peers.ours(s, q, k, v, cu, config=cfg)
+                    fn()
+                    torch.cuda.synchronize()
+                    ms = bench_ms(fn, warmup=5, rep=25)
+                    row.update(ms=ms, tflops=tflops(flops, ms), status="ok")
+                    if best is None or ms < best[0]:
+                        best = (ms, cfg)
+                    if cfg == default:
+                        default_ms = ms
+                except Exception as exc:
+                    row.update(ms=float("nan"), tflops=float("nan"), status=f"error: {type(exc).__name__}")
+            row["is_default"] = cfg == default
+            rows.append(row)
+            print(
+                "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                flush=True,
+            )
+        if best is not None:
+            print(
+                f"BEST shape={s.name} {best[1]} ms={best[0]:.4g} tflops={tflops(flops, best[0]):.4g} "
+                f"(shipped default {default}: ms={default_ms:.4g})",
+                flush=True,
+            )
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:
+        print(f"no plot ({exc})", flush=True)
+        return
+    sel = [r for r in rows if r["shape"] == "sweep_n"] or rows
+    if not sel:
+        return
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for peer in PEERS:
+        pts = sorted((r["n"], r["ms"]) for r in sel if r["peer"] == peer)
+        if pts:
+            label = peer + (" (full attention)" if peer in FULL_PEERS else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    floor = sorted({(r["n"], r["floor_ms"]) for r in sel})
+    ax.plot([p[0] for p in floor], [p[1] for p in floor], "k--", label="floor (max of compute, memory)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens N")
+    ax.set_ylabel("ms")
+    title = (
+        "window_prefill, bf16, 8 heads, hd 64, window (64, 64)"
+        if sel[0]["shape"] == "sweep_n"
+        else "all shapes"
+    )
+    ax.set_title(f"{title} — {gpu_name()}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="output directory")
+    ap.add_argument("--quick", action="store_true", help="fewer N and window points")
+    ap.add_argument("--sweep", action="store_true", help="also sweep launch configs on the pr and llm shapes")
+    ap.add_argument("--shapes", default="pr,llm,sweep_n,sweep_w", help="comma list of pr,llm,sweep_n,sweep_w")
+    args = ap.parse_args(argv)
+    kinds = [k.strip() for k in args.shapes.split(",") if k.strip()]
+    shapes = make_shapes(kinds, args.quick)
+
+    add_package_paths()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs a GPU", file=sys.stderr)
+        return 2
+    gpu = gpu_name()
+    print(f"# {gpu}, torch {torch.__version__}", flush=True)
+    if shapes:
+        rows = run_peers(shapes, gpu)
+        if rows:
+            csv_path, md_path = write_rows(args.out, "window_prefill", rows)
+            print(f"wrote {csv_path} {md_path}", flush=True)
+            plot(rows, args.out / "window_prefill.png")
+    if args.sweep:
+        rows = run_sweep(gpu)
+        csv_path, md_path = write_rows(args.out, "window_sweep", rows)
+        print(f"wrote {csv_path} {md_path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

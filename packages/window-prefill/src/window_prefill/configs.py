@@ -1,0 +1,156 @@
+"""Per-architecture launch configurations: a static table, looked up once per (arch, head dim, dtype,
+causal). No autotuning happens on the call path; the benchmark's ``--sweep`` is how the table is tuned.
+
+Table key: ``(arch, head_dim_bucket, dtype_class, causal)`` with
+
+* ``arch`` in :data:`ARCHS`: ``"sm90"`` (H100/H200), ``"sm80"`` (A100), ``"gfx942"`` (MI300),
+  ``"gfx950"`` (MI350), ``"interpreter"`` (``TRITON_INTERPRET=1`` / CPU tensors) and ``"default"``
+  (any other GPU; sized to fit 64 KiB of shared memory);
+* ``head_dim_bucket`` in :data:`HEAD_DIM_BUCKETS`: the smallest bucket >= the head dim (64, 128, 256);
+* ``dtype_class``: ``"16bit"`` (fp16, bf16) or ``"fp32"``;
+* ``causal``: bool.
+
+Value: :class:`Config` ``(block_m, block_n, num_warps, num_stages)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+
+
+class Config(NamedTuple):
+    """One launch configuration: query tile rows, key tile rows, warps, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+ARCHS = ("sm90", "sm80", "gfx942", "gfx950", "interpreter", "default")
+HEAD_DIM_BUCKETS = (64, 128, 256)
+DTYPE_CLASSES = ("16bit", "fp32")
+MAX_HEAD_DIM = 256
+
+# Shared memory (LDS on AMD) available to one program, bytes. "default" is the smallest we target
+# (Turing's 64 KiB); the interpreter has no limit.
+SHARED_MEMORY_LIMIT: dict[str, int] = {
+    "sm90": 227 * 1024,
+    "sm80": 163 * 1024,
+    "gfx942": 64 * 1024,
+    "gfx950": 160 * 1024,
+    "default": 64 * 1024,
+}
+
+_C = Config
+# (arch, head_dim_bucket, dtype_class) -> Config, for causal and non-causal alike unless overridden below.
+_BASE: dict[tuple[str, int, str], Config] = {
+    # Hopper: wide query tiles, 3-stage K/V pipeline.
+    ("sm90", 64, "16bit"): _C(128, 64, 4, 3),
+    ("sm90", 128, "16bit"): _C(128, 64, 8, 3),
+    ("sm90", 256, "16bit"): _C(64, 64, 4, 2),
+    ("sm90", 64, "fp32"): _C(64, 32, 4, 2),
+    ("sm90", 128, "fp32"): _C(64, 32, 4, 2),
+    ("sm90", 256, "fp32"): _C(32, 32, 4, 2),
+    # Ampere (163 KiB).
+    ("sm80", 64, "16bit"): _C(128, 64, 4, 3),
+    ("sm80", 128, "16bit"): _C(128, 64, 8, 3),
+    ("sm80", 256, "16bit"): _C(64, 32, 4, 2),
+    ("sm80", 64, "fp32"): _C(64, 32, 4, 2),
+    ("sm80", 128, "fp32"): _C(64, 32, 4, 2),
+    ("sm80", 256, "fp32"): _C(32, 32, 4, 1),
+    # MI300 (64 KiB LDS): one or two stages, every entry checked by shared_memory_bytes in the tests.
+    ("gfx942", 64, "16bit"): _C(128, 64, 4, 2),
+    ("gfx942", 128, "16bit"): _C(128, 64, 4, 1),
+    ("gfx942", 256, "16bit"): _C(64, 32, 4, 1),
+    ("gfx942", 64, "fp32"): _C(64, 32, 4, 1),
+    ("gfx942", 128, "fp32"): _C(32, 32, 4, 1),
+    ("gfx942", 256, "fp32"): _C(32, 16, 4, 1),
+    # MI350 (160 KiB LDS).
+    ("gfx950", 64, "16bit"): _C(128, 64, 4, 2),
+    ("gfx950", 128, "16bit"): _C(128, 64, 8, 2),
+    ("gfx950", 256, "16bit"): _C(128, 32, 8, 2),
+    ("gfx950", 64, "fp32"): _C(64, 32, 4, 2),
+    ("gfx950", 128, "fp32"): _C(64, 32, 4, 2),
+    ("gfx950", 256, "fp32"): _C(32, 32, 4, 1),
+    # Interpreter: tiny tiles so short test sequences cross many query and key tiles.
+    **{("interpreter", hd, dc): _C(16, 16, 1, 1) for hd in HEAD_DIM_BUCKETS for dc in DTYPE_CLASSES},
+    # Any other GPU (sm75, sm86, sm89, sm100, sm120, gfx90a, ...): fits 64 KiB.
+    ("default", 64, "16bit"): _C(64, 64, 4, 2),
+    ("default", 128, "16bit"): _C(64, 32, 4, 2),
+    ("default", 256, "16bit"): _C(32, 32, 4, 1),
+    ("default", 64, "fp32"): _C(32, 32, 4, 1),
+    ("default", 128, "fp32"): _C(32, 32, 4, 1),
+    ("default", 256, "fp32"): _C(16, 16, 4, 1),
+}
+
+# Entries where the causal kernel wants something else than the shared base (tuned with --sweep).
+_CAUSAL_OVERRIDES: dict[tuple[str, int, str, bool], Config] = {}
+
+CONFIGS: dict[tuple[str, int, str, bool], Config] = {
+    **{(a, hd, dc, causal): cfg for (a, hd, dc), cfg in _BASE.items() for causal in (False, True)},
+    **_CAUSAL_OVERRIDES,
+}
+
+
+def head_dim_bucket(head_dim: int) -> int:
+    """Smallest bucket in :data:`HEAD_DIM_BUCKETS` that holds ``head_dim`` (1..256)."""
+    for b in HEAD_DIM_BUCKETS:
+        if head_dim <= b:
+            return b
+    raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM}, got {head_dim}")
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    """``"fp32"`` for float32, ``"16bit"`` for float16/bfloat16."""
+    if dtype == torch.float32:
+        return "fp32"
+    if dtype in (torch.float16, torch.bfloat16):
+        return "16bit"
+    raise TypeError(f"unsupported dtype {dtype}; expected float16, bfloat16 or float32")
+
+
+def block_d(head_dim: int) -> int:
+    """Padded head-dim tile: next power of two, at least 16 (the smallest tl.dot K)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def shared_memory_bytes(config: Config, head_dim: int, dtype: torch.dtype) -> int:
+    """Static estimate of the shared memory (LDS) one program needs: the Q tile plus one K and one V
+    tile per pipeline stage (at least one), all at ``block_d(head_dim)`` width. P stays in registers."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    bd = block_d(head_dim)
+    return elem * bd * (config.block_m + 2 * config.block_n * max(1, config.num_stages))
+
+
+@functools.cache
+def _arch_of(device_type: str, index: int | None) -> str:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or device_type == "cpu":
+        return "interpreter"
+    if getattr(torch.version, "hip", None):
+        name = str(torch.cuda.get_device_properties(index).gcnArchName).split(":")[0]
+        return name if name in ("gfx942", "gfx950") else "default"
+    major, minor = torch.cuda.get_device_capability(index)
+    if major == 9:
+        return "sm90"
+    if (major, minor) == (8, 0):
+        return "sm80"
+    return "default"
+
+
+def detect_arch(device: torch.device | str | None = None) -> str:
+    """Architecture key of ``device`` (cached per device): one of :data:`ARCHS`."""
+    device = torch.device("cuda" if device is None else device)
+    return _arch_of(device.type, device.index)
+
+
+@functools.cache
+def get_config(head_dim: int, dtype: torch.dtype, causal: bool, arch: str) -> Config:
+    """The shipped :class:`Config` for this problem class on ``arch`` (unknown archs use "default")."""
+    key = (arch if arch in ARCHS else "default", head_dim_bucket(head_dim), dtype_class(dtype), bool(causal))
+    return CONFIGS[key]

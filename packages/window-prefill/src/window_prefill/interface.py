@@ -1,0 +1,412 @@
+"""Public launchers: input validation, config lookup and one shared ``_launch_fwd``.
+
+Two entry points share the kernel:
+
+* :func:`window_prefill` -- Pythonic form: ``cu_seqlens`` and a FlashAttention-style inclusive
+  ``window=(left, right)`` (``-1`` = unbounded), returns the output;
+* :func:`context_attention_fwd` -- drop-in for vLLM's
+  ``vllm/v1/attention/ops/triton_prefill_attention.py::context_attention_fwd`` (writes into ``o``).
+
+Neither synchronises with the device on the default path (CUDA-graph capturable). Checks that need
+device values (lengths against tensors, ``cu_seqlens`` monotonic, ``max_seqlen`` large enough) run
+only with ``validate=True`` or the environment variable ``PREFILL_VALIDATE=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import torch
+import triton
+
+from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
+from window_prefill.kernel import _fwd_kernel
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+# Windows at least this wide cover any sequence a launch can hold: treated as unbounded (and never
+# passed to the kernel, whose position arithmetic is int32).
+_UNBOUNDED_WINDOW = 1 << 30
+_MAX_BATCH = 65535  # grid z limit
+SINKS_MODES = ("denominator", "bias_key0")
+
+
+def _validate_requested(validate: bool) -> bool:
+    return bool(validate) or os.environ.get("PREFILL_VALIDATE", "0") == "1"
+
+
+def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str) -> None:
+    """Host-only (shape/dtype/device/stride) checks of q, k, v and the output buffer."""
+    for name, t in (("q", q), ("k", k), ("v", v), (out_name, o)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+    assert isinstance(v, torch.Tensor) and isinstance(o, torch.Tensor)
+    docs = {
+        "q": "[total_tokens, num_heads, head_dim]",
+        "k": "[total_tokens, num_kv_heads, head_dim]",
+        "v": "[total_tokens, num_kv_heads, head_dim]",
+        out_name: "[total_tokens, num_heads, head_dim]",
+    }
+    for name, t in (("q", q), ("k", k), ("v", v), (out_name, o)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D {docs[name]}, got shape {tuple(t.shape)}")
+    if q.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    for name, t in (("k", k), ("v", v), (out_name, o)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    total, heads, head_dim = q.shape
+    if head_dim > MAX_HEAD_DIM or head_dim < 1:
+        raise ValueError(f"q head_dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    if k.shape[0] != total:
+        raise ValueError(
+            f"k has {k.shape[0]} tokens but q has {total}; expected k {docs['k']} with {total} tokens"
+        )
+    if k.shape[2] != head_dim:
+        raise ValueError(f"k head_dim {k.shape[2]} does not match q head_dim {head_dim}")
+    if k.shape[1] < 1 or heads % k.shape[1] != 0:
+        raise ValueError(f"q num_heads {heads} must be a multiple of k num_kv_heads {k.shape[1]}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have k's shape {tuple(k.shape)} {docs['v']}, got {tuple(v.shape)}")
+    if tuple(o.shape) != tuple(q.shape):
+        raise ValueError(
+            f"{out_name} must have q's shape {tuple(q.shape)} {docs[out_name]}, got {tuple(o.shape)}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v), (out_name, o)):
+        if t.stride(2) != 1 and t.shape[2] > 1:
+            raise ValueError(
+                f"{name} must have unit stride in its last (head_dim) dimension, got strides {t.stride()}"
+            )
+
+
+def _check_index(name: str, t: object, device: torch.device, doc: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {doc}, got {type(t).__name__}")
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64 {doc}, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D {doc}, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    return t if t.stride(0) == 1 else t.contiguous()
+
+
+def _check_max_len(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a Python int (the longest sequence), got {type(value).__name__}")
+    if int(value) < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _check_sinks(sinks: object, heads: int, device: torch.device) -> torch.Tensor | None:
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a float32 torch.Tensor [num_heads], got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32 [num_heads], got {sinks.dtype}")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks must have shape [num_heads] = ({heads},), got {tuple(sinks.shape)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks is on {sinks.device} but q is on {device}")
+    return sinks if sinks.stride(0) == 1 else sinks.contiguous()
+
+
+def _check_scale(softmax_scale: object, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(float(softmax_scale)):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _check_window(window: object) -> tuple[int, int]:
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
+    out = []
+    for side, w in zip(("left", "right"), window, strict=True):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"window {side} must be an int, got {type(w).__name__}")
+        if int(w) < -1:
+            raise ValueError(f"window {side} must be >= -1 (-1 = unbounded), got {w}")
+        out.append(int(w))
+    return out[0], out[1]
+
+
+def _launch_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    starts: torch.Tensor,
+    lens: torch.Tensor | None,
+    max_len: int,
+    *,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softmax_scale: float,
+    sinks: torch.Tensor | None,
+    sinks_bias_key0: bool,
+    config: Config | None = None,
+) -> torch.Tensor:
+    """Launch :func:`window_prefill.kernel._fwd_kernel` on checked inputs (see :func:`window_prefill`).
+
+    ``starts``: first token of each sequence; ``lens``: their lengths, or None when ``starts`` is a
+    ``cu_seqlens`` array (length = next start - start). ``window_left``/``window_right``: inclusive,
+    -1 = unbounded. ``config`` overrides the table (tests, benchmark sweeps).
+    """
+    batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
+    if batch > _MAX_BATCH:
+        raise ValueError(f"batch must be <= {_MAX_BATCH} sequences, got {batch}")
+    total, heads, head_dim = q.shape
+    if batch <= 0 or max_len <= 0 or total == 0:
+        return o
+    if config is None:
+        config = get_config(head_dim, q.dtype, bool(causal), detect_arch(q.device))
+    window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
+    window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
+    grid = (triton.cdiv(max_len, config.block_m), heads, batch)
+    _fwd_kernel[grid](
+        q,
+        k,
+        v,
+        o,
+        sinks if sinks is not None else q,
+        starts,
+        lens if lens is not None else starts,
+        softmax_scale * math.log2(math.e),
+        max(window_left, 0),
+        max(window_right, 0),
+        heads // k.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        IS_CAUSAL=bool(causal),
+        HAS_LEFT=window_left >= 0,
+        HAS_RIGHT=window_right >= 0,
+        HAS_SINKS=sinks is not None,
+        BIAS_KEY0=sinks is not None and bool(sinks_bias_key0),
+        LENS_FROM_STARTS=lens is None,
+        IEEE_FP32=q.dtype == torch.float32,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return o
+
+
+def window_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softmax_scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    sinks_mode: str = "denominator",
+    out: torch.Tensor | None = None,
+    validate: bool = False,
+    config: Config | None = None,
+) -> torch.Tensor:
+    """Varlen (packed) self-attention prefill with a sliding window; cost O(tokens * window).
+
+    Tensors (token-major, packed over the batch; any strides with a unit last stride, no copies):
+
+    * ``q``: ``[total_tokens, num_heads, head_dim]`` float16 / bfloat16 / float32.
+    * ``k``, ``v``: ``[total_tokens, num_kv_heads, head_dim]``, q's dtype and device;
+      ``num_heads % num_kv_heads == 0`` (query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``:
+      MHA, GQA, MQA). ``head_dim`` <= 256, any value (non-powers of two are padded inside the kernel).
+    * ``cu_seqlens``: int32/int64 ``[batch + 1]``, non-decreasing; sequence ``b`` is tokens
+      ``[cu_seqlens[b], cu_seqlens[b + 1])`` of q, k and v (queries and keys share positions).
+    * ``max_seqlen``: Python int >= the longest sequence. Only sizes the launch grid.
+    * ``sinks``: optional float32 ``[num_heads]``. ``sinks_mode="denominator"``: an extra logit
+      ``sinks[h]`` in the softmax denominator only; ``"bias_key0"``: ``sinks[h]`` added to the logit of key
+      0 of each sequence (where visible). ``-inf`` disables a head's sink.
+    * ``out``: optional ``[total_tokens, num_heads, head_dim]`` buffer (q's dtype, unit last stride);
+      allocated when None. Tokens outside every sequence are left untouched.
+
+    Masking (positions relative to the sequence start, query ``i`` is key position ``i``): key ``j`` is
+    visible to query ``i`` iff ``(not causal or j <= i)`` and ``(left == -1 or i - j <= left)`` and
+    ``(right == -1 or j - i <= right)`` for ``window=(left, right)`` (inclusive, FlashAttention's
+    convention; ``(-1, -1)`` = full attention). Logits are ``softmax_scale * q.k`` (default
+    ``1/sqrt(head_dim)``). Rows that see no key are 0.
+
+    ``validate=True`` (or env ``PREFILL_VALIDATE=1``) adds device-value checks (one host sync).
+    ``config`` overrides the per-architecture launch config (see :mod:`window_prefill.configs`).
+    Returns ``out``.
+    """
+    if out is None:
+        _check_qkvo(q, k, v, q, "out")
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    else:
+        _check_qkvo(q, k, v, out, "out")
+    cu = _check_index("cu_seqlens", cu_seqlens, q.device, "[batch + 1]")
+    if cu.shape[0] < 1:
+        raise ValueError("cu_seqlens must have at least one entry [batch + 1], got 0")
+    max_len = _check_max_len("max_seqlen", max_seqlen)
+    left, right = _check_window(window)
+    if sinks_mode not in SINKS_MODES:
+        raise ValueError(f"sinks_mode must be one of {SINKS_MODES}, got {sinks_mode!r}")
+    sinks_t = _check_sinks(sinks, q.shape[1], q.device)
+    scale = _check_scale(softmax_scale, q.shape[2])
+    if _validate_requested(validate):
+        _validate_cu_seqlens(cu, max_len, q.shape[0])
+    return _launch_fwd(
+        q,
+        k,
+        v,
+        out,
+        cu,
+        None,
+        max_len,
+        causal=bool(causal),
+        window_left=left,
+        window_right=right,
+        softmax_scale=scale,
+        sinks=sinks_t,
+        sinks_bias_key0=sinks_mode == "bias_key0",
+        config=config,
+    )
+
+
+def context_attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    b_start_loc: torch.Tensor,
+    b_seq_len: torch.Tensor,
+    max_input_len: int,
+    is_causal: bool = True,
+    softmax_scale: float | None = None,
+    sliding_window_q: int | None = None,
+    sliding_window_k: int | None = None,
+    sinks: torch.Tensor | None = None,
+    sinks_bias_key0: bool = False,
+    *,
+    validate: bool = False,
+    config: Config | None = None,
+) -> torch.Tensor:
+    """Drop-in for vLLM's ``triton_prefill_attention.context_attention_fwd``; writes into ``o``.
+
+    Tensors (token-major, packed over the batch; any strides with a unit last stride, no copies):
+
+    * ``q``, ``o``: ``[total_tokens, num_heads, head_dim]`` float16 / bfloat16 / float32 (same dtype).
+    * ``k``, ``v``: ``[total_tokens, num_kv_heads, head_dim]``, ``num_heads % num_kv_heads == 0``.
+      ``head_dim`` <= 256.
+    * ``b_start_loc``: int32/int64 ``[batch]`` (or ``[batch + 1]``, e.g. ``cu_seqlens``; the last entry is
+      ignored): first token of each sequence.
+    * ``b_seq_len``: int32/int64 ``[batch]``: each sequence's length.
+    * ``max_input_len``: Python int >= every ``b_seq_len``; only sizes the launch grid.
+    * ``sinks``: optional float32 ``[num_heads]``: an extra logit in the softmax denominator, or, with
+      ``sinks_bias_key0=True``, a bias added to the logit of key 0 of each sequence.
+
+    Masking: key ``j`` visible to query ``i`` (positions within the sequence) iff
+    ``(not is_causal or j <= i)`` and, when ``sliding_window_q`` is given and > 0,
+    ``i - j <= sliding_window_q``, and, when ``sliding_window_k`` is given and > 0,
+    ``j - i <= sliding_window_k``. (``None`` or ``<= 0`` means unbounded, as in vLLM;
+    :func:`window_prefill` uses FlashAttention's ``-1`` instead, where ``0`` means "diagonal only".)
+
+    ``validate=True`` (or env ``PREFILL_VALIDATE=1``) adds device-value checks (one host sync).
+    Returns ``o``.
+    """
+    _check_qkvo(q, k, v, o, "o")
+    lens = _check_index("b_seq_len", b_seq_len, q.device, "[batch]")
+    starts = _check_index("b_start_loc", b_start_loc, q.device, "[batch] or [batch + 1]")
+    batch = lens.shape[0]
+    if starts.shape[0] not in (batch, batch + 1):
+        raise ValueError(
+            f"b_start_loc must have batch = {batch} entries (or batch + 1), got {starts.shape[0]}"
+        )
+    max_len = _check_max_len("max_input_len", max_input_len)
+    left = _vllm_window("sliding_window_q", sliding_window_q)
+    right = _vllm_window("sliding_window_k", sliding_window_k)
+    sinks_t = _check_sinks(sinks, q.shape[1], q.device)
+    scale = _check_scale(softmax_scale, q.shape[2])
+    if _validate_requested(validate):
+        _validate_starts_lens(starts[:batch], lens, max_len, q.shape[0])
+    return _launch_fwd(
+        q,
+        k,
+        v,
+        o,
+        starts,
+        lens,
+        max_len,
+        causal=bool(is_causal),
+        window_left=left,
+        window_right=right,
+        softmax_scale=scale,
+        sinks=sinks_t,
+        sinks_bias_key0=bool(sinks_bias_key0),
+        config=config,
+    )
+
+
+def _vllm_window(name: str, value: object) -> int:
+    """vLLM window convention -> inclusive width or -1: None or <= 0 means unbounded."""
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    return int(value) if int(value) > 0 else -1
+
+
+def _validate_cu_seqlens(cu: torch.Tensor, max_len: int, total: int) -> None:
+    """Device-value checks of cu_seqlens (one device-to-host copy)."""
+    c = cu.detach().to("cpu", torch.int64)
+    if int(c[0]) < 0:
+        raise ValueError(f"cu_seqlens[0] must be >= 0, got {int(c[0])}")
+    d = c[1:] - c[:-1]
+    if d.numel() and int(d.min()) < 0:
+        b = int(torch.nonzero(d < 0)[0])
+        raise ValueError(f"cu_seqlens must be non-decreasing: cu_seqlens[{b + 1}] < cu_seqlens[{b}]")
+    if int(c[-1]) > total:
+        raise ValueError(f"cu_seqlens[-1] = {int(c[-1])} is beyond the {total} tokens of q/k/v")
+    if d.numel() and int(d.max()) > max_len:
+        raise ValueError(
+            f"max_seqlen = {max_len} is smaller than the longest sequence ({int(d.max())} tokens)"
+        )
+
+
+def _validate_starts_lens(starts: torch.Tensor, lens: torch.Tensor, max_len: int, total: int) -> None:
+    """Device-value checks of b_start_loc / b_seq_len (one device-to-host copy)."""
+    s = starts.detach().to("cpu", torch.int64)
+    n = lens.detach().to("cpu", torch.int64)
+    if n.numel() == 0:
+        return
+    if int(n.min()) < 0:
+        b = int(torch.nonzero(n < 0)[0])
+        raise ValueError(f"b_seq_len[{b}] = {int(n[b])} is negative")
+    if int(s.min()) < 0:
+        b = int(torch.nonzero(s < 0)[0])
+        raise ValueError(f"b_start_loc[{b}] = {int(s[b])} is negative")
+    end = s + n
+    if int(end.max()) > total:
+        b = int(torch.nonzero(end > total)[0])
+        raise ValueError(
+            f"b_seq_len[{b}] = {int(n[b])} from b_start_loc[{b}] = {int(s[b])} runs beyond "
+            f"the {total} tokens of q/k/v"
+        )
+    if int(n.max()) > max_len:
+        raise ValueError(f"max_input_len = {max_len} is smaller than the longest b_seq_len ({int(n.max())})")

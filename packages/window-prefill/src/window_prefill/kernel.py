@@ -1,0 +1,249 @@
+"""Triton kernels: varlen sliding-window prefill attention whose cost grows as O(N * W), not O(N^2).
+
+One program handles one query tile (``BLOCK_M`` rows) of one query head of one sequence. Before the
+key loop it computes the key range ``[lo, hi)`` that ANY row of the tile may see (window, causality
+and sequence end folded in) and splits it into masked edge blocks and an unmasked interior where
+every (row, key) pair is visible, so K/V blocks wholly outside ``[lo, hi)`` are never loaded and only
+the edge blocks pay for masks. Edge-block loads are additionally masked to ``[lo, hi)``, so no key
+position outside the tile's visible range is ever read.
+
+Conventions (host side documents tensors; here only what the kernel assumes):
+
+* positions are relative to the sequence start: query row ``i`` and key ``j`` in ``[0, seq_len)``;
+  query ``i`` sits at key position ``i`` (self-attention, ``len_q == len_k``).
+* key ``j`` is visible to row ``i`` iff ``(not IS_CAUSAL or j <= i)`` and
+  ``(not HAS_LEFT or i - j <= window_left)`` and ``(not HAS_RIGHT or j - i <= window_right)``.
+* scores are kept in the log2 domain: ``s2 = (q . k) * qk_scale`` with ``qk_scale = scale * log2(e)``;
+  the sink logit is multiplied by ``log2(e)`` once.
+* all token * stride products are int64.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attn_blocks(
+    acc,
+    l_i,
+    m_i,
+    b_q,
+    p_k_base,
+    p_v_base,
+    tok0,
+    stride_kt,
+    stride_vt,
+    offs_m,
+    offs_n,
+    offs_d,
+    n_start,
+    n_end,
+    key_lo,
+    key_hi,
+    window_left,
+    window_right,
+    qk_scale,
+    sink2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    BIAS_KEY0: tl.constexpr,
+    MASKED: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+):
+    """Online-softmax update of (acc, l_i, m_i) over key blocks starting at n_start, n_start + BLOCK_N, ...
+    below n_end. MASKED=False: the caller guarantees every key of every block is inside [key_lo, key_hi)
+    and visible to every row of the tile, so no mask is built and no load is masked (except padded D)."""
+    m_d = offs_d < HEAD_DIM  # [BD]
+    for n0 in tl.range(n_start, n_end, BLOCK_N):
+        n0 = tl.multiple_of(n0, BLOCK_N)
+        offs_k = n0 + offs_n  # [BN] key positions
+        p_tok = (tok0 + offs_k).to(tl.int64)  # [BN]
+        p_k = p_k_base + p_tok[:, None] * stride_kt + offs_d[None, :]  # [BN, BD]
+        p_v = p_v_base + p_tok[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
+        if MASKED:
+            m_key = (offs_k >= key_lo) & (offs_k < key_hi)  # [BN]
+            m_kv = m_key[:, None] & m_d[None, :]  # [BN, BD]
+            b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
+        else:
+            if HEAD_DIM == BLOCK_D:
+                b_k = tl.load(p_k)  # [BN, BD]
+            else:
+                b_k = tl.load(p_k, mask=m_d[None, :], other=0.0)  # [BN, BD]
+        if IEEE_FP32:
+            b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * qk_scale  # [BM, BN]
+        else:
+            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BM, BN]
+        if MASKED:
+            m_vis = m_key[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
+            if IS_CAUSAL:
+                m_vis = m_vis & (offs_k[None, :] <= offs_m[:, None])  # [BM, BN]
+            if HAS_LEFT:
+                m_vis = m_vis & (offs_m[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
+            if HAS_RIGHT:
+                m_vis = m_vis & (offs_k[None, :] - offs_m[:, None] <= window_right)  # [BM, BN]
+            if BIAS_KEY0:
+                b_s = tl.where(offs_k[None, :] == 0, b_s + sink2, b_s)  # [BM, BN]
+            b_s = tl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+            # A row with nothing visible so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
+        else:
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+            m_shift = m_new  # [BM] finite: every key of an interior block is visible
+        b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BM, BN]
+        alpha = tl.math.exp2(m_i - m_shift)  # [BM]
+        l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+        acc = acc * alpha[:, None]  # [BM, BD]
+        if MASKED:
+            b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
+        else:
+            if HEAD_DIM == BLOCK_D:
+                b_v = tl.load(p_v)  # [BN, BD]
+            else:
+                b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
+        if IEEE_FP32:
+            acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision="ieee")  # [BM, BD]
+        else:
+            acc = tl.dot(b_p.to(b_v.dtype), b_v, acc)  # [BM, BD]
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["window_left", "window_right"])
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    Sinks,
+    Starts,
+    Lens,
+    qk_scale,
+    window_left,
+    window_right,
+    group_size,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    BIAS_KEY0: tl.constexpr,
+    LENS_FROM_STARTS: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+):
+    """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
+    length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form)."""
+    if IS_CAUSAL:
+        # Latest query tiles carry the most keys: launch them first.
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+
+    tok0 = tl.load(Starts + seq).to(tl.int64)
+    if LENS_FROM_STARTS:
+        seq_len = (tl.load(Starts + seq + 1).to(tl.int64) - tok0).to(tl.int32)
+    else:
+        seq_len = tl.load(Lens + seq).to(tl.int32)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seq_len:
+        return
+    m1 = tl.minimum(m0 + BLOCK_M, seq_len)  # one past the tile's last real row
+
+    # ---- key range [key_lo, key_hi) visible to some row of the tile ----
+    key_lo = m0 * 0  # int32 tensors throughout, whichever flags are set
+    key_hi = seq_len
+    if HAS_LEFT:
+        key_lo = tl.maximum(m0 - window_left, 0)
+    if HAS_RIGHT:
+        key_hi = tl.minimum(key_hi, m1 + window_right)
+    if IS_CAUSAL:
+        key_hi = tl.minimum(key_hi, m1)
+    # ---- interior [full_lo, full_hi): every key visible to every real row of the tile ----
+    full_lo = key_lo
+    full_hi = key_hi
+    if HAS_LEFT:
+        full_lo = tl.maximum(full_lo, m1 - 1 - window_left)
+    if HAS_RIGHT:
+        full_hi = tl.minimum(full_hi, m0 + window_right + 1)
+    if IS_CAUSAL:
+        full_hi = tl.minimum(full_hi, m0 + 1)
+    if BIAS_KEY0:
+        full_lo = tl.maximum(full_lo, 1)  # key 0 carries the sink bias: it must take the masked path
+    n_lo = (key_lo // BLOCK_N) * BLOCK_N
+    n_full_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N
+    n_full_hi = tl.maximum((full_hi // BLOCK_N) * BLOCK_N, n_full_lo)
+    n_edge_hi = tl.minimum(n_full_lo, key_hi)  # end of the leading masked segment
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)  # [BM] query rows
+    offs_n = tl.arange(0, BLOCK_N)  # [BN]
+    offs_d = tl.arange(0, BLOCK_D)  # [BD]
+    m_d = offs_d < HEAD_DIM  # [BD]
+    m_row = offs_m < seq_len  # [BM]
+    kv_head = head // group_size
+
+    p_q = (
+        Q
+        + head.to(tl.int64) * stride_qh
+        + (tok0 + offs_m.to(tl.int64))[:, None] * stride_qt
+        + offs_d[None, :]
+    )  # [BM, BD]
+    b_q = tl.load(p_q, mask=m_row[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
+    p_k_base = K + kv_head.to(tl.int64) * stride_kh
+    p_v_base = V + kv_head.to(tl.int64) * stride_vh
+
+    sink2 = 0.0
+    if HAS_SINKS:
+        sink2 = tl.load(Sinks + head).to(tl.float32) * 1.4426950408889634  # log2(e)
+    if HAS_SINKS and not BIAS_KEY0:
+        # The sink is an extra logit in the denominator only: start the softmax from it.
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink2  # [BM]
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.where(sink2 == float("-inf"), 0.0, 1.0)  # [BM]
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [BM]
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # [BM]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BM, BD]
+
+    # leading edge [n_lo, n_edge_hi), interior [n_full_lo, n_full_hi), trailing edge [n_full_hi, key_hi)
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        n_lo, n_edge_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        n_full_lo, n_full_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_blocks(
+        acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        n_full_hi, key_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
+    )  # fmt: skip
+
+    # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
+    b_o = acc / l_safe[:, None]  # [BM, BD]
+    p_o = (
+        O
+        + head.to(tl.int64) * stride_oh
+        + (tok0 + offs_m.to(tl.int64))[:, None] * stride_ot
+        + offs_d[None, :]
+    )  # [BM, BD]
+    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_row[:, None] & m_d[None, :])

@@ -1,0 +1,234 @@
+"""window_prefill against the float64 reference: attn_reference.attention_varlen, cu_seqlens_q = cu_seqlens_k.
+
+CPU (Triton interpreter): fp16/fp32, short ragged batches with 16x16 tiles so every case crosses several
+query and key tiles, including length-1 sequences and lengths that are not multiples of a tile.
+GPU-marked: bf16, every head dim at moderate lengths, long sequences (4k-16k) with windows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE, DTYPES
+from wp_util import make_qkv, reference, run
+
+from attn_reference import compare, negative_control
+from window_prefill.configs import Config
+
+LENS = [1, 37, 50, 16]  # ragged; 37 and 50 are not multiples of any tile
+MAX_LEN = max(LENS)
+
+# Every window form: none, left only, right only, both, asymmetric, diagonal only, wider than any sequence.
+WINDOWS = [(-1, -1), (4, -1), (-1, 5), (9, 9), (3, 17), (20, 0), (0, 0), (200, 300)]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
+def test_windows(window, causal):
+    q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
+    out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window)
+    ref = reference(q, k, v, cu, causal=causal, window=window)
+    c = compare(out, ref)
+    assert c, f"window={window} causal={causal}: {c}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window,causal", [((13, -1), True), ((6, 11), False)])
+def test_dtypes(dtype, window, causal):
+    q, k, v, cu = make_qkv(LENS, 2, 2, 48, dtype)
+    out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window, softmax_scale=0.3)
+    ref = reference(q, k, v, cu, causal=causal, window=window, softmax_scale=0.3)
+    c = compare(out, ref)
+    assert c, f"{dtype}: {c}"
+
+
+def test_fp32_is_ieee_accurate():
+    """fp32 inputs use input_precision="ieee": far tighter than the tf32-tolerant default tolerance."""
+    q, k, v, cu = make_qkv([29, 40], 2, 1, 64, torch.float32)
+    out = run(q, k, v, cu, 40, causal=True, window=(11, -1))
+    ref = reference(q, k, v, cu, causal=True, window=(11, -1))
+    c = compare(out, ref, atol=2e-5, rtol=2e-6)
+    assert c, str(c)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+def test_gqa_mqa(heads, kv_heads):
+    q, k, v, cu = make_qkv([23, 9, 40], heads, kv_heads, 32, torch.float16)
+    out = run(q, k, v, cu, 40, causal=True, window=(7, -1))
+    ref = reference(q, k, v, cu, causal=True, window=(7, -1))
+    c = compare(out, ref)
+    assert c, str(c)
+    if kv_heads > 1:  # the harness notices a wrong head mapping
+        wrong = negative_control(q, k, v, cu, cu, "kv_head", causal=True, window=(7, -1))
+        assert not compare(out, wrong)
+
+
+@pytest.mark.parametrize("sinks_mode", ["denominator", "bias_key0"])
+@pytest.mark.parametrize("window,causal", [((-1, -1), True), ((10, -1), True), ((5, 8), False)])
+def test_sinks(sinks_mode, window, causal):
+    q, k, v, cu = make_qkv(LENS, 4, 2, 32, torch.float16)
+    sinks = torch.randn(4, dtype=torch.float32, device=DEVICE) * 2
+    sinks[1] = float("-inf")  # a disabled sink on one head
+    out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window, sinks=sinks, sinks_mode=sinks_mode)
+    ref = reference(q, k, v, cu, causal=causal, window=window, sinks=sinks, sinks_mode=sinks_mode)
+    c = compare(out, ref)
+    assert c, f"{sinks_mode}: {c}"
+    plain = reference(q, k, v, cu, causal=causal, window=window)
+    assert not compare(out, plain), "sinks had no effect"
+
+
+@pytest.mark.parametrize("sinks_mode", ["denominator", "bias_key0"])
+def test_sinks_all_minus_inf_equal_no_sinks(sinks_mode):
+    q, k, v, cu = make_qkv([20, 33], 2, 1, 32, torch.float16)
+    sinks = torch.full((2,), float("-inf"), dtype=torch.float32, device=DEVICE)
+    out = run(q, k, v, cu, 33, causal=False, window=(6, 6), sinks=sinks, sinks_mode=sinks_mode)
+    ref = reference(q, k, v, cu, causal=False, window=(6, 6), sinks=sinks, sinks_mode=sinks_mode)
+    assert compare(out, ref)
+    if sinks_mode == "denominator":
+        no_sinks = run(q, k, v, cu, 33, causal=False, window=(6, 6))
+        assert torch.equal(out, no_sinks)
+
+
+def test_rows_without_visible_key_are_zero():
+    """Causal + bias_key0 sink of -inf: row 0 of each sequence only sees key 0, whose logit is -inf."""
+    lens = [1, 18, 35]
+    q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
+    sinks = torch.tensor([float("-inf"), 0.5], dtype=torch.float32, device=DEVICE)
+    out = run(q, k, v, cu, 35, causal=True, window=(12, -1), sinks=sinks, sinks_mode="bias_key0")
+    assert torch.isfinite(out).all()
+    for start in cu[:-1].tolist():
+        assert torch.equal(out[start, 0], torch.zeros_like(out[start, 0]))
+    ref = reference(q, k, v, cu, causal=True, window=(12, -1), sinks=sinks, sinks_mode="bias_key0")
+    assert compare(out, ref)
+
+
+def test_diagonal_window_returns_v():
+    """window (0, 0): every query sees only its own key, so the output is exactly v (broadcast over GQA)."""
+    q, k, v, cu = make_qkv(LENS, 4, 2, 32, torch.float16)
+    for causal in (True, False):
+        out = run(q, k, v, cu, MAX_LEN, causal=causal, window=(0, 0))
+        assert torch.equal(out, v.repeat_interleave(2, dim=1))
+
+
+# Tile shapes of the GPU tables (BLOCK_M > BLOCK_N, BLOCK_M < BLOCK_N, several key blocks per edge), so the
+# edge/interior split is exercised with the shapes the GPU runs, not only the interpreter's 16x16.
+TILE_CONFIGS = [Config(32, 16, 1, 1), Config(16, 32, 1, 1), Config(64, 32, 4, 1), Config(128, 64, 4, 1)]
+
+
+@pytest.mark.parametrize("config", TILE_CONFIGS, ids=lambda c: f"{c.block_m}x{c.block_n}")
+@pytest.mark.parametrize(
+    "causal,window", [(True, (20, -1)), (False, (5, 9)), (True, (-1, -1)), (False, (70, 3)), (True, (100, 0))]
+)
+def test_tile_shapes(config, causal, window):
+    lens = [1, 37, 150, 16]
+    q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
+    sinks = torch.randn(2, dtype=torch.float32, device=DEVICE)
+    out = run(
+        q, k, v, cu, 150, causal=causal, window=window, sinks=sinks, sinks_mode="bias_key0", config=config
+    )
+    ref = reference(q, k, v, cu, causal=causal, window=window, sinks=sinks, sinks_mode="bias_key0")
+    c = compare(out, ref)
+    assert c, f"{config} causal={causal} window={window}: {c}"
+
+
+# Head dims: powers of two and not. CPU covers all at tiny lengths (cheap), GPU at real lengths.
+HEAD_DIMS = [32, 64, 80, 96, 112, 128, 192, 256]
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_head_dims(head_dim):
+    q, k, v, cu = make_qkv([1, 21], 2, 1, head_dim, torch.float16)
+    out = run(q, k, v, cu, 21, causal=True, window=(5, -1))
+    ref = reference(q, k, v, cu, causal=True, window=(5, -1))
+    c = compare(out, ref)
+    assert c, f"D={head_dim}: {c}"
+
+
+def test_odd_small_head_dim():
+    """head_dim below 16 and odd: padded to the 16-wide minimum tile and masked."""
+    q, k, v, cu = make_qkv([17, 5], 2, 2, 9, torch.float32)
+    out = run(q, k, v, cu, 17, causal=False, window=(3, 2))
+    assert compare(out, reference(q, k, v, cu, causal=False, window=(3, 2)))
+
+
+def test_negative_control():
+    """The harness catches a kernel whose window is off by one key: the reference passes, the shifted
+    band (attn_reference.negative_control) fails; likewise an off-by-one diagonal and a wrong scale."""
+    q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
+    kw = dict(causal=True, window=(8, -1))
+    out = run(q, k, v, cu, MAX_LEN, **kw)
+    assert compare(out, reference(q, k, v, cu, **kw))
+    for kind in ("window_shift", "diagonal", "scale"):
+        wrong = negative_control(q, k, v, cu, cu, kind, **kw)
+        assert not compare(out, wrong), f"negative control {kind!r} was not caught"
+
+
+# --------------------------------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_gpu_head_dims_dtypes(head_dim, dtype):
+    lens = [1, 300, 777, 64, 1500]
+    q, k, v, cu = make_qkv(lens, 8, 2, head_dim, dtype)
+    for causal, window in ((True, (255, -1)), (False, (100, 37)), (True, (-1, -1))):
+        out = run(q, k, v, cu, max(lens), causal=causal, window=window)
+        c = compare(out, reference(q, k, v, cu, causal=causal, window=window))
+        assert c, f"D={head_dim} {dtype} causal={causal} window={window}: {c}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
+@pytest.mark.parametrize("sinks_mode", [None, "denominator", "bias_key0"])
+def test_gpu_bf16_windows_sinks(window, sinks_mode):
+    lens = [1, 129, 1000, 255, 2048]
+    q, k, v, cu = make_qkv(lens, 8, 1, 128, torch.bfloat16)
+    sinks = torch.randn(8, dtype=torch.float32, device=DEVICE) if sinks_mode else None
+    mode = sinks_mode or "denominator"
+    for causal in (True, False):
+        out = run(q, k, v, cu, max(lens), causal=causal, window=window, sinks=sinks, sinks_mode=mode)
+        ref = reference(q, k, v, cu, causal=causal, window=window, sinks=sinks, sinks_mode=mode)
+        c = compare(out, ref)
+        assert c, f"causal={causal}: {c}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "seq_len,heads,kv_heads,head_dim,causal,window",
+    [
+        (4096, 8, 8, 64, False, (64, 64)),
+        (8192, 8, 2, 128, True, (4095, -1)),
+        (16384, 8, 8, 64, False, (64, 64)),
+        (16384, 4, 1, 128, True, (1023, -1)),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_long_sequences(seq_len, heads, kv_heads, head_dim, causal, window, dtype):
+    lens = [seq_len, 333]
+    q, k, v, cu = make_qkv(lens, heads, kv_heads, head_dim, dtype)
+    out = run(q, k, v, cu, seq_len, causal=causal, window=window, validate=True)
+    c = compare(out, reference(q, k, v, cu, causal=causal, window=window))
+    assert c, str(c)
+
+
+@pytest.mark.gpu
+def test_gpu_int64_offsets():
+    """q/k/v views whose token * stride offsets exceed 2**31 elements."""
+    tokens, heads, head_dim = 40000, 2, 64
+    width = 1 << 16  # token stride in elements: 40000 * 65536 > 2**31
+    base = torch.randn(tokens, width, dtype=torch.float16, device=DEVICE)
+    q = base[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = base[:, 1024 : 1024 + heads * head_dim].view(tokens, heads, head_dim)
+    v = base[:, 2048 : 2048 + heads * head_dim].view(tokens, heads, head_dim)
+    lens = [tokens - 1000, 1000]
+    from wp_util import cu_of
+
+    cu = cu_of(lens)
+    out = run(q, k, v, cu, max(lens), causal=True, window=(127, -1))
+    tail = slice(tokens - 3000, tokens)  # check the rows at the far end of the buffer only
+    ref = reference(q[tail].contiguous(), k[tail].contiguous(), v[tail].contiguous(), cu_of([2000, 1000]),
+                    causal=True, window=(127, -1))  # fmt: skip
+    # the first 127 rows of the cut-out lack their left context; compare from row 127 on
+    c = compare(out[tail][127:], ref[127:])
+    assert c, str(c)
