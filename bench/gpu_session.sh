@@ -14,13 +14,13 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 } 2>&1 | tee "$OUT/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest tests -q -p no:cacheprovider --maxfail=30 \
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -q -p no:cacheprovider --maxfail=30 \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
   res=$OUT/res; mkdir -p "$res"
-  for s in window_prefill prefix_prefill; do
+  for s in ${BENCHES:-window_prefill prefix_prefill}; do
     timeout ${BENCH_TIMEOUT:-280} python3 bench/$s.py --out "$res" "$@" 2>&1 | tee -a "$OUT/bench.log"
   done
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
