@@ -1,0 +1,196 @@
+"""Launch configurations: one static table per architecture, looked up without autotuning.
+
+Key: ``(arch, head-size bucket, dtype class, page-size class)``
+
+* ``arch``: ``"sm90"`` (Hopper), ``"sm80"`` (Ampere/Ada, ~100-164 KiB shared memory), ``"gfx942"``
+  (MI300, 64 KiB LDS), ``"gfx950"`` (MI350, 160 KiB LDS), ``"interpreter"`` (``TRITON_INTERPRET=1``),
+  ``"default"`` (anything else: conservative, fits 99 KiB).
+* head-size bucket: 64 (``D <= 64``), 128 (``D <= 128``), 256 (``D <= 256``); the kernel pads ``D``
+  to the next power of two, so 80/96/112 run in the 128 bucket and 192 in the 256 bucket.
+* dtype class of ``q``: ``"16bit"`` (fp16, bf16) or ``"fp32"``.
+* page-size class: ``"1"``, ``"small"`` (<= 16), ``"large"`` (> 16). The page size may change the
+  context tile ``BLOCK_N_CTX`` or the pipeline depth, never ``BLOCK_M``/``BLOCK_N`` (tested): any
+  page size, 544 or 1056 included, runs the same tiles as a power of two.
+
+The entries are starting points (sm90 to be tuned on the GPU); ``python bench/prefix_prefill.py
+--sweep`` times a grid. :func:`shared_memory_bytes` is a conservative static model of the shared
+memory (LDS) a config needs; the AMD entries are checked against the LDS size by a CPU test.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+ARCHS = ("sm90", "sm80", "gfx942", "gfx950", "interpreter", "default")
+HEAD_BUCKETS = (64, 128, 256)
+DTYPE_CLASSES = ("16bit", "fp32")
+PAGE_CLASSES = ("1", "small", "large")
+MAX_HEAD_SIZE = 256
+
+#: Shared memory (NVIDIA, opt-in maximum per block) or LDS (AMD) per architecture, in bytes.
+SHARED_MEMORY_BUDGET = {
+    "sm90": 227 * 1024,
+    "sm80": 163 * 1024,
+    "gfx942": 64 * 1024,
+    "gfx950": 160 * 1024,
+    "interpreter": 1 << 30,
+    "default": 99 * 1024,
+}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch options of one kernel variant.
+
+    ``BLOCK_M`` query rows per program, ``BLOCK_N`` new-token keys per step, ``BLOCK_N_CTX`` cached
+    context keys per step (any value: tiles may straddle pages).
+    """
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_N_CTX: int
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def head_bucket(head_size: int) -> int:
+    """64, 128 or 256: the smallest bucket holding ``head_size`` (ValueError above 256)."""
+    for b in HEAD_BUCKETS:
+        if head_size <= b:
+            return b
+    raise ValueError(f"head size must be <= {MAX_HEAD_SIZE}, got {head_size}")
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    return "fp32" if dtype == torch.float32 else "16bit"
+
+
+def page_class(page_size: int) -> str:
+    if page_size == 1:
+        return "1"
+    return "small" if page_size <= 16 else "large"
+
+
+def _c(bm: int, bn: int, bnc: int, w: int, s: int) -> KernelConfig:
+    return KernelConfig(bm, bn, bnc, w, s)
+
+
+# (arch, head bucket, dtype class) -> config shared by every page class.
+_BASE: dict[tuple[str, int, str], KernelConfig] = {
+    # Hopper: 227 KiB shared memory.
+    ("sm90", 64, "16bit"): _c(128, 64, 64, 8, 3),
+    ("sm90", 128, "16bit"): _c(128, 64, 64, 8, 3),
+    ("sm90", 256, "16bit"): _c(64, 64, 64, 4, 2),
+    ("sm90", 64, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm90", 128, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm90", 256, "fp32"): _c(32, 32, 32, 4, 2),
+    # Ampere A100 (163 KiB); Ada/consumer parts map to "default".
+    ("sm80", 64, "16bit"): _c(128, 64, 64, 4, 2),
+    ("sm80", 128, "16bit"): _c(128, 64, 64, 4, 2),
+    ("sm80", 256, "16bit"): _c(64, 32, 32, 4, 2),
+    ("sm80", 64, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm80", 128, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm80", 256, "fp32"): _c(32, 32, 32, 4, 1),
+    # MI300 (gfx942): 64 KiB LDS, 64-lane wavefronts.
+    ("gfx942", 64, "16bit"): _c(128, 64, 64, 4, 1),
+    ("gfx942", 128, "16bit"): _c(64, 64, 64, 4, 1),
+    ("gfx942", 256, "16bit"): _c(32, 32, 32, 4, 1),
+    ("gfx942", 64, "fp32"): _c(64, 32, 32, 4, 1),
+    ("gfx942", 128, "fp32"): _c(32, 32, 32, 4, 1),
+    ("gfx942", 256, "fp32"): _c(16, 16, 16, 4, 1),
+    # MI350 (gfx950): 160 KiB LDS.
+    ("gfx950", 64, "16bit"): _c(128, 64, 64, 4, 2),
+    ("gfx950", 128, "16bit"): _c(128, 64, 64, 4, 2),
+    ("gfx950", 256, "16bit"): _c(64, 64, 64, 4, 1),
+    ("gfx950", 64, "fp32"): _c(64, 64, 64, 4, 1),
+    ("gfx950", 128, "fp32"): _c(64, 32, 32, 4, 2),
+    ("gfx950", 256, "fp32"): _c(32, 32, 32, 4, 1),
+    # Triton interpreter (CPU tests): small tiles so short sequences still cross tile edges.
+    ("interpreter", 64, "16bit"): _c(16, 16, 16, 1, 1),
+    ("interpreter", 128, "16bit"): _c(16, 16, 16, 1, 1),
+    ("interpreter", 256, "16bit"): _c(16, 16, 16, 1, 1),
+    ("interpreter", 64, "fp32"): _c(16, 16, 16, 1, 1),
+    ("interpreter", 128, "fp32"): _c(16, 16, 16, 1, 1),
+    ("interpreter", 256, "fp32"): _c(16, 16, 16, 1, 1),
+    # Unknown GPUs (sm75, sm86/89, sm100, sm120, other AMD): fits 99 KiB with one stage.
+    ("default", 64, "16bit"): _c(128, 64, 64, 4, 1),
+    ("default", 128, "16bit"): _c(128, 64, 64, 4, 1),
+    ("default", 256, "16bit"): _c(64, 32, 32, 4, 1),
+    ("default", 64, "fp32"): _c(64, 32, 32, 4, 1),
+    ("default", 128, "fp32"): _c(64, 32, 32, 4, 1),
+    ("default", 256, "fp32"): _c(32, 16, 16, 4, 1),
+}
+
+# (arch, page class) -> fields to change for that page class. Only BLOCK_N_CTX and num_stages
+# may appear here (BLOCK_M/BLOCK_N never depend on the page size). Empty until GPU tuning shows
+# a page class that wants something else.
+_PAGE_OVERRIDES: dict[tuple[str, str], dict[str, int]] = {}
+
+#: The full table: (arch, head bucket, dtype class, page class) -> KernelConfig.
+CONFIGS: dict[tuple[str, int, str, str], KernelConfig] = {
+    (arch, hb, dc, pc): KernelConfig(**{**cfg.as_dict(), **_PAGE_OVERRIDES.get((arch, pc), {})})
+    for (arch, hb, dc), cfg in _BASE.items()
+    for pc in PAGE_CLASSES
+}
+
+
+def shared_memory_bytes(cfg: KernelConfig, head_size: int, dtype_bytes: int) -> int:
+    """Conservative static estimate of the shared memory / LDS ``cfg`` needs, in bytes.
+
+    Model: the Q tile ``[BLOCK_M, D]`` once, the K and V tiles ``[max(BLOCK_N, BLOCK_N_CTX), D]``
+    once per pipeline stage (``max(1, num_stages)`` buffers), and the ``[BLOCK_M, BLOCK_N]``
+    probability tile for its layout conversion before the PV dot; ``D`` padded to a power of two.
+    """
+    d = 1 << max(0, (int(head_size) - 1).bit_length())
+    bn = max(cfg.BLOCK_N, cfg.BLOCK_N_CTX)
+    q_tile = cfg.BLOCK_M * d * dtype_bytes
+    kv_tiles = max(1, cfg.num_stages) * 2 * bn * d * dtype_bytes
+    p_tile = cfg.BLOCK_M * bn * dtype_bytes
+    return q_tile + kv_tiles + p_tile
+
+
+@functools.cache
+def get_config(arch: str, head_size: int, dtype: torch.dtype, page_size: int) -> KernelConfig:
+    """The table entry for a call; unknown archs fall back to ``"default"``."""
+    key_arch = arch if arch in ARCHS else "default"
+    return CONFIGS[(key_arch, head_bucket(head_size), dtype_class(dtype), page_class(page_size))]
+
+
+def config_key(arch: str, head_size: int, dtype: torch.dtype, page_size: int) -> tuple[str, int, str, str]:
+    key_arch = arch if arch in ARCHS else "default"
+    return (key_arch, head_bucket(head_size), dtype_class(dtype), page_class(page_size))
+
+
+@functools.cache
+def _arch_of(device_type: str, index: int | None) -> str:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or device_type == "cpu":
+        return "interpreter"
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return "default"
+    if getattr(torch.version, "hip", None):
+        name = getattr(torch.cuda.get_device_properties(index), "gcnArchName", "")
+        for arch in ("gfx942", "gfx950"):
+            if name.startswith(arch):
+                return arch
+        return "default"
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) == (9, 0):
+        return "sm90"
+    if (major, minor) == (8, 0):
+        return "sm80"
+    return "default"
+
+
+def detect_arch(device: torch.device) -> str:
+    """The table's arch name for ``device`` (``"interpreter"`` under ``TRITON_INTERPRET=1``)."""
+    index = device.index
+    if device.type == "cuda" and index is None and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+    return _arch_of(device.type, index)

@@ -1,0 +1,665 @@
+"""Public launchers: :func:`context_attention_fwd` (vLLM 0.33 drop-in) and :func:`prefix_prefill`.
+
+Both validate their arguments on the host (shapes, dtypes, devices, strides; no device reads),
+translate to one convention and call :func:`_launch_fwd`, which picks a config from the static
+table (:mod:`prefix_prefill.configs`) and launches :func:`prefix_prefill.kernel._fwd_kernel`.
+The default path never synchronises with the device and is CUDA-graph capturable; checks that
+read device values (block-table contents, lengths) run only with ``validate=True`` or the
+environment variable ``PREFILL_VALIDATE=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Union
+
+import torch
+import triton
+
+from paged_kv_offsets import CacheView, describe_kv_cache, validate_block_table
+from prefix_prefill import autotune
+from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
+from prefix_prefill.kernel import LOG2E, _fwd_kernel
+
+_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FP8_DTYPES = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_MAX_GRID_YZ = 65535
+
+Scale = Union[float, torch.Tensor, None]
+
+
+# --------------------------------------------------------------------------- host-side checks
+def _is_tensor(t: object, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _check_device(t: torch.Tensor, name: str, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}; all tensors must share a device")
+
+
+def _check_last_stride(t: torch.Tensor, name: str) -> None:
+    if t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must have unit stride in its last dimension, got strides {tuple(t.stride())} "
+            f"(call .contiguous())"
+        )
+
+
+def _check_index_tensor(t: object, name: str, ndim: int, device: torch.device) -> torch.Tensor:
+    t = _is_tensor(t, name)
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != ndim:
+        shape = "[batch, max_pages]" if ndim == 2 else "[n]"
+        raise ValueError(f"{name} must be {ndim}-D {shape}, got shape {tuple(t.shape)}")
+    _check_device(t, name, device)
+    return t
+
+
+def _e4m3_dtype(device: torch.device) -> torch.dtype:
+    """The platform's fp8 e4m3 type: fnuz on MI300 (gfx942), OCP e4m3fn elsewhere."""
+    if device.type == "cuda" and getattr(torch.version, "hip", None) and detect_arch(device) == "gfx942":
+        return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn
+
+
+def _check_fp8_supported(dtype: torch.dtype, device: torch.device, name: str) -> None:
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return
+    if dtype in (torch.float8_e4m3fn,) and torch.cuda.get_device_capability(device) < (8, 9):
+        cap = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"{name} is {dtype}, which Triton supports only on compute capability >= 8.9 "
+            f"(this device is {cap[0]}.{cap[1]}); use fp8_e5m2 or a 16-bit dtype"
+        )
+
+
+def _scale_tensor(s: Scale, name: str, device: torch.device) -> torch.Tensor | None:
+    """A per-tensor scale as a 1-element device tensor (no host sync; None stays None)."""
+    if s is None:
+        return None
+    if isinstance(s, torch.Tensor):
+        if s.numel() != 1:
+            raise ValueError(f"{name} must hold one value (per-tensor scale), got shape {tuple(s.shape)}")
+        if not s.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {s.dtype}")
+        _check_device(s, name, device)
+        return s.reshape(1)
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return torch.full((1,), float(s), dtype=torch.float32, device=device)
+    raise TypeError(f"{name} must be a float or a 1-element tensor, got {type(s).__name__}")
+
+
+def _check_per_head(t: object, name: str, num_heads: int, device: torch.device) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = _is_tensor(t, name)
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != num_heads:
+        raise ValueError(f"{name} must have shape [num_heads] = [{num_heads}], got {tuple(t.shape)}")
+    _check_device(t, name, device)
+    return t
+
+
+def _validate_enabled(validate: bool) -> bool:
+    return bool(validate) or os.environ.get("PREFILL_VALIDATE", "0") == "1"
+
+
+def _check_inputs(
+    q: object,
+    k: object,
+    v: object,
+    o: object,
+    k_cache: object,
+    v_cache: object,
+    kv_layout: str,
+    block_table: object,
+    cu_seqlens_q: object,
+    seq_lens: object,
+    max_query_len: object,
+    *,
+    names: dict[str, str],
+    out_fp8: bool,
+) -> tuple[CacheView, CacheView]:
+    """Every host-side check shared by both API forms; ``names`` maps roles to argument names."""
+    q = _is_tensor(q, "q")
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D [total_q, num_heads, head_size], got shape {tuple(q.shape)}")
+    if q.dtype not in _Q_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    _check_last_stride(q, "q")
+    total_q, num_heads, head_size = q.shape
+    if head_size > MAX_HEAD_SIZE:
+        raise ValueError(f"q head size must be <= {MAX_HEAD_SIZE}, got {head_size}")
+    if head_size < 1 or num_heads < 1:
+        raise ValueError(f"q must have at least one head of at least one feature, got {tuple(q.shape)}")
+    device = q.device
+
+    if (k is None) != (v is None):
+        raise ValueError("k and v must both be tensors or both be None (new tokens read from the cache)")
+    num_kv_heads = None
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            t = _is_tensor(t, name)
+            if t.dim() != 3 or t.shape[0] != total_q or t.shape[2] != head_size:
+                raise ValueError(
+                    f"{name} must have shape [total_q, num_kv_heads, head_size] = "
+                    f"[{total_q}, *, {head_size}], got {tuple(t.shape)}"
+                )
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+            _check_last_stride(t, name)
+            _check_device(t, name, device)
+        assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+        if v.shape != k.shape:
+            raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        num_kv_heads = k.shape[1]
+
+    k_cache = _is_tensor(k_cache, "k_cache")
+    v_cache = _is_tensor(v_cache, "v_cache")
+    kc, vc = describe_kv_cache(k_cache, v_cache, kv_layout)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype and t.dtype not in _FP8_DTYPES:
+            raise TypeError(f"{name} must have q's dtype {q.dtype} or an fp8 dtype, got {t.dtype}")
+        _check_last_stride(t, name)
+        _check_device(t, name, device)
+        _check_fp8_supported(t.dtype, device, name)
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    if kc.head_size != head_size:
+        raise ValueError(f"k_cache head size {kc.head_size} does not match q head size {head_size}")
+    if num_kv_heads is not None and kc.num_kv_heads != num_kv_heads:
+        raise ValueError(f"k_cache has {kc.num_kv_heads} kv heads but k has {num_kv_heads}")
+    num_kv_heads = kc.num_kv_heads
+    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"q has {num_heads} heads, which is not a multiple of the {num_kv_heads} kv heads of k_cache"
+        )
+
+    oname = names["o"]
+    o = _is_tensor(o, oname)
+    if tuple(o.shape) != tuple(q.shape):
+        raise ValueError(f"{oname} must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    if out_fp8:
+        if o.dtype not in _FP8_DTYPES:
+            raise TypeError(f"{oname} must be an fp8 tensor when fp8_out_scale is given, got {o.dtype}")
+        _check_fp8_supported(o.dtype, device, oname)
+    elif o.dtype != q.dtype:
+        raise TypeError(f"{oname} must have q's dtype {q.dtype}, got {o.dtype}")
+    _check_last_stride(o, oname)
+    _check_device(o, oname, device)
+
+    bt = _check_index_tensor(block_table, names["block_table"], 2, device)
+    cu = _check_index_tensor(cu_seqlens_q, names["cu_seqlens_q"], 1, device)
+    sl = _check_index_tensor(seq_lens, names["seq_lens"], 1, device)
+    batch = sl.shape[0]
+    if cu.shape[0] != batch + 1:
+        raise ValueError(
+            f"{names['cu_seqlens_q']} must have batch + 1 = {batch + 1} entries "
+            f"({names['seq_lens']} has {batch}), got {cu.shape[0]}"
+        )
+    if bt.shape[0] < batch:
+        raise ValueError(f"{names['block_table']} has {bt.shape[0]} rows for {batch} sequences")
+    if batch > _MAX_GRID_YZ:
+        raise ValueError(f"{names['seq_lens']}: at most {_MAX_GRID_YZ} sequences per launch, got {batch}")
+    mq = names["max_query_len"]
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
+        raise TypeError(f"{mq} must be a Python int, got {type(max_query_len).__name__}")
+    if max_query_len < 0:
+        raise ValueError(f"{mq} must be >= 0, got {max_query_len}")
+    return kc, vc
+
+
+def _check_device_values(
+    q: torch.Tensor,
+    kv_from_cache: bool,
+    kc: CacheView,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    skip_decode: bool,
+    names: dict[str, str],
+) -> None:
+    """The checks that read device values (one device-to-host copy each): opt-in."""
+    cu = cu_seqlens_q.detach().to("cpu", torch.int64)
+    sl = seq_lens.detach().to("cpu", torch.int64)
+    cn, sn = names["cu_seqlens_q"], names["seq_lens"]
+    if cu.numel() and int(cu[0]) < 0:
+        raise ValueError(f"{cn}[0] must be >= 0, got {int(cu[0])}")
+    q_lens = cu[1:] - cu[:-1]
+    if bool((q_lens < 0).any()):
+        b = int(torch.nonzero(q_lens < 0)[0])
+        raise ValueError(f"{cn} must be non-decreasing, but {cn}[{b + 1}] < {cn}[{b}]")
+    if cu.numel() and int(cu[-1]) > q.shape[0]:
+        raise ValueError(f"{cn}[-1] = {int(cu[-1])} exceeds the {q.shape[0]} query rows of q")
+    if bool((sl < q_lens).any()):
+        b = int(torch.nonzero(sl < q_lens)[0])
+        raise ValueError(
+            f"{sn}[{b}] = {int(sl[b])} is smaller than the query length {int(q_lens[b])} of sequence {b}"
+        )
+    if q_lens.numel() and int(q_lens.max()) > max_query_len:
+        raise ValueError(
+            f"{names['max_query_len']} = {max_query_len} is smaller than the longest query "
+            f"({int(q_lens.max())})"
+        )
+    need = sl.clone() if kv_from_cache else sl - q_lens  # cached tokens each sequence reads
+    if skip_decode:
+        need[q_lens == 1] = 0
+    validate_block_table(block_table, need, kc.page_size, kc.num_blocks, name=names["block_table"])
+
+
+# --------------------------------------------------------------------------- launch
+def _layout_hints(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, kc: CacheView, vc: CacheView, block_n_ctx: int
+) -> tuple[bool, bool, bool, int]:
+    """Alignment/contiguity facts the kernel may promise the compiler (see kernel._cache_tile).
+
+    A cache is "16-byte aligned" when its data pointer and every non-unit stride are multiples of
+    16 bytes: then every contiguous run of a tile (along the unit-stride dimension) starts aligned.
+    In vLLM's V layout the unit-stride dimension is the page slot, so runs are ``gcd(page,
+    BLOCK_N_CTX)`` tokens of one page, and only in unmasked context tiles (which start at multiples
+    of BLOCK_N_CTX); the V promise then also needs runs of at least 16 bytes.
+    Returns ``(k_align16, v_align16_any, v_align16_runs, v_contig)``.
+    """
+    e = k_cache.element_size()
+
+    def aligned(t: torch.Tensor, view: CacheView) -> bool:
+        strides = (view.stride_block, view.stride_slot, view.stride_head, view.stride_dim, view.stride_x)
+        return t.data_ptr() % 16 == 0 and all((s * e) % 16 == 0 for s in strides if s not in (0, 1))
+
+    k_align = aligned(k_cache, kc)
+    v_ok = aligned(v_cache, vc)
+    slot_runs = vc.stride_slot == 1 and vc.page_size > 1  # tokens are the contiguous dimension
+    v_contig = math.gcd(vc.page_size, block_n_ctx) if slot_runs else 1
+    v_align_any = v_ok and not slot_runs
+    v_align_runs = v_ok and slot_runs and (v_contig * e) % 16 == 0
+    return k_align, v_align_any, v_align_runs, v_contig
+
+
+def _launch_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    o: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kc: CacheView,
+    vc: CacheView,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    *,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softmax_scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    skip_decode: bool = False,
+    config: KernelConfig | None = None,
+) -> None:
+    """Launch :func:`_fwd_kernel` on already-checked arguments (see :func:`prefix_prefill`).
+
+    ``kc``/``vc`` describe the caches (``paged_kv_offsets.describe_kv_cache``); scales are
+    1-element device tensors or None; ``config`` overrides the table (tests, benchmark sweeps).
+    """
+    total_q, num_heads, head_size = q.shape
+    batch = seq_lens.shape[0]
+    if batch == 0 or total_q == 0 or max_query_len == 0:
+        return
+    num_kv_heads = kc.num_kv_heads
+    cache_fp8 = k_cache.dtype in _FP8_DTYPES
+    out_fp8 = o.dtype in _FP8_DTYPES
+    kv_from_cache = k is None
+    dummy = q  # never dereferenced: stands in for absent optional tensors
+    if cache_fp8:
+        one = None
+        if k_scale is None or v_scale is None:
+            one = torch.ones(1, dtype=torch.float32, device=q.device)
+        k_scale = one if k_scale is None else k_scale
+        v_scale = one if v_scale is None else v_scale
+    if out_fp8 and out_scale is None:
+        out_scale = torch.ones(1, dtype=torch.float32, device=q.device)
+    left, right = int(window[0]), int(window[1])
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_size)
+
+    arch = detect_arch(q.device)
+    if config is None:
+        config = get_config(arch, head_size, q.dtype, kc.page_size)
+        if autotune.autotune_enabled() and arch != "interpreter":
+            key = config_key(arch, head_size, q.dtype, kc.page_size)
+            default_cfg = config
+
+            def run(cfg: KernelConfig) -> None:
+                _launch_fwd(
+                    q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+                    max_query_len, causal=causal, window=window, softmax_scale=softmax_scale,
+                    alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                    out_scale=out_scale, skip_decode=skip_decode, config=cfg,
+                )  # fmt: skip
+
+            cands = autotune.candidates(arch, head_size, q.element_size())
+            config = autotune.tuned_config(q.device, key, run, default_cfg, cands)
+
+    grid = (num_heads, triton.cdiv(max_query_len, config.BLOCK_M), batch)
+    if grid[1] > _MAX_GRID_YZ:
+        raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
+    k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
+    kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
+    vc_strides = vc.kernel_args()
+    _fwd_kernel[grid](
+        q,
+        dummy if kv_from_cache else k,
+        dummy if kv_from_cache else v,
+        o,
+        k_cache,
+        v_cache,
+        block_table,
+        cu_seqlens_q,
+        seq_lens,
+        sinks if sinks is not None else dummy,
+        alibi_slopes if alibi_slopes is not None else dummy,
+        k_scale if cache_fp8 else dummy,
+        v_scale if cache_fp8 else dummy,
+        out_scale if out_fp8 else dummy,
+        scale * LOG2E,
+        left,
+        right,
+        block_table.shape[1],
+        q.stride(0),
+        q.stride(1),
+        0 if kv_from_cache else k.stride(0),
+        0 if kv_from_cache else k.stride(1),
+        0 if kv_from_cache else v.stride(0),
+        0 if kv_from_cache else v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        block_table.stride(0),
+        block_table.stride(1),
+        kc_strides[0],
+        kc_strides[1],
+        kc_strides[2],
+        kc_strides[3],
+        kc_strides[4],
+        vc_strides[0],
+        vc_strides[1],
+        vc_strides[2],
+        vc_strides[3],
+        QUERIES_PER_KV=num_heads // num_kv_heads,
+        HEAD_DIM=head_size,
+        BLOCK_D=triton.next_power_of_2(head_size),
+        PAGE_SIZE=kc.page_size,
+        X=kc.x,
+        K_ALIGN16=k_align,
+        V_ALIGN16_ANY=v_align_any,
+        V_ALIGN16_RUNS=v_align_runs,
+        V_CONTIG=v_contig,
+        BLOCK_M=config.BLOCK_M,
+        BLOCK_N=config.BLOCK_N,
+        BLOCK_N_CTX=config.BLOCK_N_CTX,
+        CAUSAL=bool(causal),
+        USE_LEFT=left >= 0,
+        USE_RIGHT=right >= 0,
+        HAS_ALIBI=alibi_slopes is not None,
+        HAS_SINKS=sinks is not None,
+        KV_FROM_CACHE=kv_from_cache,
+        CACHE_FP8=cache_fp8,
+        OUT_FP8=out_fp8,
+        FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,
+        SKIP_DECODE=bool(skip_decode),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+# --------------------------------------------------------------------------- public API
+_VLLM_NAMES = {
+    "o": "o",
+    "block_table": "b_loc",
+    "cu_seqlens_q": "b_start_loc",
+    "seq_lens": "b_seq_len",
+    "max_query_len": "max_input_len",
+}
+_PY_NAMES = {
+    "o": "out",
+    "block_table": "block_table",
+    "cu_seqlens_q": "cu_seqlens_q",
+    "seq_lens": "seq_lens",
+    "max_query_len": "max_query_len",
+}
+
+
+def _check_window(window: object) -> tuple[int, int]:
+    if (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)
+    ):
+        raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window entries must be >= -1 (-1 = unbounded), got {window!r}")
+    return left, right
+
+
+def _check_softmax_scale(s: object, name: str) -> float | None:
+    if s is None:
+        return None
+    if isinstance(s, bool) or not isinstance(s, (int, float)):
+        raise TypeError(f"{name} must be a float or None, got {type(s).__name__}")
+    if not math.isfinite(float(s)):
+        raise ValueError(f"{name} must be finite, got {s}")
+    return float(s)
+
+
+def context_attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    o: torch.Tensor,
+    kv_cache_dtype: str,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    b_loc: torch.Tensor,
+    b_start_loc: torch.Tensor,
+    b_seq_len: torch.Tensor,
+    max_seq_len: int | None,
+    max_input_len: int,
+    k_scale: Scale,
+    v_scale: Scale,
+    alibi_slopes: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    sm_scale: float | None = None,
+    skip_decode: bool = False,
+    fp8_out_scale: Scale = None,
+    sinks: torch.Tensor | None = None,
+    causal: bool = True,
+    *,
+    validate: bool = False,
+) -> None:
+    """Prefix prefill attention, drop-in for vLLM 0.33's ``context_attention_fwd`` (writes ``o``).
+
+    Each sequence ``b`` has ``ctx_len = b_seq_len[b] - query_len`` cached tokens (positions
+    ``[0, ctx_len)``) and ``query_len = b_start_loc[b + 1] - b_start_loc[b]`` new tokens at positions
+    ``[ctx_len, b_seq_len[b])``; query ``i`` sits at position ``ctx_len + i`` and attends to the
+    context and (causally, unless ``causal=False``) to the new tokens.
+
+    Args:
+        q: ``[total_q, H, D]`` fp16/bf16/fp32, the new tokens' queries (rows of sequence ``b`` are
+            ``b_start_loc[b]:b_start_loc[b + 1]``); any token/head strides, unit feature stride.
+            ``D <= 256`` (any value; padded to a power of two inside the kernel).
+        k, v: ``[total_q, Hkv, D]`` in ``q``'s dtype, the new tokens' keys/values, or both ``None``:
+            then they are read from the cache at positions ``[ctx_len, b_seq_len[b])``.
+            ``H % Hkv == 0`` (GQA/MQA: query head ``h`` reads kv head ``h // (H // Hkv)``).
+        o: ``[total_q, H, D]`` output, ``q``'s dtype (an fp8 dtype with ``fp8_out_scale``). Rows of
+            sequences skipped by ``skip_decode`` are left untouched.
+        kv_cache_dtype: ``"auto"`` (cache in ``q``'s dtype, or an fp8 dtype), ``"fp8"`` /
+            ``"fp8_e4m3"`` (the platform's e4m3) or ``"fp8_e5m2"``: uint8/fp8 caches are viewed as
+            that type and dequantised as ``value * k_scale`` / ``value * v_scale``.
+        k_cache: ``[num_blocks, Hkv, D // x, page_size, x]`` (vLLM layout), any strides with a unit
+            last stride; ``page_size`` any integer >= 1 (544, 1056 ... run like powers of two).
+        v_cache: ``[num_blocks, Hkv, D, page_size]``.
+        b_loc: ``[batch, max_pages]`` int32/int64 block table; token ``t`` of sequence ``b`` lives in
+            block ``b_loc[b, t // page_size]``, slot ``t % page_size``. Only the pages a sequence
+            reads are ever loaded (entries past them may hold anything).
+        b_start_loc: ``[batch + 1]`` int32/int64 cumulative query lengths (``cu_seqlens_q``).
+        b_seq_len: ``[batch]`` int32/int64 context + query length of each sequence.
+        max_seq_len: unused (kept for signature compatibility).
+        max_input_len: Python int >= the longest query length: sizes the grid only.
+        k_scale, v_scale: per-tensor fp8 dequantisation scales (1-element tensors or floats);
+            ignored unless the cache is fp8.
+        alibi_slopes: ``[H]`` float: adds ``-slope[h] * |p - j|`` to every logit.
+        sliding_window: ``W > 0``: a query at ``p`` sees keys ``j`` with ``p - j < W``; None/<= 0: off.
+        sm_scale: logit scale, default ``1 / sqrt(D)``.
+        skip_decode: skip sequences whose query length is 1.
+        fp8_out_scale: with an fp8 ``o``: ``o = clamp(out / fp8_out_scale)`` to the fp8 range.
+        sinks: ``[H]`` float (fp32): one extra logit ``sinks[h]`` in each row's softmax denominator.
+        causal: False makes the new tokens attend to each other bidirectionally.
+        validate: also run the checks that read device values (one host sync); also enabled by
+            the environment variable ``PREFILL_VALIDATE=1``.
+    """
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    q = _is_tensor(q, "q")
+    k_cache = _is_tensor(k_cache, "k_cache")
+    v_cache = _is_tensor(v_cache, "v_cache")
+    if kv_cache_dtype == "auto":
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.dtype == torch.uint8:
+                raise ValueError(
+                    f"kv_cache_dtype='auto' cannot interpret the uint8 {name}; pass kv_cache_dtype="
+                    f"'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+                )
+    else:
+        target = torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else _e4m3_dtype(q.device)
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.dtype != torch.uint8 and t.dtype not in _FP8_DTYPES:
+                raise TypeError(
+                    f"{name} must be uint8 or an fp8 dtype for kv_cache_dtype={kv_cache_dtype!r}, "
+                    f"got {t.dtype}"
+                )
+        k_cache = k_cache.view(target)
+        v_cache = v_cache.view(target)
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+    ):
+        raise TypeError(f"sliding_window must be an int or None, got {type(sliding_window).__name__}")
+    window = (sliding_window - 1, -1) if sliding_window is not None and sliding_window > 0 else (-1, -1)
+    scale = _check_softmax_scale(sm_scale, "sm_scale")
+    kc, vc = _check_inputs(
+        q, k, v, o, k_cache, v_cache, "split", b_loc, b_start_loc, b_seq_len, max_input_len,
+        names=_VLLM_NAMES, out_fp8=fp8_out_scale is not None,
+    )  # fmt: skip
+    num_heads = q.shape[1]
+    alibi_slopes = _check_per_head(alibi_slopes, "alibi_slopes", num_heads, q.device)
+    sinks = _check_per_head(sinks, "sinks", num_heads, q.device)
+    cache_fp8 = k_cache.dtype in _FP8_DTYPES
+    ks = _scale_tensor(k_scale, "k_scale", q.device) if cache_fp8 else None
+    vs = _scale_tensor(v_scale, "v_scale", q.device) if cache_fp8 else None
+    os_ = _scale_tensor(fp8_out_scale, "fp8_out_scale", q.device)
+    if _validate_enabled(validate):
+        _check_device_values(
+            q, k is None, kc, b_loc, b_start_loc, b_seq_len, max_input_len, skip_decode, _VLLM_NAMES
+        )
+    _launch_fwd(
+        q, k, v, o, k_cache, v_cache, kc, vc, b_loc, b_start_loc, b_seq_len, max_input_len,
+        causal=causal, window=window, softmax_scale=scale, alibi_slopes=alibi_slopes, sinks=sinks,
+        k_scale=ks, v_scale=vs, out_scale=os_, skip_decode=skip_decode,
+    )  # fmt: skip
+
+
+def prefix_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    *,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softmax_scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
+    kv_layout: str | None = None,
+    out: torch.Tensor | None = None,
+    validate: bool = False,
+) -> torch.Tensor:
+    """Prefix prefill attention over a paged KV cache; returns ``out`` ``[total_q, H, D]``.
+
+    Same semantics as :func:`context_attention_fwd` (see it for ``q``, ``k``, ``v``, the block
+    table, ALiBi and sinks) with these differences:
+
+    * ``k_cache``/``v_cache`` in any layout of :mod:`paged_kv_offsets`: ``"split"`` (vLLM, K
+      ``[num_blocks, Hkv, D // x, page, x]``, V ``[num_blocks, Hkv, D, page]``), ``"nhd"``
+      (``[num_blocks, page, Hkv, D]``) or ``"hnd"`` (``[num_blocks, Hkv, page, D]``); ``kv_layout``
+      None infers ``"split"`` for a 5-D K cache, else ``"nhd"`` (pass ``"hnd"`` explicitly). A
+      cache in ``q``'s dtype or fp8 (uint8 is read as the platform's e4m3), dequantised with
+      ``k_scale``/``v_scale`` (default 1).
+    * ``block_table`` ``[batch, max_pages]``, ``cu_seqlens_q`` ``[batch + 1]``, ``seq_lens``
+      ``[batch]`` (context + query length), ``max_query_len`` (Python int, sizes the grid).
+    * ``window = (left, right)``: FlashAttention's inclusive convention, a query at ``p`` sees key
+      ``j`` iff ``left < 0 or p - j <= left`` and ``right < 0 or j - p <= right`` (and ``j <= p``
+      when ``causal``); vLLM's ``sliding_window=W`` is ``(W - 1, -1)``.
+    * ``out``: optional output buffer (``q``'s shape and dtype); allocated when None.
+    """
+    q = _is_tensor(q, "q")
+    k_cache = _is_tensor(k_cache, "k_cache")
+    v_cache = _is_tensor(v_cache, "v_cache")
+    if kv_layout is None:
+        kv_layout = "split" if k_cache.dim() == 5 else "nhd"
+    elif not isinstance(kv_layout, str) or kv_layout not in ("split", "nhd", "hnd"):
+        raise ValueError(f"kv_layout must be 'split', 'nhd', 'hnd' or None, got {kv_layout!r}")
+    if k_cache.dtype == torch.uint8 or v_cache.dtype == torch.uint8:
+        if k_cache.dtype != v_cache.dtype:
+            raise TypeError(
+                f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and {v_cache.dtype}"
+            )
+        target = _e4m3_dtype(q.device)
+        k_cache, v_cache = k_cache.view(target), v_cache.view(target)
+    window = _check_window(window)
+    scale = _check_softmax_scale(softmax_scale, "softmax_scale")
+    if out is None:
+        if q.dim() != 3:
+            raise ValueError(f"q must be 3-D [total_q, num_heads, head_size], got shape {tuple(q.shape)}")
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    kc, vc = _check_inputs(
+        q, k, v, out, k_cache, v_cache, kv_layout, block_table, cu_seqlens_q, seq_lens, max_query_len,
+        names=_PY_NAMES, out_fp8=False,
+    )  # fmt: skip
+    num_heads = q.shape[1]
+    alibi_slopes = _check_per_head(alibi_slopes, "alibi_slopes", num_heads, q.device)
+    sinks = _check_per_head(sinks, "sinks", num_heads, q.device)
+    cache_fp8 = k_cache.dtype in _FP8_DTYPES
+    ks = _scale_tensor(k_scale, "k_scale", q.device) if cache_fp8 else None
+    vs = _scale_tensor(v_scale, "v_scale", q.device) if cache_fp8 else None
+    if _validate_enabled(validate):
+        _check_device_values(
+            q, k is None, kc, block_table, cu_seqlens_q, seq_lens, max_query_len, False, _PY_NAMES
+        )
+    _launch_fwd(
+        q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
+        causal=causal, window=window, softmax_scale=scale, alibi_slopes=alibi_slopes, sinks=sinks,
+        k_scale=ks, v_scale=vs,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,720 @@
+"""Triton kernel: prefix prefill attention over a paged KV cache (context) plus the new tokens.
+
+One program computes one tile of ``BLOCK_M`` query rows of one sequence for one query head:
+
+* loop 1 walks the sequence's cached context (key positions ``[0, ctx_len)``) in tiles of
+  ``BLOCK_N_CTX`` tokens, starting at the first tile the sliding window can see. Every cache address
+  comes from :func:`paged_kv_offsets.kernel.token_offsets` / :func:`~paged_kv_offsets.kernel.dim_offsets`
+  (``PAGE_SIZE`` is a constexpr, so any page size divides by multiply-and-shift);
+* loop 2 walks the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``,
+  from the contiguous ``k``/``v`` tensors or, with ``KV_FROM_CACHE``, from the cache again.
+
+Each segment is split on the host-free scalar side (:func:`_tile_bounds`) into edge tiles that
+need masks (partial last tile, causal diagonal, window edges) and interior tiles that do not;
+both kinds share one online-softmax update (:func:`_attend`), compiled once with ``MASKED=True``
+and once with ``MASKED=False``.
+
+Logits are kept in log2 units: ``s = (q . k) * softmax_scale * log2(e)`` (times ``k_scale`` for an
+fp8 cache), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the running max/denominator
+at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no key writes 0.
+"""
+
+import triton
+import triton.language as tl
+
+from paged_kv_offsets.kernel import dim_offsets, token_offsets
+
+LOG2E = 1.4426950408889634  # host side
+_LOG2E = tl.constexpr(LOG2E)  # device side
+
+
+@triton.jit
+def _tile_bounds(
+    q_lo,
+    q_hi,
+    k_base,
+    k_len,
+    window_left,
+    window_right,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_LEFT: tl.constexpr,
+    USE_RIGHT: tl.constexpr,
+):
+    """Key tiles that query positions ``[q_lo, q_hi]`` need from a segment of ``k_len`` keys at
+    absolute positions ``[k_base, k_base + k_len)``.
+
+    Returns segment-relative multiples of ``BLOCK_N`` ``(lo, mid_lo, mid_hi, hi)``: tiles in
+    ``[lo, mid_lo)`` and ``[mid_hi, hi)`` need masks, tiles in ``[mid_lo, mid_hi)`` are fully
+    visible to every query row of the tile. All quantities stay non-negative.
+    """
+    need_lo = k_len * 0  # first needed key
+    need_hi = k_len  # one past the last needed key
+    full_hi = k_len  # keys below this pass every upper bound (segment end, causal, right window)
+    if USE_LEFT:
+        need_lo = tl.maximum(q_lo - window_left - k_base, 0)
+    if CAUSAL:
+        need_hi = tl.minimum(need_hi, q_hi + 1 - k_base)
+        full_hi = tl.minimum(full_hi, q_lo + 1 - k_base)
+    if USE_RIGHT:
+        need_hi = tl.minimum(need_hi, q_hi + window_right + 1 - k_base)
+        full_hi = tl.minimum(full_hi, q_lo + window_right + 1 - k_base)
+    lo = (need_lo // BLOCK_N) * BLOCK_N
+    hi = tl.where(need_hi > need_lo, tl.cdiv(need_hi, BLOCK_N) * BLOCK_N, lo)
+    mid_lo = lo
+    if USE_LEFT:
+        # keys at or after q_hi - window_left are inside the window of every row of the tile
+        mid_lo = tl.cdiv(tl.maximum(q_hi - window_left - k_base, 0), BLOCK_N) * BLOCK_N
+        mid_lo = tl.minimum(tl.maximum(mid_lo, lo), hi)
+    mid_hi = (tl.maximum(full_hi, 0) // BLOCK_N) * BLOCK_N
+    mid_hi = tl.minimum(tl.maximum(mid_hi, mid_lo), hi)
+    return lo, mid_lo, mid_hi, hi
+
+
+@triton.jit
+def _attend(
+    acc,
+    m_i,
+    l_i,
+    b_q,
+    p_k,
+    p_v,
+    q_pos,
+    k_pos,
+    k_start,
+    k_end,
+    m_d,
+    s_scale,
+    p_scale,
+    slope_log2,
+    window_left,
+    window_right,
+    MASKED: tl.constexpr,
+    PAD_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_LEFT: tl.constexpr,
+    USE_RIGHT: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    SCALE_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over one key tile (the only softmax update in this kernel).
+
+    ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``q_pos`` [BM] and ``k_pos`` [BN] absolute
+    positions, ``k_end`` one past the last key of the segment, ``k_start`` the first key any row of
+    the tile may see (with ``USE_LEFT``): keys outside ``[k_start, k_end)`` are never loaded, so
+    pages a window has left behind may hold anything (NaN, a recycled block). ``s_scale`` is the logit scale in
+    log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the probabilities before the PV dot
+    (the fp8 V-cache scale). Returns the updated ``(acc, m_i, l_i)``.
+    """
+    m_k = k_pos < k_end  # [BN]
+    if MASKED and USE_LEFT:
+        m_k = m_k & (k_pos >= k_start)  # [BN]
+    if MASKED:
+        b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
+    elif PAD_D:
+        b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
+    else:
+        b_k = tl.load(p_k)  # [BD, BN]
+    b_s = tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION) * s_scale  # [BM, BN]
+    if HAS_ALIBI:
+        b_dist = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)  # [BM, BN]
+        b_s = b_s - slope_log2 * b_dist  # [BM, BN]
+    if MASKED:
+        m_s = m_k[None, :] & (q_pos[:, None] >= 0)  # [BM, BN]
+        if CAUSAL:
+            m_s = m_s & (k_pos[None, :] <= q_pos[:, None])  # [BM, BN]
+        if USE_LEFT:
+            m_s = m_s & (q_pos[:, None] - k_pos[None, :] <= window_left)  # [BM, BN]
+        if USE_RIGHT:
+            m_s = m_s & (k_pos[None, :] - q_pos[:, None] <= window_right)  # [BM, BN]
+        b_s = tl.where(m_s, b_s, float("-inf"))  # [BM, BN]
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+    if MASKED:
+        # a row with no visible key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
+    else:
+        m_use = m_new  # [BM]
+    b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
+    alpha = tl.math.exp2(m_i - m_use)  # [BM]
+    l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+    if MASKED:
+        b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)  # [BN, BD]
+    elif PAD_D:
+        b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
+    else:
+        b_v = tl.load(p_v)  # [BN, BD]
+    if SCALE_P:
+        b_p = b_p * p_scale  # [BM, BN]
+    acc = acc * alpha[:, None]  # [BM, BD]
+    acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PRECISION)  # [BM, BD]
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _cache_tile(
+    acc,
+    m_i,
+    l_i,
+    b_q,
+    q_pos,
+    pos0,
+    k_start,
+    k_end,
+    K_cache,
+    V_cache,
+    bt_row,
+    stride_bt_col,
+    n_bt_cols,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    o_kc_head,
+    o_vc_head,
+    o_kd,
+    o_vd,
+    m_d,
+    s_scale,
+    p_scale,
+    slope_log2,
+    window_left,
+    window_right,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    K_ALIGN16: tl.constexpr,
+    V_ALIGN16_ANY: tl.constexpr,
+    V_ALIGN16_RUNS: tl.constexpr,
+    V_CONTIG: tl.constexpr,
+    MASKED: tl.constexpr,
+    PAD_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_LEFT: tl.constexpr,
+    USE_RIGHT: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    SCALE_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Attend to the cached keys at absolute positions ``pos0 + [0, BLOCK_N)`` (valid in ``[k_start, k_end)``).
+
+    Layout hints, each checked on the host (``interface._layout_hints``): ``K_ALIGN16`` /
+    ``V_ALIGN16_ANY``: every contiguous run of the K/V tile starts 16-byte aligned, whatever tokens
+    the tile holds; ``V_CONTIG`` > 1 (vLLM's ``[blocks, heads, D, page]`` V cache, where tokens are
+    the unit-stride dimension): in an unmasked context tile, whose lanes are all real tokens and
+    which starts at a multiple of ``BLOCK_N``, the V offsets run in groups of ``V_CONTIG`` contiguous
+    tokens of one page (``V_CONTIG`` divides ``PAGE_SIZE`` and ``BLOCK_N``), 16-byte aligned with
+    ``V_ALIGN16_RUNS``. They turn element-wise gathers into pipelined 16-byte copies.
+    """
+    k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
+    o_kt = token_offsets(
+        bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_kc_block, stride_kc_slot, PAGE_SIZE
+    )  # [BN] int64
+    o_vt = token_offsets(
+        bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_vc_block, stride_vc_slot, PAGE_SIZE
+    )  # [BN] int64
+    p_k = K_cache + o_kc_head + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
+    p_v = V_cache + o_vc_head + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
+    if K_ALIGN16:
+        p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
+    if V_ALIGN16_ANY:
+        p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
+    if not MASKED:  # every lane of an interior tile is a real token of a mapped page
+        if V_ALIGN16_RUNS:
+            p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
+        if V_CONTIG > 1:
+            p_v = tl.max_contiguous(p_v, [V_CONTIG, 1])  # [BN, BD]
+    return _attend(
+        acc,
+        m_i,
+        l_i,
+        b_q,
+        p_k,
+        p_v,
+        q_pos,
+        k_pos,
+        k_start,
+        k_end,
+        m_d,
+        s_scale,
+        p_scale,
+        slope_log2,
+        window_left,
+        window_right,
+        MASKED,
+        PAD_D,
+        CAUSAL,
+        USE_LEFT,
+        USE_RIGHT,
+        HAS_ALIBI,
+        SCALE_P,
+        DOT_PRECISION,
+    )
+
+
+@triton.jit
+def _new_tile(
+    acc,
+    m_i,
+    l_i,
+    b_q,
+    q_pos,
+    n0,
+    k_start,
+    ctx_len,
+    seq_len,
+    p_k_rows,
+    p_v_rows,
+    stride_kt,
+    stride_vt,
+    offs_d,
+    K_cache,
+    V_cache,
+    bt_row,
+    stride_bt_col,
+    n_bt_cols,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    o_kc_head,
+    o_vc_head,
+    o_kd,
+    o_vd,
+    m_d,
+    s_scale,
+    p_scale,
+    slope_log2,
+    window_left,
+    window_right,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    K_ALIGN16: tl.constexpr,
+    V_ALIGN16_ANY: tl.constexpr,
+    MASKED: tl.constexpr,
+    PAD_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_LEFT: tl.constexpr,
+    USE_RIGHT: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    KV_FROM_CACHE: tl.constexpr,
+    SCALE_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Attend to new tokens ``n0 + [0, BLOCK_N)`` (absolute positions ``ctx_len + n0 + ...``): from
+    the contiguous ``k``/``v`` rows, or with ``KV_FROM_CACHE`` from the cache (only then do the fp8
+    scales ``s_scale``/``SCALE_P`` of a cache apply)."""
+    if KV_FROM_CACHE:
+        return _cache_tile(
+            acc,
+            m_i,
+            l_i,
+            b_q,
+            q_pos,
+            ctx_len + n0,
+            k_start,
+            seq_len,
+            K_cache,
+            V_cache,
+            bt_row,
+            stride_bt_col,
+            n_bt_cols,
+            stride_kc_block,
+            stride_kc_slot,
+            stride_vc_block,
+            stride_vc_slot,
+            o_kc_head,
+            o_vc_head,
+            o_kd,
+            o_vd,
+            m_d,
+            s_scale,
+            p_scale,
+            slope_log2,
+            window_left,
+            window_right,
+            BLOCK_N,
+            PAGE_SIZE,
+            K_ALIGN16,
+            V_ALIGN16_ANY,
+            False,  # V_ALIGN16_RUNS
+            1,  # V_CONTIG: new tokens start at ctx_len, not at a page boundary
+            MASKED,
+            PAD_D,
+            CAUSAL,
+            USE_LEFT,
+            USE_RIGHT,
+            HAS_ALIBI,
+            SCALE_P,
+            DOT_PRECISION,
+        )
+    else:
+        offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN] index among the new tokens
+        p_k = p_k_rows + offs_n.to(tl.int64)[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
+        p_v = p_v_rows + offs_n.to(tl.int64)[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
+        return _attend(
+            acc,
+            m_i,
+            l_i,
+            b_q,
+            p_k,
+            p_v,
+            q_pos,
+            ctx_len + offs_n,
+            k_start,
+            seq_len,
+            m_d,
+            s_scale,
+            1.0,
+            slope_log2,
+            window_left,
+            window_right,
+            MASKED,
+            PAD_D,
+            CAUSAL,
+            USE_LEFT,
+            USE_RIGHT,
+            HAS_ALIBI,
+            False,
+            DOT_PRECISION,
+        )
+
+
+@triton.jit(do_not_specialize=["window_left", "window_right", "n_bt_cols", "stride_bt_row"])
+def _fwd_kernel(
+    Q,  # [total_q, H, D]
+    K,  # [total_q, Hkv, D] (unused with KV_FROM_CACHE)
+    V,  # [total_q, Hkv, D] (unused with KV_FROM_CACHE)
+    O,  # [total_q, H, D]
+    K_cache,  # paged, any layout paged_kv_offsets describes
+    V_cache,
+    Block_table,  # [batch, n_bt_cols] int32/int64
+    Cu_seqlens_q,  # [batch + 1]
+    Seq_lens,  # [batch] context + new tokens
+    Sinks,  # [H] (HAS_SINKS)
+    Alibi_slopes,  # [H] (HAS_ALIBI)
+    K_scale,  # [1] (CACHE_FP8)
+    V_scale,  # [1] (CACHE_FP8)
+    Out_scale,  # [1] (OUT_FP8)
+    qk_scale,  # softmax_scale * log2(e)
+    window_left,  # FA left window (inclusive), used with USE_LEFT
+    window_right,  # FA right window (inclusive), used with USE_RIGHT
+    n_bt_cols,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_bt_row,
+    stride_bt_col,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_kc_x,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    stride_vc_dim,
+    QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    X: tl.constexpr,
+    K_ALIGN16: tl.constexpr,
+    V_ALIGN16_ANY: tl.constexpr,
+    V_ALIGN16_RUNS: tl.constexpr,
+    V_CONTIG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_N_CTX: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_LEFT: tl.constexpr,
+    USE_RIGHT: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    KV_FROM_CACHE: tl.constexpr,
+    CACHE_FP8: tl.constexpr,
+    OUT_FP8: tl.constexpr,
+    FP8_OUT_MAX: tl.constexpr,
+    SKIP_DECODE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
+    pid_h = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # latest (heaviest causal) tiles first
+    pid_b = tl.program_id(2)
+    kv_head = pid_h // QUERIES_PER_KV
+
+    q_start = tl.load(Cu_seqlens_q + pid_b).to(tl.int64)
+    q_len = (tl.load(Cu_seqlens_q + pid_b + 1).to(tl.int64) - q_start).to(tl.int32)
+    seq_len = tl.load(Seq_lens + pid_b).to(tl.int32)
+    ctx_len = seq_len - q_len
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    if SKIP_DECODE:
+        if q_len == 1:
+            return
+
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_m = m0 + tl.arange(0, BLOCK_M)  # [BM] query index in the sequence
+    offs_d = tl.arange(0, BLOCK_D)  # [BD]
+    m_m = offs_m < q_len  # [BM]
+    m_d = offs_d < HEAD_DIM  # [BD]
+    q_pos = ctx_len + offs_m  # [BM] absolute positions
+    q_lo = ctx_len + m0
+    q_hi = ctx_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
+
+    p_q = (
+        Q + (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + pid_h * stride_qh + offs_d[None, :]
+    )  # [BM, BD]
+    b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
+
+    if HAS_SINKS:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + pid_h).to(tl.float32) * _LOG2E  # [BM]
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)  # [BM]
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [BM]
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # [BM]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BM, BD]
+
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi_slopes + pid_h).to(tl.float32) * _LOG2E
+    else:
+        slope_log2 = 0.0
+    if CACHE_FP8:
+        s_scale_cache = qk_scale * tl.load(K_scale).to(tl.float32)
+        v_scale = tl.load(V_scale).to(tl.float32)
+    else:
+        s_scale_cache = qk_scale
+        v_scale = 1.0
+
+    bt_row = Block_table + pid_b.to(tl.int64) * stride_bt_row
+    o_kc_head = kv_head.to(tl.int64) * stride_kc_head
+    o_vc_head = kv_head.to(tl.int64) * stride_vc_head
+    o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
+    o_vd = dim_offsets(offs_d, stride_vc_dim, 0, 1)  # [BD] int64
+
+    k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
+
+    # ---- loop 1: the cached context, key positions [0, ctx_len) ----
+    lo, mid_lo, mid_hi, hi = _tile_bounds(
+        q_lo, q_hi, 0, ctx_len, window_left, window_right, BLOCK_N_CTX, CAUSAL, USE_LEFT, USE_RIGHT
+    )
+    n_edge = (mid_lo - lo) // BLOCK_N_CTX
+    n_masked = n_edge + (hi - mid_hi) // BLOCK_N_CTX
+    for t in tl.range(0, n_masked):
+        n0 = tl.where(t < n_edge, lo + t * BLOCK_N_CTX, mid_hi + (t - n_edge) * BLOCK_N_CTX)
+        acc, m_i, l_i = _cache_tile(
+            acc,
+            m_i,
+            l_i,
+            b_q,
+            q_pos,
+            n0,
+            k_start,
+            ctx_len,
+            K_cache,
+            V_cache,
+            bt_row,
+            stride_bt_col,
+            n_bt_cols,
+            stride_kc_block,
+            stride_kc_slot,
+            stride_vc_block,
+            stride_vc_slot,
+            o_kc_head,
+            o_vc_head,
+            o_kd,
+            o_vd,
+            m_d,
+            s_scale_cache,
+            v_scale,
+            slope_log2,
+            window_left,
+            window_right,
+            BLOCK_N_CTX,
+            PAGE_SIZE,
+            K_ALIGN16,
+            V_ALIGN16_ANY,
+            V_ALIGN16_RUNS,
+            V_CONTIG,
+            True,  # MASKED
+            PAD_D,
+            CAUSAL,
+            USE_LEFT,
+            USE_RIGHT,
+            HAS_ALIBI,
+            CACHE_FP8,
+            DOT_PRECISION,
+        )
+    for n0 in tl.range(mid_lo, mid_hi, BLOCK_N_CTX):
+        acc, m_i, l_i = _cache_tile(
+            acc,
+            m_i,
+            l_i,
+            b_q,
+            q_pos,
+            n0,
+            k_start,
+            ctx_len,
+            K_cache,
+            V_cache,
+            bt_row,
+            stride_bt_col,
+            n_bt_cols,
+            stride_kc_block,
+            stride_kc_slot,
+            stride_vc_block,
+            stride_vc_slot,
+            o_kc_head,
+            o_vc_head,
+            o_kd,
+            o_vd,
+            m_d,
+            s_scale_cache,
+            v_scale,
+            slope_log2,
+            window_left,
+            window_right,
+            BLOCK_N_CTX,
+            PAGE_SIZE,
+            K_ALIGN16,
+            V_ALIGN16_ANY,
+            V_ALIGN16_RUNS,
+            V_CONTIG,
+            False,  # MASKED
+            PAD_D,
+            CAUSAL,
+            USE_LEFT,
+            USE_RIGHT,
+            HAS_ALIBI,
+            CACHE_FP8,
+            DOT_PRECISION,
+        )
+
+    # ---- loop 2: the new tokens, key positions [ctx_len, seq_len) ----
+    p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
+    p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
+    if KV_FROM_CACHE:
+        s_scale_new = s_scale_cache
+    else:
+        s_scale_new = qk_scale
+    lo, mid_lo, mid_hi, hi = _tile_bounds(
+        q_lo, q_hi, ctx_len, q_len, window_left, window_right, BLOCK_N, CAUSAL, USE_LEFT, USE_RIGHT
+    )
+    n_edge = (mid_lo - lo) // BLOCK_N
+    n_masked = n_edge + (hi - mid_hi) // BLOCK_N
+    for t in tl.range(0, n_masked):
+        n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
+        acc, m_i, l_i = _new_tile(
+            acc,
+            m_i,
+            l_i,
+            b_q,
+            q_pos,
+            n0,
+            k_start,
+            ctx_len,
+            seq_len,
+            p_k_rows,
+            p_v_rows,
+            stride_kt,
+            stride_vt,
+            offs_d,
+            K_cache,
+            V_cache,
+            bt_row,
+            stride_bt_col,
+            n_bt_cols,
+            stride_kc_block,
+            stride_kc_slot,
+            stride_vc_block,
+            stride_vc_slot,
+            o_kc_head,
+            o_vc_head,
+            o_kd,
+            o_vd,
+            m_d,
+            s_scale_new,
+            v_scale,
+            slope_log2,
+            window_left,
+            window_right,
+            BLOCK_N,
+            PAGE_SIZE,
+            K_ALIGN16,
+            V_ALIGN16_ANY,
+            True,  # MASKED
+            PAD_D,
+            CAUSAL,
+            USE_LEFT,
+            USE_RIGHT,
+            HAS_ALIBI,
+            KV_FROM_CACHE,
+            CACHE_FP8,
+            DOT_PRECISION,
+        )
+    for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
+        acc, m_i, l_i = _new_tile(
+            acc,
+            m_i,
+            l_i,
+            b_q,
+            q_pos,
+            n0,
+            k_start,
+            ctx_len,
+            seq_len,
+            p_k_rows,
+            p_v_rows,
+            stride_kt,
+            stride_vt,
+            offs_d,
+            K_cache,
+            V_cache,
+            bt_row,
+            stride_bt_col,
+            n_bt_cols,
+            stride_kc_block,
+            stride_kc_slot,
+            stride_vc_block,
+            stride_vc_slot,
+            o_kc_head,
+            o_vc_head,
+            o_kd,
+            o_vd,
+            m_d,
+            s_scale_new,
+            v_scale,
+            slope_log2,
+            window_left,
+            window_right,
+            BLOCK_N,
+            PAGE_SIZE,
+            K_ALIGN16,
+            V_ALIGN16_ANY,
+            False,  # MASKED
+            PAD_D,
+            CAUSAL,
+            USE_LEFT,
+            USE_RIGHT,
+            HAS_ALIBI,
+            KV_FROM_CACHE,
+            CACHE_FP8,
+            DOT_PRECISION,
+        )
+
+    # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
+    b_o = acc * (1.0 / l_safe)[:, None]  # [BM, BD]
+    if OUT_FP8:
+        b_o = b_o * (1.0 / tl.load(Out_scale).to(tl.float32))  # [BM, BD]
+        b_o = tl.minimum(tl.maximum(b_o, -FP8_OUT_MAX), FP8_OUT_MAX)  # [BM, BD]
+    p_o = (
+        O + (q_start + offs_m.to(tl.int64))[:, None] * stride_ot + pid_h * stride_oh + offs_d[None, :]
+    )  # [BM, BD]
+    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])

@@ -1,0 +1,194 @@
+"""prefix_prefill against the float64 reference: page sizes, layouts, head sizes, GQA, tiles.
+
+CPU (interpreter) cases use tiny contexts; the GPU-marked cases cover the full grid.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE, DTYPES, ON_GPU
+from pp_cases import make_case, random_seqs, reference, run_cfg, run_py, run_vllm
+
+from attn_reference import compare
+from prefix_prefill.configs import KernelConfig
+
+# (page, layout, dtype, max_ctx): every CPU page size at least once, every layout, both CPU dtypes.
+CPU_PAGES = [
+    (1, "split", torch.float16, 24),
+    (16, "nhd", torch.float32, 40),
+    (17, "hnd", torch.float16, 40),
+    (17, "split", torch.float32, 40),
+    (544, "split", torch.float16, 90),
+    (544, "nhd", torch.float32, 90),
+]
+
+
+@pytest.mark.parametrize(("page", "layout", "dtype", "max_ctx"), CPU_PAGES)
+def test_ragged_batch_pages_layouts(page, layout, dtype, max_ctx):
+    seqs = [*random_seqs(3, max_ctx, 40), (0, 7)]
+    case = make_case(
+        seqs, num_heads=4, num_kv_heads=2, head_size=64, page=page, dtype=dtype, device=DEVICE, layout=layout
+    )
+    out = run_py(case)
+    c = compare(out, reference(case))
+    assert c, f"{seqs}: {c}"
+
+
+@pytest.mark.parametrize(
+    ("head_size", "num_heads", "num_kv_heads", "dtype", "seqs"),
+    [
+        (64, 4, 4, torch.float16, [(33, 17), (0, 20), (5, 1)]),  # MHA
+        (80, 4, 1, torch.float32, [(19, 21), (40, 3)]),  # MQA, padded head size
+        (256, 2, 1, torch.float16, [(20, 9), (3, 2)]),  # largest head size, tiny
+    ],
+)
+def test_head_sizes_gqa(head_size, num_heads, num_kv_heads, dtype, seqs):
+    case = make_case(
+        seqs,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        page=16,
+        dtype=dtype,
+        device=DEVICE,
+    )
+    c = compare(run_vllm(case), reference(case))
+    assert c, c
+
+
+@pytest.mark.parametrize(
+    ("config", "page", "window"),
+    [
+        (KernelConfig(32, 16, 64, 1, 1), 17, (-1, -1)),  # context tile spans pages, BM > BN
+        (KernelConfig(16, 32, 16, 1, 1), 16, (11, -1)),  # BN > BM, windowed edges
+        (KernelConfig(32, 32, 32, 1, 1), 544, (40, -1)),
+    ],
+)
+def test_tile_shapes(config, page, window):
+    """Tile sizes that do not divide one another or the page: edge/interior split stays exact."""
+    seqs = [(70, 45), (33, 64), (0, 31), (90, 1)]
+    case = make_case(
+        seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE
+    )
+    c = compare(run_cfg(case, config, window=window), reference(case, window=window))
+    assert c, c
+
+
+def test_seed_shape_tiny():
+    """One of the seed's shapes, (8 heads, 4 queries per kv, head 256, page 1040), tiny lengths."""
+    case = make_case(
+        [(21, 10), (0, 5)],
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=256,
+        page=1040,
+        dtype=torch.float16,
+        device=DEVICE,
+    )
+    assert compare(run_vllm(case), reference(case))
+
+
+# ----------------------------------------------------------------------------------------- GPU
+GPU_PAGES = [1, 16, 128, 512, 544, 1040, 1056, 2048]
+GPU_HEADS = [64, 80, 96, 112, 128, 192, 256]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", GPU_PAGES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["split", "nhd", "hnd"])
+def test_gpu_pages(page, dtype, layout):
+    seqs = [*random_seqs(5, 3000, 700), (0, 300), (2500, 1)]
+    case = make_case(
+        seqs, num_heads=8, num_kv_heads=2, head_size=128, page=page, dtype=dtype, device=DEVICE, layout=layout
+    )
+    c = compare(run_py(case), reference(case))
+    assert c, c
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_size", GPU_HEADS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("queries_per_kv", [1, 4, 16])
+def test_gpu_head_sizes(head_size, dtype, queries_per_kv):
+    seqs = random_seqs(4, 1500, 500)
+    case = make_case(
+        seqs,
+        num_heads=16,
+        num_kv_heads=16 // queries_per_kv,
+        head_size=head_size,
+        page=544,
+        dtype=dtype,
+        device=DEVICE,
+    )
+    c = compare(run_vllm(case), reference(case))
+    assert c, c
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("num_heads", "queries_per_kv", "head_size", "page"),
+    [(64, 1, 128, 544), (8, 4, 256, 1040), (8, 4, 256, 1056)],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_seed_shapes(num_heads, queries_per_kv, head_size, page, dtype):
+    seqs = [(1500, 600), (0, 1024), (3000, 17), (700, 1)]
+    case = make_case(
+        seqs,
+        num_heads=num_heads,
+        num_kv_heads=num_heads // queries_per_kv,
+        head_size=head_size,
+        page=page,
+        dtype=dtype,
+        device=DEVICE,
+    )
+    assert compare(run_vllm(case), reference(case))
+    assert compare(run_vllm(case, sliding_window=700), reference(case, window=(699, -1)))
+
+
+@pytest.mark.gpu
+def test_gpu_many_random_batches():
+    """200 random problems: shapes, pages, layouts, dtypes, windows, ALiBi, sinks, k=None, causal."""
+    gen = torch.Generator().manual_seed(1234)
+
+    def pick(xs):
+        return xs[int(torch.randint(0, len(xs), (1,), generator=gen))]
+
+    failures = []
+    for i in range(200):
+        hkv = pick([1, 2, 4, 8])
+        qpk = pick([1, 2, 4, 8])
+        d = pick(GPU_HEADS)
+        page = pick([1, 16, 17, 128, 544, 1040, 1056])
+        layout = pick(["split", "nhd", "hnd"])
+        dtype = pick(DTYPES)
+        seqs = random_seqs(int(torch.randint(1, 9, (1,), generator=gen)), pick([0, 50, 600, 3000]), 600, gen)
+        kvc = bool(torch.randint(0, 4, (1,), generator=gen) == 0)
+        case = make_case(
+            seqs,
+            num_heads=hkv * qpk,
+            num_kv_heads=hkv,
+            head_size=d,
+            page=page,
+            dtype=dtype,
+            device=DEVICE,
+            layout=layout,
+            kv_from_cache=kvc,
+        )
+        kw = {"causal": pick([True, True, False])}
+        if pick([0, 1]):
+            kw["window"] = (pick([0, 7, 100, 1000]), pick([-1, -1, 0, 50]) if not kw["causal"] else -1)
+        if pick([0, 0, 1]):
+            kw["alibi_slopes"] = torch.rand(hkv * qpk, device=DEVICE) * 0.2
+        if pick([0, 0, 1]):
+            kw["sinks"] = torch.randn(hkv * qpk, device=DEVICE)
+        c = compare(run_py(case, **kw), reference(case, **kw))
+        if not c:
+            failures.append((i, seqs, d, page, layout, dtype, kvc, kw.keys(), str(c)))
+    assert not failures, failures[:5]
+
+
+def test_gpu_marker_consistency():
+    """DTYPES holds bf16 exactly when a GPU runs the suite (the interpreter cannot do bf16 dots)."""
+    assert (torch.bfloat16 in DTYPES) == ON_GPU

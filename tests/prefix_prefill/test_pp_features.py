@@ -1,0 +1,360 @@
+"""Features against the reference: windows, ALiBi, sinks, fp8 caches, k=None, skip_decode,
+causal=False, empty contexts, short queries, both API forms, window skipping, negative controls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE, DTYPES, ON_GPU, poison
+from pp_cases import (
+    FP8_E4M3,
+    FP8_E5M2,
+    alibi_slopes,
+    make_case,
+    random_seqs,
+    reference,
+    run_cfg,
+    run_py,
+    run_vllm,
+)
+
+from attn_reference import compare, gather_paged, negative_control
+from prefix_prefill.configs import KernelConfig
+
+SEQS = [(37, 29), (0, 18), (50, 1), (9, 40)]
+
+
+def _case(**kw):
+    args = {"num_heads": 4, "num_kv_heads": 2, "head_size": 64, "page": 16, "dtype": torch.float16}
+    args.update(kw)
+    seqs = args.pop("seqs", SEQS)
+    return make_case(seqs, device=DEVICE, **args)
+
+
+# ------------------------------------------------------------------------------------ windows
+@pytest.mark.parametrize(
+    ("causal", "window"),
+    [
+        (True, (8, -1)),  # vLLM sliding window 9
+        (True, (0, -1)),  # only itself
+        (False, (5, 3)),  # FA two-sided
+        (False, (-1, 4)),  # right bound only
+        (False, (20, 0)),  # left window, no look-ahead, via causal=False
+    ],
+)
+def test_windows(causal, window):
+    case = _case(layout="nhd", dtype=torch.float32)
+    c = compare(run_py(case, causal=causal, window=window), reference(case, causal=causal, window=window))
+    assert c, c
+
+
+def test_vllm_sliding_window_and_scale():
+    case = _case()
+    out = run_vllm(case, sliding_window=12, sm_scale=0.3)
+    assert compare(out, reference(case, window=(11, -1), softmax_scale=0.3))
+
+
+def test_window_skip_never_reads_pages_behind_the_window():
+    """Pages no query can see are filled with NaN and their table entries point at the poisoned
+    blocks: the output stays finite and exact, so the kernel never loaded them."""
+    window = 20
+    seqs = [(150, 12), (97, 30), (64, 5)]
+    case = _case(seqs=seqs, page=16, layout="split", dtype=torch.float32)
+    ref = reference(case, window=(window - 1, -1))
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    poisoned = 0
+    for b, (ctx, _) in enumerate(seqs):
+        first_visible = ctx - (window - 1)  # the first query (position ctx) sees keys >= ctx - 19
+        for pg in range(first_visible // case.page):  # pages entirely before that key
+            blk = int(case.block_table[b, pg])
+            k_cache[blk] = float("nan")
+            v_cache[blk] = float("nan")
+            poisoned += 1
+    assert poisoned >= 8
+    case.k_cache, case.v_cache = k_cache, v_cache
+    out = run_vllm(case, sliding_window=window)
+    assert torch.isfinite(out).all()
+    c = compare(out, ref)
+    assert c, c
+    # the same with context tiles of two pages that straddle the window edge
+    out = run_cfg(case, KernelConfig(16, 16, 64, 1, 1), window=(window - 1, -1))
+    assert compare(out, ref)
+
+
+# ------------------------------------------------------------------------------- ALiBi, sinks
+def test_alibi():
+    case = _case()
+    slopes = alibi_slopes(4, DEVICE)
+    assert compare(run_vllm(case, alibi_slopes=slopes), reference(case, alibi_slopes=slopes))
+
+
+def test_alibi_window_sinks_noncausal():
+    case = _case(layout="hnd", dtype=torch.float32, page=17)
+    slopes = alibi_slopes(4, DEVICE)
+    sinks = torch.randn(4, device=DEVICE) * 2
+    kw = {"alibi_slopes": slopes, "sinks": sinks, "window": (13, 6), "causal": False}
+    c = compare(run_py(case, **kw), reference(case, **kw))
+    assert c, c
+
+
+def test_alibi_window_sinks_vllm():
+    case = _case(num_kv_heads=1)
+    slopes = alibi_slopes(4, DEVICE)
+    sinks = torch.randn(4, device=DEVICE)
+    out = run_vllm(case, alibi_slopes=slopes, sinks=sinks, sliding_window=10)
+    assert compare(out, reference(case, alibi_slopes=slopes, sinks=sinks, window=(9, -1)))
+
+
+def test_sinks():
+    case = _case(dtype=torch.float32)
+    sinks = torch.randn(4, device=DEVICE) * 3
+    assert compare(run_vllm(case, sinks=sinks), reference(case, sinks=sinks))
+
+
+# ------------------------------------------------------------------------------------ fp8
+@pytest.mark.parametrize(
+    ("cache_dtype", "api"),
+    [
+        (torch.uint8, "vllm"),  # uint8 storage, kv_cache_dtype="fp8"
+        (FP8_E5M2, "vllm"),  # kv_cache_dtype="fp8_e5m2"
+        (FP8_E4M3, "py"),
+    ],
+)
+def test_fp8_cache(cache_dtype, api):
+    case = _case(cache_dtype=cache_dtype, k_scale=0.45, v_scale=1.7, dtype=torch.float16)
+    if api == "vllm":
+        out = run_vllm(case, sliding_window=30)
+    else:
+        out = run_py(case, window=(29, -1))
+    c = compare(out, reference(case, window=(29, -1)))
+    assert c, c
+
+
+def test_fp8_cache_kv_from_cache_alibi_noncausal():
+    case = _case(cache_dtype=FP8_E4M3, k_scale=0.8, v_scale=0.6, kv_from_cache=True, layout="nhd")
+    slopes = alibi_slopes(4, DEVICE)
+    kw = {"alibi_slopes": slopes, "causal": False}
+    assert compare(run_py(case, **kw), reference(case, **kw))
+
+
+def test_fp8_output():
+    """o in fp8 gets clamp(out / fp8_out_scale). The interpreter rounds fp32 -> fp8 wrongly (7.98 -> 4),
+    so on CPU only finiteness, sign and the magnitude bucket are checked; the GPU checks values."""
+    case = _case(dtype=torch.float16)
+    o = torch.empty(case.q.shape, dtype=FP8_E4M3, device=DEVICE)
+    poison(o)
+    run_vllm(case, o=o, fp8_out_scale=0.25)
+    ref = reference(case).float()
+    got = o.float() * 0.25
+    assert torch.isfinite(got).all()
+    if ON_GPU:
+        c = compare(got, ref.double(), FP8_E4M3)
+        assert c, c
+    else:
+        assert ((got - ref).abs() <= 0.55 * ref.abs() + 0.05).all()
+
+
+# ------------------------------------------------------------------------ k=None, short, empty
+@pytest.mark.parametrize(("layout", "dtype"), [("split", torch.float16), ("hnd", torch.float32)])
+def test_kv_from_cache(layout, dtype):
+    case = _case(kv_from_cache=True, layout=layout, dtype=dtype, page=17)
+    kw = {"window": (25, -1)} if layout == "hnd" else {}
+    c = compare(run_py(case, **kw), reference(case, **kw))
+    assert c, c
+
+
+def test_kv_from_cache_vllm():
+    case = _case(kv_from_cache=True)
+    assert compare(run_vllm(case), reference(case))
+
+
+def test_empty_contexts_zero_width_table():
+    case = _case(seqs=[(0, 20), (0, 1), (0, 33)])
+    assert case.block_table.shape[1] == 0
+    assert compare(run_vllm(case), reference(case))
+
+
+def test_short_queries_below_every_tile():
+    """Query lengths 1..7 (below every tile) with contexts across page edges, default and big tiles."""
+    seqs = [(0, 1), (16, 1), (17, 3), (31, 7), (5, 2), (48, 5)]
+    case = _case(seqs=seqs, page=16)
+    ref = reference(case)
+    assert compare(run_py(case), ref)
+    assert compare(run_cfg(case, KernelConfig(64, 64, 64, 1, 1)), ref)
+
+
+def test_skip_decode_leaves_decode_rows_untouched():
+    seqs = [(30, 1), (12, 20), (0, 1), (40, 9)]
+    case = _case(seqs=seqs)
+    out = run_vllm(case, skip_decode=True)
+    ref = reference(case)
+    decode_rows = torch.tensor([0, 21], device=DEVICE)  # rows of the query-length-1 sequences
+    keep = torch.ones(case.q.shape[0], dtype=torch.bool, device=DEVICE)
+    keep[decode_rows] = False
+    assert torch.isnan(out[decode_rows].float()).all()
+    assert compare(out[keep], ref[keep])
+
+
+def test_causal_false():
+    case = _case(dtype=torch.float32)
+    assert compare(run_vllm(case, causal=False), reference(case, causal=False))
+
+
+def test_both_api_forms_agree_exactly():
+    case = _case(layout="split")
+    slopes = alibi_slopes(4, DEVICE)
+    a = run_vllm(case, sliding_window=16, alibi_slopes=slopes)
+    b = run_py(case, window=(15, -1), alibi_slopes=slopes)
+    assert torch.equal(a, b)
+    assert compare(a, reference(case, window=(15, -1), alibi_slopes=slopes))
+
+
+def test_validate_env_variable(monkeypatch):
+    """PREFILL_VALIDATE=1 turns on the device-value checks without validate=True."""
+    case = _case()
+    case.block_table[1, 0] = 10_000  # sequence 1 has no context: entry never needed, ignored
+    case.block_table[0, 1] = case.num_blocks + 5  # needed by sequence 0's context
+    monkeypatch.setenv("PREFILL_VALIDATE", "1")
+    with pytest.raises(ValueError, match="block_table"):
+        run_py(case, validate=False)
+
+
+# -------------------------------------------------------------------------- negative controls
+def test_negative_control_harness_catches_wrong_kernels():
+    """The harness (compare against the float64 reference) rejects plausible wrong answers: a
+    kernel run with the window off by one, and attn_reference's own negative controls."""
+    case = _case(dtype=torch.float32, seqs=[(40, 24), (20, 30)])
+    ref = reference(case, window=(10, -1))
+    good = run_py(case, window=(10, -1))
+    assert compare(good, ref)
+    wrong = run_py(case, window=(9, -1))
+    assert not compare(wrong, ref)
+    # reference-side controls on the gathered (context + new) keys
+    ctx_k = gather_paged(case.k_cache, case.block_table, case.ctx_lens, layout="split", role="k")
+    ctx_v = gather_paged(case.v_cache, case.block_table, case.ctx_lens, layout="split", role="v")
+    ks, vs, at, at_c = [], [], 0, 0
+    for c_len, q_len in zip(case.ctx_lens, case.q_lens, strict=True):
+        ks += [ctx_k[at_c : at_c + c_len], case.k[at : at + q_len]]
+        vs += [ctx_v[at_c : at_c + c_len], case.v[at : at + q_len]]
+        at, at_c = at + q_len, at_c + c_len
+    k_all, v_all = torch.cat(ks).to(torch.float64), torch.cat(vs).to(torch.float64)
+    cu_k = torch.tensor([0, 64, 114], dtype=torch.int32, device=DEVICE)
+    for kind in ("window_shift", "diagonal", "scale", "kv_head"):
+        bad = negative_control(
+            case.q, k_all, v_all, case.cu_seqlens_q, cu_k, kind, causal=True, window=(10, -1)
+        )
+        assert not compare(bad.to(torch.float32), ref), kind
+
+
+# ----------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_dtype", [FP8_E4M3, FP8_E5M2, torch.uint8])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [16, 544, 1056])
+def test_gpu_fp8(cache_dtype, dtype, page):
+    seqs = random_seqs(4, 2000, 400)
+    case = make_case(
+        seqs,
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=128,
+        page=page,
+        dtype=dtype,
+        device=DEVICE,
+        cache_dtype=cache_dtype,
+        k_scale=0.3,
+        v_scale=2.0,
+    )
+    assert compare(run_vllm(case), reference(case))
+    slopes = alibi_slopes(8, DEVICE)
+    assert compare(
+        run_vllm(case, alibi_slopes=slopes, sliding_window=300),
+        reference(case, alibi_slopes=slopes, window=(299, -1)),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kv_from_cache", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_features(dtype, kv_from_cache, causal):
+    seqs = [*random_seqs(6, 3000, 900), (0, 1), (5000, 1)]
+    case = make_case(
+        seqs,
+        num_heads=16,
+        num_kv_heads=4,
+        head_size=128,
+        page=1056,
+        dtype=dtype,
+        device=DEVICE,
+        kv_from_cache=kv_from_cache,
+    )
+    slopes = alibi_slopes(16, DEVICE)
+    sinks = torch.randn(16, device=DEVICE)
+    for kw in ({}, {"window": (511, -1)}, {"alibi_slopes": slopes, "sinks": sinks, "window": (100, -1)}):
+        c = compare(run_py(case, causal=causal, **kw), reference(case, causal=causal, **kw))
+        assert c, (kw.keys(), c)
+
+
+@pytest.mark.gpu
+def test_gpu_no_host_sync_and_cuda_graph():
+    """The default path never synchronises (sync debug mode errors) and replays in a CUDA graph."""
+    from prefix_prefill import context_attention_fwd, prefix_prefill
+
+    case = make_case(
+        [(3000, 500), (0, 700), (1500, 1)],
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=128,
+        page=544,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+    )
+    ref = reference(case)
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q)
+    out = torch.empty_like(case.q)
+    o = torch.empty_like(case.q)
+    one = torch.ones(1, device=DEVICE)
+    vllm_args = (case.q, case.k, case.v, o, "auto", case.k_cache, case.v_cache, case.block_table)
+    vllm_args += (case.cu_seqlens_q, case.seq_lens, None, case.max_query_len, one, one)
+    prefix_prefill(*args, case.seq_lens, case.max_query_len, out=out)  # compile outside the checks
+    context_attention_fwd(*vllm_args, sliding_window=64)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        prefix_prefill(*args, case.seq_lens, case.max_query_len, out=out)
+        context_attention_fwd(*vllm_args, sliding_window=64)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert compare(out, ref)
+    assert compare(o, reference(case, window=(63, -1)))
+
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        prefix_prefill(*args, case.seq_lens, case.max_query_len, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        prefix_prefill(*args, case.seq_lens, case.max_query_len, out=out)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert compare(out, ref)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_variants_do_not_depend_on_lengths():
+    from prefix_prefill.kernel import _fwd_kernel
+
+    def n_variants():  # compiled binaries across devices (first entry of each cache tuple)
+        return sum(len(c[0]) for c in _fwd_kernel.device_caches.values())
+
+    for i, seqs in enumerate([[(10, 5)], [(3000, 700), (0, 1)], [(17, 33)] * 9, [(100000, 16)]]):
+        case = make_case(
+            seqs, num_heads=4, num_kv_heads=1, head_size=64, page=16, dtype=torch.float16, device=DEVICE
+        )
+        run_py(case, validate=False)
+        if i == 0:
+            first = n_variants()
+    assert n_variants() == first

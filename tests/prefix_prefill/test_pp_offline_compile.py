@@ -1,0 +1,142 @@
+"""Compile the real kernel for NVIDIA/AMD targets without a GPU (Triton's bundled toolchains).
+
+The interpreter accepts things the compiler rejects (a non-constexpr global, a bad constexpr
+expression); this runs ``triton.compile`` in a subprocess without ``TRITON_INTERPRET`` so the CPU
+suite catches them, and checks the shared memory of the compiled binaries against the budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from prefix_prefill.kernel import _fwd_kernel
+from prefix_prefill.configs import CONFIGS, SHARED_MEMORY_BUDGET, head_bucket
+
+PTRS = {"Q", "K", "V", "O", "K_cache", "V_cache", "Block_table", "Cu_seqlens_q", "Seq_lens", "Sinks",
+        "Alibi_slopes", "K_scale", "V_scale", "Out_scale"}
+ONES = {"stride_kc_x", "stride_vc_slot", "stride_bt_col"}  # Triton specialises ints equal to 1
+
+def build(dtype, cache, out, D, page, x, cfg, **flags):
+    c = dict(QUERIES_PER_KV=4, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), PAGE_SIZE=page, X=x,
+             K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=32, BLOCK_M=cfg.BLOCK_M,
+             BLOCK_N=cfg.BLOCK_N, BLOCK_N_CTX=cfg.BLOCK_N_CTX, CAUSAL=True, USE_LEFT=False,
+             USE_RIGHT=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False,
+             OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, DOT_PRECISION=None)
+    c.update(flags)
+    types = {"Q": dtype, "K": dtype, "V": dtype, "O": out, "K_cache": cache, "V_cache": cache,
+             "Block_table": "i32", "Cu_seqlens_q": "i32", "Seq_lens": "i32"}
+    sig, consts, attrs = {}, {}, {}
+    for i, n in enumerate(_fwd_kernel.arg_names):
+        if n in PTRS:
+            sig[n] = "*" + types.get(n, "fp32")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in c or n in ONES:
+            sig[n] = "constexpr"
+            consts[n] = c.get(n, 1)
+        elif n == "qk_scale":
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if n.startswith("stride_") and n != "stride_bt_row":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(_fwd_kernel, sig, consts, attrs)
+
+results = []
+for target, arch, dtype, cache, out, D, page, flags in json.loads(sys.argv[1]):
+    backend, name, warp = target
+    cfg = CONFIGS[(arch, head_bucket(D), "fp32" if dtype == "fp32" else "16bit", "large")]
+    x = 16 // {"fp32": 4, "fp16": 2, "bf16": 2}.get(cache, 1)
+    src = build(dtype, cache, out, D, page, x, cfg, **flags)
+    k = triton.compile(src, target=GPUTarget(backend, name, warp),
+                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    results.append([arch, D, dtype, k.metadata.shared, SHARED_MEMORY_BUDGET[arch]])
+print(json.dumps(results))
+"""
+
+CASES = [
+    # (target, table arch, q dtype, cache dtype, out dtype, head size, page, constexpr flags)
+    [
+        ["cuda", 90, 32],
+        "sm90",
+        "bf16",
+        "bf16",
+        "bf16",
+        128,
+        544,
+        {"USE_LEFT": True, "HAS_ALIBI": True, "HAS_SINKS": True},
+    ],
+    [
+        ["cuda", 90, 32],
+        "sm90",
+        "fp16",
+        "fp8e4nv",
+        "fp8e4nv",
+        256,
+        1056,
+        {
+            "CACHE_FP8": True,
+            "OUT_FP8": True,
+            "FP8_OUT_MAX": 448.0,
+            "KV_FROM_CACHE": True,
+            "CAUSAL": False,
+            "USE_RIGHT": True,
+        },
+    ],
+    [
+        ["cuda", 80, 32],
+        "sm80",
+        "fp32",
+        "fp32",
+        "fp32",
+        80,
+        16,
+        {"DOT_PRECISION": "ieee", "SKIP_DECODE": True},
+    ],
+    [
+        ["hip", "gfx942", 64],
+        "gfx942",
+        "fp16",
+        "fp16",
+        "fp16",
+        128,
+        544,
+        {"USE_LEFT": True, "HAS_ALIBI": True},
+    ],
+]
+
+
+def test_kernel_compiles_for_gpu_targets_offline():
+    try:
+        import triton.backends.nvidia  # noqa: F401
+    except Exception:
+        pytest.skip("Triton's NVIDIA backend is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "packages" / p / "src") for p in ("paged-kv-offsets", "prefix-prefill")]
+        + [env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(CASES)
+    for arch, d, dtype, shared, budget in results:
+        assert 0 < shared <= budget, (arch, d, dtype, shared, budget)
