@@ -134,3 +134,21 @@ def packaging(session: nox.Session, package: str) -> None:
         f"sys.exit(1 if '{module}' == 'attn_reference' and bad else 0)"
     )
     session.run("python", "-c", code)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Hypothesis fuzzing of both kernels against the reference under the Triton interpreter, 500
+    examples per kernel (``tests-cpu`` runs the same tests at 25). Args go to pytest."""
+    session.install(CPU_TORCH, CPU_TRITON, *TEST_DEPS)
+    install: list[str] = []
+    for pkg in PACKAGES:
+        for dep in [*PACKAGES[pkg][1], pkg]:
+            if dep not in install:
+                install.append(dep)
+    session.install(*install)
+    session.run(
+        "python", "-m", "pytest", "tests/hardening/test_fuzz.py", "-q", "-p", "no:cacheprovider",
+        "--hypothesis-show-statistics", *session.posargs,
+        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "FUZZ_EXAMPLES": "500"},
+    )  # fmt: skip
