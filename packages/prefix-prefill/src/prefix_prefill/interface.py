@@ -18,7 +18,7 @@ import torch
 import triton
 
 from paged_kv_offsets import CacheView, describe_kv_cache, validate_block_table
-from prefix_prefill import autotune
+from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
 
@@ -321,6 +321,11 @@ def _launch_fwd(
     batch = seq_lens.shape[0]
     if batch == 0 or total_q == 0 or max_query_len == 0:
         return
+    # The kernel reads these 1-D tensors as ``ptr + index``: strided views must be made contiguous
+    # (a no-op, without a copy, for the usual contiguous tensors).
+    cu_seqlens_q, seq_lens = cu_seqlens_q.contiguous(), seq_lens.contiguous()
+    sinks = sinks.contiguous() if sinks is not None else None
+    alibi_slopes = alibi_slopes.contiguous() if alibi_slopes is not None else None
     num_kv_heads = kc.num_kv_heads
     cache_fp8 = k_cache.dtype in _FP8_DTYPES
     out_fp8 = o.dtype in _FP8_DTYPES
@@ -548,10 +553,10 @@ def context_attention_fwd(
     else:
         target = torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else _e4m3_dtype(q.device)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if t.dtype != torch.uint8 and t.dtype not in _FP8_DTYPES:
+            if t.dtype != torch.uint8 and t.dtype != target:
                 raise TypeError(
-                    f"{name} must be uint8 or an fp8 dtype for kv_cache_dtype={kv_cache_dtype!r}, "
-                    f"got {t.dtype}"
+                    f"{name} must be uint8 or {target} for kv_cache_dtype={kv_cache_dtype!r}, "
+                    f"got {t.dtype} (its bits would be misread as {target})"
                 )
         k_cache = k_cache.view(target)
         v_cache = v_cache.view(target)
@@ -561,7 +566,7 @@ def context_attention_fwd(
         raise TypeError(f"sliding_window must be an int or None, got {type(sliding_window).__name__}")
     window = (sliding_window - 1, -1) if sliding_window is not None and sliding_window > 0 else (-1, -1)
     scale = _check_softmax_scale(sm_scale, "sm_scale")
-    kc, vc = _check_inputs(
+    kc, _ = _check_inputs(
         q, k, v, o, k_cache, v_cache, "split", b_loc, b_start_loc, b_seq_len, max_input_len,
         names=_VLLM_NAMES, out_fp8=fp8_out_scale is not None,
     )  # fmt: skip
@@ -576,10 +581,10 @@ def context_attention_fwd(
         _check_device_values(
             q, k is None, kc, b_loc, b_start_loc, b_seq_len, max_input_len, skip_decode, _VLLM_NAMES
         )
-    _launch_fwd(
-        q, k, v, o, k_cache, v_cache, kc, vc, b_loc, b_start_loc, b_seq_len, max_input_len,
-        causal=causal, window=window, softmax_scale=scale, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=ks, v_scale=vs, out_scale=os_, skip_decode=skip_decode,
+    torch.ops.prefix_prefill.fwd(
+        q, k, v, o, k_cache, v_cache, ops.layout_code(kc.layout), b_loc, b_start_loc, b_seq_len,
+        max_input_len, bool(causal), window[0], window[1], scale, alibi_slopes, sinks, ks, vs, os_,
+        bool(skip_decode),
     )  # fmt: skip
 
 
@@ -643,7 +648,7 @@ def prefix_prefill(
         if q.dim() != 3:
             raise ValueError(f"q must be 3-D [total_q, num_heads, head_size], got shape {tuple(q.shape)}")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    kc, vc = _check_inputs(
+    kc, _ = _check_inputs(
         q, k, v, out, k_cache, v_cache, kv_layout, block_table, cu_seqlens_q, seq_lens, max_query_len,
         names=_PY_NAMES, out_fp8=False,
     )  # fmt: skip
@@ -657,9 +662,9 @@ def prefix_prefill(
         _check_device_values(
             q, k is None, kc, block_table, cu_seqlens_q, seq_lens, max_query_len, False, _PY_NAMES
         )
-    _launch_fwd(
-        q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
-        causal=causal, window=window, softmax_scale=scale, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=ks, v_scale=vs,
+    torch.ops.prefix_prefill.fwd(
+        q, k, v, out, k_cache, v_cache, ops.layout_code(kc.layout), block_table, cu_seqlens_q,
+        seq_lens, max_query_len, bool(causal), window[0], window[1], scale, alibi_slopes, sinks, ks,
+        vs, None, False,
     )  # fmt: skip
     return out

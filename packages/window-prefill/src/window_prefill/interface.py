@@ -21,6 +21,7 @@ import os
 import torch
 import triton
 
+from window_prefill import ops  # registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
 from window_prefill.kernel import _fwd_kernel
 
@@ -69,6 +70,8 @@ def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str) -> No
         )
     if k.shape[2] != head_dim:
         raise ValueError(f"k head_dim {k.shape[2]} does not match q head_dim {head_dim}")
+    if heads < 1:
+        raise ValueError(f"q must have at least one head {docs['q']}, got num_heads = {heads}")
     if k.shape[1] < 1 or heads % k.shape[1] != 0:
         raise ValueError(f"q num_heads {heads} must be a multiple of k num_kv_heads {k.shape[1]}")
     if tuple(v.shape) != tuple(k.shape):
@@ -271,7 +274,7 @@ def window_prefill(
     scale = _check_scale(softmax_scale, q.shape[2])
     if _validate_requested(validate):
         _validate_cu_seqlens(cu, max_len, q.shape[0])
-    return _launch_fwd(
+    torch.ops.window_prefill.fwd(
         q,
         k,
         v,
@@ -279,14 +282,15 @@ def window_prefill(
         cu,
         None,
         max_len,
-        causal=bool(causal),
-        window_left=left,
-        window_right=right,
-        softmax_scale=scale,
-        sinks=sinks_t,
-        sinks_bias_key0=sinks_mode == "bias_key0",
-        config=config,
+        bool(causal),
+        min(left, _UNBOUNDED_WINDOW),  # the op takes int64: any width past the cap is unbounded
+        min(right, _UNBOUNDED_WINDOW),
+        scale,
+        sinks_t,
+        sinks_mode == "bias_key0",
+        *ops.config_ints(config),
     )
+    return out
 
 
 def context_attention_fwd(
@@ -345,7 +349,7 @@ def context_attention_fwd(
     scale = _check_scale(softmax_scale, q.shape[2])
     if _validate_requested(validate):
         _validate_starts_lens(starts[:batch], lens, max_len, q.shape[0])
-    return _launch_fwd(
+    torch.ops.window_prefill.fwd(
         q,
         k,
         v,
@@ -353,14 +357,15 @@ def context_attention_fwd(
         starts,
         lens,
         max_len,
-        causal=bool(is_causal),
-        window_left=left,
-        window_right=right,
-        softmax_scale=scale,
-        sinks=sinks_t,
-        sinks_bias_key0=bool(sinks_bias_key0),
-        config=config,
+        bool(is_causal),
+        min(left, _UNBOUNDED_WINDOW),  # the op takes int64: any width past the cap is unbounded
+        min(right, _UNBOUNDED_WINDOW),
+        scale,
+        sinks_t,
+        bool(sinks_bias_key0),
+        *ops.config_ints(config),
     )
+    return o
 
 
 def _vllm_window(name: str, value: object) -> int:
@@ -402,6 +407,16 @@ def _validate_starts_lens(starts: torch.Tensor, lens: torch.Tensor, max_len: int
         b = int(torch.nonzero(s < 0)[0])
         raise ValueError(f"b_start_loc[{b}] = {int(s[b])} is negative")
     end = s + n
+    order = torch.argsort(s, stable=True)
+    s_sorted, e_sorted = s[order], end[order]
+    overlap = (s_sorted[1:] < e_sorted[:-1]) & (n[order][1:] > 0) & (n[order][:-1] > 0)
+    if bool(overlap.any()):
+        i = int(torch.nonzero(overlap)[0])
+        a, b = int(order[i]), int(order[i + 1])
+        raise ValueError(
+            f"b_start_loc/b_seq_len: sequence {b} (tokens [{int(s[b])}, {int(end[b])})) overlaps sequence "
+            f"{a} (tokens [{int(s[a])}, {int(end[a])})); sequences must occupy disjoint token ranges"
+        )
     if int(end.max()) > total:
         b = int(torch.nonzero(end > total)[0])
         raise ValueError(

@@ -1,0 +1,105 @@
+"""The kernel launch as a PyTorch custom op: ``torch.ops.window_prefill.fwd``.
+
+Both public functions (:func:`window_prefill.window_prefill`, :func:`window_prefill.context_attention_fwd`)
+check their arguments in Python, allocate the output if needed and then call this op, so
+``torch.compile`` (Dynamo, AOTAutograd, Inductor) sees one opaque operator that mutates ``out``
+instead of tracing into Triton's launcher, and CUDA graphs capture the one kernel launch.
+
+Schema (every argument a tensor, an optional tensor, an int, a float or a bool)::
+
+    window_prefill::fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens,
+                        int max_len, bool causal, int window_left, int window_right,
+                        float softmax_scale, Tensor? sinks, bool sinks_bias_key0,
+                        int block_m=0, int block_n=0, int num_warps=0, int num_stages=0) -> ()
+
+Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``cu_seqlens`` when
+``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
+``b_start_loc``/``b_seq_len``). ``window_left``/``window_right``: inclusive widths, ``-1`` =
+unbounded. ``block_m``..``num_stages``: a launch-config override in :class:`~window_prefill.configs.Config`
+field order, ``block_m=0`` = the per-architecture table. The op does no argument checking (the public
+functions do), never synchronises with the host and allocates nothing: it is CUDA-graph capturable.
+It is registered for every device (CPU tensors run under ``TRITON_INTERPRET=1``); its fake
+(meta) implementation does nothing, since the only effect is the in-place write to ``out``.
+"""
+
+# No ``from __future__ import annotations``: torch.library reads these annotations at runtime.
+from typing import Optional
+
+import torch
+
+from window_prefill import interface as _interface  # partially initialised here: used at call time only
+from window_prefill.configs import Config
+
+#: The config ints meaning "use the per-architecture table".
+NO_CONFIG = (0, 0, 0, 0)
+
+
+def config_ints(config: Optional[Config]) -> tuple[int, int, int, int]:  # noqa: UP045
+    """``config`` as the op's ``(block_m, block_n, num_warps, num_stages)``; None -> :data:`NO_CONFIG`."""
+    if config is None:
+        return NO_CONFIG
+    return int(config.block_m), int(config.block_n), int(config.num_warps), int(config.num_stages)
+
+
+@torch.library.custom_op("window_prefill::fwd", mutates_args=("out",))
+def fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    starts: torch.Tensor,
+    lens: Optional[torch.Tensor],  # noqa: UP045
+    max_len: int,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softmax_scale: float,
+    sinks: Optional[torch.Tensor],  # noqa: UP045
+    sinks_bias_key0: bool,
+    block_m: int = 0,
+    block_n: int = 0,
+    num_warps: int = 0,
+    num_stages: int = 0,
+) -> None:
+    """Launch the kernel on checked arguments, writing ``out`` (see the module docstring)."""
+    config = Config(block_m, block_n, num_warps, num_stages) if block_m > 0 else None
+    _interface._launch_fwd(
+        q,
+        k,
+        v,
+        out,
+        starts,
+        lens,
+        max_len,
+        causal=causal,
+        window_left=window_left,
+        window_right=window_right,
+        softmax_scale=softmax_scale,
+        sinks=sinks,
+        sinks_bias_key0=sinks_bias_key0,
+        config=config,
+    )
+
+
+@fwd.register_fake
+def _fwd_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    starts: torch.Tensor,
+    lens: Optional[torch.Tensor],  # noqa: UP045
+    max_len: int,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softmax_scale: float,
+    sinks: Optional[torch.Tensor],  # noqa: UP045
+    sinks_bias_key0: bool,
+    block_m: int = 0,
+    block_n: int = 0,
+    num_warps: int = 0,
+    num_stages: int = 0,
+) -> None:
+    """Nothing to compute: ``out`` keeps its metadata and is mutated in place."""
+    return None
