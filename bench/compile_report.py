@@ -1,0 +1,129 @@
+"""Compiler report for a kernel config without a GPU: registers, spills, shared memory, SASS counts.
+
+Compiles the real ``_fwd_kernel`` of either package for a Hopper target (sm_90a) with Triton's
+bundled toolchain, runs ``ptxas -v`` on the PTX and counts key SASS instructions (HGMMA = wgmma,
+LDGSTS = cp.async, LDL/STL = local-memory spills). Use it before spending device time on a config:
+a config that spills (``spill stores`` > 0) is slow on the card, and a page size that changes the
+spill count changes the speed (seen on the H200, 2026-11-29: see bench/results/NOTES.md).
+
+    python bench/compile_report.py prefix 128/32/32/8/2 --head-dim 256 --page 544
+    python bench/compile_report.py window 128/128/8/2 --head-dim 128
+
+Config strings: prefix ``BLOCK_M/BLOCK_N/BLOCK_N_CTX/num_warps/num_stages``; window
+``BLOCK_M/BLOCK_N/num_warps/num_stages``. The device runs triton 3.6; this machine's triton may be
+newer, so treat the numbers as close, not exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import add_package_paths
+
+add_package_paths()
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDG.E.U16", "LDS", "STS", "LDL", "STL")
+
+
+def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
+    """Signature with 16-divisible pointers and strides (what real aligned tensors specialise to)."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in pointer_types:
+            sig[name] = "*" + pointer_types[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in consts:
+            sig[name] = "constexpr"
+        elif name == "qk_scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name.startswith("stride_") and name != "stride_bt_row":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(kernel, sig, consts, attrs)
+
+
+def prefix_source(cfg: list[int], head_dim: int, page: int, causal: bool) -> tuple[ASTSource, int, int]:
+    from prefix_prefill.kernel import _fwd_kernel
+
+    bm, bn, bnc, warps, stages = cfg
+    consts = dict(
+        QUERIES_PER_KV=8, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page,
+        X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=math.gcd(page, bnc),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
+        HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
+        FP8_OUT_MAX=0.0, SKIP_DECODE=False, DOT_PRECISION=None,
+        stride_kc_x=1, stride_vc_slot=1, stride_bt_col=1,  # vLLM split layout: unit strides
+    )  # fmt: skip
+    ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
+    ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
+    ptrs.update({n: "fp32" for n in ("Sinks", "Alibi_slopes", "K_scale", "V_scale", "Out_scale")})
+    return _source(_fwd_kernel, consts, ptrs), warps, stages
+
+
+def window_source(cfg: list[int], head_dim: int, causal: bool) -> tuple[ASTSource, int, int]:
+    from window_prefill.kernel import _fwd_kernel
+
+    bm, bn, warps, stages = cfg
+    consts = dict(
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
+        IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
+        LENS_FROM_STARTS=True, IEEE_FP32=False,
+    )  # fmt: skip
+    ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
+    ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
+    return _source(_fwd_kernel, consts, ptrs), warps, stages
+
+
+def report(src: ASTSource, warps: int, stages: int) -> str:
+    k = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(k.asm["ptx"])
+        r = subprocess.run(
+            [os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        sass = subprocess.run(
+            [os.path.join(bindir, "cuobjdump"), "-sass", f"{d}/k.cubin"], capture_output=True, text=True
+        ).stdout
+    lines = [
+        ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln
+    ]
+    ptxas = " ".join(lines)
+    counts = " ".join("{}={}".format(op, len(re.findall(re.escape(op) + r"\b", sass))) for op in SASS_OPS)
+    return f"shared={k.metadata.shared} B | {ptxas} | {counts}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kernel", choices=("prefix", "window"))
+    ap.add_argument("config", help="prefix: BM/BN/BNCTX/warps/stages; window: BM/BN/warps/stages")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page", type=int, default=16, help="prefix only")
+    ap.add_argument("--non-causal", action="store_true")
+    args = ap.parse_args()
+    cfg = [int(x) for x in args.config.split("/")]
+    if args.kernel == "prefix":
+        src, warps, stages = prefix_source(cfg, args.head_dim, args.page, not args.non_causal)
+    else:
+        src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
+    print(f"{args.kernel} {args.config} D={args.head_dim} page={args.page}: {report(src, warps, stages)}")
+
+
+if __name__ == "__main__":
+    main()
