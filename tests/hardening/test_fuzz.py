@@ -26,6 +26,9 @@ from window_prefill import Config, window_prefill
 from window_prefill import context_attention_fwd as wp_caf
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
+# GPU runs: each example is usually a new compiled variant (page size, head size and flags are
+# constexprs), so the single GPU fuzz test costs ~1-2 s per example; FUZZ_GPU_EXAMPLES raises it.
+GPU_EXAMPLES = int(os.environ.get("FUZZ_GPU_EXAMPLES", "60"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -264,14 +267,14 @@ def test_fuzz_budget_is_configurable():
 
 
 @pytest.mark.gpu
-@settings(FUZZ, max_examples=max(EXAMPLES, 200))
+@settings(FUZZ, max_examples=max(EXAMPLES, GPU_EXAMPLES))
 @given(p=window_problems())
 def test_gpu_fuzz_window_prefill_many(p):
     test_fuzz_window_prefill.hypothesis.inner_test(p)
 
 
 @pytest.mark.gpu
-@settings(FUZZ, max_examples=max(EXAMPLES, 200))
+@settings(FUZZ, max_examples=max(EXAMPLES, GPU_EXAMPLES))
 @given(p=prefix_problems())
 def test_gpu_fuzz_prefix_prefill_many(p):
     test_fuzz_prefix_prefill.hypothesis.inner_test(p)
