@@ -9,8 +9,8 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
 
     prefix_prefill::fwd(Tensor q, Tensor? k, Tensor? v, Tensor(a!) out, Tensor k_cache,
                         Tensor v_cache, int kv_layout, Tensor block_table, Tensor cu_seqlens_q,
-                        Tensor seq_lens, int max_query_len, bool causal, int window_left,
-                        int window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks,
+                        Tensor seq_lens, SymInt max_query_len, bool causal, SymInt window_left,
+                        SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks,
                         Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode) -> ()
 
 Tensors as documented at :func:`prefix_prefill.context_attention_fwd` and
@@ -20,19 +20,31 @@ Tensors as documented at :func:`prefix_prefill.context_attention_fwd` and
 FlashAttention's inclusive widths, ``-1`` = unbounded; ``softmax_scale`` None = ``1/sqrt(D)``;
 scales: 1-element float tensors or None (= 1). The op does no argument checking (the public
 functions do), never synchronises with the host on the default path and allocates at most the
-1-element default scales: it is CUDA-graph capturable. It is registered for every device (CPU tensors
-run under ``TRITON_INTERPRET=1``); its fake (meta) implementation does nothing, since the only
-effect is the in-place write to ``out``. The launch-config override of ``_launch_fwd`` is not on the
-op path (tests and sweeps call ``_launch_fwd`` directly).
+1-element default scales: it is CUDA-graph capturable. The launch-config override of ``_launch_fwd``
+is not on the op path (tests and sweeps call ``_launch_fwd`` directly).
+
+Registered with the low-level ``torch.library.Library`` API (``define`` + a
+``CompositeExplicitAutograd`` kernel, i.e. every device: CPU tensors run under ``TRITON_INTERPRET=1``)
+rather than ``torch.library.custom_op``, whose Python-side autograd/in-place wrapper costs well over
+100 us per call with this many arguments (it rebuilds the schema's argument list once per argument),
+against a few us here. Autograd falls back to PyTorch's C++ "not implemented" kernel (the op has no
+backward); the kernel bumps ``out``'s version counter itself. The fake (meta) kernel does nothing: the
+op's only effect is the in-place write to ``out``.
 """
 
-# No ``from __future__ import annotations``: torch.library reads these annotations at runtime.
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
 from paged_kv_offsets import LAYOUTS, describe_kv_cache
 from prefix_prefill import interface as _interface  # partially initialised here: used at call time only
+
+SCHEMA = (
+    "fwd(Tensor q, Tensor? k, Tensor? v, Tensor(a!) out, Tensor k_cache, Tensor v_cache, int kv_layout, "
+    "Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, SymInt max_query_len, bool causal, "
+    "SymInt window_left, SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks, "
+    "Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode) -> ()"
+)
 
 
 def layout_code(layout: str) -> int:
@@ -40,11 +52,10 @@ def layout_code(layout: str) -> int:
     return LAYOUTS.index(layout)
 
 
-@torch.library.custom_op("prefix_prefill::fwd", mutates_args=("out",))
-def fwd(
+def _fwd_impl(
     q: torch.Tensor,
-    k: Optional[torch.Tensor],  # noqa: UP045
-    v: Optional[torch.Tensor],  # noqa: UP045
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     out: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -56,15 +67,15 @@ def fwd(
     causal: bool,
     window_left: int,
     window_right: int,
-    softmax_scale: Optional[float],  # noqa: UP045
-    alibi_slopes: Optional[torch.Tensor],  # noqa: UP045
-    sinks: Optional[torch.Tensor],  # noqa: UP045
-    k_scale: Optional[torch.Tensor],  # noqa: UP045
-    v_scale: Optional[torch.Tensor],  # noqa: UP045
-    out_scale: Optional[torch.Tensor],  # noqa: UP045
+    softmax_scale: float | None,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    out_scale: torch.Tensor | None,
     skip_decode: bool,
 ) -> None:
-    """Launch the kernel on checked arguments, writing ``out`` (see the module docstring)."""
+    """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
     kc, vc = describe_kv_cache(k_cache, v_cache, LAYOUTS[kv_layout])  # sizes and strides only
     _interface._launch_fwd(
         q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
@@ -72,31 +83,18 @@ def fwd(
         alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
         skip_decode=skip_decode,
     )  # fmt: skip
+    torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
 
 
-@fwd.register_fake
-def _fwd_fake(
-    q: torch.Tensor,
-    k: Optional[torch.Tensor],  # noqa: UP045
-    v: Optional[torch.Tensor],  # noqa: UP045
-    out: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    kv_layout: int,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_query_len: int,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softmax_scale: Optional[float],  # noqa: UP045
-    alibi_slopes: Optional[torch.Tensor],  # noqa: UP045
-    sinks: Optional[torch.Tensor],  # noqa: UP045
-    k_scale: Optional[torch.Tensor],  # noqa: UP045
-    v_scale: Optional[torch.Tensor],  # noqa: UP045
-    out_scale: Optional[torch.Tensor],  # noqa: UP045
-    skip_decode: bool,
-) -> None:
+def _fwd_fake(*args: object, **kwargs: object) -> None:
     """Nothing to compute: ``out`` keeps its metadata and is mutated in place."""
     return None
+
+
+_LIB = torch.library.Library("prefix_prefill", "DEF")  # must stay alive: it owns the registrations
+_LIB.define(SCHEMA)
+_LIB.impl("fwd", _fwd_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("prefix_prefill::fwd", _fwd_fake, lib=_LIB)
+
+#: The registered operator, ``torch.ops.prefix_prefill.fwd.default``.
+fwd = torch.ops.prefix_prefill.fwd.default
