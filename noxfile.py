@@ -152,3 +152,11 @@ def fuzz(session: nox.Session) -> None:
         "--hypothesis-show-statistics", *session.posargs,
         env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "FUZZ_EXAMPLES": "500"},
     )  # fmt: skip
+
+
+@nox.session(venv_backend="none")
+def tune(session: nox.Session) -> None:
+    """Opt-in tuner (GPU): times candidate configs for every table key of both kernels and writes
+    bench/results/<gpu>/tuned-<date>.json plus proposed table lines to review; never at call time.
+    Args go to bench/tune.py (e.g. ``nox -s tune -- --quick --budget-s 300``)."""
+    session.run("python", "bench/tune.py", *session.posargs, env={"PYTHONPATH": _src_path()}, external=True)
