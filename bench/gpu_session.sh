@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 } 2>&1 | tee "$OUT/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-8} --durations=15 -q -p no:cacheprovider --maxfail=30 \
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --durations=15 -q -p no:cacheprovider --maxfail=30 \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
   rc=${PIPESTATUS[0]}
 fi
