@@ -33,7 +33,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDG.E.U16", "LDS", "STS", "LDL", "STL", "BAR.SYNC", "SHFL")
+SASS_OPS = (
+    "HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDG.E.U16", "LDS", "STS", "LDL", "STL", "BAR.SYNC", "SHFL",
+)  # fmt: skip
 
 
 def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
