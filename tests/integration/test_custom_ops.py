@@ -315,3 +315,18 @@ def test_refill_changes_inputs():
     before = p.q.clone()
     _refill(p)
     assert not torch.equal(before, p.q)
+
+
+@pytest.mark.parametrize("pkg", ["window_prefill", "prefix_prefill"])
+def test_launch_switches_to_the_inputs_cuda_device(pkg, monkeypatch):
+    """Triton launches on the current CUDA device; the op makes it the inputs' device when they
+    differ (multi-GPU processes) and does nothing otherwise."""
+    import contextlib
+    import importlib
+
+    ops = importlib.import_module(f"{pkg}.ops")
+    assert isinstance(ops._on_device(torch.device("cpu")), contextlib.nullcontext)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert isinstance(ops._on_device(torch.device("cuda", 0)), contextlib.nullcontext)
+    guard = ops._on_device(torch.device("cuda", 1))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1

@@ -34,6 +34,8 @@ op's only effect is the in-place write to ``out``.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from paged_kv_offsets import LAYOUTS, describe_kv_cache
@@ -50,6 +52,14 @@ SCHEMA = (
 def layout_code(layout: str) -> int:
     """The op's ``kv_layout`` int for a layout name of :data:`paged_kv_offsets.LAYOUTS`."""
     return LAYOUTS.index(layout)
+
+
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the *current* CUDA device: make it the inputs' device when it is not
+    (a multi-GPU process that did not call ``torch.cuda.set_device``). No-op otherwise (no sync)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def _fwd_impl(
@@ -77,12 +87,13 @@ def _fwd_impl(
 ) -> None:
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
     kc, vc = describe_kv_cache(k_cache, v_cache, LAYOUTS[kv_layout])  # sizes and strides only
-    _interface._launch_fwd(
-        q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
-        causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
-        alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
-        skip_decode=skip_decode,
-    )  # fmt: skip
+    with _on_device(q.device):
+        _interface._launch_fwd(
+            q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
+            causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
+            alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
+            skip_decode=skip_decode,
+        )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
 
 

@@ -30,6 +30,8 @@ nothing: the op's only effect is the in-place write to ``out``.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from window_prefill import interface as _interface  # partially initialised here: used at call time only
@@ -49,6 +51,14 @@ def config_ints(config: Config | None) -> tuple[int, int, int, int]:
     if config is None:
         return NO_CONFIG
     return int(config.block_m), int(config.block_n), int(config.num_warps), int(config.num_stages)
+
+
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the *current* CUDA device: make it the inputs' device when it is not
+    (a multi-GPU process that did not call ``torch.cuda.set_device``). No-op otherwise (no sync)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def _fwd_impl(
@@ -72,11 +82,12 @@ def _fwd_impl(
 ) -> None:
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
     config = Config(block_m, block_n, num_warps, num_stages) if block_m > 0 else None
-    _interface._launch_fwd(
-        q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
-        window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
-        sinks_bias_key0=sinks_bias_key0, config=config,
-    )  # fmt: skip
+    with _on_device(q.device):
+        _interface._launch_fwd(
+            q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
+            window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
+            sinks_bias_key0=sinks_bias_key0, config=config,
+        )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
 
 
