@@ -72,8 +72,11 @@ def test_amd_configs_fit_lds(arch):
 
 
 def test_nvidia_configs_fit_shared_memory():
+    # sm90 entries are checked against the compiled kernels' shared memory instead
+    # (test_pp_offline_compile.py): this static model over-counts (e.g. 262144 B modelled vs 164864 B
+    # compiled for 128/64/128/8/3 at head size 128, which ran on the H200).
     for (a, hb, dc, _), cfg in CONFIGS.items():
-        if a in ("sm90", "sm80", "default"):
+        if a in ("sm80", "default"):
             nbytes = shared_memory_bytes(cfg, hb, 4 if dc == "fp32" else 2)
             assert nbytes <= SHARED_MEMORY_BUDGET[a], (a, hb, dc, cfg, nbytes)
 
