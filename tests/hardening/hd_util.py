@@ -3,11 +3,11 @@ public functions, and the float64 references. Independent of the per-package tes
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from conftest import DEVICE, poison
+from paged_cases import make_case
 
 from attn_reference import attention_varlen, paged_prefix_attention
 from prefix_prefill import context_attention_fwd as pp_caf
@@ -104,13 +104,6 @@ class Paged:
     v_scale: float = 1.0
 
 
-def _split_x(head: int, elem_bytes: int) -> int:
-    x = min(16 // elem_bytes, head)
-    while head % x:
-        x //= 2
-    return x
-
-
 def paged_case(
     seqs: list[tuple[int, int]],
     *,
@@ -127,47 +120,19 @@ def paged_case(
     device: str = DEVICE,
     gen: torch.Generator | None = None,
 ) -> Paged:
-    """``seqs``: ``(ctx_len, query_len)`` pairs. Every token of a sequence lives in the cache (block ids
-    are a random permutation); the table is exactly as wide as the longest read (context only when
-    k/v are given) and entries past a sequence's need hold ``table_pad`` (default: an id outside
-    the cache, which a kernel must never load). ``fp8``: float8_e4m3fn cache, scales 0.5 / 1.5."""
-    ctx_lens = [c for c, _ in seqs]
-    q_lens = [n for _, n in seqs]
-    seq_lens = [c + n for c, n in seqs]
-    read = seq_lens if kv_from_cache else ctx_lens
-    pages_all = [math.ceil(n / page) for n in seq_lens]
-    width = max([math.ceil(n / page) for n in read], default=0)
-    num_blocks = sum(pages_all) + spare_blocks
-    perm = torch.randperm(num_blocks, generator=gen)
-    pad = num_blocks + 1000 if table_pad is None else table_pad
-    table = torch.full((len(seqs), width), pad, dtype=torch.int32)
-    at = 0
-    for b, n in enumerate(pages_all):
-        m = min(n, width)
-        table[b, :m] = perm[at : at + m].to(torch.int32)
-        at += n
-    store = FP8 if fp8 else dtype
-    if layout == "split":
-        x = _split_x(head, 1 if fp8 else torch.finfo(dtype).bits // 8)
-        k_shape = (num_blocks, kv_heads, head // x, page, x)
-        v_shape = (num_blocks, kv_heads, head, page)
-    elif layout == "nhd":
-        k_shape = v_shape = (num_blocks, page, kv_heads, head)
-    else:
-        k_shape = v_shape = (num_blocks, kv_heads, page, head)
-    k_cache = torch.randn(k_shape, generator=gen).to(device).to(store)
-    v_cache = torch.randn(v_shape, generator=gen).to(device).to(store)
-    total = sum(q_lens)
-    q = torch.randn(total, heads, head, generator=gen).to(device).to(dtype)
-    k = v = None
-    if not kv_from_cache:
-        k = torch.randn(total, kv_heads, head, generator=gen).to(device).to(dtype)
-        v = torch.randn(total, kv_heads, head, generator=gen).to(device).to(dtype)
+    """``seqs``: ``(ctx_len, query_len)`` pairs, built by the shared :func:`paged_cases.make_case`
+    (shuffled block ids, a table exactly as wide as the longest read, entries past a sequence's need
+    pointing outside the cache). ``fp8``: float8_e4m3fn cache, scales 0.5 / 1.5."""
+    c = make_case(
+        seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head, page=page, dtype=dtype,
+        device=device, layout=layout, kv_from_cache=kv_from_cache, cache_dtype=FP8 if fp8 else None,
+        spare_blocks=spare_blocks, table_pad=table_pad, k_scale=0.5 if fp8 else 1.0,
+        v_scale=1.5 if fp8 else 1.0, gen=gen,
+    )  # fmt: skip
     return Paged(
-        q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_table=table.to(device),
-        cu_q=cu_of(q_lens, device=device), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        max_query_len=max(q_lens, default=0), layout=layout, page=page, ctx_lens=ctx_lens, q_lens=q_lens,
-        fp8=fp8, k_scale=0.5 if fp8 else 1.0, v_scale=1.5 if fp8 else 1.0,
+        q=c.q, k=c.k, v=c.v, k_cache=c.k_cache, v_cache=c.v_cache, block_table=c.block_table,
+        cu_q=c.cu_seqlens_q, seq_lens=c.seq_lens, max_query_len=c.max_query_len, layout=layout, page=page,
+        ctx_lens=c.ctx_lens, q_lens=c.q_lens, fp8=fp8, k_scale=c.k_scale, v_scale=c.v_scale,
     )  # fmt: skip
 
 
