@@ -95,6 +95,8 @@ def _scale_tensor(s: Scale, name: str, device: torch.device) -> torch.Tensor | N
         _check_device(s, name, device)
         return s.reshape(1)
     if isinstance(s, (int, float)) and not isinstance(s, bool):
+        if not (math.isfinite(float(s)) and float(s) > 0):
+            raise ValueError(f"{name} must be a finite positive fp8 dequantisation scale, got {s}")
         return torch.full((1,), float(s), dtype=torch.float32, device=device)
     raise TypeError(f"{name} must be a float or a 1-element tensor, got {type(s).__name__}")
 
@@ -287,6 +289,11 @@ def _layout_hints(
     return k_align, v_align_any, v_align_runs, v_contig
 
 
+# Fold the logit scale into the exponent's FMA in interior tiles (kernel.py, ``_attend``). A switch
+# only so that benchmarks can time the unfolded form; both forms are tested.
+_FOLD_SCALE = True
+
+
 def _launch_fwd(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -426,6 +433,8 @@ def _launch_fwd(
         OUT_FP8=out_fp8,
         FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,
         SKIP_DECODE=bool(skip_decode),
+        # fp8 cache scales are positive by contract (see the public docstrings)
+        FOLD_SCALE=_FOLD_SCALE and scale > 0,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -526,8 +535,9 @@ def context_attention_fwd(
         b_seq_len: ``[batch]`` int32/int64 context + query length of each sequence.
         max_seq_len: unused (kept for signature compatibility).
         max_input_len: Python int >= the longest query length: sizes the grid only.
-        k_scale, v_scale: per-tensor fp8 dequantisation scales (1-element tensors or floats);
-            ignored unless the cache is fp8.
+        k_scale, v_scale: per-tensor fp8 dequantisation scales (1-element tensors or floats),
+            finite and > 0 (the kernel folds them into the logit scale); ignored unless the cache
+            is fp8.
         alibi_slopes: ``[H]`` float: adds ``-slope[h] * |p - j|`` to every logit.
         sliding_window: ``W > 0``: a query at ``p`` sees keys ``j`` with ``p - j < W``; None/<= 0: off.
         sm_scale: logit scale, default ``1 / sqrt(D)``.

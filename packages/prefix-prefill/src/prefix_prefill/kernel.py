@@ -96,6 +96,7 @@ def _attend(
     USE_RIGHT: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     SCALE_P: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One online-softmax step over one key tile (the only softmax update in this kernel).
@@ -116,26 +117,34 @@ def _attend(
         b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
     else:
         b_k = tl.load(p_k)  # [BD, BN]
-    b_s = tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION) * s_scale  # [BM, BN]
-    if HAS_ALIBI:
-        b_dist = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)  # [BM, BN]
-        b_s = b_s - slope_log2 * b_dist  # [BM, BN]
-    if MASKED:
-        m_s = m_k[None, :] & (q_pos[:, None] >= 0)  # [BM, BN]
-        if CAUSAL:
-            m_s = m_s & (k_pos[None, :] <= q_pos[:, None])  # [BM, BN]
-        if USE_LEFT:
-            m_s = m_s & (q_pos[:, None] - k_pos[None, :] <= window_left)  # [BM, BN]
-        if USE_RIGHT:
-            m_s = m_s & (k_pos[None, :] - q_pos[:, None] <= window_right)  # [BM, BN]
-        b_s = tl.where(m_s, b_s, float("-inf"))  # [BM, BN]
-    m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
-    if MASKED:
-        # a row with no visible key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
-    else:
+    b_qk = tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION)  # [BM, BN] raw q.k
+    if FOLD_SCALE and not MASKED and not HAS_ALIBI:
+        # interior tile with s_scale > 0: the max commutes with the scale, so the scale folds
+        # into the exponent's FMA (one op per logit instead of a multiply and a subtract)
+        m_new = tl.maximum(m_i, tl.max(b_qk, 1) * s_scale)  # [BM]
         m_use = m_new  # [BM]
-    b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
+        b_p = tl.math.exp2(b_qk * s_scale - m_use[:, None])  # [BM, BN]
+    else:
+        b_s = b_qk * s_scale  # [BM, BN]
+        if HAS_ALIBI:
+            b_dist = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)  # [BM, BN]
+            b_s = b_s - slope_log2 * b_dist  # [BM, BN]
+        if MASKED:
+            m_s = m_k[None, :] & (q_pos[:, None] >= 0)  # [BM, BN]
+            if CAUSAL:
+                m_s = m_s & (k_pos[None, :] <= q_pos[:, None])  # [BM, BN]
+            if USE_LEFT:
+                m_s = m_s & (q_pos[:, None] - k_pos[None, :] <= window_left)  # [BM, BN]
+            if USE_RIGHT:
+                m_s = m_s & (k_pos[None, :] - q_pos[:, None] <= window_right)  # [BM, BN]
+            b_s = tl.where(m_s, b_s, float("-inf"))  # [BM, BN]
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+        if MASKED:
+            # a row with no visible key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
+        else:
+            m_use = m_new  # [BM]
+        b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i - m_use)  # [BM]
     l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
     if MASKED:
@@ -193,6 +202,7 @@ def _cache_tile(
     USE_RIGHT: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     SCALE_P: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Attend to the cached keys at absolute positions ``pos0 + [0, BLOCK_N)`` (valid in ``[k_start, k_end)``).
@@ -247,6 +257,7 @@ def _cache_tile(
         USE_RIGHT,
         HAS_ALIBI,
         SCALE_P,
+        FOLD_SCALE,
         DOT_PRECISION,
     )
 
@@ -298,6 +309,7 @@ def _new_tile(
     HAS_ALIBI: tl.constexpr,
     KV_FROM_CACHE: tl.constexpr,
     SCALE_P: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Attend to new tokens ``n0 + [0, BLOCK_N)`` (absolute positions ``ctx_len + n0 + ...``): from
@@ -345,6 +357,7 @@ def _new_tile(
             USE_RIGHT,
             HAS_ALIBI,
             SCALE_P,
+            FOLD_SCALE,
             DOT_PRECISION,
         )
     else:
@@ -375,6 +388,7 @@ def _new_tile(
             USE_RIGHT,
             HAS_ALIBI,
             False,
+            FOLD_SCALE,
             DOT_PRECISION,
         )
 
@@ -440,6 +454,7 @@ def _fwd_kernel(
     OUT_FP8: tl.constexpr,
     FP8_OUT_MAX: tl.constexpr,
     SKIP_DECODE: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -549,6 +564,7 @@ def _fwd_kernel(
             USE_RIGHT,
             HAS_ALIBI,
             CACHE_FP8,
+            FOLD_SCALE,
             DOT_PRECISION,
         )
     for n0 in tl.range(mid_lo, mid_hi, BLOCK_N_CTX):
@@ -593,6 +609,7 @@ def _fwd_kernel(
             USE_RIGHT,
             HAS_ALIBI,
             CACHE_FP8,
+            FOLD_SCALE,
             DOT_PRECISION,
         )
 
@@ -656,6 +673,7 @@ def _fwd_kernel(
             HAS_ALIBI,
             KV_FROM_CACHE,
             CACHE_FP8,
+            FOLD_SCALE,
             DOT_PRECISION,
         )
     for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
@@ -705,6 +723,7 @@ def _fwd_kernel(
             HAS_ALIBI,
             KV_FROM_CACHE,
             CACHE_FP8,
+            FOLD_SCALE,
             DOT_PRECISION,
         )
 
