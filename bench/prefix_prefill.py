@@ -3,8 +3,9 @@
     python bench/prefix_prefill.py --out DIR [--quick] [--sweep] [--shapes llama,qwen,chunked]
 
 Writes DIR/prefix_prefill.{csv,md,png} (and DIR/prefix_sweep.{csv,md} with --sweep); prints one
-line per measurement. Everything runs in bf16 with the vLLM "split" cache layout and block tables
-that are a random permutation of the block ids (never the identity).
+line per measurement. Everything runs in bf16 with block tables that are a random permutation of the
+block ids (never the identity); the cache is built in vLLM's "split" layout, and ours also runs on an
+NHD copy of it (same contents, same block table).
 
 Shapes (each over pages 16, 512, 544, 1024, 1040, 1056, 2048):
   llama        32 q / 8 kv heads, head 128, batch 8, context 4096 + 4096 new tokens
@@ -13,7 +14,8 @@ Shapes (each over pages 16, 512, 544, 1024, 1040, 1056, 2048):
                1056: total time of the 16 calls, ours vs vLLM
 
 Peers:
-  ours         prefix_prefill.context_attention_fwd (default config table, no autotune)
+  ours         prefix_prefill.context_attention_fwd on the split cache (default config table, no autotune)
+  ours_nhd     prefix_prefill.prefix_prefill(kv_layout="nhd") on the NHD copy: the layout we recommend
   vllm         vLLM 0.33's context_attention_fwd from .peers (same arguments, same cache)
   flex         torch FlexAttention on contiguous K/V with the block mask ``kv_idx <= q_idx + ctx``
                (the same useful work without paging; it does not depend on the page size, so it is
@@ -142,6 +144,28 @@ def call_ours(prob: dict):
     return fn
 
 
+def to_nhd(prob: dict) -> tuple:
+    """The same cache contents in the NHD layout ``[num_blocks, page, Hkv, D]`` (K and V)."""
+    kc, vc = prob["k_cache"], prob["v_cache"]
+    nb, hkv, dx, page, x = kc.shape
+    k_nhd = kc.permute(0, 3, 1, 2, 4).reshape(nb, page, hkv, dx * x).contiguous()
+    v_nhd = vc.permute(0, 3, 1, 2).contiguous()
+    return k_nhd, v_nhd
+
+
+def call_ours_nhd(prob: dict, caches: tuple, out):
+    """Our Pythonic entry point on the NHD copy of the cache (same block table, same work)."""
+    from prefix_prefill import prefix_prefill
+
+    def fn():
+        prefix_prefill(
+            prob["q"], prob["k"], prob["v"], caches[0], caches[1], prob["block_table"], prob["cu"],
+            prob["seq_lens"], prob["max_q"], kv_layout="nhd", out=out,
+        )  # fmt: skip
+
+    return fn
+
+
 def call_vllm(prob: dict, out):
     try:
         from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd as vllm_fwd
@@ -238,7 +262,14 @@ def bench_shape(torch, name: str, pages: list[int], reps: dict) -> list[dict]:
         floor = max(floors_ms(flops, nbytes))
         ours = call_ours(prob)
         ours()
-        new_rows = [row(name, page, "ours", bench_ms(ours, **reps), flops, floor)]
+        new_rows = [row(name, page, "ours", bench_ms(ours, **reps), flops, floor, "split layout (vLLM's)")]
+        out_n = torch.empty_like(prob["q"])
+        nhd = call_ours_nhd(prob, to_nhd(prob), out_n)
+        nhd()
+        diff = float((out_n.float() - prob["o"].float()).abs().max())
+        note = f"NHD layout; max|nhd-split|={diff:.3g}"
+        new_rows.append(row(name, page, "ours_nhd", bench_ms(nhd, **reps), flops, floor, note))
+        del nhd, out_n
         out_v = torch.empty_like(prob["q"])
         vllm = call_vllm(prob, out_v)
         if vllm is not None:
@@ -293,6 +324,20 @@ def bench_chunked(torch, reps: dict) -> list[dict]:
     fn = run(context_attention_fwd, calls_ours)
     fn()
     rows.append(row("chunked", 1056, "ours", bench_ms(fn, **reps), flops, floor, "16 chunks of 2048, total"))
+    from prefix_prefill import prefix_prefill
+
+    k_nhd, v_nhd = to_nhd(prob)
+
+    def run_nhd():
+        for o, args in calls_ours:
+            prefix_prefill(
+                prob["q"], prob["k"], prob["v"], k_nhd, v_nhd, args[0], args[1], args[2], args[4],
+                kv_layout="nhd", out=o,
+            )  # fmt: skip
+
+    run_nhd()
+    note = "16 chunks of 2048, total, NHD layout"
+    rows.append(row("chunked", 1056, "ours_nhd", bench_ms(run_nhd, **reps), flops, floor, note))
     if vllm_fwd is not None:
         fn = run(vllm_fwd, calls_vllm)
         fn()
@@ -370,7 +415,7 @@ def plot(rows: list[dict], out_dir: Path) -> Path | None:
         rs = [r for r in rows if r["shape"] == name]
         pages = sorted({r["page"] for r in rs if r["page"] != "-"})
         xs = list(range(len(pages)))
-        for peer, style in (("ours", "o-"), ("vllm", "s-")):
+        for peer, style in (("ours", "o-"), ("ours_nhd", "^-"), ("vllm", "s-")):
             pts = {r["page"]: r["ms"] for r in rs if r["peer"] == peer}
             if pts:
                 ax.plot([xs[pages.index(p)] for p in pts], list(pts.values()), style, label=peer)

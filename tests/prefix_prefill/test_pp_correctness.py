@@ -194,3 +194,20 @@ def test_gpu_many_random_batches(chunk):
 def test_gpu_marker_consistency():
     """DTYPES holds bf16 exactly when a GPU runs the suite (the interpreter cannot do bf16 dots)."""
     assert (torch.bfloat16 in DTYPES) == ON_GPU
+
+
+@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("scale", [0.09, -0.11])
+def test_scale_fold_both_forms(monkeypatch, fold, scale):
+    """Interior tiles fold a positive logit scale into the exp2 FMA; the unfolded form (the bench's
+    A/B switch, and any negative scale) gives the same answer."""
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_FOLD_SCALE", fold)
+    seqs = [(70, 45), (33, 64), (0, 31)]
+    case = make_case(
+        seqs, num_heads=2, num_kv_heads=1, head_size=64, page=17, dtype=torch.float32, device=DEVICE
+    )
+    out = run_cfg(case, KernelConfig(16, 16, 16, 1, 1), softmax_scale=scale)
+    c = compare(out, reference(case, softmax_scale=scale))
+    assert c, c

@@ -86,9 +86,12 @@ def _c(bm: int, bn: int, bnc: int, w: int, s: int) -> KernelConfig:
 _BASE: dict[tuple[str, int, str], KernelConfig] = {
     # Hopper: 227 KiB shared memory.
     ("sm90", 64, "16bit"): _c(128, 64, 64, 8, 3),
-    ("sm90", 128, "16bit"): _c(128, 64, 128, 8, 3),  # H200 sweep 2026-11-29, llama p544: 10.95 ms vs 13.42
-    # 64/64/64/4/2 spilled 1.1-1.6 KB (more for non-pow2 pages: the qwen page spread); 0 spills here.
-    ("sm90", 256, "16bit"): _c(128, 32, 32, 8, 2),
+    # H200, 2026-11-29 (bench/results/NOTES.md step 6), llama page 544 split layout: 10.63 ms vs
+    # 10.90 for 128/64/128/8/3 and 13.43 for 128/64/64/8/3.
+    ("sm90", 128, "16bit"): _c(128, 128, 128, 8, 3),
+    # Same run, qwen-hybrid page 544: 4.86 ms vs 6.55 for the spill-free 128/32/32/8/2 and 9.90 for
+    # 64/64/64/8/2 (this one spills ~150 B and is still the fastest).
+    ("sm90", 256, "16bit"): _c(128, 64, 64, 8, 2),
     ("sm90", 64, "fp32"): _c(64, 32, 32, 4, 2),
     ("sm90", 128, "fp32"): _c(64, 32, 32, 4, 2),
     ("sm90", 256, "fp32"): _c(32, 32, 32, 4, 2),
