@@ -40,6 +40,9 @@ SASS_OPS = (
 
 def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
     """Signature with 16-divisible pointers and strides (what real aligned tensors specialise to)."""
+    missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in consts]
+    if missing:  # a constexpr left out would compile as a runtime i32 argument: a different kernel
+        raise SystemExit(f"constexpr parameters without a value: {missing}")
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in pointer_types:
@@ -65,7 +68,7 @@ def prefix_source(cfg: list[int], head_dim: int, page: int, causal: bool) -> tup
         X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=math.gcd(page, bnc),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
-        FP8_OUT_MAX=0.0, SKIP_DECODE=False, DOT_PRECISION=None,
+        FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, DOT_PRECISION=None,
         stride_kc_x=1, stride_vc_slot=1, stride_bt_col=1,  # vLLM split layout: unit strides
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}

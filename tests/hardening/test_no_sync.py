@@ -93,6 +93,14 @@ def _record(mp: pytest.MonkeyPatch) -> tuple[Recorder, Recorder]:
 class Problem:
     c: object  # hd_util.Dense or hd_util.Paged
     opts: dict = field(default_factory=dict)
+    # device tensors the vLLM-form helpers build from host values, made once so that a later call
+    # (inside a CUDA-graph capture) copies nothing from the host
+    dev: dict = field(default_factory=dict)
+
+    def device_tensor(self, key: str, make) -> torch.Tensor:
+        if key not in self.dev:
+            self.dev[key] = make()
+        return self.dev[key]
 
 
 def _dense(**opts) -> Problem:
@@ -119,7 +127,9 @@ def _wp_ref(p: Problem) -> torch.Tensor:
 def _wcaf(p: Problem, **kw) -> torch.Tensor:
     c, o = p.c, p.opts
     out = poison(torch.empty_like(c.q))
-    lens = torch.tensor(c.lens, dtype=o.get("lens_dtype", torch.int32), device=DEVICE)
+    lens = p.device_tensor(
+        "lens", lambda: torch.tensor(c.lens, dtype=o.get("lens_dtype", torch.int32), device=DEVICE)
+    )
     starts = c.cu if o.get("cu_form") else c.cu[:-1]
     left = o.get("window", (-1, -1))[0]
     wp_caf(c.q, c.k, c.v, out, starts, lens, c.max_len, True, None, left if left > 0 else None, None,
@@ -146,8 +156,8 @@ def _pp_ref(p: Problem) -> torch.Tensor:
 def _pcaf(p: Problem, **kw) -> torch.Tensor:
     c, o = p.c, p.opts
     out = poison(torch.empty_like(c.q))
-    ks = torch.tensor([c.k_scale], device=DEVICE)
-    vs = torch.tensor([c.v_scale], device=DEVICE)
+    ks = p.device_tensor("k_scale", lambda: torch.tensor([c.k_scale], device=DEVICE))
+    vs = p.device_tensor("v_scale", lambda: torch.tensor([c.v_scale], device=DEVICE))
     kc, vc = (c.k_cache.view(torch.uint8), c.v_cache.view(torch.uint8)) if c.fp8 else (c.k_cache, c.v_cache)
     left = o.get("window", (-1, -1))[0]
     pp_caf(c.q, c.k, c.v, out, "fp8" if c.fp8 else "auto", kc, vc, c.block_table, c.cu_q, c.seq_lens, None,

@@ -34,8 +34,10 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=32, BLOCK_M=cfg.BLOCK_M,
              BLOCK_N=cfg.BLOCK_N, BLOCK_N_CTX=cfg.BLOCK_N_CTX, CAUSAL=True, USE_LEFT=False,
              USE_RIGHT=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False,
-             OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, DOT_PRECISION=None)
+             OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, DOT_PRECISION=None)
     c.update(flags)
+    missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
+    assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
     types = {"Q": dtype, "K": dtype, "V": dtype, "O": out, "K_cache": cache, "V_cache": cache,
              "Block_table": "i32", "Cu_seqlens_q": "i32", "Seq_lens": "i32"}
     sig, consts, attrs = {}, {}, {}
