@@ -59,7 +59,9 @@ def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
     return ASTSource(kernel, sig, consts, attrs)
 
 
-def prefix_source(cfg: list[int], head_dim: int, page: int, causal: bool) -> tuple[ASTSource, int, int]:
+def prefix_source(
+    cfg: list[int], head_dim: int, page: int, causal: bool, tile_pages: bool = False
+) -> tuple[ASTSource, int, int]:
     from prefix_prefill.kernel import _fwd_kernel
 
     bm, bn, bnc, warps, stages = cfg
@@ -68,7 +70,7 @@ def prefix_source(cfg: list[int], head_dim: int, page: int, causal: bool) -> tup
         X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=math.gcd(page, bnc),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
-        FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, DOT_PRECISION=None,
+        FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, DOT_PRECISION=None,
         stride_kc_x=1, stride_vc_slot=1, stride_bt_col=1,  # vLLM split layout: unit strides
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -121,10 +123,12 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--page", type=int, default=16, help="prefix only")
     ap.add_argument("--non-causal", action="store_true")
+    ap.add_argument("--tile-pages", action="store_true", help="prefix only: per-tile page addressing")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
     if args.kernel == "prefix":
-        src, warps, stages = prefix_source(cfg, args.head_dim, args.page, not args.non_causal)
+        causal = not args.non_causal
+        src, warps, stages = prefix_source(cfg, args.head_dim, args.page, causal, args.tile_pages)
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
     print(f"{args.kernel} {args.config} D={args.head_dim} page={args.page}: {report(src, warps, stages)}")

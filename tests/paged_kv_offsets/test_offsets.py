@@ -13,7 +13,7 @@ import triton.language as tl
 from conftest import DEVICE
 
 from paged_kv_offsets import describe_cache, describe_kv_cache, pages_needed
-from paged_kv_offsets.kernel import dim_offsets, token_mask, token_offsets
+from paged_kv_offsets.kernel import dim_offsets, tile_offsets, token_mask, token_offsets
 
 PAGE_SIZES = [1, 3, 16, 17, 544, 1040, 1056, 2048]
 LAYOUT_ROLES = [("split", "k"), ("split", "v"), ("nhd", "k"), ("hnd", "k")]
@@ -220,6 +220,58 @@ def test_offsets_above_2_31_elements(page):
     want = [int(table[p // page]) * stride_block + (p % page) * stride_slot for p in positions.tolist()]
     assert out_d.cpu().tolist() == want
     assert max(want) > 2**31
+
+
+@triton.jit
+def _tile_vs_token_kernel(
+    block_table, starts, out_tile, out_token, n_valid, n_cols, stride_bt_col, stride_block, stride_slot,
+    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Row i: tile_offsets and token_offsets of positions starts[i] + [0, BLOCK)."""
+    i = tl.program_id(0)
+    pos0 = tl.load(starts + i)
+    o_j = tl.arange(0, BLOCK)
+    b_tile = tile_offsets(block_table, stride_bt_col, pos0, n_valid, n_cols, stride_block, stride_slot,
+                          BLOCK, PAGE_SIZE)  # fmt: skip
+    b_tok = token_offsets(block_table, stride_bt_col, pos0 + o_j, n_valid, n_cols, stride_block, stride_slot,
+                          PAGE_SIZE)  # fmt: skip
+    tl.store(out_tile + i * BLOCK + o_j, b_tile)
+    tl.store(out_token + i * BLOCK + o_j, b_tok)
+
+
+@pytest.mark.parametrize("page", [1, 3, 16, 17, 48, 544, 1040, 1056, 2048])
+@pytest.mark.parametrize("block", [16, 64])
+def test_tile_offsets_match_token_offsets(page, block):
+    """tile_offsets (one divide, two table reads per tile when block <= page) equals token_offsets and
+    an independent torch formula for tiles starting at every edge: page starts/ends, tiles that
+    cross a page, the sequence end, past it, and past the table row (exact width, bad ids after it)."""
+    n_cols = 5
+    n_valid = n_cols * page - (page // 3)  # the last page is partly used
+    stride_slot, stride_block = 4096, 4096 * page + 8  # not a multiple of the slot stride
+    ids = torch.randperm(4 * n_cols)[:n_cols].to(torch.int32) + 2**20  # block ids above 2**20
+    buf = torch.full((2 * n_cols,), -(2**30), dtype=torch.int32)  # bad ids after the row...
+    buf[::2] = ids
+    table = buf[::2]  # ...and a column stride of 2
+    starts = {0, 1, page - 1, page, page + 1, 2 * page - block, 2 * page - block + 1}
+    starts |= {n_valid - 1, n_valid - block, n_valid, n_valid + 5, n_cols * page - 1, n_cols * page}
+    starts.add((n_cols + 1) * page)
+    starts |= {k * page + r for k in range(n_cols) for r in (0, page // 2, max(page - block // 2, 0))}
+    starts = sorted(s for s in starts if s >= 0)
+    st = torch.tensor(starts, dtype=torch.int32)
+    out_tile = torch.full((len(starts), block), -1, dtype=torch.int64)
+    out_tok = torch.full((len(starts), block), -2, dtype=torch.int64)
+    o_tile, o_tok = out_tile.to(DEVICE), out_tok.to(DEVICE)
+    _tile_vs_token_kernel[(len(starts),)](
+        table.to(DEVICE), st.to(DEVICE), o_tile, o_tok, n_valid, n_cols, table.stride(0), stride_block,
+        stride_slot, PAGE_SIZE=page, BLOCK=block,
+    )  # fmt: skip
+    pos = st[:, None].long() + torch.arange(block)[None, :]
+    valid = (pos < n_valid) & (pos // page < n_cols)
+    want = ids.long()[(pos // page).clamp(max=n_cols - 1)] * stride_block + (pos % page) * stride_slot
+    want = torch.where(valid, want, 0)
+    assert torch.equal(o_tok.cpu(), want)
+    assert torch.equal(o_tile.cpu(), want)
+    assert want.max() > 2**31
 
 
 def test_describe_rejects_wrong_rank():

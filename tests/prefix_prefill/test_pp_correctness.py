@@ -211,3 +211,29 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
     out = run_cfg(case, KernelConfig(16, 16, 16, 1, 1), softmax_scale=scale)
     c = compare(out, reference(case, softmax_scale=scale))
     assert c, c
+
+
+@pytest.mark.parametrize(
+    ("config", "page", "layout", "window", "kv_from_cache"),
+    [
+        (KernelConfig(16, 16, 16, 1, 1), 17, "split", (-1, -1), False),  # tiles straddle pages
+        (KernelConfig(16, 16, 16, 1, 1), 16, "nhd", (23, -1), True),  # tile == page; new K/V in the cache
+        (KernelConfig(32, 16, 32, 1, 1), 48, "hnd", (-1, -1), True),  # non-pow2 page, k=None
+        (KernelConfig(16, 32, 64, 1, 1), 544, "split", (40, -1), False),  # windowed edges
+        (KernelConfig(16, 16, 32, 1, 1), 16, "split", (-1, -1), False),  # tile > page: per-token path
+    ],
+)
+def test_tile_page_addressing(monkeypatch, config, page, layout, window, kv_from_cache):
+    """Context tiles addressed per tile (paged_kv_offsets.tile_pages) give the reference answer:
+    sequences that end at every kind of page offset, block tables exactly as wide as needed."""
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_TILE_PAGES", True)
+    seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
+    case = make_case(
+        seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,
+        layout=layout, kv_from_cache=kv_from_cache,
+    )  # fmt: skip
+    out = run_cfg(case, config, window=window)
+    c = compare(out, reference(case, window=window))
+    assert c, c

@@ -34,7 +34,8 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=32, BLOCK_M=cfg.BLOCK_M,
              BLOCK_N=cfg.BLOCK_N, BLOCK_N_CTX=cfg.BLOCK_N_CTX, CAUSAL=True, USE_LEFT=False,
              USE_RIGHT=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False,
-             OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, DOT_PRECISION=None)
+             OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
+             DOT_PRECISION=None)
     c.update(flags)
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
     assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
@@ -100,6 +101,7 @@ CASES = [
     # every sm90 16-bit table entry, plain flags: the compiled shared memory must fit the card (the
     # static model in configs.py is conservative; on NVIDIA the compiled number is the authority)
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 64, 544, {}],
+    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {"TILE_PAGES": True}],
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 1056, {}],
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 256, 1040, {}],
     [

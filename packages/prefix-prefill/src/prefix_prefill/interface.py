@@ -292,6 +292,10 @@ def _layout_hints(
 # Fold the logit scale into the exponent's FMA in interior tiles (kernel.py, ``_attend``). A switch
 # only so that benchmarks can time the unfolded form; both forms are tested.
 _FOLD_SCALE = True
+# Address context tiles no wider than a page with paged_kv_offsets.tile_pages (one divide and two
+# block-table reads per tile) instead of token_offsets (per token). Off until timed on a GPU
+# (bench/results/NOTES.md, step 7); both paths are tested.
+_TILE_PAGES = False
 
 
 def _launch_fwd(
@@ -435,6 +439,7 @@ def _launch_fwd(
         SKIP_DECODE=bool(skip_decode),
         # fp8 cache scales are positive by contract (see the public docstrings)
         FOLD_SCALE=_FOLD_SCALE and scale > 0,
+        TILE_PAGES=_TILE_PAGES,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

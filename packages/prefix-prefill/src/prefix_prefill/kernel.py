@@ -4,8 +4,10 @@ One program computes one tile of ``BLOCK_M`` query rows of one sequence for one 
 
 * loop 1 walks the sequence's cached context (key positions ``[0, ctx_len)``) in tiles of
   ``BLOCK_N_CTX`` tokens, starting at the first tile the sliding window can see. Every cache address
-  comes from :func:`paged_kv_offsets.kernel.token_offsets` / :func:`~paged_kv_offsets.kernel.dim_offsets`
-  (``PAGE_SIZE`` is a constexpr, so any page size divides by multiply-and-shift);
+  comes from :mod:`paged_kv_offsets.kernel`: :func:`~paged_kv_offsets.kernel.token_offsets` per token
+  (``PAGE_SIZE`` is a constexpr, so any page size divides by multiply-and-shift) or, with
+  ``TILE_PAGES`` and a tile no wider than a page, :func:`~paged_kv_offsets.kernel.tile_pages` per tile
+  (one divide, two block-table reads), plus :func:`~paged_kv_offsets.kernel.dim_offsets`;
 * loop 2 walks the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``,
   from the contiguous ``k``/``v`` tensors or, with ``KV_FROM_CACHE``, from the cache again.
 
@@ -22,7 +24,7 @@ at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no key wr
 import triton
 import triton.language as tl
 
-from paged_kv_offsets.kernel import dim_offsets, token_offsets
+from paged_kv_offsets.kernel import dim_offsets, tile_pages, token_offsets
 
 LOG2E = 1.4426950408889634  # host side
 _LOG2E = tl.constexpr(LOG2E)  # device side
@@ -203,6 +205,7 @@ def _cache_tile(
     HAS_ALIBI: tl.constexpr,
     SCALE_P: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
+    TILE_PAGES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Attend to the cached keys at absolute positions ``pos0 + [0, BLOCK_N)`` (valid in ``[k_start, k_end)``).
@@ -216,12 +219,18 @@ def _cache_tile(
     ``V_ALIGN16_RUNS``. They turn element-wise gathers into pipelined 16-byte copies.
     """
     k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
-    o_kt = token_offsets(
-        bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_kc_block, stride_kc_slot, PAGE_SIZE
-    )  # [BN] int64
-    o_vt = token_offsets(
-        bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_vc_block, stride_vc_slot, PAGE_SIZE
-    )  # [BN] int64
+    if TILE_PAGES and BLOCK_N <= PAGE_SIZE:
+        # the tile touches at most two pages: one divide and two table reads for the whole tile
+        b_blk, b_slot = tile_pages(bt_row, stride_bt_col, pos0, k_end, n_bt_cols, BLOCK_N, PAGE_SIZE)  # [BN]
+        o_kt = b_blk * stride_kc_block + b_slot * stride_kc_slot  # [BN] int64
+        o_vt = b_blk * stride_vc_block + b_slot * stride_vc_slot  # [BN] int64
+    else:
+        o_kt = token_offsets(
+            bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_kc_block, stride_kc_slot, PAGE_SIZE
+        )  # [BN] int64
+        o_vt = token_offsets(
+            bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_vc_block, stride_vc_slot, PAGE_SIZE
+        )  # [BN] int64
     p_k = K_cache + o_kc_head + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
     p_v = V_cache + o_vc_head + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
     if K_ALIGN16:
@@ -310,6 +319,7 @@ def _new_tile(
     KV_FROM_CACHE: tl.constexpr,
     SCALE_P: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
+    TILE_PAGES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Attend to new tokens ``n0 + [0, BLOCK_N)`` (absolute positions ``ctx_len + n0 + ...``): from
@@ -358,6 +368,7 @@ def _new_tile(
             HAS_ALIBI,
             SCALE_P,
             FOLD_SCALE,
+            TILE_PAGES,
             DOT_PRECISION,
         )
     else:
@@ -455,6 +466,7 @@ def _fwd_kernel(
     FP8_OUT_MAX: tl.constexpr,
     SKIP_DECODE: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
+    TILE_PAGES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -565,6 +577,7 @@ def _fwd_kernel(
             HAS_ALIBI,
             CACHE_FP8,
             FOLD_SCALE,
+            TILE_PAGES,
             DOT_PRECISION,
         )
     for n0 in tl.range(mid_lo, mid_hi, BLOCK_N_CTX):
@@ -610,6 +623,7 @@ def _fwd_kernel(
             HAS_ALIBI,
             CACHE_FP8,
             FOLD_SCALE,
+            TILE_PAGES,
             DOT_PRECISION,
         )
 
@@ -674,6 +688,7 @@ def _fwd_kernel(
             KV_FROM_CACHE,
             CACHE_FP8,
             FOLD_SCALE,
+            TILE_PAGES,
             DOT_PRECISION,
         )
     for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
@@ -724,6 +739,7 @@ def _fwd_kernel(
             KV_FROM_CACHE,
             CACHE_FP8,
             FOLD_SCALE,
+            TILE_PAGES,
             DOT_PRECISION,
         )
 
