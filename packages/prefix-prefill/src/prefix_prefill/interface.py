@@ -15,7 +15,6 @@ import os
 from typing import Union
 
 import torch
-import triton
 
 from paged_kv_offsets import CacheView, describe_kv_cache, validate_block_table
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
@@ -371,7 +370,7 @@ def _launch_fwd(
             cands = autotune.candidates(arch, head_size, q.element_size())
             config = autotune.tuned_config(q.device, key, run, default_cfg, cands)
 
-    grid = (num_heads, triton.cdiv(max_query_len, config.BLOCK_M), batch)
+    grid = (num_heads, -(-max_query_len // config.BLOCK_M), batch)  # plain ints: triton.cdiv costs ~2 us
     if grid[1] > _MAX_GRID_YZ:
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
@@ -417,7 +416,7 @@ def _launch_fwd(
         vc_strides[3],
         QUERIES_PER_KV=num_heads // num_kv_heads,
         HEAD_DIM=head_size,
-        BLOCK_D=triton.next_power_of_2(head_size),
+        BLOCK_D=1 << (head_size - 1).bit_length(),  # next power of two (head_size >= 1)
         PAGE_SIZE=kc.page_size,
         X=kc.x,
         K_ALIGN16=k_align,

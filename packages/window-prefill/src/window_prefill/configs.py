@@ -20,7 +20,6 @@ import os
 from typing import NamedTuple
 
 import torch
-import triton
 
 
 class Config(NamedTuple):
@@ -117,7 +116,7 @@ def dtype_class(dtype: torch.dtype) -> str:
 
 def block_d(head_dim: int) -> int:
     """Padded head-dim tile: next power of two, at least 16 (the smallest tl.dot K)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, 1 << (head_dim - 1).bit_length())  # next power of two, plain ints
 
 
 def shared_memory_bytes(config: Config, head_dim: int, dtype: torch.dtype) -> int:
