@@ -1,0 +1,161 @@
+"""A/B timing of prefix-prefill's kernel switches, ours only (no peers), in one process.
+
+    python bench/ab_prefix.py [--shapes llama,qwen] [--pages 16,512,544,...] [--layouts split,nhd]
+                              [--switch _TILE_PAGES] [--out DIR]
+    python bench/ab_prefix.py --smoke      # CPU: tiny shapes under the Triton interpreter
+
+For each (shape, page, layout) it times the default table config with the module switch
+``prefix_prefill.interface.<switch>`` off and on (same inputs, interleaved, medians of
+``triton.testing.do_bench``) and prints one line per timing plus, per shape and layout, the page
+spread (slowest non-power-of-two page over the fastest power-of-two page) for each setting. Writes
+DIR/ab_prefix.{csv,md} with ``--out``. Shapes are those of bench/prefix_prefill.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, add_package_paths, bench_ms, tflops, write_rows  # noqa: E402
+
+add_package_paths()
+
+import torch  # noqa: E402
+
+import prefix_prefill.interface as itf  # noqa: E402
+from prefix_prefill import prefix_prefill  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+
+
+def _bench_module():
+    """bench/prefix_prefill.py's problem builder (loaded by path: its name shadows the package)."""
+    spec = importlib.util.spec_from_file_location("_bench_pp", ROOT / "bench" / "prefix_prefill.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != str(ROOT / "bench")]
+    return mod
+
+
+def _problem(bp, shape: dict, page: int, layout: str) -> dict:
+    if SMOKE:  # the builder allocates on CUDA in bf16; build a tiny fp16 CPU case the same way
+        gen = torch.Generator().manual_seed(0)
+        h, hkv, d, b, ctx, new = (shape[k] for k in ("heads", "kv_heads", "head_size", "batch", "ctx", "new"))
+        n_pages = -(-(ctx + new) // page)
+        nb = b * n_pages + 1
+        k_cache = torch.randn(nb, page, hkv, d, generator=gen).half()
+        v_cache = torch.randn(nb, page, hkv, d, generator=gen).half()
+        table = torch.randperm(nb, generator=gen)[: b * n_pages].view(b, n_pages).int()
+        q = torch.randn(b * new, h, d, generator=gen).half()
+        prob = {
+            "q": q, "k": torch.randn(b * new, hkv, d, generator=gen).half(),
+            "v": torch.randn(b * new, hkv, d, generator=gen).half(), "nhd": (k_cache, v_cache),
+            "block_table": table, "cu": torch.arange(0, b * new + 1, new, dtype=torch.int32),
+            "seq_lens": torch.full((b,), ctx + new, dtype=torch.int32), "max_q": new,
+            "ctxs": [ctx] * b, "new": new, "shape": shape,
+        }  # fmt: skip
+        if layout == "split":
+            raise SystemExit("--smoke runs the nhd layout only")
+        return prob
+    prob = bp.make_problem(torch, shape, page)
+    if layout == "nhd":
+        prob["nhd"] = bp.to_nhd(prob)
+    return prob
+
+
+def _call(prob: dict, layout: str, out: torch.Tensor):
+    caches = (prob["k_cache"], prob["v_cache"]) if layout == "split" else prob["nhd"]
+
+    def fn():
+        prefix_prefill(
+            prob["q"], prob["k"], prob["v"], caches[0], caches[1], prob["block_table"], prob["cu"],
+            prob["seq_lens"], prob["max_q"], kv_layout=layout, out=out,
+        )  # fmt: skip
+
+    return fn
+
+
+def _fmt(key: str, value: object) -> str:
+    return f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+
+
+def _time(fn) -> float:
+    if SMOKE:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    return bench_ms(fn, warmup=10, rep=50)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="llama,qwen")
+    ap.add_argument("--pages", default="16,512,544,1024,1040,1056,2048")
+    ap.add_argument("--layouts", default="split,nhd")
+    ap.add_argument("--switch", default="_TILE_PAGES", help="a boolean in prefix_prefill.interface")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    if not hasattr(itf, args.switch):
+        ap.error(f"prefix_prefill.interface has no switch {args.switch}")
+    default = getattr(itf, args.switch)
+    bp = _bench_module()
+    shapes = {n: bp.SHAPES[n] for n in args.shapes.split(",")}
+    pages = [int(p) for p in args.pages.split(",")]
+    layouts = args.layouts.split(",")
+    if SMOKE:
+        shapes = {"tiny": {"heads": 4, "kv_heads": 2, "head_size": 64, "batch": 2, "ctx": 40, "new": 24}}
+        pages, layouts = [16, 17], ["nhd"]
+    rows = []
+    for name, shape in shapes.items():
+        for layout in layouts:
+            for page in pages:
+                prob = _problem(bp, shape, page, layout)
+                flops, _ = bp.useful_work(prob)
+                outs = {}
+                for on in (False, True):
+                    setattr(itf, args.switch, on)
+                    try:
+                        out = torch.empty_like(prob["q"])
+                        fn = _call(prob, layout, out)
+                        fn()  # compile outside the timing
+                        ms = _time(fn)
+                    finally:
+                        setattr(itf, args.switch, default)
+                    outs[on] = out
+                    r = {"shape": name, "layout": layout, "page": page, "switch": args.switch, "on": on,
+                         "ms": ms, "tflops": tflops(flops, ms)}  # fmt: skip
+                    rows.append(r)
+                    print(" ".join(_fmt(k, v) for k, v in r.items()), flush=True)
+                same = torch.equal(outs[False], outs[True])
+                print(f"# {name} {layout} page {page}: outputs bitwise equal off/on: {same}", flush=True)
+                del prob, outs
+                if not SMOKE:
+                    torch.cuda.empty_cache()
+            for on in (False, True):
+                t = {
+                    r["page"]: r["ms"]
+                    for r in rows
+                    if (r["shape"], r["layout"], r["on"]) == (name, layout, on)
+                }
+                pow2 = [v for p, v in t.items() if p & (p - 1) == 0]
+                other = [v for p, v in t.items() if p & (p - 1) != 0]
+                if pow2 and other:
+                    print(f"SPREAD {name} {layout} {args.switch}={on}: slowest non-pow2 / fastest pow2 = "
+                          f"{max(other) / min(pow2):.3f}", flush=True)  # fmt: skip
+    if args.out is not None:
+        write_rows(args.out, "ab_prefix", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
