@@ -415,10 +415,11 @@ def plot(rows: list[dict], out_dir: Path) -> Path | None:
         rs = [r for r in rows if r["shape"] == name]
         pages = sorted({r["page"] for r in rs if r["page"] != "-"})
         xs = list(range(len(pages)))
+        labels = {"ours": "ours (split cache)", "ours_nhd": "ours (NHD cache)", "vllm": "vLLM 0.33 (split)"}
         for peer, style in (("ours", "o-"), ("ours_nhd", "^-"), ("vllm", "s-")):
             pts = {r["page"]: r["ms"] for r in rs if r["peer"] == peer}
             if pts:
-                ax.plot([xs[pages.index(p)] for p in pts], list(pts.values()), style, label=peer)
+                ax.plot([xs[pages.index(p)] for p in pts], list(pts.values()), style, label=labels[peer])
         floors = {r["page"]: r["floor_ms"] for r in rs if r["peer"] == "ours"}
         if floors:
             ax.plot(xs, [floors[p] for p in pages], "k-", lw=1, label="floor")

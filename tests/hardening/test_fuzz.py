@@ -166,6 +166,7 @@ def prefix_problems(draw) -> dict:
         "with_sinks": draw(st.booleans()),
         "kv_from_cache": draw(st.booleans()),
         "fp8": draw(st.booleans()),
+        "tile_pages": draw(st.booleans()),  # prefix_prefill.interface._TILE_PAGES: both addressing paths
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -177,6 +178,17 @@ def prefix_problems(draw) -> dict:
 @FUZZ
 @given(p=prefix_problems())
 def test_fuzz_prefix_prefill(p):
+    import prefix_prefill.interface as itf
+
+    saved = itf._TILE_PAGES
+    itf._TILE_PAGES = p["tile_pages"]
+    try:
+        _run_prefix_problem(p)
+    finally:
+        itf._TILE_PAGES = saved
+
+
+def _run_prefix_problem(p: dict) -> None:
     gen = torch.Generator().manual_seed(p["seed"])
     c = paged_case(
         p["seqs"],
