@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
-# Usage (repository root, on the GPU machine): bash bench/gpu_session.sh [tests|bench|all] [extra bench args]
+# Usage (repository root, on the GPU machine): bash bench/gpu_session.sh [tests|bench|ab|all] [extra bench args]
+# (ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
 set -uo pipefail
@@ -18,6 +19,9 @@ if [[ $what == tests || $what == all ]]; then
   timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --durations=15 -v -rfE -p no:cacheprovider --maxfail=30 \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
+fi
+if [[ $what == ab ]]; then
+  timeout ${BENCH_TIMEOUT:-400} python3 bench/ab_prefix.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise"
 fi
 if [[ $what == bench || $what == all ]]; then
   res=$OUT/res; mkdir -p "$res"
