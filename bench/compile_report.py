@@ -60,18 +60,27 @@ def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
 
 
 def prefix_source(
-    cfg: list[int], head_dim: int, page: int, causal: bool, tile_pages: bool = False
+    cfg: list[int], head_dim: int, page: int, causal: bool, tile_pages: bool = False, layout: str = "split"
 ) -> tuple[ASTSource, int, int]:
+    """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
+    K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
     from prefix_prefill.kernel import _fwd_kernel
 
     bm, bn, bnc, warps, stages = cfg
+    if layout == "split":
+        lay = dict(X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True,
+                   V_CONTIG=math.gcd(page, bnc), stride_kc_x=1, stride_vc_slot=1)  # fmt: skip
+    elif layout == "nhd":
+        lay = dict(X=1, K_ALIGN16=True, V_ALIGN16_ANY=True, V_ALIGN16_RUNS=False, V_CONTIG=1,
+                   stride_kc_dim=1, stride_vc_dim=1)  # fmt: skip
+    else:
+        raise SystemExit(f"unknown layout {layout!r}")
     consts = dict(
         QUERIES_PER_KV=8, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page,
-        X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=math.gcd(page, bnc),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, DOT_PRECISION=None,
-        stride_kc_x=1, stride_vc_slot=1, stride_bt_col=1,  # vLLM split layout: unit strides
+        stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
@@ -113,7 +122,8 @@ def report(src: ASTSource, warps: int, stages: int) -> str:
     ]
     ptxas = " ".join(lines)
     counts = " ".join("{}={}".format(op, len(re.findall(re.escape(op) + r"\b", sass))) for op in SASS_OPS)
-    return f"shared={k.metadata.shared} B | {ptxas} | {counts}"
+    total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
+    return f"shared={k.metadata.shared} B | {ptxas} | SASS={total} {counts}"
 
 
 def main() -> None:
@@ -124,14 +134,20 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=16, help="prefix only")
     ap.add_argument("--non-causal", action="store_true")
     ap.add_argument("--tile-pages", action="store_true", help="prefix only: per-tile page addressing")
+    ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
     if args.kernel == "prefix":
         causal = not args.non_causal
-        src, warps, stages = prefix_source(cfg, args.head_dim, args.page, causal, args.tile_pages)
+        src, warps, stages = prefix_source(
+            cfg, args.head_dim, args.page, causal, args.tile_pages, args.layout
+        )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
-    print(f"{args.kernel} {args.config} D={args.head_dim} page={args.page}: {report(src, warps, stages)}")
+    what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
+    if args.kernel == "prefix":
+        what += f" {args.layout}" + (" tile-pages" if args.tile_pages else "")
+    print(f"{what}: {report(src, warps, stages)}")
 
 
 if __name__ == "__main__":
