@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
-# Usage (repository root, on the GPU machine): bash bench/gpu_session.sh [tests|bench|ab|all] [extra bench args]
-# (ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log)
+# Usage (repository root, on the GPU machine): bash bench/gpu_session.sh [tests|bench|ab|first|all] [extra bench args]
+# (ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
+#  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
 set -uo pipefail
@@ -22,6 +23,9 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == ab ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/ab_prefix.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise"
+fi
+if [[ $what == first ]]; then
+  timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"
 fi
 if [[ $what == bench || $what == all ]]; then
   res=$OUT/res; mkdir -p "$res"

@@ -24,3 +24,20 @@ def test_ab_prefix_smoke():
     equal = [line for line in proc.stdout.splitlines() if "bitwise equal" in line]
     assert equal and all(line.endswith("True") for line in equal), proc.stdout
     assert "SPREAD tiny nhd _TILE_PAGES=True" in proc.stdout
+
+
+def test_first_call_smoke(tmp_path):
+    """bench/first_call.py: cold and warm child processes per kernel, rows written."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "first_call.py"), "--smoke", "--out", str(tmp_path)],
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    text = (tmp_path / "first_call.csv").read_text()
+    for kernel in ("window", "prefix"):
+        for cache in ("cold", "warm"):
+            assert f"{kernel},fp16,64,{cache}," in text, text
+    assert "True" not in text, "a second call with other lengths recompiled"

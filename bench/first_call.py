@@ -1,0 +1,142 @@
+"""First-call cost: the wall time of a process's first call of each kernel, with an empty Triton cache
+(cold: compiles) and with the cache the cold run left (warm: loads the binary), per (kernel, dtype,
+head size). Each measurement is a fresh subprocess with its own ``TRITON_CACHE_DIR``; only the call
+is timed (imports and input allocation are not). The child also makes a second call with other
+sequence lengths and batch size and reports whether that compiled anything (it must not).
+
+    python bench/first_call.py [--out DIR] [--kernels window,prefix] [--dtypes bf16,fp16] [--heads 64,128,256]
+    python bench/first_call.py --smoke     # CPU: Triton interpreter, tiny shapes (checks the script)
+
+Writes DIR/first_call.{csv,md} with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, write_rows
+
+
+def _child(kernel: str, dtype_name: str, head: int, smoke: bool) -> dict:
+    from common import add_package_paths
+
+    add_package_paths()
+    import torch
+
+    dev = "cpu" if smoke else "cuda"
+    dt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=dev, generator=gen).to(dt)
+
+    if kernel == "window":
+        import window_prefill.interface as wi
+        from window_prefill import window_prefill
+
+        jit = wi._fwd_kernel
+
+        def call(lens):
+            n = sum(lens)
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+            window_prefill(randn(n, 8, head), randn(n, 2, head), randn(n, 2, head), cu, max(lens),
+                           causal=True, window=(255, -1))  # fmt: skip
+    else:
+        import prefix_prefill.interface as pi
+        from prefix_prefill import prefix_prefill
+
+        jit = pi._fwd_kernel
+        page = 16
+
+        def call(lens):
+            ctx = [2 * n for n in lens]
+            seq = [c + n for c, n in zip(ctx, lens, strict=True)]
+            pages = [-(-s // page) for s in seq]
+            nb = sum(pages) + 1
+            k_cache, v_cache = randn(nb, page, 2, head), randn(nb, page, 2, head)
+            table = torch.zeros(len(lens), max(pages), dtype=torch.int32, device=dev)
+            at = 0
+            for i, p in enumerate(pages):
+                table[i, :p] = torch.arange(at, at + p, dtype=torch.int32, device=dev)
+                at += p
+            n = sum(lens)
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+            sl = torch.tensor(seq, dtype=torch.int32, device=dev)
+            prefix_prefill(randn(n, 8, head), randn(n, 2, head), randn(n, 2, head), k_cache, v_cache, table,
+                           cu, sl, max(lens), kv_layout="nhd")  # fmt: skip
+
+    def sync():
+        if not smoke:
+            torch.cuda.synchronize()
+
+    def n_compiled() -> int:
+        try:
+            return sum(len(entry[0]) for entry in jit.device_caches.values())
+        except Exception:
+            return -1
+
+    sync()
+    t = time.perf_counter()
+    call([37, 200] if not smoke else [5, 9])
+    sync()
+    first = time.perf_counter() - t
+    before = n_compiled()
+    t = time.perf_counter()
+    call([1, 513, 64, 90] if not smoke else [3, 17, 2])  # other lengths and batch size
+    sync()
+    second = time.perf_counter() - t
+    return {"first_call_s": first, "second_call_s": second, "recompiled": n_compiled() != before}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--kernels", default="window,prefix")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--heads", default="64,128,256")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--child", nargs=3, metavar=("KERNEL", "DTYPE", "HEAD"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        kernel, dtype_name, head = args.child
+        print("RESULT " + json.dumps(_child(kernel, dtype_name, int(head), args.smoke)), flush=True)
+        return 0
+    kernels, dtypes = args.kernels.split(","), args.dtypes.split(",")
+    heads = [int(h) for h in args.heads.split(",")]
+    if args.smoke:
+        kernels, dtypes, heads = ["window", "prefix"], ["fp16"], [64]
+    rows = []
+    for kernel in kernels:
+        for dtype_name in dtypes:
+            for head in heads:
+                with tempfile.TemporaryDirectory() as cache:
+                    env = dict(os.environ, TRITON_CACHE_DIR=cache)
+                    if args.smoke:
+                        env["TRITON_INTERPRET"] = "1"
+                    for kind in ("cold", "warm"):  # warm: the same cache directory, filled by the cold run
+                        cmd = [sys.executable, __file__, "--child", kernel, dtype_name, str(head)]
+                        cmd += ["--smoke"] if args.smoke else []
+                        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+                        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+                        if proc.returncode != 0 or not line:
+                            print(f"# {kernel} {dtype_name} d{head} {kind}: failed\n{proc.stderr[-2000:]}")
+                            continue
+                        res = json.loads(line[0][len("RESULT ") :])
+                        row = {"kernel": kernel, "dtype": dtype_name, "head": head, "cache": kind, **res}
+                        rows.append(row)
+                        print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    if args.out and rows:
+        write_rows(Path(args.out), "first_call", rows)
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
