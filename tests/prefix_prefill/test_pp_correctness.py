@@ -108,6 +108,24 @@ def test_gpu_pages(page, dtype, layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 128, 544, 1040, 1056, 2048])
+@pytest.mark.parametrize("head_size", [128, 256])
+@pytest.mark.parametrize("layout", ["split", "nhd"])
+def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout):
+    """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled."""
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_TILE_PAGES", True)
+    seqs = [*random_seqs(4, 2500, 600), (0, 200), (2 * page + 3, 1), (page, 129)]
+    case = make_case(
+        seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page, dtype=torch.bfloat16,
+        device=DEVICE, layout=layout,
+    )  # fmt: skip
+    c = compare(run_py(case), reference(case))
+    assert c, c
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("head_size", GPU_HEADS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("queries_per_kv", [1, 4, 16])

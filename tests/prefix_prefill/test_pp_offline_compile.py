@@ -96,6 +96,7 @@ CASES = [
             "KV_FROM_CACHE": True,
             "CAUSAL": False,
             "USE_RIGHT": True,
+            "TILE_PAGES": True,
         },
     ],
     # every sm90 16-bit table entry, plain flags: the compiled shared memory must fit the card (the
