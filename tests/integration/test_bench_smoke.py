@@ -41,3 +41,16 @@ def test_first_call_smoke(tmp_path):
         for cache in ("cold", "warm"):
             assert f"{kernel},fp16,64,{cache}," in text, text
     assert "True" not in text, "a second call with other lengths recompiled"
+
+
+def test_sanitize_edge_smoke():
+    """bench/sanitize_edge.py (the memcheck edge suite) runs its quick subset under the interpreter."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sanitize_edge.py")],
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].endswith("cases OK"), proc.stdout[-2000:]
