@@ -2,19 +2,22 @@
 
 One program computes one tile of ``BLOCK_M`` query rows of one sequence for one query head:
 
-* loop 1 walks the sequence's cached context (key positions ``[0, ctx_len)``) in tiles of
+* segment 1 walks the sequence's cached context (key positions ``[0, ctx_len)``) in tiles of
   ``BLOCK_N_CTX`` tokens, starting at the first tile the sliding window can see. Every cache address
   comes from :mod:`paged_kv_offsets.kernel`: :func:`~paged_kv_offsets.kernel.token_offsets` per token
   (``PAGE_SIZE`` is a constexpr, so any page size divides by multiply-and-shift) or, with
   ``TILE_PAGES`` and a tile no wider than a page, :func:`~paged_kv_offsets.kernel.tile_pages` per tile
   (one divide, two block-table reads), plus :func:`~paged_kv_offsets.kernel.dim_offsets`;
-* loop 2 walks the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``,
+* segment 2 walks the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``,
   from the contiguous ``k``/``v`` tensors or, with ``KV_FROM_CACHE``, from the cache again.
 
-Each segment is split on the host-free scalar side (:func:`_tile_bounds`) into edge tiles that
-need masks (partial last tile, causal diagonal, window edges) and interior tiles that do not;
-both kinds share one online-softmax update (:func:`_attend`), compiled once with ``MASKED=True``
-and once with ``MASKED=False``.
+Both segments run through one chain, ``_fwd_kernel`` -> :func:`_segment` (tile bounds, then the
+loops) -> :func:`_tile` (addresses: paged or contiguous) -> :func:`_attend` (the online-softmax
+update). :func:`_tile_bounds` splits each segment, with scalar arithmetic before the loops, into
+edge tiles that need masks (partial last tile, causal diagonal, window edges) and interior tiles
+that do not; :func:`_attend` is compiled once with ``MASKED=True`` and once with ``MASKED=False``
+per segment. (The refactor into this chain left the compiled SASS unchanged: same instruction
+counts, registers and spills on triton 3.6 and 3.8, checked with ``bench/compile_report.py``.)
 
 Logits are kept in log2 units: ``s = (q . k) * softmax_scale * log2(e)`` (times ``k_scale`` for an
 fp8 cache), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the running max/denominator
@@ -73,43 +76,39 @@ def _tile_bounds(
     return lo, mid_lo, mid_hi, hi
 
 
+# The helpers below take their loop-invariant arguments as tuples built once in _fwd_kernel:
+#
+# * ``rows``  = (q_pos [BM] absolute query positions, k_start (first key any row of the tile may see,
+#               with USE_LEFT), m_d [BD] valid feature lanes, window_left, window_right, slope_log2
+#               (ALiBi slope in log2 units));
+# * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
+#               stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd [BD], o_vd [BD]): the paged
+#               cache as paged_kv_offsets describes it, already offset to this program's KV head;
+# * ``new``   = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d [BD]): the contiguous new-token K/V
+#               rows of this sequence and KV head;
+# * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
+#               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8), flags of the whole launch.
+
+
 @triton.jit
-def _attend(
-    acc,
-    m_i,
-    l_i,
-    b_q,
-    p_k,
-    p_v,
-    q_pos,
-    k_pos,
-    k_start,
-    k_end,
-    m_d,
-    s_scale,
-    p_scale,
-    slope_log2,
-    window_left,
-    window_right,
-    MASKED: tl.constexpr,
-    PAD_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    USE_LEFT: tl.constexpr,
-    USE_RIGHT: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    SCALE_P: tl.constexpr,
-    FOLD_SCALE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED: tl.constexpr,
+            SCALE_P: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
     """One online-softmax step over one key tile (the only softmax update in this kernel).
 
-    ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``q_pos`` [BM] and ``k_pos`` [BN] absolute
-    positions, ``k_end`` one past the last key of the segment, ``k_start`` the first key any row of
-    the tile may see (with ``USE_LEFT``): keys outside ``[k_start, k_end)`` are never loaded, so
-    pages a window has left behind may hold anything (NaN, a recycled block). ``s_scale`` is the logit scale in
-    log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the probabilities before the PV dot
-    (the fp8 V-cache scale). Returns the updated ``(acc, m_i, l_i)``.
+    ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
+    ``k_end`` one past the last key of the segment. Keys outside ``[k_start, k_end)`` are never
+    loaded, so pages a window has left behind may hold anything (NaN, a recycled block).
+    ``s_scale`` is the logit scale in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the
+    probabilities before the PV dot (the fp8 V-cache scale). Returns the updated ``(acc, m_i, l_i)``.
     """
+    PAD_D: tl.constexpr = CFG[0]
+    CAUSAL: tl.constexpr = CFG[1]
+    USE_LEFT: tl.constexpr = CFG[2]
+    USE_RIGHT: tl.constexpr = CFG[3]
+    HAS_ALIBI: tl.constexpr = CFG[4]
+    FOLD_SCALE: tl.constexpr = CFG[5]
+    DOT_PRECISION: tl.constexpr = CFG[6]
+    q_pos, k_start, m_d, window_left, window_right, slope_log2 = rows
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
         m_k = m_k & (k_pos >= k_start)  # [BN]
@@ -163,245 +162,90 @@ def _attend(
 
 
 @triton.jit
-def _cache_tile(
-    acc,
-    m_i,
-    l_i,
-    b_q,
-    q_pos,
-    pos0,
-    k_start,
-    k_end,
-    K_cache,
-    V_cache,
-    bt_row,
-    stride_bt_col,
-    n_bt_cols,
-    stride_kc_block,
-    stride_kc_slot,
-    stride_vc_block,
-    stride_vc_slot,
-    o_kc_head,
-    o_vc_head,
-    o_kd,
-    o_vd,
-    m_d,
-    s_scale,
-    p_scale,
-    slope_log2,
-    window_left,
-    window_right,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    K_ALIGN16: tl.constexpr,
-    V_ALIGN16_ANY: tl.constexpr,
-    V_ALIGN16_RUNS: tl.constexpr,
-    V_CONTIG: tl.constexpr,
-    MASKED: tl.constexpr,
-    PAD_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    USE_LEFT: tl.constexpr,
-    USE_RIGHT: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    SCALE_P: tl.constexpr,
-    FOLD_SCALE: tl.constexpr,
-    TILE_PAGES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Attend to the cached keys at absolute positions ``pos0 + [0, BLOCK_N)`` (valid in ``[k_start, k_end)``).
+def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
+          FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
+    from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
+    ``n0 + i``).
 
-    Layout hints, each checked on the host (``interface._layout_hints``): ``K_ALIGN16`` /
-    ``V_ALIGN16_ANY``: every contiguous run of the K/V tile starts 16-byte aligned, whatever tokens
-    the tile holds; ``V_CONTIG`` > 1 (vLLM's ``[blocks, heads, D, page]`` V cache, where tokens are
-    the unit-stride dimension): in an unmasked context tile, whose lanes are all real tokens and
-    which starts at a multiple of ``BLOCK_N``, the V offsets run in groups of ``V_CONTIG`` contiguous
-    tokens of one page (``V_CONTIG`` divides ``PAGE_SIZE`` and ``BLOCK_N``), 16-byte aligned with
-    ``V_ALIGN16_RUNS``. They turn element-wise gathers into pipelined 16-byte copies.
+    Layout hints for the cache, each checked on the host (``interface._layout_hints``): ``K_ALIGN16``
+    / ``V_ALIGN16_ANY`` (CFG): every contiguous run of the K/V tile starts 16-byte aligned, whatever
+    tokens the tile holds; ``V_RUNS = (V_ALIGN16_RUNS, V_CONTIG)``: with ``V_CONTIG`` > 1 (vLLM's
+    ``[blocks, heads, D, page]`` V cache, tokens unit-stride), an unmasked tile starting at a
+    multiple of ``BLOCK_N`` has V offsets in groups of ``V_CONTIG`` contiguous tokens of one page
+    (``V_CONTIG`` divides the page and ``BLOCK_N``), 16-byte aligned with ``V_ALIGN16_RUNS``. They
+    turn element-wise gathers into pipelined 16-byte copies.
     """
-    k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
-    if TILE_PAGES and BLOCK_N <= PAGE_SIZE:
-        # the tile touches at most two pages: one divide and two table reads for the whole tile
-        b_blk, b_slot = tile_pages(bt_row, stride_bt_col, pos0, k_end, n_bt_cols, BLOCK_N, PAGE_SIZE)  # [BN]
-        o_kt = b_blk * stride_kc_block + b_slot * stride_kc_slot  # [BN] int64
-        o_vt = b_blk * stride_vc_block + b_slot * stride_vc_slot  # [BN] int64
-    else:
-        o_kt = token_offsets(
-            bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_kc_block, stride_kc_slot, PAGE_SIZE
-        )  # [BN] int64
-        o_vt = token_offsets(
-            bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, stride_vc_block, stride_vc_slot, PAGE_SIZE
-        )  # [BN] int64
-    p_k = K_cache + o_kc_head + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
-    p_v = V_cache + o_vc_head + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
-    if K_ALIGN16:
-        p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
-    if V_ALIGN16_ANY:
-        p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
-    if not MASKED:  # every lane of an interior tile is a real token of a mapped page
-        if V_ALIGN16_RUNS:
+    PAGE_SIZE: tl.constexpr = CFG[7]
+    TILE_PAGES: tl.constexpr = CFG[8]
+    K_ALIGN16: tl.constexpr = CFG[9]
+    V_ALIGN16_ANY: tl.constexpr = CFG[10]
+    CACHE_FP8: tl.constexpr = CFG[11]
+    V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
+    V_CONTIG: tl.constexpr = V_RUNS[1]
+    if FROM_CACHE:
+        pos0 = k_base + n0
+        k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
+        K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, s_kb, s_ks, s_vb, s_vs, o_kh, o_vh, o_kd, o_vd = (
+            cache
+        )
+        if TILE_PAGES and BLOCK_N <= PAGE_SIZE:
+            # the tile touches at most two pages: one divide and two table reads for the whole tile
+            b_blk, b_slot = tile_pages(
+                bt_row, stride_bt_col, pos0, k_end, n_bt_cols, BLOCK_N, PAGE_SIZE
+            )  # [BN]
+            o_kt = b_blk * s_kb + b_slot * s_ks  # [BN] int64
+            o_vt = b_blk * s_vb + b_slot * s_vs  # [BN] int64
+        else:
+            o_kt = token_offsets(
+                bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE
+            )  # [BN]
+            o_vt = token_offsets(
+                bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE
+            )  # [BN]
+        p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
+        p_v = V_cache + o_vh + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
+        if K_ALIGN16:
+            p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
+        if V_ALIGN16_ANY:
             p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
-        if V_CONTIG > 1:
-            p_v = tl.max_contiguous(p_v, [V_CONTIG, 1])  # [BN, BD]
-    return _attend(
-        acc,
-        m_i,
-        l_i,
-        b_q,
-        p_k,
-        p_v,
-        q_pos,
-        k_pos,
-        k_start,
-        k_end,
-        m_d,
-        s_scale,
-        p_scale,
-        slope_log2,
-        window_left,
-        window_right,
-        MASKED,
-        PAD_D,
-        CAUSAL,
-        USE_LEFT,
-        USE_RIGHT,
-        HAS_ALIBI,
-        SCALE_P,
-        FOLD_SCALE,
-        DOT_PRECISION,
-    )
+        if not MASKED:  # every lane of an interior tile is a real token of a mapped page
+            if V_ALIGN16_RUNS:
+                p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
+            if V_CONTIG > 1:
+                p_v = tl.max_contiguous(p_v, [V_CONTIG, 1])  # [BN, BD]
+        SCALE_P: tl.constexpr = CACHE_FP8
+    else:
+        p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
+        offs_n = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN] index among the new tokens
+        p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
+        p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
+        k_pos = k_base + (n0 + tl.arange(0, BLOCK_N))  # [BN]
+        SCALE_P: tl.constexpr = False
+    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG)
 
 
 @triton.jit
-def _new_tile(
-    acc,
-    m_i,
-    l_i,
-    b_q,
-    q_pos,
-    n0,
-    k_start,
-    ctx_len,
-    seq_len,
-    p_k_rows,
-    p_v_rows,
-    stride_kt,
-    stride_vt,
-    offs_d,
-    K_cache,
-    V_cache,
-    bt_row,
-    stride_bt_col,
-    n_bt_cols,
-    stride_kc_block,
-    stride_kc_slot,
-    stride_vc_block,
-    stride_vc_slot,
-    o_kc_head,
-    o_vc_head,
-    o_kd,
-    o_vd,
-    m_d,
-    s_scale,
-    p_scale,
-    slope_log2,
-    window_left,
-    window_right,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    K_ALIGN16: tl.constexpr,
-    V_ALIGN16_ANY: tl.constexpr,
-    MASKED: tl.constexpr,
-    PAD_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    USE_LEFT: tl.constexpr,
-    USE_RIGHT: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    KV_FROM_CACHE: tl.constexpr,
-    SCALE_P: tl.constexpr,
-    FOLD_SCALE: tl.constexpr,
-    TILE_PAGES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Attend to new tokens ``n0 + [0, BLOCK_N)`` (absolute positions ``ctx_len + n0 + ...``): from
-    the contiguous ``k``/``v`` rows, or with ``KV_FROM_CACHE`` from the cache (only then do the fp8
-    scales ``s_scale``/``SCALE_P`` of a cache apply)."""
-    if KV_FROM_CACHE:
-        return _cache_tile(
-            acc,
-            m_i,
-            l_i,
-            b_q,
-            q_pos,
-            ctx_len + n0,
-            k_start,
-            seq_len,
-            K_cache,
-            V_cache,
-            bt_row,
-            stride_bt_col,
-            n_bt_cols,
-            stride_kc_block,
-            stride_kc_slot,
-            stride_vc_block,
-            stride_vc_slot,
-            o_kc_head,
-            o_vc_head,
-            o_kd,
-            o_vd,
-            m_d,
-            s_scale,
-            p_scale,
-            slope_log2,
-            window_left,
-            window_right,
-            BLOCK_N,
-            PAGE_SIZE,
-            K_ALIGN16,
-            V_ALIGN16_ANY,
-            False,  # V_ALIGN16_RUNS
-            1,  # V_CONTIG: new tokens start at ctx_len, not at a page boundary
-            MASKED,
-            PAD_D,
-            CAUSAL,
-            USE_LEFT,
-            USE_RIGHT,
-            HAS_ALIBI,
-            SCALE_P,
-            FOLD_SCALE,
-            TILE_PAGES,
-            DOT_PRECISION,
-        )
-    else:
-        offs_n = n0 + tl.arange(0, BLOCK_N)  # [BN] index among the new tokens
-        p_k = p_k_rows + offs_n.to(tl.int64)[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
-        p_v = p_v_rows + offs_n.to(tl.int64)[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
-        return _attend(
-            acc,
-            m_i,
-            l_i,
-            b_q,
-            p_k,
-            p_v,
-            q_pos,
-            ctx_len + offs_n,
-            k_start,
-            seq_len,
-            m_d,
-            s_scale,
-            1.0,
-            slope_log2,
-            window_left,
-            window_right,
-            MASKED,
-            PAD_D,
-            CAUSAL,
-            USE_LEFT,
-            USE_RIGHT,
-            HAS_ALIBI,
-            False,
-            FOLD_SCALE,
-            DOT_PRECISION,
-        )
+def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
+             BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
+    positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
+    Both bounds come from :func:`_tile_bounds` before the loops, so no tile outside them is loaded."""
+    window_left = rows[3]
+    window_right = rows[4]
+    lo, mid_lo, mid_hi, hi = _tile_bounds(
+        q_lo, q_hi, k_base, k_len, window_left, window_right, BLOCK_N, CFG[1], CFG[2], CFG[3]
+    )
+    n_edge = (mid_lo - lo) // BLOCK_N
+    n_masked = n_edge + (hi - mid_hi) // BLOCK_N
+    for t in tl.range(0, n_masked):
+        n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                              BLOCK_N, FROM_CACHE, True, V_RUNS, CFG)  # fmt: skip
+    for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                              BLOCK_N, FROM_CACHE, False, V_RUNS, CFG)  # fmt: skip
+    return acc, m_i, l_i
 
 
 @triton.jit(do_not_specialize=["window_left", "window_right", "n_bt_cols", "stride_bt_row"])
@@ -526,222 +370,23 @@ def _fwd_kernel(
     o_vd = dim_offsets(offs_d, stride_vc_dim, 0, 1)  # [BD] int64
 
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
+    rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2)
+    cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
+             stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
+    CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
+                         TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8)  # fmt: skip
 
-    # ---- loop 1: the cached context, key positions [0, ctx_len) ----
-    lo, mid_lo, mid_hi, hi = _tile_bounds(
-        q_lo, q_hi, 0, ctx_len, window_left, window_right, BLOCK_N_CTX, CAUSAL, USE_LEFT, USE_RIGHT
-    )
-    n_edge = (mid_lo - lo) // BLOCK_N_CTX
-    n_masked = n_edge + (hi - mid_hi) // BLOCK_N_CTX
-    for t in tl.range(0, n_masked):
-        n0 = tl.where(t < n_edge, lo + t * BLOCK_N_CTX, mid_hi + (t - n_edge) * BLOCK_N_CTX)
-        acc, m_i, l_i = _cache_tile(
-            acc,
-            m_i,
-            l_i,
-            b_q,
-            q_pos,
-            n0,
-            k_start,
-            ctx_len,
-            K_cache,
-            V_cache,
-            bt_row,
-            stride_bt_col,
-            n_bt_cols,
-            stride_kc_block,
-            stride_kc_slot,
-            stride_vc_block,
-            stride_vc_slot,
-            o_kc_head,
-            o_vc_head,
-            o_kd,
-            o_vd,
-            m_d,
-            s_scale_cache,
-            v_scale,
-            slope_log2,
-            window_left,
-            window_right,
-            BLOCK_N_CTX,
-            PAGE_SIZE,
-            K_ALIGN16,
-            V_ALIGN16_ANY,
-            V_ALIGN16_RUNS,
-            V_CONTIG,
-            True,  # MASKED
-            PAD_D,
-            CAUSAL,
-            USE_LEFT,
-            USE_RIGHT,
-            HAS_ALIBI,
-            CACHE_FP8,
-            FOLD_SCALE,
-            TILE_PAGES,
-            DOT_PRECISION,
-        )
-    for n0 in tl.range(mid_lo, mid_hi, BLOCK_N_CTX):
-        acc, m_i, l_i = _cache_tile(
-            acc,
-            m_i,
-            l_i,
-            b_q,
-            q_pos,
-            n0,
-            k_start,
-            ctx_len,
-            K_cache,
-            V_cache,
-            bt_row,
-            stride_bt_col,
-            n_bt_cols,
-            stride_kc_block,
-            stride_kc_slot,
-            stride_vc_block,
-            stride_vc_slot,
-            o_kc_head,
-            o_vc_head,
-            o_kd,
-            o_vd,
-            m_d,
-            s_scale_cache,
-            v_scale,
-            slope_log2,
-            window_left,
-            window_right,
-            BLOCK_N_CTX,
-            PAGE_SIZE,
-            K_ALIGN16,
-            V_ALIGN16_ANY,
-            V_ALIGN16_RUNS,
-            V_CONTIG,
-            False,  # MASKED
-            PAD_D,
-            CAUSAL,
-            USE_LEFT,
-            USE_RIGHT,
-            HAS_ALIBI,
-            CACHE_FP8,
-            FOLD_SCALE,
-            TILE_PAGES,
-            DOT_PRECISION,
-        )
-
-    # ---- loop 2: the new tokens, key positions [ctx_len, seq_len) ----
+    # ---- the cached context, key positions [0, ctx_len) ----
+    acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
+                             v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG)  # fmt: skip
+    # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
+    # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
     p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
     p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
-    if KV_FROM_CACHE:
-        s_scale_new = s_scale_cache
-    else:
-        s_scale_new = qk_scale
-    lo, mid_lo, mid_hi, hi = _tile_bounds(
-        q_lo, q_hi, ctx_len, q_len, window_left, window_right, BLOCK_N, CAUSAL, USE_LEFT, USE_RIGHT
-    )
-    n_edge = (mid_lo - lo) // BLOCK_N
-    n_masked = n_edge + (hi - mid_hi) // BLOCK_N
-    for t in tl.range(0, n_masked):
-        n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
-        acc, m_i, l_i = _new_tile(
-            acc,
-            m_i,
-            l_i,
-            b_q,
-            q_pos,
-            n0,
-            k_start,
-            ctx_len,
-            seq_len,
-            p_k_rows,
-            p_v_rows,
-            stride_kt,
-            stride_vt,
-            offs_d,
-            K_cache,
-            V_cache,
-            bt_row,
-            stride_bt_col,
-            n_bt_cols,
-            stride_kc_block,
-            stride_kc_slot,
-            stride_vc_block,
-            stride_vc_slot,
-            o_kc_head,
-            o_vc_head,
-            o_kd,
-            o_vd,
-            m_d,
-            s_scale_new,
-            v_scale,
-            slope_log2,
-            window_left,
-            window_right,
-            BLOCK_N,
-            PAGE_SIZE,
-            K_ALIGN16,
-            V_ALIGN16_ANY,
-            True,  # MASKED
-            PAD_D,
-            CAUSAL,
-            USE_LEFT,
-            USE_RIGHT,
-            HAS_ALIBI,
-            KV_FROM_CACHE,
-            CACHE_FP8,
-            FOLD_SCALE,
-            TILE_PAGES,
-            DOT_PRECISION,
-        )
-    for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
-        acc, m_i, l_i = _new_tile(
-            acc,
-            m_i,
-            l_i,
-            b_q,
-            q_pos,
-            n0,
-            k_start,
-            ctx_len,
-            seq_len,
-            p_k_rows,
-            p_v_rows,
-            stride_kt,
-            stride_vt,
-            offs_d,
-            K_cache,
-            V_cache,
-            bt_row,
-            stride_bt_col,
-            n_bt_cols,
-            stride_kc_block,
-            stride_kc_slot,
-            stride_vc_block,
-            stride_vc_slot,
-            o_kc_head,
-            o_vc_head,
-            o_kd,
-            o_vd,
-            m_d,
-            s_scale_new,
-            v_scale,
-            slope_log2,
-            window_left,
-            window_right,
-            BLOCK_N,
-            PAGE_SIZE,
-            K_ALIGN16,
-            V_ALIGN16_ANY,
-            False,  # MASKED
-            PAD_D,
-            CAUSAL,
-            USE_LEFT,
-            USE_RIGHT,
-            HAS_ALIBI,
-            KV_FROM_CACHE,
-            CACHE_FP8,
-            FOLD_SCALE,
-            TILE_PAGES,
-            DOT_PRECISION,
-        )
+    new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
+    s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
+    acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale_new,
+                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG)  # fmt: skip
 
     # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
