@@ -4,6 +4,11 @@
                               [--switch _TILE_PAGES] [--out DIR]
     python bench/ab_prefix.py --smoke      # CPU: tiny shapes under the Triton interpreter
 
+``--jobs N`` first compiles every (shape, layout, page, setting) in N parallel worker processes
+(``--compile-only``, same problems, so the timing process finds every kernel in Triton's disk
+cache): 56 compiles take about a minute instead of several. ``--choice FILE`` writes the setting
+with the smaller worst-case page spread (``NAME=0|1``), for the next step of a device call.
+
 For each (shape, page, layout) it times the default table config with the module switch
 ``prefix_prefill.interface.<switch>`` off and on (same inputs, interleaved, medians of
 ``triton.testing.do_bench``) and prints one line per timing plus, per shape and layout, the page
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch", default="_TILE_PAGES", help="a boolean in prefix_prefill.interface")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--jobs", type=int, default=0, help="compile in this many worker processes first")
+    ap.add_argument("--compile-only", action="store_true", help="worker mode: compile, do not time")
+    ap.add_argument("--choice", type=Path, default=None, help="write the setting with the smaller spread")
     args = ap.parse_args(argv)
     if not hasattr(itf, args.switch):
         ap.error(f"prefix_prefill.interface has no switch {args.switch}")
@@ -115,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if SMOKE:
         shapes = {"tiny": {"heads": 4, "kv_heads": 2, "head_size": 64, "batch": 2, "ctx": 40, "new": 24}}
         pages, layouts = [16, 17], ["nhd"]
+    if args.jobs > 0 and not SMOKE:
+        _precompile(args, shapes, layouts, pages)
     rows = []
+    spreads: dict[bool, list[float]] = {False: [], True: []}
     for name, shape in shapes.items():
         for layout in layouts:
             for page in pages:
@@ -128,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                         out = torch.empty_like(prob["q"])
                         fn = _call(prob, layout, out)
                         fn()  # compile outside the timing
+                        if args.compile_only:
+                            if not SMOKE:
+                                torch.cuda.synchronize()
+                            continue
                         ms = _time(fn)
                     finally:
                         setattr(itf, args.switch, default)
@@ -136,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                          "ms": ms, "tflops": tflops(flops, ms)}  # fmt: skip
                     rows.append(r)
                     print(" ".join(_fmt(k, v) for k, v in r.items()), flush=True)
+                if args.compile_only:
+                    print(f"# compiled {name} {layout} page {page}", flush=True)
+                    continue
                 same = torch.equal(outs[False], outs[True])
                 print(f"# {name} {layout} page {page}: outputs bitwise equal off/on: {same}", flush=True)
                 del prob, outs
@@ -150,11 +169,46 @@ def main(argv: list[str] | None = None) -> int:
                 pow2 = [v for p, v in t.items() if p & (p - 1) == 0]
                 other = [v for p, v in t.items() if p & (p - 1) != 0]
                 if pow2 and other:
+                    spreads[on].append(max(other) / min(pow2))
                     print(f"SPREAD {name} {layout} {args.switch}={on}: slowest non-pow2 / fastest pow2 = "
                           f"{max(other) / min(pow2):.3f}", flush=True)  # fmt: skip
-    if args.out is not None:
+    if args.out is not None and rows:
         write_rows(args.out, "ab_prefix", rows)
+    if spreads[False] and spreads[True]:
+        # the setting that keeps every spread within 5%; both or neither: the faster in total, or
+        # (neither) the smaller worst spread
+        worst = {on: max(spreads[on]) for on in (False, True)}
+        total = {on: sum(r["ms"] for r in rows if r["on"] == on) for on in (False, True)}
+        meets = {on: worst[on] <= 1.05 for on in (False, True)}
+        if meets[False] != meets[True]:
+            best = meets[True]
+        else:
+            best = min((False, True), key=lambda on: total[on] if meets[on] else worst[on])
+        print(f"CHOICE {args.switch}={int(best)} (worst spread off {worst[False]:.3f}, on {worst[True]:.3f}; "
+              f"total ms off {total[False]:.2f}, on {total[True]:.2f})", flush=True)  # fmt: skip
+        if args.choice is not None:
+            args.choice.write_text(f"{args.switch}={int(best)}\n")
     return 0
+
+
+def _precompile(args, shapes: dict, layouts: list[str], pages: list[int]) -> None:
+    """Compile every timed kernel in ``args.jobs`` worker processes (one per shape/layout/page)."""
+    t0 = time.perf_counter()
+    todo = [(n, lay, p) for n in shapes for lay in layouts for p in pages]
+    running: list[subprocess.Popen] = []
+    failed = 0
+    for name, layout, page in todo:
+        while len(running) >= args.jobs:
+            running[0].wait()
+            failed += running.pop(0).returncode != 0
+        cmd = [sys.executable, __file__, "--compile-only", "--shapes", name, "--layouts", layout,
+               "--pages", str(page), "--switch", args.switch]  # fmt: skip
+        running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+    for proc in running:
+        proc.wait()
+        failed += proc.returncode != 0
+    print(f"# precompiled {len(todo)} problems x 2 settings in {time.perf_counter() - t0:.0f} s "
+          f"with {args.jobs} workers ({failed} failed)", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

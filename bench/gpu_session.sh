@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
-# Usage (repository root, on the GPU machine): bash bench/gpu_session.sh [tests|bench|ab|first|all] [extra bench args]
+# Usage (repository root, on the GPU machine):
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|all] [extra bench args]
 # (ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
-#  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size)
+#  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
+#  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
+#  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
+#  pytest on TEST_PATHS, then first-call times if FIRST=1)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
 set -uo pipefail
@@ -23,6 +27,37 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == ab ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/ab_prefix.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise"
+fi
+if [[ $what == abbench ]]; then
+  t0=$SECONDS
+  timeout ${AB_TIMEOUT:-300} python3 bench/ab_prefix.py --out "$OUT" --jobs ${AB_JOBS:-14} --choice "$OUT/choice.txt" \
+    2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
+  choice=$(cat "$OUT/choice.txt" 2>/dev/null || echo "_TILE_PAGES=0")
+  res=$OUT/res; mkdir -p "$res"
+  timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" --set "$choice" 2>&1 | tee -a "$OUT/bench.log"
+  left=$(( ${CALL_BUDGET_S:-540} - (SECONDS - t0) ))
+  if (( left > 60 )); then
+    timeout $left python3 bench/window_prefill.py --out "$res" 2>&1 | tee -a "$OUT/bench.log"
+  fi
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == safety ]]; then
+  n=${SAN_SHARDS:-6}
+  for ((i = 0; i < n; i++)); do
+    timeout ${SAN_TIMEOUT:-400} compute-sanitizer --tool memcheck python3 bench/sanitize_edge.py --shard $i/$n \
+      --budget-s ${SAN_BUDGET_S:-330} >"$OUT/san_$i.tmp" 2>&1 &
+  done
+  timeout ${TEST_TIMEOUT:-380} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-10} --durations=15 -v -rfE \
+    -p no:cacheprovider --maxfail=30 --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" \
+    | grep -E "FAILED|ERROR|passed|failed" | tail -40
+  rc=${PIPESTATUS[0]}
+  wait
+  for ((i = 0; i < n; i++)); do echo "=== shard $i/$n"; cat "$OUT/san_$i.tmp"; done >"$OUT/sanitizer.log"
+  rm -f "$OUT"/san_*.tmp
+  grep -E "ERROR SUMMARY|cases OK|FAILED|stopped" "$OUT/sanitizer.log"
+  if [[ ${FIRST:-0} == 1 ]]; then
+    timeout ${FIRST_TIMEOUT:-240} python3 bench/first_call.py --out "$OUT" 2>&1 | tee "$OUT/first_call.log"
+  fi
 fi
 if [[ $what == first ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"

@@ -64,7 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="pages 16/544/1056 only, fewer repetitions, no flex")
     p.add_argument("--sweep", action="store_true", help="also time our kernel over a config grid")
     p.add_argument("--shapes", default="llama,qwen,chunked", help="comma list of llama, qwen, chunked")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
+                   help="an interface switch for this run, e.g. _TILE_PAGES=1")  # fmt: skip
     args = p.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not name.startswith("_") or value not in ("0", "1"):
+            p.error(f"--set expects _NAME=0 or _NAME=1, got {item!r}")
     shapes = [ALIASES.get(s.strip(), s.strip()) for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in shapes if s not in (*SHAPES, "chunked")]
     if bad:
@@ -448,10 +454,19 @@ def main(argv: list[str] | None = None) -> int:
         print("this benchmark needs a CUDA/ROCm device", file=sys.stderr)
         return 2
     add_package_paths()
+    import prefix_prefill.interface as itf
+
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not isinstance(getattr(itf, name, None), bool):
+            print(f"prefix_prefill.interface has no boolean switch {name}", file=sys.stderr)
+            return 2
+        setattr(itf, name, value == "1")
     args.out.mkdir(parents=True, exist_ok=True)
     reps = {"warmup": 10, "rep": 30} if args.quick else {"warmup": 25, "rep": 100}
     pages = QUICK_PAGES if args.quick else PAGES
-    print(f"# {gpu_name()}, shapes {args.shapes}, pages {pages}", flush=True)
+    switches = args.set or "default"
+    print(f"# {gpu_name()}, shapes {args.shapes}, pages {pages}, switches {switches}", flush=True)
     rows: list[dict] = []
     for name in args.shapes:
         if name == "chunked":

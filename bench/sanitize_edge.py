@@ -328,7 +328,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the small subset (default without a GPU)")
     ap.add_argument("--only", choices=["window", "prefix"], help="run one kernel's cases")
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="run cases I, I+N, I+2N, ... (one of N parallel processes)")  # fmt: skip
     args = ap.parse_args()
+    shard, n_shards = (int(x) for x in args.shard.split("/"))
+    if not 0 <= shard < n_shards:
+        ap.error(f"--shard expects I/N with 0 <= I < N, got {args.shard}")
     t0 = time.monotonic()
     stopped = False
     quick = args.quick or not GPU
@@ -342,8 +347,12 @@ def main() -> int:
         suites.append((window_cases(quick, dtype), run_window))
     if args.only in (None, "prefix"):
         suites.append((prefix_cases(quick, dtype), run_prefix))
+    index = -1
     for cases, runner in suites:
         for case in cases:
+            index += 1
+            if index % n_shards != shard:
+                continue
             if args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
                 stopped = True
                 break
