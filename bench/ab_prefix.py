@@ -13,7 +13,7 @@ For each (shape, page, layout) it times the default table config with the module
 ``prefix_prefill.interface.<switch>`` off and on (same inputs, interleaved, medians of
 ``triton.testing.do_bench``) and prints one line per timing plus, per shape and layout, the page
 spread (slowest non-power-of-two page over the fastest power-of-two page) for each setting. Writes
-DIR/ab_prefix.{csv,md} with ``--out``. Shapes are those of bench/prefix_prefill.py.
+DIR/ab_prefix<switch>.{csv,md} with ``--out``. Shapes are those of bench/prefix_prefill.py.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"SPREAD {name} {layout} {args.switch}={on}: slowest non-pow2 / fastest pow2 = "
                           f"{max(other) / min(pow2):.3f}", flush=True)  # fmt: skip
     if args.out is not None and rows:
-        write_rows(args.out, "ab_prefix", rows)
+        write_rows(args.out, f"ab_prefix{args.switch}", rows)
     if spreads[False] and spreads[True]:
         # the setting that keeps every spread within 5%; both or neither: the faster in total, or
         # (neither) the smaller worst spread
@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CHOICE {args.switch}={int(best)} (worst spread off {worst[False]:.3f}, on {worst[True]:.3f}; "
               f"total ms off {total[False]:.2f}, on {total[True]:.2f})", flush=True)  # fmt: skip
         if args.choice is not None:
-            args.choice.write_text(f"{args.switch}={int(best)}\n")
+            with open(args.choice, "a") as f:  # one line per switch, several runs may share the file
+                f.write(f"{args.switch}={int(best)}\n")
     return 0
 
 

@@ -69,14 +69,15 @@ def prefix_source(
     bm, bn, bnc, warps, stages = cfg
     if layout == "split":
         lay = dict(X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True,
-                   V_CONTIG=math.gcd(page, bnc), stride_kc_x=1, stride_vc_slot=1)  # fmt: skip
+                   V_CONTIG=min(math.gcd(page, bnc), 8), stride_kc_x=1, stride_vc_slot=1)  # fmt: skip
     elif layout == "nhd":
         lay = dict(X=1, K_ALIGN16=True, V_ALIGN16_ANY=True, V_ALIGN16_RUNS=False, V_CONTIG=1,
                    stride_kc_dim=1, stride_vc_dim=1)  # fmt: skip
     else:
         raise SystemExit(f"unknown layout {layout!r}")
     consts = dict(
-        QUERIES_PER_KV=8, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page,
+        QUERIES_PER_KV=8, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        PAGE_SIZE=0 if tile_pages and page >= bnc else page,  # as interface._page_constexpr
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, DOT_PRECISION=None,

@@ -30,18 +30,28 @@ if [[ $what == ab ]]; then
 fi
 if [[ $what == abbench ]]; then
   t0=$SECONDS
-  timeout ${AB_TIMEOUT:-300} python3 bench/ab_prefix.py --out "$OUT" --jobs ${AB_JOBS:-14} --choice "$OUT/choice.txt" \
-    2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
-  choice=$(cat "$OUT/choice.txt" 2>/dev/null || echo "_TILE_PAGES=0")
   res=$OUT/res; mkdir -p "$res"
-  timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" --set "$choice" 2>&1 | tee -a "$OUT/bench.log"
+  for sw in ${AB_SWITCHES:-_TILE_PAGES}; do
+    timeout ${AB_TIMEOUT:-300} python3 bench/ab_prefix.py --out "$res" --jobs ${AB_JOBS:-14} --switch $sw \
+      --choice "$res/choice.txt" 2>&1 | tee -a "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
+  done
+  sets=$(sed 's/^/--set /' "$res/choice.txt" 2>/dev/null | tr '\n' ' ')
+  timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" $sets 2>&1 | tee -a "$OUT/bench.log"
+  # optional: ncu of our kernel (switch on) for NCU_SHAPE/NCU_LAYOUT at each of NCU_PAGES (clocks left as they are)
+  for pg in ${NCU_PAGES:-}; do
+    timeout 120 ncu --clock-control none -k regex:_fwd_kernel -s 1 -c 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
+      --section SchedulerStats --section LaunchStats python3 bench/ab_prefix.py --compile-only \
+      --shapes ${NCU_SHAPE:-qwen} --layouts ${NCU_LAYOUT:-nhd} --pages $pg >>"$OUT/ncu.txt" 2>&1
+  done
   left=$(( ${CALL_BUDGET_S:-540} - (SECONDS - t0) ))
-  if (( left > 60 )); then
+  if [[ ${WINDOW:-1} == 1 ]] && (( left > 60 )); then
     timeout $left python3 bench/window_prefill.py --out "$res" 2>&1 | tee -a "$OUT/bench.log"
   fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == safety ]]; then
+  t0=$SECONDS
   n=${SAN_SHARDS:-6}
   for ((i = 0; i < n; i++)); do
     timeout ${SAN_TIMEOUT:-400} compute-sanitizer --tool memcheck python3 bench/sanitize_edge.py --shard $i/$n \
@@ -55,8 +65,9 @@ if [[ $what == safety ]]; then
   for ((i = 0; i < n; i++)); do echo "=== shard $i/$n"; cat "$OUT/san_$i.tmp"; done >"$OUT/sanitizer.log"
   rm -f "$OUT"/san_*.tmp
   grep -E "ERROR SUMMARY|cases OK|FAILED|stopped" "$OUT/sanitizer.log"
-  if [[ ${FIRST:-0} == 1 ]]; then
-    timeout ${FIRST_TIMEOUT:-240} python3 bench/first_call.py --out "$OUT" 2>&1 | tee "$OUT/first_call.log"
+  left=$(( ${CALL_BUDGET_S:-560} - (SECONDS - t0) ))
+  if [[ ${FIRST:-0} == 1 ]] && (( left > 60 )); then
+    timeout $left python3 bench/first_call.py --out "$OUT" ${FIRST_ARGS:-} 2>&1 | tee "$OUT/first_call.log"
   fi
 fi
 if [[ $what == first ]]; then

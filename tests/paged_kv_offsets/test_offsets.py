@@ -13,7 +13,14 @@ import triton.language as tl
 from conftest import DEVICE
 
 from paged_kv_offsets import describe_cache, describe_kv_cache, pages_needed
-from paged_kv_offsets.kernel import dim_offsets, tile_offsets, token_mask, token_offsets
+from paged_kv_offsets.kernel import (
+    dim_offsets,
+    tile_block_offsets,
+    tile_blocks,
+    tile_offsets,
+    token_mask,
+    token_offsets,
+)
 
 PAGE_SIZES = [1, 3, 16, 17, 544, 1040, 1056, 2048]
 LAYOUT_ROLES = [("split", "k"), ("split", "v"), ("nhd", "k"), ("hnd", "k")]
@@ -272,6 +279,76 @@ def test_tile_offsets_match_token_offsets(page, block):
     assert torch.equal(o_tok.cpu(), want)
     assert torch.equal(o_tile.cpu(), want)
     assert want.max() > 2**31
+
+
+@triton.jit
+def _tile_blocks_kernel(
+    block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, page_size,
+    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr, ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """Row i: tile_block_offsets of positions starts[i] + [0, BLOCK) for two caches (the second with
+    strides (stride_block + 16, 2 * stride_slot)) from ONE tile_blocks call."""
+    i = tl.program_id(0)
+    pos0 = tl.load(starts + i)
+    o_j = tl.arange(0, BLOCK)
+    tile = tile_blocks(
+        block_table, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, MASKED, ALIGNED
+    )
+    b_a = tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED)
+    b_b = tile_block_offsets(tile, stride_block + 16, 2 * stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED)
+    tl.store(out_a + i * BLOCK + o_j, b_a)
+    tl.store(out_b + i * BLOCK + o_j, b_b)
+
+
+@pytest.mark.parametrize("page", [1, 3, 16, 17, 48, 64, 544, 1040, 2048])
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("masked,aligned", [(True, False), (True, True), (False, False), (False, True)])
+@pytest.mark.parametrize("runtime_page", [False, True], ids=["const_page", "runtime_page"])
+def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page):
+    """tile_blocks + tile_block_offsets (the kernels' path) against an independent torch formula, for
+    two caches sharing one set of table reads, tiles at every edge (page starts/ends, crossings, the
+    sequence end, past the table row). MASKED: padding lanes give 0. Unmasked (tiles the caller
+    promises are all real tokens): real lanes exact, the others still inside block 0 or their own
+    mapped page, never a wild address. ALIGNED: tiles starting at multiples of ``block`` only.
+    runtime_page: the page size as a runtime argument (``PAGE_SIZE=0``; needs block <= page)."""
+    if runtime_page and block > page:
+        pytest.skip("a runtime page size needs tiles no wider than a page")
+    n_cols = 5
+    n_valid = n_cols * page - (page // 3)
+    stride_slot, stride_block = 4096, 4096 * page + 8
+    ids = torch.randperm(4 * n_cols)[:n_cols].to(torch.int32) + 2**20
+    buf = torch.full((2 * n_cols,), -(2**30), dtype=torch.int32)
+    buf[::2] = ids
+    table = buf[::2]
+    starts = {0, 1, page - 1, page, page + 1, 2 * page - block, 2 * page - block + 1}
+    starts |= {n_valid - 1, n_valid - block, n_valid, n_cols * page - 1, n_cols * page}
+    starts |= {k * page + r for k in range(n_cols) for r in (0, page // 2, max(page - block // 2, 0))}
+    if aligned:
+        starts = {(x // block) * block for x in starts}
+    starts = sorted(x for x in starts if x >= 0)
+    st = torch.tensor(starts, dtype=torch.int32)
+    out_a = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
+    out_b = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
+    _tile_blocks_kernel[(len(starts),)](
+        table.to(DEVICE), st.to(DEVICE), out_a, out_b, n_valid, n_cols, table.stride(0), stride_block,
+        stride_slot, page, PAGE_SIZE=0 if runtime_page else page, BLOCK=block, MASKED=masked, ALIGNED=aligned,
+    )  # fmt: skip
+    pos = st[:, None].long() + torch.arange(block)[None, :]
+    in_row = pos // page < n_cols
+    valid = (pos < n_valid) & in_row
+    blk = ids.long()[(pos // page).clamp(max=n_cols - 1)]
+    for got, (sb, ss) in (
+        (out_a.cpu(), (stride_block, stride_slot)),
+        (out_b.cpu(), (stride_block + 16, 2 * stride_slot)),
+    ):
+        exact = blk * sb + (pos % page) * ss
+        if masked:
+            assert torch.equal(got, torch.where(valid, exact, 0))
+        else:
+            assert torch.equal(got[valid], exact[valid])
+            inside_block0 = (got >= 0) & (got < page * ss)
+            assert bool((inside_block0 | (in_row & (got == exact))).all())
+    assert int(out_a.max()) > 2**31
 
 
 def test_describe_rejects_wrong_rank():

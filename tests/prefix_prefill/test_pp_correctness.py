@@ -238,15 +238,19 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
         (KernelConfig(16, 16, 16, 1, 1), 16, "nhd", (23, -1), True),  # tile == page; new K/V in the cache
         (KernelConfig(32, 16, 32, 1, 1), 48, "hnd", (-1, -1), True),  # non-pow2 page, k=None
         (KernelConfig(16, 32, 64, 1, 1), 544, "split", (40, -1), False),  # windowed edges
-        (KernelConfig(16, 16, 32, 1, 1), 16, "split", (-1, -1), False),  # tile > page: per-token path
+        (KernelConfig(16, 16, 32, 1, 1), 16, "split", (-1, -1), False),  # tile > page, aligned pages
+        (KernelConfig(16, 32, 32, 1, 1), 3, "nhd", (-1, -1), True),  # tile > page, pages cut tiles
     ],
 )
-def test_tile_page_addressing(monkeypatch, config, page, layout, window, kv_from_cache):
-    """Context tiles addressed per tile (paged_kv_offsets.tile_pages) give the reference answer:
-    sequences that end at every kind of page offset, block tables exactly as wide as needed."""
+@pytest.mark.parametrize("tile_pages", [True, False], ids=["per_tile", "per_token"])
+def test_tile_page_addressing(monkeypatch, config, page, layout, window, kv_from_cache, tile_pages):
+    """Both cache-addressing paths give the reference answer: per tile (the default,
+    paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles)
+    and per token (``_TILE_PAGES=False``, kept for A/B runs): sequences that end at every kind of page
+    offset, block tables exactly as wide as needed, tiles wider and narrower than a page."""
     import prefix_prefill.interface as itf
 
-    monkeypatch.setattr(itf, "_TILE_PAGES", True)
+    monkeypatch.setattr(itf, "_TILE_PAGES", tile_pages)
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,

@@ -1,15 +1,16 @@
 """paged-kv-offsets: (block table, token position, page size) -> int64 KV-cache offsets, any page size.
 
 Device side (``@triton.jit``, import from :mod:`paged_kv_offsets.kernel`): ``token_offsets``,
-``tile_pages``, ``tile_offsets``, ``token_mask``, ``dim_offsets``. Host side:
+``tile_blocks``, ``tile_block_offsets``, ``tile_pages``, ``tile_offsets``, ``token_mask``,
+``dim_offsets``. Host side:
 :func:`describe_cache` / :func:`describe_kv_cache` (layouts as strides) and
 :func:`validate_block_table`.
 
-Versioned on its own: kernels pin ``paged-kv-offsets>=1.1,<2``; the device-function signatures
+Versioned on its own: kernels pin ``paged-kv-offsets>=1.2,<2``; the device-function signatures
 only change with a major version.
 """
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout
 from paged_kv_offsets.validate import pages_needed, validate_block_table

@@ -1,8 +1,9 @@
 """Triton device functions: the one place that turns (block table, position, page size) into offsets.
 
 Every kernel in this repository that reads a paged KV cache calls :func:`token_offsets` (any
-positions) or :func:`tile_offsets` (a run of consecutive positions) for the per-token part of an
-address and :func:`dim_offsets` for the per-feature part, and adds ``kv_head * stride_head``.
+positions) or :func:`tile_blocks` + :func:`tile_block_offsets` (a run of consecutive positions; one
+set of table reads for K and V) for the per-token part of an address and :func:`dim_offsets` for the
+per-feature part, and adds ``kv_head * stride_head``.
 Nothing else in the repository divides a position by a page size.
 
 Conventions (see :mod:`paged_kv_offsets.layouts` for how a cache tensor maps to these strides):
@@ -56,32 +57,131 @@ def token_offsets(
 
 
 @triton.jit
+def tile_blocks(
+    bt_row,
+    stride_bt_col,
+    pos0,
+    n_valid,
+    n_cols,
+    page_size,
+    BLOCK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``pos0 >= 0``), as a
+    tuple ``tile`` for :func:`tile_block_offsets` (one call per cache: K and V share these reads).
+
+    The page size is the constexpr ``PAGE_SIZE`` or, with ``PAGE_SIZE == 0``, the runtime
+    ``page_size`` (then ``BLOCK <= page_size`` is required: the caller checks it on the host). A
+    runtime page size compiles one kernel for every page at least as wide as the tile, so a page of
+    544 or 1040 runs the very instructions a page of 512 or 1024 runs (and nothing recompiles when a
+    model with another page size arrives); the price is one scalar divide per tile.
+
+    * tile no wider than a page (``PAGE_SIZE == 0`` or ``BLOCK <= PAGE_SIZE``): the tile touches at
+      most two pages, so one scalar divide of ``pos0`` and two scalar (masked) table loads serve the
+      whole tile. ``tile = (blk0, blk1, slot0, n_first, m_tok)``: the blocks of the two pages, the
+      slot of ``pos0`` in the first, how many lanes lie on the first page, the lane mask.
+    * ``BLOCK > PAGE_SIZE > 0``: one table load per lane (shared by K and V). ``tile = (blk, blk,
+      slot, 0, m_tok)`` with ``blk``/``slot`` [BLOCK].
+
+    ``MASKED=False`` is for tiles whose lanes are all real tokens (``pos < n_valid``): the lane mask
+    is then the table-row bound alone (``page < n_cols``), and with a tile no wider than a page not
+    even that (a lane past the row reads block 0: an address inside any non-empty cache, never
+    outside). ``ALIGNED`` promises ``pos0 % BLOCK == 0``: with a constexpr ``PAGE_SIZE % BLOCK == 0``
+    a tile then never crosses a page (one table load), with ``BLOCK % PAGE_SIZE == 0`` the page and
+    slot of every lane are a constant vector plus ``pos0 // PAGE_SIZE``. The table entries read are
+    those :func:`token_offsets` reads for the same lanes; padding lanes (``MASKED``) give offset 0.
+    """
+    offs = tl.arange(0, BLOCK)  # [BLOCK]
+    if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
+        if PAGE_SIZE == 0:
+            page = page_size
+        else:
+            page = PAGE_SIZE
+        pos0_64 = tl.cast(pos0, tl.int64)  # pos0 may be a Python int under the interpreter
+        page0 = pos0_64 // page  # first logical page of the tile
+        slot0 = (pos0_64 - page0 * page).to(tl.int32)
+        n_first = page - slot0  # lanes [0, n_first) lie on page0, the rest on page0 + 1
+        # each table entry is read only if some lane of its page is a real token inside the row
+        m0 = (pos0_64 < n_valid) & (page0 < n_cols)
+        blk0 = tl.load(bt_row + page0 * stride_bt_col, mask=m0, other=0).to(tl.int64)
+        if ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0:
+            m1 = m0
+            blk1 = blk0
+        else:
+            m1 = ((page0 + 1) * page < n_valid) & (page0 + 1 < n_cols)
+            blk1 = tl.load(bt_row + (page0 + 1) * stride_bt_col, mask=m1, other=0).to(tl.int64)
+        if MASKED:
+            m_tok = ((pos0_64 + offs) < n_valid) & tl.where(offs < n_first, m0, m1)  # [BLOCK]
+        else:
+            m_tok = offs >= 0  # [BLOCK] unused
+        return blk0, blk1, slot0, n_first, m_tok
+    else:
+        if ALIGNED and BLOCK % PAGE_SIZE == 0:
+            p_page = pos0 // PAGE_SIZE + offs // PAGE_SIZE  # [BLOCK]
+            p_slot = offs % PAGE_SIZE  # [BLOCK] loop-invariant
+        else:
+            pos = pos0 + offs  # [BLOCK]
+            p_page = pos // PAGE_SIZE  # [BLOCK]
+            p_slot = pos % PAGE_SIZE  # [BLOCK]
+        m_tok = p_page < n_cols  # [BLOCK]
+        if MASKED:
+            m_tok = m_tok & ((pos0 + offs) < n_valid)  # [BLOCK]
+        b_blk = tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0).to(tl.int64)
+        return b_blk, b_blk, p_slot, 0, m_tok
+
+
+@triton.jit
+def tile_block_offsets(
+    tile,
+    stride_block,
+    stride_slot,
+    BLOCK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """[BLOCK] int64 offsets ``block * stride_block + slot * stride_slot`` of a :func:`tile_blocks`
+    tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
+
+    For a tile no wider than a page: ``blk0 * stride_block + (slot0 + lane) * stride_slot``, plus for
+    the lanes on the second page one scalar jump ``(blk1 - blk0) * stride_block - page *
+    stride_slot``: a multiply, a compare and two adds per lane, whatever the page size."""
+    blk0, blk1, slot0, n_first, m_tok = tile
+    if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
+        offs = tl.arange(0, BLOCK)  # [BLOCK]
+        # (slot0 + lane) * stride_slot per lane, not a hoisted lane * stride_slot vector: the
+        # multiply is cheaper than the registers a loop-invariant [BLOCK] int64 would hold
+        if ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0:
+            b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
+        else:
+            second = offs >= n_first  # [BLOCK] lanes on the second page
+            b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
+            b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
+            b_off = b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
+    else:
+        b_off = blk0 * stride_block + slot0.to(tl.int64) * stride_slot  # [BLOCK]
+    if MASKED:
+        b_off = tl.where(m_tok, b_off, 0)  # [BLOCK]
+    return b_off
+
+
+@triton.jit
 def tile_pages(bt_row, stride_bt_col, pos0, n_valid, n_cols, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """``(block, slot)``, both [BLOCK] int64, of the consecutive positions ``pos0 + [0, BLOCK)``
     (``pos0 >= 0``; requires ``BLOCK <= PAGE_SIZE``). Padding lanes (the :func:`token_mask` rule)
-    give ``(0, 0)``; the caller forms ``block * stride_block + slot * stride_slot`` for each cache
-    (K and V share one pair of table reads).
-
-    A tile no wider than a page touches at most two pages, so one scalar divide of ``pos0``, two
-    scalar (masked) block-table loads and a compare/select per token replace the divide and the
-    gather per token of :func:`token_offsets`: a page size that is not a power of two then costs
-    what a power of two costs. The table entries read are exactly those :func:`token_offsets` reads.
-    """
+    give ``(0, 0)``. The per-lane form of :func:`tile_blocks` (kept from 1.1; kernels should prefer
+    :func:`tile_blocks` + :func:`tile_block_offsets`, which never forms a per-lane block id)."""
     tl.static_assert(BLOCK <= PAGE_SIZE, "tile_pages needs BLOCK <= PAGE_SIZE (use token_offsets)")
+    blk0, blk1, slot0, n_first, m_tok = tile_blocks(
+        bt_row, stride_bt_col, pos0, n_valid, n_cols, PAGE_SIZE, BLOCK, PAGE_SIZE, True, False
+    )
     offs = tl.arange(0, BLOCK)  # [BLOCK]
-    pos0_64 = tl.cast(pos0, tl.int64)  # pos0 may be a Python int under the interpreter
-    page0 = pos0_64 // PAGE_SIZE  # first logical page of the tile
-    slot = (pos0_64 - page0 * PAGE_SIZE).to(tl.int32) + offs  # [BLOCK] may run into page0 + 1
-    cross = slot >= PAGE_SIZE  # [BLOCK] lanes on the second page
-    slot = tl.where(cross, slot - PAGE_SIZE, slot)  # [BLOCK]
-    # each table entry is read only if some lane of its page is a real token inside the row
-    m0 = (pos0_64 < n_valid) & (page0 < n_cols)
-    m1 = ((page0 + 1) * PAGE_SIZE < n_valid) & (page0 + 1 < n_cols)
-    blk0 = tl.load(bt_row + page0 * stride_bt_col, mask=m0, other=0).to(tl.int64)
-    blk1 = tl.load(bt_row + (page0 + 1) * stride_bt_col, mask=m1, other=0).to(tl.int64)
-    m_tok = ((pos0 + offs) < n_valid) & tl.where(cross, m1, m0)  # [BLOCK]
-    b_block = tl.where(m_tok, tl.where(cross, blk1, blk0), 0)  # [BLOCK]
-    b_slot = tl.where(m_tok, slot, 0).to(tl.int64)  # [BLOCK]
+    second = offs >= n_first  # [BLOCK]
+    slot = (slot0 + offs).to(tl.int64)  # [BLOCK]
+    b_block = tl.where(m_tok, tl.where(second, blk1, blk0), 0)  # [BLOCK]
+    b_slot = tl.where(m_tok, tl.where(second, slot - PAGE_SIZE, slot), 0)  # [BLOCK]
     return b_block, b_slot
 
 
@@ -98,16 +198,10 @@ def tile_offsets(
     PAGE_SIZE: tl.constexpr,
 ):
     """[BLOCK] int64 offsets of the consecutive positions ``pos0 + [0, BLOCK)`` (``pos0 >= 0``): the
-    values and masking of :func:`token_offsets` on those positions, through :func:`tile_pages` when
-    ``BLOCK <= PAGE_SIZE`` and through :func:`token_offsets` otherwise."""
-    if BLOCK <= PAGE_SIZE:
-        b_block, b_slot = tile_pages(bt_row, stride_bt_col, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE)
-        return b_block * stride_block + b_slot * stride_slot
-    else:
-        offs = tl.arange(0, BLOCK)
-        return token_offsets(
-            bt_row, stride_bt_col, pos0 + offs, n_valid, n_cols, stride_block, stride_slot, PAGE_SIZE
-        )
+    values and masking of :func:`token_offsets` on those positions, for any ``BLOCK`` and page size
+    (:func:`tile_blocks` + :func:`tile_block_offsets`, masked, no alignment promised)."""
+    tile = tile_blocks(bt_row, stride_bt_col, pos0, n_valid, n_cols, PAGE_SIZE, BLOCK, PAGE_SIZE, True, False)
+    return tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, True, False)
 
 
 @triton.jit

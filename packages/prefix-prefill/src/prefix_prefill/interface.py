@@ -282,19 +282,34 @@ def _layout_hints(
     k_align = aligned(k_cache, kc)
     v_ok = aligned(v_cache, vc)
     slot_runs = vc.stride_slot == 1 and vc.page_size > 1  # tokens are the contiguous dimension
-    v_contig = math.gcd(vc.page_size, block_n_ctx) if slot_runs else 1
+    # capped at one 16-byte vector: longer runs load no faster, and the cap makes every page whose
+    # runs reach 16 bytes (512, 544, 1040, ...) compile to the same kernel (see _page_constexpr)
+    v_contig = min(math.gcd(vc.page_size, block_n_ctx), max(1, 16 // e)) if slot_runs else 1
     v_align_any = v_ok and not slot_runs
     v_align_runs = v_ok and slot_runs and (v_contig * e) % 16 == 0
     return k_align, v_align_any, v_align_runs, v_contig
 
 
+def _page_constexpr(page_size: int, config: KernelConfig, kv_from_cache: bool) -> int:
+    """The kernel's ``PAGE_SIZE`` constexpr: 0 (the page size passed at runtime) when every cache tile
+    fits in a page and tiles are addressed per tile, else the page size itself (per-lane addressing
+    with a compile-time divisor). With 0, pages 512, 544, 1024, 1040, 1056, 2048... share one compiled
+    kernel, so a page that is not a power of two runs the same instructions as one that is."""
+    widest = max(config.BLOCK_N_CTX, config.BLOCK_N if kv_from_cache else 0)
+    return 0 if _TILE_PAGES and _RUNTIME_PAGE and page_size >= widest else page_size
+
+
 # Fold the logit scale into the exponent's FMA in interior tiles (kernel.py, ``_attend``). A switch
 # only so that benchmarks can time the unfolded form; both forms are tested.
 _FOLD_SCALE = True
-# Address context tiles no wider than a page with paged_kv_offsets.tile_pages (one divide and two
-# block-table reads per tile) instead of token_offsets (per token). Off until timed on a GPU
-# (bench/results/NOTES.md, step 7); both paths are tested.
-_TILE_PAGES = False
+# Address cache tiles with paged_kv_offsets.tile_blocks/tile_block_offsets (one set of block-table
+# reads per tile for K and V; one divide and two scalar reads when the tile is no wider than a page)
+# instead of token_offsets per token and cache. On since the H200 A/B of 2026-11-29 (session 3,
+# bench/results/NOTES.md step 10); the per-token path stays for A/B runs and both are tested.
+_TILE_PAGES = True
+# With per-tile addressing, pass a page at least as wide as every cache tile at runtime (one kernel for
+# all such pages, _page_constexpr) instead of as a constexpr. A switch for A/B runs; both are tested.
+_RUNTIME_PAGE = True
 
 
 def _launch_fwd(
@@ -395,6 +410,7 @@ def _launch_fwd(
         left,
         right,
         block_table.shape[1],
+        kc.page_size,
         q.stride(0),
         q.stride(1),
         0 if kv_from_cache else k.stride(0),
@@ -417,7 +433,7 @@ def _launch_fwd(
         QUERIES_PER_KV=num_heads // num_kv_heads,
         HEAD_DIM=head_size,
         BLOCK_D=1 << (head_size - 1).bit_length(),  # next power of two (head_size >= 1)
-        PAGE_SIZE=kc.page_size,
+        PAGE_SIZE=_page_constexpr(kc.page_size, config, kv_from_cache),
         X=kc.x,
         K_ALIGN16=k_align,
         V_ALIGN16_ANY=v_align_any,

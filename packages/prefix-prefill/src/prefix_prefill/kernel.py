@@ -27,7 +27,7 @@ at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no key wr
 import triton
 import triton.language as tl
 
-from paged_kv_offsets.kernel import dim_offsets, tile_pages, token_offsets
+from paged_kv_offsets.kernel import dim_offsets, tile_block_offsets, tile_blocks, token_offsets
 
 LOG2E = 1.4426950408889634  # host side
 _LOG2E = tl.constexpr(LOG2E)  # device side
@@ -81,7 +81,7 @@ def _tile_bounds(
 # * ``rows``  = (q_pos [BM] absolute query positions, k_start (first key any row of the tile may see,
 #               with USE_LEFT), m_d [BD] valid feature lanes, window_left, window_right, slope_log2
 #               (ALiBi slope in log2 units));
-# * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
+# * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
 #               stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd [BD], o_vd [BD]): the paged
 #               cache as paged_kv_offsets describes it, already offset to this program's KV head;
 # * ``new``   = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d [BD]): the contiguous new-token K/V
@@ -163,7 +163,8 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
 
 @triton.jit
 def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
-          FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+          FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
+          ALIGNED: tl.constexpr):  # fmt: skip
     """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
     from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
     ``n0 + i``).
@@ -186,17 +187,31 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     if FROM_CACHE:
         pos0 = k_base + n0
         k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
-        K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, s_kb, s_ks, s_vb, s_vs, o_kh, o_vh, o_kd, o_vd = (
-            cache
-        )
-        if TILE_PAGES and BLOCK_N <= PAGE_SIZE:
-            # the tile touches at most two pages: one divide and two table reads for the whole tile
-            b_blk, b_slot = tile_pages(
-                bt_row, stride_bt_col, pos0, k_end, n_bt_cols, BLOCK_N, PAGE_SIZE
-            )  # [BN]
-            o_kt = b_blk * s_kb + b_slot * s_ks  # [BN] int64
-            o_vt = b_blk * s_vb + b_slot * s_vs  # [BN] int64
-        else:
+        (
+            K_cache,
+            V_cache,
+            bt_row,
+            stride_bt_col,
+            n_bt_cols,
+            page_size,
+            s_kb,
+            s_ks,
+            s_vb,
+            s_vs,
+            o_kh,
+            o_vh,
+            o_kd,
+            o_vd,
+        ) = cache
+        if TILE_PAGES:
+            # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
+            # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
+            tile = tile_blocks(
+                bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED
+            )
+            o_kt = tile_block_offsets(tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED)  # [BN] int64
+            o_vt = tile_block_offsets(tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED)  # [BN] int64
+        else:  # per token (the 1.0 addressing, kept for A/B runs)
             o_kt = token_offsets(
                 bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE
             )  # [BN]
@@ -227,7 +242,8 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
 
 @triton.jit
 def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
-             BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+             BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
+             ALIGNED: tl.constexpr):  # fmt: skip
     """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
     positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
     Both bounds come from :func:`_tile_bounds` before the loops, so no tile outside them is loaded."""
@@ -241,14 +257,14 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
     for t in tl.range(0, n_masked):
         n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
         acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                              BLOCK_N, FROM_CACHE, True, V_RUNS, CFG)  # fmt: skip
+                              BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED)  # fmt: skip
     for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
         acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                              BLOCK_N, FROM_CACHE, False, V_RUNS, CFG)  # fmt: skip
+                              BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED)  # fmt: skip
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["window_left", "window_right", "n_bt_cols", "stride_bt_row"])
+@triton.jit(do_not_specialize=["window_left", "window_right", "n_bt_cols", "page_size", "stride_bt_row"])
 def _fwd_kernel(
     Q,  # [total_q, H, D]
     K,  # [total_q, Hkv, D] (unused with KV_FROM_CACHE)
@@ -268,6 +284,7 @@ def _fwd_kernel(
     window_left,  # FA left window (inclusive), used with USE_LEFT
     window_right,  # FA right window (inclusive), used with USE_RIGHT
     n_bt_cols,
+    page_size,  # the cache's page size (runtime); PAGE_SIZE is it as a constexpr, or 0 (see below)
     stride_qt,
     stride_qh,
     stride_kt,
@@ -290,7 +307,7 @@ def _fwd_kernel(
     QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,  # page size, or 0: pages at least as wide as every cache tile, page_size at runtime
     X: tl.constexpr,
     K_ALIGN16: tl.constexpr,
     V_ALIGN16_ANY: tl.constexpr,
@@ -371,14 +388,14 @@ def _fwd_kernel(
 
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
     rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2)
-    cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
+    cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
-                             v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG)  # fmt: skip
+                             v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True)  # fmt: skip
     # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
     # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
     p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
@@ -386,7 +403,7 @@ def _fwd_kernel(
     new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
     s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale_new,
-                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG)  # fmt: skip
+                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False)  # fmt: skip
 
     # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
