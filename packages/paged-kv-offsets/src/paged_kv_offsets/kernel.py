@@ -69,7 +69,8 @@ def tile_blocks(
     MASKED: tl.constexpr,
     ALIGNED: tl.constexpr,
 ):
-    """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``pos0 >= 0``), as a
+    """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``0 <= pos0 < 2**31 -
+    BLOCK``, as every position of a sequence with an int32 length), as a
     tuple ``tile`` for :func:`tile_block_offsets` (one call per cache: K and V share these reads).
 
     The page size is the constexpr ``PAGE_SIZE`` or, with ``PAGE_SIZE == 0``, the runtime
@@ -99,21 +100,24 @@ def tile_blocks(
             page = page_size
         else:
             page = PAGE_SIZE
-        pos0_64 = tl.cast(pos0, tl.int64)  # pos0 may be a Python int under the interpreter
-        page0 = pos0_64 // page  # first logical page of the tile
-        slot0 = (pos0_64 - page0 * page).to(tl.int32)
+        # int32 on purpose: a 64-bit divide by a runtime page size is a slow software routine (seen
+        # on the H200: 8-17% of the whole kernel), a 32-bit one a short inline sequence
+        pos0_32 = tl.cast(pos0, tl.int32)  # pos0 may be a Python int under the interpreter
+        page0 = pos0_32 // page  # first logical page of the tile
+        slot0 = pos0_32 - page0 * page
         n_first = page - slot0  # lanes [0, n_first) lie on page0, the rest on page0 + 1
+        page0_64 = page0.to(tl.int64)
         # each table entry is read only if some lane of its page is a real token inside the row
-        m0 = (pos0_64 < n_valid) & (page0 < n_cols)
-        blk0 = tl.load(bt_row + page0 * stride_bt_col, mask=m0, other=0).to(tl.int64)
+        m0 = (pos0_32 < n_valid) & (page0 < n_cols)
+        blk0 = tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0).to(tl.int64)
         if ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0:
             m1 = m0
             blk1 = blk0
         else:
-            m1 = ((page0 + 1) * page < n_valid) & (page0 + 1 < n_cols)
-            blk1 = tl.load(bt_row + (page0 + 1) * stride_bt_col, mask=m1, other=0).to(tl.int64)
+            m1 = ((page0_64 + 1) * page < n_valid) & (page0 + 1 < n_cols)
+            blk1 = tl.load(bt_row + (page0_64 + 1) * stride_bt_col, mask=m1, other=0).to(tl.int64)
         if MASKED:
-            m_tok = ((pos0_64 + offs) < n_valid) & tl.where(offs < n_first, m0, m1)  # [BLOCK]
+            m_tok = ((pos0_32 + offs) < n_valid) & tl.where(offs < n_first, m0, m1)  # [BLOCK]
         else:
             m_tok = offs >= 0  # [BLOCK] unused
         return blk0, blk1, slot0, n_first, m_tok
