@@ -308,8 +308,10 @@ _FOLD_SCALE = True
 # bench/results/NOTES.md step 10); the per-token path stays for A/B runs and both are tested.
 _TILE_PAGES = True
 # With per-tile addressing, pass a page at least as wide as every cache tile at runtime (one kernel for
-# all such pages, _page_constexpr) instead of as a constexpr. A switch for A/B runs; both are tested.
-_RUNTIME_PAGE = True
+# all such pages, _page_constexpr) instead of as a constexpr. Off: on the H200 (2026-11-29, NOTES step
+# 10) it made every page as slow as the slowest constexpr page (llama 10.2-10.4 ms vs 9.4-10.2, qwen
+# NHD 3.20 vs 2.71-2.90). A switch for A/B runs; both forms are tested.
+_RUNTIME_PAGE = False
 
 
 def _launch_fwd(
