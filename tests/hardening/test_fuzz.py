@@ -167,6 +167,7 @@ def prefix_problems(draw) -> dict:
         "kv_from_cache": draw(st.booleans()),
         "fp8": draw(st.booleans()),
         "tile_pages": draw(st.booleans()),  # prefix_prefill.interface._TILE_PAGES: both addressing paths
+        "runtime_page": draw(st.booleans()),  # ... and _RUNTIME_PAGE (the page size as a runtime argument)
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -180,12 +181,12 @@ def prefix_problems(draw) -> dict:
 def test_fuzz_prefix_prefill(p):
     import prefix_prefill.interface as itf
 
-    saved = itf._TILE_PAGES
-    itf._TILE_PAGES = p["tile_pages"]
+    saved = itf._TILE_PAGES, itf._RUNTIME_PAGE
+    itf._TILE_PAGES, itf._RUNTIME_PAGE = p["tile_pages"], p["runtime_page"]
     try:
         _run_prefix_problem(p)
     finally:
-        itf._TILE_PAGES = saved
+        itf._TILE_PAGES, itf._RUNTIME_PAGE = saved
 
 
 def _run_prefix_problem(p: dict) -> None:

@@ -188,14 +188,15 @@ def test_table_dtypes_and_strided_rows(dtype):
     table, num_blocks = make_case(page, seq_lens_list)
     wide = torch.full((table.shape[0], table.shape[1] * 2), 2**30, dtype=dtype)
     wide[:, ::2] = table.to(dtype)
-    strided = wide[:, ::2]  # stride_bt_col = 2
+    strided = wide.to(DEVICE)[
+        :, ::2
+    ]  # stride_bt_col = 2 (sliced on the device: .to() of a view copies densely)
     cache = make_cache("nhd", "k", num_blocks, page)
     seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32)
     positions = positions_for(page, max(seq_lens_list))
     want = gather_via_torch(cache.cpu(), "nhd", "k", table, seq_lens, positions, 1)
-    got, _ = gather_via_helper(
-        cache, "nhd", "k", strided.to(DEVICE), seq_lens.to(DEVICE), positions.to(DEVICE), 1
-    )
+    got, _ = gather_via_helper(cache, "nhd", "k", strided, seq_lens.to(DEVICE), positions.to(DEVICE), 1)
+    assert strided.stride(1) == 2
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
@@ -258,7 +259,9 @@ def test_tile_offsets_match_token_offsets(page, block):
     ids = torch.randperm(4 * n_cols)[:n_cols].to(torch.int32) + 2**20  # block ids above 2**20
     buf = torch.full((2 * n_cols,), -(2**30), dtype=torch.int32)  # bad ids after the row...
     buf[::2] = ids
-    table = buf[::2]  # ...and a column stride of 2
+    table = buf.to(DEVICE)[
+        ::2
+    ]  # ...and a column stride of 2 (sliced on the device: .to() of a view is dense)
     starts = {0, 1, page - 1, page, page + 1, 2 * page - block, 2 * page - block + 1}
     starts |= {n_valid - 1, n_valid - block, n_valid, n_valid + 5, n_cols * page - 1, n_cols * page}
     starts.add((n_cols + 1) * page)
@@ -269,7 +272,7 @@ def test_tile_offsets_match_token_offsets(page, block):
     out_tok = torch.full((len(starts), block), -2, dtype=torch.int64)
     o_tile, o_tok = out_tile.to(DEVICE), out_tok.to(DEVICE)
     _tile_vs_token_kernel[(len(starts),)](
-        table.to(DEVICE), st.to(DEVICE), o_tile, o_tok, n_valid, n_cols, table.stride(0), stride_block,
+        table, st.to(DEVICE), o_tile, o_tok, n_valid, n_cols, table.stride(0), stride_block,
         stride_slot, PAGE_SIZE=page, BLOCK=block,
     )  # fmt: skip
     pos = st[:, None].long() + torch.arange(block)[None, :]
@@ -319,7 +322,7 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page):
     ids = torch.randperm(4 * n_cols)[:n_cols].to(torch.int32) + 2**20
     buf = torch.full((2 * n_cols,), -(2**30), dtype=torch.int32)
     buf[::2] = ids
-    table = buf[::2]
+    table = buf.to(DEVICE)[::2]  # column stride 2, sliced on the device (.to() of a view is dense)
     starts = {0, 1, page - 1, page, page + 1, 2 * page - block, 2 * page - block + 1}
     starts |= {n_valid - 1, n_valid - block, n_valid, n_cols * page - 1, n_cols * page}
     starts |= {k * page + r for k in range(n_cols) for r in (0, page // 2, max(page - block // 2, 0))}
@@ -330,7 +333,7 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page):
     out_a = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
     out_b = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
     _tile_blocks_kernel[(len(starts),)](
-        table.to(DEVICE), st.to(DEVICE), out_a, out_b, n_valid, n_cols, table.stride(0), stride_block,
+        table, st.to(DEVICE), out_a, out_b, n_valid, n_cols, table.stride(0), stride_block,
         stride_slot, page, PAGE_SIZE=0 if runtime_page else page, BLOCK=block, MASKED=masked, ALIGNED=aligned,
     )  # fmt: skip
     pos = st[:, None].long() + torch.arange(block)[None, :]

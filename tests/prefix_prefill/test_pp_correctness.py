@@ -242,15 +242,22 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
         (KernelConfig(16, 32, 32, 1, 1), 3, "nhd", (-1, -1), True),  # tile > page, pages cut tiles
     ],
 )
-@pytest.mark.parametrize("tile_pages", [True, False], ids=["per_tile", "per_token"])
-def test_tile_page_addressing(monkeypatch, config, page, layout, window, kv_from_cache, tile_pages):
-    """Both cache-addressing paths give the reference answer: per tile (the default,
-    paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles)
-    and per token (``_TILE_PAGES=False``, kept for A/B runs): sequences that end at every kind of page
-    offset, block tables exactly as wide as needed, tiles wider and narrower than a page."""
+@pytest.mark.parametrize(
+    "tile_pages,runtime_page", [(True, False), (True, True), (False, False)],
+    ids=["per_tile", "per_tile_runtime_page", "per_token"],
+)  # fmt: skip
+def test_tile_page_addressing(
+    monkeypatch, config, page, layout, window, kv_from_cache, tile_pages, runtime_page
+):
+    """Every cache-addressing path gives the reference answer: per tile (the default,
+    paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles),
+    per tile with the page size at runtime (``_RUNTIME_PAGE``) and per token (``_TILE_PAGES=False``),
+    both kept for A/B runs: sequences that end at every kind of page offset, block tables exactly as
+    wide as needed, tiles wider and narrower than a page."""
     import prefix_prefill.interface as itf
 
     monkeypatch.setattr(itf, "_TILE_PAGES", tile_pages)
+    monkeypatch.setattr(itf, "_RUNTIME_PAGE", runtime_page)
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,
