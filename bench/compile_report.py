@@ -60,7 +60,14 @@ def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
 
 
 def prefix_source(
-    cfg: list[int], head_dim: int, page: int, causal: bool, tile_pages: bool = False, layout: str = "split"
+    cfg: list[int],
+    head_dim: int,
+    page: int,
+    causal: bool,
+    tile_pages: bool = False,
+    layout: str = "split",
+    branch: bool = False,
+    runtime_page: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -77,10 +84,11 @@ def prefix_source(
         raise SystemExit(f"unknown layout {layout!r}")
     consts = dict(
         QUERIES_PER_KV=8, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE_SIZE=0 if tile_pages and page >= bnc else page,  # as interface._page_constexpr
+        PAGE_SIZE=0 if tile_pages and runtime_page and page >= bnc else page,  # as interface._page_constexpr
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
-        FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, DOT_PRECISION=None,
+        FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
+        DOT_PRECISION=None,
         stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -135,19 +143,35 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=16, help="prefix only")
     ap.add_argument("--non-causal", action="store_true")
     ap.add_argument("--tile-pages", action="store_true", help="prefix only: per-tile page addressing")
+    ap.add_argument(
+        "--straddle-branch", action="store_true", help="prefix, with --tile-pages: the BRANCH form"
+    )
+    ap.add_argument(
+        "--runtime-page", action="store_true", help="prefix, with --tile-pages: page size at runtime"
+    )
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
     if args.kernel == "prefix":
         causal = not args.non_causal
         src, warps, stages = prefix_source(
-            cfg, args.head_dim, args.page, causal, args.tile_pages, args.layout
+            cfg,
+            args.head_dim,
+            args.page,
+            causal,
+            args.tile_pages,
+            args.layout,
+            args.straddle_branch,
+            args.runtime_page,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
         what += f" {args.layout}" + (" tile-pages" if args.tile_pages else "")
+        what += (" straddle-branch" if args.straddle_branch else "") + (
+            " runtime-page" if args.runtime_page else ""
+        )
     print(f"{what}: {report(src, warps, stages)}")
 
 

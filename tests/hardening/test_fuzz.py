@@ -168,6 +168,7 @@ def prefix_problems(draw) -> dict:
         "fp8": draw(st.booleans()),
         "tile_pages": draw(st.booleans()),  # prefix_prefill.interface._TILE_PAGES: both addressing paths
         "runtime_page": draw(st.booleans()),  # ... and _RUNTIME_PAGE (the page size as a runtime argument)
+        "straddle_branch": draw(st.booleans()),  # ... and _STRADDLE_BRANCH
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -181,12 +182,13 @@ def prefix_problems(draw) -> dict:
 def test_fuzz_prefix_prefill(p):
     import prefix_prefill.interface as itf
 
-    saved = itf._TILE_PAGES, itf._RUNTIME_PAGE
+    saved = itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH
     itf._TILE_PAGES, itf._RUNTIME_PAGE = p["tile_pages"], p["runtime_page"]
+    itf._STRADDLE_BRANCH = p["straddle_branch"]
     try:
         _run_prefix_problem(p)
     finally:
-        itf._TILE_PAGES, itf._RUNTIME_PAGE = saved
+        itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH = saved
 
 
 def _run_prefix_problem(p: dict) -> None:

@@ -194,10 +194,14 @@ def test_layout_hints_split_layout():
             nb, h, d, page, dtype=torch.float16
         )
 
-    # vLLM layout: K runs of x=8 halves (16 B); V runs of gcd(page, 64) tokens along the page
-    assert _hints(*split(16), "split") == (True, False, True, 16)
-    assert _hints(*split(544), "split") == (True, False, True, 32)
-    assert _hints(*split(1056), "split", bn_ctx=32) == (True, False, True, 32)
+    # vLLM layout: K runs of x=8 halves (16 B); V runs of gcd(page, 64) tokens along the page, capped at
+    # one 16-byte vector (8 halves), so pages 16, 544 and 1056 promise the same
+    assert _hints(*split(16), "split") == (True, False, True, 8)
+    assert _hints(*split(544), "split") == (True, False, True, 8)
+    assert _hints(*split(1056), "split", bn_ctx=32) == (True, False, True, 8)
+    assert _hints(*split(8), "split") == (True, False, True, 8)
+    fp32 = (torch.empty(4, 2, 32, 16, 4), torch.empty(4, 2, 128, 16))  # 4 floats = 16 B
+    assert _hints(*fp32, "split") == (True, False, True, 4)
     # page 17: V dim stride 17 halves is not 16-byte aligned and runs are single tokens
     assert _hints(*split(17), "split") == (True, False, False, 1)
     # page 4: runs of 4 halves (8 B) are too short to promise 16-byte alignment

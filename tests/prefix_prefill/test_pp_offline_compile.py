@@ -35,6 +35,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              BLOCK_N=cfg.BLOCK_N, BLOCK_N_CTX=cfg.BLOCK_N_CTX, CAUSAL=True, USE_LEFT=False,
              USE_RIGHT=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False,
              OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
+             STRADDLE_BRANCH=False,
              DOT_PRECISION=None)
     c.update(flags)
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
@@ -97,6 +98,7 @@ CASES = [
             "CAUSAL": False,
             "USE_RIGHT": True,
             "TILE_PAGES": True,
+            "STRADDLE_BRANCH": True,
             "PAGE_SIZE": 0,  # the launcher's runtime page size (the page is wider than every tile)
         },
     ],

@@ -145,13 +145,17 @@ def tile_block_offsets(
     PAGE_SIZE: tl.constexpr,
     MASKED: tl.constexpr,
     ALIGNED: tl.constexpr,
+    BRANCH: tl.constexpr,
 ):
     """[BLOCK] int64 offsets ``block * stride_block + slot * stride_slot`` of a :func:`tile_blocks`
     tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
 
-    For a tile no wider than a page: ``blk0 * stride_block + (slot0 + lane) * stride_slot``, plus for
-    the lanes on the second page one scalar jump ``(blk1 - blk0) * stride_block - page *
-    stride_slot``: a multiply, a compare and two adds per lane, whatever the page size."""
+    A tile no wider than a page that lies in one page (always, with ``ALIGNED`` and a constexpr page
+    that is a multiple of the tile) costs ``blk0 * stride_block + (slot0 + lane) * stride_slot`` per
+    lane; one that may cross into the next page selects block and slot per lane (a compare, three
+    selects and a 64-bit multiply more). ``BRANCH`` tests the scalar ``n_first >= BLOCK`` (does this
+    tile cross?) and takes the one-page form when it does not: a branch uniform over the program, so
+    only tiles that straddle a page boundary pay for the selects."""
     blk0, blk1, slot0, n_first, m_tok = tile
     if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
         offs = tl.arange(0, BLOCK)  # [BLOCK]
@@ -159,16 +163,27 @@ def tile_block_offsets(
         # multiply is cheaper than the registers a loop-invariant [BLOCK] int64 would hold
         if ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0:
             b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
+        elif BRANCH:
+            if n_first >= BLOCK:  # the whole tile lies on page0
+                b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
+            else:
+                b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot)
         else:
-            second = offs >= n_first  # [BLOCK] lanes on the second page
-            b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
-            b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
-            b_off = b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
+            b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot)
     else:
         b_off = blk0 * stride_block + slot0.to(tl.int64) * stride_slot  # [BLOCK]
     if MASKED:
         b_off = tl.where(m_tok, b_off, 0)  # [BLOCK]
     return b_off
+
+
+@triton.jit
+def _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot):
+    """[BLOCK] int64 offsets of lanes ``offs`` of a tile whose lanes ``>= n_first`` lie on the next page."""
+    second = offs >= n_first  # [BLOCK] lanes on the second page
+    b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
+    b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
+    return b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
 
 
 @triton.jit
@@ -205,7 +220,7 @@ def tile_offsets(
     values and masking of :func:`token_offsets` on those positions, for any ``BLOCK`` and page size
     (:func:`tile_blocks` + :func:`tile_block_offsets`, masked, no alignment promised)."""
     tile = tile_blocks(bt_row, stride_bt_col, pos0, n_valid, n_cols, PAGE_SIZE, BLOCK, PAGE_SIZE, True, False)
-    return tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, True, False)
+    return tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, True, False, False)
 
 
 @triton.jit

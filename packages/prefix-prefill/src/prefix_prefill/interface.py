@@ -312,6 +312,10 @@ _TILE_PAGES = True
 # 10) it made every page as slow as the slowest constexpr page (llama 10.2-10.4 ms vs 9.4-10.2, qwen
 # NHD 3.20 vs 2.71-2.90). A switch for A/B runs; both forms are tested.
 _RUNTIME_PAGE = False
+# With per-tile addressing, give tiles that do not straddle a page the one-page offsets through a
+# branch uniform over the program (paged_kv_offsets.tile_block_offsets BRANCH). Candidate fix for the
+# non-power-of-two page cost (NOTES step 10), off until timed on a GPU; both forms are tested.
+_STRADDLE_BRANCH = False
 
 
 def _launch_fwd(
@@ -457,6 +461,7 @@ def _launch_fwd(
         # fp8 cache scales are positive by contract (see the public docstrings)
         FOLD_SCALE=_FOLD_SCALE and scale > 0,
         TILE_PAGES=_TILE_PAGES,
+        STRADDLE_BRANCH=_STRADDLE_BRANCH,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
