@@ -4,10 +4,12 @@ One program computes one tile of ``BLOCK_M`` query rows of one sequence for one 
 
 * segment 1 walks the sequence's cached context (key positions ``[0, ctx_len)``) in tiles of
   ``BLOCK_N_CTX`` tokens, starting at the first tile the sliding window can see. Every cache address
-  comes from :mod:`paged_kv_offsets.kernel`: :func:`~paged_kv_offsets.kernel.token_offsets` per token
-  (``PAGE_SIZE`` is a constexpr, so any page size divides by multiply-and-shift) or, with
-  ``TILE_PAGES`` and a tile no wider than a page, :func:`~paged_kv_offsets.kernel.tile_pages` per tile
-  (one divide, two block-table reads), plus :func:`~paged_kv_offsets.kernel.dim_offsets`;
+  comes from :mod:`paged_kv_offsets.kernel`: with ``TILE_PAGES`` (the default)
+  :func:`~paged_kv_offsets.kernel.tile_blocks` + :func:`~paged_kv_offsets.kernel.tile_block_offsets`
+  per tile (one set of block-table reads for K and V; one divide and two scalar reads when the tile
+  fits in a page; ``PAGE_SIZE`` a constexpr, or 0 for a runtime ``page_size``), else
+  :func:`~paged_kv_offsets.kernel.token_offsets` per token and cache, plus
+  :func:`~paged_kv_offsets.kernel.dim_offsets`;
 * segment 2 walks the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``,
   from the contiguous ``k``/``v`` tensors or, with ``KV_FROM_CACHE``, from the cache again.
 
