@@ -68,6 +68,7 @@ def prefix_source(
     layout: str = "split",
     branch: bool = False,
     runtime_page: bool = False,
+    bases: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -88,6 +89,7 @@ def prefix_source(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
+        TWO_PAGE_BASES=bases,
         DOT_PRECISION=None,
         stride_bt_col=1, **lay,
     )  # fmt: skip
@@ -149,6 +151,7 @@ def main() -> None:
     ap.add_argument(
         "--runtime-page", action="store_true", help="prefix, with --tile-pages: page size at runtime"
     )
+    ap.add_argument("--two-page-bases", action="store_true", help="prefix, with --tile-pages: the BASES form")
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -163,6 +166,7 @@ def main() -> None:
             args.layout,
             args.straddle_branch,
             args.runtime_page,
+            args.two_page_bases,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
@@ -172,6 +176,7 @@ def main() -> None:
         what += (" straddle-branch" if args.straddle_branch else "") + (
             " runtime-page" if args.runtime_page else ""
         )
+        what += " two-page-bases" if args.two_page_bases else ""
     print(f"{what}: {report(src, warps, stages)}")
 
 

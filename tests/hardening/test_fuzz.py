@@ -169,6 +169,7 @@ def prefix_problems(draw) -> dict:
         "tile_pages": draw(st.booleans()),  # prefix_prefill.interface._TILE_PAGES: both addressing paths
         "runtime_page": draw(st.booleans()),  # ... and _RUNTIME_PAGE (the page size as a runtime argument)
         "straddle_branch": draw(st.booleans()),  # ... and _STRADDLE_BRANCH
+        "two_page_bases": draw(st.booleans()),  # ... and _TWO_PAGE_BASES
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -182,13 +183,13 @@ def prefix_problems(draw) -> dict:
 def test_fuzz_prefix_prefill(p):
     import prefix_prefill.interface as itf
 
-    saved = itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH
+    saved = itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH, itf._TWO_PAGE_BASES
     itf._TILE_PAGES, itf._RUNTIME_PAGE = p["tile_pages"], p["runtime_page"]
-    itf._STRADDLE_BRANCH = p["straddle_branch"]
+    itf._STRADDLE_BRANCH, itf._TWO_PAGE_BASES = p["straddle_branch"], p["two_page_bases"]
     try:
         _run_prefix_problem(p)
     finally:
-        itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH = saved
+        itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH, itf._TWO_PAGE_BASES = saved
 
 
 def _run_prefix_problem(p: dict) -> None:

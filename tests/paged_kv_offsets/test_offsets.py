@@ -288,7 +288,7 @@ def test_tile_offsets_match_token_offsets(page, block):
 def _tile_blocks_kernel(
     block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, page_size,
     PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr, ALIGNED: tl.constexpr,
-    BRANCH: tl.constexpr,
+    BRANCH: tl.constexpr, BASES: tl.constexpr,
 ):  # fmt: skip
     """Row i: tile_block_offsets of positions starts[i] + [0, BLOCK) for two caches (the second with
     strides (stride_block + 16, 2 * stride_slot)) from ONE tile_blocks call."""
@@ -298,9 +298,11 @@ def _tile_blocks_kernel(
     tile = tile_blocks(
         block_table, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, MASKED, ALIGNED
     )
-    b_a = tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH)
+    b_a = tile_block_offsets(
+        tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
+    )
     b_b = tile_block_offsets(
-        tile, stride_block + 16, 2 * stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH
+        tile, stride_block + 16, 2 * stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
     )
     tl.store(out_a + i * BLOCK + o_j, b_a)
     tl.store(out_b + i * BLOCK + o_j, b_b)
@@ -310,8 +312,10 @@ def _tile_blocks_kernel(
 @pytest.mark.parametrize("block", [16, 64])
 @pytest.mark.parametrize("masked,aligned", [(True, False), (True, True), (False, False), (False, True)])
 @pytest.mark.parametrize("runtime_page", [False, True], ids=["const_page", "runtime_page"])
-@pytest.mark.parametrize("branch", [False, True], ids=["selects", "branch"])
-def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, branch):
+@pytest.mark.parametrize(
+    "branch,bases", [(False, False), (True, False), (False, True)], ids=["selects", "branch", "bases"]
+)
+def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, branch, bases):
     """tile_blocks + tile_block_offsets (the kernels' path) against an independent torch formula, for
     two caches sharing one set of table reads, tiles at every edge (page starts/ends, crossings, the
     sequence end, past the table row). MASKED: padding lanes give 0. Unmasked (tiles the caller
@@ -339,7 +343,7 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, b
     _tile_blocks_kernel[(len(starts),)](
         table, st.to(DEVICE), out_a, out_b, n_valid, n_cols, table.stride(0), stride_block,
         stride_slot, page, PAGE_SIZE=0 if runtime_page else page, BLOCK=block, MASKED=masked, ALIGNED=aligned,
-        BRANCH=branch,
+        BRANCH=branch, BASES=bases,
     )  # fmt: skip
     pos = st[:, None].long() + torch.arange(block)[None, :]
     in_row = pos // page < n_cols

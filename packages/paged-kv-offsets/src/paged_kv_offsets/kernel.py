@@ -146,6 +146,7 @@ def tile_block_offsets(
     MASKED: tl.constexpr,
     ALIGNED: tl.constexpr,
     BRANCH: tl.constexpr,
+    BASES: tl.constexpr,
 ):
     """[BLOCK] int64 offsets ``block * stride_block + slot * stride_slot`` of a :func:`tile_blocks`
     tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
@@ -155,7 +156,9 @@ def tile_block_offsets(
     lane; one that may cross into the next page selects block and slot per lane (a compare, three
     selects and a 64-bit multiply more). ``BRANCH`` tests the scalar ``n_first >= BLOCK`` (does this
     tile cross?) and takes the one-page form when it does not: a branch uniform over the program, so
-    only tiles that straddle a page boundary pay for the selects."""
+    only tiles that straddle a page boundary pay for the selects. ``BASES`` computes the two-page form
+    as a per-lane choice between two scalar bases plus ``lane * stride_slot`` (a compare, a 64-bit
+    select and an add per lane instead of three selects and a 64-bit multiply)."""
     blk0, blk1, slot0, n_first, m_tok = tile
     if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
         offs = tl.arange(0, BLOCK)  # [BLOCK]
@@ -167,9 +170,9 @@ def tile_block_offsets(
             if n_first >= BLOCK:  # the whole tile lies on page0
                 b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
             else:
-                b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot)
+                b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
         else:
-            b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot)
+            b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
     else:
         b_off = blk0 * stride_block + slot0.to(tl.int64) * stride_slot  # [BLOCK]
     if MASKED:
@@ -178,12 +181,18 @@ def tile_block_offsets(
 
 
 @triton.jit
-def _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot):
+def _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES: tl.constexpr):
     """[BLOCK] int64 offsets of lanes ``offs`` of a tile whose lanes ``>= n_first`` lie on the next page."""
     second = offs >= n_first  # [BLOCK] lanes on the second page
-    b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
-    b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
-    return b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
+    if BASES:
+        # lane i on page0: blk0*sb + (slot0 + i)*ss; on page0 + 1: blk1*sb + (i - n_first)*ss
+        base0 = blk0 * stride_block + slot0.to(tl.int64) * stride_slot
+        base1 = blk1 * stride_block - n_first.to(tl.int64) * stride_slot
+        return tl.where(second, base1, base0) + offs.to(tl.int64) * stride_slot  # [BLOCK]
+    else:
+        b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
+        b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
+        return b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
 
 
 @triton.jit
@@ -220,7 +229,7 @@ def tile_offsets(
     values and masking of :func:`token_offsets` on those positions, for any ``BLOCK`` and page size
     (:func:`tile_blocks` + :func:`tile_block_offsets`, masked, no alignment promised)."""
     tile = tile_blocks(bt_row, stride_bt_col, pos0, n_valid, n_cols, PAGE_SIZE, BLOCK, PAGE_SIZE, True, False)
-    return tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, True, False, False)
+    return tile_block_offsets(tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, True, False, False, False)
 
 
 @triton.jit

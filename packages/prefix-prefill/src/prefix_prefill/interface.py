@@ -316,6 +316,10 @@ _RUNTIME_PAGE = False
 # branch uniform over the program (paged_kv_offsets.tile_block_offsets BRANCH). Candidate fix for the
 # non-power-of-two page cost (NOTES step 10), off until timed on a GPU; both forms are tested.
 _STRADDLE_BRANCH = False
+# With per-tile addressing, compute the two-page offsets as a per-lane choice between two scalar bases
+# (tile_block_offsets BASES) instead of per-lane block/slot selects and a 64-bit multiply. Candidate
+# (d) of NOTES step 10, off until timed on a GPU; both forms are tested.
+_TWO_PAGE_BASES = False
 
 
 def _launch_fwd(
@@ -462,6 +466,7 @@ def _launch_fwd(
         FOLD_SCALE=_FOLD_SCALE and scale > 0,
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,
+        TWO_PAGE_BASES=_TWO_PAGE_BASES,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

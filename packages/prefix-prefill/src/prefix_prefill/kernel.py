@@ -89,8 +89,8 @@ def _tile_bounds(
 # * ``new``   = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d [BD]): the contiguous new-token K/V
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
-#               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH), flags of
-#               the whole launch.
+#               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
+#               TWO_PAGE_BASES), flags of the whole launch.
 
 
 @triton.jit
@@ -185,6 +185,7 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     K_ALIGN16: tl.constexpr = CFG[9]
     V_ALIGN16_ANY: tl.constexpr = CFG[10]
     CACHE_FP8: tl.constexpr = CFG[11]
+    BASES: tl.constexpr = CFG[13]  # tile_block_offsets: two-page form as a choice of two scalar bases
     BRANCH: tl.constexpr = CFG[12]  # tile_block_offsets: the one-page form for tiles that do not straddle
     V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
     V_CONTIG: tl.constexpr = V_RUNS[1]
@@ -213,8 +214,12 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             tile = tile_blocks(
                 bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED
             )
-            o_kt = tile_block_offsets(tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH)  # [BN]
-            o_vt = tile_block_offsets(tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH)  # [BN]
+            o_kt = tile_block_offsets(
+                tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
+            )  # [BN]
+            o_vt = tile_block_offsets(
+                tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
+            )  # [BN]
         else:  # per token (the 1.0 addressing, kept for A/B runs)
             o_kt = token_offsets(
                 bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE
@@ -333,6 +338,7 @@ def _fwd_kernel(
     FOLD_SCALE: tl.constexpr,
     TILE_PAGES: tl.constexpr,
     STRADDLE_BRANCH: tl.constexpr,
+    TWO_PAGE_BASES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -396,7 +402,8 @@ def _fwd_kernel(
     cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
-                         TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH)  # fmt: skip
+                         TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
+                         TWO_PAGE_BASES)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
