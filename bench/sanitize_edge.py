@@ -330,7 +330,10 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
     ap.add_argument("--shard", default="0/1", metavar="I/N",
                     help="run cases I, I+N, I+2N, ... (one of N parallel processes)")  # fmt: skip
+    ap.add_argument("--cases", default=None, metavar="I,J,...",
+                    help="run only these global case indices (window cases first, then prefix)")  # fmt: skip
     args = ap.parse_args()
+    only_cases = {int(x) for x in args.cases.split(",")} if args.cases else None
     shard, n_shards = (int(x) for x in args.shard.split("/"))
     if not 0 <= shard < n_shards:
         ap.error(f"--shard expects I/N with 0 <= I < N, got {args.shard}")
@@ -351,16 +354,16 @@ def main() -> int:
     for cases, runner in suites:
         for case in cases:
             index += 1
-            if index % n_shards != shard:
+            if index % n_shards != shard or (only_cases is not None and index not in only_cases):
                 continue
             if args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
                 stopped = True
                 break
             for name, cmp in runner(case):
                 n += 1
+                verdict = "ok" if cmp else "FAILED"
                 print(
-                    f"case {n} {name}: {'ok' if cmp else 'FAILED'} ({time.monotonic() - t0:.0f} s)",
-                    flush=True,
+                    f"case {n} (index {index}) {name}: {verdict} ({time.monotonic() - t0:.0f} s)", flush=True
                 )
                 if not cmp:
                     shown = {
