@@ -77,7 +77,9 @@ def tile_blocks(
     ``page_size`` (then ``BLOCK <= page_size`` is required: the caller checks it on the host). A
     runtime page size compiles one kernel for every page at least as wide as the tile, so a page of
     544 or 1040 runs the very instructions a page of 512 or 1024 runs (and nothing recompiles when a
-    model with another page size arrives); the price is one scalar divide per tile.
+    model with another page size arrives). The price: one scalar divide per tile, and every tile takes
+    the two-page form of :func:`tile_block_offsets` (on the H200 that made pages 512/1024/2048 as slow
+    as 544/1040/1056 with a constexpr page: bench/results/NOTES.md, step 10).
 
     * tile no wider than a page (``PAGE_SIZE == 0`` or ``BLOCK <= PAGE_SIZE``): the tile touches at
       most two pages, so one scalar divide of ``pos0`` and two scalar (masked) table loads serve the
