@@ -26,14 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-SMOKE = "--smoke" in sys.argv
-if SMOKE:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, add_package_paths, bench_ms, tflops, write_rows  # noqa: E402
+from common import ROOT, bench_ms, start, tflops, uniform_prefix_problem, write_rows
 
-add_package_paths()
+SMOKE = "--smoke" in sys.argv
+start(interpret=SMOKE)
 
 import torch  # noqa: E402
 
@@ -53,25 +50,20 @@ def _bench_module():
 
 
 def _problem(bp, shape: dict, page: int, layout: str) -> dict:
-    if SMOKE:  # the builder allocates on CUDA in bf16; build a tiny fp16 CPU case the same way
-        gen = torch.Generator().manual_seed(0)
-        h, hkv, d, b, ctx, new = (shape[k] for k in ("heads", "kv_heads", "head_size", "batch", "ctx", "new"))
-        n_pages = -(-(ctx + new) // page)
-        nb = b * n_pages + 1
-        k_cache = torch.randn(nb, page, hkv, d, generator=gen).half()
-        v_cache = torch.randn(nb, page, hkv, d, generator=gen).half()
-        table = torch.randperm(nb, generator=gen)[: b * n_pages].view(b, n_pages).int()
-        q = torch.randn(b * new, h, d, generator=gen).half()
-        prob = {
-            "q": q, "k": torch.randn(b * new, hkv, d, generator=gen).half(),
-            "v": torch.randn(b * new, hkv, d, generator=gen).half(), "nhd": (k_cache, v_cache),
-            "block_table": table, "cu": torch.arange(0, b * new + 1, new, dtype=torch.int32),
-            "seq_lens": torch.full((b,), ctx + new, dtype=torch.int32), "max_q": new,
-            "ctxs": [ctx] * b, "new": new, "shape": shape,
-        }  # fmt: skip
+    if SMOKE:  # the builder allocates on CUDA in bf16; build a tiny fp16 CPU case (NHD only)
         if layout == "split":
             raise SystemExit("--smoke runs the nhd layout only")
-        return prob
+        pb = uniform_prefix_problem(
+            torch, batch=shape["batch"], heads=shape["heads"], kv_heads=shape["kv_heads"],
+            head_dim=shape["head_size"], ctx=shape["ctx"], new=shape["new"], page=page, layout="nhd",
+            device="cpu", dtype=torch.float16, gen=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        b, new = shape["batch"], shape["new"]
+        return {
+            "q": pb["q"], "k": pb["k"], "v": pb["v"], "nhd": (pb["k_cache"], pb["v_cache"]),
+            "block_table": pb["block_table"], "cu": pb["cu"], "seq_lens": pb["seq_lens"], "max_q": new,
+            "ctxs": [shape["ctx"]] * b, "new": new, "shape": shape,
+        }  # fmt: skip
     prob = bp.make_problem(torch, shape, page)
     if layout == "nhd":
         prob["nhd"] = bp.to_nhd(prob)

@@ -35,6 +35,53 @@ def add_package_paths() -> None:
         sys.path.append(str(peers))
 
 
+def start(interpret: bool) -> None:
+    """Every script's first step, before torch or triton is imported: with ``interpret`` the kernels
+    run under the Triton interpreter (CPU smoke runs); the packages' ``src/`` go on ``sys.path``."""
+    if interpret:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    add_package_paths()
+
+
+def on_gpu_node() -> bool:
+    """True on a machine with an NVIDIA or AMD GPU driver (checked without importing torch)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+
+
+def uniform_prefix_problem(
+    torch, *, batch: int, heads: int, kv_heads: int, head_dim: int, ctx: int, new: int, page: int,
+    layout: str, device: str, dtype, spare: int = 1, gen=None,
+) -> dict:  # fmt: skip
+    """``batch`` sequences of ``ctx`` cached + ``new`` query tokens in a paged cache ("split": vLLM's
+    ``[blocks, H, D/8, page, 8]`` / ``[blocks, H, D, page]``; "nhd": ``[blocks, page, H, D]``) with
+    shuffled block ids and ``spare`` unused blocks. Keys: q, k, v, k_cache, v_cache, block_table, cu,
+    seq_lens (int32 tensors on ``device``)."""
+    pages = -(-(ctx + new) // page)
+    nb = batch * pages + spare
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype) if gen is not None else (
+            torch.randn(*shape, device=device, dtype=dtype))  # fmt: skip
+
+    if layout == "split":
+        k_cache, v_cache = randn(nb, kv_heads, head_dim // 8, page, 8), randn(nb, kv_heads, head_dim, page)
+    elif layout == "nhd":
+        k_cache, v_cache = randn(nb, page, kv_heads, head_dim), randn(nb, page, kv_heads, head_dim)
+    else:
+        raise ValueError(f"layout must be 'split' or 'nhd', got {layout!r}")
+    perm = torch.randperm(nb, generator=gen) if gen is not None else torch.randperm(nb)
+    return {
+        "q": randn(batch * new, heads, head_dim),
+        "k": randn(batch * new, kv_heads, head_dim),
+        "v": randn(batch * new, kv_heads, head_dim),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_table": perm[: batch * pages].view(batch, pages).to(device=device, dtype=torch.int32),
+        "cu": torch.arange(0, (batch + 1) * new, new, dtype=torch.int32, device=device),
+        "seq_lens": torch.full((batch,), ctx + new, dtype=torch.int32, device=device),
+    }
+
+
 def gpu_name() -> str:
     import torch
 

@@ -12,14 +12,10 @@ import os
 import sys
 import time
 
-ON_GPU_NODE = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
-if not ON_GPU_NODE:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 sys.path.insert(0, os.path.dirname(__file__))
-from common import add_package_paths, attn_flops, bench_ms, tflops  # noqa: E402
+from common import attn_flops, bench_ms, on_gpu_node, start, tflops, uniform_prefix_problem
 
-add_package_paths()
+start(interpret=not on_gpu_node())
 
 import torch  # noqa: E402
 
@@ -71,16 +67,12 @@ def demo_window() -> None:
 
 def demo_prefix() -> None:
     b, ctx, new, h, hkv, d, page = (4, 8192, 2048, 16, 2, 256, 1056) if GPU else (2, 40, 24, 4, 2, 64, 17)
-    pages = -(-(ctx + new) // page)
-    nb = b * pages + 5
-    k_cache = torch.randn(nb, page, hkv, d, device=DEV, dtype=DT)
-    v_cache = torch.randn(nb, page, hkv, d, device=DEV, dtype=DT)
-    table = torch.randperm(nb, device=DEV)[: b * pages].view(b, pages).to(torch.int32)
-    cu = torch.arange(0, (b + 1) * new, new, dtype=torch.int32, device=DEV)
-    seq_lens = torch.full((b,), ctx + new, dtype=torch.int32, device=DEV)
-    q = torch.randn(b * new, h, d, device=DEV, dtype=DT)
-    k = torch.randn(b * new, hkv, d, device=DEV, dtype=DT)
-    v = torch.randn(b * new, hkv, d, device=DEV, dtype=DT)
+    pb = uniform_prefix_problem(
+        torch, batch=b, heads=h, kv_heads=hkv, head_dim=d, ctx=ctx, new=new, page=page, layout="nhd",
+        device=DEV, dtype=DT, spare=5,
+    )  # fmt: skip
+    q, k, v, k_cache, v_cache = pb["q"], pb["k"], pb["v"], pb["k_cache"], pb["v_cache"]
+    table, cu, seq_lens = pb["block_table"], pb["cu"], pb["seq_lens"]
     fn = lambda: prefix_prefill.prefix_prefill(q, k, v, k_cache, v_cache, table, cu, seq_lens, new)  # noqa: E731
     out = fn()
     want = ref.paged_prefix_attention(q, k, v, k_cache, v_cache, table, cu, seq_lens, layout="nhd")

@@ -29,14 +29,10 @@ import time
 from collections.abc import Iterator
 
 os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
-ON_GPU_NODE = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
-if not ON_GPU_NODE:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 sys.path.insert(0, os.path.dirname(__file__))
-from common import add_package_paths  # noqa: E402
+from common import on_gpu_node, start
 
-add_package_paths()
+start(interpret=not on_gpu_node())
 
 import torch  # noqa: E402
 

@@ -25,14 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-SMOKE = "--smoke" in sys.argv
-if SMOKE:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, add_package_paths, bench_ms, gpu_name, today  # noqa: E402
+from common import ROOT, bench_ms, gpu_name, start, today, uniform_prefix_problem
 
-add_package_paths()
+SMOKE = "--smoke" in sys.argv
+start(interpret=SMOKE)
 
 import torch  # noqa: E402
 
@@ -109,17 +106,13 @@ def prefix_jobs(quick: bool):
     for head_dim, page in itertools.product((64, 128, 256), (16, 544)):
         b, ctx, new = (2, 40, 24) if SMOKE else (4, 4096, 1024)
         h, hkv = (4, 2) if SMOKE else ((16, 2) if head_dim == 256 else (32, 8))
-        pages = -(-(ctx + new) // page)
-        nb = b * pages + 3
-        k_cache = torch.randn(nb, hkv, head_dim // 8, page, 8, device=DEV, dtype=DT)
-        v_cache = torch.randn(nb, hkv, head_dim, page, device=DEV, dtype=DT)
+        pb = uniform_prefix_problem(
+            torch, batch=b, heads=h, kv_heads=hkv, head_dim=head_dim, ctx=ctx, new=new, page=page,
+            layout="split", device=DEV, dtype=DT, spare=3,
+        )  # fmt: skip
+        q, k, v, k_cache, v_cache = pb["q"], pb["k"], pb["v"], pb["k_cache"], pb["v_cache"]
+        table, cu, seq_lens = pb["block_table"], pb["cu"], pb["seq_lens"]
         kc, vc = describe_kv_cache(k_cache, v_cache, "split")
-        table = torch.randperm(nb, device=DEV)[: b * pages].view(b, pages).to(torch.int32)
-        cu = torch.arange(0, (b + 1) * new, new, dtype=torch.int32, device=DEV)
-        seq_lens = torch.full((b,), ctx + new, dtype=torch.int32, device=DEV)
-        q = torch.randn(b * new, h, head_dim, device=DEV, dtype=DT)
-        k = torch.randn(b * new, hkv, head_dim, device=DEV, dtype=DT)
-        v = torch.randn(b * new, hkv, head_dim, device=DEV, dtype=DT)
         out = torch.empty_like(q)
         shipped = get_config(arch, head_dim, DT, page)
         cands = {

@@ -3,11 +3,11 @@ public functions, and the float64 references. Independent of the per-package tes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from conftest import DEVICE, poison
-from paged_cases import make_case
+from paged_cases import Case, make_case
 
 from attn_reference import attention_varlen, paged_prefix_attention
 from prefix_prefill import context_attention_fwd as pp_caf
@@ -83,25 +83,15 @@ def run_wcaf(c: Dense, *, causal: bool = True, window: tuple[int, int] = (-1, -1
 
 # ------------------------------------------------------------------------------- prefix-prefill
 @dataclass
-class Paged:
-    """A paged prefix problem (see :func:`paged_case`)."""
+class Paged(Case):
+    """A paged prefix problem (see :func:`paged_case`): the shared :class:`paged_cases.Case` plus the
+    ``fp8`` flag and the ``cu_q`` name these helpers use."""
 
-    q: torch.Tensor
-    k: torch.Tensor | None
-    v: torch.Tensor | None
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor
-    cu_q: torch.Tensor
-    seq_lens: torch.Tensor
-    max_query_len: int
-    layout: str
-    page: int
-    ctx_lens: list[int]
-    q_lens: list[int]
     fp8: bool = False
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+
+    @property
+    def cu_q(self) -> torch.Tensor:
+        return self.cu_seqlens_q
 
 
 def paged_case(
@@ -129,11 +119,7 @@ def paged_case(
         spare_blocks=spare_blocks, table_pad=table_pad, k_scale=0.5 if fp8 else 1.0,
         v_scale=1.5 if fp8 else 1.0, gen=gen,
     )  # fmt: skip
-    return Paged(
-        q=c.q, k=c.k, v=c.v, k_cache=c.k_cache, v_cache=c.v_cache, block_table=c.block_table,
-        cu_q=c.cu_seqlens_q, seq_lens=c.seq_lens, max_query_len=c.max_query_len, layout=layout, page=page,
-        ctx_lens=c.ctx_lens, q_lens=c.q_lens, fp8=fp8, k_scale=c.k_scale, v_scale=c.v_scale,
-    )  # fmt: skip
+    return Paged(**{f.name: getattr(c, f.name) for f in fields(c)}, fp8=fp8)
 
 
 def paged_ref(c: Paged, **kw) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from paged_cases import make_case
 
 from attn_reference import attention_varlen, paged_prefix_attention
 
@@ -107,29 +108,19 @@ def paged_case(
     page: int = 4,
     sliding_window: int | None = None,
 ) -> Paged:
-    x = 16 // torch.empty((), dtype=dtype).element_size()
-    x = x if D % x == 0 else 1
-    seq = [c + n for c, n in zip(ctx_lens, q_lens, strict=True)]
-    pages = [(s + page - 1) // page for s in seq]
-    num_blocks = sum(pages) + 3
-    perm = torch.randperm(num_blocks).tolist()
-    width = max(pages) + 1
-    table = torch.full((len(seq), width), num_blocks + 7, dtype=torch.int32)  # garbage past the need
-    used = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
-        used += n
-    total_q = sum(q_lens)
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    """The shared :func:`paged_cases.make_case` problem (shuffled block ids, a table exactly as wide as
+    needed, entries past a sequence's need pointing outside the cache) in vLLM's split layout."""
+    seqs = list(zip(ctx_lens, q_lens, strict=True))
+    c = make_case(seqs, num_heads=H, num_kv_heads=HKV, head_size=D, page=page, dtype=dtype, device=device)
     return Paged(
-        q=_rand(total_q, H, D, dtype=dtype, device=device),
-        k=_rand(total_q, HKV, D, dtype=dtype, device=device),
-        v=_rand(total_q, HKV, D, dtype=dtype, device=device),
-        k_cache=_rand(num_blocks, HKV, D // x, page, x, dtype=dtype, device=device),
-        v_cache=_rand(num_blocks, HKV, D, page, dtype=dtype, device=device),
-        block_table=table.to(device),
-        cu_q=cu,
-        seq_lens=torch.tensor(seq, dtype=torch.int32, device=device),
-        max_q=max(q_lens),
+        q=c.q,
+        k=c.k,
+        v=c.v,
+        k_cache=c.k_cache,
+        v_cache=c.v_cache,
+        block_table=c.block_table,
+        cu_q=c.cu_seqlens_q,
+        seq_lens=c.seq_lens,
+        max_q=c.max_query_len,
         sliding_window=sliding_window,
     )
