@@ -105,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=0, help="compile in this many worker processes first")
     ap.add_argument("--compile-only", action="store_true", help="worker mode: compile, do not time")
     ap.add_argument("--choice", type=Path, default=None, help="write the setting with the smaller spread")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
+                    help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
     args = ap.parse_args(argv)
+    for kv in args.set:
+        name, _, val = kv.partition("=")
+        if not hasattr(itf, name) or val not in ("0", "1"):
+            ap.error(f"--set {kv}: expected NAME=0|1 with NAME a switch of prefix_prefill.interface")
+        setattr(itf, name, val == "1")
     if not hasattr(itf, args.switch):
         ap.error(f"prefix_prefill.interface has no switch {args.switch}")
     default = getattr(itf, args.switch)
@@ -148,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"# compiled {name} {layout} page {page}", flush=True)
                     continue
                 same = torch.equal(outs[False], outs[True])
-                print(f"# {name} {layout} page {page}: outputs bitwise equal off/on: {same}", flush=True)
+                diff = (outs[False].float() - outs[True].float()).abs().max().item()
+                print(f"# {name} {layout} page {page}: outputs bitwise equal off/on: {same} "
+                      f"(max|diff| {diff:.3g})", flush=True)  # fmt: skip
                 del prob, outs
                 if not SMOKE:
                     torch.cuda.empty_cache()
@@ -196,6 +205,7 @@ def _precompile(args, shapes: dict, layouts: list[str], pages: list[int]) -> Non
             failed += running.pop(0).returncode != 0
         cmd = [sys.executable, __file__, "--compile-only", "--shapes", name, "--layouts", layout,
                "--pages", str(page), "--switch", args.switch]  # fmt: skip
+        cmd += [f"--set={kv}" for kv in args.set]
         running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     for proc in running:
         proc.wait()

@@ -69,9 +69,11 @@ def prefix_source(
     branch: bool = False,
     runtime_page: bool = False,
     bases: bool = False,
+    page_walk: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
+    from paged_kv_offsets import page_walk_rest_block
     from prefix_prefill.kernel import _fwd_kernel
 
     bm, bn, bnc, warps, stages = cfg
@@ -90,6 +92,8 @@ def prefix_source(
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
         TWO_PAGE_BASES=bases,
+        # as interface._rest_block
+        REST_BLOCK=page_walk_rest_block(page, bnc) if tile_pages and page_walk and not runtime_page else 0,
         DOT_PRECISION=None,
         stride_bt_col=1, **lay,
     )  # fmt: skip
@@ -132,6 +136,9 @@ def report(src: ASTSource, warps: int, stages: int) -> str:
         ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln
     ]
     ptxas = " ".join(lines)
+    warn = [ln.strip() for ln in r.stderr.splitlines() if "warning" in ln.lower()]
+    if warn:
+        ptxas += " | ptxas warnings: " + " / ".join(warn)
     counts = " ".join("{}={}".format(op, len(re.findall(re.escape(op) + r"\b", sass))) for op in SASS_OPS)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     return f"shared={k.metadata.shared} B | {ptxas} | SASS={total} {counts}"
@@ -152,6 +159,7 @@ def main() -> None:
         "--runtime-page", action="store_true", help="prefix, with --tile-pages: page size at runtime"
     )
     ap.add_argument("--two-page-bases", action="store_true", help="prefix, with --tile-pages: the BASES form")
+    ap.add_argument("--page-walk", action="store_true", help="prefix, with --tile-pages: context page walks")
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -167,6 +175,7 @@ def main() -> None:
             args.straddle_branch,
             args.runtime_page,
             args.two_page_bases,
+            args.page_walk,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
@@ -177,6 +186,7 @@ def main() -> None:
             " runtime-page" if args.runtime_page else ""
         )
         what += " two-page-bases" if args.two_page_bases else ""
+        what += " page-walk" if args.page_walk else ""
     print(f"{what}: {report(src, warps, stages)}")
 
 

@@ -2,7 +2,8 @@
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
 #   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|all] [extra bench args]
-# (ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
+# (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
+#  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
@@ -33,7 +34,7 @@ if [[ $what == abbench ]]; then
   res=$OUT/res; mkdir -p "$res"
   for sw in ${AB_SWITCHES:-_TILE_PAGES}; do
     timeout ${AB_TIMEOUT:-300} python3 bench/ab_prefix.py --out "$res" --jobs ${AB_JOBS:-14} --switch $sw \
-      --choice "$res/choice.txt" 2>&1 | tee -a "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
+      --choice "$res/choice.txt" ${AB_SETS:-} 2>&1 | tee -a "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
   done
   sets=$(sed 's/^/--set /' "$res/choice.txt" 2>/dev/null | tr '\n' ' ')
   timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" $sets 2>&1 | tee -a "$OUT/bench.log"

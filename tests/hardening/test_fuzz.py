@@ -156,7 +156,8 @@ def prefix_problems(draw) -> dict:
         "heads": heads,
         "kv_heads": kv_heads,
         "head": draw(st.sampled_from(HEAD_SIZES)),
-        "page": draw(st.sampled_from([1, 3, 5, 16, 17, 32])),
+        # 17/24: page walks with the interpreter's tiles, 144 with a GPU's
+        "page": draw(st.sampled_from([1, 3, 5, 16, 17, 24, 32, 144])),
         "layout": layout,
         "dtype": draw(st.sampled_from([torch.float16, torch.float32])),
         "causal": draw(st.booleans()),
@@ -170,6 +171,7 @@ def prefix_problems(draw) -> dict:
         "runtime_page": draw(st.booleans()),  # ... and _RUNTIME_PAGE (the page size as a runtime argument)
         "straddle_branch": draw(st.booleans()),  # ... and _STRADDLE_BRANCH
         "two_page_bases": draw(st.booleans()),  # ... and _TWO_PAGE_BASES
+        "page_walk": draw(st.booleans()),  # ... and _PAGE_WALK
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -183,13 +185,16 @@ def prefix_problems(draw) -> dict:
 def test_fuzz_prefix_prefill(p):
     import prefix_prefill.interface as itf
 
-    saved = itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH, itf._TWO_PAGE_BASES
-    itf._TILE_PAGES, itf._RUNTIME_PAGE = p["tile_pages"], p["runtime_page"]
-    itf._STRADDLE_BRANCH, itf._TWO_PAGE_BASES = p["straddle_branch"], p["two_page_bases"]
+    names = ("_TILE_PAGES", "_RUNTIME_PAGE", "_STRADDLE_BRANCH", "_TWO_PAGE_BASES", "_PAGE_WALK")
+    keys = ("tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk")
+    saved = [getattr(itf, n) for n in names]
+    for n, k in zip(names, keys, strict=True):
+        setattr(itf, n, p[k])
     try:
         _run_prefix_problem(p)
     finally:
-        itf._TILE_PAGES, itf._RUNTIME_PAGE, itf._STRADDLE_BRANCH, itf._TWO_PAGE_BASES = saved
+        for n, v in zip(names, saved, strict=True):
+            setattr(itf, n, v)
 
 
 def _run_prefix_problem(p: dict) -> None:

@@ -12,9 +12,14 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 
-from paged_kv_offsets import describe_cache, describe_kv_cache, pages_needed
+from paged_kv_offsets import describe_cache, describe_kv_cache, page_walk_rest_block, pages_needed
 from paged_kv_offsets.kernel import (
     dim_offsets,
+    page_walk_bounds,
+    page_walk_full,
+    page_walk_rest,
+    page_walk_split,
+    page_walk_tile,
     tile_block_offsets,
     tile_blocks,
     tile_offsets,
@@ -361,6 +366,124 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, b
             inside_block0 = (got >= 0) & (got < page * ss)
             assert bool((inside_block0 | (in_row & (got == exact))).all())
     assert int(out_a.max()) > 2**31
+
+
+@triton.jit
+def _page_walk_kernel(
+    ranges, bounds, g_pos, t_pos, p_pos, n_idx, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr
+):
+    """Program i < len(ranges): the walk of ranges[i] = (need_lo, need_hi, full_lo, full_hi) as
+    8 numbers (g_lo, g_a, g_b, g_hi, t_a, t_b, p_a, p_b). Every program also maps index i of each
+    index space to positions: walk tile i -> (pos0, page_end), full tile i -> pos0, rest of page i ->
+    (pos0, page_end)."""
+    i = tl.program_id(0)
+    need_lo = tl.load(ranges + 4 * i)
+    need_hi = tl.load(ranges + 4 * i + 1)
+    full_lo = tl.load(ranges + 4 * i + 2)
+    full_hi = tl.load(ranges + 4 * i + 3)
+    g_lo, g_a, g_b, g_hi = page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK, PAGE_SIZE)
+    t_a, t_b, p_a, p_b = page_walk_split(g_a, g_b, BLOCK, PAGE_SIZE)
+    o = bounds + 8 * i
+    tl.store(o + 0, g_lo)
+    tl.store(o + 1, g_a)
+    tl.store(o + 2, g_b)
+    tl.store(o + 3, g_hi)
+    tl.store(o + 4, t_a)
+    tl.store(o + 5, t_b)
+    tl.store(o + 6, p_a)
+    tl.store(o + 7, p_b)
+    if i < n_idx:
+        pos0, page_end = page_walk_tile(i, BLOCK, PAGE_SIZE)
+        tl.store(g_pos + 2 * i, pos0)
+        tl.store(g_pos + 2 * i + 1, page_end)
+        tl.store(t_pos + i, page_walk_full(i, BLOCK, PAGE_SIZE))
+        pos0, page_end = page_walk_rest(i, BLOCK, PAGE_SIZE)
+        tl.store(p_pos + 2 * i, pos0)
+        tl.store(p_pos + 2 * i + 1, page_end)
+
+
+@pytest.mark.parametrize(
+    "page,block", [(17, 16), (40, 16), (48, 32), (544, 64), (544, 128), (1040, 128), (1056, 64), (1000, 128)]
+)
+def test_page_walk_covers_each_needed_key_once(page, block):
+    """page_walk_*: against a walk enumerated here page by page (Q full tiles then the rest): the
+    tiles a range needs are exactly those that meet it, each key of the range lies in exactly one of
+    them, no tile crosses a page, and the unmasked ones (full tiles t_a..t_b, rests p_a..p_b) are
+    exactly the needed tiles that lie wholly inside [full_lo, full_hi)."""
+    q_full = page // block
+    n_pages = 7
+    walk = []  # (start, end) per walk index, independent of the helpers
+    fulls = []  # start of each full tile, in order
+    for p in range(n_pages):
+        walk += [(p * page + w * block, p * page + (w + 1) * block) for w in range(q_full)]
+        fulls += [p * page + w * block for w in range(q_full)]
+        walk.append((p * page + q_full * block, (p + 1) * page))
+    gen = torch.Generator().manual_seed(page * 1000 + block)
+    span = (n_pages - 1) * page
+    ranges = []
+    edges = [0, 1, block - 1, block, q_full * block, page - 1, page, page + 1, 2 * page + q_full * block - 1]
+    for a in edges:
+        for b in edges:
+            ranges.append((a, a + b + 1, a + b // 2, a + b))
+    for _ in range(200):
+        a, b = sorted(torch.randint(0, span, (2,), generator=gen).tolist())
+        c, d = sorted(torch.randint(a, b + 1, (2,), generator=gen).tolist())
+        ranges.append((a, b, c, d))
+    ranges.append((5, 5, 5, 5))  # empty
+    ranges.append((page, 2, 0, 0))  # empty (need_hi < need_lo)
+    n_idx = len(walk)
+    rt = torch.tensor(ranges, dtype=torch.int32)
+    bounds = torch.zeros(len(ranges), 8, dtype=torch.int32).to(DEVICE)
+    g_pos = torch.zeros(n_idx, 2, dtype=torch.int32).to(DEVICE)
+    t_pos = torch.zeros(n_idx, dtype=torch.int32).to(DEVICE)
+    p_pos = torch.zeros(n_idx, 2, dtype=torch.int32).to(DEVICE)
+    _page_walk_kernel[(max(len(ranges), n_idx),)](
+        rt.to(DEVICE), bounds, g_pos, t_pos, p_pos, n_idx, BLOCK=block, PAGE_SIZE=page
+    )
+    assert [tuple(x) for x in g_pos.cpu().tolist()] == [(s, (s // page + 1) * page) for s, _ in walk]
+    assert t_pos.cpu().tolist()[: len(fulls)] == fulls
+    assert [tuple(x) for x in p_pos.cpu().tolist()] == [
+        (p * page + q_full * block, (p + 1) * page) for p in range(n_idx)
+    ]
+    assert page_walk_rest_block(page, block) >= page % block
+    for (need_lo, need_hi, full_lo, full_hi), bd in zip(ranges, bounds.cpu().tolist(), strict=True):
+        g_lo, g_a, g_b, g_hi, t_a, t_b, p_a, p_b = bd
+        needed = [g for g, (s, e) in enumerate(walk) if s < need_hi and e > need_lo and need_hi > need_lo]
+        unmasked = [g for g in needed if s_in(walk[g], full_lo, full_hi)]
+        assert list(range(g_lo, g_hi)) == needed, (need_lo, need_hi)
+        assert list(range(g_a, g_b)) == unmasked, (full_lo, full_hi)
+        assert set(range(g_lo, g_a)) | set(range(g_b, g_hi)) == set(needed) - set(unmasked)
+        # the two unmasked loops: full tiles t_a..t_b and rest tiles p_a..p_b, the same tiles
+        rests = [p * page + q_full * block for p in range(p_a, p_b)]
+        got = sorted([fulls[t] for t in range(t_a, t_b)] + rests)
+        assert got == sorted(walk[g][0] for g in unmasked)
+        covered = [0] * (span + 2 * page)
+        for g in needed:
+            s, e = walk[g]
+            assert s // page == (e - 1) // page  # one page per tile
+            for x in range(max(s, need_lo), min(e, need_hi)):
+                covered[x] += 1
+        assert all(covered[x] == 1 for x in range(need_lo, need_hi))
+
+
+def s_in(tile: tuple[int, int], lo: int, hi: int) -> bool:
+    return tile[0] >= lo and tile[1] <= hi
+
+
+def test_page_walk_rest_block():
+    """Rest-tile width: 0 where no walk is needed, else the rest rounded up to a power of two >= 16."""
+    assert page_walk_rest_block(512, 128) == 0
+    assert page_walk_rest_block(16, 128) == 0
+    assert page_walk_rest_block(128, 128) == 0
+    assert page_walk_rest_block(544, 128) == 32
+    assert page_walk_rest_block(544, 64) == 32
+    assert page_walk_rest_block(1040, 128) == 16
+    assert page_walk_rest_block(1056, 64) == 32
+    assert page_walk_rest_block(17, 16) == 16
+    assert page_walk_rest_block(1000, 128) == 128  # rest 104
+    assert page_walk_rest_block(600, 64) == 32  # rest 24
+    with pytest.raises(ValueError, match="page_size"):
+        page_walk_rest_block(0, 16)
 
 
 def test_describe_rejects_wrong_rank():

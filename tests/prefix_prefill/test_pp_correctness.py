@@ -243,20 +243,23 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
     ],
 )
 @pytest.mark.parametrize(
-    "tile_pages,runtime_page,branch,bases",
-    [(True, False, False, False), (True, True, False, False), (True, False, True, False),
-     (True, False, False, True), (False, False, False, False)],
-    ids=["per_tile", "per_tile_runtime_page", "per_tile_straddle_branch", "per_tile_two_page_bases",
-         "per_token"],
+    "tile_pages,runtime_page,branch,bases,walk",
+    [(True, False, False, False, True), (True, False, False, False, False),
+     (True, True, False, False, False), (True, False, True, False, False),
+     (True, False, False, True, False), (False, False, False, False, False)],
+    ids=["per_tile_page_walk", "per_tile", "per_tile_runtime_page", "per_tile_straddle_branch",
+         "per_tile_two_page_bases", "per_token"],
 )  # fmt: skip
 def test_tile_page_addressing(
-    monkeypatch, config, page, layout, window, kv_from_cache, tile_pages, runtime_page, branch, bases
+    monkeypatch, config, page, layout, window, kv_from_cache, tile_pages, runtime_page, branch, bases, walk
 ):
-    """Every cache-addressing path gives the reference answer: per tile (the default,
-    paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles),
+    """Every cache-addressing path gives the reference answer: per tile with page walks (the default:
+    pages wider than the context tile and not a multiple of it are walked page by page, with masked
+    (page 17) and unmasked (48, 544) rest tiles), per tile without them (paged_kv_offsets.tile_blocks:
+    shared table reads, ALIGNED context tiles, unmasked interior tiles),
     per tile with the page size at runtime (``_RUNTIME_PAGE``), per tile with the one-page form for
     tiles that do not straddle (``_STRADDLE_BRANCH``), per tile with the two-scalar-bases form
-    (``_TWO_PAGE_BASES``) and per token (``_TILE_PAGES=False``), the last four kept for A/B runs:
+    (``_TWO_PAGE_BASES``) and per token (``_TILE_PAGES=False``), the last five kept for A/B runs:
     sequences that end at every kind of page offset, block tables exactly as wide as needed, tiles
     wider and narrower than a page."""
     import prefix_prefill.interface as itf
@@ -265,6 +268,7 @@ def test_tile_page_addressing(
     monkeypatch.setattr(itf, "_RUNTIME_PAGE", runtime_page)
     monkeypatch.setattr(itf, "_STRADDLE_BRANCH", branch)
     monkeypatch.setattr(itf, "_TWO_PAGE_BASES", bases)
+    monkeypatch.setattr(itf, "_PAGE_WALK", walk)
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,

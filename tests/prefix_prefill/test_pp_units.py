@@ -1,4 +1,4 @@
-"""Unit test of the kernel's tile arithmetic (`_tile_bounds`) against brute force, under Triton."""
+"""Unit test of the kernel's tile arithmetic (`_key_bounds`, `_tile_bounds`) against brute force."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 
-from prefix_prefill.kernel import _tile_bounds
+from prefix_prefill.kernel import _key_bounds, _tile_bounds
 
 
 @triton.jit
@@ -29,9 +29,10 @@ def _bounds_probe(
     k_len = tl.load(P + i * 6 + 3)
     left = tl.load(P + i * 6 + 4)
     right = tl.load(P + i * 6 + 5)
-    lo, mid_lo, mid_hi, hi = _tile_bounds(
-        q_lo, q_hi, k_base, k_len, left, right, BLOCK_N, CAUSAL, USE_LEFT, USE_RIGHT
+    need_lo, need_hi, full_lo, full_hi = _key_bounds(
+        q_lo, q_hi, k_base, k_len, left, right, CAUSAL, USE_LEFT, USE_RIGHT
     )
+    lo, mid_lo, mid_hi, hi = _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, USE_LEFT)
     tl.store(Out + i * 4 + 0, lo)
     tl.store(Out + i * 4 + 1, mid_lo)
     tl.store(Out + i * 4 + 2, mid_hi)

@@ -68,6 +68,7 @@ def tile_blocks(
     PAGE_SIZE: tl.constexpr,
     MASKED: tl.constexpr,
     ALIGNED: tl.constexpr,
+    IN_PAGE: tl.constexpr = False,
 ):
     """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``0 <= pos0 < 2**31 -
     BLOCK``, as every position of a sequence with an int32 length), as a
@@ -93,10 +94,14 @@ def tile_blocks(
     even that (a lane past the row reads block 0: an address inside any non-empty cache, never
     outside). ``ALIGNED`` promises ``pos0 % BLOCK == 0``: with a constexpr ``PAGE_SIZE % BLOCK == 0``
     a tile then never crosses a page (one table load), with ``BLOCK % PAGE_SIZE == 0`` the page and
-    slot of every lane are a constant vector plus ``pos0 // PAGE_SIZE``. The table entries read are
-    those :func:`token_offsets` reads for the same lanes; padding lanes (``MASKED``) give offset 0.
+    slot of every lane are a constant vector plus ``pos0 // PAGE_SIZE``. ``IN_PAGE`` (needs ``BLOCK <=
+    PAGE_SIZE``) promises that every lane below ``n_valid`` lies on the page of ``pos0`` (the tiles of
+    a :func:`page_walk_bounds` walk): one table load, and the one-page offsets. The table entries read
+    are those :func:`token_offsets` reads for the same lanes; padding lanes (``MASKED``) give offset 0.
     """
     offs = tl.arange(0, BLOCK)  # [BLOCK]
+    if IN_PAGE:
+        tl.static_assert(BLOCK <= PAGE_SIZE, "IN_PAGE needs a tile no wider than a constexpr page")
     if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
         if PAGE_SIZE == 0:
             page = page_size
@@ -112,7 +117,7 @@ def tile_blocks(
         # each table entry is read only if some lane of its page is a real token inside the row
         m0 = (pos0_32 < n_valid) & (page0 < n_cols)
         blk0 = tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0).to(tl.int64)
-        if ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0:
+        if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
             m1 = m0
             blk1 = blk0
         else:
@@ -149,6 +154,7 @@ def tile_block_offsets(
     ALIGNED: tl.constexpr,
     BRANCH: tl.constexpr,
     BASES: tl.constexpr,
+    IN_PAGE: tl.constexpr = False,
 ):
     """[BLOCK] int64 offsets ``block * stride_block + slot * stride_slot`` of a :func:`tile_blocks`
     tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
@@ -160,13 +166,14 @@ def tile_block_offsets(
     tile cross?) and takes the one-page form when it does not: a branch uniform over the program, so
     only tiles that straddle a page boundary pay for the selects. ``BASES`` computes the two-page form
     as a per-lane choice between two scalar bases plus ``lane * stride_slot`` (a compare, a 64-bit
-    select and an add per lane instead of three selects and a 64-bit multiply)."""
+    select and an add per lane instead of three selects and a 64-bit multiply). ``IN_PAGE`` (as for
+    :func:`tile_blocks`) always takes the one-page form."""
     blk0, blk1, slot0, n_first, m_tok = tile
     if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
         offs = tl.arange(0, BLOCK)  # [BLOCK]
         # (slot0 + lane) * stride_slot per lane, not a hoisted lane * stride_slot vector: the
         # multiply is cheaper than the registers a loop-invariant [BLOCK] int64 would hold
-        if ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0:
+        if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
             b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
         elif BRANCH:
             if n_first >= BLOCK:  # the whole tile lies on page0
@@ -195,6 +202,82 @@ def _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slo
         b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
         b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
         return b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
+
+
+# ---- page walks: tiles that never cross a page, for pages that are not a multiple of the tile ----
+#
+# A page of PAGE_SIZE = Q * BLOCK + R tokens (Q = PAGE_SIZE // BLOCK >= 1, R > 0) is walked as Q
+# full tiles of BLOCK tokens at page offsets 0, BLOCK, ..., (Q - 1) * BLOCK and one rest tile of
+# the last R tokens. "Walk index" g numbers all of them in position order, Q + 1 per page:
+# g = page * (Q + 1) + w, the rest tile of a page being w = Q. A kernel walks the full tiles
+# (index t = page * Q + w) and the rest tiles (index = page) in two loops of fixed-width tiles,
+# each tile on one page, so every address takes the one-page form (tile_blocks IN_PAGE) that a
+# power-of-two page gives every tile. See walk.page_walk_rest_block for the rest tile's width.
+
+
+@triton.jit
+def _walk_index(x, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr, ROUND_UP: tl.constexpr):
+    """Walk index of the first tile that starts at or after position ``x`` (``ROUND_UP``), or of
+    the first tile that ends after ``x`` (= how many tiles end at or before ``x``); ``x >= 0``."""
+    G: tl.constexpr = PAGE_SIZE // BLOCK + 1
+    page = x // PAGE_SIZE
+    off = x - page * PAGE_SIZE  # [0, PAGE_SIZE)
+    if ROUND_UP:
+        w = (off + (BLOCK - 1)) // BLOCK  # Q + 1 inside the rest: the next page's first tile
+    else:
+        w = off // BLOCK  # Q inside the rest: the rest tile itself
+    return page * G + w
+
+
+@triton.jit
+def page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Walk indices ``(g_lo, g_a, g_b, g_hi)`` of the tiles a reader of positions ``[need_lo,
+    need_hi)`` needs (``g_lo <= g < g_hi``), of which ``[g_a, g_b)`` lie wholly inside ``[full_lo,
+    full_hi)`` (tiles a kernel may read without masks). Scalars, ``0 <= need_lo``, ``0 <= full_lo``,
+    int32 positions; needs ``PAGE_SIZE > BLOCK`` (both constexpr)."""
+    tl.static_assert(PAGE_SIZE > BLOCK, "page walks need a page wider than the tile")
+    g_lo = _walk_index(need_lo, BLOCK, PAGE_SIZE, False)
+    g_hi = tl.where(need_hi > need_lo, _walk_index(tl.maximum(need_hi, 0), BLOCK, PAGE_SIZE, True), g_lo)
+    g_a = tl.minimum(tl.maximum(_walk_index(full_lo, BLOCK, PAGE_SIZE, True), g_lo), g_hi)
+    g_b = tl.minimum(tl.maximum(_walk_index(tl.maximum(full_hi, 0), BLOCK, PAGE_SIZE, False), g_a), g_hi)
+    return g_lo, g_a, g_b, g_hi
+
+
+@triton.jit
+def page_walk_tile(g, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """``(pos0, page_end)`` of walk tile ``g``: its first position and the end of its page (a
+    full tile holds ``[pos0, pos0 + BLOCK)``, a rest tile ``[pos0, page_end)``)."""
+    G: tl.constexpr = PAGE_SIZE // BLOCK + 1
+    page = g // G
+    return page * PAGE_SIZE + (g - page * G) * BLOCK, (page + 1) * PAGE_SIZE
+
+
+@triton.jit
+def page_walk_split(g_a, g_b, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The walk tiles ``[g_a, g_b)`` as ``(t_a, t_b, p_a, p_b)``: full tiles ``t_a <= t < t_b``
+    (:func:`page_walk_full`) and the rest tiles of pages ``p_a <= p < p_b`` (:func:`page_walk_rest`)."""
+    Q: tl.constexpr = PAGE_SIZE // BLOCK
+    G: tl.constexpr = Q + 1
+    p_a = g_a // G
+    p_b = g_b // G
+    t_a = p_a * Q + tl.minimum(g_a - p_a * G, Q)
+    t_b = p_b * Q + tl.minimum(g_b - p_b * G, Q)
+    return t_a, t_b, p_a, p_b
+
+
+@triton.jit
+def page_walk_full(t, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """First position of full tile ``t`` of a walk (``BLOCK`` tokens, all on one page)."""
+    Q: tl.constexpr = PAGE_SIZE // BLOCK
+    page = t // Q
+    return page * PAGE_SIZE + (t - page * Q) * BLOCK
+
+
+@triton.jit
+def page_walk_rest(page, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """``(pos0, page_end)`` of the rest tile of ``page``: the page's last ``PAGE_SIZE % BLOCK`` tokens."""
+    Q: tl.constexpr = PAGE_SIZE // BLOCK
+    return page * PAGE_SIZE + Q * BLOCK, (page + 1) * PAGE_SIZE
 
 
 @triton.jit

@@ -16,7 +16,7 @@ from typing import Union
 
 import torch
 
-from paged_kv_offsets import CacheView, describe_kv_cache, validate_block_table
+from paged_kv_offsets import CacheView, describe_kv_cache, page_walk_rest_block, validate_block_table
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
@@ -320,6 +320,18 @@ _STRADDLE_BRANCH = False
 # (tile_block_offsets BASES) instead of per-lane block/slot selects and a 64-bit multiply. Candidate
 # (d) of NOTES step 10, off until timed on a GPU; both forms are tested.
 _TWO_PAGE_BASES = False
+# With per-tile addressing and a constexpr page wider than the context tile but not a multiple of it
+# (544, 1040, 1056 against tiles of 64/128), walk the context page by page: full tiles at page
+# offsets 0, BLOCK_N_CTX, ... and one narrow rest tile per page, so no tile crosses a page and every
+# address takes the one-page form a power-of-two page gets (paged_kv_offsets page walks; NOTES step 11).
+_PAGE_WALK = True
+
+
+def _rest_block(page_constexpr: int, config: KernelConfig) -> int:
+    """The kernel's ``REST_BLOCK``: the rest-tile width of a context page walk, 0 for none."""
+    if not (_TILE_PAGES and _PAGE_WALK) or page_constexpr == 0:
+        return 0
+    return page_walk_rest_block(page_constexpr, config.BLOCK_N_CTX)
 
 
 def _launch_fwd(
@@ -399,6 +411,7 @@ def _launch_fwd(
     if grid[1] > _MAX_GRID_YZ:
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
+    page_constexpr = _page_constexpr(kc.page_size, config, kv_from_cache)
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
@@ -443,7 +456,7 @@ def _launch_fwd(
         QUERIES_PER_KV=num_heads // num_kv_heads,
         HEAD_DIM=head_size,
         BLOCK_D=1 << (head_size - 1).bit_length(),  # next power of two (head_size >= 1)
-        PAGE_SIZE=_page_constexpr(kc.page_size, config, kv_from_cache),
+        PAGE_SIZE=page_constexpr,
         X=kc.x,
         K_ALIGN16=k_align,
         V_ALIGN16_ANY=v_align_any,
@@ -467,6 +480,7 @@ def _launch_fwd(
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,
         TWO_PAGE_BASES=_TWO_PAGE_BASES,
+        REST_BLOCK=_rest_block(page_constexpr, config),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -29,49 +29,67 @@ at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no key wr
 import triton
 import triton.language as tl
 
-from paged_kv_offsets.kernel import dim_offsets, tile_block_offsets, tile_blocks, token_offsets
+from paged_kv_offsets.kernel import (
+    dim_offsets,
+    page_walk_bounds,
+    page_walk_full,
+    page_walk_rest,
+    page_walk_split,
+    page_walk_tile,
+    tile_block_offsets,
+    tile_blocks,
+    token_offsets,
+)
 
 LOG2E = 1.4426950408889634  # host side
 _LOG2E = tl.constexpr(LOG2E)  # device side
 
 
 @triton.jit
-def _tile_bounds(
+def _key_bounds(
     q_lo,
     q_hi,
     k_base,
     k_len,
     window_left,
     window_right,
-    BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     USE_LEFT: tl.constexpr,
     USE_RIGHT: tl.constexpr,
 ):
-    """Key tiles that query positions ``[q_lo, q_hi]`` need from a segment of ``k_len`` keys at
-    absolute positions ``[k_base, k_base + k_len)``.
-
-    Returns segment-relative multiples of ``BLOCK_N`` ``(lo, mid_lo, mid_hi, hi)``: tiles in
-    ``[lo, mid_lo)`` and ``[mid_hi, hi)`` need masks, tiles in ``[mid_lo, mid_hi)`` are fully
-    visible to every query row of the tile. All quantities stay non-negative.
-    """
+    """Keys that query positions ``[q_lo, q_hi]`` need from a segment of ``k_len`` keys at absolute
+    positions ``[k_base, k_base + k_len)``, segment-relative: ``(need_lo, need_hi, full_lo,
+    full_hi)``: some row sees a key in ``[need_lo, need_hi)``, every row sees every key of ``[full_lo,
+    full_hi)`` (``need_lo, full_lo >= 0``)."""
     need_lo = k_len * 0  # first needed key
+    full_lo = k_len * 0  # keys from here on pass every lower bound (left window)
     need_hi = k_len  # one past the last needed key
     full_hi = k_len  # keys below this pass every upper bound (segment end, causal, right window)
     if USE_LEFT:
         need_lo = tl.maximum(q_lo - window_left - k_base, 0)
+        # keys at or after q_hi - window_left are inside the window of every row of the tile
+        full_lo = tl.maximum(q_hi - window_left - k_base, 0)
     if CAUSAL:
         need_hi = tl.minimum(need_hi, q_hi + 1 - k_base)
         full_hi = tl.minimum(full_hi, q_lo + 1 - k_base)
     if USE_RIGHT:
         need_hi = tl.minimum(need_hi, q_hi + window_right + 1 - k_base)
         full_hi = tl.minimum(full_hi, q_lo + window_right + 1 - k_base)
+    return need_lo, need_hi, full_lo, full_hi
+
+
+@triton.jit
+def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_LEFT: tl.constexpr):
+    """The key bounds of :func:`_key_bounds` as tiles at multiples of ``BLOCK_N``: segment-relative
+    ``(lo, mid_lo, mid_hi, hi)``; tiles in ``[lo, mid_lo)`` and ``[mid_hi, hi)`` need masks, tiles
+    in ``[mid_lo, mid_hi)`` are fully visible to every query row of the tile. All quantities stay
+    non-negative.
+    """
     lo = (need_lo // BLOCK_N) * BLOCK_N
     hi = tl.where(need_hi > need_lo, tl.cdiv(need_hi, BLOCK_N) * BLOCK_N, lo)
     mid_lo = lo
     if USE_LEFT:
-        # keys at or after q_hi - window_left are inside the window of every row of the tile
-        mid_lo = tl.cdiv(tl.maximum(q_hi - window_left - k_base, 0), BLOCK_N) * BLOCK_N
+        mid_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N
         mid_lo = tl.minimum(tl.maximum(mid_lo, lo), hi)
     mid_hi = (tl.maximum(full_hi, 0) // BLOCK_N) * BLOCK_N
     mid_hi = tl.minimum(tl.maximum(mid_hi, mid_lo), hi)
@@ -167,7 +185,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
 @triton.jit
 def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
           FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-          ALIGNED: tl.constexpr):  # fmt: skip
+          ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr):  # fmt: skip
     """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
     from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
     ``n0 + i``).
@@ -178,7 +196,8 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     ``[blocks, heads, D, page]`` V cache, tokens unit-stride), an unmasked tile starting at a
     multiple of ``BLOCK_N`` has V offsets in groups of ``V_CONTIG`` contiguous tokens of one page
     (``V_CONTIG`` divides the page and ``BLOCK_N``), 16-byte aligned with ``V_ALIGN16_RUNS``. They
-    turn element-wise gathers into pipelined 16-byte copies.
+    turn element-wise gathers into pipelined 16-byte copies (a page-walk tile, ``IN_PAGE``, starts at a
+    page offset that is a multiple of ``BLOCK_N_CTX``, so the same runs hold).
     """
     PAGE_SIZE: tl.constexpr = CFG[7]
     TILE_PAGES: tl.constexpr = CFG[8]
@@ -212,13 +231,14 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
             # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
             tile = tile_blocks(
-                bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED
-            )
+                bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
+                IN_PAGE,
+            )  # fmt: skip
             o_kt = tile_block_offsets(
-                tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
+                tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
             )  # [BN]
             o_vt = tile_block_offsets(
-                tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
+                tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
             )  # [BN]
         else:  # per token (the 1.0 addressing, kept for A/B runs)
             o_kt = token_offsets(
@@ -252,24 +272,51 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
 @triton.jit
 def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
              BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-             ALIGNED: tl.constexpr):  # fmt: skip
+             ALIGNED: tl.constexpr, REST_BLOCK: tl.constexpr):  # fmt: skip
     """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
     positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
-    Both bounds come from :func:`_tile_bounds` before the loops, so no tile outside them is loaded."""
-    window_left = rows[3]
-    window_right = rows[4]
-    lo, mid_lo, mid_hi, hi = _tile_bounds(
-        q_lo, q_hi, k_base, k_len, window_left, window_right, BLOCK_N, CFG[1], CFG[2], CFG[3]
-    )
-    n_edge = (mid_lo - lo) // BLOCK_N
-    n_masked = n_edge + (hi - mid_hi) // BLOCK_N
-    for t in tl.range(0, n_masked):
-        n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
-        acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                              BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED)  # fmt: skip
-    for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                              BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED)  # fmt: skip
+    Both bounds come from :func:`_key_bounds` / :func:`_tile_bounds` before the loops, so no tile outside them is loaded.
+
+    ``REST_BLOCK > 0`` (the cached context, ``k_base == 0``, a constexpr page wider than ``BLOCK_N``
+    and not a multiple of it): a page walk (:func:`paged_kv_offsets.kernel.page_walk_bounds`) instead
+    of tiles at multiples of ``BLOCK_N``, so that no tile crosses a page: the masked edge tiles
+    (``BLOCK_N`` wide, lanes past their page masked), the unmasked full tiles, then each page's rest
+    tile (``REST_BLOCK`` wide; unmasked when the rest is exactly that wide)."""
+    need_lo, need_hi, full_lo, full_hi = _key_bounds(
+        q_lo, q_hi, k_base, k_len, rows[3], rows[4], CFG[1], CFG[2], CFG[3]
+    )  # rows[3], rows[4]: window_left, window_right
+    if REST_BLOCK > 0:
+        PAGE_SIZE: tl.constexpr = CFG[7]
+        REST_MASKED: tl.constexpr = REST_BLOCK != PAGE_SIZE % BLOCK_N
+        g_lo, g_a, g_b, g_hi = page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, PAGE_SIZE)
+        n_edge = g_a - g_lo
+        for i in tl.range(0, n_edge + (g_hi - g_b)):
+            g = tl.where(i < n_edge, g_lo + i, g_b + (i - n_edge))
+            n0, page_end = page_walk_tile(g, BLOCK_N, PAGE_SIZE)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, tl.minimum(k_end, page_end), rows, cache, new,
+                                  s_scale, p_scale, BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED,
+                                  True)  # fmt: skip
+        t_a, t_b, p_a, p_b = page_walk_split(g_a, g_b, BLOCK_N, PAGE_SIZE)
+        for t in tl.range(t_a, t_b):
+            n0 = page_walk_full(t, BLOCK_N, PAGE_SIZE)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                                  BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, True)  # fmt: skip
+        for p in tl.range(p_a, p_b):
+            n0, page_end = page_walk_rest(p, BLOCK_N, PAGE_SIZE)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, tl.minimum(k_end, page_end), rows, cache, new,
+                                  s_scale, p_scale, REST_BLOCK, FROM_CACHE, REST_MASKED, V_RUNS, CFG, ALIGNED,
+                                  True)  # fmt: skip
+    else:
+        lo, mid_lo, mid_hi, hi = _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, CFG[2])
+        n_edge = (mid_lo - lo) // BLOCK_N
+        n_masked = n_edge + (hi - mid_hi) // BLOCK_N
+        for t in tl.range(0, n_masked):
+            n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                                  BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
+        for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                                  BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -339,6 +386,7 @@ def _fwd_kernel(
     TILE_PAGES: tl.constexpr,
     STRADDLE_BRANCH: tl.constexpr,
     TWO_PAGE_BASES: tl.constexpr,
+    REST_BLOCK: tl.constexpr,  # > 0: walk the context page by page (rest tiles this wide), see _segment
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -407,7 +455,8 @@ def _fwd_kernel(
 
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
-                             v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True)  # fmt: skip
+                             v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
+                             REST_BLOCK)  # fmt: skip
     # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
     # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
     p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
@@ -415,7 +464,7 @@ def _fwd_kernel(
     new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
     s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale_new,
-                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False)  # fmt: skip
+                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False, 0)  # fmt: skip
 
     # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
