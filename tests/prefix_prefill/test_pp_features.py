@@ -81,6 +81,53 @@ def test_window_skip_never_reads_pages_behind_the_window():
     assert compare(out, ref)
 
 
+def _poison_slot(case, blk: int, slot: int) -> None:
+    """NaN into every head and feature of one cache slot, whatever the layout."""
+    if case.layout == "split":
+        case.k_cache[blk, :, :, slot, :] = float("nan")
+        case.v_cache[blk, :, :, slot] = float("nan")
+    elif case.layout == "nhd":
+        case.k_cache[blk, slot] = float("nan")
+        case.v_cache[blk, slot] = float("nan")
+    else:
+        case.k_cache[blk, :, slot] = float("nan")
+        case.v_cache[blk, :, slot] = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("config", "page", "layout"),
+    [
+        (KernelConfig(16, 16, 16, 1, 1), 40, "split"),  # rest tile 8 of 16 lanes (masked rest)
+        (KernelConfig(16, 16, 32, 1, 1), 48, "nhd"),  # rest tile 16 of 16 (unmasked rest)
+        (KernelConfig(16, 32, 64, 1, 1), 544, "hnd"),
+    ],
+)
+@pytest.mark.parametrize("window", [(-1, -1), (30, -1)])
+def test_page_walk_edge_tiles_discard_what_they_load(config, page, layout, window):
+    """Page-walk edge tiles load every lane of their page (vector loads) and discard the keys they
+    must not use: every cache slot that no query may see (past the context, where the new tokens'
+    copies live, and before the window) is NaN, and the output is still finite and exact."""
+    seqs = [(page + 37, 29), (2 * page - 5, 3), (25, 40), (3 * page, 17)]
+    case = _case(seqs=seqs, page=page, layout=layout, dtype=torch.float32, kv_from_cache=False)
+    ref = reference(case, window=window)
+    case.k_cache, case.v_cache = case.k_cache.clone(), case.v_cache.clone()
+    poisoned = 0
+    for b, (ctx, _) in enumerate(seqs):
+        first = max(0, ctx - window[0]) if window[0] >= 0 else 0  # the first query sees keys >= first
+        for pos in range(-(-(ctx + 1) // page) * page):
+            if pos >= ctx or pos < first:
+                col = pos // page
+                blk = int(case.block_table[b, col]) if col < case.block_table.shape[1] else -1
+                if 0 <= blk < case.k_cache.shape[0]:
+                    _poison_slot(case, blk, pos % page)
+                    poisoned += 1
+    assert poisoned >= 20
+    out = run_cfg(case, config, window=window)
+    assert torch.isfinite(out).all()
+    c = compare(out, ref)
+    assert c, c
+
+
 # ------------------------------------------------------------------------------- ALiBi, sinks
 def test_alibi():
     case = _case()
