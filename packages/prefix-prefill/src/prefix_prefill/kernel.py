@@ -263,7 +263,9 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
         if V_ALIGN16_ANY:
             p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
-        if not MASKED or WRAP:  # every lane addresses a mapped page, in runs that start at page offsets % BN == 0
+        if (
+            not MASKED or WRAP
+        ):  # every lane addresses a mapped page, in runs that start at page offsets % BN == 0
             if V_ALIGN16_RUNS:
                 p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
             if V_CONTIG > 1:
