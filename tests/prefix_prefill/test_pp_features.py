@@ -104,9 +104,9 @@ def _poison_slot(case, blk: int, slot: int) -> None:
 )
 @pytest.mark.parametrize("window", [(-1, -1), (30, -1)])
 def test_page_walk_edge_tiles_discard_what_they_load(config, page, layout, window):
-    """Page-walk edge tiles load every lane of their page (vector loads) and discard the keys they
-    must not use: every cache slot that no query may see (past the context, where the new tokens'
-    copies live, and before the window) is NaN, and the output is still finite and exact."""
+    """Page walks (masked edge tiles, masked and unmasked rest tiles) never use a cache slot that no
+    query may see: every such slot (past the context, where the new tokens' copies live, and before
+    the window) is NaN, and the output is still finite and exact."""
     seqs = [(page + 37, 29), (2 * page - 5, 3), (25, 40), (3 * page, 17)]
     case = _case(seqs=seqs, page=page, layout=layout, dtype=torch.float32, kv_from_cache=False)
     ref = reference(case, window=window)

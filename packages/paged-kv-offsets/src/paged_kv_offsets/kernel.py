@@ -155,7 +155,6 @@ def tile_block_offsets(
     BRANCH: tl.constexpr,
     BASES: tl.constexpr,
     IN_PAGE: tl.constexpr = False,
-    WRAP: tl.constexpr = False,
 ):
     """[BLOCK] int64 offsets ``block * stride_block + slot * stride_slot`` of a :func:`tile_blocks`
     tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
@@ -168,25 +167,13 @@ def tile_block_offsets(
     only tiles that straddle a page boundary pay for the selects. ``BASES`` computes the two-page form
     as a per-lane choice between two scalar bases plus ``lane * stride_slot`` (a compare, a 64-bit
     select and an add per lane instead of three selects and a 64-bit multiply). ``IN_PAGE`` (as for
-    :func:`tile_blocks`) always takes the one-page form.
-
-    ``WRAP`` (with ``IN_PAGE``): no lane gets offset 0; a lane past the page wraps to the page's
-    first slots (slot ``(slot0 + lane) mod PAGE_SIZE``), so every lane addresses the tile's own page
-    (or block 0 when that page is not read) and runs of consecutive slots stay runs. A caller may
-    then load the whole tile without lane masks (16-byte vector loads where the layout allows) and
-    discard the lanes ``m_tok`` rejects after the load: the data read there is the page's, not the
-    sequence's, and may be anything."""
+    :func:`tile_blocks`) always takes the one-page form."""
     blk0, blk1, slot0, n_first, m_tok = tile
     if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
         offs = tl.arange(0, BLOCK)  # [BLOCK]
         # (slot0 + lane) * stride_slot per lane, not a hoisted lane * stride_slot vector: the
         # multiply is cheaper than the registers a loop-invariant [BLOCK] int64 would hold
-        if WRAP:
-            tl.static_assert(IN_PAGE and PAGE_SIZE > 0, "WRAP needs IN_PAGE and a constexpr page")
-            slot = slot0 + offs  # [BLOCK] < 2 * PAGE_SIZE
-            slot = tl.where(slot >= PAGE_SIZE, slot - PAGE_SIZE, slot)  # [BLOCK]
-            b_off = blk0 * stride_block + slot.to(tl.int64) * stride_slot  # [BLOCK]
-        elif IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
+        if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
             b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
         elif BRANCH:
             if n_first >= BLOCK:  # the whole tile lies on page0
@@ -197,7 +184,7 @@ def tile_block_offsets(
             b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
     else:
         b_off = blk0 * stride_block + slot0.to(tl.int64) * stride_slot  # [BLOCK]
-    if MASKED and not WRAP:
+    if MASKED:
         b_off = tl.where(m_tok, b_off, 0)  # [BLOCK]
     return b_off
 

@@ -113,7 +113,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 
 @triton.jit
 def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED: tl.constexpr,
-            SCALE_P: tl.constexpr, CFG: tl.constexpr, LANE_LOADS: tl.constexpr):  # fmt: skip
+            SCALE_P: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
     """One online-softmax step over one key tile (the only softmax update in this kernel).
 
     ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
@@ -121,10 +121,6 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     loaded, so pages a window has left behind may hold anything (NaN, a recycled block).
     ``s_scale`` is the logit scale in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the
     probabilities before the PV dot (the fp8 V-cache scale). Returns the updated ``(acc, m_i, l_i)``.
-    A masked tile without ``LANE_LOADS`` (a page-walk edge tile: every lane addresses the tile's own
-    page) loads every lane, so the loads stay vectorized, and discards the keys outside
-    ``[k_start, k_end)`` after the load: their logits become -inf, their V rows 0 (the data there
-    may be anything, NaN included).
     """
     PAD_D: tl.constexpr = CFG[0]
     CAUSAL: tl.constexpr = CFG[1]
@@ -137,7 +133,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
         m_k = m_k & (k_pos >= k_start)  # [BN]
-    if MASKED and LANE_LOADS:
+    if MASKED:
         b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
     elif PAD_D:
         b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
@@ -173,14 +169,12 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i - m_use)  # [BM]
     l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-    if MASKED and LANE_LOADS:
+    if MASKED:
         b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)  # [BN, BD]
     elif PAD_D:
         b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
     else:
         b_v = tl.load(p_v)  # [BN, BD]
-    if MASKED and not LANE_LOADS:
-        b_v = tl.where(m_k[:, None], b_v.to(b_q.dtype), 0.0)  # [BN, BD] (0 * NaN would poison acc)
     if SCALE_P:
         b_p = b_p * p_scale  # [BM, BN]
     acc = acc * alpha[:, None]  # [BM, BD]
@@ -214,10 +208,6 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     BRANCH: tl.constexpr = CFG[12]  # tile_block_offsets: the one-page form for tiles that do not straddle
     V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
     V_CONTIG: tl.constexpr = V_RUNS[1]
-    # a masked page-walk tile addresses its own page on every lane (tile_block_offsets WRAP): it is
-    # loaded without lane masks and keeps the run hints of an unmasked tile
-    WRAP: tl.constexpr = IN_PAGE and MASKED and FROM_CACHE
-    LANE_LOADS: tl.constexpr = not WRAP
     if FROM_CACHE:
         pos0 = k_base + n0
         k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
@@ -245,10 +235,10 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
                 IN_PAGE,
             )  # fmt: skip
             o_kt = tile_block_offsets(
-                tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, WRAP
+                tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
             )  # [BN]
             o_vt = tile_block_offsets(
-                tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, WRAP
+                tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
             )  # [BN]
         else:  # per token (the 1.0 addressing, kept for A/B runs)
             o_kt = token_offsets(
@@ -263,9 +253,7 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
         if V_ALIGN16_ANY:
             p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
-        if (
-            not MASKED or WRAP
-        ):  # every lane addresses a mapped page, in runs that start at page offsets % BN == 0
+        if not MASKED:  # every lane of an interior tile is a real token of a mapped page
             if V_ALIGN16_RUNS:
                 p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
             if V_CONTIG > 1:
@@ -278,8 +266,7 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
         p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         k_pos = k_base + (n0 + tl.arange(0, BLOCK_N))  # [BN]
         SCALE_P: tl.constexpr = False
-    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG,
-                   LANE_LOADS)  # fmt: skip
+    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG)
 
 
 @triton.jit
