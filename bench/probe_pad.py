@@ -1,6 +1,7 @@
 """Probe: does the split layout's page stride (not the page size) set prefix-prefill's speed?
 
     python bench/probe_pad.py [--shape llama] [--pages 512,544,1040,1056] [--out DIR]
+    python bench/probe_pad.py --pages 512,544 --ctx 4096,4352   # context lengths instead
 
 For each page size P it times the bench's problem (bench/prefix_prefill.py, vLLM's split layout) with
 the caches as allocated, and with the same caches copied into tensors whose page dimension is padded
@@ -49,10 +50,26 @@ def main() -> int:
     ap.add_argument("--shape", default="llama")
     ap.add_argument("--pages", default="512,544,1040,1056")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--ctx", default=None, help="context lengths (a,b,...) to time instead of padding")
     args = ap.parse_args()
     bp = _bench_module()
     shape = bp.SHAPES[args.shape]
     rows = []
+    if args.ctx is not None:  # context lengths instead of strides: where a context ends inside a page
+        for page in [int(p) for p in args.pages.split(",")]:
+            for ctx in [int(c) for c in args.ctx.split(",")]:
+                prob = bp.make_problem(torch, dict(shape, ctx=ctx), page)
+                flops, _ = bp.useful_work(prob)
+                fn = bp.call_ours(prob)
+                fn()
+                ms = bench_ms(fn)
+                r = {"shape": args.shape, "page": page, "ctx": ctx, "ms": ms, "tflops": tflops(flops, ms)}
+                rows.append(r)
+                print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+                del prob
+        if args.out is not None:
+            write_rows(args.out, "probe_ctx", rows)
+        return 0
     for page in [int(p) for p in args.pages.split(",")]:
         prob = bp.make_problem(torch, shape, page)
         flops, _ = bp.useful_work(prob)
