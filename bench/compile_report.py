@@ -70,6 +70,7 @@ def prefix_source(
     runtime_page: bool = False,
     bases: bool = False,
     page_walk: bool = False,
+    walk_aligned: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -77,6 +78,8 @@ def prefix_source(
     from prefix_prefill.kernel import _fwd_kernel
 
     bm, bn, bnc, warps, stages = cfg
+    walk = tile_pages and page_walk and not runtime_page and page > bnc
+    walk = walk and (page_walk_rest_block(page, bnc) > 0 or walk_aligned)
     if layout == "split":
         lay = dict(X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True,
                    V_CONTIG=min(math.gcd(page, bnc), 8), stride_kc_x=1, stride_vc_slot=1)  # fmt: skip
@@ -92,8 +95,8 @@ def prefix_source(
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
         TWO_PAGE_BASES=bases,
-        # as interface._rest_block
-        REST_BLOCK=page_walk_rest_block(page, bnc) if tile_pages and page_walk and not runtime_page else 0,
+        # as interface._page_walk
+        PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         DOT_PRECISION=None,
         stride_bt_col=1, **lay,
     )  # fmt: skip
@@ -160,6 +163,7 @@ def main() -> None:
     )
     ap.add_argument("--two-page-bases", action="store_true", help="prefix, with --tile-pages: the BASES form")
     ap.add_argument("--page-walk", action="store_true", help="prefix, with --tile-pages: context page walks")
+    ap.add_argument("--walk-aligned", action="store_true", help="prefix, --page-walk: multiples too")
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -176,6 +180,7 @@ def main() -> None:
             args.runtime_page,
             args.two_page_bases,
             args.page_walk,
+            args.walk_aligned,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
@@ -187,6 +192,7 @@ def main() -> None:
         )
         what += " two-page-bases" if args.two_page_bases else ""
         what += " page-walk" if args.page_walk else ""
+        what += " walk-aligned" if args.walk_aligned else ""
     print(f"{what}: {report(src, warps, stages)}")
 
 

@@ -157,7 +157,7 @@ def prefix_problems(draw) -> dict:
         "kv_heads": kv_heads,
         "head": draw(st.sampled_from(HEAD_SIZES)),
         # 17/24: page walks with the interpreter's tiles, 144 with a GPU's
-        "page": draw(st.sampled_from([1, 3, 5, 16, 17, 24, 32, 144])),
+        "page": draw(st.sampled_from([1, 3, 5, 16, 17, 24, 32, 64, 144])),
         "layout": layout,
         "dtype": draw(st.sampled_from([torch.float16, torch.float32])),
         "causal": draw(st.booleans()),
@@ -172,6 +172,7 @@ def prefix_problems(draw) -> dict:
         "straddle_branch": draw(st.booleans()),  # ... and _STRADDLE_BRANCH
         "two_page_bases": draw(st.booleans()),  # ... and _TWO_PAGE_BASES
         "page_walk": draw(st.booleans()),  # ... and _PAGE_WALK
+        "walk_aligned": draw(st.booleans()),  # ... and _WALK_ALIGNED
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -185,8 +186,8 @@ def prefix_problems(draw) -> dict:
 def test_fuzz_prefix_prefill(p):
     import prefix_prefill.interface as itf
 
-    names = ("_TILE_PAGES", "_RUNTIME_PAGE", "_STRADDLE_BRANCH", "_TWO_PAGE_BASES", "_PAGE_WALK")
-    keys = ("tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk")
+    keys = ("tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned")
+    names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     saved = [getattr(itf, n) for n in names]
     for n, k in zip(names, keys, strict=True):
         setattr(itf, n, p[k])

@@ -235,6 +235,7 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
     ("config", "page", "layout", "window", "kv_from_cache"),
     [
         (KernelConfig(16, 16, 16, 1, 1), 17, "split", (-1, -1), False),  # tiles straddle pages
+        (KernelConfig(16, 16, 16, 1, 1), 64, "nhd", (23, -1), False),  # page = 4 tiles (_WALK_ALIGNED)
         (KernelConfig(16, 16, 16, 1, 1), 16, "nhd", (23, -1), True),  # tile == page; new K/V in the cache
         (KernelConfig(32, 16, 32, 1, 1), 48, "hnd", (-1, -1), True),  # non-pow2 page, k=None
         (KernelConfig(16, 32, 64, 1, 1), 544, "split", (40, -1), False),  # windowed edges
@@ -244,18 +245,20 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
 )
 @pytest.mark.parametrize(
     "tile_pages,runtime_page,branch,bases,walk",
-    [(True, False, False, False, True), (True, False, False, False, False),
-     (True, True, False, False, False), (True, False, True, False, False),
-     (True, False, False, True, False), (False, False, False, False, False)],
-    ids=["per_tile_page_walk", "per_tile", "per_tile_runtime_page", "per_tile_straddle_branch",
-         "per_tile_two_page_bases", "per_token"],
+    [(True, False, False, False, True), (True, False, False, False, "aligned"),
+     (True, False, False, False, False), (True, True, False, False, False),
+     (True, False, True, False, False), (True, False, False, True, False),
+     (False, False, False, False, False)],
+    ids=["per_tile_page_walk", "per_tile_page_walk_aligned_too", "per_tile", "per_tile_runtime_page",
+         "per_tile_straddle_branch", "per_tile_two_page_bases", "per_token"],
 )  # fmt: skip
 def test_tile_page_addressing(
     monkeypatch, config, page, layout, window, kv_from_cache, tile_pages, runtime_page, branch, bases, walk
 ):
     """Every cache-addressing path gives the reference answer: per tile with page walks (the default:
     pages wider than the context tile and not a multiple of it are walked page by page, with masked
-    (page 17) and unmasked (48, 544) rest tiles), per tile without them (paged_kv_offsets.tile_blocks:
+    (page 17) and unmasked (48, 544) rest tiles; ``_WALK_ALIGNED`` also walks pages that are
+    multiples of the tile, page 64), per tile without them (paged_kv_offsets.tile_blocks:
     shared table reads, ALIGNED context tiles, unmasked interior tiles),
     per tile with the page size at runtime (``_RUNTIME_PAGE``), per tile with the one-page form for
     tiles that do not straddle (``_STRADDLE_BRANCH``), per tile with the two-scalar-bases form
@@ -268,7 +271,8 @@ def test_tile_page_addressing(
     monkeypatch.setattr(itf, "_RUNTIME_PAGE", runtime_page)
     monkeypatch.setattr(itf, "_STRADDLE_BRANCH", branch)
     monkeypatch.setattr(itf, "_TWO_PAGE_BASES", bases)
-    monkeypatch.setattr(itf, "_PAGE_WALK", walk)
+    monkeypatch.setattr(itf, "_PAGE_WALK", bool(walk))
+    monkeypatch.setattr(itf, "_WALK_ALIGNED", walk == "aligned")
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,

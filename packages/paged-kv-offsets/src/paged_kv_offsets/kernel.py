@@ -204,22 +204,23 @@ def _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slo
         return b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
 
 
-# ---- page walks: tiles that never cross a page, for pages that are not a multiple of the tile ----
+# ---- page walks: tiles that never cross a page, for any page at least as wide as the tile ----
 #
-# A page of PAGE_SIZE = Q * BLOCK + R tokens (Q = PAGE_SIZE // BLOCK >= 1, R > 0) is walked as Q
-# full tiles of BLOCK tokens at page offsets 0, BLOCK, ..., (Q - 1) * BLOCK and one rest tile of
-# the last R tokens. "Walk index" g numbers all of them in position order, Q + 1 per page:
-# g = page * (Q + 1) + w, the rest tile of a page being w = Q. A kernel walks the full tiles
-# (index t = page * Q + w) and the rest tiles (index = page) in two loops of fixed-width tiles,
-# each tile on one page, so every address takes the one-page form (tile_blocks IN_PAGE) that a
-# power-of-two page gives every tile. See walk.page_walk_rest_block for the rest tile's width.
+# A page of PAGE_SIZE = Q * BLOCK + R tokens (Q = PAGE_SIZE // BLOCK >= 1) is walked as Q full tiles
+# of BLOCK tokens at page offsets 0, BLOCK, ..., (Q - 1) * BLOCK and, when R > 0, one rest tile of the
+# last R tokens. "Walk index" g numbers all of them in position order, G = ceil(PAGE_SIZE / BLOCK)
+# per page: g = page * G + w, the rest tile of a page being w = Q. A kernel walks the full tiles
+# (index t = page * Q + w) and the rest tiles (index = page) in two loops of fixed-width tiles, each
+# tile on one page, so every address takes the one-page form (tile_blocks IN_PAGE). With R == 0 the
+# walk is the plain aligned tiling (no rest tiles), indexed per tile instead of per position.
+# See walk.page_walk_rest_block for the rest tile's width.
 
 
 @triton.jit
 def _walk_index(x, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr, ROUND_UP: tl.constexpr):
     """Walk index of the first tile that starts at or after position ``x`` (``ROUND_UP``), or of
     the first tile that ends after ``x`` (= how many tiles end at or before ``x``); ``x >= 0``."""
-    G: tl.constexpr = PAGE_SIZE // BLOCK + 1
+    G: tl.constexpr = (PAGE_SIZE + BLOCK - 1) // BLOCK
     page = x // PAGE_SIZE
     off = x - page * PAGE_SIZE  # [0, PAGE_SIZE)
     if ROUND_UP:
@@ -234,8 +235,8 @@ def page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK: tl.constexpr, PA
     """Walk indices ``(g_lo, g_a, g_b, g_hi)`` of the tiles a reader of positions ``[need_lo,
     need_hi)`` needs (``g_lo <= g < g_hi``), of which ``[g_a, g_b)`` lie wholly inside ``[full_lo,
     full_hi)`` (tiles a kernel may read without masks). Scalars, ``0 <= need_lo``, ``0 <= full_lo``,
-    int32 positions; needs ``PAGE_SIZE > BLOCK`` (both constexpr)."""
-    tl.static_assert(PAGE_SIZE > BLOCK, "page walks need a page wider than the tile")
+    int32 positions; needs ``PAGE_SIZE >= BLOCK`` (both constexpr)."""
+    tl.static_assert(PAGE_SIZE >= BLOCK, "page walks need a page at least as wide as the tile")
     g_lo = _walk_index(need_lo, BLOCK, PAGE_SIZE, False)
     g_hi = tl.where(need_hi > need_lo, _walk_index(tl.maximum(need_hi, 0), BLOCK, PAGE_SIZE, True), g_lo)
     g_a = tl.minimum(tl.maximum(_walk_index(full_lo, BLOCK, PAGE_SIZE, True), g_lo), g_hi)
@@ -247,7 +248,7 @@ def page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK: tl.constexpr, PA
 def page_walk_tile(g, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """``(pos0, page_end)`` of walk tile ``g``: its first position and the end of its page (a
     full tile holds ``[pos0, pos0 + BLOCK)``, a rest tile ``[pos0, page_end)``)."""
-    G: tl.constexpr = PAGE_SIZE // BLOCK + 1
+    G: tl.constexpr = (PAGE_SIZE + BLOCK - 1) // BLOCK
     page = g // G
     return page * PAGE_SIZE + (g - page * G) * BLOCK, (page + 1) * PAGE_SIZE
 
@@ -255,13 +256,20 @@ def page_walk_tile(g, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
 @triton.jit
 def page_walk_split(g_a, g_b, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """The walk tiles ``[g_a, g_b)`` as ``(t_a, t_b, p_a, p_b)``: full tiles ``t_a <= t < t_b``
-    (:func:`page_walk_full`) and the rest tiles of pages ``p_a <= p < p_b`` (:func:`page_walk_rest`)."""
+    (:func:`page_walk_full`) and the rest tiles of pages ``p_a <= p < p_b`` (:func:`page_walk_rest`;
+    none when the page is a multiple of the tile)."""
     Q: tl.constexpr = PAGE_SIZE // BLOCK
-    G: tl.constexpr = Q + 1
-    p_a = g_a // G
-    p_b = g_b // G
-    t_a = p_a * Q + tl.minimum(g_a - p_a * G, Q)
-    t_b = p_b * Q + tl.minimum(g_b - p_b * G, Q)
+    if PAGE_SIZE % BLOCK == 0:
+        t_a = g_a
+        t_b = g_b
+        p_a = g_a * 0
+        p_b = g_a * 0
+    else:
+        G: tl.constexpr = Q + 1
+        p_a = g_a // G
+        p_b = g_b // G
+        t_a = p_a * Q + tl.minimum(g_a - p_a * G, Q)
+        t_b = p_b * Q + tl.minimum(g_b - p_b * G, Q)
     return t_a, t_b, p_a, p_b
 
 

@@ -323,15 +323,23 @@ _TWO_PAGE_BASES = False
 # With per-tile addressing and a constexpr page wider than the context tile but not a multiple of it
 # (544, 1040, 1056 against tiles of 64/128), walk the context page by page: full tiles at page
 # offsets 0, BLOCK_N_CTX, ... and one narrow rest tile per page, so no tile crosses a page and every
-# address takes the one-page form a power-of-two page gets (paged_kv_offsets page walks; NOTES step 11).
+# address takes the one-page form a power-of-two page gets (paged_kv_offsets page walks). On since
+# the H200 A/B of 2026-11-29 (session 4, NOTES step 11); both forms are tested.
 _PAGE_WALK = True
+# Also walk pages that ARE multiples of the context tile (512, 1024, 2048), i.e. index the aligned
+# context tiles per tile instead of per position. Candidate, off and untimed: on the H200 the walked
+# non-power-of-two qwen-hybrid pages ran faster than the power-of-two ones (NOTES step 11).
+_WALK_ALIGNED = False
 
 
-def _rest_block(page_constexpr: int, config: KernelConfig) -> int:
-    """The kernel's ``REST_BLOCK``: the rest-tile width of a context page walk, 0 for none."""
-    if not (_TILE_PAGES and _PAGE_WALK) or page_constexpr == 0:
-        return 0
-    return page_walk_rest_block(page_constexpr, config.BLOCK_N_CTX)
+def _page_walk(page_constexpr: int, config: KernelConfig) -> tuple[bool, int]:
+    """The kernel's ``(PAGE_WALK, REST_BLOCK)``: walk the context page by page, with rest tiles that
+    wide (0: the page is a multiple of the context tile)."""
+    bnc = config.BLOCK_N_CTX
+    if not (_TILE_PAGES and _PAGE_WALK) or page_constexpr == 0 or page_constexpr <= bnc:
+        return False, 0
+    rest = page_walk_rest_block(page_constexpr, bnc)
+    return (rest > 0 or _WALK_ALIGNED), rest
 
 
 def _launch_fwd(
@@ -412,6 +420,7 @@ def _launch_fwd(
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
     page_constexpr = _page_constexpr(kc.page_size, config, kv_from_cache)
+    walk, rest_block = _page_walk(page_constexpr, config)
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
@@ -480,7 +489,8 @@ def _launch_fwd(
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,
         TWO_PAGE_BASES=_TWO_PAGE_BASES,
-        REST_BLOCK=_rest_block(page_constexpr, config),
+        PAGE_WALK=walk,
+        REST_BLOCK=rest_block,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

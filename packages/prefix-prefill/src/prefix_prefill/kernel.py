@@ -272,22 +272,22 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
 @triton.jit
 def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
              BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-             ALIGNED: tl.constexpr, REST_BLOCK: tl.constexpr):  # fmt: skip
+             ALIGNED: tl.constexpr, PAGE_WALK: tl.constexpr, REST_BLOCK: tl.constexpr):  # fmt: skip
     """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
     positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
     Both bounds come from :func:`_key_bounds` / :func:`_tile_bounds` before the loops, so no tile outside them is loaded.
 
-    ``REST_BLOCK > 0`` (the cached context, ``k_base == 0``, a constexpr page wider than ``BLOCK_N``
-    and not a multiple of it): a page walk (:func:`paged_kv_offsets.kernel.page_walk_bounds`) instead
-    of tiles at multiples of ``BLOCK_N``, so that no tile crosses a page: the masked edge tiles
-    (``BLOCK_N`` wide, lanes past their page masked), the unmasked full tiles, then each page's rest
-    tile (``REST_BLOCK`` wide; unmasked when the rest is exactly that wide)."""
+    ``PAGE_WALK`` (the cached context, ``k_base == 0``, a constexpr page at least as wide as
+    ``BLOCK_N``): a page walk (:func:`paged_kv_offsets.kernel.page_walk_bounds`) instead of tiles at
+    multiples of ``BLOCK_N``, so that no tile crosses a page: the masked edge tiles (``BLOCK_N`` wide,
+    lanes past their page masked), the unmasked full tiles, then, when the page is not a multiple of
+    ``BLOCK_N``, each page's rest tile (``REST_BLOCK`` wide; unmasked when the rest is exactly that
+    wide)."""
     need_lo, need_hi, full_lo, full_hi = _key_bounds(
         q_lo, q_hi, k_base, k_len, rows[3], rows[4], CFG[1], CFG[2], CFG[3]
     )  # rows[3], rows[4]: window_left, window_right
-    if REST_BLOCK > 0:
+    if PAGE_WALK:
         PAGE_SIZE: tl.constexpr = CFG[7]
-        REST_MASKED: tl.constexpr = REST_BLOCK != PAGE_SIZE % BLOCK_N
         g_lo, g_a, g_b, g_hi = page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, PAGE_SIZE)
         n_edge = g_a - g_lo
         for i in tl.range(0, n_edge + (g_hi - g_b)):
@@ -301,11 +301,13 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
             n0 = page_walk_full(t, BLOCK_N, PAGE_SIZE)
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
                                   BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, True)  # fmt: skip
-        for p in tl.range(p_a, p_b):
-            n0, page_end = page_walk_rest(p, BLOCK_N, PAGE_SIZE)
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, tl.minimum(k_end, page_end), rows, cache, new,
-                                  s_scale, p_scale, REST_BLOCK, FROM_CACHE, REST_MASKED, V_RUNS, CFG, ALIGNED,
-                                  True)  # fmt: skip
+        if REST_BLOCK > 0:
+            REST_MASKED: tl.constexpr = REST_BLOCK != PAGE_SIZE % BLOCK_N
+            for p in tl.range(p_a, p_b):
+                n0, page_end = page_walk_rest(p, BLOCK_N, PAGE_SIZE)
+                acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, tl.minimum(k_end, page_end), rows, cache,
+                                      new, s_scale, p_scale, REST_BLOCK, FROM_CACHE, REST_MASKED, V_RUNS, CFG,
+                                      ALIGNED, True)  # fmt: skip
     else:
         lo, mid_lo, mid_hi, hi = _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, CFG[2])
         n_edge = (mid_lo - lo) // BLOCK_N
@@ -386,7 +388,8 @@ def _fwd_kernel(
     TILE_PAGES: tl.constexpr,
     STRADDLE_BRANCH: tl.constexpr,
     TWO_PAGE_BASES: tl.constexpr,
-    REST_BLOCK: tl.constexpr,  # > 0: walk the context page by page (rest tiles this wide), see _segment
+    PAGE_WALK: tl.constexpr,  # walk the context page by page, see _segment
+    REST_BLOCK: tl.constexpr,  # with PAGE_WALK: width of each page's rest tile (0: pages are multiples of the tile)
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -456,7 +459,7 @@ def _fwd_kernel(
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
                              v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
-                             REST_BLOCK)  # fmt: skip
+                             PAGE_WALK, REST_BLOCK)  # fmt: skip
     # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
     # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
     p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
@@ -464,7 +467,7 @@ def _fwd_kernel(
     new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
     s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale_new,
-                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False, 0)  # fmt: skip
+                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False, False, 0)  # fmt: skip
 
     # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
