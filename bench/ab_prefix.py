@@ -19,7 +19,6 @@ DIR/ab_prefix<switch>.{csv,md} with ``--out``. Shapes are those of bench/prefix_
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, bench_ms, start, tflops, uniform_prefix_problem, write_rows
+from common import bench_ms, prefix_bench_module, start, tflops, uniform_prefix_problem, write_rows
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -38,15 +37,6 @@ import prefix_prefill.interface as itf  # noqa: E402
 from prefix_prefill import prefix_prefill  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-
-
-def _bench_module():
-    """bench/prefix_prefill.py's problem builder (loaded by path: its name shadows the package)."""
-    spec = importlib.util.spec_from_file_location("_bench_pp", ROOT / "bench" / "prefix_prefill.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != str(ROOT / "bench")]
-    return mod
 
 
 def _problem(bp, shape: dict, page: int, layout: str) -> dict:
@@ -116,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(itf, args.switch):
         ap.error(f"prefix_prefill.interface has no switch {args.switch}")
     default = getattr(itf, args.switch)
-    bp = _bench_module()
+    bp = prefix_bench_module()
     shapes = {n: bp.SHAPES[n] for n in args.shapes.split(",")}
     pages = [int(p) for p in args.pages.split(",")]
     layouts = args.layouts.split(",")

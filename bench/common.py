@@ -164,3 +164,15 @@ def print_rows(rows: list[dict], keys: list[str]) -> None:
             "  ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r.get(k)}" for k in keys),
             flush=True,
         )
+
+
+def prefix_bench_module():
+    """bench/prefix_prefill.py (problem builders, shapes, peers) as a module, loaded by path: its
+    name would shadow the ``prefix_prefill`` package. Takes bench/ back off ``sys.path`` after."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_bench_pp", ROOT / "bench" / "prefix_prefill.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != str(ROOT / "bench")]
+    return mod

@@ -14,25 +14,16 @@ cache's stride matters. Writes DIR/probe_pad.csv with ``--out``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, bench_ms, start, tflops, write_rows
+from common import bench_ms, prefix_bench_module, start, tflops, write_rows
 
 start(interpret=False)
 
 import torch  # noqa: E402
-
-
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("_bench_pp", ROOT / "bench" / "prefix_prefill.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != str(ROOT / "bench")]
-    return mod
 
 
 def _padded(cache: torch.Tensor, slot_dim: int, slots: int) -> torch.Tensor:
@@ -52,7 +43,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--ctx", default=None, help="context lengths (a,b,...) to time instead of padding")
     args = ap.parse_args()
-    bp = _bench_module()
+    bp = prefix_bench_module()
     shape = bp.SHAPES[args.shape]
     rows = []
     if args.ctx is not None:  # context lengths instead of strides: where a context ends inside a page
