@@ -26,7 +26,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_ms, prefix_bench_module, start, tflops, uniform_prefix_problem, write_rows
+from common import (
+    bench_ms,
+    prefix_bench_module,
+    set_prefix_switches,
+    start,
+    tflops,
+    uniform_prefix_problem,
+    write_rows,
+)
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -98,11 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
     args = ap.parse_args(argv)
-    for kv in args.set:
-        name, _, val = kv.partition("=")
-        if not hasattr(itf, name) or val not in ("0", "1"):
-            ap.error(f"--set {kv}: expected NAME=0|1 with NAME a switch of prefix_prefill.interface")
-        setattr(itf, name, val == "1")
+    set_prefix_switches(args.set, ap.error)
     if not hasattr(itf, args.switch):
         ap.error(f"prefix_prefill.interface has no switch {args.switch}")
     default = getattr(itf, args.switch)

@@ -176,3 +176,16 @@ def prefix_bench_module():
     spec.loader.exec_module(mod)
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != str(ROOT / "bench")]
     return mod
+
+
+def set_prefix_switches(sets: list[str], error) -> None:
+    """Apply ``--set NAME=0|1`` options: booleans of ``prefix_prefill.interface`` (its A/B switches);
+    ``error(msg)`` reports a bad one (argparse's ``ap.error``)."""
+    import prefix_prefill.interface as itf
+
+    for kv in sets:
+        name, _, val = kv.partition("=")
+        switch = name.startswith("_") and isinstance(getattr(itf, name, None), bool)
+        if not switch or val not in ("0", "1"):
+            error(f"--set {kv}: expected NAME=0|1 with NAME a switch of prefix_prefill.interface")
+        setattr(itf, name, val == "1")

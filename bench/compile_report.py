@@ -71,6 +71,7 @@ def prefix_source(
     bases: bool = False,
     page_walk: bool = False,
     walk_aligned: bool = False,
+    rest_group: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -80,6 +81,8 @@ def prefix_source(
     bm, bn, bnc, warps, stages = cfg
     walk = tile_pages and page_walk and not runtime_page and page > bnc
     walk = walk and (page_walk_rest_block(page, bnc) > 0 or walk_aligned)
+    group_rest = page_walk_rest_block(page, bnc)  # rest groups need a rest that is exactly this wide
+    group = bnc // group_rest if group_rest else 1
     if layout == "split":
         lay = dict(X=8, K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True,
                    V_CONTIG=min(math.gcd(page, bnc), 8), stride_kc_x=1, stride_vc_slot=1)  # fmt: skip
@@ -97,6 +100,7 @@ def prefix_source(
         TWO_PAGE_BASES=bases,
         # as interface._page_walk
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
+        REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None,
         stride_bt_col=1, **lay,
     )  # fmt: skip
@@ -164,6 +168,7 @@ def main() -> None:
     ap.add_argument("--two-page-bases", action="store_true", help="prefix, with --tile-pages: the BASES form")
     ap.add_argument("--page-walk", action="store_true", help="prefix, with --tile-pages: context page walks")
     ap.add_argument("--walk-aligned", action="store_true", help="prefix, --page-walk: multiples too")
+    ap.add_argument("--rest-group", action="store_true", help="prefix, --page-walk: rest tiles grouped")
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -181,6 +186,7 @@ def main() -> None:
             args.two_page_bases,
             args.page_walk,
             args.walk_aligned,
+            args.rest_group,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
@@ -193,6 +199,7 @@ def main() -> None:
         what += " two-page-bases" if args.two_page_bases else ""
         what += " page-walk" if args.page_walk else ""
         what += " walk-aligned" if args.walk_aligned else ""
+        what += " rest-group" if args.rest_group else ""
     print(f"{what}: {report(src, warps, stages)}")
 
 

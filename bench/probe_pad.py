@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_ms, prefix_bench_module, start, tflops, write_rows
+from common import bench_ms, prefix_bench_module, set_prefix_switches, start, tflops, write_rows
 
 start(interpret=False)
 
@@ -42,7 +42,10 @@ def main() -> int:
     ap.add_argument("--pages", default="512,544,1040,1056")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--ctx", default=None, help="context lengths (a,b,...) to time instead of padding")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
+                    help="a prefix_prefill.interface switch for the run (e.g. _REST_GROUP=1)")  # fmt: skip
     args = ap.parse_args()
+    set_prefix_switches(args.set, ap.error)
     bp = prefix_bench_module()
     shape = bp.SHAPES[args.shape]
     rows = []
@@ -54,12 +57,14 @@ def main() -> int:
                 fn = bp.call_ours(prob)
                 fn()
                 ms = bench_ms(fn)
-                r = {"shape": args.shape, "page": page, "ctx": ctx, "ms": ms, "tflops": tflops(flops, ms)}
+                sets = " ".join(args.set) or "-"
+                r = {"shape": args.shape, "page": page, "ctx": ctx, "sets": sets, "ms": ms}
+                r["tflops"] = tflops(flops, ms)
                 rows.append(r)
                 print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
                 del prob
         if args.out is not None:
-            write_rows(args.out, "probe_ctx", rows)
+            write_rows(args.out, "probe_ctx" + "".join("_" + s.replace("=", "") for s in args.set), rows)
         return 0
     for page in [int(p) for p in args.pages.split(",")]:
         prob = bp.make_problem(torch, shape, page)

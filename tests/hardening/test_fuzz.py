@@ -173,6 +173,7 @@ def prefix_problems(draw) -> dict:
         "two_page_bases": draw(st.booleans()),  # ... and _TWO_PAGE_BASES
         "page_walk": draw(st.booleans()),  # ... and _PAGE_WALK
         "walk_aligned": draw(st.booleans()),  # ... and _WALK_ALIGNED
+        "rest_group": draw(st.booleans()),  # ... and _REST_GROUP (GPU tiles: page 144 rests 16 of 64/128)
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -186,7 +187,10 @@ def prefix_problems(draw) -> dict:
 def test_fuzz_prefix_prefill(p):
     import prefix_prefill.interface as itf
 
-    keys = ("tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned")
+    keys = (
+        "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
+        "rest_group",
+    )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     saved = [getattr(itf, n) for n in names]
     for n, k in zip(names, keys, strict=True):

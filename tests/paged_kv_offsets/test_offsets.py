@@ -15,9 +15,11 @@ from conftest import DEVICE
 from paged_kv_offsets import describe_cache, describe_kv_cache, page_walk_rest_block, pages_needed
 from paged_kv_offsets.kernel import (
     dim_offsets,
+    lane_offsets,
     page_walk_bounds,
     page_walk_full,
     page_walk_rest,
+    page_walk_rest_group,
     page_walk_split,
     page_walk_tile,
     tile_block_offsets,
@@ -468,6 +470,58 @@ def test_page_walk_covers_each_needed_key_once(page, block):
             for x in range(max(s, need_lo), min(e, need_hi)):
                 covered[x] += 1
         assert all(covered[x] == 1 for x in range(need_lo, need_hi))
+
+
+@triton.jit
+def _rest_group_kernel(bt, page0s, page_ends, out_pos, out_off, out_valid, stride_block, stride_slot,
+                       BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):  # fmt: skip
+    """Program i: the rest group of pages [page0s[i], page_ends[i]) -> positions, offsets, valid."""
+    i = tl.program_id(0)
+    pos, blk, slot, valid = page_walk_rest_group(
+        bt, 1, tl.load(page0s + i), tl.load(page_ends + i), BLOCK, PAGE_SIZE
+    )
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_pos + i * BLOCK + offs, pos)
+    tl.store(out_off + i * BLOCK + offs, lane_offsets(blk, slot, stride_block, stride_slot))
+    tl.store(out_valid + i * BLOCK + offs, valid.to(tl.int32))
+
+
+@pytest.mark.parametrize("page,block", [(544, 128), (544, 64), (1040, 128), (1056, 64), (48, 32), (80, 64)])
+def test_page_walk_rest_group(page, block):
+    """page_walk_rest_group: lane i of the group at page0 is slot page - R + i % R of page
+    page0 + i // R (R = page % block); lanes of pages at or past page_end repeat page_end - 1's
+    lanes and are flagged invalid (so every lane addresses a slot of a needed page); the valid lanes
+    hold each rest slot of the group's pages exactly once."""
+    r = page % block
+    group = block // r
+    n_pages = 3 * group + 1
+    gen = torch.Generator().manual_seed(page + block)
+    table = torch.randperm(10 * n_pages, generator=gen)[:n_pages].to(torch.int32)
+    ends = {p0: range(p0 + 1, min(p0 + group, n_pages) + 1) for p0 in range(0, n_pages, group)}
+    cases = [(p0, pe) for p0, pes in ends.items() for pe in pes]
+    cases += [(1, n_pages), (n_pages - 1, n_pages)]
+    p0s = torch.tensor([c[0] for c in cases], dtype=torch.int32)
+    pes = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    out_pos = torch.full((len(cases), block), -1, dtype=torch.int32)
+    out_off = torch.full((len(cases), block), -1, dtype=torch.int64)
+    out_valid = torch.full((len(cases), block), -1, dtype=torch.int32)
+    sb, ss = 1000 * page, 3
+    bufs = [t.to(DEVICE) for t in (table, p0s, pes, out_pos, out_off, out_valid)]
+    _rest_group_kernel[(len(cases),)](*bufs, sb, ss, BLOCK=block, PAGE_SIZE=page)
+    out_pos, out_off, out_valid = (t.cpu() for t in bufs[3:])
+    for c, (p0, pe) in enumerate(cases):
+        for i in range(block):
+            p = p0 + i // r
+            slot = page - r + i % r
+            valid = p < pe
+            q = min(p, pe - 1)
+            assert int(out_valid[c, i]) == int(valid), (p0, pe, i)
+            assert int(out_pos[c, i]) == q * page + slot, (p0, pe, i)
+            assert int(out_off[c, i]) == int(table[q]) * sb + slot * ss, (p0, pe, i)
+    # every rest slot of pages [p0, pe) appears exactly once among the valid lanes
+    for c, (p0, pe) in enumerate(cases):
+        got = sorted(out_pos[c][out_valid[c] == 1].tolist())
+        assert got == [p * page + page - r + w for p in range(p0, min(pe, p0 + group)) for w in range(r)]
 
 
 def s_in(tile: tuple[int, int], lo: int, hi: int) -> bool:

@@ -111,11 +111,14 @@ def test_gpu_pages(page, dtype, layout):
 @pytest.mark.parametrize("page", [16, 128, 544, 1040, 1056, 2048])
 @pytest.mark.parametrize("head_size", [128, 256])
 @pytest.mark.parametrize("layout", ["split", "nhd"])
-def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout):
-    """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled."""
+@pytest.mark.parametrize("group", [False, True], ids=["rest_tiles", "rest_groups"])
+def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout, group):
+    """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled; page
+    walks with one rest tile per page or rest groups (``_REST_GROUP``)."""
     import prefix_prefill.interface as itf
 
     monkeypatch.setattr(itf, "_TILE_PAGES", True)
+    monkeypatch.setattr(itf, "_REST_GROUP", group)
     seqs = [*random_seqs(4, 2500, 600), (0, 200), (2 * page + 3, 1), (page, 129)]
     case = make_case(
         seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page, dtype=torch.bfloat16,
@@ -246,10 +249,12 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
 @pytest.mark.parametrize(
     "tile_pages,runtime_page,branch,bases,walk",
     [(True, False, False, False, True), (True, False, False, False, "aligned"),
+     (True, False, False, False, "grouped"),
      (True, False, False, False, False), (True, True, False, False, False),
      (True, False, True, False, False), (True, False, False, True, False),
      (False, False, False, False, False)],
-    ids=["per_tile_page_walk", "per_tile_page_walk_aligned_too", "per_tile", "per_tile_runtime_page",
+    ids=["per_tile_page_walk", "per_tile_page_walk_aligned_too", "per_tile_page_walk_rest_groups", "per_tile",
+         "per_tile_runtime_page",
          "per_tile_straddle_branch", "per_tile_two_page_bases", "per_token"],
 )  # fmt: skip
 def test_tile_page_addressing(
@@ -258,8 +263,9 @@ def test_tile_page_addressing(
     """Every cache-addressing path gives the reference answer: per tile with page walks (the default:
     pages wider than the context tile and not a multiple of it are walked page by page, with masked
     (page 17) and unmasked (48, 544) rest tiles; ``_WALK_ALIGNED`` also walks pages that are
-    multiples of the tile, page 64), per tile without them (paged_kv_offsets.tile_blocks:
-    shared table reads, ALIGNED context tiles, unmasked interior tiles),
+    multiples of the tile, page 64; ``_REST_GROUP`` gathers the rest tiles of several pages into
+    one tile: pages 48 and 544 against tiles of 32 and 64), per tile without them
+    (paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles),
     per tile with the page size at runtime (``_RUNTIME_PAGE``), per tile with the one-page form for
     tiles that do not straddle (``_STRADDLE_BRANCH``), per tile with the two-scalar-bases form
     (``_TWO_PAGE_BASES``) and per token (``_TILE_PAGES=False``), the last five kept for A/B runs:
@@ -273,6 +279,7 @@ def test_tile_page_addressing(
     monkeypatch.setattr(itf, "_TWO_PAGE_BASES", bases)
     monkeypatch.setattr(itf, "_PAGE_WALK", bool(walk))
     monkeypatch.setattr(itf, "_WALK_ALIGNED", walk == "aligned")
+    monkeypatch.setattr(itf, "_REST_GROUP", walk == "grouped")
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,

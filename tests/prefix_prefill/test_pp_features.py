@@ -100,13 +100,19 @@ def _poison_slot(case, blk: int, slot: int) -> None:
         (KernelConfig(16, 16, 16, 1, 1), 40, "split"),  # rest tile 8 of 16 lanes (masked rest)
         (KernelConfig(16, 16, 32, 1, 1), 48, "nhd"),  # rest tile 16 of 16 (unmasked rest)
         (KernelConfig(16, 32, 64, 1, 1), 544, "hnd"),
+        (KernelConfig(16, 16, 64, 1, 1), 80, "split"),  # rest 16: 4 pages per rest group
     ],
 )
 @pytest.mark.parametrize("window", [(-1, -1), (30, -1)])
-def test_page_walk_edge_tiles_discard_what_they_load(config, page, layout, window):
+@pytest.mark.parametrize("group", [False, True], ids=["rest_tiles", "rest_groups"])
+def test_page_walk_edge_tiles_discard_what_they_load(monkeypatch, config, page, layout, window, group):
     """Page walks (masked edge tiles, masked and unmasked rest tiles) never use a cache slot that no
     query may see: every such slot (past the context, where the new tokens' copies live, and before
-    the window) is NaN, and the output is still finite and exact."""
+    the window) is NaN, and the output is still finite and exact. With ``_REST_GROUP`` the padding
+    lanes of a rest group repeat needed keys and must be discarded too."""
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_REST_GROUP", group)
     seqs = [(page + 37, 29), (2 * page - 5, 3), (25, 40), (3 * page, 17)]
     case = _case(seqs=seqs, page=page, layout=layout, dtype=torch.float32, kv_from_cache=False)
     ref = reference(case, window=window)

@@ -35,7 +35,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              BLOCK_N=cfg.BLOCK_N, BLOCK_N_CTX=cfg.BLOCK_N_CTX, CAUSAL=True, USE_LEFT=False,
              USE_RIGHT=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False,
              OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
-             STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0,
+             STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
              DOT_PRECISION=None)
     c.update(flags)
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
@@ -112,6 +112,8 @@ CASES = [
     # page walks (the default for these pages): rest tiles of 32 (544 % 128) and 16 (1040 % 64)
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32}],
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 256, 1040, {**WALK, "REST_BLOCK": 16}],
+    # rest groups (interface._REST_GROUP): 4 pages' rests of 32 per tile of 128 (544 % 128)
+    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32, "REST_GROUP": 4}],
     [
         ["cuda", 80, 32],
         "sm80",

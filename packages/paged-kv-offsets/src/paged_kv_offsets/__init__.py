@@ -3,15 +3,16 @@
 Device side (``@triton.jit``, import from :mod:`paged_kv_offsets.kernel`): ``token_offsets``,
 ``tile_blocks``, ``tile_block_offsets``, ``page_walk_bounds`` / ``page_walk_tile`` /
 ``page_walk_split`` / ``page_walk_full`` / ``page_walk_rest`` (tiles that never cross a page),
+``page_walk_rest_group`` / ``lane_offsets`` (the rest tiles of several pages in one tile),
 ``tile_pages``, ``tile_offsets``, ``token_mask``, ``dim_offsets``. Host side:
 :func:`describe_cache` / :func:`describe_kv_cache` (layouts as strides),
 :func:`validate_block_table` and :func:`page_walk_rest_block`.
 
-Versioned on its own: kernels pin ``paged-kv-offsets>=1.3,<2``; the device-function signatures
+Versioned on its own: kernels pin ``paged-kv-offsets>=1.4,<2``; the device-function signatures
 only change with a major version.
 """
 
-__version__ = "1.3.0"
+__version__ = "1.4.0"
 
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout
 from paged_kv_offsets.validate import pages_needed, validate_block_table

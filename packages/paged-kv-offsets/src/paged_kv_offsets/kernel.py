@@ -289,6 +289,40 @@ def page_walk_rest(page, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def page_walk_rest_group(
+    bt_row, stride_bt_col, page0, page_end, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr
+):
+    """The rest tiles of pages ``page0, page0 + 1, ...`` (those below ``page_end``; ``page0 <
+    page_end``) side by side in ONE tile of ``BLOCK`` lanes: ``R = PAGE_SIZE % BLOCK`` lanes per page,
+    ``BLOCK // R`` pages per tile (needs ``R`` to divide ``BLOCK``, e.g. pages 544/1056 with tiles of
+    128: 4 pages of 32 lanes; 1040: 8 pages of 16). A walk then takes ``ceil(rests / (BLOCK // R))``
+    full-width iterations for its rest tiles instead of one narrow iteration per page.
+
+    Returns ``(pos, blk, slot, valid)``, all ``[BLOCK]``: lane ``i`` holds slot ``Q * BLOCK + i % R``
+    (``Q = PAGE_SIZE // BLOCK``) of page ``page0 + i // R``, at position ``pos``, in cache block
+    ``blk`` (int64). Lanes of pages at or past ``page_end`` (``valid`` False) repeat the lanes of page
+    ``page_end - 1``: every lane addresses a slot of a page the walk needs, so the K/V loads need no
+    mask and keep their ``R``-token runs (a caller masks those lanes' logits), and the block table is
+    read only for needed pages. Offsets: :func:`lane_offsets`."""
+    R: tl.constexpr = PAGE_SIZE % BLOCK
+    tl.static_assert(R > 0 and BLOCK % R == 0, "rest groups need PAGE_SIZE % BLOCK to divide BLOCK")
+    offs = tl.arange(0, BLOCK)  # [BLOCK]
+    page = page0 + offs // R  # [BLOCK]
+    valid = page < page_end  # [BLOCK]
+    page = tl.minimum(page, page_end - 1)  # [BLOCK]
+    slot = (PAGE_SIZE - R) + offs % R  # [BLOCK]
+    blk = tl.load(bt_row + page.to(tl.int64) * stride_bt_col).to(tl.int64)  # [BLOCK]
+    return page * PAGE_SIZE + slot, blk, slot, valid
+
+
+@triton.jit
+def lane_offsets(blk, slot, stride_block, stride_slot):
+    """[N] int64 offsets ``blk * stride_block + slot * stride_slot`` of per-lane blocks and slots
+    (:func:`page_walk_rest_group`)."""
+    return blk * stride_block + slot.to(tl.int64) * stride_slot
+
+
+@triton.jit
 def tile_pages(bt_row, stride_bt_col, pos0, n_valid, n_cols, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """``(block, slot)``, both [BLOCK] int64, of the consecutive positions ``pos0 + [0, BLOCK)``
     (``pos0 >= 0``; requires ``BLOCK <= PAGE_SIZE``). Padding lanes (the :func:`token_mask` rule)

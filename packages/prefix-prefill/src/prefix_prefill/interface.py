@@ -330,16 +330,25 @@ _PAGE_WALK = True
 # context tiles per tile instead of per position. Candidate, off and untimed: on the H200 the walked
 # non-power-of-two qwen-hybrid pages ran faster than the power-of-two ones (NOTES step 11).
 _WALK_ALIGNED = False
+# In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
+# 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
+# one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
+# (544 with a 4096-token context: 2 iterations instead of 7). Candidate for the llama split-layout
+# page spread (NOTES step 12), off until timed on a GPU; both forms are tested.
+_REST_GROUP = False
 
 
-def _page_walk(page_constexpr: int, config: KernelConfig) -> tuple[bool, int]:
-    """The kernel's ``(PAGE_WALK, REST_BLOCK)``: walk the context page by page, with rest tiles that
-    wide (0: the page is a multiple of the context tile)."""
+def _page_walk(page_constexpr: int, config: KernelConfig) -> tuple[bool, int, int]:
+    """The kernel's ``(PAGE_WALK, REST_BLOCK, REST_GROUP)``: walk the context page by page, with rest
+    tiles ``REST_BLOCK`` wide (0: the page is a multiple of the context tile), ``REST_GROUP`` pages'
+    rest tiles per iteration."""
     bnc = config.BLOCK_N_CTX
     if not (_TILE_PAGES and _PAGE_WALK) or page_constexpr == 0 or page_constexpr <= bnc:
-        return False, 0
+        return False, 0, 1
     rest = page_walk_rest_block(page_constexpr, bnc)
-    return (rest > 0 or _WALK_ALIGNED), rest
+    exact = rest > 0 and page_constexpr % bnc == rest  # the rest tile holds no padding lanes
+    group = bnc // rest if _REST_GROUP and exact and bnc // rest > 1 else 1
+    return (rest > 0 or _WALK_ALIGNED), rest, group
 
 
 def _launch_fwd(
@@ -420,7 +429,7 @@ def _launch_fwd(
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
     page_constexpr = _page_constexpr(kc.page_size, config, kv_from_cache)
-    walk, rest_block = _page_walk(page_constexpr, config)
+    walk, rest_block, rest_group = _page_walk(page_constexpr, config)
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
@@ -491,6 +500,7 @@ def _launch_fwd(
         TWO_PAGE_BASES=_TWO_PAGE_BASES,
         PAGE_WALK=walk,
         REST_BLOCK=rest_block,
+        REST_GROUP=rest_group,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -31,9 +31,11 @@ import triton.language as tl
 
 from paged_kv_offsets.kernel import (
     dim_offsets,
+    lane_offsets,
     page_walk_bounds,
     page_walk_full,
     page_walk_rest,
+    page_walk_rest_group,
     page_walk_split,
     page_walk_tile,
     tile_block_offsets,
@@ -113,14 +115,16 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 
 @triton.jit
 def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED: tl.constexpr,
-            SCALE_P: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+            SCALE_P: tl.constexpr, CFG: tl.constexpr, MASK_LOADS: tl.constexpr = True):  # fmt: skip
     """One online-softmax step over one key tile (the only softmax update in this kernel).
 
     ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
     ``k_end`` one past the last key of the segment. Keys outside ``[k_start, k_end)`` are never
     loaded, so pages a window has left behind may hold anything (NaN, a recycled block).
     ``s_scale`` is the logit scale in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the
-    probabilities before the PV dot (the fp8 V-cache scale). Returns the updated ``(acc, m_i, l_i)``.
+    probabilities before the PV dot (the fp8 V-cache scale). ``MASK_LOADS=False`` (with ``MASKED``):
+    the caller promises that every lane's pointers address a needed (finite) key, so only the logits
+    are masked. Returns the updated ``(acc, m_i, l_i)``.
     """
     PAD_D: tl.constexpr = CFG[0]
     CAUSAL: tl.constexpr = CFG[1]
@@ -133,7 +137,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
         m_k = m_k & (k_pos >= k_start)  # [BN]
-    if MASKED:
+    if MASKED and MASK_LOADS:
         b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
     elif PAD_D:
         b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
@@ -169,7 +173,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i - m_use)  # [BM]
     l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-    if MASKED:
+    if MASKED and MASK_LOADS:
         b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)  # [BN, BD]
     elif PAD_D:
         b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
@@ -180,6 +184,30 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     acc = acc * alpha[:, None]  # [BM, BD]
     acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PRECISION)  # [BM, BD]
     return acc, m_new, l_i
+
+
+@triton.jit
+def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):
+    """``(p_k [BD, BN], p_v [BN, BD])``: pointer tiles of the cache keys at per-lane offsets ``o_kt`` /
+    ``o_vt`` [BN] (paged_kv_offsets), with the layout hints of :func:`_tile`; ``RUNS_HOLD``: every
+    lane is a real token of a mapped page and the V runs of ``V_RUNS`` hold (unmasked tiles)."""
+    K_ALIGN16: tl.constexpr = CFG[9]
+    V_ALIGN16_ANY: tl.constexpr = CFG[10]
+    V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
+    V_CONTIG: tl.constexpr = V_RUNS[1]
+    K_cache, V_cache, o_kh, o_vh, o_kd, o_vd = cache[0], cache[1], cache[10], cache[11], cache[12], cache[13]
+    p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
+    p_v = V_cache + o_vh + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
+    if K_ALIGN16:
+        p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
+    if V_ALIGN16_ANY:
+        p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
+    if RUNS_HOLD:
+        if V_ALIGN16_RUNS:
+            p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
+        if V_CONTIG > 1:
+            p_v = tl.max_contiguous(p_v, [V_CONTIG, 1])  # [BN, BD]
+    return p_k, p_v
 
 
 @triton.jit
@@ -201,32 +229,14 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     """
     PAGE_SIZE: tl.constexpr = CFG[7]
     TILE_PAGES: tl.constexpr = CFG[8]
-    K_ALIGN16: tl.constexpr = CFG[9]
-    V_ALIGN16_ANY: tl.constexpr = CFG[10]
     CACHE_FP8: tl.constexpr = CFG[11]
     BASES: tl.constexpr = CFG[13]  # tile_block_offsets: two-page form as a choice of two scalar bases
     BRANCH: tl.constexpr = CFG[12]  # tile_block_offsets: the one-page form for tiles that do not straddle
-    V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
-    V_CONTIG: tl.constexpr = V_RUNS[1]
     if FROM_CACHE:
         pos0 = k_base + n0
         k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
-        (
-            K_cache,
-            V_cache,
-            bt_row,
-            stride_bt_col,
-            n_bt_cols,
-            page_size,
-            s_kb,
-            s_ks,
-            s_vb,
-            s_vs,
-            o_kh,
-            o_vh,
-            o_kd,
-            o_vd,
-        ) = cache
+        bt_row, stride_bt_col, n_bt_cols, page_size = cache[2], cache[3], cache[4], cache[5]
+        s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
         if TILE_PAGES:
             # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
             # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
@@ -247,17 +257,8 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             o_vt = token_offsets(
                 bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE
             )  # [BN]
-        p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
-        p_v = V_cache + o_vh + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
-        if K_ALIGN16:
-            p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
-        if V_ALIGN16_ANY:
-            p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
-        if not MASKED:  # every lane of an interior tile is a real token of a mapped page
-            if V_ALIGN16_RUNS:
-                p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
-            if V_CONTIG > 1:
-                p_v = tl.max_contiguous(p_v, [V_CONTIG, 1])  # [BN, BD]
+        # every lane of an interior tile is a real token of a mapped page: the V runs hold
+        p_k, p_v = _cache_pointers(cache, o_kt, o_vt, not MASKED, V_RUNS, CFG)  # [BD, BN], [BN, BD]
         SCALE_P: tl.constexpr = CACHE_FP8
     else:
         p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
@@ -270,9 +271,30 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
 
 
 @triton.jit
+def _rest_group_tile(acc, m_i, l_i, b_q, page0, page_end, k_end, rows, cache, s_scale, p_scale,
+                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """Attend to the rest tiles of context pages ``[page0, min(page0 + BLOCK_N // R, page_end))``
+    (``R = PAGE_SIZE % BLOCK_N`` tokens each, all needed and unmasked: the walk's ``[p_a, p_b)``)
+    gathered into one tile of ``BLOCK_N`` lanes (:func:`paged_kv_offsets.kernel.page_walk_rest_group`).
+    Loads are unmasked (lanes past ``page_end`` repeat the last page's keys), their logits masked."""
+    bt_row, stride_bt_col = cache[2], cache[3]
+    s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
+    pos, blk, slot, valid = page_walk_rest_group(bt_row, stride_bt_col, page0, page_end, BLOCK_N, CFG[7])
+    k_pos = tl.where(valid, pos, k_end)  # [BN] lanes of the repeated page fall outside [.., k_end)
+    # the V runs hold: V_CONTIG tokens (a power of two dividing R) from a slot that is a multiple of it
+    p_k, p_v = _cache_pointers(
+        cache, lane_offsets(blk, slot, s_kb, s_ks), lane_offsets(blk, slot, s_vb, s_vs), True, V_RUNS, CFG
+    )  # [BD, BN], [BN, BD]
+    CACHE_FP8: tl.constexpr = CFG[11]
+    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, True, CACHE_FP8, CFG,
+                   False)  # fmt: skip
+
+
+@triton.jit
 def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
              BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-             ALIGNED: tl.constexpr, PAGE_WALK: tl.constexpr, REST_BLOCK: tl.constexpr):  # fmt: skip
+             ALIGNED: tl.constexpr, PAGE_WALK: tl.constexpr, REST_BLOCK: tl.constexpr,
+             REST_GROUP: tl.constexpr = 1):  # fmt: skip
     """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
     positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
     Both bounds come from :func:`_key_bounds` / :func:`_tile_bounds` before the loops, so no tile outside them is loaded.
@@ -282,7 +304,8 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
     multiples of ``BLOCK_N``, so that no tile crosses a page: the masked edge tiles (``BLOCK_N`` wide,
     lanes past their page masked), the unmasked full tiles, then, when the page is not a multiple of
     ``BLOCK_N``, each page's rest tile (``REST_BLOCK`` wide; unmasked when the rest is exactly that
-    wide)."""
+    wide), or, with ``REST_GROUP > 1``, the rest tiles of ``REST_GROUP`` pages at a time in one tile of
+    ``BLOCK_N`` lanes (:func:`_rest_group_tile`; needs ``REST_BLOCK * REST_GROUP == BLOCK_N``)."""
     need_lo, need_hi, full_lo, full_hi = _key_bounds(
         q_lo, q_hi, k_base, k_len, rows[3], rows[4], CFG[1], CFG[2], CFG[3]
     )  # rows[3], rows[4]: window_left, window_right
@@ -301,7 +324,12 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
             n0 = page_walk_full(t, BLOCK_N, PAGE_SIZE)
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
                                   BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, True)  # fmt: skip
-        if REST_BLOCK > 0:
+        if REST_GROUP > 1:
+            tl.static_assert(REST_BLOCK * REST_GROUP == BLOCK_N, "a rest group fills one context tile")
+            for p in tl.range(p_a, p_b, REST_GROUP):
+                acc, m_i, l_i = _rest_group_tile(acc, m_i, l_i, b_q, p, p_b, k_end, rows, cache, s_scale, p_scale,
+                                                 BLOCK_N, V_RUNS, CFG)  # fmt: skip
+        elif REST_BLOCK > 0:
             REST_MASKED: tl.constexpr = REST_BLOCK != PAGE_SIZE % BLOCK_N
             for p in tl.range(p_a, p_b):
                 n0, page_end = page_walk_rest(p, BLOCK_N, PAGE_SIZE)
@@ -390,6 +418,7 @@ def _fwd_kernel(
     TWO_PAGE_BASES: tl.constexpr,
     PAGE_WALK: tl.constexpr,  # walk the context page by page, see _segment
     REST_BLOCK: tl.constexpr,  # with PAGE_WALK: width of each page's rest tile (0: pages are multiples of the tile)
+    REST_GROUP: tl.constexpr,  # with PAGE_WALK: rest tiles of this many pages per iteration (1: one each)
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -459,7 +488,7 @@ def _fwd_kernel(
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
                              v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
-                             PAGE_WALK, REST_BLOCK)  # fmt: skip
+                             PAGE_WALK, REST_BLOCK, REST_GROUP)  # fmt: skip
     # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
     # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
     p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
