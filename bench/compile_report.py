@@ -72,7 +72,6 @@ def prefix_source(
     page_walk: bool = False,
     walk_aligned: bool = False,
     rest_group: bool = False,
-    early_v: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -98,7 +97,7 @@ def prefix_source(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
-        TWO_PAGE_BASES=bases, EARLY_V=early_v,
+        TWO_PAGE_BASES=bases,
         # as interface._page_walk
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
@@ -170,7 +169,6 @@ def main() -> None:
     ap.add_argument("--page-walk", action="store_true", help="prefix, with --tile-pages: context page walks")
     ap.add_argument("--walk-aligned", action="store_true", help="prefix, --page-walk: multiples too")
     ap.add_argument("--rest-group", action="store_true", help="prefix, --page-walk: rest tiles grouped")
-    ap.add_argument("--early-v", action="store_true", help="prefix: masked tiles load V before the QK dot")
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -189,7 +187,6 @@ def main() -> None:
             args.page_walk,
             args.walk_aligned,
             args.rest_group,
-            args.early_v,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
@@ -203,7 +200,6 @@ def main() -> None:
         what += " page-walk" if args.page_walk else ""
         what += " walk-aligned" if args.walk_aligned else ""
         what += " rest-group" if args.rest_group else ""
-        what += " early-v" if args.early_v else ""
     print(f"{what}: {report(src, warps, stages)}")
 
 

@@ -336,12 +336,6 @@ _WALK_ALIGNED = False
 # (544 with a 4096-token context: 2 iterations instead of 7). Candidate for the llama split-layout
 # page spread (NOTES step 12), off until timed on a GPU; both forms are tested.
 _REST_GROUP = False
-# Masked tiles (the edge tiles of a segment: with a context of 4096 tokens the one masked context tile
-# of pages 544/1040/1056, none for 512/1024/2048) load V before the QK dot instead of after the
-# softmax. In vLLM's V layout a masked V tile is a synchronous 2-byte gather, issued late its whole
-# latency is exposed (H200 probe, NOTES step 12: that tile costs ~1.8 interior tiles). Candidate, off
-# until timed; both forms are tested.
-_EARLY_V = False
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig) -> tuple[bool, int, int]:
@@ -507,7 +501,6 @@ def _launch_fwd(
         PAGE_WALK=walk,
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
-        EARLY_V=_EARLY_V,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

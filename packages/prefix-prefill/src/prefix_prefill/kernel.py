@@ -110,7 +110,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, EARLY_V), flags of the whole launch.
+#               TWO_PAGE_BASES), flags of the whole launch.
 
 
 @triton.jit
@@ -137,11 +137,6 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
         m_k = m_k & (k_pos >= k_start)  # [BN]
-    EARLY_V: tl.constexpr = MASKED and MASK_LOADS and CFG[14]
-    if EARLY_V:
-        # a masked tile's V gather (vLLM's V layout: 2-byte loads) is not an async copy, so issue it
-        # before the QK dot and the softmax instead of after them, to overlap its latency
-        b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)  # [BN, BD]
     if MASKED and MASK_LOADS:
         b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
     elif PAD_D:
@@ -178,9 +173,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i - m_use)  # [BM]
     l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-    if EARLY_V:
-        pass
-    elif MASKED and MASK_LOADS:
+    if MASKED and MASK_LOADS:
         b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)  # [BN, BD]
     elif PAD_D:
         b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
@@ -426,7 +419,6 @@ def _fwd_kernel(
     PAGE_WALK: tl.constexpr,  # walk the context page by page, see _segment
     REST_BLOCK: tl.constexpr,  # with PAGE_WALK: width of each page's rest tile (0: pages are multiples of the tile)
     REST_GROUP: tl.constexpr,  # with PAGE_WALK: rest tiles of this many pages per iteration (1: one each)
-    EARLY_V: tl.constexpr,  # masked tiles load V before the QK dot (see _attend)
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -491,7 +483,7 @@ def _fwd_kernel(
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, EARLY_V)  # fmt: skip
+                         TWO_PAGE_BASES)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
