@@ -280,6 +280,7 @@ def test_tile_page_addressing(
     monkeypatch.setattr(itf, "_PAGE_WALK", bool(walk))
     monkeypatch.setattr(itf, "_WALK_ALIGNED", walk == "aligned")
     monkeypatch.setattr(itf, "_REST_GROUP", walk == "grouped")
+    monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", bool(walk))  # walk the split layout's caches too
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,

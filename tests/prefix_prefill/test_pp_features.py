@@ -113,6 +113,7 @@ def test_page_walk_edge_tiles_discard_what_they_load(monkeypatch, config, page, 
     import prefix_prefill.interface as itf
 
     monkeypatch.setattr(itf, "_REST_GROUP", group)
+    monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", True)  # walk the split layout's caches too
     seqs = [(page + 37, 29), (2 * page - 5, 3), (25, 40), (3 * page, 17)]
     case = _case(seqs=seqs, page=page, layout=layout, dtype=torch.float32, kv_from_cache=False)
     ref = reference(case, window=window)

@@ -313,13 +313,15 @@ _TILE_PAGES = True
 # NHD 3.20 vs 2.71-2.90). A switch for A/B runs; both forms are tested.
 _RUNTIME_PAGE = False
 # With per-tile addressing, give tiles that do not straddle a page the one-page offsets through a
-# branch uniform over the program (paged_kv_offsets.tile_block_offsets BRANCH). Candidate fix for the
-# non-power-of-two page cost (NOTES step 10), off until timed on a GPU; both forms are tested.
+# branch uniform over the program (paged_kv_offsets.tile_block_offsets BRANCH). Off: slower on the
+# H200 (NOTES step 12: llama split 544 10.26 -> 10.55 ms; ptxas serialises the wgmma, C7515); both
+# forms are tested.
 _STRADDLE_BRANCH = False
 # With per-tile addressing, compute the two-page offsets as a per-lane choice between two scalar bases
-# (tile_block_offsets BASES) instead of per-lane block/slot selects and a 64-bit multiply. Candidate
-# (d) of NOTES step 10, off until timed on a GPU; both forms are tested.
-_TWO_PAGE_BASES = False
+# (tile_block_offsets BASES) instead of per-lane block/slot selects and a 64-bit multiply. On since
+# the H200 A/B of 2026-11-29 (session 5, NOTES step 12: llama split without page walks, 544 10.29 ->
+# 10.00 ms, 1040 10.21 -> 9.81, 1056 10.25 -> 9.96); both forms are tested.
+_TWO_PAGE_BASES = True
 # With per-tile addressing and a constexpr page wider than the context tile but not a multiple of it
 # (544, 1040, 1056 against tiles of 64/128), walk the context page by page: full tiles at page
 # offsets 0, BLOCK_N_CTX, ... and one narrow rest tile per page, so no tile crosses a page and every
@@ -330,6 +332,13 @@ _PAGE_WALK = True
 # context tiles per tile instead of per position. Candidate, off and untimed: on the H200 the walked
 # non-power-of-two qwen-hybrid pages ran faster than the power-of-two ones (NOTES step 11).
 _WALK_ALIGNED = False
+# Walk caches whose V is token-contiguous (vLLM's split layout, V ``[blocks, heads, D, page]``) too.
+# Off since the H200 A/Bs of 2026-11-29 (session 5, NOTES step 12): in that layout a masked or narrow
+# context tile is expensive (a masked V tile is a synchronous 2-byte gather: the one masked tile a
+# 4096-token context gets at page 544 costs ~1.8 interior tiles, a 32-token rest tile ~0.5), so
+# tiles at multiples of BLOCK_N_CTX with the two-page offsets (_TWO_PAGE_BASES) run faster there;
+# with an NHD/HND cache (V rows contiguous, masked tiles still async copies) the walk wins.
+_WALK_SLOT_CONTIG_V = False
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -338,12 +347,14 @@ _WALK_ALIGNED = False
 _REST_GROUP = False
 
 
-def _page_walk(page_constexpr: int, config: KernelConfig) -> tuple[bool, int, int]:
+def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
     """The kernel's ``(PAGE_WALK, REST_BLOCK, REST_GROUP)``: walk the context page by page, with rest
     tiles ``REST_BLOCK`` wide (0: the page is a multiple of the context tile), ``REST_GROUP`` pages'
-    rest tiles per iteration."""
+    rest tiles per iteration. ``v_slot_runs``: the V cache is token-contiguous (``_WALK_SLOT_CONTIG_V``)."""
     bnc = config.BLOCK_N_CTX
     if not (_TILE_PAGES and _PAGE_WALK) or page_constexpr == 0 or page_constexpr <= bnc:
+        return False, 0, 1
+    if v_slot_runs and not _WALK_SLOT_CONTIG_V:
         return False, 0, 1
     rest = page_walk_rest_block(page_constexpr, bnc)
     exact = rest > 0 and page_constexpr % bnc == rest  # the rest tile holds no padding lanes
@@ -429,7 +440,9 @@ def _launch_fwd(
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
     page_constexpr = _page_constexpr(kc.page_size, config, kv_from_cache)
-    walk, rest_block, rest_group = _page_walk(page_constexpr, config)
+    walk, rest_block, rest_group = _page_walk(
+        page_constexpr, config, vc.stride_slot == 1 and vc.page_size > 1
+    )
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
