@@ -12,7 +12,13 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 
-from paged_kv_offsets import describe_cache, describe_kv_cache, page_walk_rest_block, pages_needed
+from paged_kv_offsets import (
+    describe_cache,
+    describe_kv_cache,
+    offsets_fit_int32,
+    page_walk_rest_block,
+    pages_needed,
+)
 from paged_kv_offsets.kernel import (
     dim_offsets,
     lane_offsets,
@@ -295,15 +301,26 @@ def test_tile_offsets_match_token_offsets(page, block):
 def _tile_blocks_kernel(
     block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, page_size,
     PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr, ALIGNED: tl.constexpr,
-    BRANCH: tl.constexpr, BASES: tl.constexpr,
+    BRANCH: tl.constexpr, BASES: tl.constexpr, WIDE: tl.constexpr = True,
 ):  # fmt: skip
     """Row i: tile_block_offsets of positions starts[i] + [0, BLOCK) for two caches (the second with
-    strides (stride_block + 16, 2 * stride_slot)) from ONE tile_blocks call."""
+    strides (stride_block + 16, 2 * stride_slot)) from ONE tile_blocks call (``WIDE``: int64 or int32)."""
     i = tl.program_id(0)
     pos0 = tl.load(starts + i)
     o_j = tl.arange(0, BLOCK)
     tile = tile_blocks(
-        block_table, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, MASKED, ALIGNED
+        block_table,
+        stride_bt_col,
+        pos0,
+        n_valid,
+        n_cols,
+        page_size,
+        BLOCK,
+        PAGE_SIZE,
+        MASKED,
+        ALIGNED,
+        False,
+        WIDE,
     )
     b_a = tile_block_offsets(
         tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
@@ -368,6 +385,52 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, b
             inside_block0 = (got >= 0) & (got < page * ss)
             assert bool((inside_block0 | (in_row & (got == exact))).all())
     assert int(out_a.max()) > 2**31
+
+
+@pytest.mark.parametrize("page", [3, 17, 544, 1040])
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("masked,aligned", [(True, False), (False, True)])
+@pytest.mark.parametrize("branch,bases", [(False, False), (False, True)], ids=["selects", "bases"])
+def test_tile_blocks_int32_offsets_match_int64(page, block, masked, aligned, branch, bases):
+    """``WIDE=False`` (int32 block ids and offsets, for caches under 2**31 elements) gives the int64
+    offsets lane by lane, largest offset just under 2**31."""
+    n_cols = 5
+    n_valid = n_cols * page - (page // 3)
+    stride_slot = 64
+    stride_block = (2**31 - 1) // (4 * n_cols + 1) // 16 * 16  # the largest block id's page ends below 2**31
+    ids = torch.randperm(4 * n_cols)[:n_cols] + 1
+    ids[0] = 4 * n_cols  # the largest block id, on the first page (position 0 is a start)
+    table = ids.to(torch.int32).to(DEVICE)
+    starts = sorted(
+        {0, 1, page - 1, page, page + 1, n_valid - 1, n_valid - block, n_valid, n_cols * page - 1}
+    )
+    starts = [(x // block) * block if aligned else x for x in starts if x >= 0]
+    st = torch.tensor(starts, dtype=torch.int32).to(DEVICE)
+    outs = []
+    for wide in (True, False):
+        out_a = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
+        out_b = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
+        _tile_blocks_kernel[(len(starts),)](
+            table, st, out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot, page,
+            PAGE_SIZE=page, BLOCK=block, MASKED=masked, ALIGNED=aligned, BRANCH=branch, BASES=bases,
+            WIDE=wide,
+        )  # fmt: skip
+        outs.append((out_a.cpu(), out_b.cpu()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert int(outs[1][1].max()) > 2**30
+
+
+def test_offsets_fit_int32():
+    """The host check behind ``WIDE=False``: the largest element offset of each tensor below 2**31."""
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    assert offsets_fit_int32(torch.empty(2**31 - 1, **meta), torch.empty(16, 4, **meta))
+    assert not offsets_fit_int32(torch.empty(2**31 + 1, **meta))
+    assert offsets_fit_int32(torch.empty(0, 2**40, **meta))  # empty: nothing to address
+    big_view = torch.empty(2, 2**30 + 8, **meta)[:, :8]  # 16 elements, the second row 2**30 + 8 away
+    assert offsets_fit_int32(big_view)
+    assert not offsets_fit_int32(torch.empty(3, 2**30 + 8, **meta)[:, :8])  # 2 * (2**30 + 8) + 7
+    with pytest.raises(TypeError, match="tensors"):
+        offsets_fit_int32([1, 2])
 
 
 @triton.jit

@@ -252,10 +252,12 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
      (True, False, False, False, "grouped"),
      (True, False, False, False, False), (True, True, False, False, False),
      (True, False, True, False, False), (True, False, False, True, False),
+     (True, False, False, True, "int32"), (True, False, False, True, "walk_int32"),
      (False, False, False, False, False)],
     ids=["per_tile_page_walk", "per_tile_page_walk_aligned_too", "per_tile_page_walk_rest_groups", "per_tile",
          "per_tile_runtime_page",
-         "per_tile_straddle_branch", "per_tile_two_page_bases", "per_token"],
+         "per_tile_straddle_branch", "per_tile_two_page_bases", "per_tile_two_page_bases_int32",
+         "per_tile_page_walk_int32", "per_token"],
 )  # fmt: skip
 def test_tile_page_addressing(
     monkeypatch, config, page, layout, window, kv_from_cache, tile_pages, runtime_page, branch, bases, walk
@@ -268,7 +270,8 @@ def test_tile_page_addressing(
     (paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles),
     per tile with the page size at runtime (``_RUNTIME_PAGE``), per tile with the one-page form for
     tiles that do not straddle (``_STRADDLE_BRANCH``), per tile with the two-scalar-bases form
-    (``_TWO_PAGE_BASES``) and per token (``_TILE_PAGES=False``), the last five kept for A/B runs:
+    (``_TWO_PAGE_BASES``; both with int32 cache offsets too, ``_OFFSETS_32``) and per token
+    (``_TILE_PAGES=False``), the last ones kept for A/B runs:
     sequences that end at every kind of page offset, block tables exactly as wide as needed, tiles
     wider and narrower than a page."""
     import prefix_prefill.interface as itf
@@ -277,6 +280,8 @@ def test_tile_page_addressing(
     monkeypatch.setattr(itf, "_RUNTIME_PAGE", runtime_page)
     monkeypatch.setattr(itf, "_STRADDLE_BRANCH", branch)
     monkeypatch.setattr(itf, "_TWO_PAGE_BASES", bases)
+    monkeypatch.setattr(itf, "_OFFSETS_32", walk in ("int32", "walk_int32"))
+    walk = {"int32": False, "walk_int32": True}.get(walk, walk)
     monkeypatch.setattr(itf, "_PAGE_WALK", bool(walk))
     monkeypatch.setattr(itf, "_WALK_ALIGNED", walk == "aligned")
     monkeypatch.setattr(itf, "_REST_GROUP", walk == "grouped")

@@ -6,7 +6,8 @@ Device side (``@triton.jit``, import from :mod:`paged_kv_offsets.kernel`): ``tok
 ``page_walk_rest_group`` / ``lane_offsets`` (the rest tiles of several pages in one tile),
 ``tile_pages``, ``tile_offsets``, ``token_mask``, ``dim_offsets``. Host side:
 :func:`describe_cache` / :func:`describe_kv_cache` (layouts as strides),
-:func:`validate_block_table` and :func:`page_walk_rest_block`.
+:func:`validate_block_table`, :func:`page_walk_rest_block` and :func:`offsets_fit_int32` (when the
+device functions may take ``WIDE=False``: int32 offsets).
 
 Versioned on its own: kernels pin ``paged-kv-offsets>=1.4,<2``; the device-function signatures
 only change with a major version.
@@ -14,6 +15,7 @@ only change with a major version.
 
 __version__ = "1.4.0"
 
+from paged_kv_offsets.index import offsets_fit_int32
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout
 from paged_kv_offsets.validate import pages_needed, validate_block_table
 from paged_kv_offsets.walk import page_walk_rest_block
@@ -25,6 +27,7 @@ __all__ = [
     "describe_cache",
     "describe_kv_cache",
     "infer_layout",
+    "offsets_fit_int32",
     "page_walk_rest_block",
     "pages_needed",
     "validate_block_table",

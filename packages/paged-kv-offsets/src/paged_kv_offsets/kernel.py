@@ -17,7 +17,12 @@ Conventions (see :mod:`paged_kv_offsets.layouts` for how a cache tensor maps to 
 * ``PAGE_SIZE`` constexpr >= 1, any integer (power of two or not): the division compiles to a
                multiply-and-shift, so 544 or 1056 cost what 512 or 1024 cost.
 
-Offsets are int64 from the block id on, so caches above 2**31 elements address correctly.
+Offsets are int64 from the block id on, so caches above 2**31 elements address correctly; the tile
+functions (:func:`tile_blocks`, :func:`page_walk_rest_group`) take ``WIDE=False`` for int32 block ids
+and per-token offsets instead, which a caller may pass only when every element of the cache lies
+less than 2**31 elements from its start (checked on the host:
+:func:`paged_kv_offsets.offsets_fit_int32`), to save the 64-bit integer work per lane (the caller
+then adds them to its int64 head and feature offsets).
 Padding lanes return offset 0 (block 0, slot 0), an address inside any non-empty cache; callers
 still mask their K/V loads with the same lane mask (:func:`token_mask`).
 """
@@ -69,6 +74,7 @@ def tile_blocks(
     MASKED: tl.constexpr,
     ALIGNED: tl.constexpr,
     IN_PAGE: tl.constexpr = False,
+    WIDE: tl.constexpr = True,
 ):
     """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``0 <= pos0 < 2**31 -
     BLOCK``, as every position of a sequence with an int32 length), as a
@@ -98,6 +104,8 @@ def tile_blocks(
     PAGE_SIZE``) promises that every lane below ``n_valid`` lies on the page of ``pos0`` (the tiles of
     a :func:`page_walk_bounds` walk): one table load, and the one-page offsets. The table entries read
     are those :func:`token_offsets` reads for the same lanes; padding lanes (``MASKED``) give offset 0.
+    Block ids come back int64, or int32 with ``WIDE=False`` (module docstring); the offsets of
+    :func:`tile_block_offsets` take their type.
     """
     offs = tl.arange(0, BLOCK)  # [BLOCK]
     if IN_PAGE:
@@ -116,13 +124,13 @@ def tile_blocks(
         page0_64 = page0.to(tl.int64)
         # each table entry is read only if some lane of its page is a real token inside the row
         m0 = (pos0_32 < n_valid) & (page0 < n_cols)
-        blk0 = tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0).to(tl.int64)
+        blk0 = _index(tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0), WIDE)
         if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
             m1 = m0
             blk1 = blk0
         else:
             m1 = ((page0_64 + 1) * page < n_valid) & (page0 + 1 < n_cols)
-            blk1 = tl.load(bt_row + (page0_64 + 1) * stride_bt_col, mask=m1, other=0).to(tl.int64)
+            blk1 = _index(tl.load(bt_row + (page0_64 + 1) * stride_bt_col, mask=m1, other=0), WIDE)
         if MASKED:
             m_tok = ((pos0_32 + offs) < n_valid) & tl.where(offs < n_first, m0, m1)  # [BLOCK]
         else:
@@ -139,8 +147,17 @@ def tile_blocks(
         m_tok = p_page < n_cols  # [BLOCK]
         if MASKED:
             m_tok = m_tok & ((pos0 + offs) < n_valid)  # [BLOCK]
-        b_blk = tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0).to(tl.int64)
+        b_blk = _index(tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0), WIDE)
         return b_blk, b_blk, p_slot, 0, m_tok
+
+
+@triton.jit
+def _index(x, WIDE: tl.constexpr):
+    """Block ids as the offsets' integer type: int64, or int32 with ``WIDE=False``."""
+    if WIDE:
+        return x.to(tl.int64)
+    else:
+        return x.to(tl.int32)
 
 
 @triton.jit
@@ -156,7 +173,7 @@ def tile_block_offsets(
     BASES: tl.constexpr,
     IN_PAGE: tl.constexpr = False,
 ):
-    """[BLOCK] int64 offsets ``block * stride_block + slot * stride_slot`` of a :func:`tile_blocks`
+    """[BLOCK] offsets ``block * stride_block + slot * stride_slot`` (the block ids' type) of a :func:`tile_blocks`
     tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
 
     A tile no wider than a page that lies in one page (always, with ``ALIGNED`` and a constexpr page
@@ -174,16 +191,16 @@ def tile_block_offsets(
         # (slot0 + lane) * stride_slot per lane, not a hoisted lane * stride_slot vector: the
         # multiply is cheaper than the registers a loop-invariant [BLOCK] int64 would hold
         if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
-            b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
+            b_off = blk0 * stride_block + (slot0 + offs).to(blk0.dtype) * stride_slot  # [BLOCK]
         elif BRANCH:
             if n_first >= BLOCK:  # the whole tile lies on page0
-                b_off = blk0 * stride_block + (slot0 + offs).to(tl.int64) * stride_slot  # [BLOCK]
+                b_off = blk0 * stride_block + (slot0 + offs).to(blk0.dtype) * stride_slot  # [BLOCK]
             else:
                 b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
         else:
             b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
     else:
-        b_off = blk0 * stride_block + slot0.to(tl.int64) * stride_slot  # [BLOCK]
+        b_off = blk0 * stride_block + slot0.to(blk0.dtype) * stride_slot  # [BLOCK]
     if MASKED:
         b_off = tl.where(m_tok, b_off, 0)  # [BLOCK]
     return b_off
@@ -191,17 +208,18 @@ def tile_block_offsets(
 
 @triton.jit
 def _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES: tl.constexpr):
-    """[BLOCK] int64 offsets of lanes ``offs`` of a tile whose lanes ``>= n_first`` lie on the next page."""
+    """[BLOCK] offsets (the block ids' type) of lanes ``offs`` of a tile whose lanes ``>= n_first`` lie on
+    the next page."""
     second = offs >= n_first  # [BLOCK] lanes on the second page
     if BASES:
         # lane i on page0: blk0*sb + (slot0 + i)*ss; on page0 + 1: blk1*sb + (i - n_first)*ss
-        base0 = blk0 * stride_block + slot0.to(tl.int64) * stride_slot
-        base1 = blk1 * stride_block - n_first.to(tl.int64) * stride_slot
-        return tl.where(second, base1, base0) + offs.to(tl.int64) * stride_slot  # [BLOCK]
+        base0 = blk0 * stride_block + slot0.to(blk0.dtype) * stride_slot
+        base1 = blk1 * stride_block - n_first.to(blk0.dtype) * stride_slot
+        return tl.where(second, base1, base0) + offs.to(blk0.dtype) * stride_slot  # [BLOCK]
     else:
         b_blk = tl.where(second, blk1, blk0)  # [BLOCK]
         b_slot = tl.where(second, offs - n_first, slot0 + offs)  # [BLOCK] (page = n_first + slot0)
-        return b_blk * stride_block + b_slot.to(tl.int64) * stride_slot  # [BLOCK]
+        return b_blk * stride_block + b_slot.to(blk0.dtype) * stride_slot  # [BLOCK]
 
 
 # ---- page walks: tiles that never cross a page, for any page at least as wide as the tile ----
@@ -290,7 +308,13 @@ def page_walk_rest(page, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr):
 
 @triton.jit
 def page_walk_rest_group(
-    bt_row, stride_bt_col, page0, page_end, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr
+    bt_row,
+    stride_bt_col,
+    page0,
+    page_end,
+    BLOCK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    WIDE: tl.constexpr = True,
 ):
     """The rest tiles of pages ``page0, page0 + 1, ...`` (those below ``page_end``; ``page0 <
     page_end``) side by side in ONE tile of ``BLOCK`` lanes: ``R = PAGE_SIZE % BLOCK`` lanes per page,
@@ -300,7 +324,7 @@ def page_walk_rest_group(
 
     Returns ``(pos, blk, slot, valid)``, all ``[BLOCK]``: lane ``i`` holds slot ``Q * BLOCK + i % R``
     (``Q = PAGE_SIZE // BLOCK``) of page ``page0 + i // R``, at position ``pos``, in cache block
-    ``blk`` (int64). Lanes of pages at or past ``page_end`` (``valid`` False) repeat the lanes of page
+    ``blk`` (int64; int32 with ``WIDE=False``). Lanes of pages at or past ``page_end`` (``valid`` False) repeat the lanes of page
     ``page_end - 1``: every lane addresses a slot of a page the walk needs, so the K/V loads need no
     mask and keep their ``R``-token runs (a caller masks those lanes' logits), and the block table is
     read only for needed pages. Offsets: :func:`lane_offsets`."""
@@ -311,15 +335,15 @@ def page_walk_rest_group(
     valid = page < page_end  # [BLOCK]
     page = tl.minimum(page, page_end - 1)  # [BLOCK]
     slot = (PAGE_SIZE - R) + offs % R  # [BLOCK]
-    blk = tl.load(bt_row + page.to(tl.int64) * stride_bt_col).to(tl.int64)  # [BLOCK]
+    blk = _index(tl.load(bt_row + page.to(tl.int64) * stride_bt_col), WIDE)  # [BLOCK]
     return page * PAGE_SIZE + slot, blk, slot, valid
 
 
 @triton.jit
 def lane_offsets(blk, slot, stride_block, stride_slot):
-    """[N] int64 offsets ``blk * stride_block + slot * stride_slot`` of per-lane blocks and slots
-    (:func:`page_walk_rest_group`)."""
-    return blk * stride_block + slot.to(tl.int64) * stride_slot
+    """[N] offsets ``blk * stride_block + slot * stride_slot`` (the type of ``blk``) of per-lane blocks
+    and slots (:func:`page_walk_rest_group`)."""
+    return blk * stride_block + slot.to(blk.dtype) * stride_slot
 
 
 @triton.jit

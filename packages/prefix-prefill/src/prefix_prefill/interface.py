@@ -16,7 +16,13 @@ from typing import Union
 
 import torch
 
-from paged_kv_offsets import CacheView, describe_kv_cache, page_walk_rest_block, validate_block_table
+from paged_kv_offsets import (
+    CacheView,
+    describe_kv_cache,
+    offsets_fit_int32,
+    page_walk_rest_block,
+    validate_block_table,
+)
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
@@ -339,6 +345,11 @@ _WALK_ALIGNED = False
 # tiles at multiples of BLOCK_N_CTX with the two-page offsets (_TWO_PAGE_BASES) run faster there;
 # with an NHD/HND cache (V rows contiguous, masked tiles still async copies) the walk wins.
 _WALK_SLOT_CONTIG_V = False
+# Compute cache offsets in int32 instead of int64 when every element of both caches lies less than
+# 2**31 elements from its start (paged_kv_offsets.offsets_fit_int32; a layer's cache up to 4 GiB in
+# bf16): half the integer work per lane of every cache tile. Candidate (NOTES step 12), off until
+# timed on a GPU; both forms are tested, and caches past 2**31 elements always take int64.
+_OFFSETS_32 = False
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -514,6 +525,7 @@ def _launch_fwd(
         PAGE_WALK=walk,
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
+        WIDE_OFFSETS=not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

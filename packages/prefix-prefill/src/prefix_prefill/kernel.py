@@ -110,7 +110,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES), flags of the whole launch.
+#               TWO_PAGE_BASES, WIDE_OFFSETS), flags of the whole launch.
 
 
 @triton.jit
@@ -242,7 +242,7 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
             tile = tile_blocks(
                 bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
-                IN_PAGE,
+                IN_PAGE, CFG[14],
             )  # fmt: skip
             o_kt = tile_block_offsets(
                 tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
@@ -279,7 +279,9 @@ def _rest_group_tile(acc, m_i, l_i, b_q, page0, page_end, k_end, rows, cache, s_
     Loads are unmasked (lanes past ``page_end`` repeat the last page's keys), their logits masked."""
     bt_row, stride_bt_col = cache[2], cache[3]
     s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
-    pos, blk, slot, valid = page_walk_rest_group(bt_row, stride_bt_col, page0, page_end, BLOCK_N, CFG[7])
+    pos, blk, slot, valid = page_walk_rest_group(
+        bt_row, stride_bt_col, page0, page_end, BLOCK_N, CFG[7], CFG[14]
+    )
     k_pos = tl.where(valid, pos, k_end)  # [BN] lanes of the repeated page fall outside [.., k_end)
     # the V runs hold: V_CONTIG tokens (a power of two dividing R) from a slot that is a multiple of it
     p_k, p_v = _cache_pointers(
@@ -419,6 +421,7 @@ def _fwd_kernel(
     PAGE_WALK: tl.constexpr,  # walk the context page by page, see _segment
     REST_BLOCK: tl.constexpr,  # with PAGE_WALK: width of each page's rest tile (0: pages are multiples of the tile)
     REST_GROUP: tl.constexpr,  # with PAGE_WALK: rest tiles of this many pages per iteration (1: one each)
+    WIDE_OFFSETS: tl.constexpr,  # int64 per-token cache offsets; False: int32 (host-checked to fit)
     DOT_PRECISION: tl.constexpr,
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
@@ -483,7 +486,7 @@ def _fwd_kernel(
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES)  # fmt: skip
+                         TWO_PAGE_BASES, WIDE_OFFSETS)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
