@@ -72,6 +72,7 @@ print(json.dumps(results))
 """
 
 WALK = {"TILE_PAGES": True, "PAGE_WALK": True}  # a context page walk (interface._page_walk)
+TWO_PAGE = {"TILE_PAGES": True, "TWO_PAGE_BASES": True}  # vLLM's split layout: tiles at multiples of the tile
 CASES = [
     # (target, table arch, q dtype, cache dtype, out dtype, head size, page, constexpr flags)
     [
@@ -113,6 +114,8 @@ CASES = [
     # page walks (the default for these pages): rest tiles of 32 (544 % 128) and 16 (1040 % 64)
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32}],
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 256, 1040, {**WALK, "REST_BLOCK": 16}],
+    # int32 cache offsets (interface._OFFSETS_32, the default for caches under 2**31 elements)
+    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False}],
     # rest groups (interface._REST_GROUP): 4 pages' rests of 32 per tile of 128 (544 % 128)
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32, "REST_GROUP": 4}],
     [

@@ -345,11 +345,12 @@ _WALK_ALIGNED = False
 # tiles at multiples of BLOCK_N_CTX with the two-page offsets (_TWO_PAGE_BASES) run faster there;
 # with an NHD/HND cache (V rows contiguous, masked tiles still async copies) the walk wins.
 _WALK_SLOT_CONTIG_V = False
-# Compute cache offsets in int32 instead of int64 when every element of both caches lies less than
-# 2**31 elements from its start (paged_kv_offsets.offsets_fit_int32; a layer's cache up to 4 GiB in
-# bf16): half the integer work per lane of every cache tile. Candidate (NOTES step 12), off until
-# timed on a GPU; both forms are tested, and caches past 2**31 elements always take int64.
-_OFFSETS_32 = False
+# Compute block ids and per-token cache offsets in int32 instead of int64 when every element of both
+# caches lies less than 2**31 elements from its start (paged_kv_offsets.offsets_fit_int32; a layer's
+# cache up to 4 GiB in bf16): half the integer work per lane of every cache tile. On since the H200
+# A/B of 2026-11-29 (session 5, NOTES step 13: 1-14% faster on every shape, layout and page, outputs
+# bitwise equal); both forms are tested, and caches past 2**31 elements always take int64.
+_OFFSETS_32 = True
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
