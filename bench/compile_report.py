@@ -111,14 +111,16 @@ def prefix_source(
     return _source(_fwd_kernel, consts, ptrs), warps, stages
 
 
-def window_source(cfg: list[int], head_dim: int, causal: bool) -> tuple[ASTSource, int, int]:
+def window_source(
+    cfg: list[int], head_dim: int, causal: bool, offsets32: bool = False
+) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
     bm, bn, warps, stages = cfg
     consts = dict(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
-        LENS_FROM_STARTS=True, IEEE_FP32=False,
+        LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
@@ -170,7 +172,9 @@ def main() -> None:
     ap.add_argument("--page-walk", action="store_true", help="prefix, with --tile-pages: context page walks")
     ap.add_argument("--walk-aligned", action="store_true", help="prefix, --page-walk: multiples too")
     ap.add_argument("--rest-group", action="store_true", help="prefix, --page-walk: rest tiles grouped")
-    ap.add_argument("--offsets32", action="store_true", help="prefix, with --tile-pages: int32 cache offsets")
+    ap.add_argument(
+        "--offsets32", action="store_true", help="int32 token offsets (prefix: with --tile-pages)"
+    )
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -192,7 +196,7 @@ def main() -> None:
             args.offsets32,
         )
     else:
-        src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal)
+        src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal, args.offsets32)
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
         what += f" {args.layout}" + (" tile-pages" if args.tile_pages else "")

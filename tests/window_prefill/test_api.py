@@ -360,3 +360,13 @@ def test_matches_vllm_peer(is_causal, sw_q, sw_k, sinks_form):
     )
     c = compare(ours, theirs.double())
     assert c, str(c)
+
+
+def test_offsets_fit_int32_host_check():
+    """The host check behind int32 token offsets: every element within 2**31 - 1 of the start."""
+    from window_prefill.interface import _offsets_fit_int32
+
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    assert _offsets_fit_int32(torch.empty(2**31 - 1, **meta), torch.empty(4, 2, 8, **meta))
+    assert not _offsets_fit_int32(torch.empty(2**20, 2**11 + 1, **meta))
+    assert _offsets_fit_int32(torch.empty(0, 8, **meta))

@@ -24,7 +24,12 @@ WINDOWS = [(-1, -1), (4, -1), (-1, 5), (9, 9), (3, 17), (20, 0), (0, 0), (200, 3
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
-def test_windows(window, causal):
+@pytest.mark.parametrize("offsets_32", [False, True], ids=["int64", "int32"])
+def test_windows(monkeypatch, window, causal, offsets_32):
+    """Every window form, with int64 and int32 token offsets (interface._OFFSETS_32)."""
+    import window_prefill.interface as wi
+
+    monkeypatch.setattr(wi, "_OFFSETS_32", offsets_32)
     q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
     out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window)
     ref = reference(q, k, v, cu, causal=causal, window=window)

@@ -30,6 +30,23 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 # passed to the kernel, whose position arithmetic is int32).
 _UNBOUNDED_WINDOW = 1 << 30
 _MAX_BATCH = 65535  # grid z limit
+# Key/value token offsets in int32 instead of int64 when every element of K and V lies less than 2**31
+# elements from the tensor's start (a K of up to 2M tokens at 8 heads x 128): less integer work per
+# lane. Candidate, off until timed on a GPU (the same change made prefix-prefill 1-14% faster on the
+# H200, bench/results/NOTES.md step 13); both forms are tested. A batch past that size takes the
+# int64 kernel: the one way K/V sizes (not lengths) pick a compiled variant.
+_OFFSETS_32 = False
+
+
+def _offsets_fit_int32(*tensors: torch.Tensor) -> bool:
+    """Every element of each tensor within 2**31 - 1 elements of its first one, through strides >= 0."""
+    for t in tensors:
+        span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        if t.numel() and (min(t.stride()) < 0 or span >= 2**31):
+            return False
+    return True
+
+
 SINKS_MODES = ("denominator", "bias_key0")
 
 
@@ -208,6 +225,7 @@ def _launch_fwd(
         BIAS_KEY0=sinks is not None and bool(sinks_bias_key0),
         LENS_FROM_STARTS=lens is None,
         IEEE_FP32=q.dtype == torch.float32,
+        WIDE_OFFSETS=not (_OFFSETS_32 and _offsets_fit_int32(k, v)),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -15,7 +15,8 @@ Conventions (host side documents tensors; here only what the kernel assumes):
   ``(not HAS_LEFT or i - j <= window_left)`` and ``(not HAS_RIGHT or j - i <= window_right)``.
 * scores are kept in the log2 domain: ``s2 = (q . k) * qk_scale`` with ``qk_scale = scale * log2(e)``;
   the sink logit is multiplied by ``log2(e)`` once.
-* all token * stride products are int64.
+* all token * stride products are int64, or int32 with ``WIDE_OFFSETS=False`` (the host passes it
+  only when every element of K and V lies less than 2**31 elements from the tensor's start).
 """
 
 import triton
@@ -53,6 +54,7 @@ def _attn_blocks(
     BIAS_KEY0: tl.constexpr,
     MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr = True,
 ):
     """Online-softmax update of (acc, l_i, m_i) over key blocks starting at n_start, n_start + BLOCK_N, ...
     below n_end. MASKED=False: the caller guarantees every key of every block is inside [key_lo, key_hi)
@@ -61,7 +63,10 @@ def _attn_blocks(
     for n0 in tl.range(n_start, n_end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)
         offs_k = n0 + offs_n  # [BN] key positions
-        p_tok = (tok0 + offs_k).to(tl.int64)  # [BN]
+        if WIDE_OFFSETS:
+            p_tok = (tok0 + offs_k).to(tl.int64)  # [BN]
+        else:
+            p_tok = tok0.to(tl.int32) + offs_k  # [BN] every token offset fits int32 (host-checked)
         p_k = p_k_base + p_tok[:, None] * stride_kt + offs_d[None, :]  # [BN, BD]
         p_v = p_v_base + p_tok[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         if MASKED:
@@ -145,6 +150,7 @@ def _fwd_kernel(
     BIAS_KEY0: tl.constexpr,
     LENS_FROM_STARTS: tl.constexpr,
     IEEE_FP32: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr,  # int64 token offsets; False: int32 (K/V within 2**31 elements, host-checked)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form)."""
@@ -224,17 +230,17 @@ def _fwd_kernel(
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_lo, n_edge_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
-        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
+        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
     )  # fmt: skip
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_full_lo, n_full_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
-        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
+        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
     )  # fmt: skip
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_full_hi, key_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
-        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
+        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
     )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
