@@ -73,6 +73,7 @@ def prefix_source(
     walk_aligned: bool = False,
     rest_group: bool = False,
     offsets32: bool = False,
+    granule_edges: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -98,7 +99,7 @@ def prefix_source(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
         HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
-        TWO_PAGE_BASES=bases, WIDE_OFFSETS=not offsets32,
+        TWO_PAGE_BASES=bases, WIDE_OFFSETS=not offsets32, GRANULE_EDGES=granule_edges,
         # as interface._page_walk
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
@@ -175,6 +176,9 @@ def main() -> None:
     ap.add_argument(
         "--offsets32", action="store_true", help="int32 token offsets (prefix: with --tile-pages)"
     )
+    ap.add_argument(
+        "--granule-edges", action="store_true", help="prefix: masked context tiles load V by granule"
+    )
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -194,6 +198,7 @@ def main() -> None:
             args.walk_aligned,
             args.rest_group,
             args.offsets32,
+            args.granule_edges,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal, args.offsets32)
@@ -208,6 +213,7 @@ def main() -> None:
         what += " walk-aligned" if args.walk_aligned else ""
         what += " rest-group" if args.rest_group else ""
         what += " offsets32" if args.offsets32 else ""
+        what += " granule-edges" if args.granule_edges else ""
     print(f"{what}: {report(src, warps, stages)}")
 
 

@@ -176,6 +176,7 @@ def prefix_problems(draw) -> dict:
         "rest_group": draw(st.booleans()),  # ... and _REST_GROUP (GPU tiles: page 144 rests 16 of 64/128)
         "walk_slot_contig_v": draw(st.booleans()),  # ... and _WALK_SLOT_CONTIG_V
         "offsets_32": draw(st.booleans()),  # ... and _OFFSETS_32
+        "granule_edges": draw(st.booleans()),  # ... and _GRANULE_EDGES (split layout, fp16, pages % 8 == 0)
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -191,7 +192,7 @@ def test_fuzz_prefix_prefill(p):
 
     keys = (
         "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
-        "rest_group", "walk_slot_contig_v", "offsets_32",
+        "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges",
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     saved = [getattr(itf, n) for n in names]

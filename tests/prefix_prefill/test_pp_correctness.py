@@ -111,14 +111,16 @@ def test_gpu_pages(page, dtype, layout):
 @pytest.mark.parametrize("page", [16, 128, 544, 1040, 1056, 2048])
 @pytest.mark.parametrize("head_size", [128, 256])
 @pytest.mark.parametrize("layout", ["split", "nhd"])
-@pytest.mark.parametrize("group", [False, True], ids=["rest_tiles", "rest_groups"])
-def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout, group):
+@pytest.mark.parametrize("variant", ["default", "rest_groups", "granule_edges"])
+def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout, variant):
     """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled; page
-    walks with one rest tile per page or rest groups (``_REST_GROUP``)."""
+    walks with one rest tile per page or rest groups (``_REST_GROUP``); granule-masked context edges
+    (``_GRANULE_EDGES``, the split layout)."""
     import prefix_prefill.interface as itf
 
     monkeypatch.setattr(itf, "_TILE_PAGES", True)
-    monkeypatch.setattr(itf, "_REST_GROUP", group)
+    monkeypatch.setattr(itf, "_REST_GROUP", variant == "rest_groups")
+    monkeypatch.setattr(itf, "_GRANULE_EDGES", variant == "granule_edges")
     seqs = [*random_seqs(4, 2500, 600), (0, 200), (2 * page + 3, 1), (page, 129)]
     case = make_case(
         seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page, dtype=torch.bfloat16,

@@ -135,6 +135,43 @@ def test_page_walk_edge_tiles_discard_what_they_load(monkeypatch, config, page, 
     assert c, c
 
 
+@pytest.mark.parametrize(
+    ("config", "page"),
+    [
+        (KernelConfig(16, 16, 16, 1, 1), 16),
+        (KernelConfig(16, 16, 32, 1, 1), 48),
+        (KernelConfig(16, 32, 64, 1, 1), 544),
+    ],
+)
+@pytest.mark.parametrize("window", [(-1, -1), (30, -1), (13, 5)])
+def test_granule_edges(monkeypatch, config, page, window):
+    """``_GRANULE_EDGES`` (vLLM's split layout, fp16: V runs of 8 tokens): masked context tiles attend to
+    whole 8-key granules with V masked per granule, narrow tiles to the keys of partial granules.
+    Contexts end at every offset modulo 8 and windows start at many; every cache slot no query may see
+    is NaN; the output must be finite and match the reference, and so must the form without it."""
+    import prefix_prefill.interface as itf
+
+    seqs = [(13, 9), (16, 1), (21, 30), (40, 7), (47, 17), (page + 3, 12), (2 * page + 6, 5)]
+    seqs += [(2 * page + 7, 40), (0, 11)]
+    case = _case(seqs=seqs, page=page, layout="split", dtype=torch.float16, kv_from_cache=False)
+    ref = reference(case, window=window)
+    case.k_cache, case.v_cache = case.k_cache.clone(), case.v_cache.clone()
+    for b, (ctx, _) in enumerate(seqs):
+        first = max(0, ctx - window[0]) if window[0] >= 0 else 0
+        for pos in range(-(-(ctx + 1) // page) * page):
+            col = pos // page
+            if (pos >= ctx or pos < first) and col < case.block_table.shape[1]:
+                blk = int(case.block_table[b, col])
+                if 0 <= blk < case.k_cache.shape[0]:
+                    _poison_slot(case, blk, pos % page)
+    for granule in (True, False):
+        monkeypatch.setattr(itf, "_GRANULE_EDGES", granule)
+        out = run_cfg(case, config, window=window)
+        assert torch.isfinite(out).all(), granule
+        c = compare(out, ref)
+        assert c, (granule, c)
+
+
 # ------------------------------------------------------------------------------- ALiBi, sinks
 def test_alibi():
     case = _case()

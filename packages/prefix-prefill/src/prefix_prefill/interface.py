@@ -351,6 +351,13 @@ _WALK_SLOT_CONTIG_V = False
 # A/B of 2026-11-29 (session 5, NOTES step 13: 1-14% faster on every shape, layout and page, outputs
 # bitwise equal); both forms are tested, and caches past 2**31 elements always take int64.
 _OFFSETS_32 = True
+# In caches whose V is token-contiguous (vLLM's split layout), masked context tiles attend to whole
+# granules of V_CONTIG keys only, with V masked per granule so that it stays an async copy, and the
+# keys of the at most two partial granules follow in narrow masked tiles (kernel._segment). Offline
+# (triton 3.6, NOTES step 12/"Next GPU session"): the masked context loop's 2-byte V gather is what
+# makes ptxas serialise every wgmma of the hd256 kernel (C7515); this form compiles without it.
+# Candidate, off until timed on a GPU; both forms are tested.
+_GRANULE_EDGES = False
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -527,6 +534,7 @@ def _launch_fwd(
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
         WIDE_OFFSETS=not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache)),
+        GRANULE_EDGES=_TILE_PAGES and _GRANULE_EDGES,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

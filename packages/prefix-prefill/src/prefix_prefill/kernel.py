@@ -115,7 +115,8 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 
 @triton.jit
 def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED: tl.constexpr,
-            SCALE_P: tl.constexpr, CFG: tl.constexpr, MASK_LOADS: tl.constexpr = True):  # fmt: skip
+            SCALE_P: tl.constexpr, CFG: tl.constexpr, MASK_LOADS: tl.constexpr = True,
+            GRANULE: tl.constexpr = 0):  # fmt: skip
     """One online-softmax step over one key tile (the only softmax update in this kernel).
 
     ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
@@ -124,7 +125,11 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     ``s_scale`` is the logit scale in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the
     probabilities before the PV dot (the fp8 V-cache scale). ``MASK_LOADS=False`` (with ``MASKED``):
     the caller promises that every lane's pointers address a needed (finite) key, so only the logits
-    are masked. Returns the updated ``(acc, m_i, l_i)``.
+    are masked. ``GRANULE > 0`` (with ``MASKED``; a tile at a multiple of ``GRANULE`` of a cache whose
+    V runs ``GRANULE`` tokens contiguous from such multiples): this tile attends only to the keys of
+    the granules (aligned runs of ``GRANULE`` keys) that lie wholly inside ``[k_start, k_end)`` and
+    masks V by granule, so the V load stays a vectorised async copy; the caller attends to the keys
+    of the partial granules separately (:func:`_segment`). Returns the updated ``(acc, m_i, l_i)``.
     """
     PAD_D: tl.constexpr = CFG[0]
     CAUSAL: tl.constexpr = CFG[1]
@@ -137,6 +142,12 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
         m_k = m_k & (k_pos >= k_start)  # [BN]
+    if MASKED and GRANULE > 0:
+        k_g = (k_pos // GRANULE) * GRANULE  # [BN] first key of each lane's granule
+        m_full = k_g + GRANULE <= k_end  # [BN] constant over each granule
+        if USE_LEFT:
+            m_full = m_full & (k_g >= k_start)  # [BN]
+        m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
     if MASKED and MASK_LOADS:
         b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
     elif PAD_D:
@@ -173,7 +184,9 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
     alpha = tl.math.exp2(m_i - m_use)  # [BM]
     l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-    if MASKED and MASK_LOADS:
+    if MASKED and MASK_LOADS and GRANULE > 0:
+        b_v = tl.load(p_v, mask=m_full[:, None] & m_d[None, :], other=0.0)  # [BN, BD] granule mask
+    elif MASKED and MASK_LOADS:
         b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0.0)  # [BN, BD]
     elif PAD_D:
         b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
@@ -213,7 +226,7 @@ def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.const
 @triton.jit
 def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
           FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-          ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr):  # fmt: skip
+          ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0):  # fmt: skip
     """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
     from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
     ``n0 + i``).
@@ -258,7 +271,10 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
                 bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE
             )  # [BN]
         # every lane of an interior tile is a real token of a mapped page: the V runs hold
-        p_k, p_v = _cache_pointers(cache, o_kt, o_vt, not MASKED, V_RUNS, CFG)  # [BD, BN], [BN, BD]
+        # (granule-masked tiles load whole runs only: the runs hold for every lane they load)
+        p_k, p_v = _cache_pointers(
+            cache, o_kt, o_vt, not MASKED or GRANULE > 0, V_RUNS, CFG
+        )  # [BD, BN], [BN, BD]
         SCALE_P: tl.constexpr = CACHE_FP8
     else:
         p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
@@ -267,7 +283,8 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
         p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         k_pos = k_base + (n0 + tl.arange(0, BLOCK_N))  # [BN]
         SCALE_P: tl.constexpr = False
-    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG)
+    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG,
+                   True, GRANULE)  # fmt: skip
 
 
 @triton.jit
@@ -296,7 +313,7 @@ def _rest_group_tile(acc, m_i, l_i, b_q, page0, page_end, k_end, rows, cache, s_
 def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
              BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
              ALIGNED: tl.constexpr, PAGE_WALK: tl.constexpr, REST_BLOCK: tl.constexpr,
-             REST_GROUP: tl.constexpr = 1):  # fmt: skip
+             REST_GROUP: tl.constexpr = 1, GRANULE: tl.constexpr = 0):  # fmt: skip
     """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
     positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
     Both bounds come from :func:`_key_bounds` / :func:`_tile_bounds` before the loops, so no tile outside them is loaded.
@@ -307,7 +324,13 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
     lanes past their page masked), the unmasked full tiles, then, when the page is not a multiple of
     ``BLOCK_N``, each page's rest tile (``REST_BLOCK`` wide; unmasked when the rest is exactly that
     wide), or, with ``REST_GROUP > 1``, the rest tiles of ``REST_GROUP`` pages at a time in one tile of
-    ``BLOCK_N`` lanes (:func:`_rest_group_tile`; needs ``REST_BLOCK * REST_GROUP == BLOCK_N``)."""
+    ``BLOCK_N`` lanes (:func:`_rest_group_tile`; needs ``REST_BLOCK * REST_GROUP == BLOCK_N``).
+
+    ``GRANULE > 0`` (the cached context of a cache whose V runs ``GRANULE`` tokens contiguous, tiles
+    at multiples of ``BLOCK_N``, no walk): the masked tiles attend to whole granules only (their V
+    stays an async copy, see :func:`_attend`); the keys of the at most two partial granules, at
+    ``k_start`` (left window) and at ``k_end``, follow in narrow masked tiles of ``max(16,
+    GRANULE)`` lanes."""
     need_lo, need_hi, full_lo, full_hi = _key_bounds(
         q_lo, q_hi, k_base, k_len, rows[3], rows[4], CFG[1], CFG[2], CFG[3]
     )  # rows[3], rows[4]: window_left, window_right
@@ -345,10 +368,30 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
         for t in tl.range(0, n_masked):
             n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                                  BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
+                                  BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, False, GRANULE)  # fmt: skip
         for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
                                   BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
+        if GRANULE > 0:
+            tl.static_assert(FROM_CACHE, "granule edges are for the cached context")
+            NARROW: tl.constexpr = max(16, GRANULE)
+            # partial granules inside the masked tiles: at the window's first key and at the context end
+            if CFG[2]:  # USE_LEFT: keys from the tile's first visible key rows[1] = k_start on
+                l_lo = tl.maximum(rows[1], 0)
+                l_hi = tl.minimum(tl.cdiv(l_lo, GRANULE) * GRANULE, k_end)  # empty when k_start is aligned
+            else:
+                l_lo = k_end * 0
+                l_hi = k_end * 0
+            r_lo = tl.maximum((k_end // GRANULE) * GRANULE, tl.maximum(l_hi, l_lo))
+            n_l = (l_hi > l_lo).to(tl.int32)
+            n_r = ((r_lo < k_end) & (need_hi > need_lo)).to(tl.int32)
+            n_l = n_l * (need_hi > need_lo).to(tl.int32)
+            for i in tl.range(0, n_l + n_r):
+                first = (i == 0) & (n_l > 0)
+                n0 = tl.where(first, l_lo, r_lo)
+                e = tl.where(first, l_hi, k_end)
+                acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, e, rows, cache, new, s_scale, p_scale,
+                                      NARROW, FROM_CACHE, True, V_RUNS, CFG, False, False)  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -421,6 +464,7 @@ def _fwd_kernel(
     PAGE_WALK: tl.constexpr,  # walk the context page by page, see _segment
     REST_BLOCK: tl.constexpr,  # with PAGE_WALK: width of each page's rest tile (0: pages are multiples of the tile)
     REST_GROUP: tl.constexpr,  # with PAGE_WALK: rest tiles of this many pages per iteration (1: one each)
+    GRANULE_EDGES: tl.constexpr,  # masked context tiles load V by granule (see _segment), where V runs allow
     WIDE_OFFSETS: tl.constexpr,  # int64 per-token cache offsets; False: int32 (host-checked to fit)
     DOT_PRECISION: tl.constexpr,
 ):
@@ -489,9 +533,12 @@ def _fwd_kernel(
                          TWO_PAGE_BASES, WIDE_OFFSETS)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
+    # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX
+    USE_GRANULE: tl.constexpr = GRANULE_EDGES and V_ALIGN16_RUNS and V_CONTIG >= 8 and not PAGE_WALK
+    GRANULE: tl.constexpr = V_CONTIG if USE_GRANULE else 0
     acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
                              v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
-                             PAGE_WALK, REST_BLOCK, REST_GROUP)  # fmt: skip
+                             PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
     # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
     # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
     p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
