@@ -70,6 +70,7 @@ def window_problems(draw) -> dict:
         "scale": draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         "sinks_mode": draw(st.sampled_from([None, "denominator", "bias_key0"])),
         "config": Config(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])), 1, 1),
+        "offsets_32": draw(st.booleans()),  # window_prefill.interface._OFFSETS_32
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
@@ -81,6 +82,17 @@ def window_problems(draw) -> dict:
 @FUZZ
 @given(p=window_problems())
 def test_fuzz_window_prefill(p):
+    import window_prefill.interface as wi
+
+    saved = wi._OFFSETS_32
+    wi._OFFSETS_32 = p["offsets_32"]
+    try:
+        _run_window_problem(p)
+    finally:
+        wi._OFFSETS_32 = saved
+
+
+def _run_window_problem(p: dict) -> None:
     torch.manual_seed(p["seed"])
     lens, heads, kvh, d, dt = p["lens"], p["heads"], p["kv_heads"], p["head"], p["dtype"]
     total = sum(lens)
