@@ -65,10 +65,11 @@ def _attn_blocks(
         offs_k = n0 + offs_n  # [BN] key positions
         if WIDE_OFFSETS:
             p_tok = (tok0 + offs_k).to(tl.int64)  # [BN]
+            p_k = p_k_base + p_tok[:, None] * stride_kt + offs_d[None, :]  # [BN, BD]
+            p_v = p_v_base + p_tok[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         else:
-            p_tok = tok0.to(tl.int32) + offs_k  # [BN] every token offset fits int32 (host-checked)
-        p_k = p_k_base + p_tok[:, None] * stride_kt + offs_d[None, :]  # [BN, BD]
-        p_v = p_v_base + p_tok[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
+            p_k = (p_k_base + tok0 * stride_kt) + (offs_k * stride_kt)[:, None] + offs_d[None, :]  # [BN, BD]
+            p_v = (p_v_base + tok0 * stride_vt) + (offs_k * stride_vt)[:, None] + offs_d[None, :]  # [BN, BD]
         if MASKED:
             m_key = (offs_k >= key_lo) & (offs_k < key_hi)  # [BN]
             m_kv = m_key[:, None] & m_d[None, :]  # [BN, BD]
