@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
     bench_ms,
     prefix_bench_module,
-    set_prefix_switches,
+    set_switches,
     start,
     tflops,
     uniform_prefix_problem,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
     args = ap.parse_args(argv)
-    set_prefix_switches(args.set, ap.error)
+    set_switches(args.set, ap.error)
     if not hasattr(itf, args.switch):
         ap.error(f"prefix_prefill.interface has no switch {args.switch}")
     default = getattr(itf, args.switch)

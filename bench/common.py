@@ -178,14 +178,15 @@ def prefix_bench_module():
     return mod
 
 
-def set_prefix_switches(sets: list[str], error) -> None:
-    """Apply ``--set NAME=0|1`` options: booleans of ``prefix_prefill.interface`` (its A/B switches);
-    ``error(msg)`` reports a bad one (argparse's ``ap.error``)."""
-    import prefix_prefill.interface as itf
+def set_switches(sets: list[str], error, module: str = "prefix_prefill.interface") -> None:
+    """Apply ``--set NAME=0|1`` options: booleans of ``module`` (a kernel package's interface, whose
+    ``_NAME`` booleans are its A/B switches); ``error(msg)`` reports a bad one (argparse's ``ap.error``)."""
+    import importlib
 
+    itf = importlib.import_module(module)
     for kv in sets:
         name, _, val = kv.partition("=")
         switch = name.startswith("_") and isinstance(getattr(itf, name, None), bool)
         if not switch or val not in ("0", "1"):
-            error(f"--set {kv}: expected NAME=0|1 with NAME a switch of prefix_prefill.interface")
+            error(f"--set {kv}: expected NAME=0|1 with NAME a switch of {module}")
         setattr(itf, name, val == "1")

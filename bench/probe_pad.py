@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_ms, prefix_bench_module, set_prefix_switches, start, tflops, write_rows
+from common import bench_ms, prefix_bench_module, set_switches, start, tflops, write_rows
 
 start(interpret=False)
 
@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="a prefix_prefill.interface switch for the run (e.g. _REST_GROUP=1)")  # fmt: skip
     args = ap.parse_args()
-    set_prefix_switches(args.set, ap.error)
+    set_switches(args.set, ap.error)
     bp = prefix_bench_module()
     shape = bp.SHAPES[args.shape]
     rows = []

@@ -41,7 +41,16 @@ from pathlib import Path
 _BENCH_DIR = os.path.realpath(Path(__file__).resolve().parent)
 sys.path.insert(0, _BENCH_DIR)
 
-from common import add_package_paths, attn_flops, bench_ms, floors_ms, gpu_name, tflops, write_rows  # noqa: E402
+from common import (  # noqa: E402
+    add_package_paths,
+    attn_flops,
+    bench_ms,
+    floors_ms,
+    gpu_name,
+    set_switches,
+    tflops,
+    write_rows,
+)
 
 # This script's own name would shadow the window_prefill package: keep bench/ off the import path.
 sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != _BENCH_DIR]
@@ -407,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer N and window points")
     ap.add_argument("--sweep", action="store_true", help="also sweep launch configs on the pr and llm shapes")
     ap.add_argument("--shapes", default="pr,llm,sweep_n,sweep_w", help="comma list of pr,llm,sweep_n,sweep_w")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
+                    help="window_prefill.interface switch, e.g. _OFFSETS_32=1")  # fmt: skip
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.shapes.split(",") if k.strip()]
     shapes = make_shapes(kinds, args.quick)
@@ -414,17 +425,19 @@ def main(argv: list[str] | None = None) -> int:
     add_package_paths()
     import torch
 
+    set_switches(args.set, ap.error, module="window_prefill.interface")
+    stem = "window_prefill" + "".join("_" + s.replace("=", "") for s in args.set)
     if not torch.cuda.is_available():
         print("needs a GPU", file=sys.stderr)
         return 2
     gpu = gpu_name()
-    print(f"# {gpu}, torch {torch.__version__}", flush=True)
+    print(f"# {gpu}, torch {torch.__version__}" + (f", {' '.join(args.set)}" if args.set else ""), flush=True)
     if shapes:
         rows = run_peers(shapes, gpu)
         if rows:
-            csv_path, md_path = write_rows(args.out, "window_prefill", rows)
+            csv_path, md_path = write_rows(args.out, stem, rows)
             print(f"wrote {csv_path} {md_path}", flush=True)
-            plot(rows, args.out / "window_prefill.png")
+            plot(rows, args.out / f"{stem}.png")
     if args.sweep:
         rows = run_sweep(gpu)
         csv_path, md_path = write_rows(args.out, "window_sweep", rows)
