@@ -207,9 +207,12 @@ def test_fuzz_prefix_prefill(p):
         "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges",
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
+    values = [p[k] for k in keys]
+    names.append("_GRANULE_EDGES_MIN_BLOCK_D")  # granule edges at every head size when drawn
+    values.append(0)
     saved = [getattr(itf, n) for n in names]
-    for n, k in zip(names, keys, strict=True):
-        setattr(itf, n, p[k])
+    for n, v in zip(names, values, strict=True):
+        setattr(itf, n, v)
     try:
         _run_prefix_problem(p)
     finally:

@@ -111,16 +111,24 @@ def test_gpu_pages(page, dtype, layout):
 @pytest.mark.parametrize("page", [16, 128, 544, 1040, 1056, 2048])
 @pytest.mark.parametrize("head_size", [128, 256])
 @pytest.mark.parametrize("layout", ["split", "nhd"])
-@pytest.mark.parametrize("variant", ["default", "rest_groups", "granule_edges"])
+@pytest.mark.parametrize("variant", ["default", "walk", "rest_groups", "granule_flip"])
 def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout, variant):
-    """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled; page
-    walks with one rest tile per page or rest groups (``_REST_GROUP``); granule-masked context edges
-    (``_GRANULE_EDGES``, the split layout)."""
+    """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled: the
+    shipped switches; page walks with one rest tile per page (``_PAGE_WALK``) or rest groups
+    (``_REST_GROUP``); granule-masked context edges (``_GRANULE_EDGES``, the split layout) flipped
+    from what ships for this head size (on at 128, off at 256)."""
     import prefix_prefill.interface as itf
 
+    if variant == "granule_flip" and layout != "split":
+        pytest.skip("granule edges exist only in token-contiguous-V caches")
     monkeypatch.setattr(itf, "_TILE_PAGES", True)
+    if variant in ("walk", "rest_groups"):
+        monkeypatch.setattr(itf, "_PAGE_WALK", True)
+        monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", True)
     monkeypatch.setattr(itf, "_REST_GROUP", variant == "rest_groups")
-    monkeypatch.setattr(itf, "_GRANULE_EDGES", variant == "granule_edges")
+    if variant == "granule_flip":
+        monkeypatch.setattr(itf, "_GRANULE_EDGES", True)
+        monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0 if head_size <= 128 else 1 << 30)
     seqs = [*random_seqs(4, 2500, 600), (0, 200), (2 * page + 3, 1), (page, 129)]
     case = make_case(
         seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page, dtype=torch.bfloat16,

@@ -164,6 +164,7 @@ def test_granule_edges(monkeypatch, config, page, window):
                 blk = int(case.block_table[b, col])
                 if 0 <= blk < case.k_cache.shape[0]:
                     _poison_slot(case, blk, pos % page)
+    monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0)  # every head size (shipped: 256 and up)
     for granule in (True, False):
         monkeypatch.setattr(itf, "_GRANULE_EDGES", granule)
         out = run_cfg(case, config, window=window)

@@ -332,8 +332,10 @@ _TWO_PAGE_BASES = True
 # (544, 1040, 1056 against tiles of 64/128), walk the context page by page: full tiles at page
 # offsets 0, BLOCK_N_CTX, ... and one narrow rest tile per page, so no tile crosses a page and every
 # address takes the one-page form a power-of-two page gets (paged_kv_offsets page walks). On since
-# the H200 A/B of 2026-11-29 (session 4, NOTES step 11); both forms are tested.
-_PAGE_WALK = True
+# the H200 A/B of 2026-11-29 (session 4, NOTES step 11). Off since int32 offsets made the unwalked
+# two-page tiles cheaper (session 6, NOTES step 17: llama NHD page spread 1.050 walked, 1.035 not;
+# qwen NHD 1.029 either way; 544 7.84 -> 7.55 ms); both forms are tested.
+_PAGE_WALK = False
 # Also walk pages that ARE multiples of the context tile (512, 1024, 2048), i.e. index the aligned
 # context tiles per tile instead of per position. Candidate, off and untimed: on the H200 the walked
 # non-power-of-two qwen-hybrid pages ran faster than the power-of-two ones (NOTES step 11).
@@ -356,8 +358,12 @@ _OFFSETS_32 = True
 # keys of the at most two partial granules follow in narrow masked tiles (kernel._segment). Offline
 # (triton 3.6, NOTES step 12/"Next GPU session"): the masked context loop's 2-byte V gather is what
 # makes ptxas serialise every wgmma of the hd256 kernel (C7515); this form compiles without it.
-# Candidate, off until timed on a GPU; both forms are tested.
-_GRANULE_EDGES = False
+# On for head buckets of at least _GRANULE_EDGES_MIN_BLOCK_D since the H200 A/B of 2026-11-29
+# (session 6, NOTES step 17): qwen-hybrid (head 256) split layout 4.36-4.70 -> 3.74-4.22 ms on every
+# page; llama (head 128, no C7515 without it) 2-3% slower on pages with masked context tiles, so off
+# there. Head 192 pads to 256 and compiles like it (C7515 without, none with). Both forms are tested.
+_GRANULE_EDGES = True
+_GRANULE_EDGES_MIN_BLOCK_D = 256
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -459,6 +465,7 @@ def _launch_fwd(
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(k_cache, v_cache, kc, vc, config.BLOCK_N_CTX)
     page_constexpr = _page_constexpr(kc.page_size, config, kv_from_cache)
+    block_d = 1 << (head_size - 1).bit_length()  # next power of two (head_size >= 1)
     walk, rest_block, rest_group = _page_walk(
         page_constexpr, config, vc.stride_slot == 1 and vc.page_size > 1
     )
@@ -505,7 +512,7 @@ def _launch_fwd(
         vc_strides[3],
         QUERIES_PER_KV=num_heads // num_kv_heads,
         HEAD_DIM=head_size,
-        BLOCK_D=1 << (head_size - 1).bit_length(),  # next power of two (head_size >= 1)
+        BLOCK_D=block_d,
         PAGE_SIZE=page_constexpr,
         X=kc.x,
         K_ALIGN16=k_align,
@@ -534,7 +541,7 @@ def _launch_fwd(
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
         WIDE_OFFSETS=not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache)),
-        GRANULE_EDGES=_TILE_PAGES and _GRANULE_EDGES,
+        GRANULE_EDGES=_TILE_PAGES and _GRANULE_EDGES and block_d >= _GRANULE_EDGES_MIN_BLOCK_D,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
