@@ -83,6 +83,9 @@ def uniform_prefix_problem(
 
 
 def gpu_name() -> str:
+    """``BENCH_GPU`` when set (results rebuilt away from the GPU), else the CUDA device's name."""
+    if os.environ.get("BENCH_GPU"):
+        return os.environ["BENCH_GPU"]
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -145,7 +148,7 @@ def write_rows(out_dir: Path, stem: str, rows: list[dict]) -> tuple[Path, Path]:
     md_path = out_dir / f"{stem}.md"
 
     def fmt(v):
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
+        return f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "\\|")
 
     lines = [
         f"<!-- {gpu_name()}, {today()}, commit {commit()} -->",

@@ -1,11 +1,17 @@
 """Benchmark: prefix prefill (paged context + new tokens) across page sizes, ours vs peers.
 
     python bench/prefix_prefill.py --out DIR [--quick] [--sweep] [--shapes llama,qwen,chunked]
+    python bench/prefix_prefill.py --out DIR --from-logs RUN.log [MORE.log ...]   # no GPU needed
 
-Writes DIR/prefix_prefill.{csv,md,png} (and DIR/prefix_sweep.{csv,md} with --sweep); prints one
-line per measurement. Everything runs in bf16 with block tables that are a random permutation of the
-block ids (never the identity); the cache is built in vLLM's "split" layout, and ours also runs on an
-NHD copy of it (same contents, same block table).
+Writes DIR/prefix_prefill.{csv,md,png} (and DIR/prefix_sweep.{csv,md} with --sweep), rewritten after
+each shape so that a run cut by a timeout keeps what it measured; prints one line per measurement.
+``--from-logs`` rebuilds the csv/md/png from the measurement lines of one or more runs' output (a
+device run cut before its files came back, plus a second run of the shapes it missed); set
+``BENCH_GPU`` and ``BENCH_COMMIT`` to label them.
+
+Everything runs in bf16 with block tables that are a random permutation of the block ids (never the
+identity); the cache is built in vLLM's "split" layout, and ours also runs on an NHD copy of it (same
+contents, same block table).
 
 Shapes (each over pages 16, 512, 544, 1024, 1040, 1056, 2048):
   llama        32 q / 8 kv heads, head 128, batch 8, context 4096 + 4096 new tokens
@@ -66,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shapes", default="llama,qwen,chunked", help="comma list of llama, qwen, chunked")
     p.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                    help="an interface switch for this run, e.g. _TILE_PAGES=1")  # fmt: skip
+    p.add_argument("--from-logs", nargs="+", type=Path, default=None, metavar="LOG",
+                   help="rebuild the csv/md/png from these runs' printed lines; measure nothing")  # fmt: skip
     args = p.parse_args(argv)
     for item in args.set:
         name, _, value = item.partition("=")
@@ -446,8 +454,44 @@ def plot(rows: list[dict], out_dir: Path) -> Path | None:
     return path
 
 
+def rows_from_logs(paths: list[Path]) -> list[dict]:
+    """The measurement lines (``shape=...  page=...  peer=...  ms=...``) of earlier runs, as rows; a
+    later line for the same (shape, page, peer) replaces an earlier one."""
+    found: dict[tuple, dict] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if not line.startswith("shape=") or "  ms=" not in line:
+                continue
+            r = {}
+            for field in line.split("  "):
+                key, _, value = field.strip().partition("=")
+                for conv in (int, float):
+                    try:
+                        value = conv(value)
+                        break
+                    except ValueError:
+                        pass
+                r[key] = value
+            if set(KEYS) <= set(r):
+                found[(r["shape"], r["page"], r["peer"])] = {k: r[k] for k in KEYS}
+    return list(found.values())
+
+
+def _write_all(rows: list[dict], out_dir: Path) -> None:
+    csv_path, md_path = write_rows(out_dir, "prefix_prefill", rows)
+    png = plot(rows, out_dir)
+    print(f"# wrote {csv_path}, {md_path}" + (f", {png}" if png else ""), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_logs:
+        rows = rows_from_logs(args.from_logs)
+        if not rows:
+            print("no measurement lines in the logs", file=sys.stderr)
+            return 2
+        _write_all(rows, args.out)
+        return 0
     import torch
 
     if not torch.cuda.is_available():
@@ -471,15 +515,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         if name == "chunked":
             rows += bench_chunked(torch, reps)
-            continue
-        rows += bench_shape(torch, name, pages, reps)
-        extra = contiguous_peers(torch, name, SHAPES[name], args.quick, reps)
-        print_rows(extra, KEYS)
-        rows += extra
-    if rows:
-        csv_path, md_path = write_rows(args.out, "prefix_prefill", rows)
-        png = plot(rows, args.out)
-        print(f"# wrote {csv_path}, {md_path}" + (f", {png}" if png else ""), flush=True)
+        else:
+            rows += bench_shape(torch, name, pages, reps)
+            extra = contiguous_peers(torch, name, SHAPES[name], args.quick, reps)
+            print_rows(extra, KEYS)
+            rows += extra
+        if rows:  # after every shape: a run cut by its time limit keeps what it measured
+            _write_all(rows, args.out)
     if args.sweep:
         sweep(torch, args.out, {"warmup": 5, "rep": 20})
     return 0
