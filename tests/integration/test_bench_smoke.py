@@ -62,3 +62,34 @@ def test_sanitize_edge_smoke():
     )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert proc.stdout.strip().splitlines()[-1].endswith("cases OK"), proc.stdout[-2000:]
+
+
+def test_prefix_bench_from_logs(tmp_path):
+    """bench/prefix_prefill.py --from-logs rebuilds the csv/md from printed measurement lines (a later
+    line for the same shape, page and peer wins; other lines are ignored); no GPU needed."""
+    log1, log2 = tmp_path / "a.log", tmp_path / "b.log"
+    log1.write_text(
+        "# NVIDIA H200, shapes ['llama']\n"
+        "shape=llama  page=544  peer=ours  ms=9.5  tflops=347.1  floor_ms=4.144  pct_of_floor=43.6  "
+        "note=split layout (vLLM's)\n"
+        "shape=llama  page=-  peer=flex  ms=7.85  tflops=420.1  floor_ms=4.144  pct_of_floor=52.8  note=x\n"
+    )
+    log2.write_text(
+        "shape=llama  page=544  peer=ours  ms=9.25  tflops=356.5  floor_ms=4.144  pct_of_floor=44.8  "
+        "note=max|a-b|=0\nnot a row\n"
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "prefix_prefill.py"), "--out", str(out), "--from-logs",
+         str(log1), str(log2)],
+        env=dict(os.environ, BENCH_GPU="TEST GPU", BENCH_COMMIT="abc1234"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    csv_text = (out / "prefix_prefill.csv").read_text().splitlines()
+    assert csv_text[0] == "shape,page,peer,ms,tflops,floor_ms,pct_of_floor,note"
+    assert len(csv_text) == 3, csv_text
+    assert csv_text[1].startswith("llama,544,ours,9.25,"), csv_text
+    md = (out / "prefix_prefill.md").read_text()
+    assert md.startswith("<!-- TEST GPU,") and "commit abc1234" in md
+    assert "max\\|a-b\\|=0" in md
