@@ -19,16 +19,22 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(ON_GPU, reason="interpreter smoke runs; a GPU session runs the scripts")
 
 
-def test_ab_prefix_smoke():
-    env = dict(os.environ, TRITON_INTERPRET="1")
+def _bench(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``bench/<script>`` with ``args`` (under the interpreter unless ``env`` says otherwise) and
+    assert that it exits 0."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "ab_prefix.py"), "--smoke", "--set", "_PAGE_WALK=0"],
-        env=env,
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        env={**os.environ, "TRITON_INTERPRET": "1", **env},
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    return proc
+
+
+def test_ab_prefix_smoke():
+    proc = _bench("ab_prefix.py", "--smoke", "--set", "_PAGE_WALK=0")
     equal = [line for line in proc.stdout.splitlines() if "bitwise equal" in line]
     assert equal and all("bitwise equal off/on: True" in line for line in equal), proc.stdout
     assert "SPREAD tiny nhd _TILE_PAGES=True" in proc.stdout
@@ -36,14 +42,7 @@ def test_ab_prefix_smoke():
 
 def test_first_call_smoke(tmp_path):
     """bench/first_call.py: cold and warm child processes per kernel, rows written."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "first_call.py"), "--smoke", "--out", str(tmp_path)],
-        env=dict(os.environ, TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    _bench("first_call.py", "--smoke", "--out", str(tmp_path))
     text = (tmp_path / "first_call.csv").read_text()
     for kernel in ("window", "prefix"):
         for cache in ("cold", "warm"):
@@ -53,14 +52,7 @@ def test_first_call_smoke(tmp_path):
 
 def test_sanitize_edge_smoke():
     """bench/sanitize_edge.py (the memcheck edge suite) runs its quick subset under the interpreter."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sanitize_edge.py")],
-        env=dict(os.environ, TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    proc = _bench("sanitize_edge.py")
     assert proc.stdout.strip().splitlines()[-1].endswith("cases OK"), proc.stdout[-2000:]
 
 
@@ -79,13 +71,8 @@ def test_prefix_bench_from_logs(tmp_path):
         "note=max|a-b|=0\nnot a row\n"
     )
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "prefix_prefill.py"), "--out", str(out), "--from-logs",
-         str(log1), str(log2)],
-        env=dict(os.environ, BENCH_GPU="TEST GPU", BENCH_COMMIT="abc1234"),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _bench("prefix_prefill.py", "--out", str(out), "--from-logs", str(log1), str(log2),
+           BENCH_GPU="TEST GPU", BENCH_COMMIT="abc1234")  # fmt: skip
     csv_text = (out / "prefix_prefill.csv").read_text().splitlines()
     assert csv_text[0] == "shape,page,peer,ms,tflops,floor_ms,pct_of_floor,note"
     assert len(csv_text) == 3, csv_text
@@ -93,3 +80,11 @@ def test_prefix_bench_from_logs(tmp_path):
     md = (out / "prefix_prefill.md").read_text()
     assert md.startswith("<!-- TEST GPU,") and "commit abc1234" in md
     assert "max\\|a-b\\|=0" in md
+
+
+def test_fp32_configs_smoke(tmp_path):
+    """bench/fp32_configs.py (old vs new fp32 tiles) runs under the interpreter; the two tilings agree."""
+    proc = _bench("fp32_configs.py", "--smoke", "--out", str(tmp_path))
+    diffs = [float(line.rsplit("=", 1)[1]) for line in proc.stdout.splitlines() if "max|old-new|" in line]
+    assert len(diffs) == 2 and all(d < 1e-4 for d in diffs), proc.stdout
+    assert (tmp_path / "fp32_configs.csv").exists()

@@ -1,0 +1,130 @@
+"""fp32 tile A/B: the shipped fp32 table entries against the entries they replaced (NOTES.md step 19).
+
+    python bench/fp32_configs.py [--heads 64,128,256] [--out DIR]
+    python bench/fp32_configs.py --smoke      # CPU: Triton interpreter, tiny shapes (checks the script)
+
+fp32 inputs run IEEE dots, which Triton lowers to FMA loops; offline, the old tiles (prefix
+64/32/32/4/2 and 32/32/32/4/2, window 64/32/4/2 and 32/32/4/2) spilled kilobytes per thread and took
+15-30 s to compile, the new 16-wide tiles none and 2-7 s. For each kernel and head size this times
+(medians of ``triton.testing.do_bench``) the old and the new config on the same inputs in one
+process, prints the compile+first-call seconds of each (Triton's cache is whatever the process
+has: run it with an empty ``TRITON_CACHE_DIR`` for cold figures) and the largest difference between
+the two outputs (tiling changes only the summation order). Writes DIR/fp32_configs.{csv,md} with
+``--out``. Shapes: prefix 2 sequences of 2048 cached + 512 new tokens, 8/2 heads, page 16, NHD cache;
+window 8192 tokens, 8/2 heads, causal, left window 511.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import bench_ms, print_rows, start, uniform_prefix_problem, write_rows
+
+SMOKE = "--smoke" in sys.argv
+start(interpret=SMOKE)
+
+import torch  # noqa: E402
+
+import prefix_prefill.interface as pitf  # noqa: E402
+from prefix_prefill import prefix_prefill  # noqa: E402
+from prefix_prefill.configs import KernelConfig  # noqa: E402
+from window_prefill import window_prefill  # noqa: E402
+from window_prefill.configs import Config  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+OLD_PREFIX = {
+    64: KernelConfig(64, 32, 32, 4, 2),
+    128: KernelConfig(64, 32, 32, 4, 2),
+    256: KernelConfig(32, 32, 32, 4, 2),
+}
+OLD_WINDOW = {64: Config(64, 32, 4, 2), 128: Config(64, 32, 4, 2), 256: Config(32, 32, 4, 2)}
+
+
+def _prefix_fn(head: int):
+    ctx, new, batch = (40, 24, 2) if SMOKE else (2048, 512, 2)
+    pb = uniform_prefix_problem(
+        torch, batch=batch, heads=8, kv_heads=2, head_dim=head, ctx=ctx, new=new, page=16, layout="nhd",
+        device=DEV, dtype=torch.float32, gen=torch.Generator().manual_seed(head),
+    )  # fmt: skip
+    out = torch.empty_like(pb["q"])
+
+    def fn():
+        prefix_prefill(
+            pb["q"], pb["k"], pb["v"], pb["k_cache"], pb["v_cache"], pb["block_table"], pb["cu"],
+            pb["seq_lens"], new, kv_layout="nhd", out=out,
+        )  # fmt: skip
+        return out
+
+    return fn
+
+
+def _window_fn(head: int, config):
+    n = 64 if SMOKE else 8192
+    gen = torch.Generator().manual_seed(head)
+    q, k, v = (torch.randn(n, h, head, generator=gen).to(DEV) for h in (8, 2, 2))
+    cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
+    out = torch.empty_like(q)
+
+    def fn():
+        window_prefill(q, k, v, cu, n, causal=True, window=(511, -1), out=out, config=config)
+        return out
+
+    return fn
+
+
+def _first(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    if not SMOKE:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def _time(fn) -> float:
+    return _first(fn) * 1e3 if SMOKE else bench_ms(fn, warmup=10, rep=50)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--heads", default="64,128,256")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    heads = [64] if SMOKE else [int(h) for h in args.heads.split(",")]
+    rows = []
+    shipped_get = pitf.get_config
+    for head in heads:
+        for kernel in ("prefix", "window"):
+            outs = {}
+            for which in ("old", "new"):
+                if kernel == "prefix":
+                    if which == "old":  # the launcher reads the table through this name
+                        pitf.get_config = lambda *a, _c=OLD_PREFIX[head]: _c
+                    fn = _prefix_fn(head)
+                else:
+                    fn = _window_fn(head, OLD_WINDOW[head] if which == "old" else None)
+                try:
+                    first_s = _first(fn)
+                    ms = _time(fn)
+                    outs[which] = fn().clone()
+                finally:
+                    pitf.get_config = shipped_get
+                rows.append(
+                    {"kernel": kernel, "head": head, "config": which, "first_call_s": first_s, "ms": ms}
+                )
+                print_rows(rows[-1:], list(rows[-1]))
+            diff = (outs["old"] - outs["new"]).abs().max().item()
+            print(f"# {kernel} head {head}: max|old-new| = {diff:.3g}", flush=True)
+            rows[-1]["max_abs_diff_vs_old"] = diff
+    if args.out is not None:
+        print("# wrote", *write_rows(args.out, "fp32_configs", rows), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
