@@ -1,15 +1,16 @@
-"""fp32 tile A/B: the shipped fp32 table entries against the entries they replaced (NOTES.md step 19).
+"""fp32 tile A/B: the shipped fp32 table entries against 16-wide candidates (NOTES.md step 19).
 
     python bench/fp32_configs.py [--heads 64,128,256] [--out DIR]
     python bench/fp32_configs.py --smoke      # CPU: Triton interpreter, tiny shapes (checks the script)
 
-fp32 inputs run IEEE dots, which Triton lowers to FMA loops; offline, the old tiles (prefix
-64/32/32/4/2 and 32/32/32/4/2, window 64/32/4/2 and 32/32/4/2) spilled kilobytes per thread and took
-15-30 s to compile, the new 16-wide tiles none and 2-7 s. For each kernel and head size this times
-(medians of ``triton.testing.do_bench``) the old and the new config on the same inputs in one
-process, prints the compile+first-call seconds of each (Triton's cache is whatever the process
-has: run it with an empty ``TRITON_CACHE_DIR`` for cold figures) and the largest difference between
-the two outputs (tiling changes only the summation order). Writes DIR/fp32_configs.{csv,md} with
+fp32 inputs run IEEE dots, which Triton lowers to FMA loops; offline, the shipped sm90 tiles (prefix
+64/32/32/4/2 and 32/32/32/4/2, window 64/32/4/2 and 32/32/4/2) spill kilobytes per thread and take
+8-30 s to compile, the 16-wide candidates (prefix 16/16/16/4/2, window 16/16/4/2) none and 2-7 s. For
+each kernel and head size this times (medians of ``triton.testing.do_bench``) the shipped ("old")
+and the candidate ("new") config on the same inputs in one process, prints the compile+first-call
+seconds of each (Triton's cache is whatever the process has: run it with an empty
+``TRITON_CACHE_DIR`` for cold figures) and the largest difference between the two outputs (tiling
+changes only the summation order). Writes DIR/fp32_configs.{csv,md} with
 ``--out``. Shapes: prefix 2 sequences of 2048 cached + 512 new tokens, 8/2 heads, page 16, NHD cache;
 window 8192 tokens, 8/2 heads, causal, left window 511.
 """
@@ -37,12 +38,8 @@ from window_prefill import window_prefill  # noqa: E402
 from window_prefill.configs import Config  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-OLD_PREFIX = {
-    64: KernelConfig(64, 32, 32, 4, 2),
-    128: KernelConfig(64, 32, 32, 4, 2),
-    256: KernelConfig(32, 32, 32, 4, 2),
-}
-OLD_WINDOW = {64: Config(64, 32, 4, 2), 128: Config(64, 32, 4, 2), 256: Config(32, 32, 4, 2)}
+NEW_PREFIX = KernelConfig(16, 16, 16, 4, 2)  # candidate for every head size; "old" = the shipped table
+NEW_WINDOW = Config(16, 16, 4, 2)
 
 
 def _prefix_fn(head: int):
@@ -103,11 +100,11 @@ def main() -> int:
             outs = {}
             for which in ("old", "new"):
                 if kernel == "prefix":
-                    if which == "old":  # the launcher reads the table through this name
-                        pitf.get_config = lambda *a, _c=OLD_PREFIX[head]: _c
+                    if which == "new":  # the launcher reads the table through this name
+                        pitf.get_config = lambda *a: NEW_PREFIX
                     fn = _prefix_fn(head)
                 else:
-                    fn = _window_fn(head, OLD_WINDOW[head] if which == "old" else None)
+                    fn = _window_fn(head, NEW_WINDOW if which == "new" else None)
                 try:
                     first_s = _first(fn)
                     ms = _time(fn)

@@ -92,20 +92,19 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     # Same run, qwen-hybrid page 544: 4.86 ms vs 6.55 for the spill-free 128/32/32/8/2 and 9.90 for
     # 64/64/64/8/2 (this one spills ~150 B and is still the fastest).
     ("sm90", 256, "16bit"): _c(128, 64, 64, 8, 2),
-    # fp32 runs IEEE dots, which Triton lowers to FMA loops holding whole operand rows per thread:
-    # offline (triton 3.6, ptxas sm_90a and sm_80, NOTES.md step 19) 64/32/32/4/2 spilled 4 / 60 KB
-    # per thread at heads 64 / 128 and 32/32/32/4/2 66 KB at 256 (15-30 s to compile); 16/16/16/4/2
-    # compiles without spills (63-162 registers) in 2-7 s. Not yet timed on a GPU.
-    ("sm90", 64, "fp32"): _c(16, 16, 16, 4, 2),
-    ("sm90", 128, "fp32"): _c(16, 16, 16, 4, 2),
-    ("sm90", 256, "fp32"): _c(16, 16, 16, 4, 2),
+    # fp32 (IEEE dots, lowered to FMA loops): offline these spill 4-66 KB per thread and compile in
+    # 8-30 s; 16/16/16/4/2 spills nothing (bench/results/NOTES.md step 19). Candidate, pending the
+    # GPU A/B of bench/fp32_configs.py.
+    ("sm90", 64, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm90", 128, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm90", 256, "fp32"): _c(32, 32, 32, 4, 2),
     # Ampere A100 (163 KiB); Ada/consumer parts map to "default".
     ("sm80", 64, "16bit"): _c(128, 64, 64, 4, 2),
     ("sm80", 128, "16bit"): _c(128, 64, 64, 4, 2),
     ("sm80", 256, "16bit"): _c(64, 32, 32, 4, 2),
-    ("sm80", 64, "fp32"): _c(16, 16, 16, 4, 2),  # as sm90 fp32 (same FMA lowering; sm_80 ptxas alike)
-    ("sm80", 128, "fp32"): _c(16, 16, 16, 4, 2),
-    ("sm80", 256, "fp32"): _c(16, 16, 16, 4, 2),
+    ("sm80", 64, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm80", 128, "fp32"): _c(64, 32, 32, 4, 2),
+    ("sm80", 256, "fp32"): _c(32, 32, 32, 4, 1),
     # MI300 (gfx942): 64 KiB LDS, 64-lane wavefronts.
     ("gfx942", 64, "16bit"): _c(128, 64, 64, 4, 1),
     ("gfx942", 128, "16bit"): _c(64, 64, 64, 4, 1),
@@ -131,9 +130,9 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     ("default", 64, "16bit"): _c(128, 64, 64, 4, 1),
     ("default", 128, "16bit"): _c(128, 64, 64, 4, 1),
     ("default", 256, "16bit"): _c(64, 32, 32, 4, 1),
-    ("default", 64, "fp32"): _c(16, 16, 16, 4, 1),  # other NVIDIA parts: as sm90 fp32
-    ("default", 128, "fp32"): _c(16, 16, 16, 4, 1),
-    ("default", 256, "fp32"): _c(16, 16, 16, 4, 1),
+    ("default", 64, "fp32"): _c(64, 32, 32, 4, 1),
+    ("default", 128, "fp32"): _c(64, 32, 32, 4, 1),
+    ("default", 256, "fp32"): _c(32, 16, 16, 4, 1),
 }
 
 # (arch, page class) -> fields to change for that page class. Only BLOCK_N_CTX and num_stages
