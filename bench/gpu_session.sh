@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
+#  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel for each
+#  NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512), with FP32_AB=1 first
+#  bench/fp32_configs.py on an empty cache while the profiled problems precompile; writes ncu.tgz
+#  (reports, details text, per-SASS-instruction csv);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
@@ -70,6 +74,31 @@ if [[ $what == safety ]]; then
   if [[ ${FIRST:-0} == 1 ]] && (( left > 60 )); then
     timeout $left python3 bench/first_call.py --out "$OUT" ${FIRST_ARGS:-} 2>&1 | tee "$OUT/first_call.log"
   fi
+fi
+if [[ $what == ncu ]]; then
+  nd=$OUT/ncu; mkdir -p "$nd"
+  specs=${NCU_SPECS:-llama:split:512 llama:nhd:512}
+  for sp in $specs; do  # precompile (default cache) in parallel
+    IFS=: read -r sh lay pg <<<"$sp"
+    timeout 240 python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg >/dev/null 2>&1 &
+  done
+  if [[ ${FP32_AB:-0} == 1 ]]; then
+    TRITON_CACHE_DIR=$(mktemp -d) timeout ${FP32_TIMEOUT:-300} python3 bench/fp32_configs.py --out "$OUT" 2>&1 \
+      | tee "$OUT/fp32_configs.log"
+  fi
+  wait
+  for sp in $specs; do
+    IFS=: read -r sh lay pg <<<"$sp"
+    tag=${sh}_${lay}_$pg
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --set full --import-source no -k regex:_fwd_kernel -s 1 -c 1 \
+      -f -o "$nd/$tag" python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg \
+      >"$nd/$tag.run.txt" 2>&1
+    ncu -i "$nd/$tag.ncu-rep" --page details --print-details all >"$nd/$tag.details.txt" 2>&1
+    ncu -i "$nd/$tag.ncu-rep" --page source --print-source sass --csv >"$nd/$tag.sass.csv" 2>&1
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit Rate|Registers Per|Achieved Occupancy" \
+      "$nd/$tag.details.txt" | sed "s/^/$tag /" | head -12
+  done
+  tar czf "$OUT/ncu.tgz" -C "$nd" . && rm -rf "$nd"
 fi
 if [[ $what == first ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"
