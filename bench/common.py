@@ -182,14 +182,17 @@ def prefix_bench_module():
 
 
 def set_switches(sets: list[str], error, module: str = "prefix_prefill.interface") -> None:
-    """Apply ``--set NAME=0|1`` options: booleans of ``module`` (a kernel package's interface, whose
+    """Apply ``--set NAME=0|1`` options (``NAME=N`` for an int setting): booleans of ``module`` (a kernel package's interface, whose
     ``_NAME`` booleans are its A/B switches); ``error(msg)`` reports a bad one (argparse's ``ap.error``)."""
     import importlib
 
     itf = importlib.import_module(module)
     for kv in sets:
         name, _, val = kv.partition("=")
-        switch = name.startswith("_") and isinstance(getattr(itf, name, None), bool)
-        if not switch or val not in ("0", "1"):
-            error(f"--set {kv}: expected NAME=0|1 with NAME a switch of {module}")
+        cur = getattr(itf, name, None) if name.startswith("_") else None
+        if isinstance(cur, int) and not isinstance(cur, bool) and val.isdigit():
+            setattr(itf, name, int(val))  # an integer setting (e.g. _K_CHUNK=64)
+            continue
+        if not isinstance(cur, bool) or val not in ("0", "1"):
+            error(f"--set {kv}: expected NAME=0|1 with NAME a switch of {module} (or NAME=N, an int setting)")
         setattr(itf, name, val == "1")

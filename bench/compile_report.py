@@ -74,6 +74,7 @@ def prefix_source(
     rest_group: bool = False,
     offsets32: bool = False,
     granule_edges: bool = False,
+    k_chunk: int = 0,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -103,7 +104,7 @@ def prefix_source(
         # as interface._page_walk
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
-        DOT_PRECISION=None,
+        DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0,
         stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -128,10 +129,14 @@ def window_source(
     return _source(_fwd_kernel, consts, ptrs), warps, stages
 
 
-def report(src: ASTSource, warps: int, stages: int) -> str:
+def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> str:
     k = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
     )
+    if dump:  # the TTGIR (layouts, shared encodings) and the PTX, for reading
+        for ext in ("ttgir", "ptx"):
+            with open(f"{dump}.{ext}", "w") as f:
+                f.write(k.asm[ext])
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "k.ptx"), "w") as f:
@@ -180,6 +185,8 @@ def main() -> None:
         "--granule-edges", action="store_true", help="prefix: masked context tiles load V by granule"
     )
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
+    ap.add_argument("--k-chunk", type=int, default=0, help="prefix, split layout: q.k dot in feature chunks")
+    ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
     if args.kernel == "prefix":
@@ -199,6 +206,7 @@ def main() -> None:
             args.rest_group,
             args.offsets32,
             args.granule_edges,
+            args.k_chunk,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal, args.offsets32)
@@ -214,7 +222,8 @@ def main() -> None:
         what += " rest-group" if args.rest_group else ""
         what += " offsets32" if args.offsets32 else ""
         what += " granule-edges" if args.granule_edges else ""
-    print(f"{what}: {report(src, warps, stages)}")
+        what += f" k-chunk={args.k_chunk}" if args.k_chunk else ""
+    print(f"{what}: {report(src, warps, stages, args.dump)}")
 
 
 if __name__ == "__main__":

@@ -364,6 +364,17 @@ _OFFSETS_32 = True
 # there. Head 192 pads to 256 and compiles like it (C7515 without, none with). Both forms are tested.
 _GRANULE_EDGES = True
 _GRANULE_EDGES_MIN_BLOCK_D = 256
+# In vLLM's split K cache ([blocks, heads, D // x, page, x]) take the q.k dot in feature chunks of
+# _K_CHUNK (kernel._qk): a whole-width K tile makes each warp's 16-byte async copies touch 16 x-groups
+# 8 KiB apart, which ncu showed costs the split layout 26-57% against NHD on the H200 (NOTES step
+# 22); a 32-feature chunk copies 4 runs of 8 keys per warp, as coalesced as an NHD row. Chunked
+# kernels take granule edges at every head size: offline (triton 3.6), the masked context tiles'
+# 2-byte V gather otherwise makes ptxas serialise every wgmma (C7515) once the dot is chunked.
+_K_CHUNKS = True
+_K_CHUNK = 32
+# Chunk the q.k dot in every cache layout (NHD/HND too). Candidate, off: offline an NHD hd128 kernel
+# chunked spills nothing (64 B whole) in fewer instructions, but its K rows split into 64-byte runs.
+_K_CHUNKS_ANY = False
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -469,6 +480,7 @@ def _launch_fwd(
     walk, rest_block, rest_group = _page_walk(
         page_constexpr, config, vc.stride_slot == 1 and vc.page_size > 1
     )
+    k_chunk = _K_CHUNK if _K_CHUNKS and (kc.x > 1 or _K_CHUNKS_ANY) and block_d > _K_CHUNK else 0
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
@@ -541,8 +553,9 @@ def _launch_fwd(
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
         WIDE_OFFSETS=not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache)),
-        GRANULE_EDGES=_TILE_PAGES and _GRANULE_EDGES and block_d >= _GRANULE_EDGES_MIN_BLOCK_D,
+        GRANULE_EDGES=_TILE_PAGES and _GRANULE_EDGES and (block_d >= _GRANULE_EDGES_MIN_BLOCK_D or k_chunk > 0),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        K_CHUNK=k_chunk,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

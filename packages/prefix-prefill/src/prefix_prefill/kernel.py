@@ -110,7 +110,47 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS), flags of the whole launch.
+#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM), flags of the whole launch. With
+#               ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
+#               ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
+
+
+@triton.jit
+def _qk(b_q, p_k, m_k, m_d, MASK_K: tl.constexpr, CFG: tl.constexpr):
+    """[BM, BN] raw logits ``q . k`` of one key tile, loading K (lanes outside ``m_k`` [BN] read as 0
+    with ``MASK_K``).
+
+    ``K_CHUNK == 0``: ``b_q`` [BM, BD] and ``p_k`` [BD, BN], one dot. ``K_CHUNK > 0``: ``b_q`` and
+    ``p_k`` are tuples of ``BD // K_CHUNK`` feature chunks ([BM, KC] and [KC, BN]) and the logits
+    accumulate over one dot per chunk; chunks wholly past ``HEAD_DIM`` are skipped. In vLLM's split
+    K cache (``[blocks, heads, D // x, page, x]``) a whole-width [BD, BN] tile gives each warp's
+    16-byte copies 16 different ``x`` groups, 8 KiB apart (page 512), and the H200 serialises them
+    (NOTES step 22); a chunk of 32 features spans 4 groups, so a warp copies 4 runs of 8 keys."""
+    PAD_D: tl.constexpr = CFG[0]
+    DOT_PRECISION: tl.constexpr = CFG[6]
+    KC: tl.constexpr = CFG[15]
+    HEAD_DIM: tl.constexpr = CFG[16]
+    if KC == 0:
+        if MASK_K:
+            b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
+        elif PAD_D:
+            b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
+        else:
+            b_k = tl.load(p_k)  # [BD, BN]
+        b_qk = tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION)  # [BM, BN]
+    else:
+        b_qk = tl.zeros([b_q[0].shape[0], m_k.shape[0]], dtype=tl.float32)  # [BM, BN]
+        for j in tl.static_range(m_d.shape[0] // KC):
+            if j * KC < HEAD_DIM:
+                m_dj = j * KC + tl.arange(0, KC) < HEAD_DIM  # [KC]
+                if MASK_K:
+                    b_k = tl.load(p_k[j], mask=m_dj[:, None] & m_k[None, :], other=0.0)  # [KC, BN]
+                elif (j + 1) * KC > HEAD_DIM:
+                    b_k = tl.load(p_k[j], mask=m_dj[:, None], other=0.0)  # [KC, BN]
+                else:
+                    b_k = tl.load(p_k[j])  # [KC, BN]
+                b_qk = tl.dot(b_q[j], b_k.to(b_q[0].dtype), b_qk, input_precision=DOT_PRECISION)  # [BM, BN]
+    return b_qk
 
 
 @triton.jit
@@ -119,7 +159,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
             GRANULE: tl.constexpr = 0):  # fmt: skip
     """One online-softmax step over one key tile (the only softmax update in this kernel).
 
-    ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
+    ``p_k`` [BD, BN] (a tuple of [KC, BN] feature chunks with ``K_CHUNK``, see :func:`_qk`) / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
     ``k_end`` one past the last key of the segment. Keys outside ``[k_start, k_end)`` are never
     loaded, so pages a window has left behind may hold anything (NaN, a recycled block).
     ``s_scale`` is the logit scale in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the
@@ -148,13 +188,11 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         if USE_LEFT:
             m_full = m_full & (k_g >= k_start)  # [BN]
         m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
-    if MASKED and MASK_LOADS:
-        b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
-    elif PAD_D:
-        b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
+    b_qk = _qk(b_q, p_k, m_k, m_d, MASKED and MASK_LOADS, CFG)  # [BM, BN] raw q.k
+    if CFG[15] > 0:
+        Q_DTYPE: tl.constexpr = b_q[0].dtype
     else:
-        b_k = tl.load(p_k)  # [BD, BN]
-    b_qk = tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION)  # [BM, BN] raw q.k
+        Q_DTYPE: tl.constexpr = b_q.dtype
     if FOLD_SCALE and not MASKED and not HAS_ALIBI:
         # interior tile with s_scale > 0: the max commutes with the scale, so the scale folds
         # into the exponent's FMA (one op per logit instead of a multiply and a subtract)
@@ -195,13 +233,13 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     if SCALE_P:
         b_p = b_p * p_scale  # [BM, BN]
     acc = acc * alpha[:, None]  # [BM, BD]
-    acc = tl.dot(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc, input_precision=DOT_PRECISION)  # [BM, BD]
+    acc = tl.dot(b_p.to(Q_DTYPE), b_v.to(Q_DTYPE), acc, input_precision=DOT_PRECISION)  # [BM, BD]
     return acc, m_new, l_i
 
 
 @triton.jit
 def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):
-    """``(p_k [BD, BN], p_v [BN, BD])``: pointer tiles of the cache keys at per-lane offsets ``o_kt`` /
+    """``(p_k [BD, BN] or its [KC, BN] chunks, p_v [BN, BD])``: pointer tiles of the cache keys at per-lane offsets ``o_kt`` /
     ``o_vt`` [BN] (paged_kv_offsets), with the layout hints of :func:`_tile`; ``RUNS_HOLD``: every
     lane is a real token of a mapped page and the V runs of ``V_RUNS`` hold (unmasked tiles)."""
     K_ALIGN16: tl.constexpr = CFG[9]
@@ -209,10 +247,18 @@ def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.const
     V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
     V_CONTIG: tl.constexpr = V_RUNS[1]
     K_cache, V_cache, o_kh, o_vh, o_kd, o_vd = cache[0], cache[1], cache[10], cache[11], cache[12], cache[13]
-    p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
+    if CFG[15] > 0:  # K_CHUNK: o_kd is a tuple of [KC] chunks, so is p_k
+        p_k = ()
+        for j in tl.static_range(len(o_kd)):
+            p_kj = K_cache + o_kh + o_kt[None, :] + o_kd[j][:, None]  # [KC, BN]
+            if K_ALIGN16:
+                p_kj = tl.multiple_of(p_kj, [16, 16])  # [KC, BN]
+            p_k = p_k + (p_kj,)
+    else:
+        p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
+        if K_ALIGN16:
+            p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
     p_v = V_cache + o_vh + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
-    if K_ALIGN16:
-        p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
     if V_ALIGN16_ANY:
         p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
     if RUNS_HOLD:
@@ -279,7 +325,13 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     else:
         p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
         offs_n = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN] index among the new tokens
-        p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
+        KC: tl.constexpr = CFG[15]
+        if KC > 0:
+            p_k = ()
+            for j in tl.static_range(offs_d.shape[0] // KC):
+                p_k = p_k + (p_k_rows + offs_n[None, :] * stride_kt + (j * KC + tl.arange(0, KC))[:, None],)
+        else:
+            p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
         p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         k_pos = k_base + (n0 + tl.arange(0, BLOCK_N))  # [BN]
         SCALE_P: tl.constexpr = False
@@ -467,6 +519,7 @@ def _fwd_kernel(
     GRANULE_EDGES: tl.constexpr,  # masked context tiles load V by granule (see _segment), where V runs allow
     WIDE_OFFSETS: tl.constexpr,  # int64 per-token cache offsets; False: int32 (host-checked to fit)
     DOT_PRECISION: tl.constexpr,
+    K_CHUNK: tl.constexpr = 0,  # > 0: the q.k dot in feature chunks this wide (see _qk), 0: one dot
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -494,10 +547,17 @@ def _fwd_kernel(
     q_lo = ctx_len + m0
     q_hi = ctx_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
 
-    p_q = (
-        Q + (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + pid_h * stride_qh + offs_d[None, :]
-    )  # [BM, BD]
-    b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
+    p_q_rows = Q + (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + pid_h * stride_qh  # [BM, 1]
+    if K_CHUNK > 0:
+        tl.static_assert(BLOCK_D % K_CHUNK == 0, "K_CHUNK divides BLOCK_D")
+        b_q = ()  # BLOCK_D // K_CHUNK feature chunks [BM, KC] (see _qk)
+        for j in tl.static_range(BLOCK_D // K_CHUNK):
+            offs_dj = j * K_CHUNK + tl.arange(0, K_CHUNK)  # [KC]
+            b_qj = tl.load(p_q_rows + offs_dj[None, :], mask=m_m[:, None] & (offs_dj < HEAD_DIM)[None, :],
+                           other=0.0)  # [BM, KC] fmt: skip
+            b_q = b_q + (b_qj,)
+    else:
+        b_q = tl.load(p_q_rows + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
 
     if HAS_SINKS:
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + pid_h).to(tl.float32) * _LOG2E  # [BM]
@@ -521,7 +581,12 @@ def _fwd_kernel(
     bt_row = Block_table + pid_b.to(tl.int64) * stride_bt_row
     o_kc_head = kv_head.to(tl.int64) * stride_kc_head
     o_vc_head = kv_head.to(tl.int64) * stride_vc_head
-    o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
+    if K_CHUNK > 0:
+        o_kd = ()  # [KC] int64 per feature chunk
+        for j in tl.static_range(BLOCK_D // K_CHUNK):
+            o_kd = o_kd + (dim_offsets(j * K_CHUNK + tl.arange(0, K_CHUNK), stride_kc_dim, stride_kc_x, X),)
+    else:
+        o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
     o_vd = dim_offsets(offs_d, stride_vc_dim, 0, 1)  # [BD] int64
 
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
@@ -530,7 +595,7 @@ def _fwd_kernel(
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, WIDE_OFFSETS)  # fmt: skip
+                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX
