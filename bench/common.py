@@ -182,8 +182,9 @@ def prefix_bench_module():
 
 
 def set_switches(sets: list[str], error, module: str = "prefix_prefill.interface") -> None:
-    """Apply ``--set NAME=0|1`` options (``NAME=N`` for an int setting): booleans of ``module`` (a kernel package's interface, whose
-    ``_NAME`` booleans are its A/B switches); ``error(msg)`` reports a bad one (argparse's ``ap.error``)."""
+    """Apply ``--set NAME=0|1`` options (``NAME=N`` for an int setting): booleans of ``module`` (a kernel
+    package's interface, whose ``_NAME`` booleans are its A/B switches); ``error(msg)`` reports a bad one
+    (argparse's ``ap.error``)."""
     import importlib
 
     itf = importlib.import_module(module)

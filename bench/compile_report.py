@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import add_package_paths
@@ -130,9 +131,11 @@ def window_source(
 
 
 def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> str:
+    t0 = time.perf_counter()
     k = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
     )
+    compile_s = time.perf_counter() - t0
     if dump:  # the TTGIR (layouts, shared encodings) and the PTX, for reading
         for ext in ("ttgir", "ptx"):
             with open(f"{dump}.{ext}", "w") as f:
@@ -157,7 +160,7 @@ def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> 
         ptxas += " | ptxas warnings: " + " / ".join(warn)
     counts = " ".join("{}={}".format(op, len(re.findall(re.escape(op) + r"\b", sass))) for op in SASS_OPS)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
-    return f"shared={k.metadata.shared} B | {ptxas} | SASS={total} {counts}"
+    return f"compile={compile_s:.2f} s | shared={k.metadata.shared} B | {ptxas} | SASS={total} {counts}"
 
 
 def main() -> None:
@@ -185,7 +188,7 @@ def main() -> None:
         "--granule-edges", action="store_true", help="prefix: masked context tiles load V by granule"
     )
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
-    ap.add_argument("--k-chunk", type=int, default=0, help="prefix, split layout: q.k dot in feature chunks")
+    ap.add_argument("--k-chunk", type=int, default=0, help="prefix: q.k dot in feature chunks")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]

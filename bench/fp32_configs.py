@@ -1,13 +1,15 @@
-"""fp32 tile A/B: the shipped fp32 table entries against 16-wide candidates (NOTES.md step 19).
+"""fp32 tile A/B: the fp32 tiles shipped until session 7 ("old") against the table's 16-wide ones.
+
+NOTES.md steps 19 and 23.
 
     python bench/fp32_configs.py [--heads 64,128,256] [--out DIR]
     python bench/fp32_configs.py --smoke      # CPU: Triton interpreter, tiny shapes (checks the script)
 
-fp32 inputs run IEEE dots, which Triton lowers to FMA loops; offline, the shipped sm90 tiles (prefix
+fp32 inputs run IEEE dots, which Triton lowers to FMA loops; offline, the old sm90 tiles (prefix
 64/32/32/4/2 and 32/32/32/4/2, window 64/32/4/2 and 32/32/4/2) spill kilobytes per thread and take
-8-30 s to compile, the 16-wide candidates (prefix 16/16/16/4/2, window 16/16/4/2) none and 2-7 s. For
-each kernel and head size this times (medians of ``triton.testing.do_bench``) the shipped ("old")
-and the candidate ("new") config on the same inputs in one process, prints the compile+first-call
+8-30 s to compile, the 16-wide ones now in the tables (prefix 16/16/16/4/2, window 16/16/4/2) none
+and 2-7 s. For each kernel and head size this times (medians of ``triton.testing.do_bench``) the old
+and the table's ("new") config on the same inputs in one process, prints the compile+first-call
 seconds of each (Triton's cache is whatever the process has: run it with an empty
 ``TRITON_CACHE_DIR`` for cold figures) and the largest difference between the two outputs (tiling
 changes only the summation order). Writes DIR/fp32_configs.{csv,md} with
@@ -38,8 +40,14 @@ from window_prefill import window_prefill  # noqa: E402
 from window_prefill.configs import Config  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-NEW_PREFIX = KernelConfig(16, 16, 16, 4, 2)  # candidate for every head size; "old" = the shipped table
-NEW_WINDOW = Config(16, 16, 4, 2)
+# "old": the sm90 fp32 entries shipped until session 7; "new": the table as shipped now (16-wide tiles,
+# put there after this script's H200 run of 2026-11-29, NOTES step 23)
+OLD_PREFIX = {
+    64: KernelConfig(64, 32, 32, 4, 2),
+    128: KernelConfig(64, 32, 32, 4, 2),
+    256: KernelConfig(32, 32, 32, 4, 2),
+}
+OLD_WINDOW = {64: Config(64, 32, 4, 2), 128: Config(64, 32, 4, 2), 256: Config(32, 32, 4, 2)}
 
 
 def _prefix_fn(head: int):
@@ -99,12 +107,13 @@ def main() -> int:
         for kernel in ("prefix", "window"):
             outs = {}
             for which in ("old", "new"):
+                old_p = OLD_PREFIX.get(head, OLD_PREFIX[256])
                 if kernel == "prefix":
-                    if which == "new":  # the launcher reads the table through this name
-                        pitf.get_config = lambda *a: NEW_PREFIX
+                    if which == "old":  # the launcher reads the table through this name
+                        pitf.get_config = lambda *a, c=old_p: c
                     fn = _prefix_fn(head)
                 else:
-                    fn = _window_fn(head, NEW_WINDOW if which == "new" else None)
+                    fn = _window_fn(head, OLD_WINDOW.get(head, OLD_WINDOW[256]) if which == "old" else None)
                 try:
                     first_s = _first(fn)
                     ms = _time(fn)

@@ -189,6 +189,9 @@ def prefix_problems(draw) -> dict:
         "walk_slot_contig_v": draw(st.booleans()),  # ... and _WALK_SLOT_CONTIG_V
         "offsets_32": draw(st.booleans()),  # ... and _OFFSETS_32
         "granule_edges": draw(st.booleans()),  # ... and _GRANULE_EDGES (split layout, fp16, pages % 8 == 0)
+        "k_chunks_split": draw(st.booleans()),  # ... and the chunked q.k dot (_K_CHUNKS_SPLIT / _NHD)
+        "k_chunks_nhd": draw(st.booleans()),
+        "k_chunk": draw(st.sampled_from([16, 32])),  # ... of this width (_K_CHUNK)
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -204,12 +207,13 @@ def test_fuzz_prefix_prefill(p):
 
     keys = (
         "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
-        "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges",
+        "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges", "k_chunks_split", "k_chunks_nhd",
+        "k_chunk",
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     values = [p[k] for k in keys]
-    names.append("_GRANULE_EDGES_MIN_BLOCK_D")  # granule edges at every head size when drawn
-    values.append(0)
+    names += ["_GRANULE_EDGES_MIN_BLOCK_D", "_K_CHUNKS_NHD_MAX_BLOCK_D"]  # at every head size when drawn
+    values += [0, 1 << 30]
     saved = [getattr(itf, n) for n in names]
     for n, v in zip(names, values, strict=True):
         setattr(itf, n, v)

@@ -111,28 +111,30 @@ def test_gpu_pages(page, dtype, layout):
 @pytest.mark.parametrize("page", [16, 128, 544, 1040, 1056, 2048])
 @pytest.mark.parametrize("head_size", [128, 256])
 @pytest.mark.parametrize("layout", ["split", "nhd"])
-@pytest.mark.parametrize("variant", ["default", "walk", "rest_groups", "granule_off", "k_whole", "k_chunks_any"])
+@pytest.mark.parametrize("variant", ["default", "walk", "rest_groups", "granule_flip", "k_chunks"])
 def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout, variant):
     """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled: the
     shipped switches; page walks with one rest tile per page (``_PAGE_WALK``) or rest groups
-    (``_REST_GROUP``); in the split layout, granule-masked context edges off (``_GRANULE_EDGES``; they
-    ship on wherever the q.k dot is chunked) or the q.k dot in one piece (``_K_CHUNKS`` off: granule
-    edges then at head 256 only, as before chunking); in NHD, the q.k dot chunked (``_K_CHUNKS_ANY``)."""
+    (``_REST_GROUP``); granule-masked context edges (``_GRANULE_EDGES``, the split layout) flipped
+    from what ships for this head size (off at 128, on at 256); the q.k dot in feature chunks
+    (``_K_CHUNKS_SPLIT`` / ``_K_CHUNKS_NHD`` at every head size; with granule edges in the split
+    layout)."""
     import prefix_prefill.interface as itf
 
-    if variant in ("granule_off", "k_whole") and layout != "split":
-        pytest.skip("granule edges and chunked split-K tiles exist only in vLLM's split layout")
-    if variant == "k_chunks_any" and layout == "split":
-        pytest.skip("the split layout chunks by default")
+    if variant == "granule_flip" and layout != "split":
+        pytest.skip("granule edges exist only in token-contiguous-V caches")
     monkeypatch.setattr(itf, "_TILE_PAGES", True)
     if variant in ("walk", "rest_groups"):
         monkeypatch.setattr(itf, "_PAGE_WALK", True)
         monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", True)
     monkeypatch.setattr(itf, "_REST_GROUP", variant == "rest_groups")
-    if variant == "granule_off":
-        monkeypatch.setattr(itf, "_GRANULE_EDGES", False)
-    monkeypatch.setattr(itf, "_K_CHUNKS", variant != "k_whole")
-    monkeypatch.setattr(itf, "_K_CHUNKS_ANY", variant == "k_chunks_any")
+    if variant == "granule_flip":
+        monkeypatch.setattr(itf, "_GRANULE_EDGES", True)
+        monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0 if head_size <= 128 else 1 << 30)
+    if variant == "k_chunks":
+        monkeypatch.setattr(itf, "_K_CHUNKS_SPLIT", True)
+        monkeypatch.setattr(itf, "_K_CHUNKS_NHD", True)
+        monkeypatch.setattr(itf, "_K_CHUNKS_NHD_MAX_BLOCK_D", 1 << 30)
     seqs = [*random_seqs(4, 2500, 600), (0, 200), (2 * page + 3, 1), (page, 129)]
     case = make_case(
         seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page, dtype=torch.bfloat16,

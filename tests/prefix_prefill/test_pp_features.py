@@ -173,6 +173,50 @@ def test_granule_edges(monkeypatch, config, page, window):
         assert c, (granule, c)
 
 
+# ---------------------------------------------------------------------- chunked q.k dot (K_CHUNK)
+@pytest.mark.parametrize(
+    ("head_size", "chunk", "layout", "extra"),
+    [
+        (64, 32, "split", "granule"),  # 2 chunks, vLLM's layout, granule edges as shipped with chunks
+        (80, 32, "split", "fp8"),  # BLOCK_D 128: chunk 2 half padding, chunk 3 all padding (skipped)
+        (96, 16, "nhd", "alibi_window"),  # 6 of 8 chunks real, NHD, ALiBi + two-sided window
+        (64, 16, "hnd", "kv_from_cache"),  # 4 chunks, new tokens read back from the cache
+        (128, 32, "split", "sinks_noncausal"),
+    ],
+)
+def test_k_chunks(monkeypatch, head_size, chunk, layout, extra):
+    """The q.k dot in feature chunks (``interface._K_CHUNKS_SPLIT`` / ``_K_CHUNKS_NHD``, kernel
+    ``_qk``): query and key tiles split into ``BLOCK_D // K_CHUNK`` chunks whose dots accumulate into
+    one logit tile; chunks wholly past the head size are skipped, a partly padded one is masked.
+    Checked against the reference, and against the unchunked kernel on the same inputs."""
+    import prefix_prefill.interface as itf
+
+    kw_case: dict = {"head_size": head_size, "layout": layout, "page": 24}
+    kw: dict = {}
+    if extra == "fp8":
+        kw_case.update(cache_dtype=FP8_E4M3, k_scale=0.7, v_scale=1.3)
+    if extra == "kv_from_cache":
+        kw_case["kv_from_cache"] = True
+    case = _case(**kw_case)
+    if extra == "alibi_window":
+        kw = {"alibi_slopes": alibi_slopes(4, DEVICE), "window": (9, 4), "causal": False}
+    if extra == "sinks_noncausal":
+        kw = {"sinks": torch.randn(4, device=DEVICE), "causal": False}
+    monkeypatch.setattr(itf, "_K_CHUNK", chunk)
+    monkeypatch.setattr(itf, "_GRANULE_EDGES", extra == "granule")
+    ref = reference(case, **kw)
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(itf, "_K_CHUNKS_SPLIT", on)
+        monkeypatch.setattr(itf, "_K_CHUNKS_NHD", on)
+        monkeypatch.setattr(itf, "_K_CHUNKS_NHD_MAX_BLOCK_D", 1 << 30)
+        outs[on] = run_py(case, **kw)
+        c = compare(outs[on], ref)
+        assert c, (on, c)
+    # same arithmetic up to the summation order of the dot
+    assert (outs[True].float() - outs[False].float()).abs().max() < 2e-2
+
+
 # ------------------------------------------------------------------------------- ALiBi, sinks
 def test_alibi():
     case = _case()

@@ -92,19 +92,21 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     # Same run, qwen-hybrid page 544: 4.86 ms vs 6.55 for the spill-free 128/32/32/8/2 and 9.90 for
     # 64/64/64/8/2 (this one spills ~150 B and is still the fastest).
     ("sm90", 256, "16bit"): _c(128, 64, 64, 8, 2),
-    # fp32 (IEEE dots, lowered to FMA loops): offline these spill 4-66 KB per thread and compile in
-    # 8-30 s; 16/16/16/4/2 spills nothing (bench/results/NOTES.md step 19). Candidate, pending the
-    # GPU A/B of bench/fp32_configs.py.
-    ("sm90", 64, "fp32"): _c(64, 32, 32, 4, 2),
-    ("sm90", 128, "fp32"): _c(64, 32, 32, 4, 2),
-    ("sm90", 256, "fp32"): _c(32, 32, 32, 4, 2),
+    # fp32 (IEEE dots, lowered to FMA loops): the former 64/32/32/4/2 (heads 64/128) and 32/32/32/4/2
+    # (256) spill 4-66 KB per thread and compile in 8-30 s offline; 16/16/16/4/2 spills nothing (NOTES
+    # step 19). H200 (bench/fp32_configs.py, NOTES step 23): 18.1 -> 1.6 ms (head 128), 29.0 -> 3.1 ms
+    # (256), first call 11.6/13.7 -> 1.9/3.5 s; head 64 0.66 -> 0.85 ms but 6.9 -> 1.7 s to compile.
+    ("sm90", 64, "fp32"): _c(16, 16, 16, 4, 2),
+    ("sm90", 128, "fp32"): _c(16, 16, 16, 4, 2),
+    ("sm90", 256, "fp32"): _c(16, 16, 16, 4, 2),
     # Ampere A100 (163 KiB); Ada/consumer parts map to "default".
     ("sm80", 64, "16bit"): _c(128, 64, 64, 4, 2),
     ("sm80", 128, "16bit"): _c(128, 64, 64, 4, 2),
     ("sm80", 256, "16bit"): _c(64, 32, 32, 4, 2),
-    ("sm80", 64, "fp32"): _c(64, 32, 32, 4, 2),
-    ("sm80", 128, "fp32"): _c(64, 32, 32, 4, 2),
-    ("sm80", 256, "fp32"): _c(32, 32, 32, 4, 1),
+    # fp32 as sm90 (offline sm_80: 64/32/32/4/2 spills 62 KB, 16/16/16/4/2 none; NOTES step 19)
+    ("sm80", 64, "fp32"): _c(16, 16, 16, 4, 2),
+    ("sm80", 128, "fp32"): _c(16, 16, 16, 4, 2),
+    ("sm80", 256, "fp32"): _c(16, 16, 16, 4, 2),
     # MI300 (gfx942): 64 KiB LDS, 64-lane wavefronts.
     ("gfx942", 64, "16bit"): _c(128, 64, 64, 4, 1),
     ("gfx942", 128, "16bit"): _c(64, 64, 64, 4, 1),
@@ -130,9 +132,9 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     ("default", 64, "16bit"): _c(128, 64, 64, 4, 1),
     ("default", 128, "16bit"): _c(128, 64, 64, 4, 1),
     ("default", 256, "16bit"): _c(64, 32, 32, 4, 1),
-    ("default", 64, "fp32"): _c(64, 32, 32, 4, 1),
-    ("default", 128, "fp32"): _c(64, 32, 32, 4, 1),
-    ("default", 256, "fp32"): _c(32, 16, 16, 4, 1),
+    ("default", 64, "fp32"): _c(16, 16, 16, 4, 1),
+    ("default", 128, "fp32"): _c(16, 16, 16, 4, 1),
+    ("default", 256, "fp32"): _c(16, 16, 16, 4, 1),
 }
 
 # (arch, page class) -> fields to change for that page class. Only BLOCK_N_CTX and num_stages

@@ -364,17 +364,22 @@ _OFFSETS_32 = True
 # there. Head 192 pads to 256 and compiles like it (C7515 without, none with). Both forms are tested.
 _GRANULE_EDGES = True
 _GRANULE_EDGES_MIN_BLOCK_D = 256
-# In vLLM's split K cache ([blocks, heads, D // x, page, x]) take the q.k dot in feature chunks of
-# _K_CHUNK (kernel._qk): a whole-width K tile makes each warp's 16-byte async copies touch 16 x-groups
-# 8 KiB apart, which ncu showed costs the split layout 26-57% against NHD on the H200 (NOTES step
-# 22); a 32-feature chunk copies 4 runs of 8 keys per warp, as coalesced as an NHD row. Chunked
-# kernels take granule edges at every head size: offline (triton 3.6), the masked context tiles'
-# 2-byte V gather otherwise makes ptxas serialise every wgmma (C7515) once the dot is chunked.
-_K_CHUNKS = True
+# The q.k dot in feature chunks of _K_CHUNK (kernel._qk) instead of one dot over the whole head.
+# Split K caches ([blocks, heads, D // x, page, x], _K_CHUNKS_SPLIT): ncu on the H200 (NOTES step 22)
+# puts the split layout's 26-57% gap to NHD in its K tiles' async copies: each 128-byte line of one
+# x-group (8 keys x 8 features) scatters to 8 rows of the swizzled shared tile (~31 shared
+# wavefronts per copy against 4 in NHD), and warps stall reusing the copies' address registers.
+# Chunks coalesce the global side (4 lines per warp copy instead of 16) but not the shared side, and
+# add a wgmma wait per chunk: 2-7% slower on every page (step 22), so off. Chunked kernels take
+# granule edges at every head size: offline (triton 3.6) the masked context tiles' 2-byte V gather
+# otherwise makes ptxas serialise every wgmma (C7515) once the dot is chunked.
+# NHD/HND caches with head buckets up to _K_CHUNKS_NHD_MAX_BLOCK_D (_K_CHUNKS_NHD): candidate, off.
+# Step 22: llama NHD pages 544/1040 1.9-2.2% faster chunked (page spread 1.033 -> 1.003), pages
+# 16/512 0-0.7% slower; qwen-hybrid (head 256) 8-11% slower everywhere, hence the head bound.
 _K_CHUNK = 32
-# Chunk the q.k dot in every cache layout (NHD/HND too). Candidate, off: offline an NHD hd128 kernel
-# chunked spills nothing (64 B whole) in fewer instructions, but its K rows split into 64-byte runs.
-_K_CHUNKS_ANY = False
+_K_CHUNKS_SPLIT = False
+_K_CHUNKS_NHD = False
+_K_CHUNKS_NHD_MAX_BLOCK_D = 128
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -480,7 +485,12 @@ def _launch_fwd(
     walk, rest_block, rest_group = _page_walk(
         page_constexpr, config, vc.stride_slot == 1 and vc.page_size > 1
     )
-    k_chunk = _K_CHUNK if _K_CHUNKS and (kc.x > 1 or _K_CHUNKS_ANY) and block_d > _K_CHUNK else 0
+    if kc.x > 1:
+        chunked = _K_CHUNKS_SPLIT
+    else:
+        chunked = _K_CHUNKS_NHD and block_d <= _K_CHUNKS_NHD_MAX_BLOCK_D
+    k_chunk = _K_CHUNK if chunked and block_d > _K_CHUNK else 0
+    granule = _TILE_PAGES and _GRANULE_EDGES and (block_d >= _GRANULE_EDGES_MIN_BLOCK_D or k_chunk > 0)
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
@@ -553,7 +563,7 @@ def _launch_fwd(
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
         WIDE_OFFSETS=not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache)),
-        GRANULE_EDGES=_TILE_PAGES and _GRANULE_EDGES and (block_d >= _GRANULE_EDGES_MIN_BLOCK_D or k_chunk > 0),
+        GRANULE_EDGES=granule,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         K_CHUNK=k_chunk,
         num_warps=config.num_warps,

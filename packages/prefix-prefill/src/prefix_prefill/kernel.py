@@ -253,7 +253,7 @@ def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.const
             p_kj = K_cache + o_kh + o_kt[None, :] + o_kd[j][:, None]  # [KC, BN]
             if K_ALIGN16:
                 p_kj = tl.multiple_of(p_kj, [16, 16])  # [KC, BN]
-            p_k = p_k + (p_kj,)
+            p_k = p_k + (p_kj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
     else:
         p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
         if K_ALIGN16:
@@ -329,7 +329,10 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
         if KC > 0:
             p_k = ()
             for j in tl.static_range(offs_d.shape[0] // KC):
-                p_k = p_k + (p_k_rows + offs_n[None, :] * stride_kt + (j * KC + tl.arange(0, KC))[:, None],)
+                p_kj = (
+                    p_k_rows + offs_n[None, :] * stride_kt + (j * KC + tl.arange(0, KC))[:, None]
+                )  # [KC, BN]
+                p_k = p_k + (p_kj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
         else:
             p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
         p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
@@ -553,9 +556,10 @@ def _fwd_kernel(
         b_q = ()  # BLOCK_D // K_CHUNK feature chunks [BM, KC] (see _qk)
         for j in tl.static_range(BLOCK_D // K_CHUNK):
             offs_dj = j * K_CHUNK + tl.arange(0, K_CHUNK)  # [KC]
-            b_qj = tl.load(p_q_rows + offs_dj[None, :], mask=m_m[:, None] & (offs_dj < HEAD_DIM)[None, :],
-                           other=0.0)  # [BM, KC] fmt: skip
-            b_q = b_q + (b_qj,)
+            b_qj = tl.load(
+                p_q_rows + offs_dj[None, :], mask=m_m[:, None] & (offs_dj < HEAD_DIM)[None, :], other=0.0
+            )  # [BM, KC] fmt: skip
+            b_q = b_q + (b_qj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
     else:
         b_q = tl.load(p_q_rows + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
 
@@ -584,7 +588,8 @@ def _fwd_kernel(
     if K_CHUNK > 0:
         o_kd = ()  # [KC] int64 per feature chunk
         for j in tl.static_range(BLOCK_D // K_CHUNK):
-            o_kd = o_kd + (dim_offsets(j * K_CHUNK + tl.arange(0, K_CHUNK), stride_kc_dim, stride_kc_x, X),)
+            o_kdj = dim_offsets(j * K_CHUNK + tl.arange(0, K_CHUNK), stride_kc_dim, stride_kc_x, X)  # [KC]
+            o_kd = o_kd + (o_kdj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
     else:
         o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
     o_vd = dim_offsets(offs_d, stride_vc_dim, 0, 1)  # [BD] int64

@@ -53,18 +53,20 @@ _BASE: dict[tuple[str, int, str], Config] = {
     ("sm90", 64, "16bit"): _C(64, 32, 4, 4),  # H200 sweep 2026-11-29: 0.051 ms vs 0.079 (128/64/4/3)
     ("sm90", 128, "16bit"): _C(128, 128, 8, 2),  # H200 sweep 2026-11-29: 4.73 ms vs 4.93 (128/64/8/3)
     ("sm90", 256, "16bit"): _C(128, 32, 8, 2),  # 64/64/4/2 spilled 300 B (ptxas, sm_90a); 0 here
-    # fp32 (IEEE dots, FMA loops): offline these spill 2-45 KB per thread; 16/16/4/2 spills nothing
-    # (bench/results/NOTES.md step 19). Candidate, pending the GPU A/B of bench/fp32_configs.py.
-    ("sm90", 64, "fp32"): _C(64, 32, 4, 2),
-    ("sm90", 128, "fp32"): _C(64, 32, 4, 2),
-    ("sm90", 256, "fp32"): _C(32, 32, 4, 2),
+    # fp32 (IEEE dots, FMA loops): the former 64/32/4/2 (heads 64/128) and 32/32/4/2 (256) spill 2-45 KB
+    # per thread offline; 16/16/4/2 spills nothing (NOTES step 19). H200 (bench/fp32_configs.py, NOTES
+    # step 23): 21.6 -> 2.7 ms (head 128), 11.5 -> 5.2 ms (256), first call 9.8/11.8 -> 1.5/3.3 s;
+    # head 64 1.04 -> 1.44 ms but 4.2 -> 1.0 s to compile.
+    ("sm90", 64, "fp32"): _C(16, 16, 4, 2),
+    ("sm90", 128, "fp32"): _C(16, 16, 4, 2),
+    ("sm90", 256, "fp32"): _C(16, 16, 4, 2),
     # Ampere (163 KiB).
     ("sm80", 64, "16bit"): _C(128, 64, 4, 3),
     ("sm80", 128, "16bit"): _C(128, 64, 8, 3),
     ("sm80", 256, "16bit"): _C(64, 32, 4, 2),
-    ("sm80", 64, "fp32"): _C(64, 32, 4, 2),
-    ("sm80", 128, "fp32"): _C(64, 32, 4, 2),
-    ("sm80", 256, "fp32"): _C(32, 32, 4, 1),
+    ("sm80", 64, "fp32"): _C(16, 16, 4, 2),  # as sm90 (NOTES step 19)
+    ("sm80", 128, "fp32"): _C(16, 16, 4, 2),
+    ("sm80", 256, "fp32"): _C(16, 16, 4, 2),
     # MI300 (64 KiB LDS): one or two stages, every entry checked by shared_memory_bytes in the tests.
     ("gfx942", 64, "16bit"): _C(128, 64, 4, 2),
     ("gfx942", 128, "16bit"): _C(128, 64, 4, 1),
@@ -85,8 +87,8 @@ _BASE: dict[tuple[str, int, str], Config] = {
     ("default", 64, "16bit"): _C(64, 64, 4, 2),
     ("default", 128, "16bit"): _C(64, 32, 4, 2),
     ("default", 256, "16bit"): _C(32, 32, 4, 1),
-    ("default", 64, "fp32"): _C(32, 32, 4, 1),
-    ("default", 128, "fp32"): _C(32, 32, 4, 1),
+    ("default", 64, "fp32"): _C(16, 16, 4, 1),
+    ("default", 128, "fp32"): _C(16, 16, 4, 1),
     ("default", 256, "fp32"): _C(16, 16, 4, 1),
 }
 

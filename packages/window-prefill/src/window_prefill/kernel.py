@@ -37,8 +37,10 @@ def _attn_blocks(
     offs_m,
     offs_n,
     offs_d,
-    n_start,
-    n_end,
+    n_first,
+    n_split,
+    n_second,
+    n_blocks,
     key_lo,
     key_hi,
     window_left,
@@ -56,11 +58,14 @@ def _attn_blocks(
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr = True,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over key blocks starting at n_start, n_start + BLOCK_N, ...
-    below n_end. MASKED=False: the caller guarantees every key of every block is inside [key_lo, key_hi)
-    and visible to every row of the tile, so no mask is built and no load is masked (except padded D)."""
+    """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks: block ``t`` starts at
+    ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N`` (both
+    multiples of BLOCK_N), so one loop walks both edge segments of a tile. MASKED=False: the caller
+    guarantees every key of every block is inside [key_lo, key_hi) and visible to every row of the
+    tile, so no mask is built and no load is masked (except padded D)."""
     m_d = offs_d < HEAD_DIM  # [BD]
-    for n0 in tl.range(n_start, n_end, BLOCK_N):
+    for t in tl.range(0, n_blocks):
+        n0 = tl.where(t < n_split, n_first + t * BLOCK_N, n_second + (t - n_split) * BLOCK_N)
         n0 = tl.multiple_of(n0, BLOCK_N)
         offs_k = n0 + offs_n  # [BN] key positions
         if WIDE_OFFSETS:
@@ -227,21 +232,20 @@ def _fwd_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # [BM]
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BM, BD]
 
-    # leading edge [n_lo, n_edge_hi), interior [n_full_lo, n_full_hi), trailing edge [n_full_hi, key_hi)
+    # masked edges: leading [n_lo, n_edge_hi) and trailing [n_full_hi, key_hi), one loop (one compiled
+    # copy of the masked step: a cold first call compiles less); then the interior [n_full_lo, n_full_hi)
+    n_lead = tl.maximum(tl.cdiv(n_edge_hi - n_lo, BLOCK_N), 0)
+    n_trail = tl.maximum(tl.cdiv(key_hi - n_full_hi, BLOCK_N), 0)
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        n_lo, n_edge_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+        n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
         HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
     )  # fmt: skip
+    n_mid = tl.maximum((n_full_hi - n_full_lo) // BLOCK_N, 0)
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        n_full_lo, n_full_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+        n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
         HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
-    )  # fmt: skip
-    acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        n_full_hi, key_hi, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
-        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
     )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
