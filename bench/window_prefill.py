@@ -320,7 +320,20 @@ def run_peers(shapes: list[Shape], gpu: str) -> list[dict]:
     return rows
 
 
-def run_sweep(gpu: str, shapes: list[Shape] | None = None) -> list[dict]:
+def _graphed(torch, fn):
+    """``fn`` captured once in a CUDA graph: the kernel time without the host launch path."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def run_sweep(gpu: str, shapes: list[Shape] | None = None, grid: str | None = None) -> list[dict]:
+    """Time our kernel over a launch-config grid (``grid``: ``BMs/BNs/warps/stages``, each a comma list;
+    default 64,128/32,64,128/4,8/2,3,4), each config captured in a CUDA graph (the small shapes are
+    host-bound with plain launches on some machines)."""
     import torch
 
     from window_prefill import Config, detect_arch, get_config, shared_memory_bytes
@@ -336,7 +349,11 @@ def run_sweep(gpu: str, shapes: list[Shape] | None = None) -> list[dict]:
         default = get_config(s.head_dim, q.dtype, s.causal, arch)
         best: tuple[float, Config] | None = None
         default_ms = float("nan")
-        for bm, bn, nw, ns in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
+        axes = [
+            tuple(int(x) for x in part.split(","))
+            for part in (grid or "64,128/32,64,128/4,8/2,3,4").split("/")
+        ]
+        for bm, bn, nw, ns in itertools.product(*axes):
             cfg = Config(bm, bn, nw, ns)
             smem = shared_memory_bytes(cfg, s.head_dim, q.dtype)
             row = {"shape": s.name, "block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns}
@@ -345,9 +362,7 @@ def run_sweep(gpu: str, shapes: list[Shape] | None = None) -> list[dict]:
                 row.update(ms=float("nan"), tflops=float("nan"), status="skipped: shared memory estimate")
             else:
                 try:
-                    fn = peers.ours(s, q, k, v, cu, config=cfg)
-                    fn()
-                    torch.cuda.synchronize()
+                    fn = _graphed(torch, peers.ours(s, q, k, v, cu, config=cfg))
                     ms = bench_ms(fn, warmup=5, rep=25)
                     row.update(ms=ms, tflops=tflops(flops, ms), status="ok")
                     if best is None or ms < best[0]:
@@ -418,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="pr,llm,sweep_n,sweep_w", help="comma list of pr,llm,sweep_n,sweep_w")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="window_prefill.interface switch, e.g. _OFFSETS_32=1")  # fmt: skip
+    ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
+    ap.add_argument("--sweep-grid", default=None, help="BMs/BNs/warps/stages, e.g. 32,64/16,32,64/2,4/2,3,4")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.shapes.split(",") if k.strip()]
     shapes = make_shapes(kinds, args.quick)
@@ -439,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {csv_path} {md_path}", flush=True)
             plot(rows, args.out / f"{stem}.png")
     if args.sweep:
-        rows = run_sweep(gpu)
+        rows = run_sweep(gpu, make_shapes(args.sweep_shapes.split(","), quick=False), args.sweep_grid)
         csv_path, md_path = write_rows(args.out, "window_sweep", rows)
         print(f"wrote {csv_path} {md_path}", flush=True)
     return 0
