@@ -50,7 +50,9 @@ _C = Config
 # (arch, head_dim_bucket, dtype_class) -> Config, for causal and non-causal alike unless overridden below.
 _BASE: dict[tuple[str, int, str], Config] = {
     # Hopper: wide query tiles, 3-stage K/V pipeline.
-    ("sm90", 64, "16bit"): _C(64, 32, 4, 4),  # H200 sweep 2026-11-29: 0.051 ms vs 0.079 (128/64/4/3)
+    # H200 sweep 2026-11-29: 64/32/4/4 0.051 ms vs 0.079 (128/64/4/3); session 7, with one masked loop
+    # (NOTES step 24, CUDA-graph timing): 64/32/4/3 0.0459-0.0463 ms vs 0.0475-0.0479 with 4 stages
+    ("sm90", 64, "16bit"): _C(64, 32, 4, 3),
     ("sm90", 128, "16bit"): _C(128, 128, 8, 2),  # H200 sweep 2026-11-29: 4.73 ms vs 4.93 (128/64/8/3)
     ("sm90", 256, "16bit"): _C(128, 32, 8, 2),  # 64/64/4/2 spilled 300 B (ptxas, sm_90a); 0 here
     # fp32 (IEEE dots, FMA loops): the former 64/32/4/2 (heads 64/128) and 32/32/4/2 (256) spill 2-45 KB

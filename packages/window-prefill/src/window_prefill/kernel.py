@@ -24,6 +24,73 @@ import triton.language as tl
 
 
 @triton.jit
+def _attn_block(
+    acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
+    key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
+    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`)."""
+    n0 = tl.multiple_of(n0, BLOCK_N)
+    offs_k = n0 + offs_n  # [BN] key positions
+    if WIDE_OFFSETS:
+        p_tok = (tok0 + offs_k).to(tl.int64)  # [BN]
+        p_k = p_k_base + p_tok[:, None] * stride_kt + offs_d[None, :]  # [BN, BD]
+        p_v = p_v_base + p_tok[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
+    else:
+        p_k = (p_k_base + tok0 * stride_kt) + (offs_k * stride_kt)[:, None] + offs_d[None, :]  # [BN, BD]
+        p_v = (p_v_base + tok0 * stride_vt) + (offs_k * stride_vt)[:, None] + offs_d[None, :]  # [BN, BD]
+    if MASKED:
+        m_key = (offs_k >= key_lo) & (offs_k < key_hi)  # [BN]
+        m_kv = m_key[:, None] & m_d[None, :]  # [BN, BD]
+        b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
+    else:
+        if HEAD_DIM == BLOCK_D:
+            b_k = tl.load(p_k)  # [BN, BD]
+        else:
+            b_k = tl.load(p_k, mask=m_d[None, :], other=0.0)  # [BN, BD]
+    if IEEE_FP32:
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * qk_scale  # [BM, BN]
+    else:
+        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BM, BN]
+    if MASKED:
+        m_vis = m_key[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
+        if IS_CAUSAL:
+            m_vis = m_vis & (offs_k[None, :] <= offs_m[:, None])  # [BM, BN]
+        if HAS_LEFT:
+            m_vis = m_vis & (offs_m[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
+        if HAS_RIGHT:
+            m_vis = m_vis & (offs_k[None, :] - offs_m[:, None] <= window_right)  # [BM, BN]
+        if BIAS_KEY0:
+            b_s = tl.where(offs_k[None, :] == 0, b_s + sink2, b_s)  # [BM, BN]
+        b_s = tl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+        # A row with nothing visible so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
+    else:
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+        m_shift = m_new  # [BM] finite: every key of an interior block is visible
+    b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BM, BN]
+    alpha = tl.math.exp2(m_i - m_shift)  # [BM]
+    l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+    acc = acc * alpha[:, None]  # [BM, BD]
+    if MASKED:
+        b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
+    else:
+        if HEAD_DIM == BLOCK_D:
+            b_v = tl.load(p_v)  # [BN, BD]
+        else:
+            b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
+    if IEEE_FP32:
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision="ieee")  # [BM, BD]
+    else:
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc)  # [BM, BD]
+    m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attn_blocks(
     acc,
     l_i,
@@ -58,69 +125,30 @@ def _attn_blocks(
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr = True,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks: block ``t`` starts at
-    ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N`` (both
-    multiples of BLOCK_N), so one loop walks both edge segments of a tile. MASKED=False: the caller
-    guarantees every key of every block is inside [key_lo, key_hi) and visible to every row of the
-    tile, so no mask is built and no load is masked (except padded D)."""
+    """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
+    at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
+    (both multiples of BLOCK_N), so one loop walks both edge segments of a tile. MASKED=False: blocks
+    ``n_first, n_first + BLOCK_N, ...`` (the key position is the loop variable, which keeps the hot
+    loop's address arithmetic incremental: 597 SASS instructions per iteration instead of 684 with
+    the two-segment form, hd128 on sm_90a); the caller guarantees every key of every block is inside
+    [key_lo, key_hi) and visible to every row of the tile, so no mask is built and no load is masked
+    (except padded D)."""
     m_d = offs_d < HEAD_DIM  # [BD]
-    for t in tl.range(0, n_blocks):
-        n0 = tl.where(t < n_split, n_first + t * BLOCK_N, n_second + (t - n_split) * BLOCK_N)
-        n0 = tl.multiple_of(n0, BLOCK_N)
-        offs_k = n0 + offs_n  # [BN] key positions
-        if WIDE_OFFSETS:
-            p_tok = (tok0 + offs_k).to(tl.int64)  # [BN]
-            p_k = p_k_base + p_tok[:, None] * stride_kt + offs_d[None, :]  # [BN, BD]
-            p_v = p_v_base + p_tok[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
-        else:
-            p_k = (p_k_base + tok0 * stride_kt) + (offs_k * stride_kt)[:, None] + offs_d[None, :]  # [BN, BD]
-            p_v = (p_v_base + tok0 * stride_vt) + (offs_k * stride_vt)[:, None] + offs_d[None, :]  # [BN, BD]
-        if MASKED:
-            m_key = (offs_k >= key_lo) & (offs_k < key_hi)  # [BN]
-            m_kv = m_key[:, None] & m_d[None, :]  # [BN, BD]
-            b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
-        else:
-            if HEAD_DIM == BLOCK_D:
-                b_k = tl.load(p_k)  # [BN, BD]
-            else:
-                b_k = tl.load(p_k, mask=m_d[None, :], other=0.0)  # [BN, BD]
-        if IEEE_FP32:
-            b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * qk_scale  # [BM, BN]
-        else:
-            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BM, BN]
-        if MASKED:
-            m_vis = m_key[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
-            if IS_CAUSAL:
-                m_vis = m_vis & (offs_k[None, :] <= offs_m[:, None])  # [BM, BN]
-            if HAS_LEFT:
-                m_vis = m_vis & (offs_m[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
-            if HAS_RIGHT:
-                m_vis = m_vis & (offs_k[None, :] - offs_m[:, None] <= window_right)  # [BM, BN]
-            if BIAS_KEY0:
-                b_s = tl.where(offs_k[None, :] == 0, b_s + sink2, b_s)  # [BM, BN]
-            b_s = tl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
-            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
-            # A row with nothing visible so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
-        else:
-            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
-            m_shift = m_new  # [BM] finite: every key of an interior block is visible
-        b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BM, BN]
-        alpha = tl.math.exp2(m_i - m_shift)  # [BM]
-        l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-        acc = acc * alpha[:, None]  # [BM, BD]
-        if MASKED:
-            b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
-        else:
-            if HEAD_DIM == BLOCK_D:
-                b_v = tl.load(p_v)  # [BN, BD]
-            else:
-                b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
-        if IEEE_FP32:
-            acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision="ieee")  # [BM, BD]
-        else:
-            acc = tl.dot(b_p.to(b_v.dtype), b_v, acc)  # [BM, BD]
-        m_i = m_new
+    if MASKED:
+        for t in tl.range(0, n_blocks):
+            n0 = tl.where(t < n_split, n_first + t * BLOCK_N, n_second + (t - n_split) * BLOCK_N)
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d,
+                n0, key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N,
+                IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
+            )  # fmt: skip
+    else:
+        for n0 in tl.range(n_first, n_first + n_blocks * BLOCK_N, BLOCK_N):
+            acc, l_i, m_i = _attn_block(
+                acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d,
+                n0, key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N,
+                IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
+            )  # fmt: skip
     return acc, l_i, m_i
 
 
