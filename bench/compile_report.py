@@ -76,6 +76,8 @@ def prefix_source(
     offsets32: bool = False,
     granule_edges: bool = False,
     k_chunk: int = 0,
+    kv_from_cache: bool = False,
+    one_segment: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -99,13 +101,13 @@ def prefix_source(
         QUERIES_PER_KV=8, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE_SIZE=0 if tile_pages and runtime_page and page >= bnc else page,  # as interface._page_constexpr
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_CTX=bnc, CAUSAL=causal, USE_LEFT=False, USE_RIGHT=False,
-        HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False, OUT_FP8=False,
+        HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=kv_from_cache, CACHE_FP8=False, OUT_FP8=False,
         FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=tile_pages, STRADDLE_BRANCH=branch,
         TWO_PAGE_BASES=bases, WIDE_OFFSETS=not offsets32, GRANULE_EDGES=granule_edges,
         # as interface._page_walk
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
-        DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0,
+        DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
         stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -189,6 +191,8 @@ def main() -> None:
     )
     ap.add_argument("--layout", default="split", choices=("split", "nhd"), help="prefix only: cache layout")
     ap.add_argument("--k-chunk", type=int, default=0, help="prefix: q.k dot in feature chunks")
+    ap.add_argument("--kv-from-cache", action="store_true", help="prefix: k=None (new tokens from the cache)")
+    ap.add_argument("--one-segment", action="store_true", help="prefix: k=None as one cached segment")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -210,6 +214,8 @@ def main() -> None:
             args.offsets32,
             args.granule_edges,
             args.k_chunk,
+            args.kv_from_cache or args.one_segment,
+            args.one_segment,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal, args.offsets32)
@@ -226,6 +232,8 @@ def main() -> None:
         what += " offsets32" if args.offsets32 else ""
         what += " granule-edges" if args.granule_edges else ""
         what += f" k-chunk={args.k_chunk}" if args.k_chunk else ""
+        what += " kv-from-cache" if args.kv_from_cache or args.one_segment else ""
+        what += " one-segment" if args.one_segment else ""
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 
 

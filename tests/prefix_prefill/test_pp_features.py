@@ -291,12 +291,49 @@ def test_fp8_output():
 
 
 # ------------------------------------------------------------------------ k=None, short, empty
+@pytest.mark.parametrize("one_segment", [False, True])
 @pytest.mark.parametrize(("layout", "dtype"), [("split", torch.float16), ("hnd", torch.float32)])
-def test_kv_from_cache(layout, dtype):
+def test_kv_from_cache(monkeypatch, layout, dtype, one_segment):
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", one_segment)
     case = _case(kv_from_cache=True, layout=layout, dtype=dtype, page=17)
     kw = {"window": (25, -1)} if layout == "hnd" else {}
     c = compare(run_py(case, **kw), reference(case, **kw))
     assert c, c
+
+
+@pytest.mark.parametrize(
+    ("config", "page", "layout", "kw"),
+    [
+        (KernelConfig(16, 16, 16, 1, 1), 16, "split", {}),
+        (KernelConfig(16, 16, 32, 1, 1), 24, "split", {"window": (20, -1)}),  # granule edges, 2-page tiles
+        (KernelConfig(16, 32, 64, 1, 1), 40, "nhd", {"causal": False, "window": (9, 13)}),
+        (KernelConfig(32, 16, 16, 1, 1), 17, "hnd", {"window": (0, -1)}),
+    ],
+)
+def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
+    """k=None with ``_ONE_SEGMENT_FROM_CACHE``: keys [0, seq_len) as one cached segment (kernel
+    ``ONE_SEGMENT``), tiles at multiples of the context tile across the context/new-token boundary;
+    every slot past each sequence's end is NaN. Must match the reference and the two-segment form."""
+    import prefix_prefill.interface as itf
+
+    seqs = [(13, 9), (0, 21), (page - 1, 2), (page, 17), (2 * page + 5, 30), (3 * page + 1, 1)]
+    case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=True)
+    ref = reference(case, **kw)
+    case.k_cache, case.v_cache = case.k_cache.clone(), case.v_cache.clone()
+    for b, (ctx, new) in enumerate(seqs):
+        for pos in range(ctx + new, -(-(ctx + new) // page) * page):  # the last page's unused slots
+            blk = int(case.block_table[b, pos // page])
+            _poison_slot(case, blk, pos % page)
+    monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0)
+    outs = {}
+    for one in (True, False):
+        monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", one)
+        outs[one] = run_cfg(case, config, **kw)
+        assert torch.isfinite(outs[one]).all(), one
+        c = compare(outs[one], ref)
+        assert c, (one, c)
 
 
 def test_kv_from_cache_vllm():
@@ -411,9 +448,15 @@ def test_gpu_fp8(cache_dtype, dtype, page):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kv_from_cache", [False, True])
+@pytest.mark.parametrize("kv_from_cache", [False, True, "one_segment"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_gpu_features(dtype, kv_from_cache, causal):
+def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
+    """Windows, ALiBi and sinks at page 1056 with k/v given, read back from the cache (k=None), or
+    read back as one cached segment (``_ONE_SEGMENT_FROM_CACHE``)."""
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", kv_from_cache == "one_segment")
+    kv_from_cache = bool(kv_from_cache)
     seqs = [*random_seqs(6, 3000, 900), (0, 1), (5000, 1)]
     case = make_case(
         seqs,

@@ -37,7 +37,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
              STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
              WIDE_OFFSETS=True, GRANULE_EDGES=False,
-             DOT_PRECISION=None, K_CHUNK=0)
+             DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False)
     c.update(flags)
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
     assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
@@ -118,6 +118,17 @@ CASES = [
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False}],
     # rest groups (interface._REST_GROUP): 4 pages' rests of 32 per tile of 128 (544 % 128)
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32, "REST_GROUP": 4}],
+    # k=None as one cached segment (interface._ONE_SEGMENT_FROM_CACHE)
+    [
+        ["cuda", 90, 32],
+        "sm90",
+        "bf16",
+        "bf16",
+        "bf16",
+        128,
+        544,
+        {**TWO_PAGE, "KV_FROM_CACHE": True, "ONE_SEGMENT": True},
+    ],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [
         ["cuda", 90, 32],

@@ -380,6 +380,12 @@ _K_CHUNK = 32
 _K_CHUNKS_SPLIT = False
 _K_CHUNKS_NHD = False
 _K_CHUNKS_NHD_MAX_BLOCK_D = 128
+# With k=None (the new tokens' K/V read back from the cache), attend to keys [0, seq_len) as one
+# cached segment (kernel ONE_SEGMENT): every tile sits at a multiple of BLOCK_N_CTX, so the tiles over
+# the new tokens keep the page-aligned addressing and V-run hints the context gets, and the kernel
+# compiles one masked and one interior loop instead of two of each. Candidate, off until timed
+# (NOTES step 27: predicted faster for k=None in vLLM's split layout, and ~0.4-0.8 s less to compile).
+_ONE_SEGMENT_FROM_CACHE = False
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -550,6 +556,7 @@ def _launch_fwd(
         HAS_ALIBI=alibi_slopes is not None,
         HAS_SINKS=sinks is not None,
         KV_FROM_CACHE=kv_from_cache,
+        ONE_SEGMENT=kv_from_cache and _ONE_SEGMENT_FROM_CACHE,
         CACHE_FP8=cache_fp8,
         OUT_FP8=out_fp8,
         FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,

@@ -523,6 +523,7 @@ def _fwd_kernel(
     WIDE_OFFSETS: tl.constexpr,  # int64 per-token cache offsets; False: int32 (host-checked to fit)
     DOT_PRECISION: tl.constexpr,
     K_CHUNK: tl.constexpr = 0,  # > 0: the q.k dot in feature chunks this wide (see _qk), 0: one dot
+    ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -606,17 +607,27 @@ def _fwd_kernel(
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX
     USE_GRANULE: tl.constexpr = GRANULE_EDGES and V_ALIGN16_RUNS and V_CONTIG >= 8 and not PAGE_WALK
     GRANULE: tl.constexpr = V_CONTIG if USE_GRANULE else 0
-    acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None, s_scale_cache,
-                             v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
-                             PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
-    # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
-    # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
-    p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
-    p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
-    new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
-    s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
-    acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale_new,
-                             v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False, False, 0)  # fmt: skip
+    if ONE_SEGMENT:
+        # the new tokens' K/V are in the cache too (KV_FROM_CACHE): keys [0, seq_len) form one paged
+        # segment, its tiles at multiples of BLOCK_N_CTX from position 0 (aligned, run hints valid),
+        # and the kernel compiles one masked and one interior loop instead of two of each
+        tl.static_assert(KV_FROM_CACHE, "ONE_SEGMENT reads the new tokens from the cache")
+        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, seq_len, seq_len, rows, cache, None,
+                                 s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
+                                 PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
+    else:
+        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None,
+                                 s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
+                                 PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
+        # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
+        # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
+        p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
+        p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
+        new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
+        s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
+        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new,
+                                 s_scale_new, v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False, False,
+                                 0)  # fmt: skip
 
     # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
