@@ -73,6 +73,8 @@ print(json.dumps(results))
 
 WALK = {"TILE_PAGES": True, "PAGE_WALK": True}  # a context page walk (interface._page_walk)
 TWO_PAGE = {"TILE_PAGES": True, "TWO_PAGE_BASES": True}  # vLLM's split layout: tiles at multiples of the tile
+SM90_BF16 = [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16"]  # target, table arch, q/cache/out dtypes
+GRANULE8 = {"GRANULE_EDGES": True, "V_CONTIG": 8}  # granule-masked context edges, V runs of 8 tokens
 CASES = [
     # (target, table arch, q dtype, cache dtype, out dtype, head size, page, constexpr flags)
     [
@@ -119,27 +121,9 @@ CASES = [
     # rest groups (interface._REST_GROUP): 4 pages' rests of 32 per tile of 128 (544 % 128)
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32, "REST_GROUP": 4}],
     # k=None as one cached segment (interface._ONE_SEGMENT_FROM_CACHE)
-    [
-        ["cuda", 90, 32],
-        "sm90",
-        "bf16",
-        "bf16",
-        "bf16",
-        128,
-        544,
-        {**TWO_PAGE, "KV_FROM_CACHE": True, "ONE_SEGMENT": True},
-    ],
+    [*SM90_BF16, 128, 544, {**TWO_PAGE, "KV_FROM_CACHE": True, "ONE_SEGMENT": True}],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
-    [
-        ["cuda", 90, 32],
-        "sm90",
-        "bf16",
-        "bf16",
-        "bf16",
-        128,
-        544,
-        {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, "GRANULE_EDGES": True, "V_CONTIG": 8},
-    ],
+    [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
     [
         ["cuda", 80, 32],
         "sm80",
