@@ -24,6 +24,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_rows(p, m, USE_MASK: tl.constexpr):
+    """A [BN, BD] K or V tile; with ``USE_MASK`` lanes outside ``m`` (broadcast to the tile) read 0."""
+    if USE_MASK:
+        return tl.load(p, mask=m, other=0.0)
+    else:
+        return tl.load(p)
+
+
+@triton.jit
 def _attn_block(
     acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
     key_lo, key_hi, window_left, window_right, qk_scale, sink2,
@@ -44,12 +53,10 @@ def _attn_block(
     if MASKED:
         m_key = (offs_k >= key_lo) & (offs_k < key_hi)  # [BN]
         m_kv = m_key[:, None] & m_d[None, :]  # [BN, BD]
-        b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BN, BD]
     else:
-        if HEAD_DIM == BLOCK_D:
-            b_k = tl.load(p_k)  # [BN, BD]
-        else:
-            b_k = tl.load(p_k, mask=m_d[None, :], other=0.0)  # [BN, BD]
+        m_kv = m_d[None, :]  # [1, BD] padded features only
+    LOAD_MASK: tl.constexpr = MASKED or HEAD_DIM != BLOCK_D
+    b_k = _load_rows(p_k, m_kv, LOAD_MASK)  # [BN, BD]
     if IEEE_FP32:
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * qk_scale  # [BM, BN]
     else:
@@ -75,13 +82,7 @@ def _attn_block(
     alpha = tl.math.exp2(m_i - m_shift)  # [BM]
     l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
     acc = acc * alpha[:, None]  # [BM, BD]
-    if MASKED:
-        b_v = tl.load(p_v, mask=m_kv, other=0.0)  # [BN, BD]
-    else:
-        if HEAD_DIM == BLOCK_D:
-            b_v = tl.load(p_v)  # [BN, BD]
-        else:
-            b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)  # [BN, BD]
+    b_v = _load_rows(p_v, m_kv, LOAD_MASK)  # [BN, BD]
     if IEEE_FP32:
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision="ieee")  # [BM, BD]
     else:
@@ -134,21 +135,24 @@ def _attn_blocks(
     [key_lo, key_hi) and visible to every row of the tile, so no mask is built and no load is masked
     (except padded D)."""
     m_d = offs_d < HEAD_DIM  # [BD]
-    if MASKED:
-        for t in tl.range(0, n_blocks):
-            n0 = tl.where(t < n_split, n_first + t * BLOCK_N, n_second + (t - n_split) * BLOCK_N)
-            acc, l_i, m_i = _attn_block(
-                acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d,
-                n0, key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N,
-                IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
-            )  # fmt: skip
-    else:
-        for n0 in tl.range(n_first, n_first + n_blocks * BLOCK_N, BLOCK_N):
-            acc, l_i, m_i = _attn_block(
-                acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d,
-                n0, key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N,
-                IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
-            )  # fmt: skip
+    if MASKED:  # the loop counts blocks
+        i_lo = 0
+        i_hi = n_blocks
+        STEP: tl.constexpr = 1
+    else:  # the loop variable is the key position itself
+        i_lo = n_first
+        i_hi = n_first + n_blocks * BLOCK_N
+        STEP: tl.constexpr = BLOCK_N
+    for i in tl.range(i_lo, i_hi, STEP):
+        if MASKED:
+            n0 = tl.where(i < n_split, n_first + i * BLOCK_N, n_second + (i - n_split) * BLOCK_N)
+        else:
+            n0 = i
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
+            key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
+            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS,
+        )  # fmt: skip
     return acc, l_i, m_i
 
 
