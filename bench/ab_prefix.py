@@ -1,7 +1,7 @@
 """A/B timing of prefix-prefill's kernel switches, ours only (no peers), in one process.
 
     python bench/ab_prefix.py [--shapes llama,qwen] [--pages 16,512,544,...] [--layouts split,nhd]
-                              [--switch _TILE_PAGES] [--out DIR]
+                              [--switch _TILE_PAGES] [--out DIR] [--kv-from-cache]
     python bench/ab_prefix.py --smoke      # CPU: tiny shapes under the Triton interpreter
 
 ``--jobs N`` first compiles every (shape, layout, page, setting) in N parallel worker processes
@@ -68,12 +68,13 @@ def _problem(bp, shape: dict, page: int, layout: str) -> dict:
     return prob
 
 
-def _call(prob: dict, layout: str, out: torch.Tensor):
+def _call(prob: dict, layout: str, out: torch.Tensor, kv_from_cache: bool = False):
     caches = (prob["k_cache"], prob["v_cache"]) if layout == "split" else prob["nhd"]
+    k, v = (None, None) if kv_from_cache else (prob["k"], prob["v"])
 
     def fn():
         prefix_prefill(
-            prob["q"], prob["k"], prob["v"], caches[0], caches[1], prob["block_table"], prob["cu"],
+            prob["q"], k, v, caches[0], caches[1], prob["block_table"], prob["cu"],
             prob["seq_lens"], prob["max_q"], kv_layout=layout, out=out,
         )  # fmt: skip
 
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--choice", type=Path, default=None, help="write the setting with the smaller spread")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
+    ap.add_argument("--kv-from-cache", action="store_true",
+                    help="k=v=None: new tokens' K/V from the cache (it holds every token)")  # fmt: skip
     args = ap.parse_args(argv)
     set_switches(args.set, ap.error)
     if not hasattr(itf, args.switch):
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     setattr(itf, args.switch, on)
                     try:
                         out = torch.empty_like(prob["q"])
-                        fn = _call(prob, layout, out)
+                        fn = _call(prob, layout, out, args.kv_from_cache)
                         fn()  # compile outside the timing
                         if args.compile_only:
                             if not SMOKE:
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                         setattr(itf, args.switch, default)
                     outs[on] = out
                     r = {"shape": name, "layout": layout, "page": page, "switch": args.switch, "on": on,
-                         "ms": ms, "tflops": tflops(flops, ms)}  # fmt: skip
+                         "kv_from_cache": args.kv_from_cache, "ms": ms,
+                         "tflops": tflops(flops, ms)}  # fmt: skip
                     rows.append(r)
                     print(" ".join(_fmt(k, v) for k, v in r.items()), flush=True)
                 if args.compile_only:
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"SPREAD {name} {layout} {args.switch}={on}: slowest non-pow2 / fastest pow2 = "
                           f"{max(other) / min(pow2):.3f}", flush=True)  # fmt: skip
     if args.out is not None and rows:
-        write_rows(args.out, f"ab_prefix{args.switch}", rows)
+        write_rows(args.out, f"ab_prefix{args.switch}" + ("_kvcache" if args.kv_from_cache else ""), rows)
     if spreads[False] and spreads[True]:
         # the setting that keeps every spread within 5%; both or neither: the faster in total, or
         # (neither) the smaller worst spread
@@ -199,6 +203,7 @@ def _precompile(args, shapes: dict, layouts: list[str], pages: list[int]) -> Non
             failed += running.pop(0).returncode != 0
         cmd = [sys.executable, __file__, "--compile-only", "--shapes", name, "--layouts", layout,
                "--pages", str(page), "--switch", args.switch]  # fmt: skip
+        cmd += ["--kv-from-cache"] if args.kv_from_cache else []
         cmd += [f"--set={kv}" for kv in args.set]
         running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     for proc in running:

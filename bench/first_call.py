@@ -4,7 +4,10 @@ head size). Each measurement is a fresh subprocess with its own ``TRITON_CACHE_D
 is timed (imports and input allocation are not). The child also makes a second call with other
 sequence lengths and batch size and reports whether that compiled anything (it must not).
 
-    python bench/first_call.py [--out DIR] [--kernels window,prefix] [--dtypes bf16,fp16] [--heads 64,128,256]
+    python bench/first_call.py [--out DIR] [--kernels window,prefix,prefix_kvcache] [--dtypes bf16,fp16]
+                               [--heads 64,128,256] [--set NAME=0|1 ...]
+
+(``prefix_kvcache``: prefix-prefill with k=v=None, the new tokens' K/V read from the cache.)
     python bench/first_call.py --smoke     # CPU: Triton interpreter, tiny shapes (checks the script)
 
 Writes DIR/first_call.{csv,md} with ``--out``.
@@ -25,10 +28,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, write_rows
 
 
-def _child(kernel: str, dtype_name: str, head: int, smoke: bool) -> dict:
-    from common import add_package_paths
+def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]) -> dict:
+    from common import add_package_paths, set_switches
 
     add_package_paths()
+
+    def bad(msg):
+        raise SystemExit(msg)
+
+    if sets:  # prefix-prefill switches (--set NAME=0|1), applied before the first call
+        set_switches(sets, bad)
     import torch
 
     dev = "cpu" if smoke else "cuda"
@@ -44,19 +53,20 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool) -> dict:
 
         jit = wi._fwd_kernel
 
-        def call(lens):
+        def make(lens):
             n = sum(lens)
             cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
-            window_prefill(randn(n, 8, head), randn(n, 2, head), randn(n, 2, head), cu, max(lens),
-                           causal=True, window=(255, -1))  # fmt: skip
-    else:
+            q, k, v = randn(n, 8, head), randn(n, 2, head), randn(n, 2, head)
+            return lambda: window_prefill(q, k, v, cu, max(lens), causal=True, window=(255, -1))
+    else:  # "prefix", or "prefix_kvcache": k=v=None, the new tokens' K/V read from the cache
+        kv_from_cache = kernel == "prefix_kvcache"
         import prefix_prefill.interface as pi
         from prefix_prefill import prefix_prefill
 
         jit = pi._fwd_kernel
         page = 16
 
-        def call(lens):
+        def make(lens):
             ctx = [2 * n for n in lens]
             seq = [c + n for c, n in zip(ctx, lens, strict=True)]
             pages = [-(-s // page) for s in seq]
@@ -70,8 +80,12 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool) -> dict:
             n = sum(lens)
             cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
             sl = torch.tensor(seq, dtype=torch.int32, device=dev)
-            prefix_prefill(randn(n, 8, head), randn(n, 2, head), randn(n, 2, head), k_cache, v_cache, table,
-                           cu, sl, max(lens), kv_layout="nhd")  # fmt: skip
+            q, k, v = randn(n, 8, head), randn(n, 2, head), randn(n, 2, head)
+            if kv_from_cache:  # the new tokens' K/V are read from the cache (which holds every token)
+                k = v = None
+            return lambda: prefix_prefill(
+                q, k, v, k_cache, v_cache, table, cu, sl, max(lens), kv_layout="nhd"
+            )
 
     def sync():
         if not smoke:
@@ -83,17 +97,23 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool) -> dict:
         except Exception:
             return -1
 
-    sync()
+    # inputs of both calls first (their allocation and torch's own first kernels are not timed)
     t = time.perf_counter()
-    call([37, 200] if not smoke else [5, 9])
+    call1 = make([37, 200] if not smoke else [5, 9])
+    call2 = make([1, 513, 64, 90] if not smoke else [3, 17, 2])  # other lengths and batch size
+    sync()
+    inputs = time.perf_counter() - t
+    t = time.perf_counter()
+    call1()
     sync()
     first = time.perf_counter() - t
     before = n_compiled()
     t = time.perf_counter()
-    call([1, 513, 64, 90] if not smoke else [3, 17, 2])  # other lengths and batch size
+    call2()
     sync()
     second = time.perf_counter() - t
-    return {"first_call_s": first, "second_call_s": second, "recompiled": n_compiled() != before}
+    return {"first_call_s": first, "second_call_s": second, "recompiled": n_compiled() != before,
+            "inputs_s": inputs}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,16 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--heads", default="64,128,256")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
+                    help="a prefix_prefill.interface switch for every child")  # fmt: skip
     ap.add_argument("--child", nargs=3, metavar=("KERNEL", "DTYPE", "HEAD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kernel, dtype_name, head = args.child
-        print("RESULT " + json.dumps(_child(kernel, dtype_name, int(head), args.smoke)), flush=True)
+        print("RESULT " + json.dumps(_child(kernel, dtype_name, int(head), args.smoke, args.set)), flush=True)
         return 0
     kernels, dtypes = args.kernels.split(","), args.dtypes.split(",")
     heads = [int(h) for h in args.heads.split(",")]
     if args.smoke:
-        kernels, dtypes, heads = ["window", "prefix"], ["fp16"], [64]
+        kernels, dtypes, heads = ["window", "prefix", "prefix_kvcache"], ["fp16"], [64]
     rows = []
     for kernel in kernels:
         for dtype_name in dtypes:
@@ -124,13 +146,15 @@ def main(argv: list[str] | None = None) -> int:
                     for kind in ("cold", "warm"):  # warm: the same cache directory, filled by the cold run
                         cmd = [sys.executable, __file__, "--child", kernel, dtype_name, str(head)]
                         cmd += ["--smoke"] if args.smoke else []
+                        cmd += [f"--set={kv}" for kv in args.set]
                         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
                         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
                         if proc.returncode != 0 or not line:
                             print(f"# {kernel} {dtype_name} d{head} {kind}: failed\n{proc.stderr[-2000:]}")
                             continue
                         res = json.loads(line[0][len("RESULT ") :])
-                        row = {"kernel": kernel, "dtype": dtype_name, "head": head, "cache": kind, **res}
+                        row = {"kernel": kernel, "dtype": dtype_name, "head": head, "cache": kind,
+                               "sets": " ".join(args.set), **res}  # fmt: skip
                         rows.append(row)
                         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     if args.out and rows:
