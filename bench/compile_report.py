@@ -78,6 +78,7 @@ def prefix_source(
     k_chunk: int = 0,
     kv_from_cache: bool = False,
     one_segment: bool = False,
+    merge_new: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -108,7 +109,7 @@ def prefix_source(
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
-        stride_bt_col=1, **lay,
+        MERGE_NEW=merge_new, stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
@@ -193,6 +194,7 @@ def main() -> None:
     ap.add_argument("--k-chunk", type=int, default=0, help="prefix: q.k dot in feature chunks")
     ap.add_argument("--kv-from-cache", action="store_true", help="prefix: k=None (new tokens from the cache)")
     ap.add_argument("--one-segment", action="store_true", help="prefix: k=None as one cached segment")
+    ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -216,6 +218,7 @@ def main() -> None:
             args.k_chunk,
             args.kv_from_cache or args.one_segment,
             args.one_segment,
+            args.merge_new,
         )
     else:
         src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal, args.offsets32)
@@ -234,6 +237,7 @@ def main() -> None:
         what += f" k-chunk={args.k_chunk}" if args.k_chunk else ""
         what += " kv-from-cache" if args.kv_from_cache or args.one_segment else ""
         what += " one-segment" if args.one_segment else ""
+        what += " merge-new" if args.merge_new else ""
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 
 

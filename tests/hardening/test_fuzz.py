@@ -193,6 +193,7 @@ def prefix_problems(draw) -> dict:
         "k_chunks_nhd": draw(st.booleans()),
         "k_chunk": draw(st.sampled_from([16, 32])),  # ... of this width (_K_CHUNK)
         "one_segment_from_cache": draw(st.booleans()),  # ... and _ONE_SEGMENT_FROM_CACHE (with k=None)
+        "merge_new_tokens": draw(st.booleans()),  # ... and _MERGE_NEW_TOKENS (k given, NHD/HND caches)
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -209,7 +210,7 @@ def test_fuzz_prefix_prefill(p):
     keys = (
         "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
         "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges", "k_chunks_split", "k_chunks_nhd",
-        "k_chunk", "one_segment_from_cache",
+        "k_chunk", "one_segment_from_cache", "merge_new_tokens",
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     values = [p[k] for k in keys]

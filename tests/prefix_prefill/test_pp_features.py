@@ -303,6 +303,18 @@ def test_kv_from_cache(monkeypatch, layout, dtype, one_segment):
     assert c, c
 
 
+def _both_forms(monkeypatch, switch: str, case, config, ref, **kw) -> None:
+    """``run_cfg`` with the ``prefix_prefill.interface`` switch on, then off: finite and close to ``ref``."""
+    import prefix_prefill.interface as itf
+
+    for on in (True, False):
+        monkeypatch.setattr(itf, switch, on)
+        out = run_cfg(case, config, **kw)
+        assert torch.isfinite(out).all(), (switch, on)
+        c = compare(out, ref)
+        assert c, (switch, on, c)
+
+
 @pytest.mark.parametrize(
     ("config", "page", "layout", "kw"),
     [
@@ -327,13 +339,68 @@ def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
             blk = int(case.block_table[b, pos // page])
             _poison_slot(case, blk, pos % page)
     monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0)
-    outs = {}
-    for one in (True, False):
-        monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", one)
-        outs[one] = run_cfg(case, config, **kw)
-        assert torch.isfinite(outs[one]).all(), one
-        c = compare(outs[one], ref)
-        assert c, (one, c)
+    _both_forms(monkeypatch, "_ONE_SEGMENT_FROM_CACHE", case, config, ref, **kw)
+
+
+@pytest.mark.parametrize(
+    ("config", "page", "layout", "dtype", "kw"),
+    [
+        (KernelConfig(16, 16, 16, 1, 1), 16, "nhd", torch.float16, {}),
+        (KernelConfig(16, 32, 32, 1, 1), 24, "hnd", torch.float16, {"window": (20, -1)}),  # 2-page tiles
+        (KernelConfig(32, 16, 16, 1, 1), 40, "nhd", torch.float32, {"causal": False, "window": (9, 13)}),
+        (KernelConfig(16, 16, 16, 1, 1), 17, "hnd", torch.float16, {"window": (0, -1)}),
+        (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", torch.float16, {"causal": False}),  # tiles over pages
+    ],
+)
+def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw):
+    """k/v given with ``_MERGE_NEW_TOKENS``: the context and the new tokens in one masked and one
+    interior loop (kernel ``MERGE_NEW``). Every cache slot past each context's end is NaN (the new
+    tokens must come from k/v, not from the cache) and the table is only as wide as the contexts
+    need (its padding entries are out-of-range block ids). Must match the reference and the
+    two-pair-of-loops form, and must really take the merged path."""
+    import prefix_prefill.interface as itf
+
+    seqs = [(13, 9), (0, 21), (page - 1, 2), (page, 17), (2 * page + 5, 30), (3 * page + 1, 1), (0, 1)]
+    case = _case(seqs=seqs, page=page, layout=layout, dtype=dtype)
+    ref = reference(case, **kw)
+    case.k_cache, case.v_cache = case.k_cache.clone(), case.v_cache.clone()
+    for b, (ctx, _new) in enumerate(seqs):
+        for pos in range(ctx, -(-ctx // page) * page):  # the last context page's other slots
+            _poison_slot(case, int(case.block_table[b, pos // page]), pos % page)
+    taken = []
+    decide = itf._merge_new_tokens
+    monkeypatch.setattr(itf, "_merge_new_tokens", lambda *a: taken.append(decide(*a)) or taken[-1])
+    sinks = torch.randn(case.q.shape[1], device=DEVICE)
+    _both_forms(monkeypatch, "_MERGE_NEW_TOKENS", case, config, ref, **kw)
+    # sinks: a different running max from the start
+    _both_forms(
+        monkeypatch, "_MERGE_NEW_TOKENS", case, config, reference(case, sinks=sinks, **kw), sinks=sinks, **kw
+    )
+    assert taken == [True, False, True, False]
+
+
+def test_merge_new_tokens_refused(monkeypatch):
+    """Caches whose tiles do not load like the new rows keep two pairs of loops: vLLM's split layout
+    (x groups, token-contiguous V), new rows of another dtype, two tile widths, k=None."""
+    import prefix_prefill.interface as itf
+    from paged_kv_offsets import describe_kv_cache
+
+    monkeypatch.setattr(itf, "_MERGE_NEW_TOKENS", True)
+
+    def decide(case, cfg=None, k=True):
+        cfg = cfg or KernelConfig(16, 16, 16, 1, 1)
+        kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
+        kk, vv = (case.k, case.v) if k else (None, None)
+        return itf._merge_new_tokens(kk, vv, case.k_cache, case.v_cache, kc, vc, cfg, 64, False, False, 0)
+
+    assert decide(_case(layout="nhd"))
+    assert decide(_case(layout="hnd"))
+    assert not decide(_case(layout="split"))
+    assert not decide(_case(layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
+    assert not decide(_case(layout="nhd"), k=False)
+    case = _case(layout="nhd")
+    case.k = case.k.float()
+    assert not decide(case)
 
 
 def test_kv_from_cache_vllm():
@@ -448,15 +515,18 @@ def test_gpu_fp8(cache_dtype, dtype, page):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kv_from_cache", [False, True, "one_segment"])
+@pytest.mark.parametrize("kv_from_cache", [False, True, "one_segment", "merge", "merge_nhd_split_loops"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
-    """Windows, ALiBi and sinks at page 1056 with k/v given, read back from the cache (k=None), or
-    read back as one cached segment (``_ONE_SEGMENT_FROM_CACHE``)."""
+    """Windows, ALiBi and sinks at page 1056 with k/v given, read back from the cache (k=None), read
+    back as one cached segment (``_ONE_SEGMENT_FROM_CACHE``), or given with an NHD cache, the context
+    and new tokens in one pair of loops (``_MERGE_NEW_TOKENS``) or in two."""
     import prefix_prefill.interface as itf
 
     monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", kv_from_cache == "one_segment")
-    kv_from_cache = bool(kv_from_cache)
+    monkeypatch.setattr(itf, "_MERGE_NEW_TOKENS", kv_from_cache == "merge")
+    layout = "nhd" if str(kv_from_cache).startswith("merge") else "split"
+    kv_from_cache = kv_from_cache in (True, "one_segment")
     seqs = [*random_seqs(6, 3000, 900), (0, 1), (5000, 1)]
     case = make_case(
         seqs,
@@ -467,6 +537,7 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
         dtype=dtype,
         device=DEVICE,
         kv_from_cache=kv_from_cache,
+        layout=layout,
     )
     slopes = alibi_slopes(16, DEVICE)
     sinks = torch.randn(16, device=DEVICE)

@@ -37,7 +37,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
              STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
              WIDE_OFFSETS=True, GRANULE_EDGES=False,
-             DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False)
+             DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False)
     c.update(flags)
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
     assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
@@ -75,6 +75,7 @@ WALK = {"TILE_PAGES": True, "PAGE_WALK": True}  # a context page walk (interface
 TWO_PAGE = {"TILE_PAGES": True, "TWO_PAGE_BASES": True}  # vLLM's split layout: tiles at multiples of the tile
 SM90_BF16 = [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16"]  # target, table arch, q/cache/out dtypes
 GRANULE8 = {"GRANULE_EDGES": True, "V_CONTIG": 8}  # granule-masked context edges, V runs of 8 tokens
+NHD = {"X": 1, "V_CONTIG": 1, "V_ALIGN16_RUNS": False, "V_ALIGN16_ANY": True}  # an NHD/HND cache
 CASES = [
     # (target, table arch, q dtype, cache dtype, out dtype, head size, page, constexpr flags)
     [
@@ -122,6 +123,8 @@ CASES = [
     [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32, "REST_GROUP": 4}],
     # k=None as one cached segment (interface._ONE_SEGMENT_FROM_CACHE)
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "KV_FROM_CACHE": True, "ONE_SEGMENT": True}],
+    # k/v given with an NHD cache: context and new tokens in one pair of loops (interface._MERGE_NEW_TOKENS)
+    [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "MERGE_NEW": True, **NHD}],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
     [

@@ -296,6 +296,41 @@ def _layout_hints(
     return k_align, v_align_any, v_align_runs, v_contig
 
 
+def _rows_aligned(t: torch.Tensor) -> bool:
+    """``[tokens, heads, D]`` rows (unit feature stride) whose pointer and strides are 16-byte multiples."""
+    e = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * e) % 16 == 0 for s in t.stride()[:-1])
+
+
+def _merge_new_tokens(
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kc: CacheView,
+    vc: CacheView,
+    config: KernelConfig,
+    max_query_len: int,
+    wide: bool,
+    walk: bool,
+    k_chunk: int,
+) -> bool:
+    """Whether the kernel runs the context and the new tokens in one pair of loops (``MERGE_NEW``, see
+    ``_MERGE_NEW_TOKENS``): the new rows must load like cache rows (a K cache without an ``x`` split,
+    a V cache that is not token-contiguous, unit feature strides, the same dtype, so one pointer type
+    and one set of feature offsets serve both), one tile width, no page walk or K chunks, and, with
+    int32 cache offsets, new-token offsets that fit int32 too."""
+    if not _MERGE_NEW_TOKENS or k is None or v is None:
+        return False
+    if kc.x != 1 or kc.stride_dim != 1 or vc.stride_dim != 1 or (vc.stride_slot == 1 and vc.page_size > 1):
+        return False
+    if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype or k_cache.dtype in _FP8_DTYPES:
+        return False
+    if walk or k_chunk or config.BLOCK_N != config.BLOCK_N_CTX:
+        return False
+    return wide or (max_query_len + config.BLOCK_N) * max(k.stride(0), v.stride(0), 1) < 2**31
+
+
 def _page_constexpr(page_size: int, config: KernelConfig, kv_from_cache: bool) -> int:
     """The kernel's ``PAGE_SIZE`` constexpr: 0 (the page size passed at runtime) when every cache tile
     fits in a page and tiles are addressed per tile, else the page size itself (per-lane addressing
@@ -383,9 +418,16 @@ _K_CHUNKS_NHD_MAX_BLOCK_D = 128
 # With k=None (the new tokens' K/V read back from the cache), attend to keys [0, seq_len) as one
 # cached segment (kernel ONE_SEGMENT): every tile sits at a multiple of BLOCK_N_CTX, so the tiles over
 # the new tokens keep the page-aligned addressing and V-run hints the context gets, and the kernel
-# compiles one masked and one interior loop instead of two of each. Candidate, off until timed
-# (NOTES step 27: predicted faster for k=None in vLLM's split layout, and ~0.4-0.8 s less to compile).
-_ONE_SEGMENT_FROM_CACHE = False
+# compiles one masked and one interior loop instead of two of each. On since the H200 A/B of session 8
+# (NOTES step 28, k=None): split layout 14-18% faster (llama) and 8-12% (qwen-hybrid), NHD 0-10%;
+# cold first call 5.6 -> 3.1 s (head 128) and 5.6 -> 3.4 s (head 256) on one host.
+_ONE_SEGMENT_FROM_CACHE = True
+# With k and v given and a cache whose tiles load like them (x == 1 and V not token-contiguous: NHD or
+# HND; the activations' dtype; no page walk or granule edges; BLOCK_N == BLOCK_N_CTX; no K chunks),
+# run the context and the new tokens through one masked and one interior loop (kernel MERGE_NEW,
+# _segments_merged): a runtime branch picks each tile's addresses, so the tile step compiles twice
+# instead of four times (NOTES step 28: the first call's compile time). Candidate until timed.
+_MERGE_NEW_TOKENS = False
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -497,6 +539,11 @@ def _launch_fwd(
         chunked = _K_CHUNKS_NHD and block_d <= _K_CHUNKS_NHD_MAX_BLOCK_D
     k_chunk = _K_CHUNK if chunked and block_d > _K_CHUNK else 0
     granule = _TILE_PAGES and _GRANULE_EDGES and (block_d >= _GRANULE_EDGES_MIN_BLOCK_D or k_chunk > 0)
+    wide = not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache))
+    merge_new = _merge_new_tokens(k, v, k_cache, v_cache, kc, vc, config, max_query_len, wide, walk, k_chunk)
+    if merge_new:  # the layout hints now cover the new rows too
+        k_align = k_align and _rows_aligned(k)
+        v_align_any = v_align_any and _rows_aligned(v)
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
     _fwd_kernel[grid](
@@ -557,6 +604,7 @@ def _launch_fwd(
         HAS_SINKS=sinks is not None,
         KV_FROM_CACHE=kv_from_cache,
         ONE_SEGMENT=kv_from_cache and _ONE_SEGMENT_FROM_CACHE,
+        MERGE_NEW=merge_new,
         CACHE_FP8=cache_fp8,
         OUT_FP8=out_fp8,
         FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,
@@ -569,7 +617,7 @@ def _launch_fwd(
         PAGE_WALK=walk,
         REST_BLOCK=rest_block,
         REST_GROUP=rest_group,
-        WIDE_OFFSETS=not (_TILE_PAGES and _OFFSETS_32 and offsets_fit_int32(k_cache, v_cache)),
+        WIDE_OFFSETS=wide,
         GRANULE_EDGES=granule,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         K_CHUNK=k_chunk,

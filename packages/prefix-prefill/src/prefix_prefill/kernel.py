@@ -270,12 +270,58 @@ def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.const
 
 
 @triton.jit
+def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CFG: tl.constexpr,
+                         ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr):  # fmt: skip
+    """``(o_kt, o_vt, k_pos)``, each [BN]: the cache's per-token K/V offsets (paged_kv_offsets; int32
+    with ``WIDE_OFFSETS`` off and tile addressing, else int64) and the absolute positions of the
+    keys ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``)."""
+    PAGE_SIZE: tl.constexpr = CFG[7]
+    TILE_PAGES: tl.constexpr = CFG[8]
+    BASES: tl.constexpr = CFG[13]  # tile_block_offsets: two-page form as a choice of two scalar bases
+    BRANCH: tl.constexpr = CFG[12]  # tile_block_offsets: the one-page form for tiles that do not straddle
+    pos0 = k_base + n0
+    k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
+    bt_row, stride_bt_col, n_bt_cols, page_size = cache[2], cache[3], cache[4], cache[5]
+    s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
+    if TILE_PAGES:
+        # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
+        # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
+        tile = tile_blocks(
+            bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
+            IN_PAGE, CFG[14],
+        )  # fmt: skip
+        o_kt = tile_block_offsets(
+            tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
+        )  # [BN]
+        o_vt = tile_block_offsets(
+            tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
+        )  # [BN]
+    else:  # per token (the 1.0 addressing, kept for A/B runs)
+        o_kt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE)  # [BN]
+        o_vt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE)  # [BN]
+    return o_kt, o_vt, k_pos
+
+
+@triton.jit
 def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
           FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
           ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0):  # fmt: skip
     """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
     from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
-    ``n0 + i``).
+    ``n0 + i``); addresses from :func:`_tile_pointers`, then :func:`_attend`."""
+    p_k, p_v, k_pos = _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N, FROM_CACHE, MASKED, V_RUNS, CFG,
+                                     ALIGNED, IN_PAGE, GRANULE)  # fmt: skip
+    SCALE_P: tl.constexpr = FROM_CACHE and CFG[11]  # CACHE_FP8: the V scale multiplies the probabilities
+    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG,
+                   True, GRANULE)  # fmt: skip
+
+
+@triton.jit
+def _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr,
+                   MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr, ALIGNED: tl.constexpr,
+                   IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0):  # fmt: skip
+    """``(p_k [BD, BN] (or its [KC, BN] chunks), p_v [BN, BD], k_pos [BN])`` of the keys at absolute
+    positions ``k_base + n0 + [0, BLOCK_N)`` (see :func:`_tile`).
 
     Layout hints for the cache, each checked on the host (``interface._layout_hints``): ``K_ALIGN16``
     / ``V_ALIGN16_ANY`` (CFG): every contiguous run of the K/V tile starts 16-byte aligned, whatever
@@ -286,42 +332,15 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
     turn element-wise gathers into pipelined 16-byte copies (a page-walk tile, ``IN_PAGE``, starts at a
     page offset that is a multiple of ``BLOCK_N_CTX``, so the same runs hold).
     """
-    PAGE_SIZE: tl.constexpr = CFG[7]
-    TILE_PAGES: tl.constexpr = CFG[8]
-    CACHE_FP8: tl.constexpr = CFG[11]
-    BASES: tl.constexpr = CFG[13]  # tile_block_offsets: two-page form as a choice of two scalar bases
-    BRANCH: tl.constexpr = CFG[12]  # tile_block_offsets: the one-page form for tiles that do not straddle
     if FROM_CACHE:
-        pos0 = k_base + n0
-        k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
-        bt_row, stride_bt_col, n_bt_cols, page_size = cache[2], cache[3], cache[4], cache[5]
-        s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
-        if TILE_PAGES:
-            # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
-            # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
-            tile = tile_blocks(
-                bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
-                IN_PAGE, CFG[14],
-            )  # fmt: skip
-            o_kt = tile_block_offsets(
-                tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
-            )  # [BN]
-            o_vt = tile_block_offsets(
-                tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
-            )  # [BN]
-        else:  # per token (the 1.0 addressing, kept for A/B runs)
-            o_kt = token_offsets(
-                bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE
-            )  # [BN]
-            o_vt = token_offsets(
-                bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE
-            )  # [BN]
+        o_kt, o_vt, k_pos = _cache_token_offsets(
+            n0, k_base, k_end, cache, BLOCK_N, MASKED, CFG, ALIGNED, IN_PAGE
+        )
         # every lane of an interior tile is a real token of a mapped page: the V runs hold
         # (granule-masked tiles load whole runs only: the runs hold for every lane they load)
         p_k, p_v = _cache_pointers(
             cache, o_kt, o_vt, not MASKED or GRANULE > 0, V_RUNS, CFG
         )  # [BD, BN], [BN, BD]
-        SCALE_P: tl.constexpr = CACHE_FP8
     else:
         p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
         offs_n = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN] index among the new tokens
@@ -337,9 +356,7 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
             p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
         p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         k_pos = k_base + (n0 + tl.arange(0, BLOCK_N))  # [BN]
-        SCALE_P: tl.constexpr = False
-    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG,
-                   True, GRANULE)  # fmt: skip
+    return p_k, p_v, k_pos
 
 
 @triton.jit
@@ -450,6 +467,84 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
     return acc, m_i, l_i
 
 
+@triton.jit
+def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, rows, cache, new, s_scale,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """One tile of :func:`_segments_merged`: the new tokens' tile at ``n0_new`` (positions ``ctx_len +
+    n0_new + [0, BLOCK_N)``, contiguous ``new`` rows) when ``is_new``, else the context tile at
+    ``n0_ctx`` (paged ``cache``). Only a base pointer and the [BN] token offsets branch (a runtime
+    ``if``: the block table is read for context tiles only; yielding whole pointer tiles instead
+    spilled ~600 B offline); feature offsets, layout hints and :func:`_attend` are shared, so the
+    softmax step compiles once. Both sources have unit feature stride (host-checked)."""
+    OFF64: tl.constexpr = CFG[14] or not CFG[8]  # WIDE_OFFSETS, or per-token (int64) addressing
+    p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
+    offs_n = n0_new + tl.arange(0, BLOCK_N)  # [BN] index among the new tokens
+    if OFF64:
+        offs_n = offs_n.to(tl.int64)  # [BN]
+    # context addresses; for a new-token tile (position 0, no valid key) every block-table read is
+    # masked off (tile_blocks masks its reads by the valid length, MASKED or not)
+    c_end = tl.where(is_new, 0, ctx_len)
+    o_kc, o_vc, c_pos = _cache_token_offsets(tl.where(is_new, 0, n0_ctx), 0, c_end, cache, BLOCK_N, MASKED, CFG,
+                                             True, False)  # fmt: skip
+    o_kt = tl.where(is_new, offs_n * stride_kt, o_kc)  # [BN]
+    o_vt = tl.where(is_new, offs_n * stride_vt, o_vc)  # [BN]
+    k_pos = tl.where(is_new, ctx_len + offs_n.to(tl.int32), c_pos)  # [BN]
+    k_end = tl.where(is_new, seq_len, ctx_len)
+    base_k = tl.where(is_new, p_k_rows, cache[0] + cache[10])
+    base_v = tl.where(is_new, p_v_rows, cache[1] + cache[11])
+    offs_d = new[4]  # [BD]
+    p_k = base_k + o_kt[None, :] + offs_d[:, None]  # [BD, BN]
+    p_v = base_v + o_vt[:, None] + offs_d[None, :]  # [BN, BD]
+    if CFG[9]:  # K_ALIGN16 (with MERGE_NEW: the new rows host-checked too)
+        p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
+    if CFG[10]:  # V_ALIGN16_ANY
+        p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
+    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, 1.0, MASKED, False, CFG)
+
+
+@triton.jit
+def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale,
+                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """The cached context and the new tokens in one masked and one interior loop (kernel
+    ``MERGE_NEW``): the tile bounds of both segments as :func:`_segment` computes them, then the masked
+    tiles of the context and of the new tokens, then the interior tiles of both; an iteration index
+    past the context's count selects a new-token tile (:func:`_merged_tile`). For caches whose tiles
+    have the new tokens' form (NHD/HND, the activations' dtype, no page walk, no granule edges, one
+    tile width): two compiled copies of the tile step instead of four, same tiles, same order within
+    each segment."""
+    USE_LEFT: tl.constexpr = CFG[2]
+    c_need_lo, c_need_hi, c_full_lo, c_full_hi = _key_bounds(
+        q_lo, q_hi, 0, ctx_len, rows[3], rows[4], CFG[1], USE_LEFT, CFG[3]
+    )
+    c_lo, c_mid_lo, c_mid_hi, c_hi = _tile_bounds(
+        c_need_lo, c_need_hi, c_full_lo, c_full_hi, BLOCK_N, USE_LEFT
+    )
+    n_need_lo, n_need_hi, n_full_lo, n_full_hi = _key_bounds(
+        q_lo, q_hi, ctx_len, q_len, rows[3], rows[4], CFG[1], USE_LEFT, CFG[3]
+    )
+    n_lo, n_mid_lo, n_mid_hi, n_hi = _tile_bounds(
+        n_need_lo, n_need_hi, n_full_lo, n_full_hi, BLOCK_N, USE_LEFT
+    )
+    c_edge = (c_mid_lo - c_lo) // BLOCK_N
+    c_masked = c_edge + (c_hi - c_mid_hi) // BLOCK_N
+    n_edge = (n_mid_lo - n_lo) // BLOCK_N
+    n_masked = n_edge + (n_hi - n_mid_hi) // BLOCK_N
+    for t in tl.range(0, c_masked + n_masked):
+        u = t - c_masked  # index among the new tokens' masked tiles
+        n0_ctx = tl.where(t < c_edge, c_lo + t * BLOCK_N, c_mid_hi + (t - c_edge) * BLOCK_N)
+        n0_new = tl.where(u < n_edge, n_lo + u * BLOCK_N, n_mid_hi + (u - n_edge) * BLOCK_N)
+        acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, n0_ctx, n0_new, ctx_len, seq_len, rows, cache,
+                                     new, s_scale, BLOCK_N, True, V_RUNS, CFG)  # fmt: skip
+    c_inner = (c_mid_hi - c_mid_lo) // BLOCK_N
+    n_inner = (n_mid_hi - n_mid_lo) // BLOCK_N
+    for t in tl.range(0, c_inner + n_inner):
+        u = t - c_inner
+        acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, c_mid_lo + t * BLOCK_N, n_mid_lo + u * BLOCK_N,
+                                     ctx_len, seq_len, rows, cache, new, s_scale, BLOCK_N, False, V_RUNS,
+                                     CFG)  # fmt: skip
+    return acc, m_i, l_i
+
+
 @triton.jit(do_not_specialize=["window_left", "window_right", "n_bt_cols", "page_size", "stride_bt_row"])
 def _fwd_kernel(
     Q,  # [total_q, H, D]
@@ -524,6 +619,7 @@ def _fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     K_CHUNK: tl.constexpr = 0,  # > 0: the q.k dot in feature chunks this wide (see _qk), 0: one dot
     ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
+    MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -615,6 +711,15 @@ def _fwd_kernel(
         acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, seq_len, seq_len, rows, cache, None,
                                  s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
                                  PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
+    elif MERGE_NEW:
+        # contiguous k/v and a cache of the same form and dtype: both segments in one pair of loops
+        tl.static_assert(not KV_FROM_CACHE and not CACHE_FP8 and not PAGE_WALK and GRANULE == 0)
+        tl.static_assert(X == 1 and V_CONTIG == 1 and K_CHUNK == 0 and BLOCK_N == BLOCK_N_CTX)
+        p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
+        p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
+        new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
+        acc, m_i, l_i = _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new,
+                                         qk_scale, BLOCK_N, (V_ALIGN16_RUNS, V_CONTIG), CFG)  # fmt: skip
     else:
         acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None,
                                  s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
