@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
     ap.add_argument("--kv-from-cache", action="store_true",
                     help="k=v=None: new tokens' K/V from the cache (it holds every token)")  # fmt: skip
+    ap.add_argument("--on-value", type=int, default=None,
+                    help="an int switch: time 0 (off) against this value, e.g. _LAZY_RESCALE")  # fmt: skip
     args = ap.parse_args(argv)
     set_switches(args.set, ap.error)
     if not hasattr(itf, args.switch):
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 flops, _ = bp.useful_work(prob)
                 outs = {}
                 for on in (False, True):
-                    setattr(itf, args.switch, on)
+                    value = on if args.on_value is None else (args.on_value if on else 0)
+                    setattr(itf, args.switch, value)
                     try:
                         out = torch.empty_like(prob["q"])
                         fn = _call(prob, layout, out, args.kv_from_cache)
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
               f"total ms off {total[False]:.2f}, on {total[True]:.2f})", flush=True)  # fmt: skip
         if args.choice is not None:
             with open(args.choice, "a") as f:  # one line per switch, several runs may share the file
-                f.write(f"{args.switch}={int(best)}\n")
+                on_value = 1 if args.on_value is None else args.on_value
+                f.write(f"{args.switch}={on_value if best else 0}\n")
     return 0
 
 
@@ -204,6 +208,7 @@ def _precompile(args, shapes: dict, layouts: list[str], pages: list[int]) -> Non
         cmd = [sys.executable, __file__, "--compile-only", "--shapes", name, "--layouts", layout,
                "--pages", str(page), "--switch", args.switch]  # fmt: skip
         cmd += ["--kv-from-cache"] if args.kv_from_cache else []
+        cmd += [f"--on-value={args.on_value}"] if args.on_value is not None else []
         cmd += [f"--set={kv}" for kv in args.set]
         running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     for proc in running:

@@ -79,6 +79,7 @@ def prefix_source(
     kv_from_cache: bool = False,
     one_segment: bool = False,
     merge_new: bool = False,
+    lazy: float = 0.0,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -109,7 +110,7 @@ def prefix_source(
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
-        MERGE_NEW=merge_new, stride_bt_col=1, **lay,
+        MERGE_NEW=merge_new, LAZY_RESCALE=lazy, stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
@@ -118,7 +119,7 @@ def prefix_source(
 
 
 def window_source(
-    cfg: list[int], head_dim: int, causal: bool, offsets32: bool = False
+    cfg: list[int], head_dim: int, causal: bool, offsets32: bool = False, lazy: int = 0
 ) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
@@ -126,7 +127,7 @@ def window_source(
     consts = dict(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
-        LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32,
+        LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
@@ -163,7 +164,26 @@ def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> 
         ptxas += " | ptxas warnings: " + " / ".join(warn)
     counts = " ".join("{}={}".format(op, len(re.findall(re.escape(op) + r"\b", sass))) for op in SASS_OPS)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
-    return f"compile={compile_s:.2f} s | shared={k.metadata.shared} B | {ptxas} | SASS={total} {counts}"
+    head = f"compile={compile_s:.2f} s | shared={k.metadata.shared} B | {ptxas}"
+    return f"{head} | SASS={total} {counts}{_loops(sass)}"
+
+
+def _loops(sass: str) -> str:
+    """`` | loops=N/H ...``: instructions N (H of them HGMMA) in each loop body of the SASS (a branch back
+    to an earlier address), the loops with a wgmma only: the main loops' per-iteration cost."""
+    instrs = {}
+    for ln in sass.splitlines():
+        m = re.match(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", ln)
+        if m:
+            instrs[int(m.group(1), 16)] = m.group(2)
+    loops = []
+    for addr, ins in instrs.items():
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) <= addr:
+            body = [v for a, v in instrs.items() if int(m.group(1), 16) <= a <= addr]
+            loops.append((len(body), sum("HGMMA" in b for b in body)))
+    loops = sorted((t for t in loops if t[1]), key=lambda t: -t[0])
+    return " | loops=" + " ".join(f"{n}/{h}" for n, h in loops) if loops else ""
 
 
 def main() -> None:
@@ -194,6 +214,7 @@ def main() -> None:
     ap.add_argument("--k-chunk", type=int, default=0, help="prefix: q.k dot in feature chunks")
     ap.add_argument("--kv-from-cache", action="store_true", help="prefix: k=None (new tokens from the cache)")
     ap.add_argument("--one-segment", action="store_true", help="prefix: k=None as one cached segment")
+    ap.add_argument("--lazy", type=float, default=0.0, help="lazy rescale threshold (log2 units)")
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
@@ -219,9 +240,11 @@ def main() -> None:
             args.kv_from_cache or args.one_segment,
             args.one_segment,
             args.merge_new,
+            args.lazy,
         )
     else:
-        src, warps, stages = window_source(cfg, args.head_dim, not args.non_causal, args.offsets32)
+        causal = not args.non_causal
+        src, warps, stages = window_source(cfg, args.head_dim, causal, args.offsets32, int(args.lazy))
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
         what += f" {args.layout}" + (" tile-pages" if args.tile_pages else "")
@@ -238,6 +261,9 @@ def main() -> None:
         what += " kv-from-cache" if args.kv_from_cache or args.one_segment else ""
         what += " one-segment" if args.one_segment else ""
         what += " merge-new" if args.merge_new else ""
+        what += f" lazy={args.lazy:g}" if args.lazy else ""
+    elif args.lazy:
+        what += f" lazy={args.lazy:g}"
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 
 

@@ -428,6 +428,12 @@ _ONE_SEGMENT_FROM_CACHE = True
 # _segments_merged): a runtime branch picks each tile's addresses, so the tile step compiles twice
 # instead of four times (NOTES step 28: the first call's compile time). Candidate until timed.
 _MERGE_NEW_TOKENS = False
+# Lazy rescaling of interior tiles (kernel LAZY_RESCALE, _attend): acc [BM, BD] is rescaled only when
+# some row's running max grows by more than this many log2 units in a tile (0: every tile). The max
+# only stabilises exp2, so a stale one changes no result beyond rounding (p <= 2**_LAZY_RESCALE); it
+# saves BM * BD / threads multiplies per tile (128 per thread at head 256: 26% of the interior loop's
+# SASS offline) for one tile-wide max (two barriers). Candidate (NOTES step 29), off until timed.
+_LAZY_RESCALE = 0
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -605,6 +611,7 @@ def _launch_fwd(
         KV_FROM_CACHE=kv_from_cache,
         ONE_SEGMENT=kv_from_cache and _ONE_SEGMENT_FROM_CACHE,
         MERGE_NEW=merge_new,
+        LAZY_RESCALE=_LAZY_RESCALE,
         CACHE_FP8=cache_fp8,
         OUT_FP8=out_fp8,
         FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,

@@ -110,7 +110,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM), flags of the whole launch. With
+#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE), flags of the whole launch. With
 #               ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
 #               ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
 
@@ -193,7 +193,22 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         Q_DTYPE: tl.constexpr = b_q[0].dtype
     else:
         Q_DTYPE: tl.constexpr = b_q.dtype
-    if FOLD_SCALE and not MASKED and not HAS_ALIBI:
+    LAZY: tl.constexpr = CFG[17] > 0 and FOLD_SCALE and not MASKED and not HAS_ALIBI
+    if LAZY:
+        # interior tile, lazy rescaling: keep the running max m_i (and skip the [BM, BD] rescale of
+        # acc) unless some row's max grew by more than LAZY_RESCALE (log2 units) in this tile; the
+        # max only stabilises exp2, so a stale one changes nothing but bounds p <= 2**LAZY_RESCALE.
+        # One tile-wide reduction decides for the whole program (a uniform branch).
+        m_new = tl.maximum(m_i, tl.max(b_qk, 1) * s_scale)  # [BM]
+        if tl.max(m_new - m_i, 0) > CFG[17]:
+            alpha = tl.math.exp2(m_i - m_new)  # [BM]
+            acc = acc * alpha[:, None]  # [BM, BD]
+            l_i = l_i * alpha  # [BM]
+            m_i = m_new  # [BM]
+        b_p = tl.math.exp2(b_qk * s_scale - m_i[:, None])  # [BM, BN]
+        l_i = l_i + tl.sum(b_p, 1)  # [BM]
+        m_new = m_i
+    elif FOLD_SCALE and not MASKED and not HAS_ALIBI:
         # interior tile with s_scale > 0: the max commutes with the scale, so the scale folds
         # into the exponent's FMA (one op per logit instead of a multiply and a subtract)
         m_new = tl.maximum(m_i, tl.max(b_qk, 1) * s_scale)  # [BM]
@@ -220,8 +235,9 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         else:
             m_use = m_new  # [BM]
         b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
-    alpha = tl.math.exp2(m_i - m_use)  # [BM]
-    l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+    if not LAZY:
+        alpha = tl.math.exp2(m_i - m_use)  # [BM]
+        l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
     if MASKED and MASK_LOADS and GRANULE > 0:
         b_v = tl.load(p_v, mask=m_full[:, None] & m_d[None, :], other=0.0)  # [BN, BD] granule mask
     elif MASKED and MASK_LOADS:
@@ -232,7 +248,8 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         b_v = tl.load(p_v)  # [BN, BD]
     if SCALE_P:
         b_p = b_p * p_scale  # [BM, BN]
-    acc = acc * alpha[:, None]  # [BM, BD]
+    if not LAZY:
+        acc = acc * alpha[:, None]  # [BM, BD]
     acc = tl.dot(b_p.to(Q_DTYPE), b_v.to(Q_DTYPE), acc, input_precision=DOT_PRECISION)  # [BM, BD]
     return acc, m_new, l_i
 
@@ -472,29 +489,46 @@ def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, r
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
     """One tile of :func:`_segments_merged`: the new tokens' tile at ``n0_new`` (positions ``ctx_len +
     n0_new + [0, BLOCK_N)``, contiguous ``new`` rows) when ``is_new``, else the context tile at
-    ``n0_ctx`` (paged ``cache``). Only a base pointer and the [BN] token offsets branch (a runtime
-    ``if``: the block table is read for context tiles only; yielding whole pointer tiles instead
-    spilled ~600 B offline); feature offsets, layout hints and :func:`_attend` are shared, so the
-    softmax step compiles once. Both sources have unit feature stride (host-checked)."""
-    OFF64: tl.constexpr = CFG[14] or not CFG[8]  # WIDE_OFFSETS, or per-token (int64) addressing
-    p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
-    offs_n = n0_new + tl.arange(0, BLOCK_N)  # [BN] index among the new tokens
-    if OFF64:
-        offs_n = offs_n.to(tl.int64)  # [BN]
-    # context addresses; for a new-token tile (position 0, no valid key) every block-table read is
-    # masked off (tile_blocks masks its reads by the valid length, MASKED or not)
+    ``n0_ctx`` (paged ``cache``). The new rows have the cache's token stride and unit feature stride
+    (host-checked), so a new-token tile is addressed as a one-page cache tile of "block 0" at slot
+    ``n0_new`` from the new rows' base pointer: with tiles no wider than a page only the scalars of
+    :func:`~paged_kv_offsets.kernel.tile_blocks` and the base pointer are selected, and the per-lane
+    work is the context's (a [BN] select of whole offset vectors cost 12% more instructions per
+    interior iteration offline); narrower pages select the [BN] offsets. For a new-token tile every
+    block-table read is masked off (position 0 and no valid key). Feature offsets, layout hints and
+    :func:`_attend` are shared: the softmax step compiles once per loop."""
+    PAGE_SIZE: tl.constexpr = CFG[7]
+    p_k_rows, p_v_rows, stride_kt, stride_vt = new[0], new[1], new[2], new[3]
     c_end = tl.where(is_new, 0, ctx_len)
-    o_kc, o_vc, c_pos = _cache_token_offsets(tl.where(is_new, 0, n0_ctx), 0, c_end, cache, BLOCK_N, MASKED, CFG,
-                                             True, False)  # fmt: skip
-    o_kt = tl.where(is_new, offs_n * stride_kt, o_kc)  # [BN]
-    o_vt = tl.where(is_new, offs_n * stride_vt, o_vc)  # [BN]
-    k_pos = tl.where(is_new, ctx_len + offs_n.to(tl.int32), c_pos)  # [BN]
+    pos0 = tl.where(is_new, 0, n0_ctx)
+    if CFG[8] and (PAGE_SIZE == 0 or BLOCK_N <= PAGE_SIZE):  # TILE_PAGES, a tile within two pages
+        bt_row, stride_bt_col, n_bt_cols, page_size = cache[2], cache[3], cache[4], cache[5]
+        blk0, blk1, slot0, n_first, m_tok = tile_blocks(
+            bt_row, stride_bt_col, pos0, c_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, True, False,
+            CFG[14],
+        )  # fmt: skip
+        zero = blk0 * 0
+        tile = (tl.where(is_new, zero, blk0), tl.where(is_new, zero, blk1), tl.where(is_new, n0_new, slot0),
+                tl.where(is_new, BLOCK_N, n_first), m_tok | is_new)  # fmt: skip
+        BASES: tl.constexpr = CFG[13]
+        BRANCH: tl.constexpr = CFG[12]
+        o_kt = tile_block_offsets(tile, cache[6], cache[7], BLOCK_N, PAGE_SIZE, MASKED, True, BRANCH, BASES)
+        o_vt = tile_block_offsets(tile, cache[8], cache[9], BLOCK_N, PAGE_SIZE, MASKED, True, BRANCH, BASES)
+        k_pos = tl.where(is_new, ctx_len + n0_new, n0_ctx) + tl.arange(0, BLOCK_N)  # [BN]
+    else:
+        OFF64: tl.constexpr = CFG[14] or not CFG[8]  # WIDE_OFFSETS, or per-token (int64) addressing
+        offs_n = n0_new + tl.arange(0, BLOCK_N)  # [BN] index among the new tokens
+        if OFF64:
+            offs_n = offs_n.to(tl.int64)  # [BN]
+        o_kc, o_vc, c_pos = _cache_token_offsets(pos0, 0, c_end, cache, BLOCK_N, MASKED, CFG, True, False)
+        o_kt = tl.where(is_new, offs_n * stride_kt, o_kc)  # [BN]
+        o_vt = tl.where(is_new, offs_n * stride_vt, o_vc)  # [BN]
+        k_pos = tl.where(is_new, ctx_len + offs_n.to(tl.int32), c_pos)  # [BN]
     k_end = tl.where(is_new, seq_len, ctx_len)
     base_k = tl.where(is_new, p_k_rows, cache[0] + cache[10])
     base_v = tl.where(is_new, p_v_rows, cache[1] + cache[11])
-    offs_d = new[4]  # [BD]
-    p_k = base_k + o_kt[None, :] + offs_d[:, None]  # [BD, BN]
-    p_v = base_v + o_vt[:, None] + offs_d[None, :]  # [BN, BD]
+    p_k = base_k + o_kt[None, :] + cache[12][:, None]  # [BD, BN] (o_kd: offs_d, unit stride)
+    p_v = base_v + o_vt[:, None] + cache[13][None, :]  # [BN, BD] (o_vd)
     if CFG[9]:  # K_ALIGN16 (with MERGE_NEW: the new rows host-checked too)
         p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
     if CFG[10]:  # V_ALIGN16_ANY
@@ -620,6 +654,7 @@ def _fwd_kernel(
     K_CHUNK: tl.constexpr = 0,  # > 0: the q.k dot in feature chunks this wide (see _qk), 0: one dot
     ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
     MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
+    LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -697,7 +732,7 @@ def _fwd_kernel(
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM)  # fmt: skip
+                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX

@@ -36,6 +36,12 @@ _MAX_BATCH = 65535  # grid z limit
 # H200, bench/results/NOTES.md step 13); both forms are tested. A batch past that size takes the
 # int64 kernel: the one way K/V sizes (not lengths) pick a compiled variant.
 _OFFSETS_32 = False
+# Lazy rescaling of the interior blocks (kernel LAZY_RESCALE, _attn_block): acc [BM, BD] is rescaled
+# only when some row's running max grows by more than this many log2 units in a block (0: every
+# block, the classic online softmax). The max only stabilises exp2, so a stale one changes no result
+# beyond rounding (p stays <= 2**_LAZY_RESCALE); it saves BM * BD / threads multiplies per block at
+# the price of one tile-wide max (two barriers). Candidate (NOTES step 29), off until timed.
+_LAZY_RESCALE = 0
 
 
 def _offsets_fit_int32(*tensors: torch.Tensor) -> bool:
@@ -226,6 +232,7 @@ def _launch_fwd(
         LENS_FROM_STARTS=lens is None,
         IEEE_FP32=q.dtype == torch.float32,
         WIDE_OFFSETS=not (_OFFSETS_32 and _offsets_fit_int32(k, v)),
+        LAZY_RESCALE=_LAZY_RESCALE,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

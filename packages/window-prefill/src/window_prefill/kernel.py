@@ -38,9 +38,11 @@ def _attn_block(
     key_lo, key_hi, window_left, window_right, qk_scale, sink2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
-    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0,
 ):  # fmt: skip
-    """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`)."""
+    """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
+    ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
+    ``LAZY`` (log2 units); otherwise keep the stale max (it only stabilises exp2: p <= 2**LAZY)."""
     n0 = tl.multiple_of(n0, BLOCK_N)
     offs_k = n0 + offs_n  # [BN] key positions
     if WIDE_OFFSETS:
@@ -78,10 +80,20 @@ def _attn_block(
     else:
         m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
         m_shift = m_new  # [BM] finite: every key of an interior block is visible
-    b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BM, BN]
-    alpha = tl.math.exp2(m_i - m_shift)  # [BM]
-    l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-    acc = acc * alpha[:, None]  # [BM, BD]
+    if LAZY > 0 and not MASKED:
+        if tl.max(m_new - m_i, 0) > LAZY:  # one tile-wide reduction: a branch uniform over the program
+            alpha = tl.math.exp2(m_i - m_new)  # [BM]
+            acc = acc * alpha[:, None]  # [BM, BD]
+            l_i = l_i * alpha  # [BM]
+            m_i = m_new  # [BM]
+        b_p = tl.math.exp2(b_s - m_i[:, None])  # [BM, BN]
+        l_i = l_i + tl.sum(b_p, 1)  # [BM]
+        m_new = m_i  # [BM]
+    else:
+        b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BM, BN]
+        alpha = tl.math.exp2(m_i - m_shift)  # [BM]
+        l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+        acc = acc * alpha[:, None]  # [BM, BD]
     b_v = _load_rows(p_v, m_kv, LOAD_MASK)  # [BN, BD]
     if IEEE_FP32:
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision="ieee")  # [BM, BD]
@@ -125,6 +137,7 @@ def _attn_blocks(
     MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr = True,
+    LAZY: tl.constexpr = 0,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -151,7 +164,7 @@ def _attn_blocks(
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
-            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS,
+            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -189,6 +202,7 @@ def _fwd_kernel(
     LENS_FROM_STARTS: tl.constexpr,
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,  # int64 token offsets; False: int32 (K/V within 2**31 elements, host-checked)
+    LAZY_RESCALE: tl.constexpr = 0,  # > 0: interior blocks rescale acc only when a max grows by more (_attn_block)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form)."""
@@ -278,6 +292,7 @@ def _fwd_kernel(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
         HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
+        LAZY_RESCALE,
     )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
