@@ -71,6 +71,7 @@ def window_problems(draw) -> dict:
         "sinks_mode": draw(st.sampled_from([None, "denominator", "bias_key0"])),
         "config": Config(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])), 1, 1),
         "offsets_32": draw(st.booleans()),  # window_prefill.interface._OFFSETS_32
+        "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
@@ -84,12 +85,12 @@ def window_problems(draw) -> dict:
 def test_fuzz_window_prefill(p):
     import window_prefill.interface as wi
 
-    saved = wi._OFFSETS_32
-    wi._OFFSETS_32 = p["offsets_32"]
+    saved = wi._OFFSETS_32, wi._LAZY_RESCALE
+    wi._OFFSETS_32, wi._LAZY_RESCALE = p["offsets_32"], p["lazy_rescale"]
     try:
         _run_window_problem(p)
     finally:
-        wi._OFFSETS_32 = saved
+        wi._OFFSETS_32, wi._LAZY_RESCALE = saved
 
 
 def _run_window_problem(p: dict) -> None:
@@ -193,7 +194,8 @@ def prefix_problems(draw) -> dict:
         "k_chunks_nhd": draw(st.booleans()),
         "k_chunk": draw(st.sampled_from([16, 32])),  # ... of this width (_K_CHUNK)
         "one_segment_from_cache": draw(st.booleans()),  # ... and _ONE_SEGMENT_FROM_CACHE (with k=None)
-        "merge_new_tokens": draw(st.booleans()),  # ... and _MERGE_NEW_TOKENS (k given, NHD/HND caches)
+        "merge_new_tokens": draw(st.booleans()),  # ... and _MERGE_NEW_TOKENS (k given, NHD caches)
+        "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
@@ -210,7 +212,7 @@ def test_fuzz_prefix_prefill(p):
     keys = (
         "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
         "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges", "k_chunks_split", "k_chunks_nhd",
-        "k_chunk", "one_segment_from_cache", "merge_new_tokens",
+        "k_chunk", "one_segment_from_cache", "merge_new_tokens", "lazy_rescale",
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     values = [p[k] for k in keys]

@@ -346,9 +346,9 @@ def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
     ("config", "page", "layout", "dtype", "kw"),
     [
         (KernelConfig(16, 16, 16, 1, 1), 16, "nhd", torch.float16, {}),
-        (KernelConfig(16, 32, 32, 1, 1), 24, "hnd", torch.float16, {"window": (20, -1)}),  # 2-page tiles
+        (KernelConfig(16, 32, 32, 1, 1), 24, "nhd", torch.float16, {"window": (20, -1)}),  # 2-page tiles
         (KernelConfig(32, 16, 16, 1, 1), 40, "nhd", torch.float32, {"causal": False, "window": (9, 13)}),
-        (KernelConfig(16, 16, 16, 1, 1), 17, "hnd", torch.float16, {"window": (0, -1)}),
+        (KernelConfig(16, 16, 16, 1, 1), 17, "nhd", torch.float16, {"window": (0, -1)}),
         (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", torch.float16, {"causal": False}),  # tiles over pages
     ],
 )
@@ -381,7 +381,8 @@ def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw):
 
 def test_merge_new_tokens_refused(monkeypatch):
     """Caches whose tiles do not load like the new rows keep two pairs of loops: vLLM's split layout
-    (x groups, token-contiguous V), new rows of another dtype, two tile widths, k=None."""
+    (x groups, token-contiguous V), HND (another token stride), new rows of another dtype, two tile
+    widths, k=None."""
     import prefix_prefill.interface as itf
     from paged_kv_offsets import describe_kv_cache
 
@@ -394,13 +395,34 @@ def test_merge_new_tokens_refused(monkeypatch):
         return itf._merge_new_tokens(kk, vv, case.k_cache, case.v_cache, kc, vc, cfg, 64, False, False, 0)
 
     assert decide(_case(layout="nhd"))
-    assert decide(_case(layout="hnd"))
+    assert not decide(_case(layout="hnd"))  # token stride D in the cache, heads * D in k/v
     assert not decide(_case(layout="split"))
     assert not decide(_case(layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
     assert not decide(_case(layout="nhd"), k=False)
     case = _case(layout="nhd")
     case.k = case.k.float()
     assert not decide(case)
+
+
+@pytest.mark.parametrize("lazy", [1, 8])
+@pytest.mark.parametrize(
+    ("layout", "kw"), [("split", {}), ("nhd", {"window": (40, -1)}), ("nhd", {"causal": False})]
+)
+def test_lazy_rescale(monkeypatch, lazy, layout, kw):
+    """Interior tiles with lazy rescaling (``_LAZY_RESCALE``): cached keys and new keys scaled so the
+    logits jump by far more than the threshold along the sequence (the rescale branch runs) and
+    drop (it does not), with sinks; context and new-token interior tiles both take it."""
+    import prefix_prefill.interface as itf
+
+    monkeypatch.setattr(itf, "_LAZY_RESCALE", lazy)
+    seqs = [(70, 40), (0, 48), (33, 65)]
+    case = _case(seqs=seqs, page=16, layout=layout)
+    case.q = case.q * 3  # larger logits: the max moves by several log2 units per tile
+    case.k = case.k * torch.linspace(0.2, 3.0, case.k.shape[0], device=DEVICE)[:, None, None].to(case.k.dtype)
+    sinks = torch.randn(case.q.shape[1], device=DEVICE)
+    got = run_cfg(case, KernelConfig(16, 16, 16, 1, 1), sinks=sinks, **kw)
+    c = compare(got, reference(case, sinks=sinks, **kw))
+    assert c, (lazy, layout, kw, c)
 
 
 def test_kv_from_cache_vllm():

@@ -136,6 +136,28 @@ def test_tile_shapes(config, causal, window):
     assert c, f"{config} causal={causal} window={window}: {c}"
 
 
+@pytest.mark.parametrize("lazy", [1, 8])
+@pytest.mark.parametrize("causal,window", [(True, (100, -1)), (False, (40, 60)), (True, (-1, -1))])
+def test_lazy_rescale(monkeypatch, lazy, causal, window):
+    """Interior blocks with lazy rescaling (interface._LAZY_RESCALE): keys whose logits grow along the
+    sequence (the running max jumps by more than the threshold, so the rescale branch runs) and fall
+    (it does not), with sinks; must match the reference."""
+    import window_prefill.interface as wi
+
+    monkeypatch.setattr(wi, "_LAZY_RESCALE", lazy)
+    lens = [150, 37, 96]
+    q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
+    ramp = torch.linspace(0.2, 3.0, k.shape[0], device=DEVICE)  # logits grow ~15x along the batch
+    k = (k.float() * ramp[:, None, None]).to(k.dtype)
+    k[96:150] = (k[96:150].float() * 0.1).to(k.dtype)  # and fall inside the first sequence
+    sinks = torch.randn(2, dtype=torch.float32, device=DEVICE)
+    cfg = Config(16, 16, 1, 1)
+    out = run(q, k, v, cu, 150, causal=causal, window=window, sinks=sinks, config=cfg)
+    ref = reference(q, k, v, cu, causal=causal, window=window, sinks=sinks)
+    c = compare(out, ref)
+    assert c, f"lazy={lazy} causal={causal} window={window}: {c}"
+
+
 # Head dims: powers of two and not. CPU covers all at tiny lengths (cheap), GPU at real lengths.
 HEAD_DIMS = [32, 64, 80, 96, 112, 128, 192, 256]
 

@@ -317,12 +317,15 @@ def _merge_new_tokens(
 ) -> bool:
     """Whether the kernel runs the context and the new tokens in one pair of loops (``MERGE_NEW``, see
     ``_MERGE_NEW_TOKENS``): the new rows must load like cache rows (a K cache without an ``x`` split,
-    a V cache that is not token-contiguous, unit feature strides, the same dtype, so one pointer type
-    and one set of feature offsets serve both), one tile width, no page walk or K chunks, and, with
-    int32 cache offsets, new-token offsets that fit int32 too."""
+    a V cache that is not token-contiguous, unit feature strides, the cache's token stride (an NHD
+    cache and contiguous k/v), the same dtype, so one pointer type, one set of feature offsets and
+    one lane stride serve both), one tile width, no page walk or K chunks, and, with int32 cache
+    offsets, new-token offsets that fit int32 too."""
     if not _MERGE_NEW_TOKENS or k is None or v is None:
         return False
     if kc.x != 1 or kc.stride_dim != 1 or vc.stride_dim != 1 or (vc.stride_slot == 1 and vc.page_size > 1):
+        return False
+    if k.stride(0) != kc.stride_slot or v.stride(0) != vc.stride_slot:  # HND, or k/v views with gaps
         return False
     if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype or k_cache.dtype in _FP8_DTYPES:
         return False
@@ -422,8 +425,8 @@ _K_CHUNKS_NHD_MAX_BLOCK_D = 128
 # (NOTES step 28, k=None): split layout 14-18% faster (llama) and 8-12% (qwen-hybrid), NHD 0-10%;
 # cold first call 5.6 -> 3.1 s (head 128) and 5.6 -> 3.4 s (head 256) on one host.
 _ONE_SEGMENT_FROM_CACHE = True
-# With k and v given and a cache whose tiles load like them (x == 1 and V not token-contiguous: NHD or
-# HND; the activations' dtype; no page walk or granule edges; BLOCK_N == BLOCK_N_CTX; no K chunks),
+# With k and v given and a cache whose tiles load like them (NHD with the new rows' token stride, the
+# activations' dtype; no page walk or granule edges; BLOCK_N == BLOCK_N_CTX; no K chunks),
 # run the context and the new tokens through one masked and one interior loop (kernel MERGE_NEW,
 # _segments_merged): a runtime branch picks each tile's addresses, so the tile step compiles twice
 # instead of four times (NOTES step 28: the first call's compile time). Candidate until timed.
