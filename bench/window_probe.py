@@ -1,10 +1,14 @@
 """Run one window-prefill shape a few times (for Nsight Compute): ``python bench/window_probe.py pr|llm``."""
 
+import os
 import sys
 
-import torch
+# bench/window_prefill.py would shadow the package: keep this script's directory off the import path
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
 
-from window_prefill import window_prefill
+import torch  # noqa: E402
+
+from window_prefill import window_prefill  # noqa: E402
 
 SHAPES = {"pr": (16384, 8, 8, 64, False, (64, 64)), "llm": (32768, 32, 8, 128, True, (4095, -1))}
 
