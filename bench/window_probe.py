@@ -4,7 +4,8 @@ import os
 import sys
 
 # bench/window_prefill.py would shadow the package: keep this script's directory off the import path
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
 
 import torch  # noqa: E402
 
