@@ -119,7 +119,13 @@ def prefix_source(
 
 
 def window_source(
-    cfg: list[int], head_dim: int, causal: bool, offsets32: bool = False, lazy: int = 0
+    cfg: list[int],
+    head_dim: int,
+    causal: bool,
+    offsets32: bool = False,
+    lazy: int = 0,
+    fold: bool = False,
+    band: bool = False,
 ) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
@@ -128,6 +134,7 @@ def window_source(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
         LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
+        FOLD_SCALE=fold, BAND_MASK=band,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
@@ -215,6 +222,8 @@ def main() -> None:
     ap.add_argument("--kv-from-cache", action="store_true", help="prefix: k=None (new tokens from the cache)")
     ap.add_argument("--one-segment", action="store_true", help="prefix: k=None as one cached segment")
     ap.add_argument("--lazy", type=float, default=0.0, help="lazy rescale threshold (log2 units)")
+    ap.add_argument("--fold-scale", action="store_true", help="window: qk scale folded into exp2's FMA")
+    ap.add_argument("--band-mask", action="store_true", help="window: one unsigned compare per score")
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
@@ -244,7 +253,9 @@ def main() -> None:
         )
     else:
         causal = not args.non_causal
-        src, warps, stages = window_source(cfg, args.head_dim, causal, args.offsets32, int(args.lazy))
+        src, warps, stages = window_source(
+            cfg, args.head_dim, causal, args.offsets32, int(args.lazy), args.fold_scale, args.band_mask
+        )
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
         what += f" {args.layout}" + (" tile-pages" if args.tile_pages else "")
@@ -262,8 +273,10 @@ def main() -> None:
         what += " one-segment" if args.one_segment else ""
         what += " merge-new" if args.merge_new else ""
         what += f" lazy={args.lazy:g}" if args.lazy else ""
-    elif args.lazy:
-        what += f" lazy={args.lazy:g}"
+    else:
+        what += f" lazy={args.lazy:g}" if args.lazy else ""
+        what += " fold-scale" if args.fold_scale else ""
+        what += " band-mask" if args.band_mask else ""
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 
 

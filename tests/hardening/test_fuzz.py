@@ -72,6 +72,8 @@ def window_problems(draw) -> dict:
         "config": Config(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])), 1, 1),
         "offsets_32": draw(st.booleans()),  # window_prefill.interface._OFFSETS_32
         "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
+        "fold_scale": draw(st.booleans()),  # ... and _FOLD_SCALE
+        "band_mask": draw(st.booleans()),  # ... and _BAND_MASK
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
@@ -85,12 +87,15 @@ def window_problems(draw) -> dict:
 def test_fuzz_window_prefill(p):
     import window_prefill.interface as wi
 
-    saved = wi._OFFSETS_32, wi._LAZY_RESCALE
-    wi._OFFSETS_32, wi._LAZY_RESCALE = p["offsets_32"], p["lazy_rescale"]
+    names = ("_OFFSETS_32", "_LAZY_RESCALE", "_FOLD_SCALE", "_BAND_MASK")
+    saved = [getattr(wi, n) for n in names]
+    for n in names:
+        setattr(wi, n, p[n[1:].lower()])
     try:
         _run_window_problem(p)
     finally:
-        wi._OFFSETS_32, wi._LAZY_RESCALE = saved
+        for n, v in zip(names, saved, strict=True):
+            setattr(wi, n, v)
 
 
 def _run_window_problem(p: dict) -> None:

@@ -25,11 +25,15 @@ WINDOWS = [(-1, -1), (4, -1), (-1, 5), (9, 9), (3, 17), (20, 0), (0, 0), (200, 3
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
 @pytest.mark.parametrize("offsets_32", [False, True], ids=["int64", "int32"])
-def test_windows(monkeypatch, window, causal, offsets_32):
-    """Every window form, with int64 and int32 token offsets (interface._OFFSETS_32)."""
+@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fold_band"])
+def test_windows(monkeypatch, window, causal, offsets_32, fast):
+    """Every window form, with int64 and int32 token offsets (interface._OFFSETS_32), with and without
+    the folded scale and the one-compare band mask (_FOLD_SCALE, _BAND_MASK)."""
     import window_prefill.interface as wi
 
     monkeypatch.setattr(wi, "_OFFSETS_32", offsets_32)
+    monkeypatch.setattr(wi, "_FOLD_SCALE", fast)
+    monkeypatch.setattr(wi, "_BAND_MASK", fast)
     q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
     out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window)
     ref = reference(q, k, v, cu, causal=causal, window=window)
@@ -124,7 +128,12 @@ TILE_CONFIGS = [Config(32, 16, 1, 1), Config(16, 32, 1, 1), Config(64, 32, 4, 1)
 @pytest.mark.parametrize(
     "causal,window", [(True, (20, -1)), (False, (5, 9)), (True, (-1, -1)), (False, (70, 3)), (True, (100, 0))]
 )
-def test_tile_shapes(config, causal, window):
+@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fold_band"])
+def test_tile_shapes(monkeypatch, config, causal, window, fast):
+    import window_prefill.interface as wi
+
+    monkeypatch.setattr(wi, "_FOLD_SCALE", fast)
+    monkeypatch.setattr(wi, "_BAND_MASK", fast)
     lens = [1, 37, 150, 16]
     q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
     sinks = torch.randn(2, dtype=torch.float32, device=DEVICE)

@@ -42,6 +42,15 @@ _OFFSETS_32 = False
 # beyond rounding (p stays <= 2**_LAZY_RESCALE); it saves BM * BD / threads multiplies per block at
 # the price of one tile-wide max (two barriers). Candidate (NOTES step 29), off until timed.
 _LAZY_RESCALE = 0
+# Softmax arithmetic of each block (NOTES step 30; ncu put the PR shape at 62% of the issue slots,
+# its masked blocks at 455 SASS instructions a warp against 229 for an interior one):
+# _FOLD_SCALE: the row max on the raw q.k, scaled once per row, and the scale folded into exp2's FMA
+# (qk_scale > 0, no key-0 bias); _BAND_MASK: the window/causal test of a masked block as one unsigned
+# compare of q - k against the band. Offline (sm_90a): PR config 64/32/4/3 masked loop 453 -> 321 and
+# interior 229 -> 214 SASS per iteration; LLM 128/128/8/2 1691 -> 1220 and 599 -> 537. Both forms
+# are tested; the H200 A/B is in NOTES step 30.
+_FOLD_SCALE = True
+_BAND_MASK = True
 
 
 def _offsets_fit_int32(*tensors: torch.Tensor) -> bool:
@@ -233,6 +242,8 @@ def _launch_fwd(
         IEEE_FP32=q.dtype == torch.float32,
         WIDE_OFFSETS=not (_OFFSETS_32 and _offsets_fit_int32(k, v)),
         LAZY_RESCALE=_LAZY_RESCALE,
+        FOLD_SCALE=_FOLD_SCALE and softmax_scale > 0 and not (sinks is not None and bool(sinks_bias_key0)),
+        BAND_MASK=_BAND_MASK,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

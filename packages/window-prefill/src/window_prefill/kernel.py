@@ -38,11 +38,16 @@ def _attn_block(
     key_lo, key_hi, window_left, window_right, qk_scale, sink2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
-    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0,
+    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0, FOLD: tl.constexpr = False,
+    BAND: tl.constexpr = False,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
     ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
-    ``LAZY`` (log2 units); otherwise keep the stale max (it only stabilises exp2: p <= 2**LAZY)."""
+    ``LAZY`` (log2 units); otherwise keep the stale max (it only stabilises exp2: p <= 2**LAZY).
+    ``FOLD`` (``qk_scale > 0``, no key-0 bias): the row max is taken on the raw ``q . k`` and scaled
+    once per row, and the scale folds into the exponent's FMA (one op per score, not two).
+    ``BAND`` (masked blocks): the window/causal test as one unsigned compare of ``q - k`` against
+    the band's width (one subtract and one compare per score instead of two of each and an and)."""
     n0 = tl.multiple_of(n0, BLOCK_N)
     offs_k = n0 + offs_n  # [BN] key positions
     if WIDE_OFFSETS:
@@ -60,37 +65,61 @@ def _attn_block(
     LOAD_MASK: tl.constexpr = MASKED or HEAD_DIM != BLOCK_D
     b_k = _load_rows(p_k, m_kv, LOAD_MASK)  # [BN, BD]
     if IEEE_FP32:
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * qk_scale  # [BM, BN]
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # [BM, BN] raw q . k
     else:
-        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BM, BN]
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] raw q . k
+    if not FOLD:
+        b_s = b_s * qk_scale  # [BM, BN] log2 units
     if MASKED:
-        m_vis = m_key[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
-        if IS_CAUSAL:
-            m_vis = m_vis & (offs_k[None, :] <= offs_m[:, None])  # [BM, BN]
-        if HAS_LEFT:
-            m_vis = m_vis & (offs_m[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
-        if HAS_RIGHT:
-            m_vis = m_vis & (offs_k[None, :] - offs_m[:, None] <= window_right)  # [BM, BN]
+        if BAND and (IS_CAUSAL or HAS_RIGHT) and HAS_LEFT:
+            # visible iff lo <= q - k <= window_left, lo = 0 (causal) or -window_right: one unsigned
+            # compare of q - k - lo against window_left - lo (a negative difference wraps to a huge one)
+            if IS_CAUSAL:
+                d_lo = window_right * 0
+            else:
+                d_lo = -window_right
+            b_d = (offs_m - d_lo)[:, None] - offs_k[None, :]  # [BM, BN] q - k - lo
+            m_vis = b_d.to(tl.uint32, bitcast=True) <= (window_left - d_lo).to(tl.uint32, bitcast=True)
+            m_vis = m_vis & m_key[None, :]  # [BM, BN]
+        else:
+            m_vis = m_key[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
+            if IS_CAUSAL:
+                m_vis = m_vis & (offs_k[None, :] <= offs_m[:, None])  # [BM, BN]
+            if HAS_LEFT:
+                m_vis = m_vis & (offs_m[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
+            if HAS_RIGHT:
+                m_vis = m_vis & (offs_k[None, :] - offs_m[:, None] <= window_right)  # [BM, BN]
         if BIAS_KEY0:
+            tl.static_assert(not FOLD, "the key-0 bias is in log2 units: no folded scale")
             b_s = tl.where(offs_k[None, :] == 0, b_s + sink2, b_s)  # [BM, BN]
         b_s = tl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+        if FOLD:
+            m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)  # [BM]
+        else:
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
         # A row with nothing visible so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # [BM]
     else:
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+        if FOLD:
+            m_new = tl.maximum(m_i, tl.max(b_s, 1) * qk_scale)  # [BM]
+        else:
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
         m_shift = m_new  # [BM] finite: every key of an interior block is visible
+    if FOLD:
+        s_mul = qk_scale  # exp2(b_s * s_mul - m): one FMA per score
+    else:
+        s_mul = 1.0
     if LAZY > 0 and not MASKED:
         if tl.max(m_new - m_i, 0) > LAZY:  # one tile-wide reduction: a branch uniform over the program
             alpha = tl.math.exp2(m_i - m_new)  # [BM]
             acc = acc * alpha[:, None]  # [BM, BD]
             l_i = l_i * alpha  # [BM]
             m_i = m_new  # [BM]
-        b_p = tl.math.exp2(b_s - m_i[:, None])  # [BM, BN]
+        b_p = tl.math.exp2(b_s * s_mul - m_i[:, None])  # [BM, BN]
         l_i = l_i + tl.sum(b_p, 1)  # [BM]
         m_new = m_i  # [BM]
     else:
-        b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BM, BN]
+        b_p = tl.math.exp2(b_s * s_mul - m_shift[:, None])  # [BM, BN]
         alpha = tl.math.exp2(m_i - m_shift)  # [BM]
         l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
         acc = acc * alpha[:, None]  # [BM, BD]
@@ -138,6 +167,8 @@ def _attn_blocks(
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr = True,
     LAZY: tl.constexpr = 0,
+    FOLD: tl.constexpr = False,
+    BAND: tl.constexpr = False,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -164,7 +195,7 @@ def _attn_blocks(
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
-            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY,
+            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY, FOLD, BAND,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -203,6 +234,8 @@ def _fwd_kernel(
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,  # int64 token offsets; False: int32 (K/V within 2**31 elements, host-checked)
     LAZY_RESCALE: tl.constexpr = 0,  # > 0: interior blocks rescale acc only when a max grows by more (_attn_block)
+    FOLD_SCALE: tl.constexpr = False,  # qk_scale > 0 and no key-0 bias: scale folded into exp2's FMA
+    BAND_MASK: tl.constexpr = False,  # masked blocks test the window band with one unsigned compare
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form)."""
@@ -286,13 +319,14 @@ def _fwd_kernel(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
         HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
+        0, FOLD_SCALE, BAND_MASK,
     )  # fmt: skip
     n_mid = tl.maximum((n_full_hi - n_full_lo) // BLOCK_N, 0)
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
         HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
-        LAZY_RESCALE,
+        LAZY_RESCALE, FOLD_SCALE, BAND_MASK,
     )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
