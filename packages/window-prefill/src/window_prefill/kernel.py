@@ -331,7 +331,7 @@ def _fwd_kernel(
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
-    b_o = acc / l_safe[:, None]  # [BM, BD]
+    b_o = acc * (1.0 / l_safe)[:, None]  # [BM, BD] one reciprocal per row, a multiply per element
     p_o = (
         O
         + head.to(tl.int64) * stride_oh
