@@ -78,9 +78,14 @@ def _attn_block(
                 d_lo = window_right * 0
             else:
                 d_lo = -window_right
-            b_d = (offs_m - d_lo)[:, None] - offs_k[None, :]  # [BM, BN] q - k - lo
-            m_vis = b_d.to(tl.uint32, bitcast=True) <= (window_left - d_lo).to(tl.uint32, bitcast=True)
-            m_vis = m_vis & m_key[None, :]  # [BM, BN]
+            # keys at or past key_hi are never visible to a real row: raise each row's lower bound on
+            # q - k to q - (key_hi - 1), so the one compare also keeps the block inside the sequence
+            # (for a real row q < key_hi, so the bound stays <= 0 and window_left - lo_q >= 0)
+            lo_q = tl.maximum(d_lo, offs_m - (key_hi - 1))  # [BM]
+            b_d = (offs_m - lo_q)[:, None] - offs_k[None, :]  # [BM, BN] q - k - lo_q
+            m_vis = (
+                b_d.to(tl.uint32, bitcast=True) <= (window_left - lo_q).to(tl.uint32, bitcast=True)[:, None]
+            )
         else:
             m_vis = m_key[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
             if IS_CAUSAL:
