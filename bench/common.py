@@ -24,10 +24,13 @@ def add_package_paths() -> None:
     """Make the packages importable from a source checkout (no install needed, as on the device).
 
     Also drops bench/ itself from ``sys.path``: the scripts ``bench/prefix_prefill.py`` and
-    ``bench/window_prefill.py`` would otherwise shadow the packages of the same name."""
+    ``bench/window_prefill.py`` would otherwise shadow the packages of the same name.
+    ``BENCH_PACKAGES=DIR`` puts DIR/*/src first instead (an A/B against another tree's packages, e.g.
+    ``git archive OLD packages | tar x -C /tmp/old``, then ``BENCH_PACKAGES=/tmp/old/packages``)."""
     bench_dir = os.path.realpath(os.path.dirname(__file__))
     sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != bench_dir]
-    for src in sorted((ROOT / "packages").glob("*/src")):
+    packages = Path(os.environ.get("BENCH_PACKAGES") or ROOT / "packages")
+    for src in sorted(packages.glob("*/src")):
         if str(src) not in sys.path:
             sys.path.insert(0, str(src))
     peers = ROOT / ".peers"

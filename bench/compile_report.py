@@ -39,14 +39,18 @@ SASS_OPS = (
 )  # fmt: skip
 
 
-def _source(kernel, consts: dict, pointer_types: dict) -> ASTSource:
-    """Signature with 16-divisible pointers and strides (what real aligned tensors specialise to)."""
+def _source(kernel, consts: dict, pointer_types: dict, other_types: dict | None = None) -> ASTSource:
+    """Signature with 16-divisible pointers and strides (what real aligned tensors specialise to);
+    ``other_types`` names any other argument's type (e.g. ``tensordesc<bf16[128, 128]>``)."""
+    other_types = other_types or {}
     missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in consts]
     if missing:  # a constexpr left out would compile as a runtime i32 argument: a different kernel
         raise SystemExit(f"constexpr parameters without a value: {missing}")
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
-        if name in pointer_types:
+        if name in other_types:
+            sig[name] = other_types[name]
+        elif name in pointer_types:
             sig[name] = "*" + pointer_types[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in consts:
@@ -126,6 +130,7 @@ def window_source(
     lazy: int = 0,
     fold: bool = False,
     band: bool = False,
+    tma: bool = False,
 ) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
@@ -134,11 +139,16 @@ def window_source(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
         LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
-        FOLD_SCALE=fold, BAND_MASK=band,
+        FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
-    return _source(_fwd_kernel, consts, ptrs), warps, stages
+    descs = {}
+    if tma:
+        descs = {n: f"tensordesc<bf16[{bn}, {head_dim}]>" for n in ("K_desc", "V_desc")}
+    else:
+        consts.update(K_desc=None, V_desc=None)
+    return _source(_fwd_kernel, consts, ptrs, descs), warps, stages
 
 
 def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> str:
@@ -225,6 +235,7 @@ def main() -> None:
     ap.add_argument("--fold-scale", action="store_true", help="window: qk scale folded into exp2's FMA")
     ap.add_argument("--band-mask", action="store_true", help="window: one unsigned compare per score")
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
+    ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -254,7 +265,14 @@ def main() -> None:
     else:
         causal = not args.non_causal
         src, warps, stages = window_source(
-            cfg, args.head_dim, causal, args.offsets32, int(args.lazy), args.fold_scale, args.band_mask
+            cfg,
+            args.head_dim,
+            causal,
+            args.offsets32,
+            int(args.lazy),
+            args.fold_scale,
+            args.band_mask,
+            args.tma,
         )
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":

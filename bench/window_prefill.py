@@ -258,7 +258,7 @@ def fmt_row(r: dict) -> str:
     )
 
 
-def run_peers(shapes: list[Shape], gpu: str) -> list[dict]:
+def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> list[dict]:
     import torch
 
     from attn_reference import compare
@@ -274,6 +274,8 @@ def run_peers(shapes: list[Shape], gpu: str) -> list[dict]:
         floor = max(f_ms, m_ms)
         ours_out = None
         for name in PEERS:
+            if only and name not in only:
+                continue
             try:
                 fn = getattr(peers, name)(s, q, k, v, cu)
                 res = fn()
@@ -434,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="window_prefill.interface switch, e.g. _OFFSETS_32=1")  # fmt: skip
     ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
+    ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
+    ap.add_argument("--tag", default="", help="appended to the output file names")
     ap.add_argument("--sweep-grid", default=None, help="BMs/BNs/warps/stages, e.g. 32,64/16,32,64/2,4/2,3,4")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.shapes.split(",") if k.strip()]
@@ -443,21 +447,22 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     set_switches(args.set, ap.error, module="window_prefill.interface")
-    stem = "window_prefill" + "".join("_" + s.replace("=", "") for s in args.set)
+    tag = f"_{args.tag}" if args.tag else ""
+    stem = "window_prefill" + "".join("_" + s.replace("=", "") for s in args.set) + tag
     if not torch.cuda.is_available():
         print("needs a GPU", file=sys.stderr)
         return 2
     gpu = gpu_name()
     print(f"# {gpu}, torch {torch.__version__}" + (f", {' '.join(args.set)}" if args.set else ""), flush=True)
     if shapes:
-        rows = run_peers(shapes, gpu)
+        rows = run_peers(shapes, gpu, [p for p in args.peers.split(",") if p])
         if rows:
             csv_path, md_path = write_rows(args.out, stem, rows)
             print(f"wrote {csv_path} {md_path}", flush=True)
             plot(rows, args.out / f"{stem}.png")
     if args.sweep:
         rows = run_sweep(gpu, make_shapes(args.sweep_shapes.split(","), quick=False), args.sweep_grid)
-        csv_path, md_path = write_rows(args.out, "window_sweep", rows)
+        csv_path, md_path = write_rows(args.out, "window_sweep" + tag, rows)
         print(f"wrote {csv_path} {md_path}", flush=True)
     return 0
 

@@ -24,6 +24,11 @@ from window_prefill import ops  # registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
 from window_prefill.kernel import _fwd_kernel
 
+try:  # triton >= 3.4; older versions run without descriptors
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover
+    _TensorDescriptor = None
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Windows at least this wide cover any sequence a launch can hold: treated as unbounded (and never
@@ -51,6 +56,35 @@ _LAZY_RESCALE = 0
 # are tested; the H200 A/B is in NOTES step 30.
 _FOLD_SCALE = True
 _BAND_MASK = True
+# Interior K/V blocks through TMA tensor descriptors (kernel TMA_KV; sm90 16-bit, unpadded head dims,
+# K/V rows of whole 16-byte granules, one head's features contiguous): one bulk copy per tile instead
+# of per-lane address arithmetic and loads. Masked edge blocks keep lane-masked loads. Candidate
+# (NOTES step 32), both forms tested (the interpreter runs the descriptor form on the CPU).
+_TMA_KV = False
+
+
+def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
+    """(K_desc, V_desc) over K/V viewed as [total_tokens, kv_heads * head_dim], block
+    [block_n, head_dim], or (None, None) when the descriptor form does not apply (see ``_TMA_KV``)."""
+    if not _TMA_KV or arch not in ("sm90", "interpreter") or k.dtype not in (torch.float16, torch.bfloat16):
+        return None, None
+    if head_dim != block_d(head_dim) or k.shape[0] >= 2**31:
+        return None, None
+    descs = []
+    for t in (k, v):
+        ok = (
+            t.stride(2) == 1
+            and t.stride(1) == head_dim
+            and t.stride(0) >= t.shape[1] * head_dim
+            and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0
+        )
+        if not ok:
+            return None, None
+        descs.append(
+            _TensorDescriptor(t, [t.shape[0], t.shape[1] * head_dim], [t.stride(0), 1], [block_n, head_dim])
+        )
+    return descs[0], descs[1]
 
 
 def _offsets_fit_int32(*tensors: torch.Tensor) -> bool:
@@ -204,8 +238,12 @@ def _launch_fwd(
     total, heads, head_dim = q.shape
     if batch <= 0 or max_len <= 0 or total == 0:
         return o
+    arch = detect_arch(q.device)
     if config is None:
-        config = get_config(head_dim, q.dtype, bool(causal), detect_arch(q.device))
+        config = get_config(head_dim, q.dtype, bool(causal), arch)
+    k_desc, v_desc = (
+        (None, None) if _TensorDescriptor is None else _tma_descriptors(k, v, head_dim, config.block_n, arch)
+    )
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     grid = (-(-max_len // config.block_m), heads, batch)  # plain ints: triton.cdiv costs ~2 us
@@ -229,6 +267,8 @@ def _launch_fwd(
         v.stride(1),
         o.stride(0),
         o.stride(1),
+        k_desc,
+        v_desc,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
         BLOCK_M=config.block_m,
@@ -244,6 +284,7 @@ def _launch_fwd(
         LAZY_RESCALE=_LAZY_RESCALE,
         FOLD_SCALE=_FOLD_SCALE and softmax_scale > 0 and not (sinks is not None and bool(sinks_bias_key0)),
         BAND_MASK=_BAND_MASK,
+        TMA_KV=k_desc is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -39,7 +39,7 @@ def _attn_block(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0, FOLD: tl.constexpr = False,
-    BAND: tl.constexpr = False,
+    BAND: tl.constexpr = False, k_desc=None, v_desc=None, kv_col=0, TMA: tl.constexpr = False,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
     ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
@@ -47,7 +47,10 @@ def _attn_block(
     ``FOLD`` (``qk_scale > 0``, no key-0 bias): the row max is taken on the raw ``q . k`` and scaled
     once per row, and the scale folds into the exponent's FMA (one op per score, not two).
     ``BAND`` (masked blocks): the window/causal test as one unsigned compare of ``q - k`` against
-    the band's width (one subtract and one compare per score instead of two of each and an and)."""
+    the band's width (one subtract and one compare per score instead of two of each and an and).
+    ``TMA`` (interior blocks only): K and V come through the tensor descriptors ``k_desc``/``v_desc``
+    ([total_tokens, kv_heads * HEAD_DIM] views, block [BLOCK_N, HEAD_DIM]) at column ``kv_col``: one
+    bulk copy per tile, no per-lane address arithmetic."""
     n0 = tl.multiple_of(n0, BLOCK_N)
     offs_k = n0 + offs_n  # [BN] key positions
     if WIDE_OFFSETS:
@@ -63,7 +66,13 @@ def _attn_block(
     else:
         m_kv = m_d[None, :]  # [1, BD] padded features only
     LOAD_MASK: tl.constexpr = MASKED or HEAD_DIM != BLOCK_D
-    b_k = _load_rows(p_k, m_kv, LOAD_MASK)  # [BN, BD]
+    USE_TMA: tl.constexpr = TMA and not MASKED
+    if USE_TMA:
+        tl.static_assert(HEAD_DIM == BLOCK_D, "descriptor loads need an unpadded head dim")
+        row = (tok0 + n0).to(tl.int32)  # the host keeps total_tokens < 2**31
+        b_k = k_desc.load([row, kv_col])  # [BN, BD]
+    else:
+        b_k = _load_rows(p_k, m_kv, LOAD_MASK)  # [BN, BD]
     if IEEE_FP32:
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # [BM, BN] raw q . k
     else:
@@ -128,7 +137,10 @@ def _attn_block(
         alpha = tl.math.exp2(m_i - m_shift)  # [BM]
         l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
         acc = acc * alpha[:, None]  # [BM, BD]
-    b_v = _load_rows(p_v, m_kv, LOAD_MASK)  # [BN, BD]
+    if USE_TMA:
+        b_v = v_desc.load([row, kv_col])  # [BN, BD]
+    else:
+        b_v = _load_rows(p_v, m_kv, LOAD_MASK)  # [BN, BD]
     if IEEE_FP32:
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision="ieee")  # [BM, BD]
     else:
@@ -174,6 +186,10 @@ def _attn_blocks(
     LAZY: tl.constexpr = 0,
     FOLD: tl.constexpr = False,
     BAND: tl.constexpr = False,
+    k_desc=None,
+    v_desc=None,
+    kv_col=0,
+    TMA: tl.constexpr = False,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -201,6 +217,7 @@ def _attn_blocks(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
             HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY, FOLD, BAND,
+            k_desc, v_desc, kv_col, TMA,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -226,6 +243,8 @@ def _fwd_kernel(
     stride_vh,
     stride_ot,
     stride_oh,
+    K_desc,
+    V_desc,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -241,9 +260,13 @@ def _fwd_kernel(
     LAZY_RESCALE: tl.constexpr = 0,  # > 0: interior blocks rescale acc only when a max grows by more (_attn_block)
     FOLD_SCALE: tl.constexpr = False,  # qk_scale > 0 and no key-0 bias: scale folded into exp2's FMA
     BAND_MASK: tl.constexpr = False,  # masked blocks test the window band with one unsigned compare
+    TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
-    length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form)."""
+    length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
+    With TMA_KV, K_desc/V_desc are host tensor descriptors over K/V viewed as
+    [total_tokens, kv_heads * HEAD_DIM] with block [BLOCK_N, HEAD_DIM] (used by interior blocks only:
+    masked blocks keep lane-masked loads, so no key outside a tile's range is read)."""
     if IS_CAUSAL:
         # Latest query tiles carry the most keys: launch them first.
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -331,7 +354,7 @@ def _fwd_kernel(
         acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
         HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
-        LAZY_RESCALE, FOLD_SCALE, BAND_MASK,
+        LAZY_RESCALE, FOLD_SCALE, BAND_MASK, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV,
     )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
