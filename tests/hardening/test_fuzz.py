@@ -74,6 +74,8 @@ def window_problems(draw) -> dict:
         "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
         "fold_scale": draw(st.booleans()),  # ... and _FOLD_SCALE
         "band_mask": draw(st.booleans()),  # ... and _BAND_MASK
+        "tma_kv": draw(st.booleans()),  # ... and _TMA_KV (descriptors where they apply)
+        "interior_first": draw(st.booleans()),  # ... and _INTERIOR_FIRST
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
@@ -87,7 +89,7 @@ def window_problems(draw) -> dict:
 def test_fuzz_window_prefill(p):
     import window_prefill.interface as wi
 
-    names = ("_OFFSETS_32", "_LAZY_RESCALE", "_FOLD_SCALE", "_BAND_MASK")
+    names = ("_OFFSETS_32", "_LAZY_RESCALE", "_FOLD_SCALE", "_BAND_MASK", "_TMA_KV", "_INTERIOR_FIRST")
     saved = [getattr(wi, n) for n in names]
     for n in names:
         setattr(wi, n, p[n[1:].lower()])

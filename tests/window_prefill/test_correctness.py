@@ -273,13 +273,16 @@ def test_gpu_int64_offsets():
 @pytest.mark.parametrize("config", [Config(16, 16, 1, 1), Config(32, 16, 1, 1), Config(16, 32, 1, 1)],
                          ids=lambda c: f"{c.block_m}x{c.block_n}")  # fmt: skip
 @pytest.mark.parametrize("causal,window", [(True, (40, -1)), (False, (20, 33)), (True, (-1, -1))])
-def test_tma_kv(monkeypatch, config, causal, window):
+@pytest.mark.parametrize("interior_first", [False, True], ids=["edges_first", "interior_first"])
+def test_tma_kv(monkeypatch, config, causal, window, interior_first):
     """Interior K/V blocks through tensor descriptors (interface._TMA_KV; the interpreter runs them):
     K and V as slices of one packed qkv buffer (token stride > kv_heads * head_dim), GQA, sinks; the
-    descriptors must actually be built, and the result match the reference."""
+    descriptors must actually be built, and the result match the reference. Both block orders
+    (interface._INTERIOR_FIRST)."""
     import window_prefill.interface as wi
 
     monkeypatch.setattr(wi, "_TMA_KV", True)
+    monkeypatch.setattr(wi, "_INTERIOR_FIRST", interior_first)
     built = []
     real = wi._tma_descriptors
     monkeypatch.setattr(wi, "_tma_descriptors", lambda *a: built.append(real(*a)) or built[-1])

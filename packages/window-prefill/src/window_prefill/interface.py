@@ -61,6 +61,10 @@ _BAND_MASK = True
 # of per-lane address arithmetic and loads. Masked edge blocks keep lane-masked loads. Candidate
 # (NOTES step 32), both forms tested (the interpreter runs the descriptor form on the CPU).
 _TMA_KV = False
+# The interior blocks before the masked edge blocks (kernel INTERIOR_FIRST). Offline (sm_90a, LLM
+# 128/128/8/2): interior loop 537 -> 517 SASS, and with _TMA_KV no serialised-wgmma warning (C7515),
+# which the edges-first order gets when the interior loads through descriptors. Candidate, off.
+_INTERIOR_FIRST = False
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
@@ -285,6 +289,7 @@ def _launch_fwd(
         FOLD_SCALE=_FOLD_SCALE and softmax_scale > 0 and not (sinks is not None and bool(sinks_bias_key0)),
         BAND_MASK=_BAND_MASK,
         TMA_KV=k_desc is not None,
+        INTERIOR_FIRST=_INTERIOR_FIRST,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -261,6 +261,7 @@ def _fwd_kernel(
     FOLD_SCALE: tl.constexpr = False,  # qk_scale > 0 and no key-0 bias: scale folded into exp2's FMA
     BAND_MASK: tl.constexpr = False,  # masked blocks test the window band with one unsigned compare
     TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
+    INTERIOR_FIRST: tl.constexpr = False,  # the interior blocks before the masked edges (register allocation)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
@@ -340,22 +341,26 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BM, BD]
 
     # masked edges: leading [n_lo, n_edge_hi) and trailing [n_full_hi, key_hi), one loop (one compiled
-    # copy of the masked step: a cold first call compiles less); then the interior [n_full_lo, n_full_hi)
+    # copy of the masked step: a cold first call compiles less); and the interior [n_full_lo, n_full_hi),
+    # after the edges or, with INTERIOR_FIRST, before them (the online softmax takes blocks in any order)
     n_lead = tl.maximum(tl.cdiv(n_edge_hi - n_lo, BLOCK_N), 0)
     n_trail = tl.maximum(tl.cdiv(key_hi - n_full_hi, BLOCK_N), 0)
-    acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
-        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32, WIDE_OFFSETS,
-        0, FOLD_SCALE, BAND_MASK,
-    )  # fmt: skip
     n_mid = tl.maximum((n_full_hi - n_full_lo) // BLOCK_N, 0)
-    acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
-        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32, WIDE_OFFSETS,
-        LAZY_RESCALE, FOLD_SCALE, BAND_MASK, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV,
-    )  # fmt: skip
+    for part in tl.static_range(2):
+        if (part == 0) != INTERIOR_FIRST:
+            acc, l_i, m_i = _attn_blocks(
+                acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+                n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale,
+                sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
+                WIDE_OFFSETS, 0, FOLD_SCALE, BAND_MASK,
+            )  # fmt: skip
+        else:
+            acc, l_i, m_i = _attn_blocks(
+                acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+                n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
+                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
+                WIDE_OFFSETS, LAZY_RESCALE, FOLD_SCALE, BAND_MASK, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV,
+            )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
