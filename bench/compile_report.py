@@ -84,7 +84,6 @@ def prefix_source(
     one_segment: bool = False,
     merge_new: bool = False,
     lazy: float = 0.0,
-    masked_stages: int = 0,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -115,7 +114,7 @@ def prefix_source(
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
-        MERGE_NEW=merge_new, LAZY_RESCALE=lazy, MASKED_STAGES=masked_stages or stages, stride_bt_col=1, **lay,
+        MERGE_NEW=merge_new, LAZY_RESCALE=lazy, stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
@@ -237,7 +236,6 @@ def main() -> None:
     ap.add_argument("--fold-scale", action="store_true", help="window: qk scale folded into exp2's FMA")
     ap.add_argument("--band-mask", action="store_true", help="window: one unsigned compare per score")
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
-    ap.add_argument("--masked-stages", type=int, default=0, help="prefix: num_stages of the masked loops")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
@@ -265,7 +263,6 @@ def main() -> None:
             args.one_segment,
             args.merge_new,
             args.lazy,
-            args.masked_stages,
         )
     else:
         causal = not args.non_causal
@@ -297,7 +294,6 @@ def main() -> None:
         what += " one-segment" if args.one_segment else ""
         what += " merge-new" if args.merge_new else ""
         what += f" lazy={args.lazy:g}" if args.lazy else ""
-        what += f" masked-stages={args.masked_stages}" if args.masked_stages else ""
     else:
         what += f" lazy={args.lazy:g}" if args.lazy else ""
         what += " fold-scale" if args.fold_scale else ""

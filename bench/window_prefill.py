@@ -333,9 +333,9 @@ def _graphed(torch, fn):
 
 
 def run_sweep(gpu: str, shapes: list[Shape] | None = None, grid: str | None = None) -> list[dict]:
-    """Time our kernel over a launch-config grid (``grid``: ``BMs/BNs/warps/stages``, each a comma list;
-    default 64,128/32,64,128/4,8/2,3,4), each config captured in a CUDA graph (the small shapes are
-    host-bound with plain launches on some machines)."""
+    """Time our kernel over a launch-config grid (``grid``: ``BMs/BNs/warps/stages[/tma]``, each a
+    comma list, tma 0 or 1 (default 0); default 64,128/32,64,128/4,8/2,3,4), each config captured in a
+    CUDA graph (the small shapes are host-bound with plain launches on some machines)."""
     import torch
 
     from window_prefill import Config, detect_arch, get_config, shared_memory_bytes
@@ -355,10 +355,18 @@ def run_sweep(gpu: str, shapes: list[Shape] | None = None, grid: str | None = No
             tuple(int(x) for x in part.split(","))
             for part in (grid or "64,128/32,64,128/4,8/2,3,4").split("/")
         ]
-        for bm, bn, nw, ns in itertools.product(*axes):
-            cfg = Config(bm, bn, nw, ns)
+        axes += [(0,)] * (5 - len(axes))
+        for bm, bn, nw, ns, tma in itertools.product(*axes):
+            cfg = Config(bm, bn, nw, ns, bool(tma))
             smem = shared_memory_bytes(cfg, s.head_dim, q.dtype)
-            row = {"shape": s.name, "block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns}
+            row = {
+                "shape": s.name,
+                "block_m": bm,
+                "block_n": bn,
+                "num_warps": nw,
+                "num_stages": ns,
+                "tma": tma,
+            }
             row["smem_est"] = smem
             if smem > limit:
                 row.update(ms=float("nan"), tflops=float("nan"), status="skipped: shared memory estimate")
@@ -438,7 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
     ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
     ap.add_argument("--tag", default="", help="appended to the output file names")
-    ap.add_argument("--sweep-grid", default=None, help="BMs/BNs/warps/stages, e.g. 32,64/16,32,64/2,4/2,3,4")
+    ap.add_argument(
+        "--sweep-grid", default=None, help="BMs/BNs/warps/stages[/tma], e.g. 32,64/16,32,64/2,4/2,3,4/0,1"
+    )
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.shapes.split(",") if k.strip()]
     shapes = make_shapes(kinds, args.quick)

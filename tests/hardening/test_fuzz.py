@@ -69,12 +69,12 @@ def window_problems(draw) -> dict:
         "window": draw(windows),
         "scale": draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         "sinks_mode": draw(st.sampled_from([None, "denominator", "bias_key0"])),
-        "config": Config(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])), 1, 1),
+        "config": Config(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])), 1, 1, True),
         "offsets_32": draw(st.booleans()),  # window_prefill.interface._OFFSETS_32
         "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
         "fold_scale": draw(st.booleans()),  # ... and _FOLD_SCALE
         "band_mask": draw(st.booleans()),  # ... and _BAND_MASK
-        "tma_kv": draw(st.booleans()),  # ... and _TMA_KV (descriptors where they apply)
+        "tma_kv": draw(st.booleans()),  # ... and _TMA_KV (the config asks for descriptors: where they apply)
         "interior_first": draw(st.booleans()),  # ... and _INTERIOR_FIRST
         "seed": draw(st.integers(0, 2**31 - 1)),
     }

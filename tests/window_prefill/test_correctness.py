@@ -270,19 +270,22 @@ def test_gpu_int64_offsets():
     assert c, str(c)
 
 
-@pytest.mark.parametrize("config", [Config(16, 16, 1, 1), Config(32, 16, 1, 1), Config(16, 32, 1, 1)],
-                         ids=lambda c: f"{c.block_m}x{c.block_n}")  # fmt: skip
+TMA_CONFIGS = [Config(16, 16, 1, 1, True), Config(32, 16, 1, 1, True), Config(16, 32, 1, 1, True)]
+
+
+@pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: f"{c.block_m}x{c.block_n}")
 @pytest.mark.parametrize("causal,window", [(True, (40, -1)), (False, (20, 33)), (True, (-1, -1))])
-@pytest.mark.parametrize("interior_first", [False, True], ids=["edges_first", "interior_first"])
-def test_tma_kv(monkeypatch, config, causal, window, interior_first):
-    """Interior K/V blocks through tensor descriptors (interface._TMA_KV; the interpreter runs them):
-    K and V as slices of one packed qkv buffer (token stride > kv_heads * head_dim), GQA, sinks; the
-    descriptors must actually be built, and the result match the reference. Both block orders
-    (interface._INTERIOR_FIRST)."""
+@pytest.mark.parametrize("form", ["tma", "interior_first"])
+def test_tma_kv(monkeypatch, config, causal, window, form):
+    """Interior K/V blocks through tensor descriptors (``Config.tma`` with interface._TMA_KV; the
+    interpreter runs them; the interior blocks then come before the edges): K and V as slices of one
+    packed qkv buffer (token stride > kv_heads * head_dim), GQA, sinks; the descriptors must actually
+    be built, and the result match the reference. Form ``interior_first``: the same block order with
+    pointer loads (_TMA_KV off, interface._INTERIOR_FIRST)."""
     import window_prefill.interface as wi
 
-    monkeypatch.setattr(wi, "_TMA_KV", True)
-    monkeypatch.setattr(wi, "_INTERIOR_FIRST", interior_first)
+    monkeypatch.setattr(wi, "_TMA_KV", form == "tma")
+    monkeypatch.setattr(wi, "_INTERIOR_FIRST", form == "interior_first")
     built = []
     real = wi._tma_descriptors
     monkeypatch.setattr(wi, "_tma_descriptors", lambda *a: built.append(real(*a)) or built[-1])
@@ -293,7 +296,10 @@ def test_tma_kv(monkeypatch, config, causal, window, interior_first):
     cu = cu_of(lens)
     sinks = torch.randn(heads, dtype=torch.float32, device=DEVICE)
     out = run(q, k, v, cu, max(lens), causal=causal, window=window, sinks=sinks, config=config)
-    assert built and built[-1][0] is not None, "the descriptor form was not taken"
+    if form == "tma":
+        assert built and built[-1][0] is not None, "the descriptor form was not taken"
+    else:
+        assert not built, "descriptors built with _TMA_KV off"
     c = compare(out, reference(q, k, v, cu, causal=causal, window=window, sinks=sinks))
     assert c, f"{config} causal={causal} window={window}: {c}"
 
@@ -313,5 +319,5 @@ def test_tma_kv_falls_back(monkeypatch):
     assert wi._tma_descriptors(k32, v32, 32, 16, arch) == (None, None)
     assert wi._tma_descriptors(k32.half(), v32.half(), 32, 16, "sm80") == (None, None)
     assert wi._tma_descriptors(k32.half(), v32.half(), 32, 16, arch)[0] is not None
-    out = run(q, k, v, cu, 40, causal=True, window=(7, -1))
+    out = run(q, k, v, cu, 40, causal=True, window=(7, -1), config=TMA_CONFIGS[0])
     assert compare(out, reference(q, k, v, cu, causal=True, window=(7, -1)))

@@ -437,11 +437,6 @@ _MERGE_NEW_TOKENS = False
 # saves BM * BD / threads multiplies per tile (128 per thread at head 256: 26% of the interior loop's
 # SASS offline) for one tile-wide max (two barriers). Candidate (NOTES step 29), off until timed.
 _LAZY_RESCALE = 0
-# Software-pipeline depth of the masked-tile loops (kernel MASKED_STAGES; 0: the config's num_stages).
-# A masked loop runs 1-3 tiles per program, so pipelining it buys little, and 1 stage compiles no
-# prologue copies of its loads: offline (sm_90a, NHD hd128 page 16, k given) 5664 -> 5136 SASS
-# instructions. Candidate for the cold first call (NOTES step 33), off until timed.
-_MASKED_STAGES = 0
 # In a page walk whose rest (page % BLOCK_N_CTX tokens) is a power of two of at least 16 (544, 1056:
 # 32 against tiles of 128; 1040: 16), attend to the rest tiles of BLOCK_N_CTX // rest pages at once in
 # one full-width tile (paged_kv_offsets.page_walk_rest_group) instead of one narrow tile per page
@@ -620,7 +615,6 @@ def _launch_fwd(
         ONE_SEGMENT=kv_from_cache and _ONE_SEGMENT_FROM_CACHE,
         MERGE_NEW=merge_new,
         LAZY_RESCALE=_LAZY_RESCALE,
-        MASKED_STAGES=_MASKED_STAGES or config.num_stages,
         CACHE_FP8=cache_fp8,
         OUT_FP8=out_fp8,
         FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,

@@ -110,8 +110,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, MASKED_STAGES), flags of the
-#               whole launch (MASKED_STAGES: software-pipeline depth of the masked-tile loops). With
+#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE), flags of the whole launch. With
 #               ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
 #               ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
 
@@ -455,7 +454,7 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
         lo, mid_lo, mid_hi, hi = _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, CFG[2])
         n_edge = (mid_lo - lo) // BLOCK_N
         n_masked = n_edge + (hi - mid_hi) // BLOCK_N
-        for t in tl.range(0, n_masked, num_stages=CFG[18]):
+        for t in tl.range(0, n_masked):
             n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
                                   BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, False, GRANULE)  # fmt: skip
@@ -656,7 +655,6 @@ def _fwd_kernel(
     ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
     MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
-    MASKED_STAGES: tl.constexpr = 2,  # num_stages of the masked-tile loops (1: not pipelined, less code)
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -734,7 +732,7 @@ def _fwd_kernel(
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, MASKED_STAGES)  # fmt: skip
+                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX

@@ -56,21 +56,26 @@ _LAZY_RESCALE = 0
 # are tested; the H200 A/B is in NOTES step 30.
 _FOLD_SCALE = True
 _BAND_MASK = True
-# Interior K/V blocks through TMA tensor descriptors (kernel TMA_KV; sm90 16-bit, unpadded head dims,
-# K/V rows of whole 16-byte granules, one head's features contiguous): one bulk copy per tile instead
-# of per-lane address arithmetic and loads. Masked edge blocks keep lane-masked loads. Candidate
-# (NOTES step 32), both forms tested (the interpreter runs the descriptor form on the CPU).
-_TMA_KV = False
-# The interior blocks before the masked edge blocks (kernel INTERIOR_FIRST). Offline (sm_90a, LLM
-# 128/128/8/2): interior loop 537 -> 517 SASS, and with _TMA_KV no serialised-wgmma warning (C7515),
-# which the edges-first order gets when the interior loads through descriptors. Candidate, off.
+# Interior K/V blocks through TMA tensor descriptors (kernel TMA_KV) where the config asks for it
+# (``Config.tma``) and the inputs allow it (sm90 16-bit, unpadded head dims, K/V rows of whole 16-byte
+# granules, one head's features contiguous): one bulk copy per tile instead of per-lane address
+# arithmetic and loads. Masked edge blocks keep lane-masked loads. False turns it off everywhere.
+# The descriptor form also runs the interior before the edges (kernel INTERIOR_FIRST): edges first,
+# ptxas serialises the wgmma (C7515). NOTES step 32: LLM 4.52 -> 4.33 ms with 3 stages.
+_TMA_KV = True
+# The interior blocks before the masked edge blocks without descriptors too (offline, LLM 128/128/8/2:
+# interior loop 537 -> 517 SASS); timed: no gain (NOTES step 32), off.
 _INTERIOR_FIRST = False
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
     """(K_desc, V_desc) over K/V viewed as [total_tokens, kv_heads * head_dim], block
     [block_n, head_dim], or (None, None) when the descriptor form does not apply (see ``_TMA_KV``)."""
-    if not _TMA_KV or arch not in ("sm90", "interpreter") or k.dtype not in (torch.float16, torch.bfloat16):
+    if (
+        _TensorDescriptor is None
+        or arch not in ("sm90", "interpreter")
+        or k.dtype not in (torch.float16, torch.bfloat16)
+    ):
         return None, None
     if head_dim != block_d(head_dim) or k.shape[0] >= 2**31:
         return None, None
@@ -245,9 +250,9 @@ def _launch_fwd(
     arch = detect_arch(q.device)
     if config is None:
         config = get_config(head_dim, q.dtype, bool(causal), arch)
-    k_desc, v_desc = (
-        (None, None) if _TensorDescriptor is None else _tma_descriptors(k, v, head_dim, config.block_n, arch)
-    )
+    k_desc, v_desc = None, None
+    if _TMA_KV and config.tma:
+        k_desc, v_desc = _tma_descriptors(k, v, head_dim, config.block_n, arch)
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     grid = (-(-max_len // config.block_m), heads, batch)  # plain ints: triton.cdiv costs ~2 us
@@ -289,7 +294,7 @@ def _launch_fwd(
         FOLD_SCALE=_FOLD_SCALE and softmax_scale > 0 and not (sinks is not None and bool(sinks_bias_key0)),
         BAND_MASK=_BAND_MASK,
         TMA_KV=k_desc is not None,
-        INTERIOR_FIRST=_INTERIOR_FIRST,
+        INTERIOR_FIRST=_INTERIOR_FIRST or k_desc is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -10,14 +10,15 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
     window_prefill::fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens,
                         SymInt max_len, bool causal, SymInt window_left, SymInt window_right,
                         float softmax_scale, Tensor? sinks, bool sinks_bias_key0, SymInt block_m=0,
-                        SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0) -> ()
+                        SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, SymInt tma=0) -> ()
 
 Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``cu_seqlens`` when
 ``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
 ``b_start_loc``/``b_seq_len``). ``window_left``/``window_right``: inclusive widths, ``-1`` =
-unbounded. ``block_m``..``num_stages``: a launch-config override in :class:`~window_prefill.configs.Config`
-field order, ``block_m=0`` = the per-architecture table. The op does no argument checking (the public
-functions do), never synchronises with the host and allocates nothing: it is CUDA-graph capturable.
+unbounded. ``block_m``..``tma``: a launch-config override in :class:`~window_prefill.configs.Config`
+field order (``tma`` 0 or 1), ``block_m=0`` = the per-architecture table. The op does no argument
+checking (the public functions do), never synchronises with the host and allocates nothing: it is
+CUDA-graph capturable.
 
 Registered with the low-level ``torch.library.Library`` API (``define`` + a
 ``CompositeExplicitAutograd`` kernel, i.e. every device: CPU tensors run under ``TRITON_INTERPRET=1``)
@@ -40,17 +41,19 @@ from window_prefill.configs import Config
 SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens, SymInt max_len, "
     "bool causal, SymInt window_left, SymInt window_right, float softmax_scale, Tensor? sinks, "
-    "bool sinks_bias_key0, SymInt block_m=0, SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0) -> ()"
+    "bool sinks_bias_key0, SymInt block_m=0, SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, "
+    "SymInt tma=0) -> ()"
 )
 #: The config ints meaning "use the per-architecture table".
-NO_CONFIG = (0, 0, 0, 0)
+NO_CONFIG = (0, 0, 0, 0, 0)
 
 
-def config_ints(config: Config | None) -> tuple[int, int, int, int]:
-    """``config`` as the op's ``(block_m, block_n, num_warps, num_stages)``; None -> :data:`NO_CONFIG`."""
+def config_ints(config: Config | None) -> tuple[int, int, int, int, int]:
+    """``config`` as the op's ``(block_m, ..., num_stages, tma)``; None -> :data:`NO_CONFIG`."""
     if config is None:
         return NO_CONFIG
-    return int(config.block_m), int(config.block_n), int(config.num_warps), int(config.num_stages)
+    c = config
+    return int(c.block_m), int(c.block_n), int(c.num_warps), int(c.num_stages), int(bool(c.tma))
 
 
 def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
@@ -79,9 +82,10 @@ def _fwd_impl(
     block_n: int = 0,
     num_warps: int = 0,
     num_stages: int = 0,
+    tma: int = 0,
 ) -> None:
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
-    config = Config(block_m, block_n, num_warps, num_stages) if block_m > 0 else None
+    config = Config(block_m, block_n, num_warps, num_stages, bool(tma)) if block_m > 0 else None
     with _on_device(q.device):
         _interface._launch_fwd(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
