@@ -128,12 +128,8 @@ TILE_CONFIGS = [Config(32, 16, 1, 1), Config(16, 32, 1, 1), Config(64, 32, 4, 1)
 @pytest.mark.parametrize(
     "causal,window", [(True, (20, -1)), (False, (5, 9)), (True, (-1, -1)), (False, (70, 3)), (True, (100, 0))]
 )
-@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fold_band"])
-def test_tile_shapes(monkeypatch, config, causal, window, fast):
-    import window_prefill.interface as wi
-
-    monkeypatch.setattr(wi, "_FOLD_SCALE", fast)
-    monkeypatch.setattr(wi, "_BAND_MASK", fast)
+def test_tile_shapes(config, causal, window):
+    """The shipped (folded-scale, band-mask) form; test_windows runs the plain one too."""
     lens = [1, 37, 150, 16]
     q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
     sinks = torch.randn(2, dtype=torch.float32, device=DEVICE)
