@@ -36,8 +36,8 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]
     def bad(msg):
         raise SystemExit(msg)
 
-    if sets:  # prefix-prefill switches (--set NAME=0|1), applied before the first call
-        set_switches(sets, bad)
+    if sets:  # the kernel package's switches (--set NAME=0|1), applied before the first call
+        set_switches(sets, bad, module=f"{'window' if kernel == 'window' else 'prefix'}_prefill.interface")
     import torch
 
     dev = "cpu" if smoke else "cuda"
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", default="64,128,256")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
-                    help="a prefix_prefill.interface switch for every child")  # fmt: skip
+                    help="a switch of the kernel's interface module for every child")  # fmt: skip
     ap.add_argument("--child", nargs=3, metavar=("KERNEL", "DTYPE", "HEAD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
