@@ -55,7 +55,7 @@ def _source(kernel, consts: dict, pointer_types: dict, other_types: dict | None 
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in consts:
             sig[name] = "constexpr"
-        elif name == "qk_scale":
+        elif name in ("qk_scale", "softcap2", "tanh_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -114,7 +114,7 @@ def prefix_source(
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
-        MERGE_NEW=merge_new, LAZY_RESCALE=lazy, stride_bt_col=1, **lay,
+        MERGE_NEW=merge_new, LAZY_RESCALE=lazy, SOFTCAP=False, stride_bt_col=1, **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
@@ -140,7 +140,7 @@ def window_source(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
         LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
-        FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma, INTERIOR_FIRST=interior_first,
+        FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma, INTERIOR_FIRST=interior_first, SOFTCAP=False,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})

@@ -76,11 +76,13 @@ def window_problems(draw) -> dict:
         "band_mask": draw(st.booleans()),  # ... and _BAND_MASK
         "tma_kv": draw(st.booleans()),  # ... and _TMA_KV (the config asks for descriptors: where they apply)
         "interior_first": draw(st.booleans()),  # ... and _INTERIOR_FIRST
+        "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
-    # the vLLM form cannot express a window side of 0 (0 means unbounded there)
-    spec["form"] = "wp" if 0 in spec["window"] else draw(st.sampled_from(["wp", "wcaf"]))
+    # the vLLM form cannot express a window side of 0 (0 means unbounded there) nor a softcap
+    wp_only = 0 in spec["window"] or spec["softcap"] > 0
+    spec["form"] = "wp" if wp_only else draw(st.sampled_from(["wp", "wcaf"]))
     return spec
 
 
@@ -122,6 +124,7 @@ def _run_window_problem(p: dict) -> None:
             softmax_scale=p["scale"],
             sinks=p["sinks"],
             sinks_mode=mode,
+            softcap=p["softcap"],
             out=out,
             validate=True,
             config=p["config"],
@@ -156,6 +159,7 @@ def _run_window_problem(p: dict) -> None:
         softmax_scale=p["scale"],
         sinks=p["sinks"],
         sinks_mode=mode,
+        softcap=p["softcap"],
     )
     res = compare(out, ref)
     assert res, f"{res} for {p}"
@@ -203,10 +207,11 @@ def prefix_problems(draw) -> dict:
         "one_segment_from_cache": draw(st.booleans()),  # ... and _ONE_SEGMENT_FROM_CACHE (with k=None)
         "merge_new_tokens": draw(st.booleans()),  # ... and _MERGE_NEW_TOKENS (k given, NHD caches)
         "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
+        "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
-    vllm_ok = layout == "split" and window[1] == -1
+    vllm_ok = layout == "split" and window[1] == -1 and spec["softcap"] == 0  # vLLM's form has no softcap
     spec["form"] = draw(st.sampled_from(["pp", "pcaf"])) if vllm_ok else "pp"
     return spec
 
@@ -267,6 +272,7 @@ def _run_prefix_problem(p: dict) -> None:
             kv_layout=c.layout,
             k_scale=c.k_scale,
             v_scale=c.v_scale,
+            softcap=p["softcap"],
             out=out,
             validate=True,
             **kw,
@@ -298,7 +304,7 @@ def _run_prefix_problem(p: dict) -> None:
             causal=p["causal"],
             validate=True,
         )
-    ref = paged_ref(c, window=p["window"], fp8_dtype=FP8 if c.fp8 else None, **kw)
+    ref = paged_ref(c, window=p["window"], fp8_dtype=FP8 if c.fp8 else None, softcap=p["softcap"], **kw)
     res = compare(out, ref)
     assert res, f"{res} for {p}"
 

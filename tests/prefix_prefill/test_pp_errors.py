@@ -176,6 +176,9 @@ PY_BAD = [
     ("layout-rank", {"kv_layout": "nhd"}, ValueError, "k_cache"),
     ("out-dtype", {"out": "float32"}, TypeError, "out"),
     ("softmax-scale", {"softmax_scale": float("inf")}, ValueError, "softmax_scale"),
+    ("softcap-negative", {"softcap": -0.5}, ValueError, "softcap"),
+    ("softcap-inf", {"softcap": float("inf")}, ValueError, "softcap"),
+    ("softcap-type", {"softcap": "30"}, TypeError, "softcap"),
     ("max-query-len-negative", {"max_query_len": -1}, ValueError, "max_query_len"),
     ("cu-seqlens-validate", {"max_query_len": 3, "validate": True}, ValueError, "max_query_len"),
 ]

@@ -630,3 +630,46 @@ def test_gpu_compiled_variants_do_not_depend_on_lengths():
         if i == 0:
             first = n_variants()
     assert n_variants() == first
+
+
+# ---------------------------------------------------------------------------- logit soft-capping
+@pytest.mark.parametrize(
+    ("layout", "extra"),
+    [("nhd", "plain"), ("split", "alibi_window"), ("nhd", "kv_from_cache_sinks"), ("split", "fp8")],
+)
+def test_softcap(layout, extra):
+    """``softcap``: logits ``c * tanh(logit / c)`` (the logit including an fp8 cache's ``k_scale``),
+    ALiBi subtracted after the cap, sinks uncapped; logits large enough that the cap bites. The
+    reference caps independently (torch.tanh), and the uncapped reference is far off (negative
+    control)."""
+    kw_case: dict = {"layout": layout, "page": 16}
+    kw: dict = {"softmax_scale": 0.5}
+    if extra == "fp8":
+        kw_case.update(cache_dtype=FP8_E4M3, k_scale=0.7, v_scale=1.3)
+    if extra == "kv_from_cache_sinks":
+        kw_case["kv_from_cache"] = True
+        kw["sinks"] = torch.randn(4, device=DEVICE)
+    if extra == "alibi_window":
+        kw.update(alibi_slopes=alibi_slopes(4, DEVICE), window=(30, -1))
+    case = _case(seqs=[(70, 40), (0, 48), (33, 65)], **kw_case)
+    case.q = case.q * 3  # logits of ~10-20: a cap of 6 bends most of them
+    got = run_py(case, softcap=6.0, **kw)
+    c = compare(got, reference(case, softcap=6.0, **kw))
+    assert c, (layout, extra, c)
+    assert not compare(got, reference(case, **kw)), "the cap changed nothing: the test proves nothing"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["split", "nhd"])
+@pytest.mark.parametrize("head_size", [128, 256])
+@pytest.mark.parametrize("page", [16, 544])
+def test_gpu_bf16_softcap(layout, head_size, page):
+    """Soft-capped logits in bf16 on the shipped configs, with a window, ALiBi and sinks."""
+    seqs = [*random_seqs(5, 2000, 600), (0, 1)]
+    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page,
+                     dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
+    case.q = case.q * 3
+    kw = {"softcap": 20.0, "window": (300, -1), "alibi_slopes": alibi_slopes(8, DEVICE),
+          "sinks": torch.randn(8, device=DEVICE)}  # fmt: skip
+    c = compare(run_py(case, **kw), reference(case, **kw))
+    assert c, (layout, head_size, page, c)

@@ -223,6 +223,9 @@ BAD_INPUTS = [
     ("max_seqlen tensor", _wp(max_seqlen=torch.tensor(14)), TypeError, "max_seqlen"),
     ("max_seqlen < 0", _wp(max_seqlen=-1), ValueError, "max_seqlen"),
     ("softmax_scale", _wp(softmax_scale="0.1"), TypeError, "softmax_scale"),
+    ("softcap negative", _wp(softcap=-1.0), ValueError, "softcap"),
+    ("softcap nan", _wp(softcap=float("nan")), ValueError, "softcap"),
+    ("softcap bool", _wp(softcap=True), TypeError, "softcap"),
     (
         "b_start_loc length",
         _caf(b_start_loc=torch.zeros(5, dtype=torch.int32, device=DEVICE)),

@@ -226,6 +226,23 @@ def test_gpu_bf16_windows_sinks(window, sinks_mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("sinks_mode", [None, "bias_key0"])
+def test_gpu_bf16_softcap(head_dim, sinks_mode):
+    """Soft-capped logits in bf16 on the shipped configs (head 128 causal: the descriptor form)."""
+    lens = [1, 129, 1000, 2048]
+    q, k, v, cu = make_qkv(lens, 8, 2, head_dim, torch.bfloat16)
+    q = q * 3
+    sinks = torch.randn(8, dtype=torch.float32, device=DEVICE) if sinks_mode else None
+    mode = sinks_mode or "denominator"
+    for causal, window in ((True, (511, -1)), (False, (100, 37))):
+        kw = dict(causal=causal, window=window, sinks=sinks, sinks_mode=mode)
+        out = run(q, k, v, cu, max(lens), softcap=20.0, **kw)
+        c = compare(out, reference(q, k, v, cu, softcap=20.0, **kw))
+        assert c, f"D={head_dim} causal={causal}: {c}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "seq_len,heads,kv_heads,head_dim,causal,window",
     [
@@ -317,3 +334,31 @@ def test_tma_kv_falls_back(monkeypatch):
     assert wi._tma_descriptors(k32.half(), v32.half(), 32, 16, arch)[0] is not None
     out = run(q, k, v, cu, 40, causal=True, window=(7, -1), config=TMA_CONFIGS[0])
     assert compare(out, reference(q, k, v, cu, causal=True, window=(7, -1)))
+
+
+@pytest.mark.parametrize(
+    "causal,window,sinks_mode,config",
+    [
+        (True, (20, -1), None, None),
+        (False, (9, 30), "denominator", Config(32, 16, 1, 1)),
+        (True, (-1, -1), "bias_key0", Config(16, 32, 1, 1)),
+        (True, (40, -1), "denominator", TMA_CONFIGS[0]),
+    ],
+)
+def test_softcap(monkeypatch, causal, window, sinks_mode, config):
+    """Logit soft-capping (``softcap``): logits ``c * tanh(scale * q.k / c)`` large enough that the cap
+    bites (|scale * q.k| up to ~4c), with every sink mode and the descriptor form; the reference
+    caps independently (torch.tanh), and the uncapped result is far from it (the negative control)."""
+    import window_prefill.interface as wi
+
+    monkeypatch.setattr(wi, "_TMA_KV", True)
+    lens = [150, 37, 96]
+    q, k, v, cu = make_qkv(lens, 4, 2, 32, torch.float16)
+    q = q * 3  # logits of tens: the cap of 10 bends most of them
+    sinks = torch.randn(4, dtype=torch.float32, device=DEVICE) if sinks_mode else None
+    mode = sinks_mode or "denominator"
+    kw = dict(causal=causal, window=window, sinks=sinks, sinks_mode=mode, softmax_scale=0.4)
+    out = run(q, k, v, cu, max(lens), softcap=10.0, config=config, **kw)
+    c = compare(out, reference(q, k, v, cu, softcap=10.0, **kw))
+    assert c, f"causal={causal} window={window} sinks={sinks_mode}: {c}"
+    assert not compare(out, reference(q, k, v, cu, **kw)), "the cap changed nothing: the test proves nothing"

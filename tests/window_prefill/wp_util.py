@@ -57,6 +57,7 @@ def reference(
     softmax_scale: float | None = None,
     sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """float64 reference (self-attention: cu_seqlens_q = cu_seqlens_k)."""
     return attention_varlen(
@@ -70,6 +71,7 @@ def reference(
         softmax_scale=softmax_scale,
         sinks=sinks,
         sinks_mode=sinks_mode,
+        softcap=softcap,
     )
 
 

@@ -484,11 +484,13 @@ def _launch_fwd(
     out_scale: torch.Tensor | None = None,
     skip_decode: bool = False,
     config: KernelConfig | None = None,
+    softcap: float = 0.0,
 ) -> None:
     """Launch :func:`_fwd_kernel` on already-checked arguments (see :func:`prefix_prefill`).
 
     ``kc``/``vc`` describe the caches (``paged_kv_offsets.describe_kv_cache``); scales are
-    1-element device tensors or None; ``config`` overrides the table (tests, benchmark sweeps).
+    1-element device tensors or None; ``config`` overrides the table (tests, benchmark sweeps);
+    ``softcap`` > 0: logits ``softcap * tanh(softmax_scale * q.k / softcap)``.
     """
     total_q, num_heads, head_size = q.shape
     batch = seq_lens.shape[0]
@@ -527,7 +529,7 @@ def _launch_fwd(
                     q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                     max_query_len, causal=causal, window=window, softmax_scale=softmax_scale,
                     alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-                    out_scale=out_scale, skip_decode=skip_decode, config=cfg,
+                    out_scale=out_scale, skip_decode=skip_decode, config=cfg, softcap=softcap,
                 )  # fmt: skip
 
             cands = autotune.candidates(arch, head_size, q.element_size())
@@ -571,6 +573,7 @@ def _launch_fwd(
         v_scale if cache_fp8 else dummy,
         out_scale if out_fp8 else dummy,
         scale * LOG2E,
+        softcap * LOG2E if softcap > 0 else 1.0,
         left,
         right,
         block_table.shape[1],
@@ -620,7 +623,8 @@ def _launch_fwd(
         FP8_OUT_MAX=float(torch.finfo(o.dtype).max) if out_fp8 else 0.0,
         SKIP_DECODE=bool(skip_decode),
         # fp8 cache scales are positive by contract (see the public docstrings)
-        FOLD_SCALE=_FOLD_SCALE and scale > 0,
+        FOLD_SCALE=_FOLD_SCALE and (scale > 0 or softcap > 0),  # softcap: the scale folded is softcap*log2(e)
+        SOFTCAP=softcap > 0,
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,
         TWO_PAGE_BASES=_TWO_PAGE_BASES,
@@ -664,6 +668,14 @@ def _check_window(window: object) -> tuple[int, int]:
     if left < -1 or right < -1:
         raise ValueError(f"window entries must be >= -1 (-1 = unbounded), got {window!r}")
     return left, right
+
+
+def _check_softcap(softcap: object) -> float:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float (0 = off), got {type(softcap).__name__}")
+    if not math.isfinite(float(softcap)) or float(softcap) < 0:
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap}")
+    return float(softcap)
 
 
 def _check_softmax_scale(s: object, name: str) -> float | None:
@@ -812,6 +824,7 @@ def prefix_prefill(
     k_scale: Scale = None,
     v_scale: Scale = None,
     kv_layout: str | None = None,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     validate: bool = False,
 ) -> torch.Tensor:
@@ -831,6 +844,9 @@ def prefix_prefill(
     * ``window = (left, right)``: FlashAttention's inclusive convention, a query at ``p`` sees key
       ``j`` iff ``left < 0 or p - j <= left`` and ``right < 0 or j - p <= right`` (and ``j <= p``
       when ``causal``); vLLM's ``sliding_window=W`` is ``(W - 1, -1)``.
+    * ``softcap`` > 0: logit soft-capping (Gemma 2, FlashAttention's ``softcap``): the logit
+      ``softmax_scale * q.k`` (times ``k_scale`` for an fp8 cache) becomes ``softcap * tanh(logit /
+      softcap)`` before ALiBi is subtracted; sinks are not capped. 0 (default) = off.
     * ``out``: optional output buffer (``q``'s shape and dtype); allocated when None.
     """
     q = _is_tensor(q, "q")
@@ -849,6 +865,7 @@ def prefix_prefill(
         k_cache, v_cache = k_cache.view(target), v_cache.view(target)
     window = _check_window(window)
     scale = _check_softmax_scale(softmax_scale, "softmax_scale")
+    cap = _check_softcap(softcap)
     if out is None:
         if q.dim() != 3:
             raise ValueError(f"q must be 3-D [total_q, num_heads, head_size], got shape {tuple(q.shape)}")
@@ -870,6 +887,6 @@ def prefix_prefill(
     torch.ops.prefix_prefill.fwd(
         q, k, v, out, k_cache, v_cache, ops.layout_code(kc.layout), block_table, cu_seqlens_q,
         seq_lens, max_query_len, bool(causal), window[0], window[1], scale, alibi_slopes, sinks, ks,
-        vs, None, False,
+        vs, None, False, cap,
     )  # fmt: skip
     return out

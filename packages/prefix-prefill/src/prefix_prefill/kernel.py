@@ -22,8 +22,10 @@ per segment. (The refactor into this chain left the compiled SASS unchanged: sam
 counts, registers and spills on triton 3.6 and 3.8, checked with ``bench/compile_report.py``.)
 
 Logits are kept in log2 units: ``s = (q . k) * softmax_scale * log2(e)`` (times ``k_scale`` for an
-fp8 cache), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the running max/denominator
-at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no key writes 0.
+fp8 cache), or with ``SOFTCAP`` ``tanh(that / (softcap * log2(e))) * softcap * log2(e)`` (the
+soft-capped logit in log2 units), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the
+running max/denominator at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no
+key writes 0.
 """
 
 import triton
@@ -102,7 +104,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #
 # * ``rows``  = (q_pos [BM] absolute query positions, k_start (first key any row of the tile may see,
 #               with USE_LEFT), m_d [BD] valid feature lanes, window_left, window_right, slope_log2
-#               (ALiBi slope in log2 units));
+#               (ALiBi slope in log2 units), softcap2 (softcap * log2(e), with SOFTCAP));
 # * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
 #               stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd [BD], o_vd [BD]): the paged
 #               cache as paged_kv_offsets describes it, already offset to this program's KV head;
@@ -110,8 +112,8 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE), flags of the whole launch. With
-#               ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
+#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP), flags of the whole
+#               launch. With ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
 #               ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
 
 
@@ -154,6 +156,13 @@ def _qk(b_q, p_k, m_k, m_d, MASK_K: tl.constexpr, CFG: tl.constexpr):
 
 
 @triton.jit
+def _tanh(x):
+    """tanh through exp2 (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1); +-inf at
+    the ends give exactly +-1, a NaN stays NaN."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+
+
+@triton.jit
 def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED: tl.constexpr,
             SCALE_P: tl.constexpr, CFG: tl.constexpr, MASK_LOADS: tl.constexpr = True,
             GRANULE: tl.constexpr = 0):  # fmt: skip
@@ -178,7 +187,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     HAS_ALIBI: tl.constexpr = CFG[4]
     FOLD_SCALE: tl.constexpr = CFG[5]
     DOT_PRECISION: tl.constexpr = CFG[6]
-    q_pos, k_start, m_d, window_left, window_right, slope_log2 = rows
+    q_pos, k_start, m_d, window_left, window_right, slope_log2, softcap2 = rows
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
         m_k = m_k & (k_pos >= k_start)  # [BN]
@@ -189,6 +198,9 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
             m_full = m_full & (k_g >= k_start)  # [BN]
         m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
     b_qk = _qk(b_q, p_k, m_k, m_d, MASKED and MASK_LOADS, CFG)  # [BM, BN] raw q.k
+    if CFG[18]:  # SOFTCAP: logits softcap * tanh(scale * q.k / softcap); softcap2 = softcap * log2(e)
+        b_qk = _tanh(b_qk * (s_scale / softcap2))  # [BM, BN] in (-1, 1), the tile's logit scale inside
+        s_scale = softcap2  # ... and softcap * log2(e) outside: everything below is unchanged
     if CFG[15] > 0:
         Q_DTYPE: tl.constexpr = b_q[0].dtype
     else:
@@ -596,6 +608,7 @@ def _fwd_kernel(
     V_scale,  # [1] (CACHE_FP8)
     Out_scale,  # [1] (OUT_FP8)
     qk_scale,  # softmax_scale * log2(e)
+    softcap2,  # softcap * log2(e) with SOFTCAP (logit soft-capping), else unused
     window_left,  # FA left window (inclusive), used with USE_LEFT
     window_right,  # FA right window (inclusive), used with USE_RIGHT
     n_bt_cols,
@@ -655,6 +668,7 @@ def _fwd_kernel(
     ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
     MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
+    SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend)
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -727,12 +741,12 @@ def _fwd_kernel(
     o_vd = dim_offsets(offs_d, stride_vc_dim, 0, 1)  # [BD] int64
 
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
-    rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2)
+    rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2, softcap2)
     cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE)  # fmt: skip
+                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX

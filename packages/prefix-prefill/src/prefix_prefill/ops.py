@@ -11,7 +11,8 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
                         Tensor v_cache, int kv_layout, Tensor block_table, Tensor cu_seqlens_q,
                         Tensor seq_lens, SymInt max_query_len, bool causal, SymInt window_left,
                         SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks,
-                        Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode) -> ()
+                        Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode,
+                        float softcap=0.0) -> ()
 
 Tensors as documented at :func:`prefix_prefill.context_attention_fwd` and
 :func:`prefix_prefill.prefix_prefill`; caches already viewed as their fp8 type (no uint8);
@@ -45,7 +46,7 @@ SCHEMA = (
     "fwd(Tensor q, Tensor? k, Tensor? v, Tensor(a!) out, Tensor k_cache, Tensor v_cache, int kv_layout, "
     "Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, SymInt max_query_len, bool causal, "
     "SymInt window_left, SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks, "
-    "Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode) -> ()"
+    "Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode, float softcap=0.0) -> ()"
 )
 
 
@@ -84,6 +85,7 @@ def _fwd_impl(
     v_scale: torch.Tensor | None,
     out_scale: torch.Tensor | None,
     skip_decode: bool,
+    softcap: float = 0.0,
 ) -> None:
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
     kc, vc = describe_kv_cache(k_cache, v_cache, LAYOUTS[kv_layout])  # sizes and strides only
@@ -92,7 +94,7 @@ def _fwd_impl(
             q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
             causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
             alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
-            skip_decode=skip_decode,
+            skip_decode=skip_decode, softcap=softcap,
         )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
 

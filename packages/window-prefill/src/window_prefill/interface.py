@@ -205,6 +205,14 @@ def _check_scale(softmax_scale: object, head_dim: int) -> float:
     return float(softmax_scale)
 
 
+def _check_softcap(softcap: object) -> float:
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float (0 = off), got {type(softcap).__name__}")
+    if not math.isfinite(float(softcap)) or float(softcap) < 0:
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap}")
+    return float(softcap)
+
+
 def _check_window(window: object) -> tuple[int, int]:
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
@@ -234,12 +242,14 @@ def _launch_fwd(
     sinks: torch.Tensor | None,
     sinks_bias_key0: bool,
     config: Config | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Launch :func:`window_prefill.kernel._fwd_kernel` on checked inputs (see :func:`window_prefill`).
 
     ``starts``: first token of each sequence; ``lens``: their lengths, or None when ``starts`` is a
     ``cu_seqlens`` array (length = next start - start). ``window_left``/``window_right``: inclusive,
-    -1 = unbounded. ``config`` overrides the table (tests, benchmark sweeps).
+    -1 = unbounded. ``config`` overrides the table (tests, benchmark sweeps). ``softcap`` > 0: logits
+    ``softcap * tanh(softmax_scale * q.k / softcap)``.
     """
     batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
     if batch > _MAX_BATCH:
@@ -264,7 +274,7 @@ def _launch_fwd(
         sinks if sinks is not None else q,
         starts,
         lens if lens is not None else starts,
-        softmax_scale * math.log2(math.e),
+        (softcap if softcap > 0 else softmax_scale) * math.log2(math.e),
         max(window_left, 0),
         max(window_right, 0),
         heads // k.shape[1],
@@ -278,6 +288,7 @@ def _launch_fwd(
         o.stride(1),
         k_desc,
         v_desc,
+        softmax_scale / softcap if softcap > 0 else 1.0,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
         BLOCK_M=config.block_m,
@@ -291,10 +302,13 @@ def _launch_fwd(
         IEEE_FP32=q.dtype == torch.float32,
         WIDE_OFFSETS=not (_OFFSETS_32 and _offsets_fit_int32(k, v)),
         LAZY_RESCALE=_LAZY_RESCALE,
-        FOLD_SCALE=_FOLD_SCALE and softmax_scale > 0 and not (sinks is not None and bool(sinks_bias_key0)),
+        FOLD_SCALE=_FOLD_SCALE
+        and (softmax_scale > 0 or softcap > 0)  # with softcap the scale folded is softcap * log2(e)
+        and not (sinks is not None and bool(sinks_bias_key0)),
         BAND_MASK=_BAND_MASK,
         TMA_KV=k_desc is not None,
         INTERIOR_FIRST=_INTERIOR_FIRST or k_desc is not None,
+        SOFTCAP=softcap > 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -313,6 +327,7 @@ def window_prefill(
     softmax_scale: float | None = None,
     sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     validate: bool = False,
     config: Config | None = None,
@@ -338,7 +353,9 @@ def window_prefill(
     visible to query ``i`` iff ``(not causal or j <= i)`` and ``(left == -1 or i - j <= left)`` and
     ``(right == -1 or j - i <= right)`` for ``window=(left, right)`` (inclusive, FlashAttention's
     convention; ``(-1, -1)`` = full attention). Logits are ``softmax_scale * q.k`` (default
-    ``1/sqrt(head_dim)``). Rows that see no key are 0.
+    ``1/sqrt(head_dim)``), or with ``softcap > 0`` (Gemma 2's logit soft-capping, FlashAttention's
+    ``softcap``) ``softcap * tanh(softmax_scale * q.k / softcap)``; a ``bias_key0`` sink is added after
+    the cap, a denominator sink is not capped. Rows that see no key are 0.
 
     ``validate=True`` (or env ``PREFILL_VALIDATE=1``) adds device-value checks (one host sync).
     ``config`` overrides the per-architecture launch config (see :mod:`window_prefill.configs`).
@@ -358,6 +375,7 @@ def window_prefill(
         raise ValueError(f"sinks_mode must be one of {SINKS_MODES}, got {sinks_mode!r}")
     sinks_t = _check_sinks(sinks, q.shape[1], q.device)
     scale = _check_scale(softmax_scale, q.shape[2])
+    cap = _check_softcap(softcap)
     if _validate_requested(validate):
         _validate_cu_seqlens(cu, max_len, q.shape[0])
     torch.ops.window_prefill.fwd(
@@ -375,6 +393,7 @@ def window_prefill(
         sinks_t,
         sinks_mode == "bias_key0",
         *ops.config_ints(config),
+        cap,
     )
     return out
 

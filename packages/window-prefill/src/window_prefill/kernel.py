@@ -14,7 +14,8 @@ Conventions (host side documents tensors; here only what the kernel assumes):
 * key ``j`` is visible to row ``i`` iff ``(not IS_CAUSAL or j <= i)`` and
   ``(not HAS_LEFT or i - j <= window_left)`` and ``(not HAS_RIGHT or j - i <= window_right)``.
 * scores are kept in the log2 domain: ``s2 = (q . k) * qk_scale`` with ``qk_scale = scale * log2(e)``;
-  the sink logit is multiplied by ``log2(e)`` once.
+  the sink logit is multiplied by ``log2(e)`` once. With ``SOFTCAP``: ``s2 = tanh(q . k * tanh_scale)
+  * qk_scale``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``.
 * all token * stride products are int64, or int32 with ``WIDE_OFFSETS=False`` (the host passes it
   only when every element of K and V lies less than 2**31 elements from the tensor's start).
 """
@@ -33,6 +34,13 @@ def _load_rows(p, m, USE_MASK: tl.constexpr):
 
 
 @triton.jit
+def _tanh(x):
+    """tanh through exp2 (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1); +-inf at
+    the ends give exactly +-1, a NaN stays NaN."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+
+
+@triton.jit
 def _attn_block(
     acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
     key_lo, key_hi, window_left, window_right, qk_scale, sink2,
@@ -40,6 +48,7 @@ def _attn_block(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0, FOLD: tl.constexpr = False,
     BAND: tl.constexpr = False, k_desc=None, v_desc=None, kv_col=0, TMA: tl.constexpr = False,
+    tanh_scale=1.0, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
     ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
@@ -50,7 +59,10 @@ def _attn_block(
     the band's width (one subtract and one compare per score instead of two of each and an and).
     ``TMA`` (interior blocks only): K and V come through the tensor descriptors ``k_desc``/``v_desc``
     ([total_tokens, kv_heads * HEAD_DIM] views, block [BLOCK_N, HEAD_DIM]) at column ``kv_col``: one
-    bulk copy per tile, no per-lane address arithmetic."""
+    bulk copy per tile, no per-lane address arithmetic.
+    ``SOFTCAP``: the raw ``q . k`` becomes ``tanh(q . k * tanh_scale)`` first (``tanh_scale`` =
+    softmax_scale / softcap) and ``qk_scale`` is softcap * log2(e): logits ``softcap * tanh(scale *
+    q . k / softcap)`` in log2 units, with everything after (fold, masks, bias) unchanged."""
     n0 = tl.multiple_of(n0, BLOCK_N)
     offs_k = n0 + offs_n  # [BN] key positions
     if WIDE_OFFSETS:
@@ -77,6 +89,8 @@ def _attn_block(
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # [BM, BN] raw q . k
     else:
         b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] raw q . k
+    if SOFTCAP:
+        b_s = _tanh(b_s * tanh_scale)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e) below
     if not FOLD:
         b_s = b_s * qk_scale  # [BM, BN] log2 units
     if MASKED:
@@ -190,6 +204,8 @@ def _attn_blocks(
     v_desc=None,
     kv_col=0,
     TMA: tl.constexpr = False,
+    tanh_scale=1.0,
+    SOFTCAP: tl.constexpr = False,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -217,7 +233,7 @@ def _attn_blocks(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
             HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY, FOLD, BAND,
-            k_desc, v_desc, kv_col, TMA,
+            k_desc, v_desc, kv_col, TMA, tanh_scale, SOFTCAP,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -245,6 +261,7 @@ def _fwd_kernel(
     stride_oh,
     K_desc,
     V_desc,
+    tanh_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -262,6 +279,7 @@ def _fwd_kernel(
     BAND_MASK: tl.constexpr = False,  # masked blocks test the window band with one unsigned compare
     TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
     INTERIOR_FIRST: tl.constexpr = False,  # the interior blocks before the masked edges (register allocation)
+    SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
@@ -352,7 +370,7 @@ def _fwd_kernel(
                 acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
                 n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale,
                 sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
-                WIDE_OFFSETS, 0, FOLD_SCALE, BAND_MASK,
+                WIDE_OFFSETS, 0, FOLD_SCALE, BAND_MASK, None, None, 0, False, tanh_scale, SOFTCAP,
             )  # fmt: skip
         else:
             acc, l_i, m_i = _attn_blocks(
@@ -360,6 +378,7 @@ def _fwd_kernel(
                 n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
                 HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
                 WIDE_OFFSETS, LAZY_RESCALE, FOLD_SCALE, BAND_MASK, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV,
+                tanh_scale, SOFTCAP,
             )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.

@@ -10,13 +10,15 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
     window_prefill::fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens,
                         SymInt max_len, bool causal, SymInt window_left, SymInt window_right,
                         float softmax_scale, Tensor? sinks, bool sinks_bias_key0, SymInt block_m=0,
-                        SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, SymInt tma=0) -> ()
+                        SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, SymInt tma=0,
+                        float softcap=0.0) -> ()
 
 Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``cu_seqlens`` when
 ``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
 ``b_start_loc``/``b_seq_len``). ``window_left``/``window_right``: inclusive widths, ``-1`` =
 unbounded. ``block_m``..``tma``: a launch-config override in :class:`~window_prefill.configs.Config`
-field order (``tma`` 0 or 1), ``block_m=0`` = the per-architecture table. The op does no argument
+field order (``tma`` 0 or 1), ``block_m=0`` = the per-architecture table; ``softcap`` > 0: logit
+soft-capping (see :func:`window_prefill.window_prefill`). The op does no argument
 checking (the public functions do), never synchronises with the host and allocates nothing: it is
 CUDA-graph capturable.
 
@@ -42,7 +44,7 @@ SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens, SymInt max_len, "
     "bool causal, SymInt window_left, SymInt window_right, float softmax_scale, Tensor? sinks, "
     "bool sinks_bias_key0, SymInt block_m=0, SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, "
-    "SymInt tma=0) -> ()"
+    "SymInt tma=0, float softcap=0.0) -> ()"
 )
 #: The config ints meaning "use the per-architecture table".
 NO_CONFIG = (0, 0, 0, 0, 0)
@@ -83,6 +85,7 @@ def _fwd_impl(
     num_warps: int = 0,
     num_stages: int = 0,
     tma: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
     config = Config(block_m, block_n, num_warps, num_stages, bool(tma)) if block_m > 0 else None
@@ -90,7 +93,7 @@ def _fwd_impl(
         _interface._launch_fwd(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
             window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
-            sinks_bias_key0=sinks_bias_key0, config=config,
+            sinks_bias_key0=sinks_bias_key0, config=config, softcap=softcap,
         )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
 
