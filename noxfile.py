@@ -31,7 +31,10 @@ PACKAGES = {
 CPU_TORCH = os.environ.get("CPU_TORCH", "torch==2.13.0")
 # triton 3.6's interpreter breaks with numpy >= 2.4; 3.8 works.
 CPU_TRITON = os.environ.get("CPU_TRITON", "triton==3.8.0")
-TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pytest-xdist"]
+# tests-cpu spreads the interpreter tests over this many worker processes (pytest-xdist): the CI
+# machine has 2 cores, and the interpreter runs one test on one core. PYTEST_WORKERS=0 runs in-process.
+CPU_WORKERS = os.environ.get("PYTEST_WORKERS", str(min(4, os.cpu_count() or 1)))
 
 nox.options.sessions = ["lint", "tests-cpu"]
 nox.options.reuse_existing_virtualenvs = True
@@ -70,8 +73,9 @@ def tests_cpu(session: nox.Session) -> None:
     # Local paths first so that pip takes paged-kv-offsets from the tree, not from an index.
     session.install(*install)
     tests = [f"tests/{PACKAGES[p][0]}" for p in selected] if pkgs else ["tests"]
+    workers = ["-n", CPU_WORKERS] if CPU_WORKERS not in ("0", "1") else []
     session.run(
-        "python", "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *pytest_args,
+        "python", "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *workers, *pytest_args,
         env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
 
