@@ -10,7 +10,8 @@ sequence lengths and batch size and reports whether that compiled anything (it m
 (``prefix_kvcache``: prefix-prefill with k=v=None, the new tokens' K/V read from the cache.)
     python bench/first_call.py --smoke     # CPU: Triton interpreter, tiny shapes (checks the script)
 
-Writes DIR/first_call.{csv,md} with ``--out``.
+Writes DIR/first_call.{csv,md} with ``--out``. ``FIRST_CALL_PROFILE=FILE`` in the environment appends a
+cProfile of every child's first call (cumulative and own time; cProfile slows Python-heavy parts) to FILE.
 """
 
 from __future__ import annotations
@@ -103,10 +104,27 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]
     call2 = make([1, 513, 64, 90] if not smoke else [3, 17, 2])  # other lengths and batch size
     sync()
     inputs = time.perf_counter() - t
+    prof = None
+    if os.environ.get("FIRST_CALL_PROFILE"):  # cProfile of the first call: where its seconds go
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     t = time.perf_counter()
     call1()
     sync()
     first = time.perf_counter() - t
+    if prof is not None:
+        import io
+        import pstats
+
+        prof.disable()
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf)
+        stats.sort_stats("cumulative").print_stats(45)
+        stats.sort_stats("tottime").print_stats(25)
+        with open(os.environ["FIRST_CALL_PROFILE"], "a") as f:
+            f.write(f"===== {kernel} {dtype_name} d{head} sets={sets} first={first:.3f} s\n{buf.getvalue()}\n")
     before = n_compiled()
     t = time.perf_counter()
     call2()
