@@ -124,7 +124,8 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]
         stats.sort_stats("cumulative").print_stats(45)
         stats.sort_stats("tottime").print_stats(25)
         with open(os.environ["FIRST_CALL_PROFILE"], "a") as f:
-            f.write(f"===== {kernel} {dtype_name} d{head} sets={sets} first={first:.3f} s\n{buf.getvalue()}\n")
+            f.write(f"===== {kernel} {dtype_name} d{head} sets={sets} first={first:.3f} s\n")
+            f.write(buf.getvalue() + "\n")
     before = n_compiled()
     t = time.perf_counter()
     call2()

@@ -93,3 +93,13 @@ def test_tile_bounds_match_brute_force(block_n, causal, use_left, use_right):
                 assert j < k_len, where
                 for p in range(q_lo, q_hi + 1):
                     assert _visible(p, k_base + j, causal, left, right), where
+
+
+def test_prime_triton_runs_once_and_never_raises(monkeypatch):
+    """The first launch's setup overlap (_prime_triton) is a speed hint: it marks itself done and never
+    raises, with or without a GPU driver."""
+    import prefix_prefill.interface as pi
+
+    monkeypatch.setattr(pi, "_TRITON_PRIMED", False)
+    pi._prime_triton()
+    assert pi._TRITON_PRIMED

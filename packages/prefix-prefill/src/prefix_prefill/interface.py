@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Union
 
 import torch
@@ -443,6 +444,31 @@ _LAZY_RESCALE = 0
 # (544 with a 4096-token context: 2 iterations instead of 7). Candidate for the llama split-layout
 # page spread (NOTES step 12), off until timed on a GPU; both forms are tested.
 _REST_GROUP = False
+# Triton's one-time process setup, run side by side before the first launch (_prime_triton).
+_TRITON_PRIMED = False
+
+
+def _prime_triton() -> None:
+    """Once per process, before the first launch, Triton's setup steps that do not depend on each
+    other run side by side: the hash of its ~400 MB library for its cache key (0.4-0.7 s on the H200
+    host) in a thread (the hash releases the GIL), the driver helper's build or load (gcc on an
+    empty cache, 0.35-0.55 s) and the ``triton.experimental.gluon`` import (0.15 s) that the first
+    launch's specialiser does, here. A speed hint only: on any failure Triton does them in order.
+    (NOTES step 35; window_prefill does the same for its own first launch.)"""
+    global _TRITON_PRIMED
+    _TRITON_PRIMED = True
+    try:
+        from triton.runtime import cache, driver
+
+        hasher = threading.Thread(target=cache.triton_key, daemon=True)
+        hasher.start()
+        try:
+            driver.active.get_current_device()
+            import triton.experimental.gluon  # noqa: F401
+        finally:
+            hasher.join()
+    except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
+        pass
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
@@ -557,6 +583,8 @@ def _launch_fwd(
         v_align_any = v_align_any and _rows_aligned(v)
     kc_strides = kc.kernel_args()  # (block, slot, head, dim, x)
     vc_strides = vc.kernel_args()
+    if not _TRITON_PRIMED and q.is_cuda:
+        _prime_triton()
     _fwd_kernel[grid](
         q,
         dummy if kv_from_cache else k,
