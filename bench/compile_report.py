@@ -83,6 +83,7 @@ def prefix_source(
     kv_from_cache: bool = False,
     one_segment: bool = False,
     merge_new: bool = False,
+    merge_interior: bool = True,
     lazy: float = 0.0,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
@@ -114,7 +115,8 @@ def prefix_source(
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
-        MERGE_NEW=merge_new, LAZY_RESCALE=lazy, SOFTCAP=False, stride_bt_col=1, **lay,
+        MERGE_NEW=merge_new, MERGE_INTERIOR=merge_interior, LAZY_RESCALE=lazy, SOFTCAP=False, stride_bt_col=1,
+        **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
@@ -236,6 +238,7 @@ def main() -> None:
     ap.add_argument("--fold-scale", action="store_true", help="window: qk scale folded into exp2's FMA")
     ap.add_argument("--band-mask", action="store_true", help="window: one unsigned compare per score")
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
+    ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
@@ -261,8 +264,9 @@ def main() -> None:
             args.k_chunk,
             args.kv_from_cache or args.one_segment,
             args.one_segment,
-            args.merge_new,
-            args.lazy,
+            args.merge_new or args.merge_masked,
+            lazy=args.lazy,
+            merge_interior=not args.merge_masked,
         )
     else:
         causal = not args.non_causal
@@ -293,6 +297,7 @@ def main() -> None:
         what += " kv-from-cache" if args.kv_from_cache or args.one_segment else ""
         what += " one-segment" if args.one_segment else ""
         what += " merge-new" if args.merge_new else ""
+        what += " merge-masked" if args.merge_masked else ""
         what += f" lazy={args.lazy:g}" if args.lazy else ""
     else:
         what += f" lazy={args.lazy:g}" if args.lazy else ""

@@ -352,9 +352,11 @@ def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
         (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", torch.float16, {"causal": False}),  # tiles over pages
     ],
 )
-def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw):
+@pytest.mark.parametrize("switch", ["_MERGE_NEW_TOKENS", "_MERGE_MASKED_TILES"])
+def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw, switch):
     """k/v given with ``_MERGE_NEW_TOKENS``: the context and the new tokens in one masked and one
-    interior loop (kernel ``MERGE_NEW``). Every cache slot past each context's end is NaN (the new
+    interior loop (kernel ``MERGE_NEW``); with ``_MERGE_MASKED_TILES`` in one masked loop and each
+    segment's own interior loop. Every cache slot past each context's end is NaN (the new
     tokens must come from k/v, not from the cache) and the table is only as wide as the contexts
     need (its padding entries are out-of-range block ids). Must match the reference and the
     two-pair-of-loops form, and must really take the merged path."""
@@ -371,11 +373,9 @@ def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw):
     decide = itf._merge_new_tokens
     monkeypatch.setattr(itf, "_merge_new_tokens", lambda *a: taken.append(decide(*a)) or taken[-1])
     sinks = torch.randn(case.q.shape[1], device=DEVICE)
-    _both_forms(monkeypatch, "_MERGE_NEW_TOKENS", case, config, ref, **kw)
+    _both_forms(monkeypatch, switch, case, config, ref, **kw)
     # sinks: a different running max from the start
-    _both_forms(
-        monkeypatch, "_MERGE_NEW_TOKENS", case, config, reference(case, sinks=sinks, **kw), sinks=sinks, **kw
-    )
+    _both_forms(monkeypatch, switch, case, config, reference(case, sinks=sinks, **kw), sinks=sinks, **kw)
     assert taken == [True, False, True, False]
 
 
@@ -537,7 +537,9 @@ def test_gpu_fp8(cache_dtype, dtype, page):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kv_from_cache", [False, True, "one_segment", "merge", "merge_nhd_split_loops"])
+@pytest.mark.parametrize(
+    "kv_from_cache", [False, True, "one_segment", "merge", "merge_masked", "merge_nhd_split_loops"]
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
     """Windows, ALiBi and sinks at page 1056 with k/v given, read back from the cache (k=None), read
@@ -547,6 +549,7 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
 
     monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", kv_from_cache == "one_segment")
     monkeypatch.setattr(itf, "_MERGE_NEW_TOKENS", kv_from_cache == "merge")
+    monkeypatch.setattr(itf, "_MERGE_MASKED_TILES", kv_from_cache == "merge_masked")
     layout = "nhd" if str(kv_from_cache).startswith("merge") else "split"
     kv_from_cache = kv_from_cache in (True, "one_segment")
     seqs = [*random_seqs(6, 3000, 900), (0, 1), (5000, 1)]

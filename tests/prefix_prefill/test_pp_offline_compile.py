@@ -126,6 +126,13 @@ CASES = [
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "KV_FROM_CACHE": True, "ONE_SEGMENT": True}],
     # k/v given with an NHD cache: context and new tokens in one pair of loops (interface._MERGE_NEW_TOKENS)
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "MERGE_NEW": True, **NHD}],
+    # ... the masked loops only (interface._MERGE_MASKED_TILES)
+    [
+        *SM90_BF16,
+        128,
+        16,
+        {**TWO_PAGE, "WIDE_OFFSETS": False, "MERGE_NEW": True, "MERGE_INTERIOR": False, **NHD},
+    ],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
     [

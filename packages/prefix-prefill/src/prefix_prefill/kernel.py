@@ -550,14 +550,17 @@ def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, r
 
 @triton.jit
 def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale,
-                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
+                     INNER_MERGED: tl.constexpr = True):  # fmt: skip
     """The cached context and the new tokens in one masked and one interior loop (kernel
     ``MERGE_NEW``): the tile bounds of both segments as :func:`_segment` computes them, then the masked
     tiles of the context and of the new tokens, then the interior tiles of both; an iteration index
     past the context's count selects a new-token tile (:func:`_merged_tile`). For caches whose tiles
     have the new tokens' form (NHD/HND, the activations' dtype, no page walk, no granule edges, one
     tile width): two compiled copies of the tile step instead of four, same tiles, same order within
-    each segment."""
+    each segment. ``INNER_MERGED=False`` merges the masked loops only (three copies): the interior
+    tiles of the context and of the new tokens keep their own loops (:func:`_tile`), whose per-lane
+    work the merged interior step adds to (step 28); a masked tile is a few per program."""
     USE_LEFT: tl.constexpr = CFG[2]
     c_need_lo, c_need_hi, c_full_lo, c_full_hi = _key_bounds(
         q_lo, q_hi, 0, ctx_len, rows[3], rows[4], CFG[1], USE_LEFT, CFG[3]
@@ -581,13 +584,21 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
         n0_new = tl.where(u < n_edge, n_lo + u * BLOCK_N, n_mid_hi + (u - n_edge) * BLOCK_N)
         acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, n0_ctx, n0_new, ctx_len, seq_len, rows, cache,
                                      new, s_scale, BLOCK_N, True, V_RUNS, CFG)  # fmt: skip
-    c_inner = (c_mid_hi - c_mid_lo) // BLOCK_N
-    n_inner = (n_mid_hi - n_mid_lo) // BLOCK_N
-    for t in tl.range(0, c_inner + n_inner):
-        u = t - c_inner
-        acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, c_mid_lo + t * BLOCK_N, n_mid_lo + u * BLOCK_N,
-                                     ctx_len, seq_len, rows, cache, new, s_scale, BLOCK_N, False, V_RUNS,
-                                     CFG)  # fmt: skip
+    if INNER_MERGED:
+        c_inner = (c_mid_hi - c_mid_lo) // BLOCK_N
+        n_inner = (n_mid_hi - n_mid_lo) // BLOCK_N
+        for t in tl.range(0, c_inner + n_inner):
+            u = t - c_inner
+            acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, c_mid_lo + t * BLOCK_N, n_mid_lo + u * BLOCK_N,
+                                         ctx_len, seq_len, rows, cache, new, s_scale, BLOCK_N, False, V_RUNS,
+                                         CFG)  # fmt: skip
+    else:  # as _segment's interior loops (the context's: aligned tiles, V runs per V_RUNS)
+        for n0 in tl.range(c_mid_lo, c_mid_hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, 0, ctx_len, rows, cache, None, s_scale, 1.0, BLOCK_N,
+                                  True, False, V_RUNS, CFG, True, False)  # fmt: skip
+        for n0 in tl.range(n_mid_lo, n_mid_hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0, BLOCK_N,
+                                  False, False, (False, 1), CFG, False, False)  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -667,6 +678,7 @@ def _fwd_kernel(
     K_CHUNK: tl.constexpr = 0,  # > 0: the q.k dot in feature chunks this wide (see _qk), 0: one dot
     ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
     MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
+    MERGE_INTERIOR: tl.constexpr = True,  # with MERGE_NEW: the interior loops merged too (else masked only)
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
     SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend)
 ):
@@ -768,7 +780,8 @@ def _fwd_kernel(
         p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
         new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
         acc, m_i, l_i = _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new,
-                                         qk_scale, BLOCK_N, (V_ALIGN16_RUNS, V_CONTIG), CFG)  # fmt: skip
+                                         qk_scale, BLOCK_N, (V_ALIGN16_RUNS, V_CONTIG), CFG,
+                                         MERGE_INTERIOR)  # fmt: skip
     else:
         acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None,
                                  s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
