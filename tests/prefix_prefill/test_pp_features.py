@@ -369,6 +369,8 @@ def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw, switch):
     for b, (ctx, _new) in enumerate(seqs):
         for pos in range(ctx, -(-ctx // page) * page):  # the last context page's other slots
             _poison_slot(case, int(case.block_table[b, pos // page]), pos % page)
+    other = "_MERGE_MASKED_TILES" if switch == "_MERGE_NEW_TOKENS" else "_MERGE_NEW_TOKENS"
+    monkeypatch.setattr(itf, other, False)  # off: the switch alone decides between the forms
     taken = []
     decide = itf._merge_new_tokens
     monkeypatch.setattr(itf, "_merge_new_tokens", lambda *a: taken.append(decide(*a)) or taken[-1])

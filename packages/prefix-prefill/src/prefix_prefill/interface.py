@@ -435,9 +435,11 @@ _MERGE_NEW_TOKENS = False
 # The same merge for the masked loops only (kernel MERGE_NEW with MERGE_INTERIOR=False): the masked
 # tiles of the context and of the new tokens in one loop, each segment's interior tiles in its own
 # loop as before (three compiled copies of the tile step instead of four; the masked copies are the
-# big ones: offline sm_90a head 128 page 16 NHD 5656 -> 4160 SASS, compile 3.8-4.2 -> 3.1-3.3 s;
-# head 256 4.1 -> 2.8 s). _MERGE_NEW_TOKENS, when also on, merges the interior loops too.
-_MERGE_MASKED_TILES = False
+# big ones: offline sm_90a head 128 page 16 NHD 5656 -> 4160 SASS). On since the H200 A/B of session
+# 10 (NOTES step 35, 7c0ec58): NHD llama and qwen-hybrid, 7 pages, 0-5% faster (total 70.4 -> 68.5
+# ms); cold first call with k given 3.83-3.88 -> 2.54 s (head 128), 3.41-3.44 -> 2.85-2.99 s (256).
+# _MERGE_NEW_TOKENS, when also on, merges the interior loops too.
+_MERGE_MASKED_TILES = True
 # Lazy rescaling of interior tiles (kernel LAZY_RESCALE, _attend): acc [BM, BD] is rescaled only when
 # some row's running max grows by more than this many log2 units in a tile (0: every tile). The max
 # only stabilises exp2, so a stale one changes no result beyond rounding (p <= 2**_LAZY_RESCALE); it
