@@ -85,6 +85,7 @@ def prefix_source(
     merge_new: bool = False,
     merge_interior: bool = True,
     lazy: float = 0.0,
+    page_vector: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -116,6 +117,7 @@ def prefix_source(
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
         MERGE_NEW=merge_new, MERGE_INTERIOR=merge_interior, LAZY_RESCALE=lazy, SOFTCAP=False, stride_bt_col=1,
+        PAGE_VECTOR=page_vector and tile_pages,
         **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -238,6 +240,7 @@ def main() -> None:
     ap.add_argument("--fold-scale", action="store_true", help="window: qk scale folded into exp2's FMA")
     ap.add_argument("--band-mask", action="store_true", help="window: one unsigned compare per score")
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
+    ap.add_argument("--page-vector", action="store_true", help="prefix: one block id per page (small pages)")
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
@@ -267,6 +270,7 @@ def main() -> None:
             args.merge_new or args.merge_masked,
             lazy=args.lazy,
             merge_interior=not args.merge_masked,
+            page_vector=args.page_vector,
         )
     else:
         causal = not args.non_causal
@@ -298,6 +302,7 @@ def main() -> None:
         what += " one-segment" if args.one_segment else ""
         what += " merge-new" if args.merge_new else ""
         what += " merge-masked" if args.merge_masked else ""
+        what += " page-vector" if args.page_vector else ""
         what += f" lazy={args.lazy:g}" if args.lazy else ""
     else:
         what += f" lazy={args.lazy:g}" if args.lazy else ""

@@ -301,10 +301,11 @@ def test_tile_offsets_match_token_offsets(page, block):
 def _tile_blocks_kernel(
     block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, page_size,
     PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr, ALIGNED: tl.constexpr,
-    BRANCH: tl.constexpr, BASES: tl.constexpr, WIDE: tl.constexpr = True,
+    BRANCH: tl.constexpr, BASES: tl.constexpr, WIDE: tl.constexpr = True, PAGE_VECTOR: tl.constexpr = False,
 ):  # fmt: skip
     """Row i: tile_block_offsets of positions starts[i] + [0, BLOCK) for two caches (the second with
-    strides (stride_block + 16, 2 * stride_slot)) from ONE tile_blocks call (``WIDE``: int64 or int32)."""
+    strides (stride_block + 16, 2 * stride_slot)) from ONE tile_blocks call (``WIDE``: int64 or int32;
+    ``PAGE_VECTOR``: one table read per page)."""
     i = tl.program_id(0)
     pos0 = tl.load(starts + i)
     o_j = tl.arange(0, BLOCK)
@@ -321,13 +322,15 @@ def _tile_blocks_kernel(
         ALIGNED,
         False,
         WIDE,
+        PAGE_VECTOR,
     )
     b_a = tile_block_offsets(
-        tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
+        tile, stride_block, stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, False, PAGE_VECTOR
     )
     b_b = tile_block_offsets(
-        tile, stride_block + 16, 2 * stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES
-    )
+        tile, stride_block + 16, 2 * stride_slot, BLOCK, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, False,
+        PAGE_VECTOR,
+    )  # fmt: skip
     tl.store(out_a + i * BLOCK + o_j, b_a)
     tl.store(out_b + i * BLOCK + o_j, b_b)
 
@@ -385,6 +388,45 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, b
             inside_block0 = (got >= 0) & (got < page * ss)
             assert bool((inside_block0 | (in_row & (got == exact))).all())
     assert int(out_a.max()) > 2**31
+
+
+@pytest.mark.parametrize("page", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("wide", [True, False])
+def test_tile_blocks_page_vector(page, block, wide):
+    """``PAGE_VECTOR`` (unmasked aligned tiles of whole pages narrower than the tile: one table read
+    per page, each page's base spread over its lanes) gives the per-lane form's offsets lane by lane,
+    for tiles inside the row, at its end and past it (block 0, never a wild address), and for a
+    control: a tile whose pages' ids are swapped must differ."""
+    if block <= page:
+        pytest.skip("one block id per page needs pages narrower than the tile")
+    n_cols = 3 * block // page + 1
+    n_valid = n_cols * page
+    stride_slot, stride_block = 64, 64 * page + 8
+    ids = (torch.randperm(4 * n_cols)[:n_cols] + 1).to(torch.int32)
+    table = ids.to(DEVICE)
+    starts = list(range(0, n_cols * page + block, block))  # aligned; the last ones run past the row
+    st = torch.tensor(starts, dtype=torch.int32).to(DEVICE)
+    outs = []
+    for pv in (False, True):
+        out_a = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
+        out_b = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
+        _tile_blocks_kernel[(len(starts),)](
+            table, st, out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot, page,
+            PAGE_SIZE=page, BLOCK=block, MASKED=False, ALIGNED=True, BRANCH=False, BASES=False, WIDE=wide,
+            PAGE_VECTOR=pv,
+        )  # fmt: skip
+        outs.append((out_a.cpu(), out_b.cpu()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    pos = torch.tensor(starts)[:, None].long() + torch.arange(block)[None, :]
+    in_row = pos // page < n_cols
+    exact = ids.long()[(pos // page).clamp(max=n_cols - 1)] * stride_block + (pos % page) * stride_slot
+    assert torch.equal(outs[1][0][in_row], exact[in_row])
+    assert bool(((outs[1][0] >= 0) & (outs[1][0] < page * stride_slot))[~in_row].all())
+    swapped = (
+        ids.long()[((pos // page) ^ 1).clamp(max=n_cols - 1)] * stride_block + (pos % page) * stride_slot
+    )
+    assert not torch.equal(outs[1][0][in_row], swapped[in_row])
 
 
 @pytest.mark.parametrize("page", [3, 17, 544, 1040])

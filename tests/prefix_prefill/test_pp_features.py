@@ -316,6 +316,24 @@ def _both_forms(monkeypatch, switch: str, case, config, ref, **kw) -> None:
 
 
 @pytest.mark.parametrize(
+    ("config", "page", "layout", "kv_from_cache", "kw"),
+    [
+        (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", False, {}),
+        (KernelConfig(16, 32, 32, 1, 1), 16, "split", False, {"window": (40, -1)}),
+        (KernelConfig(16, 16, 64, 1, 1), 4, "nhd", True, {"causal": False, "window": (30, 9)}),
+        (KernelConfig(32, 16, 32, 1, 1), 1, "hnd", False, {}),
+    ],
+)
+def test_page_vector(monkeypatch, config, page, layout, kv_from_cache, kw):
+    """``_PAGE_VECTOR``: unmasked context tiles of whole pages narrower than the tile read one block
+    id per page (paged_kv_offsets.tile_blocks ``PAGE_VECTOR``). Contexts of many tiles, k given or
+    read back from the cache; must match the reference and the per-lane form."""
+    seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1)]
+    case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=kv_from_cache)
+    _both_forms(monkeypatch, "_PAGE_VECTOR", case, config, reference(case, **kw), **kw)
+
+
+@pytest.mark.parametrize(
     ("config", "page", "layout", "kw"),
     [
         (KernelConfig(16, 16, 16, 1, 1), 16, "split", {}),

@@ -9,11 +9,11 @@ Device side (``@triton.jit``, import from :mod:`paged_kv_offsets.kernel`): ``tok
 :func:`validate_block_table`, :func:`page_walk_rest_block` and :func:`offsets_fit_int32` (when the
 device functions may take ``WIDE=False``: int32 offsets).
 
-Versioned on its own: kernels pin ``paged-kv-offsets>=1.4,<2``; the device-function signatures
+Versioned on its own: kernels pin ``paged-kv-offsets>=1.5,<2``; the device-function signatures
 only change with a major version.
 """
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 
 from paged_kv_offsets.index import offsets_fit_int32
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout

@@ -75,6 +75,7 @@ def tile_blocks(
     ALIGNED: tl.constexpr,
     IN_PAGE: tl.constexpr = False,
     WIDE: tl.constexpr = True,
+    PAGE_VECTOR: tl.constexpr = False,
 ):
     """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``0 <= pos0 < 2**31 -
     BLOCK``, as every position of a sequence with an int32 length), as a
@@ -93,7 +94,11 @@ def tile_blocks(
       whole tile. ``tile = (blk0, blk1, slot0, n_first, m_tok)``: the blocks of the two pages, the
       slot of ``pos0`` in the first, how many lanes lie on the first page, the lane mask.
     * ``BLOCK > PAGE_SIZE > 0``: one table load per lane (shared by K and V). ``tile = (blk, blk,
-      slot, 0, m_tok)`` with ``blk``/``slot`` [BLOCK].
+      slot, 0, m_tok)`` with ``blk``/``slot`` [BLOCK]. With ``PAGE_VECTOR`` (and ``MASKED=False``,
+      ``ALIGNED``, ``BLOCK % PAGE_SIZE == 0``: a tile of whole pages) one table load per page instead:
+      ``blk`` is [BLOCK // PAGE_SIZE] and :func:`tile_block_offsets` (same ``PAGE_VECTOR``) spreads
+      each page's base over its lanes (the kernels' per-lane table gathers, one per cache layout, and
+      their shared-memory reads become one small gather).
 
     ``MASKED=False`` is for tiles whose lanes are all real tokens (``pos < n_valid``): the lane mask
     is then the table-row bound alone (``page < n_cols``), and with a tile no wider than a page not
@@ -137,17 +142,27 @@ def tile_blocks(
             m_tok = offs >= 0  # [BLOCK] unused
         return blk0, blk1, slot0, n_first, m_tok
     else:
-        if ALIGNED and BLOCK % PAGE_SIZE == 0:
-            p_page = pos0 // PAGE_SIZE + offs // PAGE_SIZE  # [BLOCK]
-            p_slot = offs % PAGE_SIZE  # [BLOCK] loop-invariant
+        if PAGE_VECTOR and (not MASKED) and ALIGNED and BLOCK % PAGE_SIZE == 0:
+            # whole pages, every lane real: one table read per page ([BLOCK // PAGE_SIZE]
+            # lanes, not [BLOCK]); tile_block_offsets spreads each page's base over its lanes
+            pages = pos0 // PAGE_SIZE + tl.arange(0, BLOCK // PAGE_SIZE)  # [NP]
+            b_blk = _index(
+                tl.load(bt_row + pages.to(tl.int64) * stride_bt_col, mask=pages < n_cols, other=0), WIDE
+            )
+            p_slot = offs % PAGE_SIZE  # [BLOCK]
+            m_tok = offs >= 0  # [BLOCK] unused
         else:
-            pos = pos0 + offs  # [BLOCK]
-            p_page = pos // PAGE_SIZE  # [BLOCK]
-            p_slot = pos % PAGE_SIZE  # [BLOCK]
-        m_tok = p_page < n_cols  # [BLOCK]
-        if MASKED:
-            m_tok = m_tok & ((pos0 + offs) < n_valid)  # [BLOCK]
-        b_blk = _index(tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0), WIDE)
+            if ALIGNED and BLOCK % PAGE_SIZE == 0:
+                p_page = pos0 // PAGE_SIZE + offs // PAGE_SIZE  # [BLOCK]
+                p_slot = offs % PAGE_SIZE  # [BLOCK] loop-invariant
+            else:
+                pos = pos0 + offs  # [BLOCK]
+                p_page = pos // PAGE_SIZE  # [BLOCK]
+                p_slot = pos % PAGE_SIZE  # [BLOCK]
+            m_tok = p_page < n_cols  # [BLOCK]
+            if MASKED:
+                m_tok = m_tok & ((pos0 + offs) < n_valid)  # [BLOCK]
+            b_blk = _index(tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0), WIDE)
         return b_blk, b_blk, p_slot, 0, m_tok
 
 
@@ -172,6 +187,7 @@ def tile_block_offsets(
     BRANCH: tl.constexpr,
     BASES: tl.constexpr,
     IN_PAGE: tl.constexpr = False,
+    PAGE_VECTOR: tl.constexpr = False,
 ):
     """[BLOCK] offsets ``block * stride_block + slot * stride_slot`` (the block ids' type) of a :func:`tile_blocks`
     tile (same ``BLOCK``, ``PAGE_SIZE``, ``MASKED``, ``ALIGNED``) in one cache.
@@ -184,7 +200,8 @@ def tile_block_offsets(
     only tiles that straddle a page boundary pay for the selects. ``BASES`` computes the two-page form
     as a per-lane choice between two scalar bases plus ``lane * stride_slot`` (a compare, a 64-bit
     select and an add per lane instead of three selects and a 64-bit multiply). ``IN_PAGE`` (as for
-    :func:`tile_blocks`) always takes the one-page form."""
+    :func:`tile_blocks`) always takes the one-page form. ``PAGE_VECTOR``: as :func:`tile_blocks` (one
+    block id per page; each page's base ``blk * stride_block`` is computed once and broadcast)."""
     blk0, blk1, slot0, n_first, m_tok = tile
     if PAGE_SIZE == 0 or BLOCK <= PAGE_SIZE:
         offs = tl.arange(0, BLOCK)  # [BLOCK]
@@ -199,6 +216,12 @@ def tile_block_offsets(
                 b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
         else:
             b_off = _two_page_offsets(blk0, blk1, slot0, n_first, offs, stride_block, stride_slot, BASES)
+    elif PAGE_VECTOR and (not MASKED) and ALIGNED and BLOCK % PAGE_SIZE == 0:
+        # tile_blocks read one block id per page ([NP]); each page's base covers its lanes
+        NP: tl.constexpr = BLOCK // PAGE_SIZE
+        b_base = blk0 * stride_block  # [NP] one base per page, multiplied once per page
+        b_base = tl.reshape(tl.broadcast_to(b_base[:, None], (NP, PAGE_SIZE)), (BLOCK,))  # [BLOCK]
+        b_off = b_base + slot0.to(blk0.dtype) * stride_slot  # [BLOCK]
     else:
         b_off = blk0 * stride_block + slot0.to(blk0.dtype) * stride_slot  # [BLOCK]
     if MASKED:

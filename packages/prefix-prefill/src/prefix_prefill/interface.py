@@ -452,6 +452,13 @@ _LAZY_RESCALE = 0
 # (544 with a 4096-token context: 2 iterations instead of 7). Candidate for the llama split-layout
 # page spread (NOTES step 12), off until timed on a GPU; both forms are tested.
 _REST_GROUP = False
+# Context tiles of whole pages narrower than the tile (page 16 against 128 keys; aligned, unmasked):
+# one block-table read per page instead of per lane (paged_kv_offsets.tile_blocks PAGE_VECTOR). Today
+# each such tile gathers 128 block ids twice (once per K/V register layout) through shared memory;
+# offline (sm_90a, NOTES step 37) the context interior loop drops from 616 to 589 SASS at head 128
+# NHD page 16 (586 at page 512), 664 -> 610 in the split layout, 533 -> 525 at head 256. Candidate
+# for page 16's 5-6% gap to the best page, off until timed on a GPU; both forms are tested.
+_PAGE_VECTOR = False
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
 
@@ -662,6 +669,7 @@ def _launch_fwd(
         # fp8 cache scales are positive by contract (see the public docstrings)
         FOLD_SCALE=_FOLD_SCALE and (scale > 0 or softcap > 0),  # softcap: the scale folded is softcap*log2(e)
         SOFTCAP=softcap > 0,
+        PAGE_VECTOR=_TILE_PAGES and _PAGE_VECTOR,
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,
         TWO_PAGE_BASES=_TWO_PAGE_BASES,

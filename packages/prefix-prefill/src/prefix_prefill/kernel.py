@@ -112,7 +112,7 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP), flags of the whole
+#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP, PAGE_VECTOR), flags of the whole
 #               launch. With ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
 #               ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
 
@@ -317,13 +317,13 @@ def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED
         # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
         tile = tile_blocks(
             bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
-            IN_PAGE, CFG[14],
+            IN_PAGE, CFG[14], CFG[19],
         )  # fmt: skip
         o_kt = tile_block_offsets(
-            tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
+            tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, CFG[19]
         )  # [BN]
         o_vt = tile_block_offsets(
-            tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE
+            tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, CFG[19]
         )  # [BN]
     else:  # per token (the 1.0 addressing, kept for A/B runs)
         o_kt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE)  # [BN]
@@ -681,6 +681,7 @@ def _fwd_kernel(
     MERGE_INTERIOR: tl.constexpr = True,  # with MERGE_NEW: the interior loops merged too (else masked only)
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
     SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend)
+    PAGE_VECTOR: tl.constexpr = False,  # unmasked tiles of whole small pages: one block id per page (tile_blocks)
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -758,7 +759,8 @@ def _fwd_kernel(
              stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP)  # fmt: skip
+                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP,
+                         PAGE_VECTOR)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX
