@@ -390,6 +390,17 @@ def test_tile_blocks_match_formula(page, block, masked, aligned, runtime_page, b
     assert int(out_a.max()) > 2**31
 
 
+def _tile_offsets_pair(table, st, n_valid, n_cols, stride_block, stride_slot, page, block, **flags):
+    """_tile_blocks_kernel's two offset tables (CPU int64 [len(st), block] each), outputs -1-poisoned."""
+    out_a = torch.full((len(st), block), -1, dtype=torch.int64).to(DEVICE)
+    out_b = torch.full((len(st), block), -1, dtype=torch.int64).to(DEVICE)
+    _tile_blocks_kernel[(len(st),)](
+        table, st, out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot, page,
+        PAGE_SIZE=page, BLOCK=block, **flags,
+    )  # fmt: skip
+    return out_a.cpu(), out_b.cpu()
+
+
 @pytest.mark.parametrize("page", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("block", [16, 64])
 @pytest.mark.parametrize("wide", [True, False])
@@ -407,16 +418,12 @@ def test_tile_blocks_page_vector(page, block, wide):
     table = ids.to(DEVICE)
     starts = list(range(0, n_cols * page + block, block))  # aligned; the last ones run past the row
     st = torch.tensor(starts, dtype=torch.int32).to(DEVICE)
-    outs = []
-    for pv in (False, True):
-        out_a = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
-        out_b = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
-        _tile_blocks_kernel[(len(starts),)](
-            table, st, out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot, page,
-            PAGE_SIZE=page, BLOCK=block, MASKED=False, ALIGNED=True, BRANCH=False, BASES=False, WIDE=wide,
-            PAGE_VECTOR=pv,
-        )  # fmt: skip
-        outs.append((out_a.cpu(), out_b.cpu()))
+    flags = {"MASKED": False, "ALIGNED": True, "BRANCH": False, "BASES": False, "WIDE": wide}
+    outs = [
+        _tile_offsets_pair(table, st, n_valid, n_cols, stride_block, stride_slot, page, block, **flags,
+                           PAGE_VECTOR=pv)
+        for pv in (False, True)
+    ]  # fmt: skip
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     pos = torch.tensor(starts)[:, None].long() + torch.arange(block)[None, :]
     in_row = pos // page < n_cols
@@ -448,16 +455,13 @@ def test_tile_blocks_int32_offsets_match_int64(page, block, masked, aligned, bra
     )
     starts = [(x // block) * block if aligned else x for x in starts if x >= 0]
     st = torch.tensor(starts, dtype=torch.int32).to(DEVICE)
-    outs = []
-    for wide in (True, False):
-        out_a = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
-        out_b = torch.full((len(starts), block), -1, dtype=torch.int64).to(DEVICE)
-        _tile_blocks_kernel[(len(starts),)](
-            table, st, out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot, page,
-            PAGE_SIZE=page, BLOCK=block, MASKED=masked, ALIGNED=aligned, BRANCH=branch, BASES=bases,
-            WIDE=wide,
-        )  # fmt: skip
-        outs.append((out_a.cpu(), out_b.cpu()))
+    flags = {"MASKED": masked, "ALIGNED": aligned, "BRANCH": branch, "BASES": bases}
+    outs = [
+        _tile_offsets_pair(
+            table, st, n_valid, n_cols, stride_block, stride_slot, page, block, **flags, WIDE=wide
+        )
+        for wide in (True, False)
+    ]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert int(outs[1][1].max()) > 2**30
 

@@ -241,7 +241,13 @@ def _prime_triton() -> None:
     try:
         from triton.runtime import cache, driver
 
-        hasher = threading.Thread(target=cache.triton_key, daemon=True)
+        def hash_library() -> None:  # a failure here is Triton's to report when it needs the key
+            try:
+                cache.triton_key()
+            except Exception:
+                pass
+
+        hasher = threading.Thread(target=hash_library, daemon=True)
         hasher.start()
         try:
             driver.active.get_current_device()
