@@ -62,6 +62,8 @@ SHAPES = {
 }
 ALIASES = {"qwen-hybrid": "qwen", "qwen_hybrid": "qwen"}
 KEYS = ["shape", "page", "peer", "ms", "tflops", "floor_ms", "pct_of_floor", "note"]
+# --softcap C: ours_nhd computes logits C * tanh(scale * q.k / C) (the other peers do not change)
+SOFTCAP = 0.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shapes", default="llama,qwen,chunked", help="comma list of llama, qwen, chunked")
     p.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                    help="an interface switch for this run, e.g. _TILE_PAGES=1")  # fmt: skip
+    p.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours_nhd (0: off)")
     p.add_argument("--from-logs", nargs="+", type=Path, default=None, metavar="LOG",
                    help="rebuild the csv/md/png from these runs' printed lines; measure nothing")  # fmt: skip
     args = p.parse_args(argv)
@@ -171,10 +174,12 @@ def call_ours_nhd(prob: dict, caches: tuple, out):
     """Our Pythonic entry point on the NHD copy of the cache (same block table, same work)."""
     from prefix_prefill import prefix_prefill
 
+    kw = {"softcap": SOFTCAP} if SOFTCAP > 0 else {}
+
     def fn():
         prefix_prefill(
             prob["q"], prob["k"], prob["v"], caches[0], caches[1], prob["block_table"], prob["cu"],
-            prob["seq_lens"], prob["max_q"], kv_layout="nhd", out=out,
+            prob["seq_lens"], prob["max_q"], kv_layout="nhd", out=out, **kw,
         )  # fmt: skip
 
     return fn
@@ -282,6 +287,8 @@ def bench_shape(torch, name: str, pages: list[int], reps: dict) -> list[dict]:
         nhd()
         diff = float((out_n.float() - prob["o"].float()).abs().max())
         note = f"NHD layout; max|nhd-split|={diff:.3g}"
+        if SOFTCAP > 0:
+            note = f"NHD layout, softcap {SOFTCAP:g} (split uncapped: max|nhd-split|={diff:.3g})"
         new_rows.append(row(name, page, "ours_nhd", bench_ms(nhd, **reps), flops, floor, note))
         del nhd, out_n
         out_v = torch.empty_like(prob["q"])
@@ -510,7 +517,10 @@ def main(argv: list[str] | None = None) -> int:
     reps = {"warmup": 10, "rep": 30} if args.quick else {"warmup": 25, "rep": 100}
     pages = QUICK_PAGES if args.quick else PAGES
     switches = args.set or "default"
-    print(f"# {gpu_name()}, shapes {args.shapes}, pages {pages}, switches {switches}", flush=True)
+    global SOFTCAP
+    SOFTCAP = args.softcap
+    cap = f", ours_nhd softcap {SOFTCAP:g}" if SOFTCAP > 0 else ""
+    print(f"# {gpu_name()}, shapes {args.shapes}, pages {pages}, switches {switches}{cap}", flush=True)
     rows: list[dict] = []
     for name in args.shapes:
         if name == "chunked":

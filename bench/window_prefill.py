@@ -4,6 +4,7 @@
 Usage::
 
     python bench/window_prefill.py --out DIR [--quick] [--sweep] [--shapes pr,llm,sweep_n,sweep_w]
+                                   [--softcap C]
 
 Shapes (all bf16, one sequence of N tokens):
 
@@ -128,7 +129,8 @@ class Peers:
 
         out = self.torch.empty_like(q)
         w = s.window if window is None else window
-        return lambda: window_prefill(q, k, v, cu, s.n, causal=s.causal, window=w, out=out, config=config)
+        kw = {"out": out, "config": config, **({"softcap": SOFTCAP} if SOFTCAP > 0 else {})}
+        return lambda: window_prefill(q, k, v, cu, s.n, causal=s.causal, window=w, **kw)
 
     def ours_graph(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
         """Our call captured once in a CUDA graph and replayed: the kernel time without the host
@@ -154,6 +156,8 @@ class Peers:
         return self.ours(s, q, k, v, cu, window=(-1, -1))
 
     def vllm(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
+        if SOFTCAP > 0:
+            raise RuntimeError("no softcap in vLLM's context_attention_fwd")
         from vllm.v1.attention.ops.triton_prefill_attention import context_attention_fwd
 
         o = self.torch.empty_like(q)
@@ -200,9 +204,18 @@ class Peers:
         q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))  # [1, H, N, D]
         gqa = s.heads != s.kv_heads
         fn = self._flex
+        if SOFTCAP > 0:
+            cap = SOFTCAP
+
+            def score_mod(score, b, h, q_idx, kv_idx):  # score is already scaled
+                return cap * torch.tanh(score / cap)
+
+            return lambda: fn(q4, k4, v4, score_mod=score_mod, block_mask=bm, enable_gqa=gqa)
         return lambda: fn(q4, k4, v4, block_mask=bm, enable_gqa=gqa)
 
     def _sdpa(self, backend_name: str, s: Shape, q, k, v) -> Callable[[], object]:
+        if SOFTCAP > 0:
+            raise RuntimeError("no softcap in SDPA")
         torch = self.torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -228,6 +241,9 @@ class Peers:
 
 
 PEERS = ["ours", "ours_graph", "ours_nowindow", "vllm", "flex", "sdpa_flash", "sdpa_cudnn"]
+# --softcap C: logits C * tanh(scale * q.k / C) for ours and FlexAttention (a score_mod); the peers
+# without it are skipped.
+SOFTCAP = 0.0
 FULL_PEERS = {"ours_nowindow", "sdpa_flash", "sdpa_cudnn"}
 PEER_NOTES = {"ours_graph": "ours replayed from a CUDA graph: no Python launch cost in the timing"}
 
@@ -446,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
     ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
     ap.add_argument("--tag", default="", help="appended to the output file names")
+    ap.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours and Flex (0: off)")
     ap.add_argument(
         "--sweep-grid", default=None, help="BMs/BNs/warps/stages[/tma], e.g. 32,64/16,32,64/2,4/2,3,4/0,1"
     )
@@ -457,7 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     set_switches(args.set, ap.error, module="window_prefill.interface")
+    global SOFTCAP
+    SOFTCAP = args.softcap
     tag = f"_{args.tag}" if args.tag else ""
+    tag += f"_softcap{args.softcap:g}" if args.softcap > 0 else ""
     stem = "window_prefill" + "".join("_" + s.replace("=", "") for s in args.set) + tag
     if not torch.cuda.is_available():
         print("needs a GPU", file=sys.stderr)
