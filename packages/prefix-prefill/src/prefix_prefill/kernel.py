@@ -112,9 +112,9 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
 #               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP, PAGE_VECTOR), flags of the whole
-#               launch. With ``K_CHUNK > 0`` the query tile ``b_q`` and the cache's ``o_kd`` are tuples of
-#               ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
+#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP, PAGE_VECTOR),
+#               flags of the whole launch. With ``K_CHUNK > 0`` the query tile ``b_q`` and the
+#               cache's ``o_kd`` are tuples of ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
 
 
 @triton.jit
@@ -589,16 +589,16 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
         n_inner = (n_mid_hi - n_mid_lo) // BLOCK_N
         for t in tl.range(0, c_inner + n_inner):
             u = t - c_inner
-            acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, c_mid_lo + t * BLOCK_N, n_mid_lo + u * BLOCK_N,
-                                         ctx_len, seq_len, rows, cache, new, s_scale, BLOCK_N, False, V_RUNS,
-                                         CFG)  # fmt: skip
+            acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, c_mid_lo + t * BLOCK_N,
+                                         n_mid_lo + u * BLOCK_N, ctx_len, seq_len, rows, cache, new, s_scale,
+                                         BLOCK_N, False, V_RUNS, CFG)  # fmt: skip
     else:  # as _segment's interior loops (the context's: aligned tiles, V runs per V_RUNS)
         for n0 in tl.range(c_mid_lo, c_mid_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, 0, ctx_len, rows, cache, None, s_scale, 1.0, BLOCK_N,
-                                  True, False, V_RUNS, CFG, True, False)  # fmt: skip
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, 0, ctx_len, rows, cache, None, s_scale, 1.0,
+                                  BLOCK_N, True, False, V_RUNS, CFG, True, False)  # fmt: skip
         for n0 in tl.range(n_mid_lo, n_mid_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0, BLOCK_N,
-                                  False, False, (False, 1), CFG, False, False)  # fmt: skip
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0,
+                                  BLOCK_N, False, False, (False, 1), CFG, False, False)  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -681,7 +681,7 @@ def _fwd_kernel(
     MERGE_INTERIOR: tl.constexpr = True,  # with MERGE_NEW: the interior loops merged too (else masked only)
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
     SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend)
-    PAGE_VECTOR: tl.constexpr = False,  # unmasked tiles of whole small pages: one block id per page (tile_blocks)
+    PAGE_VECTOR: tl.constexpr = False,  # whole small pages per unmasked tile: a block id per page
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
