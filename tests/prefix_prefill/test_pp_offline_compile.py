@@ -37,8 +37,8 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
              STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
              WIDE_OFFSETS=True, GRANULE_EDGES=False,
-             DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False, LAZY_RESCALE=0,
-             SOFTCAP=False)
+             DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False, MERGE_INTERIOR=True,
+             LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False)
     c.update(flags)
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
     assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
