@@ -5,7 +5,7 @@ is timed (imports and input allocation are not). The child also makes a second c
 sequence lengths and batch size and reports whether that compiled anything (it must not).
 
     python bench/first_call.py [--out DIR] [--kernels window,prefix,prefix_kvcache] [--dtypes bf16,fp16]
-                               [--heads 64,128,256] [--set NAME=0|1 ...]
+                               [--heads 64,128,256] [--set NAME=0|1 ...] [--layout nhd|split]
 
 (``prefix_kvcache``: prefix-prefill with k=v=None, the new tokens' K/V read from the cache.)
     python bench/first_call.py --smoke     # CPU: Triton interpreter, tiny shapes (checks the script)
@@ -29,7 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, write_rows
 
 
-def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]) -> dict:
+def _child(
+    kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str], layout: str = "nhd"
+) -> dict:
     from common import add_package_paths, set_switches
 
     add_package_paths()
@@ -72,7 +74,11 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]
             seq = [c + n for c, n in zip(ctx, lens, strict=True)]
             pages = [-(-s // page) for s in seq]
             nb = sum(pages) + 1
-            k_cache, v_cache = randn(nb, page, 2, head), randn(nb, page, 2, head)
+            if layout == "split":  # vLLM's: K [blocks, Hkv, D/x, page, x], V [blocks, Hkv, D, page]
+                x = 16 // torch.empty(0, dtype=dt).element_size()
+                k_cache, v_cache = randn(nb, 2, head // x, page, x), randn(nb, 2, head, page)
+            else:
+                k_cache, v_cache = randn(nb, page, 2, head), randn(nb, page, 2, head)
             table = torch.zeros(len(lens), max(pages), dtype=torch.int32, device=dev)
             at = 0
             for i, p in enumerate(pages):
@@ -85,7 +91,7 @@ def _child(kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str]
             if kv_from_cache:  # the new tokens' K/V are read from the cache (which holds every token)
                 k = v = None
             return lambda: prefix_prefill(
-                q, k, v, k_cache, v_cache, table, cu, sl, max(lens), kv_layout="nhd"
+                q, k, v, k_cache, v_cache, table, cu, sl, max(lens), kv_layout=layout
             )
 
     def sync():
@@ -144,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                     help="a switch of the kernel's interface module for every child")  # fmt: skip
+    ap.add_argument("--layout", default="nhd", choices=("nhd", "split"),
+                    help="prefix kernels' cache layout (split: vLLM's)")  # fmt: skip
     ap.add_argument("--child", nargs=3, metavar=("KERNEL", "DTYPE", "HEAD"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kernel, dtype_name, head = args.child
-        print("RESULT " + json.dumps(_child(kernel, dtype_name, int(head), args.smoke, args.set)), flush=True)
+        res = _child(kernel, dtype_name, int(head), args.smoke, args.set, args.layout)
+        print("RESULT " + json.dumps(res), flush=True)
         return 0
     kernels, dtypes = args.kernels.split(","), args.dtypes.split(",")
     heads = [int(h) for h in args.heads.split(",")]
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                         env["TRITON_INTERPRET"] = "1"
                     for kind in ("cold", "warm"):  # warm: the same cache directory, filled by the cold run
                         cmd = [sys.executable, __file__, "--child", kernel, dtype_name, str(head)]
+                        cmd += ["--layout", args.layout]
                         cmd += ["--smoke"] if args.smoke else []
                         cmd += [f"--set={kv}" for kv in args.set]
                         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         res = json.loads(line[0][len("RESULT ") :])
                         row = {"kernel": kernel, "dtype": dtype_name, "head": head, "cache": kind,
+                               "layout": "-" if kernel == "window" else args.layout,
                                "sets": " ".join(args.set), **res}  # fmt: skip
                         rows.append(row)
                         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
