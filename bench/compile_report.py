@@ -136,6 +136,7 @@ def window_source(
     band: bool = False,
     tma: bool = False,
     interior_first: bool = False,
+    tma_v: bool = True,
 ) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
@@ -145,12 +146,15 @@ def window_source(
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
         LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
         FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma, INTERIOR_FIRST=interior_first, SOFTCAP=False,
+        TMA_V=tma and tma_v,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
     descs = {}
     if tma:
-        descs = {n: f"tensordesc<bf16[{bn}, {head_dim}]>" for n in ("K_desc", "V_desc")}
+        descs = {n: f"tensordesc<bf16[{bn}, {head_dim}]>" for n in ("K_desc", "V_desc")[: 1 + tma_v]}
+        if not tma_v:
+            consts.update(V_desc=None)
     else:
         consts.update(K_desc=None, V_desc=None)
     return _source(_fwd_kernel, consts, ptrs, descs), warps, stages
@@ -177,6 +181,9 @@ def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> 
         sass = subprocess.run(
             [os.path.join(bindir, "cuobjdump"), "-sass", f"{d}/k.cubin"], capture_output=True, text=True
         ).stdout
+    if dump:
+        with open(f"{dump}.sass", "w") as f:
+            f.write(sass)
     lines = [
         ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln
     ]
@@ -191,8 +198,9 @@ def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> 
 
 
 def _loops(sass: str) -> str:
-    """`` | loops=N/H ...``: instructions N (H of them HGMMA) in each loop body of the SASS (a branch back
-    to an earlier address), the loops with a wgmma only: the main loops' per-iteration cost."""
+    """`` | loops=N/H[/Ls] ...``: instructions N (H of them HGMMA, L local-memory spill loads/stores) in each
+    loop body of the SASS (a branch back to an earlier address), the loops with a wgmma only: the main
+    loops' per-iteration cost."""
     instrs = {}
     for ln in sass.splitlines():
         m = re.match(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", ln)
@@ -203,9 +211,11 @@ def _loops(sass: str) -> str:
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
         if m and int(m.group(1), 16) <= addr:
             body = [v for a, v in instrs.items() if int(m.group(1), 16) <= a <= addr]
-            loops.append((len(body), sum("HGMMA" in b for b in body)))
+            spills = sum(bool(re.match(r"(LDL|STL)\b", b)) for b in body)
+            loops.append((len(body), sum("HGMMA" in b for b in body), spills))
     loops = sorted((t for t in loops if t[1]), key=lambda t: -t[0])
-    return " | loops=" + " ".join(f"{n}/{h}" for n, h in loops) if loops else ""
+    text = " ".join(f"{n}/{h}" + (f"/{sp}s" if sp else "") for n, h, sp in loops)
+    return " | loops=" + text if loops else ""
 
 
 def main() -> None:
@@ -243,8 +253,9 @@ def main() -> None:
     ap.add_argument("--page-vector", action="store_true", help="prefix: one block id per page (small pages)")
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
+    ap.add_argument("--tma-k-only", action="store_true", help="window, with --tma: V by lane loads")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
-    ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir and PREFIX.ptx")
+    ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir, PREFIX.ptx and PREFIX.sass")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
     if args.kernel == "prefix":
@@ -284,6 +295,7 @@ def main() -> None:
             args.band_mask,
             args.tma,
             args.interior_first,
+            not args.tma_k_only,
         )
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
@@ -309,6 +321,7 @@ def main() -> None:
         what += " fold-scale" if args.fold_scale else ""
         what += " band-mask" if args.band_mask else ""
         what += " tma" if args.tma else ""
+        what += " tma-k-only" if args.tma_k_only else ""
         what += " interior-first" if args.interior_first else ""
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 

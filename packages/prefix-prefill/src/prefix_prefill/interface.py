@@ -453,12 +453,12 @@ _LAZY_RESCALE = 0
 # page spread (NOTES step 12), off until timed on a GPU; both forms are tested.
 _REST_GROUP = False
 # Context tiles of whole pages narrower than the tile (page 16 against 128 keys; aligned, unmasked):
-# one block-table read per page instead of per lane (paged_kv_offsets.tile_blocks PAGE_VECTOR). Today
-# each such tile gathers 128 block ids twice (once per K/V register layout) through shared memory;
-# offline (sm_90a, NOTES step 37) the context interior loop drops from 616 to 589 SASS at head 128
-# NHD page 16 (586 at page 512), 664 -> 610 in the split layout, 533 -> 525 at head 256. Candidate
-# for page 16's 5-6% gap to the best page, off until timed on a GPU; both forms are tested.
-_PAGE_VECTOR = False
+# one block-table read per page instead of per lane (paged_kv_offsets.tile_blocks PAGE_VECTOR), the
+# tile's row bound one scalar (paged-kv-offsets 1.5.1). Timed on the H200 (NOTES steps 37-38, 1.5.0's
+# per-page bound): page 16 llama NHD 7.54 -> 7.30 ms, k=None 8.20 -> 7.50 ms, other pages unchanged
+# (same code). Offline with 1.5.1 (sm_90a) the page-16 context interior loop is as long as page 512's:
+# 616 -> 562 SASS (head 128 NHD), 533 -> 494 (head 256), 664 -> 578 (split).
+_PAGE_VECTOR = True
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
 
