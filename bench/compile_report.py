@@ -136,7 +136,6 @@ def window_source(
     band: bool = False,
     tma: bool = False,
     interior_first: bool = False,
-    tma_v: bool = True,
 ) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
@@ -146,15 +145,12 @@ def window_source(
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
         LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
         FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma, INTERIOR_FIRST=interior_first, SOFTCAP=False,
-        TMA_V=tma and tma_v,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
     descs = {}
     if tma:
-        descs = {n: f"tensordesc<bf16[{bn}, {head_dim}]>" for n in ("K_desc", "V_desc")[: 1 + tma_v]}
-        if not tma_v:
-            consts.update(V_desc=None)
+        descs = {n: f"tensordesc<bf16[{bn}, {head_dim}]>" for n in ("K_desc", "V_desc")}
     else:
         consts.update(K_desc=None, V_desc=None)
     return _source(_fwd_kernel, consts, ptrs, descs), warps, stages
@@ -253,7 +249,6 @@ def main() -> None:
     ap.add_argument("--page-vector", action="store_true", help="prefix: one block id per page (small pages)")
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
-    ap.add_argument("--tma-k-only", action="store_true", help="window, with --tma: V by lane loads")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir, PREFIX.ptx and PREFIX.sass")
     args = ap.parse_args()
@@ -295,7 +290,6 @@ def main() -> None:
             args.band_mask,
             args.tma,
             args.interior_first,
-            not args.tma_k_only,
         )
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
@@ -321,7 +315,6 @@ def main() -> None:
         what += " fold-scale" if args.fold_scale else ""
         what += " band-mask" if args.band_mask else ""
         what += " tma" if args.tma else ""
-        what += " tma-k-only" if args.tma_k_only else ""
         what += " interior-first" if args.interior_first else ""
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 

@@ -350,8 +350,7 @@ def _graphed(torch, fn):
 
 def run_sweep(gpu: str, shapes: list[Shape] | None = None, grid: str | None = None) -> list[dict]:
     """Time our kernel over a launch-config grid (``grid``: ``BMs/BNs/warps/stages[/tma]``, each a
-    comma list, tma 0, 1 or 2 (K only, V by lane loads; default 0); default 64,128/32,64,128/4,8/2,3,4),
-    each config captured in a
+    comma list, tma 0 or 1 (default 0); default 64,128/32,64,128/4,8/2,3,4), each config captured in a
     CUDA graph (the small shapes are host-bound with plain launches on some machines)."""
     import torch
 
@@ -374,7 +373,7 @@ def run_sweep(gpu: str, shapes: list[Shape] | None = None, grid: str | None = No
         ]
         axes += [(0,)] * (5 - len(axes))
         for bm, bn, nw, ns, tma in itertools.product(*axes):
-            cfg = Config(bm, bn, nw, ns, bool(tma), tma_v=tma != 2)
+            cfg = Config(bm, bn, nw, ns, bool(tma))
             smem = shared_memory_bytes(cfg, s.head_dim, q.dtype)
             row = {
                 "shape": s.name,

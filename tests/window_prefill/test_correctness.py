@@ -288,17 +288,16 @@ TMA_CONFIGS = [Config(16, 16, 1, 1, True), Config(32, 16, 1, 1, True), Config(16
 
 @pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: f"{c.block_m}x{c.block_n}")
 @pytest.mark.parametrize("causal,window", [(True, (40, -1)), (False, (20, 33)), (True, (-1, -1))])
-@pytest.mark.parametrize("form", ["tma", "tma_k_only", "interior_first"])
+@pytest.mark.parametrize("form", ["tma", "interior_first"])
 def test_tma_kv(monkeypatch, config, causal, window, form):
     """Interior K/V blocks through tensor descriptors (``Config.tma`` with interface._TMA_KV; the
     interpreter runs them; the interior blocks then come before the edges): K and V as slices of one
     packed qkv buffer (token stride > kv_heads * head_dim), GQA, sinks; the descriptors must actually
-    be built, and the result match the reference. Form ``tma_k_only``: ``Config.tma_v=False`` (K
-    through its descriptor, V by lane loads). Form ``interior_first``: the same block order with
+    be built, and the result match the reference. Form ``interior_first``: the same block order with
     pointer loads (_TMA_KV off, interface._INTERIOR_FIRST)."""
     import window_prefill.interface as wi
 
-    monkeypatch.setattr(wi, "_TMA_KV", form != "interior_first")
+    monkeypatch.setattr(wi, "_TMA_KV", form == "tma")
     monkeypatch.setattr(wi, "_INTERIOR_FIRST", form == "interior_first")
     built = []
     real = wi._tma_descriptors
@@ -309,10 +308,8 @@ def test_tma_kv(monkeypatch, config, causal, window, form):
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
     cu = cu_of(lens)
     sinks = torch.randn(heads, dtype=torch.float32, device=DEVICE)
-    if form == "tma_k_only":
-        config = config._replace(tma_v=False)
     out = run(q, k, v, cu, max(lens), causal=causal, window=window, sinks=sinks, config=config)
-    if form != "interior_first":
+    if form == "tma":
         assert built and built[-1][0] is not None, "the descriptor form was not taken"
     else:
         assert not built, "descriptors built with _TMA_KV off"

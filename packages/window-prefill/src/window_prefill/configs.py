@@ -25,16 +25,13 @@ import torch
 class Config(NamedTuple):
     """One launch configuration: query tile rows, key tile rows, warps, software-pipeline stages, and
     whether interior K/V blocks load through TMA tensor descriptors where the inputs allow it
-    (``interface._tma_descriptors``: sm90, 16-bit, unpadded head dim, 16-byte rows); with ``tma``,
-    ``tma_v=False`` takes K alone through its descriptor and V by lane loads (one mbarrier ring
-    less: 64/64/4/3 at head 128 then needs 115,712 B of shared memory, two programs per SM)."""
+    (``interface._tma_descriptors``: sm90, 16-bit, unpadded head dim, 16-byte rows)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     tma: bool = False
-    tma_v: bool = True
 
 
 ARCHS = ("sm90", "sm80", "gfx942", "gfx950", "interpreter", "default")

@@ -295,8 +295,6 @@ def _launch_fwd(
     k_desc, v_desc = None, None
     if _TMA_KV and config.tma:
         k_desc, v_desc = _tma_descriptors(k, v, head_dim, config.block_n, arch)
-        if not config.tma_v:
-            v_desc = None
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     grid = (-(-max_len // config.block_m), heads, batch)  # plain ints: triton.cdiv costs ~2 us
@@ -345,7 +343,6 @@ def _launch_fwd(
         TMA_KV=k_desc is not None,
         INTERIOR_FIRST=_INTERIOR_FIRST or k_desc is not None,
         SOFTCAP=softcap > 0,
-        TMA_V=v_desc is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

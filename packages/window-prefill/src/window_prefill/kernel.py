@@ -48,7 +48,7 @@ def _attn_block(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0, FOLD: tl.constexpr = False,
     BAND: tl.constexpr = False, k_desc=None, v_desc=None, kv_col=0, TMA: tl.constexpr = False,
-    tanh_scale=1.0, SOFTCAP: tl.constexpr = False, TMA_V: tl.constexpr = True,
+    tanh_scale=1.0, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
     ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
@@ -59,7 +59,7 @@ def _attn_block(
     the band's width (one subtract and one compare per score instead of two of each and an and).
     ``TMA`` (interior blocks only): K and V come through the tensor descriptors ``k_desc``/``v_desc``
     ([total_tokens, kv_heads * HEAD_DIM] views, block [BLOCK_N, HEAD_DIM]) at column ``kv_col``: one
-    bulk copy per tile, no per-lane address arithmetic. ``TMA_V=False``: K only (V by lane loads).
+    bulk copy per tile, no per-lane address arithmetic.
     ``SOFTCAP``: the raw ``q . k`` becomes ``tanh(q . k * tanh_scale)`` first (``tanh_scale`` =
     softmax_scale / softcap) and ``qk_scale`` is softcap * log2(e): logits ``softcap * tanh(scale *
     q . k / softcap)`` in log2 units, with everything after (fold, masks, bias) unchanged."""
@@ -151,7 +151,7 @@ def _attn_block(
         alpha = tl.math.exp2(m_i - m_shift)  # [BM]
         l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
         acc = acc * alpha[:, None]  # [BM, BD]
-    if USE_TMA and TMA_V:
+    if USE_TMA:
         b_v = v_desc.load([row, kv_col])  # [BN, BD]
     else:
         b_v = _load_rows(p_v, m_kv, LOAD_MASK)  # [BN, BD]
@@ -206,7 +206,6 @@ def _attn_blocks(
     TMA: tl.constexpr = False,
     tanh_scale=1.0,
     SOFTCAP: tl.constexpr = False,
-    TMA_V: tl.constexpr = True,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -234,7 +233,7 @@ def _attn_blocks(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
             HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY, FOLD, BAND,
-            k_desc, v_desc, kv_col, TMA, tanh_scale, SOFTCAP, TMA_V,
+            k_desc, v_desc, kv_col, TMA, tanh_scale, SOFTCAP,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -281,7 +280,6 @@ def _fwd_kernel(
     TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
     INTERIOR_FIRST: tl.constexpr = False,  # the interior blocks before the masked edges (register allocation)
     SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e)
-    TMA_V: tl.constexpr = True,  # with TMA_KV: V through V_desc too (False: K only, V_desc None)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
@@ -380,7 +378,7 @@ def _fwd_kernel(
                 n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
                 HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
                 WIDE_OFFSETS, LAZY_RESCALE, FOLD_SCALE, BAND_MASK, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV,
-                tanh_scale, SOFTCAP, TMA_V,
+                tanh_scale, SOFTCAP,
             )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
