@@ -13,7 +13,7 @@ Versioned on its own: kernels pin ``paged-kv-offsets>=1.5,<2``; the device-funct
 only change with a major version.
 """
 
-__version__ = "1.5.1"
+__version__ = "1.5.0"
 
 from paged_kv_offsets.index import offsets_fit_int32
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout

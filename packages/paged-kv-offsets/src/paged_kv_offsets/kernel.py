@@ -98,9 +98,7 @@ def tile_blocks(
       ``ALIGNED``, ``BLOCK % PAGE_SIZE == 0``: a tile of whole pages) one table load per page instead:
       ``blk`` is [BLOCK // PAGE_SIZE] and :func:`tile_block_offsets` (same ``PAGE_VECTOR``) spreads
       each page's base over its lanes (the kernels' per-lane table gathers, one per cache layout, and
-      their shared-memory reads become one small gather). Its row bound is one scalar for the tile: a
-      tile that runs past the row's end (a sequence longer than its table row: bad input) gets block
-      0 in every lane, not only in the lanes past the end.
+      their shared-memory reads become one small gather).
 
     ``MASKED=False`` is for tiles whose lanes are all real tokens (``pos < n_valid``): the lane mask
     is then the table-row bound alone (``page < n_cols``), and with a tile no wider than a page not
@@ -147,17 +145,10 @@ def tile_blocks(
         if PAGE_VECTOR and (not MASKED) and ALIGNED and BLOCK % PAGE_SIZE == 0:
             # whole pages, every lane real: one table read per page ([BLOCK // PAGE_SIZE]
             # lanes, not [BLOCK]); tile_block_offsets spreads each page's base over its lanes
-            NP: tl.constexpr = BLOCK // PAGE_SIZE
-            page0 = tl.cast(pos0, tl.int32) // PAGE_SIZE  # first page of the tile (int32: pos0 < 2**31)
-            # one scalar bound for the whole tile, not one per page: all its pages lie in the row
-            # (always, when the row covers the sequence; a tile past the row's end reads block 0 in
-            # every lane, an address inside any cache). In this form (not page0 + NP <= n_cols) the
-            # compare stays 32-bit and the loads share one predicate (sm_90a, head 256, page 16:
-            # context interior loop 525 -> 494 SASS, as many as at page 512; NOTES step 38)
-            m_row = n_cols - page0 >= NP
-            p_bt = bt_row + page0.to(tl.int64) * stride_bt_col  # scalar
-            p_bt = p_bt + tl.arange(0, NP) * stride_bt_col  # [NP]
-            b_blk = _index(tl.load(p_bt, mask=m_row, other=0), WIDE)  # [NP]
+            pages = pos0 // PAGE_SIZE + tl.arange(0, BLOCK // PAGE_SIZE)  # [NP]
+            b_blk = _index(
+                tl.load(bt_row + pages.to(tl.int64) * stride_bt_col, mask=pages < n_cols, other=0), WIDE
+            )
             p_slot = offs % PAGE_SIZE  # [BLOCK]
             m_tok = offs >= 0  # [BLOCK] unused
         else:

@@ -453,11 +453,11 @@ _LAZY_RESCALE = 0
 # page spread (NOTES step 12), off until timed on a GPU; both forms are tested.
 _REST_GROUP = False
 # Context tiles of whole pages narrower than the tile (page 16 against 128 keys; aligned, unmasked):
-# one block-table read per page instead of per lane (paged_kv_offsets.tile_blocks PAGE_VECTOR), the
-# tile's row bound one scalar (paged-kv-offsets 1.5.1). Timed on the H200 (NOTES steps 37-38, 1.5.0's
-# per-page bound): page 16 llama NHD 7.54 -> 7.30 ms, k=None 8.20 -> 7.50 ms, other pages unchanged
-# (same code). Offline with 1.5.1 (sm_90a) the page-16 context interior loop is as long as page 512's:
-# 616 -> 562 SASS (head 128 NHD), 533 -> 494 (head 256), 664 -> 578 (split).
+# one block-table read per page instead of per lane (paged_kv_offsets.tile_blocks PAGE_VECTOR). Timed
+# on the H200 (NOTES steps 37-38, three runs): page 16 llama NHD 7.54-7.73 -> 7.30-7.33 ms (-3 to -5%),
+# k=None 8.20-8.24 -> 7.50-7.61 ms, qwen-hybrid (head 256) unchanged within 1%, other pages unchanged
+# (same code). A form with one scalar row bound per tile (fewer SASS: 525 -> 494 at head 256) ran
+# qwen page 16 10% slower: not taken.
 _PAGE_VECTOR = True
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
