@@ -59,9 +59,19 @@ def _source(kernel, consts: dict, pointer_types: dict, other_types: dict | None 
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-            if name.startswith("stride_") and name != "stride_bt_row":
-                attrs[(i,)] = [["tt.divisibility", 16]]
+            if name.startswith("stride_") and name not in ("stride_bt_row", "stride_lse_h"):
+                attrs[(i,)] = [["tt.divisibility", 16]]  # stride_lse_h is not specialised (total tokens)
     return ASTSource(kernel, sig, consts, attrs)
+
+
+def _lse_args(lse: bool, consts: dict, ptrs: dict) -> None:
+    """The softmax LSE output (kernel ``RETURN_LSE``): a float32 pointer and its head stride, or both
+    None (constexprs, as the launchers pass them without ``return_lse``)."""
+    consts["RETURN_LSE"] = lse
+    if lse:
+        ptrs["Lse"] = "fp32"
+    else:
+        consts.update(Lse=None, stride_lse_h=None)
 
 
 def prefix_source(
@@ -86,6 +96,7 @@ def prefix_source(
     merge_interior: bool = True,
     lazy: float = 0.0,
     page_vector: bool = False,
+    lse: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -123,6 +134,7 @@ def prefix_source(
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
     ptrs.update({n: "i32" for n in ("Block_table", "Cu_seqlens_q", "Seq_lens")})
     ptrs.update({n: "fp32" for n in ("Sinks", "Alibi_slopes", "K_scale", "V_scale", "Out_scale")})
+    _lse_args(lse, consts, ptrs)
     return _source(_fwd_kernel, consts, ptrs), warps, stages
 
 
@@ -136,6 +148,7 @@ def window_source(
     band: bool = False,
     tma: bool = False,
     interior_first: bool = False,
+    lse: bool = False,
 ) -> tuple[ASTSource, int, int]:
     from window_prefill.kernel import _fwd_kernel
 
@@ -153,6 +166,7 @@ def window_source(
         descs = {n: f"tensordesc<bf16[{bn}, {head_dim}]>" for n in ("K_desc", "V_desc")}
     else:
         consts.update(K_desc=None, V_desc=None)
+    _lse_args(lse, consts, ptrs)
     return _source(_fwd_kernel, consts, ptrs, descs), warps, stages
 
 
@@ -250,6 +264,7 @@ def main() -> None:
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
+    ap.add_argument("--lse", action="store_true", help="also store the softmax LSE (return_lse=True)")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir, PREFIX.ptx and PREFIX.sass")
     args = ap.parse_args()
     cfg = [int(x) for x in args.config.split("/")]
@@ -277,6 +292,7 @@ def main() -> None:
             lazy=args.lazy,
             merge_interior=not args.merge_masked,
             page_vector=args.page_vector,
+            lse=args.lse,
         )
     else:
         causal = not args.non_causal
@@ -290,6 +306,7 @@ def main() -> None:
             args.band_mask,
             args.tma,
             args.interior_first,
+            lse=args.lse,
         )
     what = f"{args.kernel} {args.config} D={args.head_dim} page={args.page}"
     if args.kernel == "prefix":
@@ -316,6 +333,7 @@ def main() -> None:
         what += " band-mask" if args.band_mask else ""
         what += " tma" if args.tma else ""
         what += " interior-first" if args.interior_first else ""
+    what += " lse" if args.lse else ""
     print(f"{what}: {report(src, warps, stages, args.dump)}")
 
 

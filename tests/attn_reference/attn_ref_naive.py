@@ -32,7 +32,10 @@ def naive_attention(
     sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``[total_q, H, Dv]`` float64; with ``return_lse`` also ``[H, total_q]``: ``log(sum(exp(logit)))``
+    per row over the visible logits and a denominator sink (``-inf`` when that sum is empty or 0)."""
     q, k, v = (t.detach().cpu().double() for t in (q, k, v))
     total_q, num_heads, d = q.shape
     num_kv = k.shape[1]
@@ -40,6 +43,7 @@ def naive_attention(
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     left, right = window
     out = torch.zeros(total_q, num_heads, v.shape[2], dtype=torch.float64)
+    lse = torch.full((num_heads, total_q), float("-inf"), dtype=torch.float64)
     for b in range(len(cu_q) - 1):
         len_q, len_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
         kb, vb = k[cu_k[b] : cu_k[b + 1]], v[cu_k[b] : cu_k[b + 1]]
@@ -62,12 +66,16 @@ def naive_attention(
                         s += float(sinks[h])
                     logits.append(s)
                     keys.append(j)
+                extra = [float(sinks[h])] if sinks is not None and sinks_mode == "denominator" else []
+                terms = [t for t in logits + extra if t != float("-inf")]
+                if terms:
+                    m = max(terms)
+                    lse[h, cu_q[b] + i] = m + math.log(sum(math.exp(t - m) for t in terms))
                 if not keys:
                     continue  # fully masked row -> 0
-                extra = [float(sinks[h])] if sinks is not None and sinks_mode == "denominator" else []
                 m = max(logits + extra)
                 w = [math.exp(s - m) for s in logits]
                 denom = sum(w) + sum(math.exp(s - m) for s in extra)
                 weights = torch.tensor([x / denom for x in w], dtype=torch.float64)
                 out[cu_q[b] + i, h] = weights @ vb[keys, h // group]
-    return out
+    return (out, lse) if return_lse else out

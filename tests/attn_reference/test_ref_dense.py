@@ -184,7 +184,7 @@ def test_argument_validation(mutate, exc, match, device):
 
 
 def test_version():
-    assert attn_reference.__version__ == "0.1.0"
+    assert attn_reference.__version__ == "0.2.0"
 
 
 @pytest.mark.gpu

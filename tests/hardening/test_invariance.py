@@ -112,6 +112,8 @@ def _launch_window(form: str, lens: list[int]) -> None:
     cu = cu_of(lens)
     if form == "window_prefill":
         window_prefill(q, k, v, cu, max(lens), window=(7, -1))
+    elif form == "window_prefill-lse":  # the LSE's head stride is the token count: not specialised
+        window_prefill(q, k, v, cu, max(lens), window=(7, -1), return_lse=True)
     else:
         lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
         wp_caf(q, k, v, torch.empty_like(q), cu[:-1], lens_t, max(lens), True, None, 7)
@@ -128,9 +130,9 @@ def _launch_prefix(form: str, seqs: list[tuple[int, int]]) -> None:
         head=32,
         page=16,
         dtype=torch.float16,
-        layout="split" if form != "prefix_prefill" else "nhd",
+        layout="split" if not form.startswith("prefix_prefill") else "nhd",
     )
-    if form == "prefix_prefill":
+    if form.startswith("prefix_prefill"):
         prefix_prefill(
             c.q,
             c.k,
@@ -142,6 +144,7 @@ def _launch_prefix(form: str, seqs: list[tuple[int, int]]) -> None:
             c.seq_lens,
             c.max_query_len,
             window=(31, -1),
+            return_lse=form == "prefix_prefill-lse",
         )
     else:
         one = torch.ones(1, device=DEVICE)
@@ -166,7 +169,14 @@ def _launch_prefix(form: str, seqs: list[tuple[int, int]]) -> None:
 
 @pytest.mark.parametrize(
     "form",
-    ["window_prefill", "window-context_attention_fwd", "prefix_prefill", "prefix-context_attention_fwd"],
+    [
+        "window_prefill",
+        "window_prefill-lse",
+        "window-context_attention_fwd",
+        "prefix_prefill",
+        "prefix_prefill-lse",
+        "prefix-context_attention_fwd",
+    ],
 )
 def test_compiled_variant_does_not_depend_on_lengths_or_batch(form, monkeypatch):
     rec = Recorder()
@@ -185,6 +195,38 @@ def test_compiled_variant_does_not_depend_on_lengths_or_batch(form, monkeypatch)
     assert len(specs) == 1, "the compiled variant changed with the batch composition"
     grids = {grid for grid, _, _ in rec.calls}
     assert len(grids) > 1, "the batches were meant to need different grids"
+
+
+@pytest.mark.parametrize("kernel", ["window", "prefix"])
+def test_return_lse_off_launches_the_variant_of_before(kernel, monkeypatch):
+    """Without return_lse the kernel gets no LSE argument (``Lse``/``stride_lse_h`` None: constexprs, not
+    in the compiled signature) and ``RETURN_LSE=False``; with it, only those three (and the output
+    buffer each call allocates) differ."""
+    rec = Recorder()
+    iface = wp_iface if kernel == "window" else pp_iface
+    names = list(iface._fwd_kernel.arg_names)
+    monkeypatch.setattr(iface, "_fwd_kernel", rec)
+    for form in ("_prefill", "_prefill-lse"):
+        torch.manual_seed(0)  # the same problem twice
+        if kernel == "window":
+            _launch_window("window" + form, [9, 14])
+        else:
+            _launch_prefix("prefix" + form, [(20, 9), (0, 5)])
+    (_, a0, kw0), (_, a1, kw1) = rec.calls
+    i, j = names.index("Lse"), names.index("stride_lse_h")
+    assert a0[i] is None and a0[j] is None and kw0["RETURN_LSE"] is False
+    total = a1[0].shape[0]  # q: [total tokens, heads, head size]
+    assert isinstance(a1[i], torch.Tensor) and a1[i].shape == (4, total) and a1[i].dtype == torch.float32
+    assert a1[j] == total  # the LSE's head stride (contiguous [heads, total])
+    assert kw1["RETURN_LSE"] is True
+    assert {k: v for k, v in kw0.items() if k != "RETURN_LSE"} == {
+        k: v for k, v in kw1.items() if k != "RETURN_LSE"
+    }
+    for n, x, y in zip(names, a0, a1, strict=False):  # positional arguments; constexprs are keywords
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride(), n
+        elif n not in ("Lse", "stride_lse_h"):
+            assert x == y, n
 
 
 # ------------------------------------------------------------------------------ batch invariance

@@ -212,18 +212,24 @@ CALLS = {
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU launcher check; the GPU runs test_gpu_cuda_graph_capture")
-@pytest.mark.parametrize("name", list(CALLS))
+@pytest.mark.parametrize(
+    "name", [*CALLS, "window_prefill-options+return_lse", "prefix_prefill-options+return_lse"]
+)
 def test_default_path_never_syncs(name, monkeypatch):
-    make, call, reference = CALLS[name]
+    """``+return_lse``: the same call with ``return_lse=True`` (the LSE buffer allocated by the call)."""
+    base, _, with_lse = name.partition("+")
+    make, call, reference = CALLS[base]
     p = make()
     monkeypatch.delenv("PREFILL_VALIDATE", raising=False)
     wp_rec, pp_rec = _record(monkeypatch)
     with no_host_sync(monkeypatch):
-        out = call(p)
+        out = call(p, return_lse=True) if with_lse else call(p)
     rec, other = (wp_rec, pp_rec) if name.startswith("window") else (pp_rec, wp_rec)
     assert len(rec.calls) == 1 and not other.calls
     monkeypatch.undo()
     rec.replay()  # the recorded launch, on the real kernel
+    if with_lse:
+        out = out[0]  # the LSE values: tests/window_prefill/test_lse.py, tests/prefix_prefill/test_pp_lse.py
     res = compare(out, reference(p))
     assert res, res
 

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import prefix_prefill
 import window_prefill
-from attn_reference import compare, negative_control
+from attn_reference import attention_varlen, compare, compare_lse, negative_control, paged_prefix_attention
 from paged_kv_offsets import LAYOUTS
 from prefix_prefill import context_attention_fwd as pp_caf
 from window_prefill import context_attention_fwd as wp_caf
@@ -85,11 +85,27 @@ def _prefix_op_args(device: str, dtype: torch.dtype, kv_from_cache: bool) -> tup
     )  # fmt: skip
 
 
+def _with_lse(args: tuple) -> tuple:
+    """The op's arguments (``softcap`` not given) plus ``softcap=0.0`` and a NaN-poisoned float32 ``lse``
+    ``[num_heads, total]``: what ``return_lse=True`` passes."""
+    q = args[0]
+    return (*args, 0.0, poison(torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)))
+
+
 OP_CASES = {
     "window-cu_seqlens": (lambda dev, dt: _window_op_args(dev, dt, False), "window_prefill"),
     "window-starts_lens_sinks": (lambda dev, dt: _window_op_args(dev, dt, True), "window_prefill"),
     "prefix-new_kv_sinks": (lambda dev, dt: _prefix_op_args(dev, dt, False), "prefix_prefill"),
     "prefix-kv_from_cache_alibi_window": (lambda dev, dt: _prefix_op_args(dev, dt, True), "prefix_prefill"),
+    # the optional mutable lse (return_lse=True): softcap 0.0 made explicit, then lse
+    "window-starts_lens_sinks-lse": (
+        lambda dev, dt: _with_lse(_window_op_args(dev, dt, True)),
+        "window_prefill",
+    ),
+    "prefix-new_kv_sinks-lse": (
+        lambda dev, dt: _with_lse(_prefix_op_args(dev, dt, False)),
+        "prefix_prefill",
+    ),
 }
 
 
@@ -115,7 +131,9 @@ def test_op_namespaces_exist_after_import():
         out = next(a for a in schema.arguments if a.name == "out")
         assert out.alias_info is not None and out.alias_info.is_write, schema
         mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        assert mutated == ["out"], schema
+        assert mutated == ["out", "lse"], schema  # lse: the optional softmax LSE (return_lse=True)
+        lse = schema.arguments[-1]
+        assert lse.name == "lse" and str(lse.type) == "Optional[Tensor]" and lse.default_value is None
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
@@ -135,10 +153,15 @@ def test_op_bumps_out_version_and_runs_in_inference_mode(case):
     op = getattr(torch.ops, pkg).fwd.default
     args = make(DEVICE, torch.float16)
     out = args[3]
+    lse = args[-1] if case.endswith("-lse") else None
     before = out._version
+    lse_before = lse._version if lse is not None else 0
     op(*args)
     assert out._version > before, "autograd must see the in-place write to out"
     assert not torch.isnan(out).any()
+    if lse is not None:
+        assert lse._version > lse_before, "autograd must see the in-place write to lse"
+        assert torch.isfinite(lse).all()
     with torch.inference_mode():  # how serving engines call it: inference tensors have no version counter
         args = make(DEVICE, torch.float16)
         op(*args)
@@ -227,6 +250,71 @@ def test_compile_new_shapes_recompile_without_graph_break(name):
         assert res, (lens, res)
 
 
+def _wp_lse(p: Dense, o: torch.Tensor, lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return window_prefill.window_prefill(
+        p.q, p.k, p.v, p.cu, p.max_len, window=p.window, sinks=p.sinks, out=o, return_lse=True, lse=lse
+    )
+
+
+def _pp_lse(p: Paged, o: torch.Tensor, lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return prefix_prefill.prefix_prefill(
+        p.q, p.k, p.v, p.k_cache, p.v_cache, p.block_table, p.cu_q, p.seq_lens, p.max_q, window=(6, -1),
+        out=o, return_lse=True, lse=lse,
+    )  # fmt: skip
+
+
+def _lse_reference(p: Dense | Paged) -> torch.Tensor:
+    if isinstance(p, Dense):
+        return attention_varlen(
+            p.q, p.k, p.v, p.cu, p.cu, causal=True, window=p.window, sinks=p.sinks, return_lse=True
+        )[1]
+    return paged_prefix_attention(
+        p.q, p.k, p.v, p.k_cache, p.v_cache, p.block_table, p.cu_q, p.seq_lens, layout="split",
+        window=(6, -1), return_lse=True,
+    )[1]  # fmt: skip
+
+
+LSE_CALLS: dict[str, tuple[Callable[..., object], Callable[..., tuple], str]] = {
+    "window_prefill": (lambda dt, dev: dense_case(dt, dev), _wp_lse, "window_prefill::fwd"),
+    "prefix_prefill": (lambda dt, dev: paged_case(dt, dev), _pp_lse, "prefix_prefill::fwd"),
+}
+
+
+def _lse_buffer(p: Dense | Paged) -> torch.Tensor:
+    return poison(torch.empty(p.q.shape[1], p.q.shape[0], dtype=torch.float32, device=p.q.device))
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["allocated", "caller_buffer"])
+@pytest.mark.parametrize("name", list(LSE_CALLS))
+def test_compile_return_lse_matches_eager(name, given):
+    """``return_lse=True`` under ``torch.compile(fullgraph=True)`` (aot_eager: functionalisation of the
+    op's second mutable argument): one graph, the op in it, out and lse equal to eager bit for bit, a
+    caller's lse buffer written in place, and the LSE matches the reference."""
+    make, call, op_name = LSE_CALLS[name]
+    p = make(torch.float16, DEVICE)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., object]:
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend=recording)
+    o_c, lse_c = poison(torch.empty_like(p.q)), _lse_buffer(p) if given else None
+    out_c, l_c = compiled(p, o_c, lse_c)
+    o_e, lse_e = poison(torch.empty_like(p.q)), _lse_buffer(p) if given else None
+    out_e, l_e = call(p, o_e, lse_e)
+    assert len(graphs) == 1
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any(op_name.replace("::", ".") in t for t in targets), targets
+    assert torch.equal(out_c, out_e) and torch.equal(o_c, o_e)
+    assert torch.equal(l_c, l_e)
+    if given:
+        assert torch.equal(lse_c, l_e), "the compiled call must write the caller's lse in place"
+    res = compare_lse(l_c, _lse_reference(p))
+    assert res, res
+
+
 def test_compile_harness_negative_control():
     """The comparison used above rejects a plausible wrong answer (window shifted by one key)."""
     out, p = _compiled_matches_eager("window_prefill", "eager")
@@ -307,6 +395,35 @@ def test_gpu_cuda_graph_replay_matches_eager(name):
         assert torch.equal(out_g, out_e)
         res = compare(out_g, p.reference())
         assert res, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(LSE_CALLS))
+def test_gpu_return_lse_inductor_and_cuda_graph(name):
+    """bf16: ``return_lse=True`` under Inductor equals eager; captured in a CUDA graph with the caller's
+    out/lse buffers, a replay on new inputs matches eager."""
+    make, call, _ = LSE_CALLS[name]
+    p = make(torch.bfloat16, "cuda")
+    torch._dynamo.reset()
+    out_c, l_c = torch.compile(call, fullgraph=True)(p, poison(torch.empty_like(p.q)), None)
+    out_e, l_e = call(p, poison(torch.empty_like(p.q)), None)
+    torch.cuda.synchronize()
+    assert torch.equal(out_c, out_e) and torch.equal(l_c, l_e)
+    o, lse = poison(torch.empty_like(p.q)), _lse_buffer(p)
+    call(p, o, lse)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(p, o, lse)
+    _refill(p)
+    poison(o), poison(lse)
+    graph.replay()
+    torch.cuda.synchronize()
+    out_e, l_e = call(p, poison(torch.empty_like(p.q)), None)
+    torch.cuda.synchronize()
+    assert torch.equal(o, out_e) and torch.equal(lse, l_e)
+    res = compare_lse(lse, _lse_reference(p))
+    assert res, res
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU-only sanity check of the test helpers")

@@ -38,15 +38,20 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
              WIDE_OFFSETS=True, GRANULE_EDGES=False,
              DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False, MERGE_INTERIOR=True,
-             LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False)
+             LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False, RETURN_LSE=False, Lse=None,
+             stride_lse_h=None)
     c.update(flags)
+    ptrs = set(PTRS)
+    if c["RETURN_LSE"]:  # the LSE output: a float32 pointer and a runtime head stride
+        del c["Lse"], c["stride_lse_h"]
+        ptrs.add("Lse")
     missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
     assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
     types = {"Q": dtype, "K": dtype, "V": dtype, "O": out, "K_cache": cache, "V_cache": cache,
              "Block_table": "i32", "Cu_seqlens_q": "i32", "Seq_lens": "i32"}
     sig, consts, attrs = {}, {}, {}
     for i, n in enumerate(_fwd_kernel.arg_names):
-        if n in PTRS:
+        if n in ptrs:
             sig[n] = "*" + types.get(n, "fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif n in c or n in ONES:
@@ -56,7 +61,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
             sig[n] = "fp32"
         else:
             sig[n] = "i32"
-            if n.startswith("stride_") and n != "stride_bt_row":
+            if n.startswith("stride_") and n not in ("stride_bt_row", "stride_lse_h"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(_fwd_kernel, sig, consts, attrs)
 
@@ -137,6 +142,21 @@ CASES = [
     [*SM90_BF16, 128, 16, {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, **NHD}],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
+    # return_lse=True (kernel RETURN_LSE): the default NHD form, and a skip_decode store of -inf
+    [
+        *SM90_BF16,
+        128,
+        16,
+        {
+            **TWO_PAGE,
+            "WIDE_OFFSETS": False,
+            "MERGE_NEW": True,
+            "MERGE_INTERIOR": False,
+            **NHD,
+            "RETURN_LSE": True,
+        },
+    ],
+    [["cuda", 80, 32], "sm80", "fp16", "fp16", "fp16", 64, 16, {"SKIP_DECODE": True, "RETURN_LSE": True}],
     [
         ["cuda", 80, 32],
         "sm80",

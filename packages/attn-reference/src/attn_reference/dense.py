@@ -139,14 +139,21 @@ def _attend_sequence(
     window_shift: int = 0,
     diag_offset: int = 0,
     kv_head_shift: int = 0,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence. q [Lq, H, D], k [Lk, Hkv, D], v [Lk, Hkv, Dv] (all already in the compute dtype),
-    slopes/sinks [H] in the compute dtype. Returns [Lq, H, Dv]."""
+    slopes/sinks [H] in the compute dtype. Returns ``(out [Lq, H, Dv], lse [H, Lq])``: ``lse`` is the
+    natural log of each row's softmax denominator, ``torch.logsumexp`` over the visible logits and the
+    denominator sink (``-inf`` when there is neither)."""
     len_q, num_heads, _ = q.shape
     len_k, num_kv_heads, dv = v.shape
     out = q.new_zeros(len_q, num_heads, dv)
+    denominator_sink = sinks is not None and sinks_mode == "denominator"
+    if denominator_sink:
+        lse = sinks[:, None].expand(num_heads, len_q).clone()  # no key: the sink alone
+    else:
+        lse = q.new_full((num_heads, len_q), float("-inf"))
     if len_q == 0 or len_k == 0:
-        return out  # nothing visible: zeros
+        return out, lse  # nothing visible: zeros
     group = num_heads // num_kv_heads
     kv_index = (torch.arange(num_heads, device=q.device) // group + kv_head_shift) % num_kv_heads
     kh = k.permute(1, 0, 2)[kv_index]  # [H, Lk, D]
@@ -168,6 +175,11 @@ def _attend_sequence(
         vis = _visible(pos_q, pos_k, causal, left, right, window_shift, diag_offset)  # [R, Lk]
         any_vis = vis.any(dim=1)  # [R]
         s = s.masked_fill(~vis[None], float("-inf"))
+        # the log of the denominator, straight from the logits (not from m and denom below)
+        logits = s
+        if denominator_sink:
+            logits = torch.cat([s, sinks[:, None, None].expand(num_heads, r1 - r0, 1)], dim=2)
+        lse[:, r0:r1] = torch.logsumexp(logits, dim=2)  # [H, R]; a row of only -inf gives -inf
         m = s.amax(dim=2, keepdim=True)  # [H, R, 1]
         if sinks is not None and sinks_mode == "denominator":
             m = torch.maximum(m, sinks[:, None, None].expand_as(m))
@@ -179,7 +191,7 @@ def _attend_sequence(
         o = torch.matmul(p, vh) / torch.where(denom > 0, denom, torch.ones_like(denom))  # [H, R, Dv]
         o = torch.where(any_vis[None, :, None], o, torch.zeros_like(o))  # fully masked rows -> exactly 0
         out[r0:r1] = o.permute(1, 0, 2)
-    return out
+    return out, lse
 
 
 def _attention_varlen_impl(
@@ -201,7 +213,8 @@ def _attention_varlen_impl(
     diag_offset: int = 0,
     kv_head_shift: int = 0,
     scale_mult: float = 1.0,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     q = _check_tensor(q, "q", 3, "[total_q, num_heads, head_size]")
     k = _check_tensor(k, "k", 3, "[total_k, num_kv_heads, head_size]")
     v = _check_tensor(v, "v", 3, "[total_k, num_kv_heads, head_size_v]")
@@ -217,6 +230,8 @@ def _attention_varlen_impl(
         )
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     left, right = _check_window(window)
     cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
     cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
@@ -234,12 +249,13 @@ def _attention_varlen_impl(
     slopes = alibi_slopes.to(device=device, dtype=dtype) if alibi_slopes is not None else None
     sinks_c = sinks.to(device=device, dtype=dtype) if sinks is not None else None
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=dtype, device=device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=dtype, device=device)
     for b in range(batch):
         qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
         if qe == qs:
             continue
         slopes_b = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b])
-        out[qs:qe] = _attend_sequence(
+        out[qs:qe], lse[:, qs:qe] = _attend_sequence(
             q[qs:qe].to(device=device, dtype=dtype),
             k[ks:ke].to(device=device, dtype=dtype),
             v[ks:ke].to(device=device, dtype=dtype),
@@ -255,6 +271,8 @@ def _attention_varlen_impl(
             diag_offset=diag_offset,
             kv_head_shift=kv_head_shift,
         )
+    if return_lse:
+        return out, lse
     return out
 
 
@@ -273,7 +291,8 @@ def attention_varlen(
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
     dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference attention over a ragged batch, computed in ``dtype`` on ``q``'s device.
 
     Args:
@@ -296,12 +315,18 @@ def attention_varlen(
             sequence (if visible).
         softcap: if > 0, ``s = softcap * tanh(s / softcap)`` (applied before ALiBi and sinks).
         dtype: compute and output dtype (float64 default, float32 allowed).
+        return_lse: also return the log-sum-exp of each row's softmax (FlashAttention's
+            ``return_softmax_lse``), for merging partial attention states.
 
     Logits are ``s = softcap(scale * q . k) - slope * |p - j| (+ sinks for key 0)``; rows with no
     visible key are exactly 0 (also with denominator sinks).
 
     Returns:
-        ``[total_q, H, Dv]`` in ``dtype``.
+        ``[total_q, H, Dv]`` in ``dtype``; with ``return_lse``, ``(out, lse)`` where ``lse`` is
+        ``[H, total_q]`` in ``dtype``, natural log: ``lse[h, i] = log(sum_j exp(s_ij))`` over the keys
+        row ``i`` sees (``torch.logsumexp`` of the logits above), plus ``exp(sinks[h])`` in the sum with
+        ``"denominator"`` sinks. A row with no visible key gets ``-inf``, or with a denominator sink
+        ``sinks[h]`` (its denominator is the sink alone; its output is 0).
     """
     return _attention_varlen_impl(
         q,
@@ -317,6 +342,7 @@ def attention_varlen(
         sinks_mode=sinks_mode,
         softcap=softcap,
         dtype=dtype,
+        return_lse=return_lse,
     )
 
 
@@ -336,10 +362,12 @@ def negative_control(
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
     dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """A plausible but WRONG attention output, to prove a test harness catches a buggy kernel.
 
-    Same arguments as :func:`attention_varlen`, plus ``kind``:
+    Same arguments as :func:`attention_varlen` (``return_lse``: also the wrong problem's LSE), plus
+    ``kind``:
 
     - ``"window_shift"``: the visible band shifted by one key to the left. With a finite window the
       bounds become ``left + 1`` / ``right - 1`` (``right == 0`` then means ``j <= p - 1``; unbounded
@@ -390,5 +418,6 @@ def negative_control(
         sinks_mode=sinks_mode,
         softcap=softcap,
         dtype=dtype,
+        return_lse=return_lse,
         **extra,  # type: ignore[arg-type]
     )

@@ -200,7 +200,8 @@ def paged_prefix_attention(
     v_scale: Scale = 1.0,
     fp8_dtype: torch.dtype | None = None,
     dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference prefill with a paged prefix: context from the cache, new tokens from ``k_new``/``v_new``.
 
     Args:
@@ -217,9 +218,12 @@ def paged_prefix_attention(
         fp8_dtype: how a uint8 cache is read (default ``torch.float8_e4m3fn``).
         Other keyword arguments: as :func:`attn_reference.attention_varlen` (query ``i`` of sequence
         ``b`` sits at key position ``ctx_len[b] + i``; ``causal`` defaults to True here).
+        return_lse: also return each row's softmax log-sum-exp, as :func:`attention_varlen` does
+            (logits of fp8 caches include ``k_scale``).
 
     Returns:
-        ``[total_q, H, Dv]`` in ``dtype``.
+        ``[total_q, H, Dv]`` in ``dtype``; with ``return_lse``, ``(out, lse)``, ``lse`` ``[H, total_q]``
+        in ``dtype`` (see :func:`attn_reference.attention_varlen`).
     """
     q = _check_tensor(q, "q", 3, "[total_q, num_heads, head_size]")
     if (k_new is None) != (v_new is None):
@@ -284,4 +288,5 @@ def paged_prefix_attention(
         sinks_mode=sinks_mode,
         softcap=softcap,
         dtype=dtype,
+        return_lse=return_lse,
     )

@@ -532,12 +532,15 @@ def _launch_fwd(
     skip_decode: bool = False,
     config: KernelConfig | None = None,
     softcap: float = 0.0,
+    lse: torch.Tensor | None = None,
 ) -> None:
     """Launch :func:`_fwd_kernel` on already-checked arguments (see :func:`prefix_prefill`).
 
     ``kc``/``vc`` describe the caches (``paged_kv_offsets.describe_kv_cache``); scales are
     1-element device tensors or None; ``config`` overrides the table (tests, benchmark sweeps);
-    ``softcap`` > 0: logits ``softcap * tanh(softmax_scale * q.k / softcap)``.
+    ``softcap`` > 0: logits ``softcap * tanh(softmax_scale * q.k / softcap)``; ``lse``: a float32
+    ``[H, total_q]`` buffer (unit token stride) for each row's softmax log-sum-exp (kernel
+    ``RETURN_LSE``; rows skipped by ``skip_decode`` get ``-inf``), or None (compiled without it).
     """
     total_q, num_heads, head_size = q.shape
     batch = seq_lens.shape[0]
@@ -576,7 +579,7 @@ def _launch_fwd(
                     q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                     max_query_len, causal=causal, window=window, softmax_scale=softmax_scale,
                     alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-                    out_scale=out_scale, skip_decode=skip_decode, config=cfg, softcap=softcap,
+                    out_scale=out_scale, skip_decode=skip_decode, config=cfg, softcap=softcap, lse=lse,
                 )  # fmt: skip
 
             cands = autotune.candidates(arch, head_size, q.element_size())
@@ -646,6 +649,8 @@ def _launch_fwd(
         vc_strides[1],
         vc_strides[2],
         vc_strides[3],
+        lse,  # None without return_lse: a constexpr, so the kernel keeps today's signature
+        lse.stride(0) if lse is not None else None,
         QUERIES_PER_KV=num_heads // num_kv_heads,
         HEAD_DIM=head_size,
         BLOCK_D=block_d,
@@ -686,6 +691,7 @@ def _launch_fwd(
         GRANULE_EDGES=granule,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         K_CHUNK=k_chunk,
+        RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -727,6 +733,28 @@ def _check_softcap(softcap: object) -> float:
     if not math.isfinite(float(softcap)) or float(softcap) < 0:
         raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap}")
     return float(softcap)
+
+
+def _check_lse(return_lse: object, lse: object, q: torch.Tensor) -> torch.Tensor | None:
+    """The LSE buffer of a ``return_lse=True`` call (``lse`` checked, or a new one), else None."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not return_lse:
+        if lse is not None:
+            raise ValueError("lse is given but return_lse is False: pass return_lse=True to have it written")
+        return None
+    total_q, num_heads = q.shape[0], q.shape[1]
+    doc = f"float32 [num_heads, total_q] = [{num_heads}, {total_q}]"
+    if lse is None:
+        return torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
+    lse = _is_tensor(lse, "lse")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be {doc}, got dtype {lse.dtype}")
+    if tuple(lse.shape) != (num_heads, total_q):
+        raise ValueError(f"lse must have shape {doc}, got {tuple(lse.shape)}")
+    _check_device(lse, "lse", q.device)
+    _check_last_stride(lse, "lse")
+    return lse
 
 
 def _check_softmax_scale(s: object, name: str) -> float | None:
@@ -877,9 +905,12 @@ def prefix_prefill(
     kv_layout: str | None = None,
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    lse: torch.Tensor | None = None,
     validate: bool = False,
-) -> torch.Tensor:
-    """Prefix prefill attention over a paged KV cache; returns ``out`` ``[total_q, H, D]``.
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Prefix prefill attention over a paged KV cache; returns ``out`` ``[total_q, H, D]`` (and the
+    softmax log-sum-exp with ``return_lse=True``).
 
     Same semantics as :func:`context_attention_fwd` (see it for ``q``, ``k``, ``v``, the block
     table, ALiBi and sinks) with these differences:
@@ -899,6 +930,17 @@ def prefix_prefill(
       ``softmax_scale * q.k`` (times ``k_scale`` for an fp8 cache) becomes ``softcap * tanh(logit /
       softcap)`` before ALiBi is subtracted; sinks are not capped. 0 (default) = off.
     * ``out``: optional output buffer (``q``'s shape and dtype); allocated when None.
+    * ``return_lse``: return ``(out, lse)`` (FlashAttention's ``return_softmax_lse``, FlashInfer's
+      ``return_lse``: serving engines merge partial attention states, e.g. cascade or split-KV
+      attention, with it). ``lse`` is float32 ``[H, total_q]`` (heads first, FlashAttention's varlen
+      layout), natural log: ``lse[h, i] = log(sum_j exp(s_ij))`` over the keys (context and new tokens)
+      query row ``i`` sees, ``s_ij`` the logit the softmax normalises (after ``softmax_scale``,
+      ``k_scale`` for fp8 caches, ``softcap`` and ALiBi); a sink is part of the denominator, so
+      ``exp(sinks[h])`` is one more term of the sum. Every query sees at least its own position, so
+      every row of a sequence gets a finite value (a row without any visible key would get ``-inf``,
+      its ``out`` row 0). Tokens past ``cu_seqlens_q[-1]`` are not written (like ``out``).
+    * ``lse``: optional preallocated float32 ``[H, total_q]`` buffer with a unit last stride, written
+      in place (only with ``return_lse=True``); allocated when None.
     """
     q = _is_tensor(q, "q")
     k_cache = _is_tensor(k_cache, "k_cache")
@@ -925,6 +967,7 @@ def prefix_prefill(
         q, k, v, out, k_cache, v_cache, kv_layout, block_table, cu_seqlens_q, seq_lens, max_query_len,
         names=_PY_NAMES, out_fp8=False,
     )  # fmt: skip
+    lse = _check_lse(return_lse, lse, q)
     num_heads = q.shape[1]
     alibi_slopes = _check_per_head(alibi_slopes, "alibi_slopes", num_heads, q.device)
     sinks = _check_per_head(sinks, "sinks", num_heads, q.device)
@@ -938,6 +981,8 @@ def prefix_prefill(
     torch.ops.prefix_prefill.fwd(
         q, k, v, out, k_cache, v_cache, ops.layout_code(kc.layout), block_table, cu_seqlens_q,
         seq_lens, max_query_len, bool(causal), window[0], window[1], scale, alibi_slopes, sinks, ks,
-        vs, None, False, cap,
+        vs, None, False, cap, lse,
     )  # fmt: skip
+    if return_lse:
+        return out, lse
     return out

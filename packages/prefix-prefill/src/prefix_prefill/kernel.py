@@ -25,7 +25,9 @@ Logits are kept in log2 units: ``s = (q . k) * softmax_scale * log2(e)`` (times 
 fp8 cache), or with ``SOFTCAP`` ``tanh(that / (softcap * log2(e))) * softcap * log2(e)`` (the
 soft-capped logit in log2 units), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the
 running max/denominator at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no
-key writes 0.
+key writes 0. With ``RETURN_LSE`` the epilogue also stores each row's softmax log-sum-exp in natural
+log: the running max ``m_i`` and denominator ``l_i = sum_j exp2(s_j - m_i)`` (sink included) are in
+those log2 units, so ``lse = (m_i + log2(l_i)) * ln(2)``, ``-inf`` where ``l_i == 0``.
 """
 
 import triton
@@ -47,6 +49,7 @@ from paged_kv_offsets.kernel import (
 
 LOG2E = 1.4426950408889634  # host side
 _LOG2E = tl.constexpr(LOG2E)  # device side
+_LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log2 units -> natural log
 
 
 @triton.jit
@@ -602,7 +605,16 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["window_left", "window_right", "n_bt_cols", "page_size", "stride_bt_row"])
+@triton.jit(
+    do_not_specialize=[
+        "window_left",
+        "window_right",
+        "n_bt_cols",
+        "page_size",
+        "stride_bt_row",
+        "stride_lse_h",
+    ]
+)
 def _fwd_kernel(
     Q,  # [total_q, H, D]
     K,  # [total_q, Hkv, D] (unused with KV_FROM_CACHE)
@@ -643,6 +655,8 @@ def _fwd_kernel(
     stride_vc_slot,
     stride_vc_head,
     stride_vc_dim,
+    Lse,  # [H, total_q] float32, unit token stride (RETURN_LSE), else None
+    stride_lse_h,  # Lse's head stride (RETURN_LSE), else None
     QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -682,6 +696,7 @@ def _fwd_kernel(
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
     SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend)
     PAGE_VECTOR: tl.constexpr = False,  # whole small pages per unmasked tile: a block id per page
+    RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -698,6 +713,8 @@ def _fwd_kernel(
         return
     if SKIP_DECODE:
         if q_len == 1:
+            if RETURN_LSE:  # a skipped row attends to nothing here: its LSE is -inf (its o row untouched)
+                tl.store(Lse + pid_h.to(tl.int64) * stride_lse_h + q_start, float("-inf"))
             return
 
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -808,3 +825,10 @@ def _fwd_kernel(
         O + (q_start + offs_m.to(tl.int64))[:, None] * stride_ot + pid_h * stride_oh + offs_d[None, :]
     )  # [BM, BD]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
+    if RETURN_LSE:
+        # m_i, l_i in log2 units with the logit scale folded in (and ALiBi, softcap, k_scale): ln of the
+        # softmax denominator = ln(2) * (m + log2(l)); rows that saw no key (l == 0) get -inf. Under
+        # LAZY_RESCALE m_i may be a stale max, but l_i is summed against that same m_i.
+        b_lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)  # [BM]
+        p_lse = Lse + pid_h.to(tl.int64) * stride_lse_h + (q_start + offs_m.to(tl.int64))  # [BM]
+        tl.store(p_lse, b_lse, mask=m_m)

@@ -12,14 +12,17 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
                         Tensor seq_lens, SymInt max_query_len, bool causal, SymInt window_left,
                         SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks,
                         Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode,
-                        float softcap=0.0) -> ()
+                        float softcap=0.0, Tensor(b!)? lse=None) -> ()
 
 Tensors as documented at :func:`prefix_prefill.context_attention_fwd` and
 :func:`prefix_prefill.prefix_prefill`; caches already viewed as their fp8 type (no uint8);
 ``kv_layout`` is the index of the cache layout in :data:`paged_kv_offsets.LAYOUTS`
 (``0`` = ``"split"``, ``1`` = ``"nhd"``, ``2`` = ``"hnd"``); ``window_left``/``window_right``:
 FlashAttention's inclusive widths, ``-1`` = unbounded; ``softmax_scale`` None = ``1/sqrt(D)``;
-scales: 1-element float tensors or None (= 1). The op does no argument checking (the public
+scales: 1-element float tensors or None (= 1); ``lse``: a float32 ``[H, total_q]`` buffer (unit
+token stride) that the op also mutates, writing each row's softmax log-sum-exp (``return_lse=True``
+of :func:`prefix_prefill.prefix_prefill`, which allocates it; rows skipped by ``skip_decode`` get
+``-inf``), or None (the kernel compiles without it). The op does no argument checking (the public
 functions do), never synchronises with the host on the default path and allocates at most the
 1-element default scales: it is CUDA-graph capturable. The launch-config override of ``_launch_fwd``
 is not on the op path (tests and sweeps call ``_launch_fwd`` directly).
@@ -29,8 +32,8 @@ Registered with the low-level ``torch.library.Library`` API (``define`` + a
 rather than ``torch.library.custom_op``, whose Python-side autograd/in-place wrapper costs well over
 100 us per call with this many arguments (it rebuilds the schema's argument list once per argument),
 against a few us here. Autograd falls back to PyTorch's C++ "not implemented" kernel (the op has no
-backward); the kernel bumps ``out``'s version counter itself. The fake (meta) kernel does nothing: the
-op's only effect is the in-place write to ``out``.
+backward); the kernel bumps the version counters of ``out`` (and ``lse``) itself. The fake (meta)
+kernel does nothing: the op's only effects are the in-place writes to ``out`` and ``lse``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ SCHEMA = (
     "fwd(Tensor q, Tensor? k, Tensor? v, Tensor(a!) out, Tensor k_cache, Tensor v_cache, int kv_layout, "
     "Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, SymInt max_query_len, bool causal, "
     "SymInt window_left, SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks, "
-    "Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode, float softcap=0.0) -> ()"
+    "Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode, float softcap=0.0, "
+    "Tensor(b!)? lse=None) -> ()"
 )
 
 
@@ -86,21 +90,25 @@ def _fwd_impl(
     out_scale: torch.Tensor | None,
     skip_decode: bool,
     softcap: float = 0.0,
+    lse: torch.Tensor | None = None,
 ) -> None:
-    """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``."""
+    """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``
+    (and ``lse`` when given)."""
     kc, vc = describe_kv_cache(k_cache, v_cache, LAYOUTS[kv_layout])  # sizes and strides only
     with _on_device(q.device):
         _interface._launch_fwd(
             q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
             causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
             alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
-            skip_decode=skip_decode, softcap=softcap,
+            skip_decode=skip_decode, softcap=softcap, lse=lse,
         )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
+    if lse is not None:
+        torch.autograd.graph.increment_version(lse)
 
 
 def _fwd_fake(*args: object, **kwargs: object) -> None:
-    """Nothing to compute: ``out`` keeps its metadata and is mutated in place."""
+    """Nothing to compute: ``out`` (and ``lse``) keep their metadata and are mutated in place."""
     return None
 
 

@@ -216,6 +216,33 @@ def _check_softcap(softcap: object) -> float:
     return float(softcap)
 
 
+def _check_lse(return_lse: object, lse: object, q: torch.Tensor) -> torch.Tensor | None:
+    """The LSE buffer of a ``return_lse=True`` call (``lse`` checked, or a new one), else None."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not return_lse:
+        if lse is not None:
+            raise ValueError("lse is given but return_lse is False: pass return_lse=True to have it written")
+        return None
+    total, heads = q.shape[0], q.shape[1]
+    doc = f"float32 [num_heads, total_tokens] = [{heads}, {total}]"
+    if lse is None:
+        return torch.empty((heads, total), dtype=torch.float32, device=q.device)
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor {doc}, got {type(lse).__name__}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be {doc}, got dtype {lse.dtype}")
+    if tuple(lse.shape) != (heads, total):
+        raise ValueError(f"lse must have shape {doc}, got {tuple(lse.shape)}")
+    if lse.device != q.device:
+        raise ValueError(f"lse is on {lse.device} but q is on {q.device}")
+    if lse.stride(1) != 1 and total > 1:
+        raise ValueError(
+            f"lse must have unit stride in its last (token) dimension, got strides {lse.stride()}"
+        )
+    return lse
+
+
 def _check_window(window: object) -> tuple[int, int]:
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
@@ -275,13 +302,16 @@ def _launch_fwd(
     sinks_bias_key0: bool,
     config: Config | None = None,
     softcap: float = 0.0,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch :func:`window_prefill.kernel._fwd_kernel` on checked inputs (see :func:`window_prefill`).
 
     ``starts``: first token of each sequence; ``lens``: their lengths, or None when ``starts`` is a
     ``cu_seqlens`` array (length = next start - start). ``window_left``/``window_right``: inclusive,
     -1 = unbounded. ``config`` overrides the table (tests, benchmark sweeps). ``softcap`` > 0: logits
-    ``softcap * tanh(softmax_scale * q.k / softcap)``.
+    ``softcap * tanh(softmax_scale * q.k / softcap)``. ``lse``: a float32 ``[num_heads, total_tokens]``
+    buffer with a unit token stride for each row's softmax log-sum-exp (kernel ``RETURN_LSE``), or None
+    (the kernel compiles without it: no LSE argument, no store).
     """
     batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
     if batch > _MAX_BATCH:
@@ -323,6 +353,8 @@ def _launch_fwd(
         k_desc,
         v_desc,
         softmax_scale / softcap if softcap > 0 else 1.0,
+        lse,  # None without return_lse: a constexpr, so the kernel keeps today's signature
+        lse.stride(0) if lse is not None else None,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
         BLOCK_M=config.block_m,
@@ -343,6 +375,7 @@ def _launch_fwd(
         TMA_KV=k_desc is not None,
         INTERIOR_FIRST=_INTERIOR_FIRST or k_desc is not None,
         SOFTCAP=softcap > 0,
+        RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -363,9 +396,11 @@ def window_prefill(
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    lse: torch.Tensor | None = None,
     validate: bool = False,
     config: Config | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Varlen (packed) self-attention prefill with a sliding window; cost O(tokens * window).
 
     Tensors (token-major, packed over the batch; any strides with a unit last stride, no copies):
@@ -382,6 +417,17 @@ def window_prefill(
       0 of each sequence (where visible). ``-inf`` disables a head's sink.
     * ``out``: optional ``[total_tokens, num_heads, head_dim]`` buffer (q's dtype, unit last stride);
       allocated when None. Tokens outside every sequence are left untouched.
+    * ``return_lse``: also return the softmax log-sum-exp of every row (FlashAttention's
+      ``return_softmax_lse``, FlashInfer's ``return_lse``; serving engines merge partial attention
+      states with it): ``(out, lse)``, ``lse`` float32 ``[num_heads, total_tokens]`` (heads first,
+      FlashAttention's varlen layout), natural log: ``lse[h, i] = log(sum_j exp(s_ij))`` over the keys
+      row ``i`` sees, ``s_ij`` the logit the softmax normalises (after ``softmax_scale``, ``softcap`` and
+      a ``bias_key0`` sink); a ``"denominator"`` sink is part of the denominator, so ``exp(sinks[h])``
+      is one more term of the sum. A row that sees no key (only possible when a ``bias_key0`` sink of
+      ``-inf`` removes the one key its window leaves) gets ``-inf``, and its ``out`` row is 0 as
+      always. Tokens outside every sequence are not written (like ``out``).
+    * ``lse``: optional preallocated float32 ``[num_heads, total_tokens]`` buffer with a unit last
+      stride, written in place (only with ``return_lse=True``); allocated when None.
 
     Masking (positions relative to the sequence start, query ``i`` is key position ``i``): key ``j`` is
     visible to query ``i`` iff ``(not causal or j <= i)`` and ``(left == -1 or i - j <= left)`` and
@@ -393,13 +439,14 @@ def window_prefill(
 
     ``validate=True`` (or env ``PREFILL_VALIDATE=1``) adds device-value checks (one host sync).
     ``config`` overrides the per-architecture launch config (see :mod:`window_prefill.configs`).
-    Returns ``out``.
+    Returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
     """
     if out is None:
         _check_qkvo(q, k, v, q, "out")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     else:
         _check_qkvo(q, k, v, out, "out")
+    lse = _check_lse(return_lse, lse, q)
     cu = _check_index("cu_seqlens", cu_seqlens, q.device, "[batch + 1]")
     if cu.shape[0] < 1:
         raise ValueError("cu_seqlens must have at least one entry [batch + 1], got 0")
@@ -428,7 +475,10 @@ def window_prefill(
         sinks_mode == "bias_key0",
         *ops.config_ints(config),
         cap,
+        lse,
     )
+    if return_lse:
+        return out, lse
     return out
 
 

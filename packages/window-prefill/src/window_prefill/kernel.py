@@ -18,6 +18,9 @@ Conventions (host side documents tensors; here only what the kernel assumes):
   * qk_scale``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``.
 * all token * stride products are int64, or int32 with ``WIDE_OFFSETS=False`` (the host passes it
   only when every element of K and V lies less than 2**31 elements from the tensor's start).
+* ``RETURN_LSE``: the epilogue also stores each row's softmax log-sum-exp. The running max ``m_i``
+  and sum ``l_i`` are in the log2 domain above (``l_i = sum_j exp2(s2_j - m_i)``, the denominator sink
+  included), so the natural-log LSE is ``(m_i + log2(l_i)) * ln(2)``; ``-inf`` where ``l_i == 0``.
 """
 
 import triton
@@ -238,7 +241,7 @@ def _attn_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["window_left", "window_right"])
+@triton.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h"])
 def _fwd_kernel(
     Q,
     K,
@@ -262,6 +265,8 @@ def _fwd_kernel(
     K_desc,
     V_desc,
     tanh_scale,
+    Lse,  # [num_heads, total_tokens] float32 with RETURN_LSE, else None
+    stride_lse_h,  # Lse's head stride (its token stride is 1) with RETURN_LSE, else None
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -280,12 +285,14 @@ def _fwd_kernel(
     TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
     INTERIOR_FIRST: tl.constexpr = False,  # the interior blocks before the masked edges (register allocation)
     SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e)
+    RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
     With TMA_KV, K_desc/V_desc are host tensor descriptors over K/V viewed as
     [total_tokens, kv_heads * HEAD_DIM] with block [BLOCK_N, HEAD_DIM] (used by interior blocks only:
-    masked blocks keep lane-masked loads, so no key outside a tile's range is read)."""
+    masked blocks keep lane-masked loads, so no key outside a tile's range is read).
+    With RETURN_LSE, row ``i`` of head ``h`` also writes ``Lse[h * stride_lse_h + token]`` (float32)."""
     if IS_CAUSAL:
         # Latest query tiles carry the most keys: launch them first.
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -391,3 +398,10 @@ def _fwd_kernel(
         + offs_d[None, :]
     )  # [BM, BD]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_row[:, None] & m_d[None, :])
+    if RETURN_LSE:
+        # m_i, l_i are log2-domain (scale * log2(e) folded into the logits): ln(sum exp) = ln(2) *
+        # (m + log2(l)); a row that saw no key (l == 0) gets -inf. With LAZY_RESCALE m_i may be a stale
+        # max, but l_i is taken against that same m_i, so the sum is the same.
+        b_lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BM]
+        p_lse = Lse + head.to(tl.int64) * stride_lse_h + (tok0 + offs_m.to(tl.int64))  # [BM]
+        tl.store(p_lse, b_lse, mask=m_row)
