@@ -39,6 +39,10 @@ SASS_OPS = (
 )  # fmt: skip
 
 
+#: kernel SOFTCAP of every compile: 0 off, 1 tanh through exp2, 2 hardware tanh (``--softcap``)
+SOFTCAP_FORM = 0
+
+
 def _source(kernel, consts: dict, pointer_types: dict, other_types: dict | None = None) -> ASTSource:
     """Signature with 16-divisible pointers and strides (what real aligned tensors specialise to);
     ``other_types`` names any other argument's type (e.g. ``tensordesc<bf16[128, 128]>``)."""
@@ -127,7 +131,8 @@ def prefix_source(
         PAGE_WALK=walk, REST_BLOCK=page_walk_rest_block(page, bnc) if walk else 0,
         REST_GROUP=group if walk and rest_group and page % bnc == group_rest else 1,
         DOT_PRECISION=None, K_CHUNK=k_chunk if head_dim >= k_chunk else 0, ONE_SEGMENT=one_segment,
-        MERGE_NEW=merge_new, MERGE_INTERIOR=merge_interior, LAZY_RESCALE=lazy, SOFTCAP=False, stride_bt_col=1,
+        MERGE_NEW=merge_new, MERGE_INTERIOR=merge_interior, LAZY_RESCALE=lazy, SOFTCAP=SOFTCAP_FORM,
+        stride_bt_col=1,
         PAGE_VECTOR=page_vector and tile_pages,
         **lay,
     )  # fmt: skip
@@ -157,7 +162,7 @@ def window_source(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         IS_CAUSAL=causal, HAS_LEFT=True, HAS_RIGHT=not causal, HAS_SINKS=False, BIAS_KEY0=False,
         LENS_FROM_STARTS=True, IEEE_FP32=False, WIDE_OFFSETS=not offsets32, LAZY_RESCALE=lazy,
-        FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma, INTERIOR_FIRST=interior_first, SOFTCAP=False,
+        FOLD_SCALE=fold, BAND_MASK=band, TMA_KV=tma, INTERIOR_FIRST=interior_first, SOFTCAP=SOFTCAP_FORM,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O")}
     ptrs.update({"Sinks": "fp32", "Starts": "i32", "Lens": "i32"})
@@ -264,9 +269,13 @@ def main() -> None:
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
+    ap.add_argument("--softcap", type=int, default=0, choices=(0, 1, 2),
+                    help="logit soft-capping: 1 tanh through exp2, 2 hardware tanh (NVIDIA)")  # fmt: skip
     ap.add_argument("--lse", action="store_true", help="also store the softmax LSE (return_lse=True)")
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir, PREFIX.ptx and PREFIX.sass")
     args = ap.parse_args()
+    global SOFTCAP_FORM
+    SOFTCAP_FORM = args.softcap
     cfg = [int(x) for x in args.config.split("/")]
     if args.kernel == "prefix":
         causal = not args.non_causal

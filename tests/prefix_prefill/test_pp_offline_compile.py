@@ -138,8 +138,9 @@ CASES = [
         16,
         {**TWO_PAGE, "WIDE_OFFSETS": False, "MERGE_NEW": True, "MERGE_INTERIOR": False, **NHD},
     ],
-    # one block id per page in unmasked context tiles of small pages (interface._PAGE_VECTOR)
-    [*SM90_BF16, 128, 16, {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, **NHD}],
+    # one block id per page in unmasked context tiles of small pages (interface._PAGE_VECTOR), with
+    # soft-capping through the hardware tanh (SOFTCAP=2: inline PTX tanh.approx.f32)
+    [*SM90_BF16, 128, 16, {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, **NHD, "SOFTCAP": 2}],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
     # return_lse=True (kernel RETURN_LSE): the default NHD form, and a skip_decode store of -inf

@@ -459,8 +459,19 @@ _REST_GROUP = False
 # (same code). A form with one scalar row bound per tile (fewer SASS: 525 -> 494 at head 256) ran
 # qwen page 16 10% slower: not taken.
 _PAGE_VECTOR = True
+# Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
+# MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
+# FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
+_FAST_TANH = True
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
+
+
+def _softcap_form(softcap: float, q: torch.Tensor) -> int:
+    """Kernel SOFTCAP: 0 off, 1 tanh through exp2 (any backend), 2 hardware tanh (NVIDIA GPUs)."""
+    if softcap <= 0:
+        return 0
+    return 2 if _FAST_TANH and q.is_cuda and torch.version.hip is None else 1
 
 
 def _prime_triton() -> None:
@@ -679,7 +690,7 @@ def _launch_fwd(
         SKIP_DECODE=bool(skip_decode),
         # fp8 cache scales are positive by contract (see the public docstrings)
         FOLD_SCALE=_FOLD_SCALE and (scale > 0 or softcap > 0),  # softcap: the scale folded is softcap*log2(e)
-        SOFTCAP=softcap > 0,
+        SOFTCAP=_softcap_form(softcap, q),
         PAGE_VECTOR=_TILE_PAGES and _PAGE_VECTOR,
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,

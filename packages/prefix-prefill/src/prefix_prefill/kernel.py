@@ -23,7 +23,8 @@ counts, registers and spills on triton 3.6 and 3.8, checked with ``bench/compile
 
 Logits are kept in log2 units: ``s = (q . k) * softmax_scale * log2(e)`` (times ``k_scale`` for an
 fp8 cache), or with ``SOFTCAP`` ``tanh(that / (softcap * log2(e))) * softcap * log2(e)`` (the
-soft-capped logit in log2 units), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the
+soft-capped logit in log2 units; ``SOFTCAP=2`` takes NVIDIA's hardware ``tanh.approx.f32``, 1 tanh
+through exp2), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the
 running max/denominator at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no
 key writes 0. With ``RETURN_LSE`` the epilogue also stores each row's softmax log-sum-exp in natural
 log: the running max ``m_i`` and denominator ``l_i = sum_j exp2(s_j - m_i)`` (sink included) are in
@@ -159,10 +160,17 @@ def _qk(b_q, p_k, m_k, m_d, MASK_K: tl.constexpr, CFG: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x):
-    """tanh through exp2 (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1); +-inf at
-    the ends give exactly +-1, a NaN stays NaN."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+def _tanh(x, FAST: tl.constexpr = False):
+    """tanh. ``FAST`` (NVIDIA GPUs only, sm_75+): the hardware ``tanh.approx.f32`` (one MUFU op; relative
+    error ~2**-11, what FlashAttention's and FlashInfer's soft-capping use). Otherwise through exp2
+    (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1), two MUFU ops (exp2 and the
+    divide's reciprocal) and a few FMAs; +-inf at the ends give exactly +-1, a NaN stays NaN."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
 
 
 @triton.jit
@@ -202,7 +210,9 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
     b_qk = _qk(b_q, p_k, m_k, m_d, MASKED and MASK_LOADS, CFG)  # [BM, BN] raw q.k
     if CFG[18]:  # SOFTCAP: logits softcap * tanh(scale * q.k / softcap); softcap2 = softcap * log2(e)
-        b_qk = _tanh(b_qk * (s_scale / softcap2))  # [BM, BN] in (-1, 1), the tile's logit scale inside
+        b_qk = _tanh(
+            b_qk * (s_scale / softcap2), CFG[18] == 2
+        )  # [BM, BN] in (-1, 1), the tile's logit scale inside
         s_scale = softcap2  # ... and softcap * log2(e) outside: everything below is unchanged
     if CFG[15] > 0:
         Q_DTYPE: tl.constexpr = b_q[0].dtype
@@ -694,7 +704,7 @@ def _fwd_kernel(
     MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
     MERGE_INTERIOR: tl.constexpr = True,  # with MERGE_NEW: the interior loops merged too (else masked only)
     LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
-    SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend)
+    SOFTCAP: tl.constexpr = 0,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend); 2: tanh.approx
     PAGE_VECTOR: tl.constexpr = False,  # whole small pages per unmasked tile: a block id per page
     RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
 ):

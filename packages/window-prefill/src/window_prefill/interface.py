@@ -69,6 +69,10 @@ _TRITON_PRIMED = False
 # The interior blocks before the masked edge blocks without descriptors too (offline, LLM 128/128/8/2:
 # interior loop 537 -> 517 SASS); timed: no gain (NOTES step 32), off.
 _INTERIOR_FIRST = False
+# Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
+# MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
+# FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
+_FAST_TANH = True
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
@@ -256,6 +260,13 @@ def _check_window(window: object) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def _softcap_form(softcap: float, q: torch.Tensor) -> int:
+    """Kernel SOFTCAP: 0 off, 1 tanh through exp2 (any backend), 2 hardware tanh (NVIDIA GPUs)."""
+    if softcap <= 0:
+        return 0
+    return 2 if _FAST_TANH and q.is_cuda and torch.version.hip is None else 1
+
+
 def _prime_triton() -> None:
     """Once per process, before the first launch: Triton's setup steps that do not depend on each
     other, side by side. Its cache key hashes its own ~400 MB library (0.36 s warm, 0.73 s from a
@@ -374,7 +385,7 @@ def _launch_fwd(
         BAND_MASK=_BAND_MASK,
         TMA_KV=k_desc is not None,
         INTERIOR_FIRST=_INTERIOR_FIRST or k_desc is not None,
-        SOFTCAP=softcap > 0,
+        SOFTCAP=_softcap_form(softcap, q),
         RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -15,7 +15,8 @@ Conventions (host side documents tensors; here only what the kernel assumes):
   ``(not HAS_LEFT or i - j <= window_left)`` and ``(not HAS_RIGHT or j - i <= window_right)``.
 * scores are kept in the log2 domain: ``s2 = (q . k) * qk_scale`` with ``qk_scale = scale * log2(e)``;
   the sink logit is multiplied by ``log2(e)`` once. With ``SOFTCAP``: ``s2 = tanh(q . k * tanh_scale)
-  * qk_scale``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``.
+  * qk_scale``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)`` (``SOFTCAP=2``: the
+  hardware tanh of NVIDIA GPUs, ``tanh.approx.f32``; 1: tanh through exp2, every backend).
 * all token * stride products are int64, or int32 with ``WIDE_OFFSETS=False`` (the host passes it
   only when every element of K and V lies less than 2**31 elements from the tensor's start).
 * ``RETURN_LSE``: the epilogue also stores each row's softmax log-sum-exp. The running max ``m_i``
@@ -37,10 +38,17 @@ def _load_rows(p, m, USE_MASK: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x):
-    """tanh through exp2 (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1); +-inf at
-    the ends give exactly +-1, a NaN stays NaN."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+def _tanh(x, FAST: tl.constexpr = False):
+    """tanh. ``FAST`` (NVIDIA GPUs only, sm_75+): the hardware ``tanh.approx.f32`` (one MUFU op; relative
+    error ~2**-11, what FlashAttention's and FlashInfer's soft-capping use). Otherwise through exp2
+    (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1), two MUFU ops (exp2 and the
+    divide's reciprocal) and a few FMAs; +-inf at the ends give exactly +-1, a NaN stays NaN."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
 
 
 @triton.jit
@@ -51,7 +59,7 @@ def _attn_block(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0, FOLD: tl.constexpr = False,
     BAND: tl.constexpr = False, k_desc=None, v_desc=None, kv_col=0, TMA: tl.constexpr = False,
-    tanh_scale=1.0, SOFTCAP: tl.constexpr = False,
+    tanh_scale=1.0, SOFTCAP: tl.constexpr = 0,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
     ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
@@ -93,7 +101,7 @@ def _attn_block(
     else:
         b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] raw q . k
     if SOFTCAP:
-        b_s = _tanh(b_s * tanh_scale)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e) below
+        b_s = _tanh(b_s * tanh_scale, SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if not FOLD:
         b_s = b_s * qk_scale  # [BM, BN] log2 units
     if MASKED:
@@ -208,7 +216,7 @@ def _attn_blocks(
     kv_col=0,
     TMA: tl.constexpr = False,
     tanh_scale=1.0,
-    SOFTCAP: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -284,7 +292,7 @@ def _fwd_kernel(
     BAND_MASK: tl.constexpr = False,  # masked blocks test the window band with one unsigned compare
     TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
     INTERIOR_FIRST: tl.constexpr = False,  # the interior blocks before the masked edges (register allocation)
-    SOFTCAP: tl.constexpr = False,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e)
+    SOFTCAP: tl.constexpr = 0,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e); 2: tanh.approx
     RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
