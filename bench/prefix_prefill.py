@@ -64,6 +64,8 @@ ALIASES = {"qwen-hybrid": "qwen", "qwen_hybrid": "qwen"}
 KEYS = ["shape", "page", "peer", "ms", "tflops", "floor_ms", "pct_of_floor", "note"]
 # --softcap C: ours_nhd computes logits C * tanh(scale * q.k / C) (the other peers do not change)
 SOFTCAP = 0.0
+# --return-lse: ours_nhd also writes the softmax LSE (return_lse=True, a preallocated buffer)
+RETURN_LSE = False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                    help="an interface switch for this run, e.g. _TILE_PAGES=1")  # fmt: skip
     p.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours_nhd (0: off)")
+    p.add_argument("--return-lse", action="store_true", help="ours_nhd also returns the softmax LSE")
     p.add_argument("--from-logs", nargs="+", type=Path, default=None, metavar="LOG",
                    help="rebuild the csv/md/png from these runs' printed lines; measure nothing")  # fmt: skip
     args = p.parse_args(argv)
@@ -175,6 +178,11 @@ def call_ours_nhd(prob: dict, caches: tuple, out):
     from prefix_prefill import prefix_prefill
 
     kw = {"softcap": SOFTCAP} if SOFTCAP > 0 else {}
+    if RETURN_LSE:
+        q = prob["q"]
+        import torch
+
+        kw.update(return_lse=True, lse=q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32))
 
     def fn():
         prefix_prefill(
@@ -517,9 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     reps = {"warmup": 10, "rep": 30} if args.quick else {"warmup": 25, "rep": 100}
     pages = QUICK_PAGES if args.quick else PAGES
     switches = args.set or "default"
-    global SOFTCAP
-    SOFTCAP = args.softcap
+    global SOFTCAP, RETURN_LSE
+    SOFTCAP, RETURN_LSE = args.softcap, args.return_lse
     cap = f", ours_nhd softcap {SOFTCAP:g}" if SOFTCAP > 0 else ""
+    cap += ", ours_nhd returns the LSE" if RETURN_LSE else ""
     print(f"# {gpu_name()}, shapes {args.shapes}, pages {pages}, switches {switches}{cap}", flush=True)
     rows: list[dict] = []
     for name in args.shapes:

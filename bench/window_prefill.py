@@ -130,6 +130,9 @@ class Peers:
         out = self.torch.empty_like(q)
         w = s.window if window is None else window
         kw = {"out": out, "config": config, **({"softcap": SOFTCAP} if SOFTCAP > 0 else {})}
+        if RETURN_LSE:
+            lse = self.torch.empty(q.shape[1], q.shape[0], dtype=self.torch.float32, device=q.device)
+            kw.update(return_lse=True, lse=lse)
         return lambda: window_prefill(q, k, v, cu, s.n, causal=s.causal, window=w, **kw)
 
     def ours_graph(self, s: Shape, q, k, v, cu) -> Callable[[], object]:
@@ -244,6 +247,8 @@ PEERS = ["ours", "ours_graph", "ours_nowindow", "vllm", "flex", "sdpa_flash", "s
 # --softcap C: logits C * tanh(scale * q.k / C) for ours and FlexAttention (a score_mod); the peers
 # without it are skipped.
 SOFTCAP = 0.0
+# --return-lse: ours also writes the softmax LSE (return_lse=True, a preallocated buffer)
+RETURN_LSE = False
 FULL_PEERS = {"ours_nowindow", "sdpa_flash", "sdpa_cudnn"}
 PEER_NOTES = {"ours_graph": "ours replayed from a CUDA graph: no Python launch cost in the timing"}
 
@@ -463,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
     ap.add_argument("--tag", default="", help="appended to the output file names")
     ap.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours and Flex (0: off)")
+    ap.add_argument("--return-lse", action="store_true", help="ours also returns the softmax LSE")
     ap.add_argument(
         "--sweep-grid", default=None, help="BMs/BNs/warps/stages[/tma], e.g. 32,64/16,32,64/2,4/2,3,4/0,1"
     )
@@ -474,9 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     set_switches(args.set, ap.error, module="window_prefill.interface")
-    global SOFTCAP
-    SOFTCAP = args.softcap
+    global SOFTCAP, RETURN_LSE
+    SOFTCAP, RETURN_LSE = args.softcap, args.return_lse
     tag = f"_{args.tag}" if args.tag else ""
+    tag += "_lse" if RETURN_LSE else ""
     tag += f"_softcap{args.softcap:g}" if args.softcap > 0 else ""
     stem = "window_prefill" + "".join("_" + s.replace("=", "") for s in args.set) + tag
     if not torch.cuda.is_available():
