@@ -3,9 +3,10 @@
 Hypothesis draws random valid problems -- batch shapes with lengths 0 and 1, contexts of 0, page sizes
 that are not powers of two, head sizes {16, 32, 48, 64, 80}, GQA ratios, windows (either side, 0
 included), sinks (with -inf heads), ALiBi, causal or not, split/nhd/hnd caches, k=None, fp8 caches,
-fp16/fp32, both API forms, and (window-prefill) the query/key tile sizes -- and compares each run with
-``attn_reference``. CI runs ``FUZZ_EXAMPLES`` examples per kernel (default 25, deterministic:
-``derandomize=True``); ``nox -s fuzz`` runs 500. Nothing is stored on disk (``database=None``).
+fp16/fp32, both API forms, the softmax LSE output (``return_lse``, Pythonic forms), and (window-prefill)
+the query/key tile sizes -- and compares each run with ``attn_reference``. CI runs ``FUZZ_EXAMPLES``
+examples per kernel (default 25, deterministic: ``derandomize=True``); ``nox -s fuzz`` runs 500. Nothing
+is stored on disk (``database=None``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hd_util import FP8, cu_of, paged_case, paged_ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attn_reference import attention_varlen, compare, negative_control
+from attn_reference import attention_varlen, compare, compare_lse, negative_control
 from prefix_prefill import context_attention_fwd as pp_caf
 from prefix_prefill import prefix_prefill
 from window_prefill import Config, window_prefill
@@ -78,6 +79,7 @@ def window_problems(draw) -> dict:
         "interior_first": draw(st.booleans()),  # ... and _INTERIOR_FIRST
         "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
+        "return_lse": draw(st.booleans()),  # with the Pythonic form only
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
     # the vLLM form cannot express a window side of 0 (0 means unbounded there) nor a softcap
@@ -112,6 +114,8 @@ def _run_window_problem(p: dict) -> None:
     cu = cu_of(lens)
     mode = p["sinks_mode"] or "denominator"
     out = poison(torch.empty_like(q))
+    with_lse = p["form"] == "wp" and p["return_lse"]
+    lse = poison(torch.empty(heads, total, dtype=torch.float32, device=DEVICE)) if with_lse else None
     if p["form"] == "wp":
         window_prefill(
             q,
@@ -126,6 +130,8 @@ def _run_window_problem(p: dict) -> None:
             sinks_mode=mode,
             softcap=p["softcap"],
             out=out,
+            return_lse=with_lse,
+            lse=lse,
             validate=True,
             config=p["config"],
         )
@@ -160,7 +166,12 @@ def _run_window_problem(p: dict) -> None:
         sinks=p["sinks"],
         sinks_mode=mode,
         softcap=p["softcap"],
+        return_lse=with_lse,
     )
+    if with_lse:
+        ref, ref_lse = ref
+        res_lse = compare_lse(lse, ref_lse)
+        assert res_lse, f"lse: {res_lse} for {p}"
     res = compare(out, ref)
     assert res, f"{res} for {p}"
 
@@ -211,6 +222,7 @@ def prefix_problems(draw) -> dict:
         "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
         "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
+        "return_lse": draw(st.booleans()),  # with the Pythonic form only
     }
     spec["sinks"] = _sinks(draw, heads) if spec["with_sinks"] else None
     vllm_ok = layout == "split" and window[1] == -1 and spec["softcap"] == 0  # vLLM's form has no softcap
@@ -260,6 +272,9 @@ def _run_prefix_problem(p: dict) -> None:
     alibi = (torch.rand(p["heads"], generator=gen) * 0.5).to(DEVICE) if p["alibi"] else None
     kw = {"causal": p["causal"], "softmax_scale": p["scale"], "alibi_slopes": alibi, "sinks": p["sinks"]}
     out = poison(torch.empty_like(c.q))
+    with_lse = p["form"] == "pp" and p["return_lse"]
+    shape = (c.q.shape[1], c.q.shape[0])
+    lse = poison(torch.empty(shape, dtype=torch.float32, device=DEVICE)) if with_lse else None
     if p["form"] == "pp":
         prefix_prefill(
             c.q,
@@ -277,6 +292,8 @@ def _run_prefix_problem(p: dict) -> None:
             v_scale=c.v_scale,
             softcap=p["softcap"],
             out=out,
+            return_lse=with_lse,
+            lse=lse,
             validate=True,
             **kw,
         )
@@ -307,7 +324,12 @@ def _run_prefix_problem(p: dict) -> None:
             causal=p["causal"],
             validate=True,
         )
-    ref = paged_ref(c, window=p["window"], fp8_dtype=FP8 if c.fp8 else None, softcap=p["softcap"], **kw)
+    fp8 = FP8 if c.fp8 else None
+    ref = paged_ref(c, window=p["window"], fp8_dtype=fp8, softcap=p["softcap"], return_lse=with_lse, **kw)
+    if with_lse:
+        ref, ref_lse = ref
+        res_lse = compare_lse(lse, ref_lse)
+        assert res_lse, f"lse: {res_lse} for {p}"
     res = compare(out, ref)
     assert res, f"{res} for {p}"
 

@@ -261,10 +261,12 @@ def _check_window(window: object) -> tuple[int, int]:
 
 
 def _softcap_form(softcap: float, q: torch.Tensor) -> int:
-    """Kernel SOFTCAP: 0 off, 1 tanh through exp2 (any backend), 2 hardware tanh (NVIDIA GPUs)."""
+    """Kernel SOFTCAP: 0 off, 1 tanh through exp2 (any backend), 2 hardware tanh (NVIDIA GPUs of
+    compute capability 7.5 or newer, which have PTX ``tanh.approx.f32``)."""
     if softcap <= 0:
         return 0
-    return 2 if _FAST_TANH and q.is_cuda and torch.version.hip is None else 1
+    fast = _FAST_TANH and q.is_cuda and torch.version.hip is None
+    return 2 if fast and torch.cuda.get_device_capability(q.device) >= (7, 5) else 1
 
 
 def _prime_triton() -> None:
