@@ -20,10 +20,11 @@ ROOT = Path(__file__).parent
 PACKAGES = {
     "packages/paged-kv-offsets": ("paged_kv_offsets", []),
     "packages/attn-reference": ("attn_reference", []),
-    "packages/window-prefill": ("window_prefill", ["packages/attn-reference"]),
+    "packages/prefill-runtime": ("prefill_runtime", []),
+    "packages/window-prefill": ("window_prefill", ["packages/prefill-runtime", "packages/attn-reference"]),
     "packages/prefix-prefill": (
         "prefix_prefill",
-        ["packages/paged-kv-offsets", "packages/attn-reference"],
+        ["packages/paged-kv-offsets", "packages/prefill-runtime", "packages/attn-reference"],
     ),
 }
 # The CPU build of torch that lies on the CI/dev machines' disk; never let a CPU session resolve

@@ -362,32 +362,3 @@ def test_softcap(monkeypatch, causal, window, sinks_mode, config):
     c = compare(out, reference(q, k, v, cu, softcap=10.0, **kw))
     assert c, f"causal={causal} window={window} sinks={sinks_mode}: {c}"
     assert not compare(out, reference(q, k, v, cu, **kw)), "the cap changed nothing: the test proves nothing"
-
-
-@pytest.mark.parametrize("pkg", ["window_prefill", "prefix_prefill"])
-def test_softcap_form(monkeypatch, pkg):
-    """Kernel SOFTCAP: 0 without soft-capping, 2 (hardware tanh) for NVIDIA GPU tensors of compute
-    capability 7.5+, 1 (tanh through exp2) for anything else (the interpreter's CPU tensors, ROCm,
-    Volta) or with _FAST_TANH off. The hardware form runs in the GPU soft-capping tests (bf16, both
-    packages)."""
-    import importlib
-    import types
-
-    mod = importlib.import_module(f"{pkg}.interface")
-    gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
-    cpu = torch.zeros(1)
-    cap = {"value": (9, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
-    assert mod._softcap_form(0.0, cpu) == 0 and mod._softcap_form(0.0, gpu) == 0
-    assert mod._softcap_form(30.0, cpu) == 1
-    monkeypatch.setattr(torch.version, "hip", None)
-    assert mod._softcap_form(30.0, gpu) == 2
-    cap["value"] = (7, 0)
-    assert mod._softcap_form(30.0, gpu) == 1
-    cap["value"] = (7, 5)
-    assert mod._softcap_form(30.0, gpu) == 2
-    monkeypatch.setattr(torch.version, "hip", "6.2")
-    assert mod._softcap_form(30.0, gpu) == 1
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(mod, "_FAST_TANH", False)
-    assert mod._softcap_form(30.0, gpu) == 1

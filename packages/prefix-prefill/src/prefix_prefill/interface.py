@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from typing import Union
 
 import torch
@@ -24,6 +23,7 @@ from paged_kv_offsets import (
     page_walk_rest_block,
     validate_block_table,
 )
+from prefill_runtime import check_lse, prime_triton, softcap_form
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
@@ -467,42 +467,12 @@ _FAST_TANH = True
 _TRITON_PRIMED = False
 
 
-def _softcap_form(softcap: float, q: torch.Tensor) -> int:
-    """Kernel SOFTCAP: 0 off, 1 tanh through exp2 (any backend), 2 hardware tanh (NVIDIA GPUs of
-    compute capability 7.5 or newer, which have PTX ``tanh.approx.f32``)."""
-    if softcap <= 0:
-        return 0
-    fast = _FAST_TANH and q.is_cuda and torch.version.hip is None
-    return 2 if fast and torch.cuda.get_device_capability(q.device) >= (7, 5) else 1
-
-
 def _prime_triton() -> None:
-    """Once per process, before the first launch, Triton's setup steps that do not depend on each
-    other run side by side: the hash of its ~400 MB library for its cache key (0.4-0.7 s on the H200
-    host) in a thread (the hash releases the GIL), the driver helper's build or load (gcc on an
-    empty cache, 0.35-0.55 s) and the ``triton.experimental.gluon`` import (0.15 s) that the first
-    launch's specialiser does, here. A speed hint only: on any failure Triton does them in order.
-    (NOTES step 35; window_prefill does the same for its own first launch.)"""
+    """Triton's one-time process setup side by side before this package's first launch
+    (:func:`prefill_runtime.prime_triton`, NOTES step 35); ``_TRITON_PRIMED`` marks it done here."""
     global _TRITON_PRIMED
     _TRITON_PRIMED = True
-    try:
-        from triton.runtime import cache, driver
-
-        def hash_library() -> None:  # a failure here is Triton's to report when it needs the key
-            try:
-                cache.triton_key()
-            except Exception:
-                pass
-
-        hasher = threading.Thread(target=hash_library, daemon=True)
-        hasher.start()
-        try:
-            driver.active.get_current_device()
-            import triton.experimental.gluon  # noqa: F401
-        finally:
-            hasher.join()
-    except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
-        pass
+    prime_triton()
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
@@ -692,7 +662,7 @@ def _launch_fwd(
         SKIP_DECODE=bool(skip_decode),
         # fp8 cache scales are positive by contract (see the public docstrings)
         FOLD_SCALE=_FOLD_SCALE and (scale > 0 or softcap > 0),  # softcap: the scale folded is softcap*log2(e)
-        SOFTCAP=_softcap_form(softcap, q),
+        SOFTCAP=softcap_form(softcap, q, _FAST_TANH),
         PAGE_VECTOR=_TILE_PAGES and _PAGE_VECTOR,
         TILE_PAGES=_TILE_PAGES,
         STRADDLE_BRANCH=_STRADDLE_BRANCH,
@@ -746,28 +716,6 @@ def _check_softcap(softcap: object) -> float:
     if not math.isfinite(float(softcap)) or float(softcap) < 0:
         raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap}")
     return float(softcap)
-
-
-def _check_lse(return_lse: object, lse: object, q: torch.Tensor) -> torch.Tensor | None:
-    """The LSE buffer of a ``return_lse=True`` call (``lse`` checked, or a new one), else None."""
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if not return_lse:
-        if lse is not None:
-            raise ValueError("lse is given but return_lse is False: pass return_lse=True to have it written")
-        return None
-    total_q, num_heads = q.shape[0], q.shape[1]
-    doc = f"float32 [num_heads, total_q] = [{num_heads}, {total_q}]"
-    if lse is None:
-        return torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
-    lse = _is_tensor(lse, "lse")
-    if lse.dtype != torch.float32:
-        raise TypeError(f"lse must be {doc}, got dtype {lse.dtype}")
-    if tuple(lse.shape) != (num_heads, total_q):
-        raise ValueError(f"lse must have shape {doc}, got {tuple(lse.shape)}")
-    _check_device(lse, "lse", q.device)
-    _check_last_stride(lse, "lse")
-    return lse
 
 
 def _check_softmax_scale(s: object, name: str) -> float | None:
@@ -980,7 +928,7 @@ def prefix_prefill(
         q, k, v, out, k_cache, v_cache, kv_layout, block_table, cu_seqlens_q, seq_lens, max_query_len,
         names=_PY_NAMES, out_fp8=False,
     )  # fmt: skip
-    lse = _check_lse(return_lse, lse, q)
+    lse = check_lse(return_lse, lse, q, "total_q")
     num_heads = q.shape[1]
     alibi_slopes = _check_per_head(alibi_slopes, "alibi_slopes", num_heads, q.device)
     sinks = _check_per_head(sinks, "sinks", num_heads, q.device)

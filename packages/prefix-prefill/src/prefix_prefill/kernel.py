@@ -47,6 +47,7 @@ from paged_kv_offsets.kernel import (
     tile_blocks,
     token_offsets,
 )
+from prefill_runtime.device import tanh
 
 LOG2E = 1.4426950408889634  # host side
 _LOG2E = tl.constexpr(LOG2E)  # device side
@@ -160,20 +161,6 @@ def _qk(b_q, p_k, m_k, m_d, MASK_K: tl.constexpr, CFG: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x, FAST: tl.constexpr = False):
-    """tanh. ``FAST`` (NVIDIA GPUs only, sm_75+): the hardware ``tanh.approx.f32`` (one MUFU op; relative
-    error ~2**-11, what FlashAttention's and FlashInfer's soft-capping use). Otherwise through exp2
-    (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1), two MUFU ops (exp2 and the
-    divide's reciprocal) and a few FMAs; +-inf at the ends give exactly +-1, a NaN stays NaN."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
-
-
-@triton.jit
 def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED: tl.constexpr,
             SCALE_P: tl.constexpr, CFG: tl.constexpr, MASK_LOADS: tl.constexpr = True,
             GRANULE: tl.constexpr = 0):  # fmt: skip
@@ -210,7 +197,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
     b_qk = _qk(b_q, p_k, m_k, m_d, MASKED and MASK_LOADS, CFG)  # [BM, BN] raw q.k
     if CFG[18]:  # SOFTCAP: logits softcap * tanh(scale * q.k / softcap); softcap2 = softcap * log2(e)
-        b_qk = _tanh(
+        b_qk = tanh(
             b_qk * (s_scale / softcap2), CFG[18] == 2
         )  # [BM, BN] in (-1, 1), the tile's logit scale inside
         s_scale = softcap2  # ... and softcap * log2(e) outside: everything below is unchanged

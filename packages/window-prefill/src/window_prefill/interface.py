@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import threading
 
 import torch
 
+from prefill_runtime import check_lse, prime_triton, softcap_form
 from window_prefill import ops  # registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
 from window_prefill.kernel import _fwd_kernel
@@ -220,33 +220,6 @@ def _check_softcap(softcap: object) -> float:
     return float(softcap)
 
 
-def _check_lse(return_lse: object, lse: object, q: torch.Tensor) -> torch.Tensor | None:
-    """The LSE buffer of a ``return_lse=True`` call (``lse`` checked, or a new one), else None."""
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if not return_lse:
-        if lse is not None:
-            raise ValueError("lse is given but return_lse is False: pass return_lse=True to have it written")
-        return None
-    total, heads = q.shape[0], q.shape[1]
-    doc = f"float32 [num_heads, total_tokens] = [{heads}, {total}]"
-    if lse is None:
-        return torch.empty((heads, total), dtype=torch.float32, device=q.device)
-    if not isinstance(lse, torch.Tensor):
-        raise TypeError(f"lse must be a torch.Tensor {doc}, got {type(lse).__name__}")
-    if lse.dtype != torch.float32:
-        raise TypeError(f"lse must be {doc}, got dtype {lse.dtype}")
-    if tuple(lse.shape) != (heads, total):
-        raise ValueError(f"lse must have shape {doc}, got {tuple(lse.shape)}")
-    if lse.device != q.device:
-        raise ValueError(f"lse is on {lse.device} but q is on {q.device}")
-    if lse.stride(1) != 1 and total > 1:
-        raise ValueError(
-            f"lse must have unit stride in its last (token) dimension, got strides {lse.stride()}"
-        )
-    return lse
-
-
 def _check_window(window: object) -> tuple[int, int]:
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
@@ -260,42 +233,12 @@ def _check_window(window: object) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def _softcap_form(softcap: float, q: torch.Tensor) -> int:
-    """Kernel SOFTCAP: 0 off, 1 tanh through exp2 (any backend), 2 hardware tanh (NVIDIA GPUs of
-    compute capability 7.5 or newer, which have PTX ``tanh.approx.f32``)."""
-    if softcap <= 0:
-        return 0
-    fast = _FAST_TANH and q.is_cuda and torch.version.hip is None
-    return 2 if fast and torch.cuda.get_device_capability(q.device) >= (7, 5) else 1
-
-
 def _prime_triton() -> None:
-    """Once per process, before the first launch: Triton's setup steps that do not depend on each
-    other, side by side. Its cache key hashes its own ~400 MB library (0.36 s warm, 0.73 s from a
-    cold disk on the H200 host) while this thread builds or loads the driver's helper module (gcc on
-    an empty cache, 0.55 s) and imports ``triton.experimental.gluon`` (0.14 s), which the specialiser
-    of any first launch imports. The hash releases the GIL. Only a speed hint: any failure leaves
-    Triton to do the same steps in order. (NOTES step 35.)"""
+    """Triton's one-time process setup side by side before this package's first launch
+    (:func:`prefill_runtime.prime_triton`, NOTES step 35); ``_TRITON_PRIMED`` marks it done here."""
     global _TRITON_PRIMED
     _TRITON_PRIMED = True
-    try:
-        from triton.runtime import cache, driver
-
-        def hash_library() -> None:  # a failure here is Triton's to report when it needs the key
-            try:
-                cache.triton_key()
-            except Exception:
-                pass
-
-        hasher = threading.Thread(target=hash_library, daemon=True)
-        hasher.start()
-        try:
-            driver.active.get_current_device()
-            import triton.experimental.gluon  # noqa: F401
-        finally:
-            hasher.join()
-    except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
-        pass
+    prime_triton()
 
 
 def _launch_fwd(
@@ -387,7 +330,7 @@ def _launch_fwd(
         BAND_MASK=_BAND_MASK,
         TMA_KV=k_desc is not None,
         INTERIOR_FIRST=_INTERIOR_FIRST or k_desc is not None,
-        SOFTCAP=_softcap_form(softcap, q),
+        SOFTCAP=softcap_form(softcap, q, _FAST_TANH),
         RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -459,7 +402,7 @@ def window_prefill(
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     else:
         _check_qkvo(q, k, v, out, "out")
-    lse = _check_lse(return_lse, lse, q)
+    lse = check_lse(return_lse, lse, q, "total_tokens")
     cu = _check_index("cu_seqlens", cu_seqlens, q.device, "[batch + 1]")
     if cu.shape[0] < 1:
         raise ValueError("cu_seqlens must have at least one entry [batch + 1], got 0")

@@ -27,6 +27,8 @@ Conventions (host side documents tensors; here only what the kernel assumes):
 import triton
 import triton.language as tl
 
+from prefill_runtime.device import tanh
+
 
 @triton.jit
 def _load_rows(p, m, USE_MASK: tl.constexpr):
@@ -35,20 +37,6 @@ def _load_rows(p, m, USE_MASK: tl.constexpr):
         return tl.load(p, mask=m, other=0.0)
     else:
         return tl.load(p)
-
-
-@triton.jit
-def _tanh(x, FAST: tl.constexpr = False):
-    """tanh. ``FAST`` (NVIDIA GPUs only, sm_75+): the hardware ``tanh.approx.f32`` (one MUFU op; relative
-    error ~2**-11, what FlashAttention's and FlashInfer's soft-capping use). Otherwise through exp2
-    (every backend and the interpreter have it): 1 - 2 / (e^(2x) + 1), two MUFU ops (exp2 and the
-    divide's reciprocal) and a few FMAs; +-inf at the ends give exactly +-1, a NaN stays NaN."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
 
 
 @triton.jit
@@ -101,7 +89,7 @@ def _attn_block(
     else:
         b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] raw q . k
     if SOFTCAP:
-        b_s = _tanh(b_s * tanh_scale, SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
+        b_s = tanh(b_s * tanh_scale, SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if not FOLD:
         b_s = b_s * qk_scale  # [BM, BN] log2 units
     if MASKED:

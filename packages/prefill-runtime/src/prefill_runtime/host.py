@@ -1,0 +1,88 @@
+"""Host helpers shared by the prefill kernel packages' launchers."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+# prime_triton ran in this process (whichever package launched first)
+_PRIMED = False
+
+
+def prime_triton() -> None:
+    """Once per process, before a first launch: Triton's setup steps that do not depend on each
+    other, side by side. Its cache key hashes its own ~400 MB library (0.36 s warm, 0.73 s from a
+    cold disk on the H200 host) in a thread (the hash releases the GIL) while this thread builds or
+    loads the driver's helper module (gcc on an empty cache, 0.35-0.55 s) and imports
+    ``triton.experimental.gluon`` (0.14 s), which the specialiser of any first launch imports.
+    Measured on the H200 (bench/results/NOTES.md step 35): a cold prefix-prefill first call 5.0-5.3
+    -> 3.7-4.0 s. Only a speed hint: any failure leaves Triton to do the same steps in order; later
+    calls return at once."""
+    global _PRIMED
+    if _PRIMED:
+        return
+    _PRIMED = True
+    try:
+        from triton.runtime import cache, driver
+
+        def hash_library() -> None:  # a failure here is Triton's to report when it needs the key
+            try:
+                cache.triton_key()
+            except Exception:
+                pass
+
+        hasher = threading.Thread(target=hash_library, daemon=True)
+        hasher.start()
+        try:
+            driver.active.get_current_device()
+            import triton.experimental.gluon  # noqa: F401
+        finally:
+            hasher.join()
+    except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
+        pass
+
+
+def softcap_form(softcap: float, q: torch.Tensor, fast: bool = True) -> int:
+    """A kernel's ``SOFTCAP`` constexpr for logits capped at ``softcap`` on ``q``'s device: 0 off, 1
+    tanh through exp2 (any backend, the interpreter), 2 the hardware tanh of
+    :func:`prefill_runtime.device.tanh` (``fast`` and an NVIDIA GPU of compute capability 7.5 or
+    newer, which has PTX ``tanh.approx.f32``; not ROCm, not Volta)."""
+    if softcap <= 0:
+        return 0
+    nvidia = fast and q.is_cuda and torch.version.hip is None
+    return 2 if nvidia and torch.cuda.get_device_capability(q.device) >= (7, 5) else 1
+
+
+def check_lse(
+    return_lse: object, lse: object, q: torch.Tensor, tokens: str = "total_tokens"
+) -> torch.Tensor | None:
+    """The softmax-LSE buffer of a call: None without ``return_lse``; with it ``lse`` checked, or a
+    new float32 ``[num_heads, <tokens>]`` tensor on ``q``'s device (``q`` is ``[<tokens>, num_heads,
+    head_dim]``; ``tokens`` names that dimension in the messages). A non-bool ``return_lse`` is a
+    ``TypeError``; ``lse`` without ``return_lse=True``, or of the wrong shape, device or token stride,
+    a ``ValueError``; a wrong type or dtype a ``TypeError``, each naming the argument."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not return_lse:
+        if lse is not None:
+            raise ValueError("lse is given but return_lse is False: pass return_lse=True to have it written")
+        return None
+    total, heads = q.shape[0], q.shape[1]
+    doc = f"float32 [num_heads, {tokens}] = [{heads}, {total}]"
+    if lse is None:
+        return torch.empty((heads, total), dtype=torch.float32, device=q.device)
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor {doc}, got {type(lse).__name__}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be {doc}, got dtype {lse.dtype}")
+    if tuple(lse.shape) != (heads, total):
+        raise ValueError(f"lse must have shape {doc}, got {tuple(lse.shape)}")
+    if lse.device != q.device:
+        raise ValueError(f"lse is on {lse.device} but q is on {q.device}; all tensors must share a device")
+    if total > 1 and lse.stride(1) != 1:
+        raise ValueError(
+            f"lse must have unit stride in its last ({tokens}) dimension, got strides {tuple(lse.stride())} "
+            "(call .contiguous())"
+        )
+    return lse
