@@ -101,6 +101,7 @@ def prefix_source(
     lazy: float = 0.0,
     page_vector: bool = False,
     lse: bool = False,
+    prefetch_ids: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -134,6 +135,7 @@ def prefix_source(
         MERGE_NEW=merge_new, MERGE_INTERIOR=merge_interior, LAZY_RESCALE=lazy, SOFTCAP=SOFTCAP_FORM,
         stride_bt_col=1,
         PAGE_VECTOR=page_vector and tile_pages,
+        PREFETCH_IDS=prefetch_ids and tile_pages,
         **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -267,6 +269,7 @@ def main() -> None:
     ap.add_argument("--merge-new", action="store_true", help="prefix: context + new tokens in one loop pair")
     ap.add_argument("--page-vector", action="store_true", help="prefix: one block id per page (small pages)")
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
+    ap.add_argument("--prefetch-ids", action="store_true", help="prefix: next tile's block ids read ahead")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
     ap.add_argument("--softcap", type=int, default=0, choices=(0, 1, 2),
@@ -302,6 +305,7 @@ def main() -> None:
             merge_interior=not args.merge_masked,
             page_vector=args.page_vector,
             lse=args.lse,
+            prefetch_ids=args.prefetch_ids,
         )
     else:
         causal = not args.non_causal
@@ -335,6 +339,7 @@ def main() -> None:
         what += " merge-new" if args.merge_new else ""
         what += " merge-masked" if args.merge_masked else ""
         what += " page-vector" if args.page_vector else ""
+        what += " prefetch-ids" if args.prefetch_ids else ""
         what += f" lazy={args.lazy:g}" if args.lazy else ""
     else:
         what += f" lazy={args.lazy:g}" if args.lazy else ""

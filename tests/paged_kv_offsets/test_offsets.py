@@ -28,6 +28,7 @@ from paged_kv_offsets.kernel import (
     page_walk_rest_group,
     page_walk_split,
     page_walk_tile,
+    tile_block_ids,
     tile_block_offsets,
     tile_blocks,
     tile_offsets,
@@ -434,6 +435,77 @@ def test_tile_blocks_page_vector(page, block, wide):
         ids.long()[((pos // page) ^ 1).clamp(max=n_cols - 1)] * stride_block + (pos % page) * stride_slot
     )
     assert not torch.equal(outs[1][0][in_row], swapped[in_row])
+
+
+@triton.jit
+def _tile_ids_kernel(
+    block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, page_size,
+    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, BASES: tl.constexpr, WIDE: tl.constexpr,
+    PAGE_VECTOR: tl.constexpr, SHIFT: tl.constexpr,
+):  # fmt: skip
+    """Row i: the unmasked, aligned tile at starts[i] addressed twice: out_a from tile_blocks' own table
+    reads, out_b from the ids tile_block_ids read for the tile ``SHIFT`` tiles further (0: the same
+    tile, the read-ahead of a loop; 1: a control that must differ)."""
+    i = tl.program_id(0)
+    pos0 = tl.load(starts + i)
+    o_j = tl.arange(0, BLOCK)
+    ids = tile_block_ids(
+        block_table, stride_bt_col, pos0 + SHIFT * BLOCK, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, True,
+        False, WIDE, PAGE_VECTOR,
+    )  # fmt: skip
+    own = tile_blocks(
+        block_table, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, False, True, False,
+        WIDE, PAGE_VECTOR,
+    )  # fmt: skip
+    ahead = tile_blocks(
+        block_table, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, False, True, False,
+        WIDE, PAGE_VECTOR, ids,
+    )  # fmt: skip
+    b_a = tile_block_offsets(own, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True, False, BASES,
+                             False, PAGE_VECTOR)  # fmt: skip
+    b_b = tile_block_offsets(ahead, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True, False, BASES,
+                             False, PAGE_VECTOR)  # fmt: skip
+    tl.store(out_a + i * BLOCK + o_j, b_a)
+    tl.store(out_b + i * BLOCK + o_j, b_b)
+
+
+@pytest.mark.parametrize("page", [1, 3, 16, 17, 64, 544, 1040])
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("page_vector", [False, True])
+@pytest.mark.parametrize("wide", [True, False])
+def test_tile_block_ids_read_ahead(page, block, page_vector, wide):
+    """tile_block_ids + tile_blocks(IDS=...) (a loop's block ids read one tile ahead, prefix-prefill's
+    ``PREFETCH_IDS``) address an unmasked aligned tile exactly as tile_blocks' own reads do, lane by
+    lane, for tiles inside the row, at its end and past it (the read after a loop's last tile: masked,
+    never outside the row), in every form (one page, two pages (``BASES``), per lane, one id per page);
+    and the ids of the next tile (a read-ahead one step off) give other offsets."""
+    n_cols = 3 * max(block // page, 1) + 2
+    n_valid = n_cols * page - (page // 3)
+    stride_slot, stride_block = 64, 64 * page + 8
+    ids = (torch.randperm(4 * n_cols)[:n_cols] + 1).to(torch.int32)
+    table = ids.to(DEVICE)
+    last = n_cols * page + 2 * block
+    starts = torch.tensor(list(range(0, last, block)), dtype=torch.int32).to(DEVICE)
+    rows = starts.shape[0]
+    outs = {}
+    for shift in (0, 1):
+        out_a = torch.full((rows, block), -1, dtype=torch.int64).to(DEVICE)
+        out_b = torch.full((rows, block), -1, dtype=torch.int64).to(DEVICE)
+        _tile_ids_kernel[(rows,)](
+            table, starts, out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot, page,
+            PAGE_SIZE=page, BLOCK=block, BASES=True, WIDE=wide, PAGE_VECTOR=page_vector, SHIFT=shift,
+        )  # fmt: skip
+        outs[shift] = (out_a.cpu(), out_b.cpu())
+    own, ahead = outs[0]
+    assert torch.equal(own, ahead)
+    pos = starts.cpu()[:, None].long() + torch.arange(block)[None, :]
+    real = (pos < n_valid) & (pos // page < n_cols)
+    exact = ids.long()[(pos // page).clamp(max=n_cols - 1)] * stride_block + (pos % page) * stride_slot
+    assert torch.equal(ahead[real], exact[real])
+    assert bool(((ahead >= 0) & ((ahead < page * stride_slot) | (ahead == exact)))[~real].all())
+    own1, off_by_one = outs[1]
+    assert torch.equal(own1, own)
+    assert not torch.equal(off_by_one[real], exact[real])
 
 
 @pytest.mark.parametrize("page", [3, 17, 544, 1040])

@@ -334,6 +334,26 @@ def test_page_vector(monkeypatch, config, page, layout, kv_from_cache, kw):
 
 
 @pytest.mark.parametrize(
+    ("config", "page", "layout", "kv_from_cache", "kw"),
+    [
+        (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", False, {}),  # one id per page, merged masked loops
+        (KernelConfig(16, 16, 32, 1, 1), 24, "split", False, {"window": (40, -1)}),  # ids per lane
+        (KernelConfig(16, 16, 16, 1, 1), 40, "nhd", True, {"causal": False, "window": (30, 9)}),  # 2 pages
+        (KernelConfig(32, 16, 16, 1, 1), 1, "hnd", False, {}),
+        (KernelConfig(16, 16, 16, 1, 1), 32, "split", True, {}),  # one page per tile, one segment
+    ],
+)
+def test_prefetch_ids(monkeypatch, config, page, layout, kv_from_cache, kw):
+    """``_PREFETCH_IDS``: interior context tiles read the next tile's block ids one iteration ahead
+    (paged_kv_offsets.tile_block_ids, carried by the loop). Contexts of many tiles in every
+    addressing form (one id per page, per lane, one or two pages per tile), k given or read back
+    from the cache, sequences with no context; must match the reference and the form without."""
+    seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1), (64, 64)]
+    case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=kv_from_cache)
+    _both_forms(monkeypatch, "_PREFETCH_IDS", case, config, reference(case, **kw), **kw)
+
+
+@pytest.mark.parametrize(
     ("config", "page", "layout", "kw"),
     [
         (KernelConfig(16, 16, 16, 1, 1), 16, "split", {}),

@@ -38,7 +38,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
              WIDE_OFFSETS=True, GRANULE_EDGES=False,
              DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False, MERGE_INTERIOR=True,
-             LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False, RETURN_LSE=False, Lse=None,
+             LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False, RETURN_LSE=False, Lse=None, PREFETCH_IDS=False,
              stride_lse_h=None)
     c.update(flags)
     ptrs = set(PTRS)
@@ -141,6 +141,15 @@ CASES = [
     # one block id per page in unmasked context tiles of small pages (interface._PAGE_VECTOR), with
     # soft-capping through the hardware tanh (SOFTCAP=2: inline PTX tanh.approx.f32)
     [*SM90_BF16, 128, 16, {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, **NHD, "SOFTCAP": 2}],
+    # the next interior tile's block ids read one iteration ahead (interface._PREFETCH_IDS), one id per
+    # page (16) and the two-page form (544)
+    [
+        *SM90_BF16,
+        128,
+        16,
+        {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, "PREFETCH_IDS": True, **NHD},
+    ],
+    [*SM90_BF16, 256, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "PREFETCH_IDS": True}],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
     # return_lse=True (kernel RETURN_LSE): the default NHD form, and a skip_decode store of -inf

@@ -76,6 +76,7 @@ def tile_blocks(
     IN_PAGE: tl.constexpr = False,
     WIDE: tl.constexpr = True,
     PAGE_VECTOR: tl.constexpr = False,
+    IDS=None,
 ):
     """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``0 <= pos0 < 2**31 -
     BLOCK``, as every position of a sequence with an int32 length), as a
@@ -111,6 +112,10 @@ def tile_blocks(
     are those :func:`token_offsets` reads for the same lanes; padding lanes (``MASKED``) give offset 0.
     Block ids come back int64, or int32 with ``WIDE=False`` (module docstring); the offsets of
     :func:`tile_block_offsets` take their type.
+
+    ``IDS`` (``MASKED=False`` only): the ``(blk0, blk1)`` that :func:`tile_block_ids` read for this
+    tile earlier (a loop reads the next tile's ids one iteration ahead and carries them): no table
+    read here, the rest of the tuple as without.
     """
     offs = tl.arange(0, BLOCK)  # [BLOCK]
     if IN_PAGE:
@@ -126,16 +131,20 @@ def tile_blocks(
         page0 = pos0_32 // page  # first logical page of the tile
         slot0 = pos0_32 - page0 * page
         n_first = page - slot0  # lanes [0, n_first) lie on page0, the rest on page0 + 1
-        page0_64 = page0.to(tl.int64)
-        # each table entry is read only if some lane of its page is a real token inside the row
-        m0 = (pos0_32 < n_valid) & (page0 < n_cols)
-        blk0 = _index(tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0), WIDE)
-        if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
-            m1 = m0
-            blk1 = blk0
+        if IDS is None:
+            page0_64 = page0.to(tl.int64)
+            # each table entry is read only if some lane of its page is a real token inside the row
+            m0 = (pos0_32 < n_valid) & (page0 < n_cols)
+            blk0 = _index(tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0), WIDE)
+            if IN_PAGE or (ALIGNED and PAGE_SIZE > 0 and PAGE_SIZE % BLOCK == 0):
+                m1 = m0
+                blk1 = blk0
+            else:
+                m1 = ((page0_64 + 1) * page < n_valid) & (page0 + 1 < n_cols)
+                blk1 = _index(tl.load(bt_row + (page0_64 + 1) * stride_bt_col, mask=m1, other=0), WIDE)
         else:
-            m1 = ((page0_64 + 1) * page < n_valid) & (page0 + 1 < n_cols)
-            blk1 = _index(tl.load(bt_row + (page0_64 + 1) * stride_bt_col, mask=m1, other=0), WIDE)
+            tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
+            blk0, blk1 = IDS
         if MASKED:
             m_tok = ((pos0_32 + offs) < n_valid) & tl.where(offs < n_first, m0, m1)  # [BLOCK]
         else:
@@ -145,10 +154,13 @@ def tile_blocks(
         if PAGE_VECTOR and (not MASKED) and ALIGNED and BLOCK % PAGE_SIZE == 0:
             # whole pages, every lane real: one table read per page ([BLOCK // PAGE_SIZE]
             # lanes, not [BLOCK]); tile_block_offsets spreads each page's base over its lanes
-            pages = pos0 // PAGE_SIZE + tl.arange(0, BLOCK // PAGE_SIZE)  # [NP]
-            b_blk = _index(
-                tl.load(bt_row + pages.to(tl.int64) * stride_bt_col, mask=pages < n_cols, other=0), WIDE
-            )
+            if IDS is None:
+                pages = pos0 // PAGE_SIZE + tl.arange(0, BLOCK // PAGE_SIZE)  # [NP]
+                b_blk = _index(
+                    tl.load(bt_row + pages.to(tl.int64) * stride_bt_col, mask=pages < n_cols, other=0), WIDE
+                )  # [NP]
+            else:
+                b_blk = IDS[0]  # [NP]
             p_slot = offs % PAGE_SIZE  # [BLOCK]
             m_tok = offs >= 0  # [BLOCK] unused
         else:
@@ -162,8 +174,44 @@ def tile_blocks(
             m_tok = p_page < n_cols  # [BLOCK]
             if MASKED:
                 m_tok = m_tok & ((pos0 + offs) < n_valid)  # [BLOCK]
-            b_blk = _index(tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0), WIDE)
+            if IDS is None:
+                b_blk = _index(
+                    tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0), WIDE
+                )
+            else:
+                tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
+                b_blk = IDS[0]  # [BLOCK]
         return b_blk, b_blk, p_slot, 0, m_tok
+
+
+@triton.jit
+def tile_block_ids(
+    bt_row,
+    stride_bt_col,
+    pos0,
+    n_valid,
+    n_cols,
+    page_size,
+    BLOCK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    IN_PAGE: tl.constexpr = False,
+    WIDE: tl.constexpr = True,
+    PAGE_VECTOR: tl.constexpr = False,
+):
+    """``(blk0, blk1)``: the block-table reads :func:`tile_blocks` makes for the unmasked
+    (``MASKED=False``) tile at ``pos0``, same arguments, to be passed back as its ``IDS`` later.
+
+    A loop over unmasked tiles reads the next tile's ids one iteration ahead and carries them, so a
+    table read's latency is not paid right before the addresses that need it (the prefix kernel's
+    interior context loop, ``PREFETCH_IDS``). The tile after a loop's last may lie past ``n_valid``
+    or the table row: those reads are masked as in :func:`tile_blocks` (never outside the row) and
+    their ids are never used."""
+    tile = tile_blocks(
+        bt_row, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, False, ALIGNED, IN_PAGE, WIDE,
+        PAGE_VECTOR,
+    )  # fmt: skip
+    return tile[0], tile[1]
 
 
 @triton.jit

@@ -459,6 +459,11 @@ _REST_GROUP = False
 # (same code). A form with one scalar row bound per tile (fewer SASS: 525 -> 494 at head 256) ran
 # qwen page 16 10% slower: not taken.
 _PAGE_VECTOR = True
+# Interior context tiles read the next tile's block ids one iteration ahead and carry them (kernel
+# PREFETCH_IDS, paged_kv_offsets.tile_block_ids): ncu of qwen-hybrid (head 256) NHD on the H200
+# (NOTES step 43) put ~5% of page 16's loop stalls on the block-id read and its first use, right
+# before the next tile's K/V copies. Candidate, off until timed; both forms are tested.
+_PREFETCH_IDS = False
 # Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
 # FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
@@ -675,6 +680,7 @@ def _launch_fwd(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         K_CHUNK=k_chunk,
         RETURN_LSE=lse is not None,
+        PREFETCH_IDS=_TILE_PAGES and _PREFETCH_IDS,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -43,6 +43,7 @@ from paged_kv_offsets.kernel import (
     page_walk_rest_group,
     page_walk_split,
     page_walk_tile,
+    tile_block_ids,
     tile_block_offsets,
     tile_blocks,
     token_offsets,
@@ -300,10 +301,11 @@ def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.const
 
 @triton.jit
 def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CFG: tl.constexpr,
-                         ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr):  # fmt: skip
+                         ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, IDS=None):  # fmt: skip
     """``(o_kt, o_vt, k_pos)``, each [BN]: the cache's per-token K/V offsets (paged_kv_offsets; int32
     with ``WIDE_OFFSETS`` off and tile addressing, else int64) and the absolute positions of the
-    keys ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``)."""
+    keys ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``). ``IDS``: the tile's block ids, read
+    ahead by :func:`_cache_tile_ids` (unmasked tiles, tile addressing), else None (read here)."""
     PAGE_SIZE: tl.constexpr = CFG[7]
     TILE_PAGES: tl.constexpr = CFG[8]
     BASES: tl.constexpr = CFG[13]  # tile_block_offsets: two-page form as a choice of two scalar bases
@@ -317,7 +319,7 @@ def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED
         # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
         tile = tile_blocks(
             bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
-            IN_PAGE, CFG[14], CFG[19],
+            IN_PAGE, CFG[14], CFG[19], IDS,
         )  # fmt: skip
         o_kt = tile_block_offsets(
             tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, CFG[19]
@@ -326,20 +328,55 @@ def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED
             tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, CFG[19]
         )  # [BN]
     else:  # per token (the 1.0 addressing, kept for A/B runs)
+        tl.static_assert(IDS is None, "block ids read ahead need tile addressing")
         o_kt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE)  # [BN]
         o_vt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE)  # [BN]
     return o_kt, o_vt, k_pos
 
 
 @triton.jit
+def _cache_tile_ids(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, CFG: tl.constexpr):
+    """The block ids of the unmasked, aligned cache tile at positions ``k_base + n0 + [0, BLOCK_N)`` (valid below
+    ``k_end``; a tile past it reads nothing outside the table row and is never attended to), for
+    :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
+    return tile_block_ids(
+        cache[2], cache[3], k_base + n0, k_end, cache[4], cache[5], BLOCK_N, CFG[7], True, False, CFG[14], CFG[19],
+    )  # fmt: skip
+
+
+@triton.jit
+def _cache_tiles(acc, m_i, l_i, b_q, mid_lo, mid_hi, k_base, k_end, rows, cache, s_scale, p_scale,
+                 BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """The unmasked, aligned cache tiles ``k_base + n0 + [0, BLOCK_N)`` for ``n0`` in ``[mid_lo, mid_hi)``
+    (multiples of ``BLOCK_N``; keys valid below ``k_end``). With ``PREFETCH_IDS`` (CFG[20]) each iteration reads the next
+    tile's block ids and carries them (:func:`_cache_tile_ids`): the software pipeline issues a tile's
+    K/V copies one iteration ahead, and without the carry their block-table read sat right before
+    them (ncu, H200, head 256 page 16: ~5% of the loop's stall samples on that read and its first
+    use; bench/results/NOTES.md step 43)."""
+    if CFG[20]:
+        ids = _cache_tile_ids(mid_lo, k_base, k_end, cache, BLOCK_N, CFG)
+        for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
+            ids_next = _cache_tile_ids(n0 + BLOCK_N, k_base, k_end, cache, BLOCK_N, CFG)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, None, s_scale, p_scale,
+                                  BLOCK_N, True, False, V_RUNS, CFG, True, False, 0, ids)  # fmt: skip
+            ids = ids_next
+    else:
+        for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, None, s_scale, p_scale,
+                                  BLOCK_N, True, False, V_RUNS, CFG, True, False)  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
           FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-          ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0):  # fmt: skip
+          ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0, IDS=None):  # fmt: skip
     """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
     from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
-    ``n0 + i``); addresses from :func:`_tile_pointers`, then :func:`_attend`."""
+    ``n0 + i``); addresses from :func:`_tile_pointers`, then :func:`_attend`. ``IDS``: the tile's
+    block ids read ahead (:func:`_cache_tiles`), or None."""
     p_k, p_v, k_pos = _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N, FROM_CACHE, MASKED, V_RUNS, CFG,
-                                     ALIGNED, IN_PAGE, GRANULE)  # fmt: skip
+                                     ALIGNED, IN_PAGE, GRANULE, IDS)  # fmt: skip
     SCALE_P: tl.constexpr = FROM_CACHE and CFG[11]  # CACHE_FP8: the V scale multiplies the probabilities
     return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG,
                    True, GRANULE)  # fmt: skip
@@ -348,7 +385,7 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
 @triton.jit
 def _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr,
                    MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr, ALIGNED: tl.constexpr,
-                   IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0):  # fmt: skip
+                   IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0, IDS=None):  # fmt: skip
     """``(p_k [BD, BN] (or its [KC, BN] chunks), p_v [BN, BD], k_pos [BN])`` of the keys at absolute
     positions ``k_base + n0 + [0, BLOCK_N)`` (see :func:`_tile`).
 
@@ -363,7 +400,7 @@ def _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N: tl.constexpr, FROM_CA
     """
     if FROM_CACHE:
         o_kt, o_vt, k_pos = _cache_token_offsets(
-            n0, k_base, k_end, cache, BLOCK_N, MASKED, CFG, ALIGNED, IN_PAGE
+            n0, k_base, k_end, cache, BLOCK_N, MASKED, CFG, ALIGNED, IN_PAGE, IDS
         )
         # every lane of an interior tile is a real token of a mapped page: the V runs hold
         # (granule-masked tiles load whole runs only: the runs hold for every lane they load)
@@ -470,9 +507,13 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
             n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
                                   BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, False, GRANULE)  # fmt: skip
-        for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                                  BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
+        if FROM_CACHE and ALIGNED and CFG[8]:  # TILE_PAGES
+            acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, mid_lo, mid_hi, k_base, k_end, rows, cache, s_scale, p_scale,
+                                         BLOCK_N, V_RUNS, CFG)  # fmt: skip
+        else:
+            for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
+                acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                                      BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
         if GRANULE > 0:
             tl.static_assert(FROM_CACHE, "granule edges are for the cached context")
             NARROW: tl.constexpr = max(16, GRANULE)
@@ -593,9 +634,8 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
                                          n_mid_lo + u * BLOCK_N, ctx_len, seq_len, rows, cache, new, s_scale,
                                          BLOCK_N, False, V_RUNS, CFG)  # fmt: skip
     else:  # as _segment's interior loops (the context's: aligned tiles, V runs per V_RUNS)
-        for n0 in tl.range(c_mid_lo, c_mid_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, 0, ctx_len, rows, cache, None, s_scale, 1.0,
-                                  BLOCK_N, True, False, V_RUNS, CFG, True, False)  # fmt: skip
+        acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, c_mid_lo, c_mid_hi, 0, ctx_len, rows, cache, s_scale,
+                                     1.0, BLOCK_N, V_RUNS, CFG)  # fmt: skip
         for n0 in tl.range(n_mid_lo, n_mid_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0,
                                   BLOCK_N, False, False, (False, 1), CFG, False, False)  # fmt: skip
@@ -694,6 +734,7 @@ def _fwd_kernel(
     SOFTCAP: tl.constexpr = 0,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend); 2: tanh.approx
     PAGE_VECTOR: tl.constexpr = False,  # whole small pages per unmasked tile: a block id per page
     RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
+    PREFETCH_IDS: tl.constexpr = False,  # interior context tiles read the next tile's block ids ahead
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -774,7 +815,7 @@ def _fwd_kernel(
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
                          TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP,
-                         PAGE_VECTOR)  # fmt: skip
+                         PAGE_VECTOR, PREFETCH_IDS)  # fmt: skip
 
     # ---- the cached context, key positions [0, ctx_len) ----
     # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX
