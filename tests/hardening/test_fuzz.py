@@ -244,8 +244,9 @@ def test_fuzz_prefix_prefill(p):
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     values = [p[k] for k in keys]
-    names += ["_GRANULE_EDGES_MIN_BLOCK_D", "_K_CHUNKS_NHD_MAX_BLOCK_D"]  # at every head size when drawn
-    values += [0, 1 << 30]
+    # at every head size when drawn
+    names += ["_GRANULE_EDGES_MIN_BLOCK_D", "_K_CHUNKS_NHD_MAX_BLOCK_D", "_PREFETCH_IDS_MAX_BLOCK_D"]
+    values += [0, 1 << 30, 1 << 30]
     saved = [getattr(itf, n) for n in names]
     for n, v in zip(names, values, strict=True):
         setattr(itf, n, v)

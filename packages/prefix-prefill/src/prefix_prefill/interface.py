@@ -462,8 +462,13 @@ _PAGE_VECTOR = True
 # Interior context tiles read the next tile's block ids one iteration ahead and carry them (kernel
 # PREFETCH_IDS, paged_kv_offsets.tile_block_ids): ncu of qwen-hybrid (head 256) NHD on the H200
 # (NOTES step 43) put ~5% of page 16's loop stalls on the block-id read and its first use, right
-# before the next tile's K/V copies. Candidate, off until timed; both forms are tested.
-_PREFETCH_IDS = False
+# before the next tile's K/V copies. H200 A/B (same process, 620a98a): head 128 faster on every
+# page and layout (NHD 1-6%, split 2-8%, k=None 4-8%); head 256 faster where a context tile spans
+# several pages (page 16: NHD -2%, k=None -3%, split -1%) but mixed on wide pages (NHD 512/1024
+# +3/+5%, others within +-1%), so wider heads take it only for pages narrower than the tile. On;
+# both forms are tested.
+_PREFETCH_IDS = True
+_PREFETCH_IDS_MAX_BLOCK_D = 128
 # Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
 # FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
@@ -680,7 +685,9 @@ def _launch_fwd(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         K_CHUNK=k_chunk,
         RETURN_LSE=lse is not None,
-        PREFETCH_IDS=_TILE_PAGES and _PREFETCH_IDS,
+        PREFETCH_IDS=_TILE_PAGES
+        and _PREFETCH_IDS
+        and (block_d <= _PREFETCH_IDS_MAX_BLOCK_D or kc.page_size < config.BLOCK_N_CTX),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
