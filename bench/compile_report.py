@@ -102,6 +102,7 @@ def prefix_source(
     page_vector: bool = False,
     lse: bool = False,
     prefetch_ids: bool = False,
+    kv_same: bool = False,
 ) -> tuple[ASTSource, int, int]:
     """The prefix kernel as the launcher specialises it for a bf16 cache in ``layout``: "split" (vLLM:
     K ``[blocks, H, D/8, page, 8]``, V ``[blocks, H, D, page]``) or "nhd" (``[blocks, page, H, D]``)."""
@@ -136,6 +137,7 @@ def prefix_source(
         stride_bt_col=1,
         PAGE_VECTOR=page_vector and tile_pages,
         PREFETCH_IDS=prefetch_ids and tile_pages,
+        KV_SAME_STRIDES=kv_same,
         **lay,
     )  # fmt: skip
     ptrs = {n: "bf16" for n in ("Q", "K", "V", "O", "K_cache", "V_cache")}
@@ -270,6 +272,7 @@ def main() -> None:
     ap.add_argument("--page-vector", action="store_true", help="prefix: one block id per page (small pages)")
     ap.add_argument("--merge-masked", action="store_true", help="prefix: masked loops merged")
     ap.add_argument("--prefetch-ids", action="store_true", help="prefix: next tile's block ids read ahead")
+    ap.add_argument("--kv-same", action="store_true", help="prefix: V block/slot strides are K's (NHD/HND)")
     ap.add_argument("--tma", action="store_true", help="window: interior K/V through tensor descriptors")
     ap.add_argument("--interior-first", action="store_true", help="window: interior blocks before the edges")
     ap.add_argument("--softcap", type=int, default=0, choices=(0, 1, 2),
@@ -306,6 +309,7 @@ def main() -> None:
             page_vector=args.page_vector,
             lse=args.lse,
             prefetch_ids=args.prefetch_ids,
+            kv_same=args.kv_same,
         )
     else:
         causal = not args.non_causal
@@ -340,6 +344,7 @@ def main() -> None:
         what += " merge-masked" if args.merge_masked else ""
         what += " page-vector" if args.page_vector else ""
         what += " prefetch-ids" if args.prefetch_ids else ""
+        what += " kv-same" if args.kv_same else ""
         what += f" lazy={args.lazy:g}" if args.lazy else ""
     else:
         what += f" lazy={args.lazy:g}" if args.lazy else ""

@@ -220,6 +220,7 @@ def prefix_problems(draw) -> dict:
         "merge_masked_tiles": draw(st.booleans()),  # ... and _MERGE_MASKED_TILES
         "page_vector": draw(st.booleans()),  # ... and _PAGE_VECTOR
         "prefetch_ids": draw(st.booleans()),  # ... and _PREFETCH_IDS
+        "kv_same_strides": draw(st.booleans()),  # ... and _KV_SAME_STRIDES
         "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
         "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
@@ -240,7 +241,7 @@ def test_fuzz_prefix_prefill(p):
         "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
         "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges", "k_chunks_split", "k_chunks_nhd",
         "k_chunk", "one_segment_from_cache", "merge_new_tokens", "merge_masked_tiles", "page_vector",
-        "prefetch_ids", "lazy_rescale",
+        "prefetch_ids", "kv_same_strides", "lazy_rescale",
     )  # fmt: skip
     names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
     values = [p[k] for k in keys]

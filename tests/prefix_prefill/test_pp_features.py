@@ -354,6 +354,40 @@ def test_prefetch_ids(monkeypatch, config, page, layout, kv_from_cache, kw):
 
 
 @pytest.mark.parametrize(
+    ("config", "page", "layout", "kv_from_cache", "v_pad", "kw"),
+    [
+        (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", False, None, {}),  # one id per page, merged masked loops
+        (KernelConfig(16, 16, 16, 1, 1), 24, "hnd", True, None, {"causal": False, "window": (30, 9)}),
+        (KernelConfig(32, 16, 16, 1, 1), 1, "nhd", False, None, {}),
+        (KernelConfig(16, 16, 32, 1, 1), 16, "nhd", False, "slot", {"window": (40, -1)}),  # V rows padded
+        (KernelConfig(16, 16, 16, 1, 1), 16, "hnd", True, "block", {}),  # V pages padded
+        (KernelConfig(16, 16, 16, 1, 1), 16, "split", False, None, {}),  # split: never the same strides
+    ],
+)
+def test_kv_same_strides(monkeypatch, config, page, layout, kv_from_cache, v_pad, kw):
+    """``_KV_SAME_STRIDES``: with the V cache's block and slot strides equal to the K cache's, one set
+    of per-lane cache offsets serves both. ``v_pad``: the V cache is a view of a padded tensor, so its
+    slot (or block) stride differs from K's and the launcher must keep two sets (the form with one set
+    would read V rows at K's strides: wrong rows, which the reference comparison catches). Must match
+    the reference and the form without."""
+    seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1)]
+    case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=kv_from_cache)
+    if v_pad is not None:
+        v = case.v_cache
+        if v_pad == "slot":  # NHD [blocks, page, H, D] rows of D + 8 features
+            big = torch.zeros(*v.shape[:-1], v.shape[-1] + 8, dtype=v.dtype, device=v.device)
+            big[..., : v.shape[-1]] = v
+            case.v_cache = big[..., : v.shape[-1]]
+        else:  # HND [blocks, H, page, D] blocks of page + 2 rows
+            n, h, pg, d = v.shape
+            big = torch.zeros(n, h, pg + 2, d, dtype=v.dtype, device=v.device)
+            big[:, :, : v.shape[2]] = v
+            case.v_cache = big[:, :, : v.shape[2]]
+        assert case.v_cache.stride() != case.k_cache.stride() and torch.equal(case.v_cache, v)
+    _both_forms(monkeypatch, "_KV_SAME_STRIDES", case, config, reference(case, **kw), **kw)
+
+
+@pytest.mark.parametrize(
     ("config", "page", "layout", "kw"),
     [
         (KernelConfig(16, 16, 16, 1, 1), 16, "split", {}),

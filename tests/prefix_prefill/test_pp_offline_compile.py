@@ -39,6 +39,7 @@ def build(dtype, cache, out, D, page, x, cfg, **flags):
              WIDE_OFFSETS=True, GRANULE_EDGES=False,
              DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False, MERGE_INTERIOR=True,
              LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False, RETURN_LSE=False, Lse=None, PREFETCH_IDS=False,
+             KV_SAME_STRIDES=False,
              stride_lse_h=None)
     c.update(flags)
     ptrs = set(PTRS)
@@ -150,6 +151,8 @@ CASES = [
         {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, "PREFETCH_IDS": True, **NHD},
     ],
     [*SM90_BF16, 256, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "PREFETCH_IDS": True}],
+    # one set of per-lane offsets for K and V (interface._KV_SAME_STRIDES), NHD
+    [*SM90_BF16, 128, 1056, {**TWO_PAGE, "WIDE_OFFSETS": False, "KV_SAME_STRIDES": True, **NHD}],
     # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
     [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
     # return_lse=True (kernel RETURN_LSE): the default NHD form, and a skip_decode store of -inf

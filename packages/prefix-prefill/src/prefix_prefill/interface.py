@@ -469,6 +469,12 @@ _PAGE_VECTOR = True
 # both forms are tested.
 _PREFETCH_IDS = True
 _PREFETCH_IDS_MAX_BLOCK_D = 128
+# When the V cache's block and slot strides equal the K cache's (NHD/HND caches as two tensors of one
+# shape, or the two halves of one [blocks, 2, ...] tensor; not vLLM's split layout), compute one set of
+# per-lane cache offsets for both (kernel KV_SAME_STRIDES). Offline (sm_90a, NOTES step 44): context
+# interior loop 569 -> 543 SASS (head 128 page 16), 574 -> 544 (1056), 495 -> 474 (head 256 page 16),
+# 494 -> 484 (512). Candidate, off until timed; both forms are tested.
+_KV_SAME_STRIDES = False
 # Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
 # FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
@@ -688,6 +694,7 @@ def _launch_fwd(
         PREFETCH_IDS=_TILE_PAGES
         and _PREFETCH_IDS
         and (block_d <= _PREFETCH_IDS_MAX_BLOCK_D or kc.page_size < config.BLOCK_N_CTX),
+        KV_SAME_STRIDES=_KV_SAME_STRIDES and kc_strides[:2] == vc_strides[:2],
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

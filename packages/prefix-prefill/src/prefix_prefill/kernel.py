@@ -735,6 +735,7 @@ def _fwd_kernel(
     PAGE_VECTOR: tl.constexpr = False,  # whole small pages per unmasked tile: a block id per page
     RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
     PREFETCH_IDS: tl.constexpr = False,  # interior context tiles read the next tile's block ids ahead
+    KV_SAME_STRIDES: tl.constexpr = False,  # V cache block/slot strides equal K's (host-checked)
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -810,8 +811,12 @@ def _fwd_kernel(
 
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
     rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2, softcap2)
-    cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
-             stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
+    if KV_SAME_STRIDES:  # one set of per-lane cache offsets serves K and V (the compiler merges them)
+        cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
+                 stride_kc_block, stride_kc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
+    else:
+        cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
+                 stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
                          TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP,
