@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                                "sets": " ".join(args.set), **res}  # fmt: skip
                         rows.append(row)
                         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-    if args.out and rows:
-        write_rows(Path(args.out), "first_call", rows)
+                        if args.out:  # rewritten after every row: a run cut by a time limit keeps its rows
+                            write_rows(Path(args.out), "first_call", rows)
     return 0 if rows else 1
 
 
