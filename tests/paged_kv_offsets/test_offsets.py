@@ -28,7 +28,6 @@ from paged_kv_offsets.kernel import (
     page_walk_rest_group,
     page_walk_split,
     page_walk_tile,
-    tile_block_ids,
     tile_block_offsets,
     tile_blocks,
     tile_offsets,
@@ -444,15 +443,16 @@ def _tile_ids_kernel(
     PAGE_VECTOR: tl.constexpr, SHIFT: tl.constexpr,
 ):  # fmt: skip
     """Row i: the unmasked, aligned tile at starts[i] addressed twice: out_a from tile_blocks' own table
-    reads, out_b from the ids tile_block_ids read for the tile ``SHIFT`` tiles further (0: the same
-    tile, the read-ahead of a loop; 1: a control that must differ)."""
+    reads, out_b from ``IDS`` read by an unmasked tile_blocks call for the tile ``SHIFT`` tiles further
+    (0: the same tile, the read-ahead of a loop; 1: a control that must differ)."""
     i = tl.program_id(0)
     pos0 = tl.load(starts + i)
     o_j = tl.arange(0, BLOCK)
-    ids = tile_block_ids(
-        block_table, stride_bt_col, pos0 + SHIFT * BLOCK, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, True,
-        False, WIDE, PAGE_VECTOR,
+    ahead_read = tile_blocks(
+        block_table, stride_bt_col, pos0 + SHIFT * BLOCK, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, False,
+        True, False, WIDE, PAGE_VECTOR,
     )  # fmt: skip
+    ids = (ahead_read[0], ahead_read[1])
     own = tile_blocks(
         block_table, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, False, True, False,
         WIDE, PAGE_VECTOR,
@@ -473,12 +473,13 @@ def _tile_ids_kernel(
 @pytest.mark.parametrize("block", [16, 64])
 @pytest.mark.parametrize("page_vector", [False, True])
 @pytest.mark.parametrize("wide", [True, False])
-def test_tile_block_ids_read_ahead(page, block, page_vector, wide):
-    """tile_block_ids + tile_blocks(IDS=...) (a loop's block ids read one tile ahead, prefix-prefill's
-    ``PREFETCH_IDS``) address an unmasked aligned tile exactly as tile_blocks' own reads do, lane by
-    lane, for tiles inside the row, at its end and past it (the read after a loop's last tile: masked,
-    never outside the row), in every form (one page, two pages (``BASES``), per lane, one id per page);
-    and the ids of the next tile (a read-ahead one step off) give other offsets."""
+def test_tile_blocks_ids_read_ahead(page, block, page_vector, wide):
+    """tile_blocks(IDS=...) with the ids of an earlier unmasked call (a loop's block ids read one
+    tile ahead, prefix-prefill's ``PREFETCH_IDS``) address an unmasked aligned tile exactly as
+    tile_blocks' own reads do, lane by lane, for tiles inside the row, at its end and past it (the
+    read after a loop's last tile: masked, never outside the row), in every form (one page, two pages
+    (``BASES``), per lane, one id per page); and the ids of the next tile (a read-ahead one step off)
+    give other offsets."""
     n_cols = 3 * max(block // page, 1) + 2
     n_valid = n_cols * page - (page // 3)
     stride_slot, stride_block = 64, 64 * page + 8

@@ -345,7 +345,7 @@ def test_page_vector(monkeypatch, config, page, layout, kv_from_cache, kw):
 )
 def test_prefetch_ids(monkeypatch, config, page, layout, kv_from_cache, kw):
     """``_PREFETCH_IDS``: interior context tiles read the next tile's block ids one iteration ahead
-    (paged_kv_offsets.tile_block_ids, carried by the loop). Contexts of many tiles in every
+    (paged_kv_offsets.tile_blocks ``IDS``, carried by the loop). Contexts of many tiles in every
     addressing form (one id per page, per lane, one or two pages per tile), k given or read back
     from the cache, sequences with no context; must match the reference and the form without."""
     seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1), (64, 64)]

@@ -1,7 +1,7 @@
 """paged-kv-offsets: (block table, token position, page size) -> int64 KV-cache offsets, any page size.
 
 Device side (``@triton.jit``, import from :mod:`paged_kv_offsets.kernel`): ``token_offsets``,
-``tile_blocks`` / ``tile_block_ids`` (a tile's block ids read ahead), ``tile_block_offsets``,
+``tile_blocks`` (``IDS``: a tile's block ids read ahead), ``tile_block_offsets``,
 ``page_walk_bounds`` / ``page_walk_tile`` / ``page_walk_split`` / ``page_walk_full`` /
 ``page_walk_rest`` (tiles that never cross a page), ``page_walk_rest_group`` / ``lane_offsets`` (the
 rest tiles of several pages in one tile), ``tile_pages``, ``tile_offsets``, ``token_mask``,

@@ -113,9 +113,10 @@ def tile_blocks(
     Block ids come back int64, or int32 with ``WIDE=False`` (module docstring); the offsets of
     :func:`tile_block_offsets` take their type.
 
-    ``IDS`` (``MASKED=False`` only): the ``(blk0, blk1)`` that :func:`tile_block_ids` read for this
-    tile earlier (a loop reads the next tile's ids one iteration ahead and carries them): no table
-    read here, the rest of the tuple as without.
+    ``IDS`` (``MASKED=False`` only): ``(tile[0], tile[1])`` of an earlier call for this same tile,
+    same arguments (a loop reads the next tile's ids one iteration ahead and carries them, so no
+    iteration waits on the table right before its copies; the read for the tile after the loop's
+    last stays masked, never outside the row): no table read here, the rest of the tuple as without.
     """
     offs = tl.arange(0, BLOCK)  # [BLOCK]
     if IN_PAGE:
@@ -182,36 +183,6 @@ def tile_blocks(
                 tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
                 b_blk = IDS[0]  # [BLOCK]
         return b_blk, b_blk, p_slot, 0, m_tok
-
-
-@triton.jit
-def tile_block_ids(
-    bt_row,
-    stride_bt_col,
-    pos0,
-    n_valid,
-    n_cols,
-    page_size,
-    BLOCK: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    ALIGNED: tl.constexpr,
-    IN_PAGE: tl.constexpr = False,
-    WIDE: tl.constexpr = True,
-    PAGE_VECTOR: tl.constexpr = False,
-):
-    """``(blk0, blk1)``: the block-table reads :func:`tile_blocks` makes for the unmasked
-    (``MASKED=False``) tile at ``pos0``, same arguments, to be passed back as its ``IDS`` later.
-
-    A loop over unmasked tiles reads the next tile's ids one iteration ahead and carries them, so a
-    table read's latency is not paid right before the addresses that need it (the prefix kernel's
-    interior context loop, ``PREFETCH_IDS``). The tile after a loop's last may lie past ``n_valid``
-    or the table row: those reads are masked as in :func:`tile_blocks` (never outside the row) and
-    their ids are never used."""
-    tile = tile_blocks(
-        bt_row, stride_bt_col, pos0, n_valid, n_cols, page_size, BLOCK, PAGE_SIZE, False, ALIGNED, IN_PAGE, WIDE,
-        PAGE_VECTOR,
-    )  # fmt: skip
-    return tile[0], tile[1]
 
 
 @triton.jit

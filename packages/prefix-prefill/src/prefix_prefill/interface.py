@@ -460,7 +460,7 @@ _REST_GROUP = False
 # qwen page 16 10% slower: not taken.
 _PAGE_VECTOR = True
 # Interior context tiles read the next tile's block ids one iteration ahead and carry them (kernel
-# PREFETCH_IDS, paged_kv_offsets.tile_block_ids): ncu of qwen-hybrid (head 256) NHD on the H200
+# PREFETCH_IDS, paged_kv_offsets.tile_blocks IDS): ncu of qwen-hybrid (head 256) NHD on the H200
 # (NOTES step 43) put ~5% of page 16's loop stalls on the block-id read and its first use, right
 # before the next tile's K/V copies. H200 A/B (same process, 620a98a): head 128 faster on every
 # page and layout (NHD 1-6%, split 2-8%, k=None 4-8%); head 256 faster where a context tile spans

@@ -43,7 +43,6 @@ from paged_kv_offsets.kernel import (
     page_walk_rest_group,
     page_walk_split,
     page_walk_tile,
-    tile_block_ids,
     tile_block_offsets,
     tile_blocks,
     token_offsets,
@@ -339,9 +338,11 @@ def _cache_tile_ids(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, CFG: tl.con
     """The block ids of the unmasked, aligned cache tile at positions ``k_base + n0 + [0, BLOCK_N)`` (valid below
     ``k_end``; a tile past it reads nothing outside the table row and is never attended to), for
     :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
-    return tile_block_ids(
-        cache[2], cache[3], k_base + n0, k_end, cache[4], cache[5], BLOCK_N, CFG[7], True, False, CFG[14], CFG[19],
+    tile = tile_blocks(
+        cache[2], cache[3], k_base + n0, k_end, cache[4], cache[5], BLOCK_N, CFG[7], False, True, False, CFG[14],
+        CFG[19],
     )  # fmt: skip
+    return tile[0], tile[1]
 
 
 @triton.jit
