@@ -12,14 +12,20 @@ with the smaller worst-case page spread (``NAME=0|1``), for the next step of a d
 For each (shape, page, layout) it times the default table config with the module switch
 ``prefix_prefill.interface.<switch>`` off and on (same inputs, interleaved, medians of
 ``triton.testing.do_bench``) and prints one line per timing plus, per shape and layout, the page
-spread (slowest non-power-of-two page over the fastest power-of-two page) for each setting. Writes
+spread (slowest non-power-of-two page over the fastest power-of-two page, and slowest over fastest
+page) for each setting. ``--rounds N`` times every (page, setting) N times, the pages in a rotated
+order and off/on flipped each round, and reports the median: the H200's clocks drift by a few % over
+a run (session 13 saw one problem at 6.43 and 7.07 ms in one process), which one pass per page takes
+for a page difference. Writes
 DIR/ab_prefix<switch>.{csv,md} with ``--out``. Shapes are those of bench/prefix_prefill.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -81,6 +87,17 @@ def _call(prob: dict, layout: str, out: torch.Tensor, kv_from_cache: bool = Fals
     return fn
 
 
+@contextlib.contextmanager
+def _switched(args, on: bool):
+    """The switch under test set to off (0) or on (1, or ``--on-value``) inside the block."""
+    default = getattr(itf, args.switch)
+    setattr(itf, args.switch, on if args.on_value is None else (args.on_value if on else 0))
+    try:
+        yield
+    finally:
+        setattr(itf, args.switch, default)
+
+
 def _fmt(key: str, value: object) -> str:
     return f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
 
@@ -108,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
     ap.add_argument("--kv-from-cache", action="store_true",
                     help="k=v=None: new tokens' K/V from the cache (it holds every token)")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time each (page, setting) N times, pages interleaved: medians")  # fmt: skip
     ap.add_argument("--on-value", type=int, default=None,
                     help="an int switch: time 0 (off) against this value, e.g. _LAZY_RESCALE")  # fmt: skip
     args = ap.parse_args(argv)
     set_switches(args.set, ap.error)
     if not hasattr(itf, args.switch):
         ap.error(f"prefix_prefill.interface has no switch {args.switch}")
-    default = getattr(itf, args.switch)
     bp = prefix_bench_module()
     shapes = {n: bp.SHAPES[n] for n in args.shapes.split(",")}
     pages = [int(p) for p in args.pages.split(",")]
@@ -128,40 +146,45 @@ def main(argv: list[str] | None = None) -> int:
     spreads: dict[bool, list[float]] = {False: [], True: []}
     for name, shape in shapes.items():
         for layout in layouts:
-            for page in pages:
-                prob = _problem(bp, shape, page, layout)
-                flops, _ = bp.useful_work(prob)
-                outs = {}
+            probs, fns, outs = {}, {}, {}
+            for page in pages:  # every problem and kernel first, so rounds can interleave the pages
+                prob = probs[page] = _problem(bp, shape, page, layout)
                 for on in (False, True):
-                    value = on if args.on_value is None else (args.on_value if on else 0)
-                    setattr(itf, args.switch, value)
-                    try:
-                        out = torch.empty_like(prob["q"])
-                        fn = _call(prob, layout, out, args.kv_from_cache)
+                    with _switched(args, on):
+                        out = outs[page, on] = torch.empty_like(prob["q"])
+                        fn = fns[page, on] = _call(prob, layout, out, args.kv_from_cache)
                         fn()  # compile outside the timing
-                        if args.compile_only:
-                            if not SMOKE:
-                                torch.cuda.synchronize()
-                            continue
-                        ms = _time(fn)
-                    finally:
-                        setattr(itf, args.switch, default)
-                    outs[on] = out
+                if not SMOKE:
+                    torch.cuda.synchronize()
+                if args.compile_only:
+                    print(f"# compiled {name} {layout} page {page}", flush=True)
+            if args.compile_only:
+                continue
+            times: dict[tuple[int, bool], list[float]] = {}
+            for rnd in range(args.rounds):  # page order rotated and off/on order flipped each round
+                order = pages[rnd % len(pages) :] + pages[: rnd % len(pages)]
+                for page in order:
+                    for on in (False, True) if rnd % 2 == 0 else (True, False):
+                        with _switched(args, on):
+                            times.setdefault((page, on), []).append(_time(fns[page, on]))
+            for page in pages:
+                flops, _ = bp.useful_work(probs[page])
+                for on in (False, True):
+                    ms = statistics.median(times[page, on])
                     r = {"shape": name, "layout": layout, "page": page, "switch": args.switch, "on": on,
                          "kv_from_cache": args.kv_from_cache, "ms": ms,
                          "tflops": tflops(flops, ms)}  # fmt: skip
+                    if args.rounds > 1:
+                        r["rounds_ms"] = "/".join(f"{t:.3f}" for t in times[page, on])
                     rows.append(r)
                     print(" ".join(_fmt(k, v) for k, v in r.items()), flush=True)
-                if args.compile_only:
-                    print(f"# compiled {name} {layout} page {page}", flush=True)
-                    continue
-                same = torch.equal(outs[False], outs[True])
-                diff = (outs[False].float() - outs[True].float()).abs().max().item()
+                same = torch.equal(outs[page, False], outs[page, True])
+                diff = (outs[page, False].float() - outs[page, True].float()).abs().max().item()
                 print(f"# {name} {layout} page {page}: outputs bitwise equal off/on: {same} "
                       f"(max|diff| {diff:.3g})", flush=True)  # fmt: skip
-                del prob, outs
-                if not SMOKE:
-                    torch.cuda.empty_cache()
+            del probs, fns, outs
+            if not SMOKE:
+                torch.cuda.empty_cache()
             for on in (False, True):
                 t = {
                     r["page"]: r["ms"]
@@ -173,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 if pow2 and other:
                     spreads[on].append(max(other) / min(pow2))
                     print(f"SPREAD {name} {layout} {args.switch}={on}: slowest non-pow2 / fastest pow2 = "
-                          f"{max(other) / min(pow2):.3f}", flush=True)  # fmt: skip
+                          f"{max(other) / min(pow2):.3f}; slowest / fastest page = "
+                          f"{max(t.values()) / min(t.values()):.3f}", flush=True)  # fmt: skip
     if args.out is not None and rows:
         write_rows(args.out, f"ab_prefix{args.switch}" + ("_kvcache" if args.kv_from_cache else ""), rows)
     if spreads[False] and spreads[True]:

@@ -5,6 +5,8 @@
 
 Writes DIR/prefix_prefill.{csv,md,png} (and DIR/prefix_sweep.{csv,md} with --sweep), rewritten after
 each shape so that a run cut by a timeout keeps what it measured; prints one line per measurement.
+Each (page, peer) is timed in ``--rounds`` passes (default 3) over all pages, their order rotated
+each pass; rows hold the median and the note lists every pass.
 ``--from-logs`` rebuilds the csv/md/png from the measurement lines of one or more runs' output (a
 device run cut before its files came back, plus a second run of the shapes it missed); set
 ``BENCH_GPU`` and ``BENCH_COMMIT`` to label them.
@@ -76,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shapes", default="llama,qwen,chunked", help="comma list of llama, qwen, chunked")
     p.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
                    help="an interface switch for this run, e.g. _TILE_PAGES=1")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3, help="timing passes over the pages (medians reported)")
     p.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours_nhd (0: off)")
     p.add_argument("--return-lse", action="store_true", help="ours_nhd also returns the softmax LSE")
     p.add_argument("--from-logs", nargs="+", type=Path, default=None, metavar="LOG",
@@ -280,16 +283,24 @@ def contiguous_peers(torch, name: str, shape: dict, quick: bool, reps: dict) -> 
 
 
 # ------------------------------------------------------------------------------------ sections
-def bench_shape(torch, name: str, pages: list[int], reps: dict) -> list[dict]:
+def bench_shape(torch, name: str, pages: list[int], reps: dict, rounds: int = 1) -> list[dict]:
+    """Ours (split and NHD caches) and vLLM at every page. Every page's problem is built first; then
+    ``rounds`` passes time each (page, peer), the pages in a rotated order each pass, and a row holds
+    the median (the card's clocks drift by a few % over a run: one pass per page would read that
+    drift as a page difference; bench/results/NOTES.md step 46)."""
+    import statistics
+
     shape = SHAPES[name]
-    rows = []
+    calls: dict[int, list[tuple[str, object, str]]] = {}  # page -> [(peer, fn, note)]
+    work: dict[int, tuple[float, float]] = {}
+    keep = []  # problems and outputs stay alive until every round ran
     for page in pages:
         prob = make_problem(torch, shape, page)
         flops, nbytes = useful_work(prob)
-        floor = max(floors_ms(flops, nbytes))
+        work[page] = (flops, max(floors_ms(flops, nbytes)))
         ours = call_ours(prob)
         ours()
-        new_rows = [row(name, page, "ours", bench_ms(ours, **reps), flops, floor, "split layout (vLLM's)")]
+        entries = [("ours", ours, "split layout (vLLM's)")]
         out_n = torch.empty_like(prob["q"])
         nhd = call_ours_nhd(prob, to_nhd(prob), out_n)
         nhd()
@@ -297,19 +308,33 @@ def bench_shape(torch, name: str, pages: list[int], reps: dict) -> list[dict]:
         note = f"NHD layout; max|nhd-split|={diff:.3g}"
         if SOFTCAP > 0:
             note = f"NHD layout, softcap {SOFTCAP:g} (split uncapped: max|nhd-split|={diff:.3g})"
-        new_rows.append(row(name, page, "ours_nhd", bench_ms(nhd, **reps), flops, floor, note))
-        del nhd, out_n
+        entries.append(("ours_nhd", nhd, note))
         out_v = torch.empty_like(prob["q"])
         vllm = call_vllm(prob, out_v)
         if vllm is not None:
             vllm()
             diff = float((out_v.float() - prob["o"].float()).abs().max())
-            note = f"max|ours-vllm|={diff:.3g}"
-            new_rows.append(row(name, page, "vllm", bench_ms(vllm, **reps), flops, floor, note))
+            entries.append(("vllm", vllm, f"max|ours-vllm|={diff:.3g}"))
+        calls[page] = entries
+        keep.append((prob, out_n, out_v))
+    times: dict[tuple[int, str], list[float]] = {}
+    for rnd in range(rounds):
+        for page in pages[rnd % len(pages) :] + pages[: rnd % len(pages)]:
+            for peer, fn, _ in calls[page]:
+                times.setdefault((page, peer), []).append(bench_ms(fn, **reps))
+    rows = []
+    for page in pages:
+        flops, floor = work[page]
+        new_rows = []
+        for peer, _, note in calls[page]:
+            t = times[page, peer]
+            if rounds > 1:
+                note += f"; median of {rounds} rounds " + "/".join(f"{x:.3f}" for x in t)
+            new_rows.append(row(name, page, peer, statistics.median(t), flops, floor, note))
         print_rows(new_rows, KEYS)
         rows += new_rows
-        del prob
-        torch.cuda.empty_cache()
+    del calls, keep
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -535,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "chunked":
             rows += bench_chunked(torch, reps)
         else:
-            rows += bench_shape(torch, name, pages, reps)
+            rows += bench_shape(torch, name, pages, reps, args.rounds)
             extra = contiguous_peers(torch, name, SHAPES[name], args.quick, reps)
             print_rows(extra, KEYS)
             rows += extra

@@ -465,15 +465,16 @@ _PAGE_VECTOR = True
 # before the next tile's K/V copies. H200 A/B (same process, 620a98a): head 128 faster on every
 # page and layout (NHD 1-6%, split 2-8%, k=None 4-8%); head 256 faster where a context tile spans
 # several pages (page 16: NHD -2%, k=None -3%, split -1%) but mixed on wide pages (NHD 512/1024
-# +3/+5%, others within +-1%), so wider heads take it only for pages narrower than the tile. On;
-# both forms are tested.
+# +3/+5%, others within +-1%; session 13 repeated it: +3% on 512/1024/2048, 544/1040/1056 within
+# 1%), so wider heads take it only for pages narrower than the tile. On; both forms are tested.
 _PREFETCH_IDS = True
 _PREFETCH_IDS_MAX_BLOCK_D = 128
 # When the V cache's block and slot strides equal the K cache's (NHD/HND caches as two tensors of one
 # shape, or the two halves of one [blocks, 2, ...] tensor; not vLLM's split layout), compute one set of
 # per-lane cache offsets for both (kernel KV_SAME_STRIDES). Offline (sm_90a, NOTES step 44): context
 # interior loop 569 -> 543 SASS (head 128 page 16), 574 -> 544 (1056), 495 -> 474 (head 256 page 16),
-# 494 -> 484 (512). Candidate, off until timed; both forms are tested.
+# 494 -> 484 (512). Timed on the H200 (NOTES step 46, 99b5569): slower, llama NHD +1 to +10% and
+# qwen-hybrid +5 to +8% on every page (fewer instructions, a worse schedule). Off; both forms are tested.
 _KV_SAME_STRIDES = False
 # Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
