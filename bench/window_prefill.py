@@ -27,6 +27,8 @@ Windowed peers are checked against ``ours`` (attn_reference.compare, bf16 tolera
 ``--sweep`` also times our kernel over BLOCK_M {64,128} x BLOCK_N {32,64,128} x warps {4,8} x stages
 {2,3,4} on the ``pr`` and ``llm`` shapes and writes DIR/window_sweep.{csv,md} (pass ``--shapes ""``
 for the sweep alone). Writes DIR/window_prefill.{csv,md} and DIR/window_prefill.png.
+Each peer is timed in ``--rounds`` passes (default 3; peer order rotated each pass): rows hold the
+median, the note lists every pass.
 """
 
 from __future__ import annotations
@@ -281,7 +283,13 @@ def fmt_row(r: dict) -> str:
     )
 
 
-def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> list[dict]:
+def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None, rounds: int = 1) -> list[dict]:
+    """Every peer on every shape. Per shape, each peer runs once (output checked against ours), then
+    ``rounds`` passes time them all, the peer order rotated each pass, and a row holds the median: the
+    card's clocks drift by a few % over a run (bench/results/NOTES.md step 46), so a ratio of two
+    peers timed once each, one after the other, carries that drift."""
+    import statistics
+
     import torch
 
     from attn_reference import compare
@@ -296,6 +304,7 @@ def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> l
         f_ms, m_ms = floors_ms(flops, nbytes, gpu)
         floor = max(f_ms, m_ms)
         ours_out = None
+        fns, checks = {}, {}
         for name in PEERS:
             if only and name not in only:
                 continue
@@ -303,7 +312,6 @@ def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> l
                 fn = getattr(peers, name)(s, q, k, v, cu)
                 res = fn()
                 torch.cuda.synchronize()
-                ms = bench_ms(fn)
             except Exception as exc:
                 print(
                     f"shape={s.name} n={s.n} peer={name} SKIP ({type(exc).__name__}: {str(exc)[:160]})",
@@ -319,6 +327,22 @@ def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> l
                     check = "ok" if c else f"FAIL max_abs={c.max_abs:.3g}"
                 except Exception as exc:
                     check = f"n/a ({type(exc).__name__})"
+            del res
+            fns[name], checks[name] = fn, check
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        order = list(fns)
+        for rnd in range(rounds):
+            for name in order[rnd % len(order) :] + order[: rnd % len(order)]:
+                times[name].append(bench_ms(fns[name]))
+        for name in order:
+            ms = statistics.median(times[name])
+            note = "full attention (no window)" if name in FULL_PEERS else PEER_NOTES.get(name, "")
+            if rounds > 1:
+                note = (
+                    (note + "; " if note else "")
+                    + f"median of {rounds} rounds "
+                    + "/".join(f"{t:.4g}" for t in times[name])
+                )
             row = {
                 "shape": s.name,
                 "peer": name,
@@ -328,7 +352,7 @@ def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> l
                 "head_dim": s.head_dim,
                 "causal": s.causal,
                 "window": f"{s.window[0]}/{s.window[1]}",
-                "note": "full attention (no window)" if name in FULL_PEERS else PEER_NOTES.get(name, ""),
+                "note": note,
                 "ms": ms,
                 "tflops": tflops(flops, ms),
                 "gbps": nbytes / (ms * 1e-3) / 1e9,
@@ -336,11 +360,11 @@ def run_peers(shapes: list[Shape], gpu: str, only: list[str] | None = None) -> l
                 "compute_floor_ms": f_ms,
                 "memory_floor_ms": m_ms,
                 "pct_floor": 100.0 * floor / ms,
-                "check": check,
+                "check": checks[name],
             }
             rows.append(row)
             print(fmt_row(row), flush=True)
-        del q, k, v, ours_out
+        del q, k, v, ours_out, fns
         torch.cuda.empty_cache()
     return rows
 
@@ -469,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
     ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
     ap.add_argument("--tag", default="", help="appended to the output file names")
+    ap.add_argument("--rounds", type=int, default=3, help="timing passes over the peers (medians reported)")
     ap.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours and Flex (0: off)")
     ap.add_argument("--return-lse", action="store_true", help="ours also returns the softmax LSE")
     ap.add_argument(
@@ -494,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = gpu_name()
     print(f"# {gpu}, torch {torch.__version__}" + (f", {' '.join(args.set)}" if args.set else ""), flush=True)
     if shapes:
-        rows = run_peers(shapes, gpu, [p for p in args.peers.split(",") if p])
+        rows = run_peers(shapes, gpu, [p for p in args.peers.split(",") if p], args.rounds)
         if rows:
             csv_path, md_path = write_rows(args.out, stem, rows)
             print(f"wrote {csv_path} {md_path}", flush=True)
