@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"{max(other) / min(pow2):.3f}; slowest / fastest page = "
                           f"{max(t.values()) / min(t.values()):.3f}", flush=True)  # fmt: skip
     if args.out is not None and rows:
-        write_rows(args.out, f"ab_prefix{args.switch}" + ("_kvcache" if args.kv_from_cache else ""), rows)
+        stem = f"ab_prefix{args.switch}" + ("_kvcache" if args.kv_from_cache else "")
+        stem += "" if sorted(layouts) == ["nhd", "split"] else "_" + "_".join(layouts)  # runs per layout
+        write_rows(args.out, stem, rows)
     if spreads[False] and spreads[True]:
         # the setting that keeps every spread within 5%; both or neither: the faster in total, or
         # (neither) the smaller worst spread

@@ -179,11 +179,16 @@ def window_source(
     return _source(_fwd_kernel, consts, ptrs, descs), warps, stages
 
 
+# extra ptxas flags (--ptxas-level N: "--register-usage-level=N"), for Triton's compile and the -v run
+PTXAS_FLAGS: list[str] = []
+
+
 def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> str:
     t0 = time.perf_counter()
-    k = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
-    )
+    options = {"num_warps": warps, "num_stages": stages}
+    if PTXAS_FLAGS:
+        options["ptx_options"] = " ".join(PTXAS_FLAGS)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     compile_s = time.perf_counter() - t0
     if dump:  # the TTGIR (layouts, shared encodings) and the PTX, for reading
         for ext in ("ttgir", "ptx"):
@@ -194,7 +199,8 @@ def report(src: ASTSource, warps: int, stages: int, dump: str | None = None) -> 
         with open(os.path.join(d, "k.ptx"), "w") as f:
             f.write(k.asm["ptx"])
         r = subprocess.run(
-            [os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+            [os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", *PTXAS_FLAGS, f"{d}/k.ptx", "-o",
+             f"{d}/k.cubin"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         sass = subprocess.run(
@@ -278,8 +284,12 @@ def main() -> None:
     ap.add_argument("--softcap", type=int, default=0, choices=(0, 1, 2),
                     help="logit soft-capping: 1 tanh through exp2, 2 hardware tanh (NVIDIA)")  # fmt: skip
     ap.add_argument("--lse", action="store_true", help="also store the softmax LSE (return_lse=True)")
+    ap.add_argument("--ptxas-level", type=int, default=0,
+                    help="ptxas --register-usage-level (0: not passed)")  # fmt: skip
     ap.add_argument("--dump", metavar="PREFIX", help="also write PREFIX.ttgir, PREFIX.ptx and PREFIX.sass")
     args = ap.parse_args()
+    if args.ptxas_level:
+        PTXAS_FLAGS.append(f"--register-usage-level={args.ptxas_level}")
     global SOFTCAP_FORM
     SOFTCAP_FORM = args.softcap
     cfg = [int(x) for x in args.config.split("/")]

@@ -14,7 +14,7 @@ from conftest import DEVICE
 
 import prefill_runtime
 import prefill_runtime.host as host
-from prefill_runtime import check_lse, prime_triton, softcap_form
+from prefill_runtime import check_lse, prime_triton, ptxas_launch_options, softcap_form
 from prefill_runtime.device import tanh
 
 
@@ -101,5 +101,33 @@ def test_check_lse():
         check_lse(True, torch.empty(5, 3).t(), q)
 
 
+def test_ptxas_launch_options(monkeypatch):
+    """``--register-usage-level`` reaches ptxas only for a level in 1..10 on an NVIDIA CUDA device whose
+    Triton takes ``ptx_options`` and whose ptxas lists the flag; bad levels are a ValueError naming
+    the argument; CPU tensors (the interpreter), ROCm and level 0 launch without options."""
+    for bad in (-1, 11, "3", 2.0, None, True):
+        with pytest.raises(ValueError, match="register_usage_level"):
+            ptxas_launch_options(bad, torch.device("cpu"))
+    assert ptxas_launch_options(0, torch.device("cpu")) == {}
+    assert ptxas_launch_options(3, torch.device("cpu")) == {}
+    gpu = torch.device("cuda", 0)
+    assert ptxas_launch_options(0, gpu) == {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert ptxas_launch_options(3, gpu) == {}
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: False)
+    assert ptxas_launch_options(3, gpu) == {}
+    monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: True)
+    assert ptxas_launch_options(3, gpu) == {"ptx_options": "--register-usage-level=3"}
+
+
+def test_ptxas_probe_never_raises():
+    """The probe answers a bool whatever this machine has (no ptxas, an old Triton, a CPU-only
+    install): a missing tool means launching without the flag, never an error."""
+    host._ptxas_has_register_usage_level.cache_clear()
+    assert host._ptxas_has_register_usage_level((9, 0)) in (True, False)
+
+
 def test_version():
-    assert prefill_runtime.__version__ == "0.1.0"
+    assert prefill_runtime.__version__ == "0.2.0"

@@ -646,6 +646,36 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 512, 1056])
+@pytest.mark.parametrize("kv_from_cache", [False, True])
+def test_gpu_ptxas_register_usage_level(monkeypatch, page, kv_from_cache):
+    """``_PTXAS_REGISTER_USAGE_LEVEL`` (ptxas ``--register-usage-level``, the same kernel source) keeps
+    the answers, NHD cache, k given or read back; the kernel it compiled carries the flag when this
+    Triton and ptxas take it."""
+    import prefix_prefill.interface as itf
+    from prefill_runtime import ptxas_launch_options
+
+    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_LEVEL", 3)
+    case = make_case(
+        [*random_seqs(5, 2500, 700), (0, 1), (3000, 1)],
+        num_heads=16,
+        num_kv_heads=4,
+        head_size=128,
+        page=page,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        kv_from_cache=kv_from_cache,
+        layout="nhd",
+    )
+    for kw in ({}, {"window": (300, -1)}):
+        c = compare(run_py(case, **kw), reference(case, **kw))
+        assert c, (kw, c)
+    if ptxas_launch_options(3, torch.device(DEVICE)):
+        compiled = [k for cache in itf._fwd_kernel.device_caches.values() for k in cache[0].values()]
+        assert any("--register-usage-level=3" in (k.metadata.ptx_options or "") for k in compiled)
+
+
+@pytest.mark.gpu
 def test_gpu_no_host_sync_and_cuda_graph():
     """The default path never synchronises (sync debug mode errors) and replays in a CUDA graph."""
     from prefix_prefill import context_attention_fwd, prefix_prefill

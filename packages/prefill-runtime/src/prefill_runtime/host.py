@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
 import threading
 
 import torch
@@ -41,6 +43,45 @@ def prime_triton() -> None:
             hasher.join()
     except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
         pass
+
+
+def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dict[str, str]:
+    """Launch keyword arguments that pass ``--register-usage-level=N`` to ptxas for one kernel (Triton's
+    per-launch ``ptx_options``; it joins the compile cache key, so nothing else compiles differently).
+    ``{}`` when ``register_usage_level`` is 0 (ptxas's default, 5), off NVIDIA CUDA devices (ROCm, the
+    interpreter, CPU tensors), when this Triton has no ``ptx_options`` launch option, or when its ptxas
+    does not list the flag (a beta ptxas option, CUDA 12.x); ``ValueError`` outside 0..10.
+
+    Why a kernel would ask (bench/results/NOTES.md step 47): at level 3 or below ptxas 12.8 gives the
+    prefix kernel's page-16 and power-of-two-page context loops the order its other pages already
+    get, the next tile's address work ahead of the q.k wgmma instead of between the K/V copies."""
+    ok = isinstance(register_usage_level, int) and not isinstance(register_usage_level, bool)
+    if not ok or not 0 <= register_usage_level <= 10:
+        raise ValueError(f"register_usage_level must be an int in 0..10, got {register_usage_level!r}")
+    if register_usage_level == 0 or device.type != "cuda" or torch.version.hip is not None:
+        return {}
+    if not _ptxas_has_register_usage_level(torch.cuda.get_device_capability(device)):
+        return {}
+    return {"ptx_options": f"--register-usage-level={register_usage_level}"}
+
+
+@functools.cache
+def _ptxas_has_register_usage_level(capability: tuple[int, int]) -> bool:
+    """Does this Triton take ``ptx_options`` at launch, and does its ptxas for ``capability`` know
+    ``--register-usage-level``? Asked once per capability (one ``ptxas --help``, ~10 ms)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions, get_ptxas
+
+        if "ptx_options" not in CUDAOptions.__dataclass_fields__:
+            return False
+        try:
+            ptxas = get_ptxas(capability[0] * 10 + capability[1]).path
+        except TypeError:  # older Triton: get_ptxas() takes no architecture
+            ptxas = get_ptxas().path
+        out = subprocess.run([ptxas, "--help"], capture_output=True, text=True, timeout=30)
+        return "--register-usage-level" in out.stdout
+    except Exception:  # any doubt: launch without the option
+        return False
 
 
 def softcap_form(softcap: float, q: torch.Tensor, fast: bool = True) -> int:

@@ -23,7 +23,7 @@ from paged_kv_offsets import (
     page_walk_rest_block,
     validate_block_table,
 )
-from prefill_runtime import check_lse, prime_triton, softcap_form
+from prefill_runtime import check_lse, prime_triton, ptxas_launch_options, softcap_form
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
@@ -476,6 +476,14 @@ _PREFETCH_IDS_MAX_BLOCK_D = 128
 # 494 -> 484 (512). Timed on the H200 (NOTES step 46, 99b5569): slower, llama NHD +1 to +10% and
 # qwen-hybrid +5 to +8% on every page (fewer instructions, a worse schedule). Off; both forms are tested.
 _KV_SAME_STRIDES = False
+# ptxas's --register-usage-level for this kernel (prefill_runtime.ptxas_launch_options; 0: not passed,
+# ptxas's default 5). Offline (ptxas 12.8, sm_90a, NOTES step 47): at 3 or below the head-128 context
+# loop of pages 16 and 512 issues the next tile's address work before the q.k wgmma and its K/V copies
+# back to back, the order pages 544/1056 get at the default. H200 A/B (5 rounds, medians): llama NHD
+# page 16 -3.9%, 1024 -2.7%, 512 -1.7%, the others -1.6 to +0.5%, page spread 1.080 -> 1.052;
+# qwen-hybrid NHD within +-1% (spread 1.026 -> 1.012); k=None within +-2%; split llama -0.2 to -3%.
+# Compile time unchanged. On (3); 0 restores ptxas's default.
+_PTXAS_REGISTER_USAGE_LEVEL = 3
 # Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
 # FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
@@ -698,6 +706,7 @@ def _launch_fwd(
         KV_SAME_STRIDES=_KV_SAME_STRIDES and kc_strides[:2] == vc_strides[:2],
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device),
     )
 
 

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from prefill_runtime import check_lse, prime_triton, softcap_form
+from prefill_runtime import check_lse, prime_triton, ptxas_launch_options, softcap_form
 from window_prefill import ops  # registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
 from window_prefill.kernel import _fwd_kernel
@@ -73,6 +73,9 @@ _INTERIOR_FIRST = False
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
 # FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
 _FAST_TANH = True
+# ptxas's --register-usage-level for this kernel (prefill_runtime.ptxas_launch_options; 0: not passed,
+# ptxas's default 5). prefix-prefill takes 3 (NOTES step 47); here a candidate, off until timed.
+_PTXAS_REGISTER_USAGE_LEVEL = 0
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
@@ -334,6 +337,7 @@ def _launch_fwd(
         RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device),
     )
     return o
 
