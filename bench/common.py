@@ -172,6 +172,22 @@ def print_rows(rows: list[dict], keys: list[str]) -> None:
         )
 
 
+def window_bench_module():
+    """bench/window_prefill.py (shapes, peers, CUDA-graph helper) as a module, loaded by path like
+    :func:`prefix_bench_module`; registered in ``sys.modules`` first (its dataclasses need it)."""
+    import importlib.util
+
+    name = "_bench_window"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "window_prefill.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != str(ROOT / "bench")]
+    return mod
+
+
 def prefix_bench_module():
     """bench/prefix_prefill.py (problem builders, shapes, peers) as a module, loaded by path: its
     name would shadow the ``prefix_prefill`` package. Takes bench/ back off ``sys.path`` after."""

@@ -40,6 +40,15 @@ def test_ab_prefix_smoke():
     assert "SPREAD tiny nhd _TILE_PAGES=True" in proc.stdout
 
 
+def test_ab_window_smoke():
+    """The window A/B tool: an int setting (ptxas level, a no-op on CPU tensors) and a boolean one, in
+    interleaved rounds; the outputs of both settings are bitwise equal."""
+    for args in (("--switch", "_PTXAS_REGISTER_USAGE_LEVEL", "--on-value", "3"), ("--switch", "_BAND_MASK")):
+        proc = _bench("ab_window.py", "--smoke", "--rounds", "2", *args)
+        assert "outputs bitwise equal off/on: True" in proc.stdout, proc.stdout
+        assert proc.stdout.count("shape=tiny") == 2 and "rounds_ms=" in proc.stdout, proc.stdout
+
+
 def test_first_call_smoke(tmp_path):
     """bench/first_call.py: cold and warm child processes per kernel, rows written."""
     _bench("first_call.py", "--smoke", "--out", str(tmp_path))

@@ -645,6 +645,33 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
         assert c, (kw.keys(), c)
 
 
+def test_launch_forwards_ptxas_options(monkeypatch):
+    """The launcher asks ``prefill_runtime.ptxas_launch_options`` with its ``_PTXAS_REGISTER_USAGE_LEVEL``
+    and the query's device, and passes what it answers to the kernel launch untouched (the launch
+    itself is recorded here, not run)."""
+    import prefix_prefill.interface as itf
+
+    asked, launched = [], []
+
+    def fake_options(level, device):
+        asked.append((level, device))
+        return {"ptx_options": "--register-usage-level=7"}
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(kwargs)
+
+    monkeypatch.setattr(itf, "ptxas_launch_options", fake_options)
+    monkeypatch.setattr(itf, "_fwd_kernel", FakeKernel())
+    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_LEVEL", 7)
+    case = make_case(
+        [(40, 9)], num_heads=4, num_kv_heads=2, head_size=32, page=16, dtype=torch.float16, device=DEVICE
+    )
+    run_py(case)
+    assert asked == [(7, case.q.device)]
+    assert len(launched) == 1 and launched[0]["ptx_options"] == "--register-usage-level=7"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [16, 512, 1056])
 @pytest.mark.parametrize("kv_from_cache", [False, True])
