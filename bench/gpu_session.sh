@@ -26,7 +26,7 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 } 2>&1 | tee "$OUT/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
+  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi
