@@ -646,16 +646,17 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
 
 
 def test_launch_forwards_ptxas_options(monkeypatch):
-    """The launcher asks ``prefill_runtime.ptxas_launch_options`` with its ``_PTXAS_REGISTER_USAGE_LEVEL``
-    and the query's device, and passes what it answers to the kernel launch untouched (the launch
-    itself is recorded here, not run)."""
+    """The launcher asks ``prefill_runtime.ptxas_launch_options`` with ``_PTXAS_REGISTER_USAGE_LEVEL`` on
+    the architectures of ``_PTXAS_REGISTER_USAGE_ARCHS`` (0 elsewhere) and the query's device, and passes
+    what it answers to the kernel launch untouched (the launch itself is recorded here, not run)."""
     import prefix_prefill.interface as itf
+    from prefix_prefill.configs import detect_arch
 
     asked, launched = [], []
 
     def fake_options(level, device):
         asked.append((level, device))
-        return {"ptx_options": "--register-usage-level=7"}
+        return {"ptx_options": f"--register-usage-level={level}"}
 
     class FakeKernel:
         def __getitem__(self, grid):
@@ -667,9 +668,12 @@ def test_launch_forwards_ptxas_options(monkeypatch):
     case = make_case(
         [(40, 9)], num_heads=4, num_kv_heads=2, head_size=32, page=16, dtype=torch.float16, device=DEVICE
     )
+    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_ARCHS", (detect_arch(case.q.device),))
     run_py(case)
-    assert asked == [(7, case.q.device)]
-    assert len(launched) == 1 and launched[0]["ptx_options"] == "--register-usage-level=7"
+    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_ARCHS", ())
+    run_py(case)
+    assert asked == [(7, case.q.device), (0, case.q.device)]
+    assert [kw["ptx_options"] for kw in launched] == ["--register-usage-level=7", "--register-usage-level=0"]
 
 
 @pytest.mark.gpu

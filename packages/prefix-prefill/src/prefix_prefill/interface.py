@@ -482,8 +482,9 @@ _KV_SAME_STRIDES = False
 # back to back, the order pages 544/1056 get at the default. H200 A/B (5 rounds, medians): llama NHD
 # page 16 -3.9%, 1024 -2.7%, 512 -1.7%, the others -1.6 to +0.5%, page spread 1.080 -> 1.052;
 # qwen-hybrid NHD within +-1% (spread 1.026 -> 1.012); k=None within +-2%; split llama -0.2 to -3%.
-# Compile time unchanged. On (3); 0 restores ptxas's default.
+# Compile time unchanged. On (3) for the architectures it was timed on; 0 restores ptxas's default.
 _PTXAS_REGISTER_USAGE_LEVEL = 3
+_PTXAS_REGISTER_USAGE_ARCHS = ("sm90",)
 # Soft-capping on NVIDIA GPUs through the hardware tanh (PTX tanh.approx.f32, kernel SOFTCAP=2: one
 # MUFU op per logit instead of exp2 + a divide; relative error ~2**-11, as FlashAttention's and
 # FlashInfer's soft-capping). The interpreter and AMD take the exp2 form (SOFTCAP=1). NOTES step 41.
@@ -706,7 +707,9 @@ def _launch_fwd(
         KV_SAME_STRIDES=_KV_SAME_STRIDES and kc_strides[:2] == vc_strides[:2],
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device),
+        **ptxas_launch_options(
+            _PTXAS_REGISTER_USAGE_LEVEL if arch in _PTXAS_REGISTER_USAGE_ARCHS else 0, q.device
+        ),
     )
 
 
