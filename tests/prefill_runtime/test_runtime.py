@@ -76,6 +76,23 @@ def test_prime_triton_once_and_never_raises(monkeypatch):
     prime_triton()  # no-op
 
 
+def test_prime_triton_probes_ptxas(monkeypatch):
+    """Priming also runs ptxas_launch_options' one-time ptxas probe (for the current device), off the
+    launch's critical path; not on ROCm."""
+    seen = []
+    monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: seen.append(cap) or True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(host, "_PRIMED", False)
+    prime_triton()
+    assert seen == [(9, 0)]
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(host, "_PRIMED", False)
+    prime_triton()
+    assert seen == [(9, 0)]
+
+
 def test_check_lse():
     """None without return_lse; a new float32 [heads, tokens] buffer with it; a given buffer checked
     (type, dtype, shape, device, token stride), each error naming the argument."""

@@ -17,7 +17,8 @@ def prime_triton() -> None:
     other, side by side. Its cache key hashes its own ~400 MB library (0.36 s warm, 0.73 s from a
     cold disk on the H200 host) in a thread (the hash releases the GIL) while this thread builds or
     loads the driver's helper module (gcc on an empty cache, 0.35-0.55 s) and imports
-    ``triton.experimental.gluon`` (0.14 s), which the specialiser of any first launch imports.
+    ``triton.experimental.gluon`` (0.14 s), which the specialiser of any first launch imports; a
+    third thread runs :func:`ptxas_launch_options`' one-time ptxas probe.
     Measured on the H200 (bench/results/NOTES.md step 35): a cold prefix-prefill first call 5.0-5.3
     -> 3.7-4.0 s. Only a speed hint: any failure leaves Triton to do the same steps in order; later
     calls return at once."""
@@ -34,13 +35,22 @@ def prime_triton() -> None:
             except Exception:
                 pass
 
-        hasher = threading.Thread(target=hash_library, daemon=True)
-        hasher.start()
+        def probe_ptxas() -> None:  # ptxas_launch_options' one-time `ptxas --help` (10-60 ms)
+            try:
+                if torch.version.hip is None and torch.cuda.is_available():
+                    _ptxas_has_register_usage_level(torch.cuda.get_device_capability())
+            except Exception:
+                pass
+
+        helpers = [threading.Thread(target=f, daemon=True) for f in (hash_library, probe_ptxas)]
+        for t in helpers:
+            t.start()
         try:
             driver.active.get_current_device()
             import triton.experimental.gluon  # noqa: F401
         finally:
-            hasher.join()
+            for t in helpers:
+                t.join()
     except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
         pass
 
