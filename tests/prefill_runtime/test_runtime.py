@@ -136,7 +136,25 @@ def test_ptxas_launch_options(monkeypatch):
     monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: False)
     assert ptxas_launch_options(3, gpu) == {}
     monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: True)
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
     assert ptxas_launch_options(3, gpu) == {"ptx_options": "--register-usage-level=3"}
+    # PTXAS_OPTIONS (Triton's default ptx_options, which a launch's ptx_options replaces) is kept
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: "-lineinfo --warn-on-spills")
+    assert ptxas_launch_options(3, gpu) == {
+        "ptx_options": "-lineinfo --warn-on-spills --register-usage-level=3"
+    }
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: "--register-usage-level=8")
+    assert ptxas_launch_options(3, gpu) == {}  # the user's own level wins
+
+
+def test_user_ptxas_options(monkeypatch):
+    """PTXAS_OPTIONS as Triton reads it (None when unset or empty)."""
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.nvidia, "ptxas_options", None, raising=False)
+    assert host._user_ptxas_options() is None
+    monkeypatch.setattr(knobs.nvidia, "ptxas_options", "-lineinfo", raising=False)
+    assert host._user_ptxas_options() == "-lineinfo"
 
 
 def test_ptxas_probe_never_raises():

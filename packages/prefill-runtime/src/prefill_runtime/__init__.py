@@ -6,7 +6,7 @@ launch), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches),
 :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call). Device side
 (``@triton.jit``, import from :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form).
 
-Versioned on its own: the kernel packages pin ``prefill-runtime>=0.1,<1``.
+Versioned on its own: the kernel packages pin ``prefill-runtime>=0.2,<1``.
 """
 
 __version__ = "0.2.0"

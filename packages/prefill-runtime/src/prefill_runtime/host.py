@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import threading
 
@@ -60,7 +61,8 @@ def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dic
     per-launch ``ptx_options``; it joins the compile cache key, so nothing else compiles differently).
     ``{}`` when ``register_usage_level`` is 0 (ptxas's default, 5), off NVIDIA CUDA devices (ROCm, the
     interpreter, CPU tensors), when this Triton has no ``ptx_options`` launch option, or when its ptxas
-    does not list the flag (a beta ptxas option, CUDA 12.x); ``ValueError`` outside 0..10.
+    does not list the flag (a beta ptxas option, CUDA 12.x); ``ValueError`` outside 0..10. Options the
+    user set through ``PTXAS_OPTIONS`` are kept (the flag is appended), and a level given there wins.
 
     Why a kernel would ask (bench/results/NOTES.md step 47): at level 3 or below ptxas 12.8 gives the
     prefix kernel's page-16 and power-of-two-page context loops the order its other pages already
@@ -72,7 +74,21 @@ def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dic
         return {}
     if not _ptxas_has_register_usage_level(torch.cuda.get_device_capability(device)):
         return {}
-    return {"ptx_options": f"--register-usage-level={register_usage_level}"}
+    flag = f"--register-usage-level={register_usage_level}"
+    user = _user_ptxas_options()  # PTXAS_OPTIONS: a launch's ptx_options replaces it, so keep it
+    if user and "register-usage-level" in user:
+        return {}  # the user's own level wins (Triton's default ptx_options carries it)
+    return {"ptx_options": f"{user} {flag}" if user else flag}
+
+
+def _user_ptxas_options() -> str | None:
+    """The ptxas options the user gave Triton through ``PTXAS_OPTIONS`` (None if none)."""
+    try:
+        from triton import knobs
+
+        return knobs.nvidia.ptxas_options or None
+    except Exception:  # older Triton: no knobs module
+        return os.environ.get("PTXAS_OPTIONS") or None
 
 
 @functools.cache
