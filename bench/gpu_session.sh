@@ -26,7 +26,10 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 } 2>&1 | tee "$OUT/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
+  # work stealing (pytest-xdist >= 3.2) lets idle workers take queued tests: session 13's run ended
+  # with a few workers still holding 30 s random-batch tests when its limit came
+  dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
+  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --dist ${DIST:-$dist} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi
