@@ -14,7 +14,14 @@ from conftest import DEVICE
 
 import prefill_runtime
 import prefill_runtime.host as host
-from prefill_runtime import check_lse, prime_triton, ptxas_launch_options, softcap_form
+from prefill_runtime import (
+    NO_LINE_INFO_FLAG,
+    check_lse,
+    hook_compiles,
+    prime_triton,
+    ptxas_launch_options,
+    softcap_form,
+)
 from prefill_runtime.device import tanh
 
 
@@ -145,6 +152,121 @@ def test_ptxas_launch_options(monkeypatch):
     }
     monkeypatch.setattr(host, "_user_ptxas_options", lambda: "--register-usage-level=8")
     assert ptxas_launch_options(3, gpu) == {}  # the user's own level wins
+    monkeypatch.setattr(host, "_triton_takes_ptx_options", lambda: False)
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
+    assert ptxas_launch_options(3, gpu) == {}  # a Triton without per-launch ptx_options
+
+
+def test_ptxas_launch_options_line_info(monkeypatch):
+    """``line_info=False`` adds ptxas's ``-suppress-debug-info`` (the marker hook_compiles reads) on
+    NVIDIA CUDA devices, unless the user chose through TRITON_DISABLE_LINE_INFO (either way) or the
+    Triton knob, or already passes it in PTXAS_OPTIONS; never on the CPU / interpreter."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(host, "_triton_takes_ptx_options", lambda: True)
+    monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: True)
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
+    monkeypatch.delenv("TRITON_DISABLE_LINE_INFO", raising=False)
+    assert ptxas_launch_options(0, torch.device("cpu"), line_info=False) == {}
+    assert ptxas_launch_options(0, gpu, line_info=True) == {}
+    assert ptxas_launch_options(0, gpu, line_info=False) == {"ptx_options": NO_LINE_INFO_FLAG}
+    assert ptxas_launch_options(3, gpu, line_info=False) == {
+        "ptx_options": f"--register-usage-level=3 {NO_LINE_INFO_FLAG}"
+    }
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: "--warn-on-spills")
+    assert ptxas_launch_options(0, gpu, line_info=False) == {
+        "ptx_options": f"--warn-on-spills {NO_LINE_INFO_FLAG}"
+    }
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: f"-lineinfo {NO_LINE_INFO_FLAG}")
+    assert ptxas_launch_options(0, gpu, line_info=False) == {}
+    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
+    for chosen in ("0", "1"):  # the user's choice, whichever it is, wins
+        monkeypatch.setenv("TRITON_DISABLE_LINE_INFO", chosen)
+        assert ptxas_launch_options(0, gpu, line_info=False) == {}
+        assert ptxas_launch_options(3, gpu, line_info=False) == {"ptx_options": "--register-usage-level=3"}
+    monkeypatch.delenv("TRITON_DISABLE_LINE_INFO")
+    from triton import knobs
+
+    monkeypatch.setitem(knobs.compilation.__dict__, "disable_line_info", False)  # set through the knob
+    assert ptxas_launch_options(0, gpu, line_info=False) == {}
+
+
+class _FakeJit:
+    """Stands in for a JITFunction: ``_do_compile`` records the line-info knob it compiled under."""
+
+    def __init__(self):
+        self.calls = []
+
+    def ASTSource(self, fn, signature, constexprs, attrs):
+        return types.SimpleNamespace(fn=fn, signature=signature, constants=constexprs, attrs=attrs)
+
+    def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        from triton import knobs
+
+        self.calls.append((key, knobs.compilation.disable_line_info))
+        if key == "boom":
+            raise RuntimeError("compile failed")
+        return f"kernel-{key}"
+
+
+def test_hook_compiles(monkeypatch):
+    """hook_compiles wraps one kernel's compile step, once: the launcher build starts in a thread with
+    the compile's signature and constants (and is skipped for tensor-descriptor signatures, on ROCm,
+    or when its switch is off); a compile whose ptx_options carry the no-line-info flag runs with
+    Triton's knob set and the knob is restored afterwards, also when the compile raises; a compile
+    without the flag runs with the knob as the user left it. The environment is never touched."""
+    from triton import knobs
+
+    monkeypatch.delenv("TRITON_DISABLE_LINE_INFO", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    built = []
+    monkeypatch.setattr(host, "_build_launcher", lambda fn, sig, cx, at: built.append((fn, sig, cx, at)))
+    fake = _FakeJit()
+    switch = {"on": True}
+    assert hook_compiles(fake, lambda: switch["on"]) is True
+    wrapped = fake._do_compile
+    assert hook_compiles(fake, lambda: switch["on"]) is True and fake._do_compile is wrapped  # once
+    sig, cx, attrs = {"Q": "*bf16", "N": "i32"}, {("BLOCK",): 64}, {}
+    plain = types.SimpleNamespace(ptx_options="--register-usage-level=3")
+    quiet = types.SimpleNamespace(ptx_options=f"--register-usage-level=3 {NO_LINE_INFO_FLAG}")
+    assert fake._do_compile("a", sig, 0, cx, plain, attrs, False) == "kernel-a"
+    assert fake._do_compile("b", sig, 0, cx, quiet, attrs, False) == "kernel-b"
+    assert fake.calls == [("a", False), ("b", True)]
+    assert (
+        "disable_line_info" not in knobs.compilation.__dict__ and knobs.compilation.disable_line_info is False
+    )
+    assert "TRITON_DISABLE_LINE_INFO" not in __import__("os").environ
+    assert built == [(fake, sig, cx, attrs)] * 2
+    with pytest.raises(RuntimeError, match="compile failed"):
+        fake._do_compile("boom", sig, 0, cx, quiet, attrs, False)
+    assert "disable_line_info" not in knobs.compilation.__dict__
+    switch["on"] = False
+    fake._do_compile("c", sig, 0, cx, plain, attrs, False)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    switch["on"] = True
+    fake._do_compile("d", sig, 0, cx, plain, attrs, False)
+    assert len(built) == 3  # a, b, boom; not c (switch off) nor d (ROCm)
+    # a user's knob stays as set: the flag does not override it
+    monkeypatch.setitem(knobs.compilation.__dict__, "disable_line_info", False)
+    fake._do_compile("e", sig, 0, cx, quiet, attrs, False)
+    assert fake.calls[-1] == ("e", False) and knobs.compilation.__dict__["disable_line_info"] is False
+    # something that is not a JITFunction (the interpreter's) is left alone
+    assert hook_compiles(object()) is False
+
+
+def test_build_launcher_never_raises(monkeypatch):
+    """The launcher build is a speed hint: no driver (this machine), a descriptor signature or any
+    error returns quietly; a descriptor signature never reaches the driver."""
+    seen = []
+    fake = _FakeJit()
+    monkeypatch.setattr(
+        fake, "ASTSource", lambda *a: seen.append(a) or (_ for _ in ()).throw(RuntimeError("x"))
+    )
+    host._build_launcher(fake, {"K": "tensordesc<bf16[64, 128]>"}, {}, {})
+    assert seen == []
+    host._build_launcher(fake, {"K": "*bf16"}, {}, {})
+    assert len(seen) == 1
 
 
 def test_user_ptxas_options(monkeypatch):
@@ -165,4 +287,72 @@ def test_ptxas_probe_never_raises():
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.2.0"
+    assert prefill_runtime.__version__ == "0.3.0"
+
+
+_COLD_COMPILE_CHILD = r"""
+import glob, json, os, sys
+import torch
+import prefix_prefill.interface as pi
+import window_prefill.interface as wi
+from prefix_prefill import prefix_prefill
+from window_prefill import window_prefill
+line_info, prebuild = sys.argv[1] == "1", sys.argv[2] == "1"
+for mod in (pi, wi):
+    mod._LINE_INFO, mod._PREBUILD_LAUNCHER = line_info, prebuild
+torch.manual_seed(0)
+dev, dt, page, lens, ctx = "cuda", torch.bfloat16, 16, [37, 5], [50, 0]
+cu = torch.tensor([0, 37, 42], dtype=torch.int32, device=dev)
+q, k, v = (torch.randn(42, h, 64, device=dev, dtype=dt) for h in (4, 2, 2))
+# prefix: context from a paged NHD cache plus the new rows (k given)
+seq = [c + n for c, n in zip(ctx, lens)]
+pages = [-(-s // page) for s in seq]
+kc = torch.randn(sum(pages) + 1, page, 2, 64, device=dev, dtype=dt)
+vc = torch.randn_like(kc)
+bt = torch.zeros(2, max(pages), dtype=torch.int32, device=dev)
+nxt = 1
+for b, n in enumerate(pages):
+    bt[b, :n] = torch.arange(nxt, nxt + n, dtype=torch.int32)
+    nxt += n
+sl = torch.tensor(seq, dtype=torch.int32, device=dev)
+o1 = prefix_prefill(q, k, v, kc, vc, bt, cu, sl, max(lens))
+o2 = window_prefill(q, k, v, cu, max(lens), causal=True, window=(7, -1))
+torch.cuda.synchronize()
+caches = [cache for mod in (pi, wi) for cache in mod._fwd_kernel.device_caches.values()]
+kernels = [c for cache in caches for c in cache[0].values()]
+root = os.environ["TRITON_CACHE_DIR"]
+print(json.dumps({
+    "finite": bool(torch.isfinite(o1).all() and torch.isfinite(o2).all()),
+    "kernels": len(kernels),
+    "launchers": len(glob.glob(os.path.join(root, "*", "__triton_launcher*"))),
+    "loc": [".loc" in c.asm["ptx"] for c in kernels],
+    "ptx_options": [c.metadata.ptx_options for c in kernels],
+    "env": os.environ.get("TRITON_DISABLE_LINE_INFO"),
+}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("line_info,prebuild", [(False, True), (True, False)])
+def test_gpu_cold_compile_shortcuts(tmp_path, line_info, prebuild):
+    """On an empty Triton cache, each kernel package's first launch (a fresh process): with the launcher
+    built beside the compile, Triton's launch finds that launcher (one launcher module per compiled
+    kernel, not two: the prebuilt source is the one Triton asks for); without line tables the PTX has
+    no ``.loc`` directives and the compile is keyed by ptxas's -suppress-debug-info (with them, ``.loc``
+    and no flag); the environment is left as it was. Answers themselves are checked by the suites."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_DISABLE_LINE_INFO", None)
+    env.pop("PTXAS_OPTIONS", None)
+    args = [sys.executable, "-c", _COLD_COMPILE_CHILD, str(int(line_info)), str(int(prebuild))]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["finite"] and got["kernels"] == 2 and got["env"] is None, got
+    assert got["launchers"] == got["kernels"], got
+    assert got["loc"] == [line_info] * 2, got
+    assert all((NO_LINE_INFO_FLAG in (p or "")) != line_info for p in got["ptx_options"]), got

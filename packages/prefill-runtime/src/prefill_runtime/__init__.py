@@ -1,16 +1,32 @@
 """prefill-runtime: what the prefill kernel packages (window-prefill, prefix-prefill) share at run time.
 
 Host side: :func:`prime_triton` (Triton's one-time process setup, side by side, before a first
-launch), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches),
+launch), :func:`ptxas_launch_options` (ptxas flags for one kernel's launches), :func:`hook_compiles`
+(a kernel's cold compile: its launcher built alongside, no line tables when asked),
 :func:`softcap_form` (which soft-capping form a kernel compiles for a device),
 :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call). Device side
 (``@triton.jit``, import from :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form).
 
-Versioned on its own: the kernel packages pin ``prefill-runtime>=0.2,<1``.
+Versioned on its own: the kernel packages pin ``prefill-runtime>=0.3,<1``.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-from prefill_runtime.host import check_lse, prime_triton, ptxas_launch_options, softcap_form
+from prefill_runtime.host import (
+    NO_LINE_INFO_FLAG,
+    check_lse,
+    hook_compiles,
+    prime_triton,
+    ptxas_launch_options,
+    softcap_form,
+)
 
-__all__ = ["__version__", "check_lse", "prime_triton", "ptxas_launch_options", "softcap_form"]
+__all__ = [
+    "NO_LINE_INFO_FLAG",
+    "__version__",
+    "check_lse",
+    "hook_compiles",
+    "prime_triton",
+    "ptxas_launch_options",
+    "softcap_form",
+]

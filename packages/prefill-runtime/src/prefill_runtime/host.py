@@ -6,6 +6,8 @@ import functools
 import os
 import subprocess
 import threading
+import types
+from collections.abc import Callable
 
 import torch
 
@@ -56,29 +58,152 @@ def prime_triton() -> None:
         pass
 
 
-def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dict[str, str]:
-    """Launch keyword arguments that pass ``--register-usage-level=N`` to ptxas for one kernel (Triton's
-    per-launch ``ptx_options``; it joins the compile cache key, so nothing else compiles differently).
-    ``{}`` when ``register_usage_level`` is 0 (ptxas's default, 5), off NVIDIA CUDA devices (ROCm, the
-    interpreter, CPU tensors), when this Triton has no ``ptx_options`` launch option, or when its ptxas
-    does not list the flag (a beta ptxas option, CUDA 12.x); ``ValueError`` outside 0..10. Options the
-    user set through ``PTXAS_OPTIONS`` are kept (the flag is appended), and a level given there wins.
+def ptxas_launch_options(
+    register_usage_level: int, device: torch.device, *, line_info: bool = True
+) -> dict[str, str]:
+    """Launch keyword arguments with ptxas flags for one kernel (Triton's per-launch ``ptx_options``;
+    it joins the compile cache key, so nothing else compiles differently): ``--register-usage-level=N``
+    for a ``register_usage_level`` in 1..10 (0: not passed, ptxas's default 5) when this Triton's ptxas
+    lists that flag (a beta ptxas option, CUDA 12.x); and, with ``line_info=False`` while the user has
+    not chosen through ``TRITON_DISABLE_LINE_INFO``, ``-suppress-debug-info``, which also marks the
+    compile for :func:`hook_compiles` to build without LLVM's line tables. ``{}`` when no flag applies,
+    off NVIDIA CUDA devices (ROCm, the interpreter, CPU tensors) and when this Triton has no
+    ``ptx_options`` launch option; ``ValueError`` for a level outside 0..10. Options the user set
+    through ``PTXAS_OPTIONS`` are kept (a launch's ``ptx_options`` replaces them), and a level given
+    there wins.
 
     Why a kernel would ask (bench/results/NOTES.md step 47): at level 3 or below ptxas 12.8 gives the
     prefix kernel's page-16 and power-of-two-page context loops the order its other pages already
-    get, the next tile's address work ahead of the q.k wgmma instead of between the K/V copies."""
+    get, the next tile's address work ahead of the q.k wgmma instead of between the K/V copies.
+    Without line tables a cold compile is shorter (step 49)."""
     ok = isinstance(register_usage_level, int) and not isinstance(register_usage_level, bool)
     if not ok or not 0 <= register_usage_level <= 10:
         raise ValueError(f"register_usage_level must be an int in 0..10, got {register_usage_level!r}")
-    if register_usage_level == 0 or device.type != "cuda" or torch.version.hip is not None:
+    if device.type != "cuda" or torch.version.hip is not None:
         return {}
-    if not _ptxas_has_register_usage_level(torch.cuda.get_device_capability(device)):
+    if register_usage_level == 0 and line_info:
         return {}
-    flag = f"--register-usage-level={register_usage_level}"
+    if not _triton_takes_ptx_options():
+        return {}
     user = _user_ptxas_options()  # PTXAS_OPTIONS: a launch's ptx_options replaces it, so keep it
-    if user and "register-usage-level" in user:
-        return {}  # the user's own level wins (Triton's default ptx_options carries it)
-    return {"ptx_options": f"{user} {flag}" if user else flag}
+    flags = []
+    if register_usage_level and not (user and "register-usage-level" in user):  # a level there wins
+        if _ptxas_has_register_usage_level(torch.cuda.get_device_capability(device)):
+            flags.append(f"--register-usage-level={register_usage_level}")
+    if not line_info and _line_info_unchosen() and not (user and NO_LINE_INFO_FLAG in user):
+        flags.append(NO_LINE_INFO_FLAG)
+    if not flags:
+        return {}
+    return {"ptx_options": " ".join([user, *flags] if user else flags)}
+
+
+# ptxas's flag for a cubin without line tables (Triton passes it with -lineinfo when line info is off);
+# in a launch's ptx_options it also tells hook_compiles to drop LLVM's line tables for that compile
+NO_LINE_INFO_FLAG = "-suppress-debug-info"
+
+
+def _line_info_unchosen() -> bool:
+    """The user has not set Triton's line-info knob (``TRITON_DISABLE_LINE_INFO`` or
+    ``triton.knobs.compilation.disable_line_info``): a kernel may then choose for itself."""
+    if os.environ.get("TRITON_DISABLE_LINE_INFO") is not None:
+        return False
+    try:
+        from triton import knobs
+
+        return "disable_line_info" not in knobs.compilation.__dict__
+    except Exception:  # older Triton: no knobs module; the environment variable is the only way
+        return True
+
+
+@functools.cache
+def _triton_takes_ptx_options() -> bool:
+    """Does this Triton take ``ptx_options`` as a launch option?"""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        return "ptx_options" in CUDAOptions.__dataclass_fields__
+    except Exception:
+        return False
+
+
+def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda: True) -> bool:
+    """Once per ``@triton.jit`` kernel (idempotent): wrap Triton's compile step for it
+    (``JITFunction._do_compile``, an instance attribute, so no other kernel is touched) to shorten a
+    cold compile (bench/results/NOTES.md step 49). Two things, each only a speed hint (any failure
+    leaves Triton's own steps, in order):
+
+    - While the kernel compiles (seconds), a thread builds its launcher: the C module Triton compiles
+      with gcc for each kernel signature after the kernel itself (0.25-0.35 s on an empty cache), from
+      the same signature and constants, so the launch then finds it in Triton's cache. NVIDIA CUDA
+      only, when ``prebuild_launcher()`` is true and no argument is a tensor descriptor (their
+      launcher depends on the compiled kernel).
+    - A compile whose ``ptx_options`` carry :data:`NO_LINE_INFO_FLAG` (see
+      :func:`ptxas_launch_options`) runs with Triton's ``disable_line_info`` knob set for its
+      duration, so LLVM builds no line tables either. The knob is process-wide: another thread's
+      compile in that window also gets no line tables (never different code semantics).
+
+    Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
+    orig = getattr(jit_fn, "_do_compile", None)
+    if orig is None or getattr(orig, "_prefill_hooked", False):
+        return orig is not None
+
+    def _do_compile(*args, **kwargs):
+        builder = None
+        knob_set = False
+        comp = None
+        try:
+            # Triton 3.4-3.6: (key, signature, device, constexprs, options, attrs, warmup)
+            _key, signature, _device, constexprs, options, attrs = args[:6]
+            if prebuild_launcher() and torch.version.hip is None:
+                builder = threading.Thread(
+                    target=_build_launcher, args=(jit_fn, signature, constexprs, attrs), daemon=True
+                )
+                builder.start()
+            if NO_LINE_INFO_FLAG in (getattr(options, "ptx_options", None) or "") and _line_info_unchosen():
+                from triton import knobs
+
+                comp = knobs.compilation
+                comp.__dict__["disable_line_info"] = True  # not the setter: it would export the env var
+                knob_set = True
+        except Exception:
+            pass
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            if knob_set:
+                comp.__dict__.pop("disable_line_info", None)
+            if builder is not None:
+                builder.join()
+
+    _do_compile._prefill_hooked = True
+    try:
+        jit_fn._do_compile = _do_compile
+    except Exception:
+        return False
+    return True
+
+
+def _build_launcher(jit_fn: object, signature: dict, constexprs: dict, attrs: dict) -> None:
+    """Build (or find in Triton's cache) the launcher module of ``jit_fn`` for one specialization, as
+    the compiled kernel's first launch will ask for it. Never raises."""
+    try:
+        if any(isinstance(t, str) and t.startswith("tensordesc") for t in signature.values()):
+            return
+        from triton.runtime.driver import driver
+
+        src = jit_fn.ASTSource(jit_fn, signature, constexprs, attrs)
+        meta = types.SimpleNamespace(
+            num_ctas=1,
+            global_scratch_size=0,
+            global_scratch_align=1,
+            profile_scratch_size=0,
+            profile_scratch_align=1,
+            launch_cooperative_grid=False,
+            launch_pdl=False,
+        )
+        driver.active.launcher_cls(src, meta)
+    except Exception:
+        pass
 
 
 def _user_ptxas_options() -> str | None:

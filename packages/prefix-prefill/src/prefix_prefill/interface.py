@@ -23,7 +23,7 @@ from paged_kv_offsets import (
     page_walk_rest_block,
     validate_block_table,
 )
-from prefill_runtime import check_lse, prime_triton, ptxas_launch_options, softcap_form
+from prefill_runtime import check_lse, hook_compiles, prime_triton, ptxas_launch_options, softcap_form
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
@@ -491,6 +491,13 @@ _PTXAS_REGISTER_USAGE_ARCHS = ("sm90",)
 _FAST_TANH = True
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
+# A cold compile's two shortcuts (prefill_runtime.hook_compiles, NOTES step 49): build the kernel's
+# launcher (gcc, 0.25-0.35 s) in a thread while the kernel compiles, and compile without source line
+# tables (ptxas -suppress-debug-info and LLVM without debug locations; offline -0.2 s of ~3 s at head
+# 128). Line tables only serve profilers' source views; TRITON_DISABLE_LINE_INFO=0 in the environment
+# keeps them (the user's choice wins), as does _LINE_INFO = True.
+_PREBUILD_LAUNCHER = True
+_LINE_INFO = False
 
 
 def _prime_triton() -> None:
@@ -499,6 +506,7 @@ def _prime_triton() -> None:
     global _TRITON_PRIMED
     _TRITON_PRIMED = True
     prime_triton()
+    hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
@@ -708,7 +716,9 @@ def _launch_fwd(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **ptxas_launch_options(
-            _PTXAS_REGISTER_USAGE_LEVEL if arch in _PTXAS_REGISTER_USAGE_ARCHS else 0, q.device
+            _PTXAS_REGISTER_USAGE_LEVEL if arch in _PTXAS_REGISTER_USAGE_ARCHS else 0,
+            q.device,
+            line_info=_LINE_INFO,
         ),
     )
 

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from prefill_runtime import check_lse, prime_triton, ptxas_launch_options, softcap_form
+from prefill_runtime import check_lse, hook_compiles, prime_triton, ptxas_launch_options, softcap_form
 from window_prefill import ops  # registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
 from window_prefill.kernel import _fwd_kernel
@@ -66,6 +66,13 @@ _BAND_MASK = True
 _TMA_KV = True
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
+# A cold compile's two shortcuts (prefill_runtime.hook_compiles, NOTES step 49): build the kernel's
+# launcher (gcc, 0.25-0.35 s) in a thread while the kernel compiles, and compile without source line
+# tables (ptxas -suppress-debug-info and LLVM without debug locations; offline -0.2 s of ~3 s at head
+# 128). Line tables only serve profilers' source views; TRITON_DISABLE_LINE_INFO=0 in the environment
+# keeps them (the user's choice wins), as does _LINE_INFO = True.
+_PREBUILD_LAUNCHER = True
+_LINE_INFO = False
 # The interior blocks before the masked edge blocks without descriptors too (offline, LLM 128/128/8/2:
 # interior loop 537 -> 517 SASS); timed: no gain (NOTES step 32), off.
 _INTERIOR_FIRST = False
@@ -242,6 +249,7 @@ def _prime_triton() -> None:
     global _TRITON_PRIMED
     _TRITON_PRIMED = True
     prime_triton()
+    hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
 
 
 def _launch_fwd(
@@ -337,7 +345,7 @@ def _launch_fwd(
         RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device),
+        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device, line_info=_LINE_INFO),
     )
     return o
 
