@@ -15,7 +15,6 @@ from conftest import DEVICE
 import prefill_runtime
 import prefill_runtime.host as host
 from prefill_runtime import (
-    NO_LINE_INFO_FLAG,
     check_lse,
     hook_compiles,
     prime_triton,
@@ -152,48 +151,10 @@ def test_ptxas_launch_options(monkeypatch):
     }
     monkeypatch.setattr(host, "_user_ptxas_options", lambda: "--register-usage-level=8")
     assert ptxas_launch_options(3, gpu) == {}  # the user's own level wins
-    monkeypatch.setattr(host, "_triton_takes_ptx_options", lambda: False)
-    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
-    assert ptxas_launch_options(3, gpu) == {}  # a Triton without per-launch ptx_options
-
-
-def test_ptxas_launch_options_line_info(monkeypatch):
-    """``line_info=False`` adds ptxas's ``-suppress-debug-info`` (the marker hook_compiles reads) on
-    NVIDIA CUDA devices, unless the user chose through TRITON_DISABLE_LINE_INFO (either way) or the
-    Triton knob, or already passes it in PTXAS_OPTIONS; never on the CPU / interpreter."""
-    gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(host, "_triton_takes_ptx_options", lambda: True)
-    monkeypatch.setattr(host, "_ptxas_has_register_usage_level", lambda cap: True)
-    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
-    monkeypatch.delenv("TRITON_DISABLE_LINE_INFO", raising=False)
-    assert ptxas_launch_options(0, torch.device("cpu"), line_info=False) == {}
-    assert ptxas_launch_options(0, gpu, line_info=True) == {}
-    assert ptxas_launch_options(0, gpu, line_info=False) == {"ptx_options": NO_LINE_INFO_FLAG}
-    assert ptxas_launch_options(3, gpu, line_info=False) == {
-        "ptx_options": f"--register-usage-level=3 {NO_LINE_INFO_FLAG}"
-    }
-    monkeypatch.setattr(host, "_user_ptxas_options", lambda: "--warn-on-spills")
-    assert ptxas_launch_options(0, gpu, line_info=False) == {
-        "ptx_options": f"--warn-on-spills {NO_LINE_INFO_FLAG}"
-    }
-    monkeypatch.setattr(host, "_user_ptxas_options", lambda: f"-lineinfo {NO_LINE_INFO_FLAG}")
-    assert ptxas_launch_options(0, gpu, line_info=False) == {}
-    monkeypatch.setattr(host, "_user_ptxas_options", lambda: None)
-    for chosen in ("0", "1"):  # the user's choice, whichever it is, wins
-        monkeypatch.setenv("TRITON_DISABLE_LINE_INFO", chosen)
-        assert ptxas_launch_options(0, gpu, line_info=False) == {}
-        assert ptxas_launch_options(3, gpu, line_info=False) == {"ptx_options": "--register-usage-level=3"}
-    monkeypatch.delenv("TRITON_DISABLE_LINE_INFO")
-    from triton import knobs
-
-    monkeypatch.setitem(knobs.compilation.__dict__, "disable_line_info", False)  # set through the knob
-    assert ptxas_launch_options(0, gpu, line_info=False) == {}
 
 
 class _FakeJit:
-    """Stands in for a JITFunction: ``_do_compile`` records the line-info knob it compiled under."""
+    """Stands in for a JITFunction: ``_do_compile`` records its calls (and raises for key "boom")."""
 
     def __init__(self):
         self.calls = []
@@ -202,23 +163,18 @@ class _FakeJit:
         return types.SimpleNamespace(fn=fn, signature=signature, constants=constexprs, attrs=attrs)
 
     def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
-        from triton import knobs
-
-        self.calls.append((key, knobs.compilation.disable_line_info))
+        self.calls.append(key)
         if key == "boom":
             raise RuntimeError("compile failed")
         return f"kernel-{key}"
 
 
 def test_hook_compiles(monkeypatch):
-    """hook_compiles wraps one kernel's compile step, once: the launcher build starts in a thread with
-    the compile's signature and constants (and is skipped for tensor-descriptor signatures, on ROCm,
-    or when its switch is off); a compile whose ptx_options carry the no-line-info flag runs with
-    Triton's knob set and the knob is restored afterwards, also when the compile raises; a compile
-    without the flag runs with the knob as the user left it. The environment is never touched."""
-    from triton import knobs
-
-    monkeypatch.delenv("TRITON_DISABLE_LINE_INFO", raising=False)
+    """hook_compiles wraps one kernel's compile step, once: each compile starts the launcher build in a
+    thread with that compile's signature, constants and attributes and waits for it before returning
+    (also when the compile raises); not on ROCm nor with its switch off; the compile's answer and
+    errors pass through untouched. Something without a compile step (the interpreter's kernels) is
+    left alone."""
     monkeypatch.setattr(torch.version, "hip", None)
     built = []
     monkeypatch.setattr(host, "_build_launcher", lambda fn, sig, cx, at: built.append((fn, sig, cx, at)))
@@ -227,31 +183,18 @@ def test_hook_compiles(monkeypatch):
     assert hook_compiles(fake, lambda: switch["on"]) is True
     wrapped = fake._do_compile
     assert hook_compiles(fake, lambda: switch["on"]) is True and fake._do_compile is wrapped  # once
-    sig, cx, attrs = {"Q": "*bf16", "N": "i32"}, {("BLOCK",): 64}, {}
-    plain = types.SimpleNamespace(ptx_options="--register-usage-level=3")
-    quiet = types.SimpleNamespace(ptx_options=f"--register-usage-level=3 {NO_LINE_INFO_FLAG}")
-    assert fake._do_compile("a", sig, 0, cx, plain, attrs, False) == "kernel-a"
-    assert fake._do_compile("b", sig, 0, cx, quiet, attrs, False) == "kernel-b"
-    assert fake.calls == [("a", False), ("b", True)]
-    assert (
-        "disable_line_info" not in knobs.compilation.__dict__ and knobs.compilation.disable_line_info is False
-    )
-    assert "TRITON_DISABLE_LINE_INFO" not in __import__("os").environ
-    assert built == [(fake, sig, cx, attrs)] * 2
+    sig, cx, attrs, opts = {"Q": "*bf16", "N": "i32"}, {("BLOCK",): 64}, {}, types.SimpleNamespace()
+    assert fake._do_compile("a", sig, 0, cx, opts, attrs, False) == "kernel-a"
+    assert built == [(fake, sig, cx, attrs)]  # joined before the compile step returned
     with pytest.raises(RuntimeError, match="compile failed"):
-        fake._do_compile("boom", sig, 0, cx, quiet, attrs, False)
-    assert "disable_line_info" not in knobs.compilation.__dict__
+        fake._do_compile("boom", sig, 0, cx, opts, attrs, False)
+    assert len(built) == 2
     switch["on"] = False
-    fake._do_compile("c", sig, 0, cx, plain, attrs, False)
+    assert fake._do_compile("c", sig, 0, cx, opts, attrs, warmup=False) == "kernel-c"
     monkeypatch.setattr(torch.version, "hip", "6.2")
     switch["on"] = True
-    fake._do_compile("d", sig, 0, cx, plain, attrs, False)
-    assert len(built) == 3  # a, b, boom; not c (switch off) nor d (ROCm)
-    # a user's knob stays as set: the flag does not override it
-    monkeypatch.setitem(knobs.compilation.__dict__, "disable_line_info", False)
-    fake._do_compile("e", sig, 0, cx, quiet, attrs, False)
-    assert fake.calls[-1] == ("e", False) and knobs.compilation.__dict__["disable_line_info"] is False
-    # something that is not a JITFunction (the interpreter's) is left alone
+    fake._do_compile("d", sig, 0, cx, opts, attrs, False)
+    assert len(built) == 2 and fake.calls == ["a", "boom", "c", "d"]  # not c (switch off) nor d (ROCm)
     assert hook_compiles(object()) is False
 
 
@@ -293,13 +236,18 @@ def test_version():
 _COLD_COMPILE_CHILD = r"""
 import glob, json, os, sys
 import torch
+import prefill_runtime.host as host
 import prefix_prefill.interface as pi
 import window_prefill.interface as wi
 from prefix_prefill import prefix_prefill
 from window_prefill import window_prefill
-line_info, prebuild = sys.argv[1] == "1", sys.argv[2] == "1"
+mode = sys.argv[1]
 for mod in (pi, wi):
-    mod._LINE_INFO, mod._PREBUILD_LAUNCHER = line_info, prebuild
+    mod._PREBUILD_LAUNCHER = mode != "off"
+if mode == "wrong":  # negative control: prebuild for a signature the compile does not have (i32 -> i64)
+    build = host._build_launcher
+    widen = lambda sig: {n: "i64" if t == "i32" else t for n, t in sig.items()}
+    host._build_launcher = lambda fn, sig, cx, at: build(fn, widen(sig), cx, at)
 torch.manual_seed(0)
 dev, dt, page, lens, ctx = "cuda", torch.bfloat16, 16, [37, 5], [50, 0]
 cu = torch.tensor([0, 37, 42], dtype=torch.int32, device=dev)
@@ -325,34 +273,27 @@ print(json.dumps({
     "finite": bool(torch.isfinite(o1).all() and torch.isfinite(o2).all()),
     "kernels": len(kernels),
     "launchers": len(glob.glob(os.path.join(root, "*", "__triton_launcher*"))),
-    "loc": [".loc" in c.asm["ptx"] for c in kernels],
-    "ptx_options": [c.metadata.ptx_options for c in kernels],
-    "env": os.environ.get("TRITON_DISABLE_LINE_INFO"),
 }))
 """
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("line_info,prebuild", [(False, True), (True, False)])
-def test_gpu_cold_compile_shortcuts(tmp_path, line_info, prebuild):
-    """On an empty Triton cache, each kernel package's first launch (a fresh process): with the launcher
-    built beside the compile, Triton's launch finds that launcher (one launcher module per compiled
-    kernel, not two: the prebuilt source is the one Triton asks for); without line tables the PTX has
-    no ``.loc`` directives and the compile is keyed by ptxas's -suppress-debug-info (with them, ``.loc``
-    and no flag); the environment is left as it was. Answers themselves are checked by the suites."""
+@pytest.mark.parametrize("mode", ["on", "off", "wrong"])
+def test_gpu_launcher_prebuild(tmp_path, mode):
+    """On an empty Triton cache, each kernel package's first launch (a fresh process): with the
+    launcher built beside the compile ("on"), Triton's launch finds that very launcher: one launcher
+    module per compiled kernel, as without the prebuild ("off"). Negative control ("wrong"): a
+    prebuild for another signature leaves a second, unused launcher per kernel, so the count sees a
+    prebuild that misses. Answers themselves are checked by the suites."""
     import json
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("TRITON_DISABLE_LINE_INFO", None)
-    env.pop("PTXAS_OPTIONS", None)
-    args = [sys.executable, "-c", _COLD_COMPILE_CHILD, str(int(line_info)), str(int(prebuild))]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _COLD_COMPILE_CHILD, mode], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["finite"] and got["kernels"] == 2 and got["env"] is None, got
-    assert got["launchers"] == got["kernels"], got
-    assert got["loc"] == [line_info] * 2, got
-    assert all((NO_LINE_INFO_FLAG in (p or "")) != line_info for p in got["ptx_options"]), got
+    assert got["finite"] and got["kernels"] == 2, got
+    assert got["launchers"] == (2 * got["kernels"] if mode == "wrong" else got["kernels"]), got

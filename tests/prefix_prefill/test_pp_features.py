@@ -647,16 +647,15 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
 
 def test_launch_forwards_ptxas_options(monkeypatch):
     """The launcher asks ``prefill_runtime.ptxas_launch_options`` with ``_PTXAS_REGISTER_USAGE_LEVEL`` on
-    the architectures of ``_PTXAS_REGISTER_USAGE_ARCHS`` (0 elsewhere), the query's device and
-    ``line_info=_LINE_INFO``, and passes
+    the architectures of ``_PTXAS_REGISTER_USAGE_ARCHS`` (0 elsewhere) and the query's device, and passes
     what it answers to the kernel launch untouched (the launch itself is recorded here, not run)."""
     import prefix_prefill.interface as itf
     from prefix_prefill.configs import detect_arch
 
     asked, launched = [], []
 
-    def fake_options(level, device, *, line_info):
-        asked.append((level, device, line_info))
+    def fake_options(level, device):
+        asked.append((level, device))
         return {"ptx_options": f"--register-usage-level={level}"}
 
     class FakeKernel:
@@ -673,11 +672,8 @@ def test_launch_forwards_ptxas_options(monkeypatch):
     run_py(case)
     monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_ARCHS", ())
     run_py(case)
-    monkeypatch.setattr(itf, "_LINE_INFO", True)
-    run_py(case)
-    d = case.q.device
-    assert asked == [(7, d, False), (0, d, False), (0, d, True)]  # _LINE_INFO's default: False
-    assert [kw["ptx_options"] for kw in launched] == [f"--register-usage-level={n}" for n in (7, 0, 0)]
+    assert asked == [(7, case.q.device), (0, case.q.device)]
+    assert [kw["ptx_options"] for kw in launched] == ["--register-usage-level=7", "--register-usage-level=0"]
 
 
 @pytest.mark.gpu

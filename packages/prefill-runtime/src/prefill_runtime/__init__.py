@@ -1,8 +1,8 @@
 """prefill-runtime: what the prefill kernel packages (window-prefill, prefix-prefill) share at run time.
 
 Host side: :func:`prime_triton` (Triton's one-time process setup, side by side, before a first
-launch), :func:`ptxas_launch_options` (ptxas flags for one kernel's launches), :func:`hook_compiles`
-(a kernel's cold compile: its launcher built alongside, no line tables when asked),
+launch), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches), :func:`hook_compiles`
+(a kernel's cold compile with its launcher built alongside),
 :func:`softcap_form` (which soft-capping form a kernel compiles for a device),
 :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call). Device side
 (``@triton.jit``, import from :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form).
@@ -13,7 +13,6 @@ Versioned on its own: the kernel packages pin ``prefill-runtime>=0.3,<1``.
 __version__ = "0.3.0"
 
 from prefill_runtime.host import (
-    NO_LINE_INFO_FLAG,
     check_lse,
     hook_compiles,
     prime_triton,
@@ -22,7 +21,6 @@ from prefill_runtime.host import (
 )
 
 __all__ = [
-    "NO_LINE_INFO_FLAG",
     "__version__",
     "check_lse",
     "hook_compiles",

@@ -19,9 +19,9 @@ def prime_triton() -> None:
     """Once per process, before a first launch: Triton's setup steps that do not depend on each
     other, side by side. Its cache key hashes its own ~400 MB library (0.36 s warm, 0.73 s from a
     cold disk on the H200 host) in a thread (the hash releases the GIL) while this thread builds or
-    loads the driver's helper module (gcc on an empty cache, 0.35-0.55 s) and imports
-    ``triton.experimental.gluon`` (0.14 s), which the specialiser of any first launch imports; a
-    third thread runs :func:`ptxas_launch_options`' one-time ptxas probe.
+    loads the driver's helper module (gcc on an empty cache, 0.35-0.55 s; the GIL is free while gcc
+    runs), a second thread imports ``triton.experimental.gluon`` (0.14 s), which the specialiser of
+    any first launch imports, and a third runs :func:`ptxas_launch_options`' one-time ptxas probe.
     Measured on the H200 (bench/results/NOTES.md step 35): a cold prefix-prefill first call 5.0-5.3
     -> 3.7-4.0 s. Only a speed hint: any failure leaves Triton to do the same steps in order; later
     calls return at once."""
@@ -45,12 +45,17 @@ def prime_triton() -> None:
             except Exception:
                 pass
 
-        helpers = [threading.Thread(target=f, daemon=True) for f in (hash_library, probe_ptxas)]
+        def import_gluon() -> None:  # Python work that fits in while gcc builds the driver helper
+            try:
+                import triton.experimental.gluon  # noqa: F401
+            except Exception:
+                pass
+
+        helpers = [threading.Thread(target=f, daemon=True) for f in (hash_library, probe_ptxas, import_gluon)]
         for t in helpers:
             t.start()
         try:
             driver.active.get_current_device()
-            import triton.experimental.gluon  # noqa: F401
         finally:
             for t in helpers:
                 t.join()
@@ -58,89 +63,40 @@ def prime_triton() -> None:
         pass
 
 
-def ptxas_launch_options(
-    register_usage_level: int, device: torch.device, *, line_info: bool = True
-) -> dict[str, str]:
-    """Launch keyword arguments with ptxas flags for one kernel (Triton's per-launch ``ptx_options``;
-    it joins the compile cache key, so nothing else compiles differently): ``--register-usage-level=N``
-    for a ``register_usage_level`` in 1..10 (0: not passed, ptxas's default 5) when this Triton's ptxas
-    lists that flag (a beta ptxas option, CUDA 12.x); and, with ``line_info=False`` while the user has
-    not chosen through ``TRITON_DISABLE_LINE_INFO``, ``-suppress-debug-info``, which also marks the
-    compile for :func:`hook_compiles` to build without LLVM's line tables. ``{}`` when no flag applies,
-    off NVIDIA CUDA devices (ROCm, the interpreter, CPU tensors) and when this Triton has no
-    ``ptx_options`` launch option; ``ValueError`` for a level outside 0..10. Options the user set
-    through ``PTXAS_OPTIONS`` are kept (a launch's ``ptx_options`` replaces them), and a level given
-    there wins.
+def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dict[str, str]:
+    """Launch keyword arguments that pass ``--register-usage-level=N`` to ptxas for one kernel (Triton's
+    per-launch ``ptx_options``; it joins the compile cache key, so nothing else compiles differently).
+    ``{}`` when ``register_usage_level`` is 0 (ptxas's default, 5), off NVIDIA CUDA devices (ROCm, the
+    interpreter, CPU tensors), when this Triton has no ``ptx_options`` launch option, or when its ptxas
+    does not list the flag (a beta ptxas option, CUDA 12.x); ``ValueError`` outside 0..10. Options the
+    user set through ``PTXAS_OPTIONS`` are kept (the flag is appended), and a level given there wins.
 
     Why a kernel would ask (bench/results/NOTES.md step 47): at level 3 or below ptxas 12.8 gives the
     prefix kernel's page-16 and power-of-two-page context loops the order its other pages already
-    get, the next tile's address work ahead of the q.k wgmma instead of between the K/V copies.
-    Without line tables a cold compile is shorter (step 49)."""
+    get, the next tile's address work ahead of the q.k wgmma instead of between the K/V copies."""
     ok = isinstance(register_usage_level, int) and not isinstance(register_usage_level, bool)
     if not ok or not 0 <= register_usage_level <= 10:
         raise ValueError(f"register_usage_level must be an int in 0..10, got {register_usage_level!r}")
-    if device.type != "cuda" or torch.version.hip is not None:
+    if register_usage_level == 0 or device.type != "cuda" or torch.version.hip is not None:
         return {}
-    if register_usage_level == 0 and line_info:
+    if not _ptxas_has_register_usage_level(torch.cuda.get_device_capability(device)):
         return {}
-    if not _triton_takes_ptx_options():
-        return {}
+    flag = f"--register-usage-level={register_usage_level}"
     user = _user_ptxas_options()  # PTXAS_OPTIONS: a launch's ptx_options replaces it, so keep it
-    flags = []
-    if register_usage_level and not (user and "register-usage-level" in user):  # a level there wins
-        if _ptxas_has_register_usage_level(torch.cuda.get_device_capability(device)):
-            flags.append(f"--register-usage-level={register_usage_level}")
-    if not line_info and _line_info_unchosen() and not (user and NO_LINE_INFO_FLAG in user):
-        flags.append(NO_LINE_INFO_FLAG)
-    if not flags:
-        return {}
-    return {"ptx_options": " ".join([user, *flags] if user else flags)}
-
-
-# ptxas's flag for a cubin without line tables (Triton passes it with -lineinfo when line info is off);
-# in a launch's ptx_options it also tells hook_compiles to drop LLVM's line tables for that compile
-NO_LINE_INFO_FLAG = "-suppress-debug-info"
-
-
-def _line_info_unchosen() -> bool:
-    """The user has not set Triton's line-info knob (``TRITON_DISABLE_LINE_INFO`` or
-    ``triton.knobs.compilation.disable_line_info``): a kernel may then choose for itself."""
-    if os.environ.get("TRITON_DISABLE_LINE_INFO") is not None:
-        return False
-    try:
-        from triton import knobs
-
-        return "disable_line_info" not in knobs.compilation.__dict__
-    except Exception:  # older Triton: no knobs module; the environment variable is the only way
-        return True
-
-
-@functools.cache
-def _triton_takes_ptx_options() -> bool:
-    """Does this Triton take ``ptx_options`` as a launch option?"""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-
-        return "ptx_options" in CUDAOptions.__dataclass_fields__
-    except Exception:
-        return False
+    if user and "register-usage-level" in user:
+        return {}  # the user's own level wins (Triton's default ptx_options carries it)
+    return {"ptx_options": f"{user} {flag}" if user else flag}
 
 
 def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda: True) -> bool:
     """Once per ``@triton.jit`` kernel (idempotent): wrap Triton's compile step for it
-    (``JITFunction._do_compile``, an instance attribute, so no other kernel is touched) to shorten a
-    cold compile (bench/results/NOTES.md step 49). Two things, each only a speed hint (any failure
-    leaves Triton's own steps, in order):
-
-    - While the kernel compiles (seconds), a thread builds its launcher: the C module Triton compiles
-      with gcc for each kernel signature after the kernel itself (0.25-0.35 s on an empty cache), from
-      the same signature and constants, so the launch then finds it in Triton's cache. NVIDIA CUDA
-      only, when ``prebuild_launcher()`` is true and no argument is a tensor descriptor (their
-      launcher depends on the compiled kernel).
-    - A compile whose ``ptx_options`` carry :data:`NO_LINE_INFO_FLAG` (see
-      :func:`ptxas_launch_options`) runs with Triton's ``disable_line_info`` knob set for its
-      duration, so LLVM builds no line tables either. The knob is process-wide: another thread's
-      compile in that window also gets no line tables (never different code semantics).
+    (``JITFunction._do_compile``, set on the instance, so no other kernel is touched) so that while the
+    kernel compiles (seconds), a thread builds its launcher: the C module Triton compiles with gcc for
+    each kernel signature after the kernel itself (0.25-0.35 s on an empty cache), from the same
+    signature and constants, so the first launch then finds it in Triton's cache
+    (bench/results/NOTES.md step 49). NVIDIA CUDA only, when ``prebuild_launcher()`` is true and no
+    argument is a tensor descriptor (their launcher depends on the compiled kernel). Only a speed
+    hint: any failure leaves Triton to build the launcher itself, after the compile, as it would.
 
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
     orig = getattr(jit_fn, "_do_compile", None)
@@ -149,29 +105,19 @@ def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda
 
     def _do_compile(*args, **kwargs):
         builder = None
-        knob_set = False
-        comp = None
         try:
             # Triton 3.4-3.6: (key, signature, device, constexprs, options, attrs, warmup)
-            _key, signature, _device, constexprs, options, attrs = args[:6]
+            _key, signature, _device, constexprs, _options, attrs = args[:6]
             if prebuild_launcher() and torch.version.hip is None:
                 builder = threading.Thread(
                     target=_build_launcher, args=(jit_fn, signature, constexprs, attrs), daemon=True
                 )
                 builder.start()
-            if NO_LINE_INFO_FLAG in (getattr(options, "ptx_options", None) or "") and _line_info_unchosen():
-                from triton import knobs
-
-                comp = knobs.compilation
-                comp.__dict__["disable_line_info"] = True  # not the setter: it would export the env var
-                knob_set = True
         except Exception:
             pass
         try:
             return orig(*args, **kwargs)
         finally:
-            if knob_set:
-                comp.__dict__.pop("disable_line_info", None)
             if builder is not None:
                 builder.join()
 

@@ -66,13 +66,10 @@ _BAND_MASK = True
 _TMA_KV = True
 # Triton's one-time process setup, run side by side before the first launch (_prime_triton).
 _TRITON_PRIMED = False
-# A cold compile's two shortcuts (prefill_runtime.hook_compiles, NOTES step 49): build the kernel's
-# launcher (gcc, 0.25-0.35 s) in a thread while the kernel compiles, and compile without source line
-# tables (ptxas -suppress-debug-info and LLVM without debug locations; offline -0.2 s of ~3 s at head
-# 128). Line tables only serve profilers' source views; TRITON_DISABLE_LINE_INFO=0 in the environment
-# keeps them (the user's choice wins), as does _LINE_INFO = True.
+# Build the kernel's launcher (a C module Triton compiles with gcc, 0.25-0.35 s) in a thread while the
+# kernel itself compiles (prefill_runtime.hook_compiles). H200, NOTES step 49: cold first call (k
+# given, bf16) 2.70 / 2.89 -> 2.16 / 2.42 s at head 128 with the (dropped) line-table shortcut too.
 _PREBUILD_LAUNCHER = True
-_LINE_INFO = False
 # The interior blocks before the masked edge blocks without descriptors too (offline, LLM 128/128/8/2:
 # interior loop 537 -> 517 SASS); timed: no gain (NOTES step 32), off.
 _INTERIOR_FIRST = False
@@ -345,7 +342,7 @@ def _launch_fwd(
         RETURN_LSE=lse is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device, line_info=_LINE_INFO),
+        **ptxas_launch_options(_PTXAS_REGISTER_USAGE_LEVEL, q.device),
     )
     return o
 
