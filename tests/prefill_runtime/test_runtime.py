@@ -172,7 +172,8 @@ class _FakeJit:
 def test_hook_compiles(monkeypatch):
     """hook_compiles wraps one kernel's compile step, once: each compile starts the launcher build in a
     thread with that compile's signature, constants and attributes and waits for it before returning
-    (also when the compile raises); not on ROCm nor with its switch off; the compile's answer and
+    (also when the compile raises); not on ROCm, with its switch off or under Triton's async compile
+    mode; the compile's answer and
     errors pass through untouched. Something without a compile step (the interpreter's kernels) is
     left alone."""
     monkeypatch.setattr(torch.version, "hip", None)
@@ -195,6 +196,16 @@ def test_hook_compiles(monkeypatch):
     switch["on"] = True
     fake._do_compile("d", sig, 0, cx, opts, attrs, False)
     assert len(built) == 2 and fake.calls == ["a", "boom", "c", "d"]  # not c (switch off) nor d (ROCm)
+    monkeypatch.setattr(torch.version, "hip", None)
+    from triton.runtime import _async_compile
+
+    token = _async_compile.active_mode.set(object())  # inside Triton's AsyncCompileMode
+    try:
+        fake._do_compile("e", sig, 0, cx, opts, attrs, False)
+    finally:
+        _async_compile.active_mode.reset(token)
+    fake._do_compile("f", sig, 0, cx, opts, attrs, False)
+    assert len(built) == 3 and fake.calls[-2:] == ["e", "f"]  # e: async compiles are left alone
     assert hook_compiles(object()) is False
 
 

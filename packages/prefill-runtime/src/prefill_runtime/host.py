@@ -94,8 +94,9 @@ def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda
     kernel compiles (seconds), a thread builds its launcher: the C module Triton compiles with gcc for
     each kernel signature after the kernel itself (0.25-0.35 s on an empty cache), from the same
     signature and constants, so the first launch then finds it in Triton's cache
-    (bench/results/NOTES.md step 49). NVIDIA CUDA only, when ``prebuild_launcher()`` is true and no
-    argument is a tensor descriptor (their launcher depends on the compiled kernel). Only a speed
+    (bench/results/NOTES.md step 49). NVIDIA CUDA only, when ``prebuild_launcher()`` is true, no
+    argument is a tensor descriptor (their launcher depends on the compiled kernel) and Triton's
+    async compile mode is not active (it builds launchers when collecting its futures). Only a speed
     hint: any failure leaves Triton to build the launcher itself, after the compile, as it would.
 
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
@@ -108,7 +109,7 @@ def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda
         try:
             # Triton 3.4-3.6: (key, signature, device, constexprs, options, attrs, warmup)
             _key, signature, _device, constexprs, _options, attrs = args[:6]
-            if prebuild_launcher() and torch.version.hip is None:
+            if prebuild_launcher() and torch.version.hip is None and not _async_compiling():
                 builder = threading.Thread(
                     target=_build_launcher, args=(jit_fn, signature, constexprs, attrs), daemon=True
                 )
@@ -127,6 +128,17 @@ def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda
     except Exception:
         return False
     return True
+
+
+def _async_compiling() -> bool:
+    """Is Triton's ``AsyncCompileMode`` active (compiles handed to an executor, launchers built when the
+    futures are collected)? The launcher prebuild then stays out of the way."""
+    try:
+        from triton.runtime import _async_compile
+
+        return _async_compile.active_mode.get() is not None
+    except Exception:  # a Triton without async compiles
+        return False
 
 
 def _build_launcher(jit_fn: object, signature: dict, constexprs: dict, attrs: dict) -> None:
