@@ -173,9 +173,8 @@ def test_hook_compiles(monkeypatch):
     """hook_compiles wraps one kernel's compile step, once: each compile starts the launcher build in a
     thread with that compile's signature, constants and attributes and waits for it before returning
     (also when the compile raises); not on ROCm, with its switch off or under Triton's async compile
-    mode; the compile's answer and
-    errors pass through untouched. Something without a compile step (the interpreter's kernels) is
-    left alone."""
+    mode; the compile's answer and errors pass through untouched. Something without a compile step
+    (the interpreter's kernels) is left alone."""
     monkeypatch.setattr(torch.version, "hip", None)
     built = []
     monkeypatch.setattr(host, "_build_launcher", lambda fn, sig, cx, at: built.append((fn, sig, cx, at)))
