@@ -40,7 +40,9 @@ _MAX_BATCH = 65535  # grid z limit
 # elements from the tensor's start (a K of up to 2M tokens at 8 heads x 128): less integer work per
 # lane. Candidate, off until timed on a GPU (the same change made prefix-prefill 1-14% faster on the
 # H200, bench/results/NOTES.md step 13); both forms are tested. A batch past that size takes the
-# int64 kernel: the one way K/V sizes (not lengths) pick a compiled variant.
+# int64 kernel: the one way K/V sizes (not lengths) pick a compiled variant. Timed slower in session 6
+# (head 128 spilled, NOTES step 14); offline on today's kernel shorter loops and fewer spills at every
+# shipped sm90 config but the pointer head-128 one (NOTES step 51): the next A/B.
 _OFFSETS_32 = False
 # Lazy rescaling of the interior blocks (kernel LAZY_RESCALE, _attn_block): acc [BM, BD] is rescaled
 # only when some row's running max grows by more than this many log2 units in a block (0: every
