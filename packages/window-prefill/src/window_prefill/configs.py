@@ -25,13 +25,17 @@ import torch
 class Config(NamedTuple):
     """One launch configuration: query tile rows, key tile rows, warps, software-pipeline stages, and
     whether interior K/V blocks load through TMA tensor descriptors where the inputs allow it
-    (``interface._tma_descriptors``: sm90, 16-bit, unpadded head dim, 16-byte rows)."""
+    (``interface._tma_descriptors``: sm90, 16-bit, unpadded head dim, 16-byte rows), and whether the
+    warp-specialised Gluon kernel (``window_prefill.gluon_kernel``, its own fixed 128/128 tiles) runs
+    instead where it applies (``interface._gluon_launch``); the other fields then describe the Triton
+    kernel that runs where it does not (sinks, soft-capping, strides TMA cannot take)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     tma: bool = False
+    gluon: bool = False
 
 
 ARCHS = ("sm90", "sm80", "gfx942", "gfx950", "interpreter", "default")
@@ -100,8 +104,9 @@ _BASE: dict[tuple[str, int, str], Config] = {
 # Entries where the causal kernel wants something else than the shared base (tuned with --sweep).
 _CAUSAL_OVERRIDES: dict[tuple[str, int, str, bool], Config] = {
     # H200 sweep 2026-11-30 (LLM shape, 8d0ffd9): 4.33 ms against 4.52 (128/128/8/2 pointer loads) and
-    # 4.42 (128/128/8/3 pointer loads); NOTES step 32
-    ("sm90", 128, "16bit", True): _C(128, 128, 8, 3, True),
+    # 4.42 (128/128/8/3 pointer loads); NOTES step 32. The Gluon kernel where it applies: LLM shape
+    # 4.50 -> 3.84-3.87 ms under CUDA graphs (NOTES step 53).
+    ("sm90", 128, "16bit", True): _C(128, 128, 8, 3, True, True),
 }
 
 CONFIGS: dict[tuple[str, int, str, bool], Config] = {

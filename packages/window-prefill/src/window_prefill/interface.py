@@ -14,9 +14,11 @@ only with ``validate=True`` or the environment variable ``PREFILL_VALIDATE=1``.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
+import warnings
 
 import torch
 
@@ -30,6 +32,14 @@ try:  # triton >= 3.4; older versions run without descriptors
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
+try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from window_prefill.gluon_kernel import _gluon_fwd_kernel
+except Exception:  # pragma: no cover - any import failure means "no Gluon"
+    _gl = _GluonDescriptor = _gluon_fwd_kernel = None
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Windows at least this wide cover any sequence a launch can hold: treated as unbounded (and never
@@ -38,12 +48,11 @@ _UNBOUNDED_WINDOW = 1 << 30
 _MAX_BATCH = 65535  # grid z limit
 # Key/value token offsets in int32 instead of int64 when every element of K and V lies less than 2**31
 # elements from the tensor's start (a K of up to 2M tokens at 8 heads x 128): less integer work per
-# lane. Candidate, off until timed on a GPU (the same change made prefix-prefill 1-14% faster on the
-# H200, bench/results/NOTES.md step 13); both forms are tested. A batch past that size takes the
-# int64 kernel: the one way K/V sizes (not lengths) pick a compiled variant. Timed slower in session 6
-# (head 128 spilled, NOTES step 14); offline on today's kernel shorter loops and fewer spills at every
-# shipped sm90 config but the pointer head-128 one (NOTES step 51): the next A/B.
-_OFFSETS_32 = False
+# lane. Both forms are tested. A batch past that size takes the int64 kernel: the one way K/V sizes
+# (not lengths) pick a compiled variant. Timed slower in session 6 (head 128 spilled, NOTES step 14);
+# on today's kernel (NOTES step 53, H200, 5 rounds, CUDA graphs) PR shape 0.0397 -> 0.0386 ms, LLM
+# shape (Triton kernel) 4.56 -> 4.51 (within its drift): on.
+_OFFSETS_32 = True
 # Lazy rescaling of the interior blocks (kernel LAZY_RESCALE, _attn_block): acc [BM, BD] is rescaled
 # only when some row's running max grows by more than this many log2 units in a block (0: every
 # block, the classic online softmax). The max only stabilises exp2, so a stale one changes no result
@@ -82,6 +91,16 @@ _FAST_TANH = True
 # ptxas's --register-usage-level for this kernel (prefill_runtime.ptxas_launch_options; 0: not passed,
 # ptxas's default 5). prefix-prefill takes 3 (NOTES step 47); here a candidate, off until timed.
 _PTXAS_REGISTER_USAGE_LEVEL = 0
+# The warp-specialised Gluon kernel (window_prefill.gluon_kernel: a TMA producer warp, two consumer
+# warpgroups, each block's softmax overlapping the previous block's P @ V) where the config asks for it
+# (``Config.gluon``) and it applies (_gluon_launch: sm90, 16-bit, head 64/128, no sinks, no softcap,
+# TMA-able q/k/v). H200, LLM shape: 4.50 -> 3.84-3.87 ms (NOTES step 53). False: the Triton kernel
+# everywhere (env WINDOW_PREFILL_GLUON=0 sets that for a process).
+_GLUON = os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
+# Set when the Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
+_GLUON_FAILED = False
+# K/V ring slots of the Gluon kernel: 2 and 3 timed alike (3.87 / 3.84 ms); 2 needs 160 KiB, 3 224.
+_GLUON_STAGES = 2
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
@@ -112,11 +131,94 @@ def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: i
     return descs[0], descs[1]
 
 
+@functools.cache
+def _gluon_smem_layout(rows: int, head_dim: int, half: bool):
+    """The shared-memory layout of a [rows, head_dim] float16 (``half``) or bfloat16 TMA block."""
+    return _gl.NVMMASharedLayout.get_default_for([rows, head_dim], _gl.float16 if half else _gl.bfloat16)
+
+
+def _gluon_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int):
+    """Gluon TMA descriptors (Q, K, V) over ``[total_tokens, heads * head_dim]`` views, or None when a
+    tensor's strides do not allow one (one head's features contiguous, 16-byte rows and base)."""
+    head_dim = q.shape[2]
+    descs = []
+    for t, rows in ((q, block_m), (k, block_n), (v, block_n)):
+        if not (
+            t.stride(2) == 1
+            and t.stride(1) == head_dim
+            and t.stride(0) >= t.shape[1] * head_dim
+            and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0
+        ):
+            return None
+        layout = _gluon_smem_layout(rows, head_dim, q.dtype == torch.float16)
+        shape = [t.shape[0], t.shape[1] * head_dim]
+        descs.append(_GluonDescriptor(t, shape, [t.stride(0), 1], [rows, head_dim], layout))
+    return descs
+
+
+def _gluon_launch(
+    q, k, v, o, starts, lens, max_len, batch, *, causal, window_left, window_right, softmax_scale, sinks,
+    softcap, lse, arch,
+) -> bool:  # fmt: skip
+    """Run :func:`window_prefill.gluon_kernel._gluon_fwd_kernel` when it applies (see ``_GLUON``);
+    False when it does not (the caller then runs the Triton kernel)."""
+    global _GLUON_FAILED
+    head_dim = q.shape[2]
+    if (
+        _gluon_fwd_kernel is None
+        or _GLUON_FAILED
+        or arch != "sm90"
+        or q.dtype not in (torch.float16, torch.bfloat16)
+        or head_dim not in (64, 128)
+        or sinks is not None
+        or softcap > 0
+        or not softmax_scale > 0
+        or q.shape[0] >= 2**31
+    ):
+        return False
+    block_m, block_n = 128, 128
+    descs = _gluon_descriptors(q, k, v, block_m // 2, block_n)
+    if descs is None:
+        return False
+    grid = (-(-max_len // block_m), q.shape[1], batch)
+    args = (
+        descs[0], descs[1], descs[2], o, starts, lens if lens is not None else starts,
+        softmax_scale * math.log2(math.e), max(window_left, 0), max(window_right, 0),
+        q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse, lse.stride(0) if lse is not None else None,
+    )  # fmt: skip
+    flags = dict(
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=bool(causal),
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, LENS_FROM_STARTS=lens is None,
+        RETURN_LSE=lse is not None,
+    )  # fmt: skip
+    try:
+        _gluon_fwd_kernel[grid](*args, **flags, NUM_STAGES=_GLUON_STAGES, num_warps=4)
+    except Exception as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel instead
+        if torch.cuda.is_current_stream_capturing():
+            raise
+        _GLUON_FAILED = True
+        warnings.warn(
+            f"window_prefill: the Gluon kernel failed to build or launch ({type(exc).__name__}: {exc}); "
+            "using the Triton kernel from now on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
 def _offsets_fit_int32(*tensors: torch.Tensor) -> bool:
-    """Every element of each tensor within 2**31 - 1 elements of its first one, through strides >= 0."""
+    """Every element of each tensor within 2**31 - 1 elements of its first one, through strides >= 0.
+    Spelled out for the 3-D K/V of every call (~1 us of host time; the loop over ``zip(shape,
+    stride)`` took ~3)."""
     for t in tensors:
-        span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-        if t.numel() and (min(t.stride()) < 0 or span >= 2**31):
+        st, sh = t.stride(), t.shape
+        if len(sh) == 3:
+            span = (sh[0] - 1) * st[0] + (sh[1] - 1) * st[1] + (sh[2] - 1) * st[2]
+        else:
+            span = sum((n - 1) * s for n, s in zip(sh, st, strict=True))
+        if t.numel() and (span >= 2**31 or min(st) < 0):
             return False
     return True
 
@@ -296,6 +398,12 @@ def _launch_fwd(
     grid = (-(-max_len // config.block_m), heads, batch)  # plain ints: triton.cdiv costs ~2 us
     if not _TRITON_PRIMED and q.is_cuda:
         _prime_triton()
+    if _GLUON and config.gluon and _gluon_launch(
+        q, k, v, o, starts, lens, max_len, batch, causal=causal, window_left=window_left,
+        window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, lse=lse,
+        arch=arch,
+    ):  # fmt: skip
+        return o
     _fwd_kernel[grid](
         q,
         k,

@@ -1,0 +1,310 @@
+"""The warp-specialised Gluon kernel (window_prefill.gluon_kernel) and when the launcher picks it.
+
+On the CPU: which inputs the launcher hands to it (never under the interpreter, never for fp32, padded
+heads, sinks, soft-capping or strides TMA cannot take), the config table's flag, and that the kernel
+compiles for sm90 with the installed Triton (offline, ``GPUTarget("cuda", 90, 32)``) within the shared
+memory of one H100/H200 program. On an sm90 GPU: the kernel against the float64 reference (ragged
+batches, windows, GQA, both 16-bit dtypes, heads 64 and 128, LSE, strided views, the vLLM form,
+CUDA-graph capture) into NaN-poisoned buffers, with a count proving it ran; the skipping proof with
+NaN at every position a tile may not see; a negative control (a wrong mask is caught); no recompiles
+when lengths change; and the Triton kernel where the Gluon one does not apply.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ON_GPU, poison
+from wp_util import make_qkv, reference, run, tile_key_range
+
+import window_prefill.interface as itf
+from attn_reference import compare
+from window_prefill import context_attention_fwd, window_prefill
+from window_prefill.configs import CONFIGS, Config
+
+GLUON_CONFIG = Config(128, 128, 8, 3, True, True)  # routes any head 64/128 problem to the Gluon kernel
+
+
+def _is_sm90() -> bool:
+    return ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="the Gluon kernel runs on sm90 only")
+
+
+@pytest.fixture
+def gluon_launches(monkeypatch):
+    """A list whose length counts the launches the Gluon kernel took (``_gluon_launch`` returned True)."""
+    taken: list[int] = []
+    orig = itf._gluon_launch
+
+    def counted(*args, **kwargs):
+        ok = orig(*args, **kwargs)
+        if ok:
+            taken.append(1)
+        return ok
+
+    monkeypatch.setattr(itf, "_gluon_launch", counted)
+    monkeypatch.setattr(itf, "_GLUON", True)
+    return taken
+
+
+# ------------------------------------------------------------------------- CPU: dispatch and table
+def _launch_args(q, k, v, **over):
+    starts = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    kw = dict(
+        causal=True, window_left=-1, window_right=-1, softmax_scale=0.1, sinks=None, softcap=0.0, lse=None,
+        arch="sm90",
+    )  # fmt: skip
+    kw.update(over)
+    return (q, k, v, torch.empty_like(q), starts, None, q.shape[0], 1), kw
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["interpreter_arch", "sm80", "fp32", "head_96", "sinks", "softcap", "negative_scale", "k_head_gap"],
+)
+def test_gluon_not_taken(case):
+    """Inputs the Gluon kernel does not take: ``_gluon_launch`` returns False before any launch."""
+    d = 96 if case == "head_96" else 128
+    dtype = torch.float32 if case == "fp32" else torch.float16
+    q = torch.randn(8, 2, d, dtype=dtype)
+    k = torch.randn(8, 1, d, dtype=dtype)
+    v = torch.randn(8, 1, d, dtype=dtype)
+    over = {
+        "interpreter_arch": {"arch": "interpreter"},
+        "sm80": {"arch": "sm80"},
+        "sinks": {"sinks": torch.zeros(2)},
+        "softcap": {"softcap": 30.0},
+        "negative_scale": {"softmax_scale": -0.1},
+    }.get(case, {})
+    if case == "k_head_gap":  # one kv head's features are contiguous but heads are 2 * d apart
+        if itf._gluon_fwd_kernel is None:
+            pytest.skip("this Triton has no Gluon")
+        k = torch.randn(8, 1, 2 * d, dtype=dtype)[:, :, :d]
+    args, kw = _launch_args(q, k, v, **over)
+    assert itf._gluon_launch(*args, **kw) is False
+
+
+def test_gluon_config_flag():
+    """The table asks for the Gluon kernel at sm90 head 128 16-bit causal only (the timed entry)."""
+    flagged = {key for key, cfg in CONFIGS.items() if cfg.gluon}
+    assert flagged == {("sm90", 128, "16bit", True)}
+    assert Config(64, 32, 4, 3).gluon is False  # positional configs keep their meaning
+
+
+_COMPILE_SCRIPT = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+import window_prefill.interface as itf
+
+for head_dim, lse in ((128, False), (64, True)):
+    lay_q = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.bfloat16)
+    lay_k = gl.NVMMASharedLayout.get_default_for([128, head_dim], gl.bfloat16)
+    sig = {
+        "Q_desc": f"tensordesc<bf16[64, {head_dim}],{lay_q!r}>",
+        "K_desc": f"tensordesc<bf16[128, {head_dim}],{lay_k!r}>",
+        "V_desc": f"tensordesc<bf16[128, {head_dim}],{lay_k!r}>",
+        "O": "*bf16", "Starts": "*i32", "Lens": "*i32", "qk_scale": "fp32", "window_left": "i32",
+        "window_right": "i32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32",
+        "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
+    }
+    consts = dict(
+        HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=128, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False,
+        LENS_FROM_STARTS=True, RETURN_LSE=lse, NUM_STAGES=itf._GLUON_STAGES,
+    )
+    if not lse:
+        consts.update(Lse=None, stride_lse_h=None)
+    sig.update({name: "constexpr" for name in consts if name not in sig})
+    src = GluonASTSource(itf._gluon_fwd_kernel, sig, consts, {})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
+    print("shared", head_dim, kernel.metadata.shared)
+"""
+
+
+def test_gluon_kernel_compiles_for_sm90():
+    """The kernel compiles for sm90 with the installed Triton (no GPU needed; a subprocess, since the
+    interpreter mode of this one swaps Triton's library functions) in one program's shared memory
+    (227 KiB), for both head sizes, with and without the LSE."""
+    if itf._gluon_fwd_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shared = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("shared")]
+    assert len(shared) == 2 and max(shared) <= 227 * 1024, r.stdout
+
+
+# ------------------------------------------------------------------------- GPU (sm90)
+GPU_CASES = [
+    # lens, heads, kv_heads, head_dim, dtype, causal, window, lse
+    ([4096], 8, 2, 128, torch.bfloat16, True, (1023, -1), False),
+    ([300, 1000, 77, 1], 4, 1, 128, torch.float16, True, (200, -1), True),
+    ([513, 129, 128, 700], 4, 4, 64, torch.bfloat16, False, (100, 30), True),
+    ([1000, 33], 6, 2, 128, torch.bfloat16, False, (-1, -1), False),
+    ([1000, 257], 6, 2, 128, torch.bfloat16, True, (-1, -1), True),
+    ([900, 1300], 2, 1, 128, torch.bfloat16, False, (-1, 0), False),
+    ([900, 1300], 2, 1, 64, torch.float16, True, (0, -1), False),
+    ([2000], 4, 2, 128, torch.bfloat16, False, (5, 250), False),
+    ([127, 128, 129, 255, 256, 257], 3, 1, 128, torch.float16, True, (128, -1), True),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0][:2]}-h{c[3]}-{str(c[4])[6:]}-w{c[6]}")
+def test_gpu_gluon_matches_reference(case, gluon_launches):
+    lens, heads, kv_heads, d, dtype, causal, window, want_lse = case
+    q, k, v, cu = make_qkv(lens, heads, kv_heads, d, dtype)
+    out = poison(torch.empty_like(q))
+    res = window_prefill(
+        q,
+        k,
+        v,
+        cu,
+        max(lens),
+        causal=causal,
+        window=window,
+        out=out,
+        return_lse=want_lse,
+        config=GLUON_CONFIG,
+    )
+    assert len(gluon_launches) == 1, "the Gluon kernel did not run"
+    ref = reference(q, k, v, cu, causal=causal, window=window)
+    got = res[0] if want_lse else res
+    c = compare(got, ref)
+    assert c, c
+    if want_lse:
+        from attn_reference import attention_varlen
+
+        _, ref_lse = attention_varlen(q, k, v, cu, cu, causal=causal, window=window, return_lse=True)
+        assert torch.isfinite(res[1]).all()
+        assert (res[1].double() - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_is_the_default_for_the_llm_config(gluon_launches):
+    """Head 128 bf16 causal takes the Gluon kernel with no config given (the table's entry)."""
+    q, k, v, cu = make_qkv([700, 300], 4, 1, 128, torch.bfloat16)
+    out = run(q, k, v, cu, 700, causal=True, window=(255, -1))
+    assert len(gluon_launches) == 1
+    assert compare(out, reference(q, k, v, cu, causal=True, window=(255, -1)))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("causal,window", [(True, (150, -1)), (False, (40, 90)), (True, (-1, -1))])
+def test_gpu_gluon_skipping_proof(causal, window, gluon_launches):
+    """K/V NaN at every position no row of a 128-row tile may see (the rest of its sequence and the
+    other sequence): each tile's rows stay finite and right. Edge blocks are read whole by TMA here, so
+    this is what the V-row zeroing and the score mask must hold against."""
+    lens = [600, 77]
+    q, k, v, cu = make_qkv(lens, 2, 1, 128, torch.bfloat16)
+    ref = reference(q, k, v, cu, causal=causal, window=window)
+    for m0 in range(0, lens[0], 128):
+        m1 = min(m0 + 128, lens[0])
+        lo, hi = tile_key_range(m0, m1, lens[0], causal, window)
+        k_nan, v_nan = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        k_nan[lo:hi], v_nan[lo:hi] = k[lo:hi], v[lo:hi]
+        out = run(q, k_nan, v_nan, cu, max(lens), causal=causal, window=window, config=GLUON_CONFIG)
+        rows = slice(m0, m1)
+        assert torch.isfinite(out[rows]).all(), f"tile [{m0}, {m1}) used a key outside [{lo}, {hi})"
+        c = compare(out[rows], ref[rows])
+        assert c, f"tile [{m0}, {m1}): {c}"
+    assert len(gluon_launches) == -(-lens[0] // 128)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_negative_control(gluon_launches):
+    """The harness catches a wrong kernel: the Gluon kernel run without its causal mask differs from the
+    causal reference, and a NaN fill outside the window does poison rows when the window is dropped."""
+    q, k, v, cu = make_qkv([500, 300], 2, 1, 128, torch.bfloat16)
+    wrong = run(q, k, v, cu, 500, causal=False, window=(100, -1), config=GLUON_CONFIG)
+    assert not compare(wrong, reference(q, k, v, cu, causal=True, window=(100, -1)))
+    k_nan = k.clone()
+    k_nan[:50] = float("nan")  # keys 0..49: outside the window of rows >= 150 of sequence 0
+    out = run(q, k_nan, v, cu, 500, causal=True, window=(-1, -1), config=GLUON_CONFIG)
+    assert not torch.isfinite(out[150:500]).all()
+    assert len(gluon_launches) == 2
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_strided_views_and_vllm_form(gluon_launches):
+    """q/k/v as slices of one packed qkv tensor (token stride (H + 2 Hkv) * D) and the vLLM drop-in
+    (starts + lengths) both take the Gluon kernel; a K whose heads are not D apart falls back."""
+    lens, heads, kv_heads, d = [333, 901], 4, 2, 128
+    total = sum(lens)
+    qkv = torch.randn(total, heads + 2 * kv_heads, d, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    cu = torch.tensor([0, lens[0], total], dtype=torch.int32, device="cuda")
+    ref = reference(q, k, v, cu, causal=True, window=(200, -1))
+    out = run(q, k, v, cu, max(lens), causal=True, window=(200, -1), config=GLUON_CONFIG)
+    assert compare(out, ref) and len(gluon_launches) == 1
+    o = poison(torch.empty_like(q))
+    starts = cu[:-1].contiguous()
+    seq_lens = (cu[1:] - cu[:-1]).contiguous()
+    context_attention_fwd(q, k, v, o, starts, seq_lens, max(lens), is_causal=True, sliding_window_q=200)
+    assert len(gluon_launches) == 2, "the vLLM form should take the Gluon kernel (default table)"
+    assert compare(o, ref)
+    k_gap = torch.randn(total, kv_heads, 2 * d, dtype=torch.bfloat16, device="cuda")[:, :, :d]
+    k_gap.copy_(k)
+    out = run(q, k_gap, v, cu, max(lens), causal=True, window=(200, -1), config=GLUON_CONFIG)
+    assert len(gluon_launches) == 2, "a K whose heads are 2 D apart cannot be a TMA descriptor"
+    assert compare(out, ref)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("what", ["softcap", "sinks", "fp32"])
+def test_gpu_gluon_falls_back(what, gluon_launches):
+    """Soft-capping, sinks and fp32 run the Triton kernel (right answers, no Gluon launch)."""
+    dtype = torch.float32 if what == "fp32" else torch.bfloat16
+    q, k, v, cu = make_qkv([300, 200], 4, 2, 128, dtype)
+    kw = {"softcap": 20.0} if what == "softcap" else {}
+    if what == "sinks":
+        kw = {"sinks": torch.randn(4, device="cuda")}
+    out = run(q, k, v, cu, 300, causal=True, window=(100, -1), config=GLUON_CONFIG, **kw)
+    assert not gluon_launches
+    assert compare(out, reference(q, k, v, cu, causal=True, window=(100, -1), **kw))
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_cuda_graph_and_no_recompile(gluon_launches):
+    """Captured in a CUDA graph it replays right; other lengths and batch sizes never recompile it."""
+    q, k, v, cu = make_qkv([100, 1, 700], 4, 2, 128, torch.bfloat16)
+    out = torch.empty_like(q)
+    window_prefill(q, k, v, cu, 700, window=(63, -1), out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        window_prefill(q, k, v, cu, 700, window=(63, -1), out=out)
+    poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare(out, reference(q, k, v, cu, window=(63, -1)))
+
+    caches = getattr(itf._gluon_fwd_kernel, "device_caches", None)
+    if not caches:
+        pytest.skip("this triton has no device_caches")
+
+    def n_variants() -> int:
+        return sum(len(entry[0]) for entry in caches.values())
+
+    before = n_variants()
+    for lens in ([5], [333, 4000, 17], [2048] * 7):
+        q, k, v, cu = make_qkv(lens, 4, 2, 128, torch.bfloat16)
+        window_prefill(q, k, v, cu, max(lens), window=(63 + len(lens), -1))
+    assert n_variants() == before
+    assert len(gluon_launches) == 5
