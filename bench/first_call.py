@@ -54,7 +54,7 @@ def _child(
         import window_prefill.interface as wi
         from window_prefill import window_prefill
 
-        jit = wi._fwd_kernel
+        jits = [wi._fwd_kernel, wi._gluon_fwd_kernel]  # head 128 16-bit causal runs the Gluon kernel on sm90
 
         def make(lens):
             n = sum(lens)
@@ -66,7 +66,7 @@ def _child(
         import prefix_prefill.interface as pi
         from prefix_prefill import prefix_prefill
 
-        jit = pi._fwd_kernel
+        jits = [pi._fwd_kernel]
         page = 16
 
         def make(lens):
@@ -100,7 +100,9 @@ def _child(
 
     def n_compiled() -> int:
         try:
-            return sum(len(entry[0]) for entry in jit.device_caches.values())
+            return sum(
+                len(entry[0]) for jit in jits if jit is not None for entry in jit.device_caches.values()
+            )
         except Exception:
             return -1
 

@@ -11,7 +11,11 @@ Shapes (all bf16, one sequence of N tokens):
 * ``pr``      N=16384, 8 q / 8 kv heads, head_dim 64, window (64, 64), non-causal;
 * ``llm``     N=32768, 32 q / 8 kv heads, head_dim 128, causal, window (4095, -1);
 * ``sweep_n`` N = 4k .. 256k (powers of two) at the ``pr`` configuration;
-* ``sweep_w`` window (w, w), w = 64 .. N, at N=16384, otherwise the ``pr`` configuration.
+* ``sweep_w`` window (w, w), w = 64 .. N, at N=16384, otherwise the ``pr`` configuration;
+* ``llm_nc``  the ``llm`` heads, non-causal, window (2047, 2048) (not in the default list);
+* ``llm64``   the ``llm`` shape at head_dim 64, 32 q / 8 kv heads (not in the default list);
+* ``causal8k`` N=8192, 32 q / 8 kv heads, head_dim 128, causal, no window: full causal attention,
+  where cuDNN SDPA is the peer to beat (not in the default list).
 
 Peers, each guarded (printed and skipped when unavailable): ``ours``; ``ours_graph`` (ours replayed from a
 CUDA graph: the kernel without the host launch path); ``ours_nowindow`` (same kernel,
@@ -88,8 +92,16 @@ def make_shapes(kinds: list[str], quick: bool) -> list[Shape]:
         elif kind == "sweep_w":
             ws = [64, 1024, 16384] if quick else [64, 256, 1024, 4096, 16384]
             out += [Shape("sweep_w", 16384, 8, 8, 64, False, (w, w)) for w in ws]
+        elif kind == "llm_nc":
+            out.append(Shape("llm_nc", 32768, 32, 8, 128, False, (2047, 2048)))
+        elif kind == "llm64":
+            out.append(Shape("llm64", 32768, 32, 8, 64, True, (4095, -1)))
+        elif kind == "causal8k":
+            out.append(Shape("causal8k", 8192, 32, 8, 128, True, (-1, -1)))
         elif kind:
-            raise SystemExit(f"unknown shape kind {kind!r}; expected pr, llm, sweep_n, sweep_w")
+            raise SystemExit(
+                f"unknown shape kind {kind!r}; expected pr, llm, sweep_n, sweep_w, llm_nc, llm64, causal8k"
+            )
     return out
 
 

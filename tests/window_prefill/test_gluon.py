@@ -86,11 +86,27 @@ def test_gluon_not_taken(case):
     assert itf._gluon_launch(*args, **kw) is False
 
 
-def test_gluon_config_flag():
-    """The table asks for the Gluon kernel at sm90 head 128 16-bit causal only (the timed entry)."""
+def test_gluon_config_flag(monkeypatch):
+    """The table asks for the Gluon kernel at sm90 head 128 16-bit causal only (the timed entry), and
+    an explicit config's flag survives the custom op's int encoding."""
+    from window_prefill import ops
+
     flagged = {key for key, cfg in CONFIGS.items() if cfg.gluon}
     assert flagged == {("sm90", 128, "16bit", True)}
     assert Config(64, 32, 4, 3).gluon is False  # positional configs keep their meaning
+    seen = []
+    orig = itf._launch_fwd
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["config"])
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(itf, "_launch_fwd", spy)
+    q, k, v, cu = make_qkv([20, 9], 2, 1, 32, torch.float16)
+    for cfg in (GLUON_CONFIG, Config(16, 16, 1, 1, True, False), Config(16, 16, 1, 1, False, True)):
+        window_prefill(q, k, v, cu, 20, config=cfg)
+    assert seen == [GLUON_CONFIG, Config(16, 16, 1, 1, True, False), Config(16, 16, 1, 1, False, True)]
+    assert ops.config_ints(GLUON_CONFIG)[-1] == 3
 
 
 _COMPILE_SCRIPT = """
@@ -274,7 +290,8 @@ def test_gpu_gluon_falls_back(what, gluon_launches):
     kw = {"softcap": 20.0} if what == "softcap" else {}
     if what == "sinks":
         kw = {"sinks": torch.randn(4, device="cuda")}
-    out = run(q, k, v, cu, 300, causal=True, window=(100, -1), config=GLUON_CONFIG, **kw)
+    config = Config(16, 16, 4, 2, False, True) if what == "fp32" else GLUON_CONFIG  # fp32 tiles must fit
+    out = run(q, k, v, cu, 300, causal=True, window=(100, -1), config=config, **kw)
     assert not gluon_launches
     assert compare(out, reference(q, k, v, cu, causal=True, window=(100, -1), **kw))
 

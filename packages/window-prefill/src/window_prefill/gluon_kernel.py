@@ -117,8 +117,8 @@ def _ws_fix_v(v_buf, fix_bar, n_fix, n0, key_lo, key_hi, WG: gl.constexpr, HALF_
 @gluon.jit
 def _ws_consumer(
     WG: gl.constexpr, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar,
-    tok0, seq_len, m0, head, key_lo, key_hi, n_lo, n_full_lo, n_full_hi, n_blocks, qk_scale, window_left,
-    window_right, stride_ot, stride_oh, stride_lse_h,
+    tok0, seq_len, m0, head, key_lo, key_hi, n_lo, n_full_lo, n_full_hi, n_blocks, qk_scale,
+    window_left, window_right, stride_ot, stride_oh, stride_lse_h,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
 ):  # fmt: skip
@@ -281,21 +281,25 @@ def _gluon_fwd_kernel(
     mbarrier.init(fix_bar.index(0), count=2)
     fence_async_shared()
 
+    bar_f = fix_bar.index(0)
     gl.warp_specialize(
         [
-            (_ws_consumer, (0,
-        O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar.index(0), tok0,
-        seq_len, m0, head, key_lo, key_hi, n_lo, n_full_lo, n_full_hi, n_blocks, qk_scale, window_left,
-        window_right, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL,
-        HAS_LEFT, HAS_RIGHT, RETURN_LSE,)),
-            (_ws_consumer, (1,
-        O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar.index(0), tok0,
-        seq_len, m0, head, key_lo, key_hi, n_lo, n_full_lo, n_full_hi, n_blocks, qk_scale, window_left,
-        window_right, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL,
-        HAS_LEFT, HAS_RIGHT, RETURN_LSE,)),
-            (_ws_producer, (Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                            v_empty, tok0, m0, head, kv_col, n_lo, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                            NUM_STAGES)),
+            (_ws_consumer, (
+                0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f,
+                tok0, seq_len, m0, head, key_lo, key_hi, n_lo, n_full_lo, n_full_hi, n_blocks, qk_scale,
+                window_left, window_right, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
+            )),
+            (_ws_consumer, (
+                1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f,
+                tok0, seq_len, m0, head, key_lo, key_hi, n_lo, n_full_lo, n_full_hi, n_blocks, qk_scale,
+                window_left, window_right, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
+            )),
+            (_ws_producer, (
+                Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                tok0, m0, head, kv_col, n_lo, n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+            )),
         ],
         [4, 1],
         [240, 24],  # registers per thread asked for the workers (a TMA warp needs few)

@@ -99,6 +99,9 @@ _PTXAS_REGISTER_USAGE_LEVEL = 0
 _GLUON = os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
 # Set when the Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
 _GLUON_FAILED = False
+# The Gluon kernel wherever it applies, whatever the config says: an A/B and test aid (bench/ab_window.py
+# --switch _GLUON_FORCE), off.
+_GLUON_FORCE = False
 # K/V ring slots of the Gluon kernel: 2 and 3 timed alike (3.87 / 3.84 ms); 2 needs 160 KiB, 3 224.
 _GLUON_STAGES = 2
 
@@ -398,7 +401,7 @@ def _launch_fwd(
     grid = (-(-max_len // config.block_m), heads, batch)  # plain ints: triton.cdiv costs ~2 us
     if not _TRITON_PRIMED and q.is_cuda:
         _prime_triton()
-    if _GLUON and config.gluon and _gluon_launch(
+    if _GLUON and (config.gluon or _GLUON_FORCE) and _gluon_launch(
         q, k, v, o, starts, lens, max_len, batch, causal=causal, window_left=window_left,
         window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, lse=lse,
         arch=arch,

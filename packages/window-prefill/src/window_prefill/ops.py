@@ -17,7 +17,8 @@ Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``
 ``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
 ``b_start_loc``/``b_seq_len``). ``window_left``/``window_right``: inclusive widths, ``-1`` =
 unbounded. ``block_m``..``tma``: a launch-config override in :class:`~window_prefill.configs.Config`
-field order (``tma`` 0 or 1), ``block_m=0`` = the per-architecture table; ``softcap`` > 0: logit
+field order (``tma`` a bit field: 1 = ``Config.tma``, 2 = ``Config.gluon``), ``block_m=0`` = the
+per-architecture table; ``softcap`` > 0: logit
 soft-capping (see :func:`window_prefill.window_prefill`); ``lse``: a float32 ``[num_heads,
 total_tokens]`` buffer (unit token stride) that the op also mutates, writing each row's softmax
 log-sum-exp (``return_lse=True`` of :func:`window_prefill.window_prefill`, which allocates it), or
@@ -54,11 +55,13 @@ NO_CONFIG = (0, 0, 0, 0, 0)
 
 
 def config_ints(config: Config | None) -> tuple[int, int, int, int, int]:
-    """``config`` as the op's ``(block_m, ..., num_stages, tma)``; None -> :data:`NO_CONFIG`."""
+    """``config`` as the op's ``(block_m, ..., num_stages, tma)`` (``tma``: bit 0 ``Config.tma``, bit 1
+    ``Config.gluon``); None -> :data:`NO_CONFIG`."""
     if config is None:
         return NO_CONFIG
     c = config
-    return int(c.block_m), int(c.block_n), int(c.num_warps), int(c.num_stages), int(bool(c.tma))
+    flags = int(bool(c.tma)) | (2 if c.gluon else 0)
+    return int(c.block_m), int(c.block_n), int(c.num_warps), int(c.num_stages), flags
 
 
 def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
@@ -93,7 +96,9 @@ def _fwd_impl(
 ) -> None:
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``
     (and ``lse`` when given)."""
-    config = Config(block_m, block_n, num_warps, num_stages, bool(tma)) if block_m > 0 else None
+    config = (
+        Config(block_m, block_n, num_warps, num_stages, bool(tma & 1), bool(tma & 2)) if block_m > 0 else None
+    )
     with _on_device(q.device):
         _interface._launch_fwd(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
