@@ -34,7 +34,8 @@ needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="the Gluon kernel runs on
 
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """A list whose length counts the launches the Gluon kernel took (``_gluon_launch`` returned True)."""
+    """A list whose length counts the launches the Gluon kernel took (``_gluon_launch`` returned True);
+    the Gluon kernel on and forced past the config flag and the width rule (``_GLUON_FORCE``)."""
     taken: list[int] = []
     orig = itf._gluon_launch
 
@@ -46,6 +47,7 @@ def gluon_launches(monkeypatch):
 
     monkeypatch.setattr(itf, "_gluon_launch", counted)
     monkeypatch.setattr(itf, "_GLUON", True)
+    monkeypatch.setattr(itf, "_GLUON_FORCE", True)
     return taken
 
 
@@ -87,12 +89,12 @@ def test_gluon_not_taken(case):
 
 
 def test_gluon_config_flag(monkeypatch):
-    """The table asks for the Gluon kernel at sm90 head 128 16-bit causal only (the timed entry), and
+    """The table asks for the Gluon kernel at sm90 16-bit heads 64 and 128 only (the timed entries), and
     an explicit config's flag survives the custom op's int encoding."""
     from window_prefill import ops
 
     flagged = {key for key, cfg in CONFIGS.items() if cfg.gluon}
-    assert flagged == {("sm90", 128, "16bit", True)}
+    assert flagged == {("sm90", hd, "16bit", causal) for hd in (64, 128) for causal in (False, True)}
     assert Config(64, 32, 4, 3).gluon is False  # positional configs keep their meaning
     seen = []
     orig = itf._launch_fwd
@@ -159,6 +161,26 @@ def test_gluon_kernel_compiles_for_sm90():
     assert len(shared) == 2 and max(shared) <= 227 * 1024, r.stdout
 
 
+@pytest.mark.parametrize(
+    "causal,window,max_len,wide",
+    [
+        (True, (4095, -1), 32768, True),  # the LLM shape
+        (True, (2046, -1), 32768, False),  # 2047 keys
+        (True, (2047, -1), 32768, True),  # 2048 keys
+        (False, (64, 64), 16384, False),  # the PR shape
+        (False, (1024, 1024), 16384, True),  # 2049 keys
+        (False, (1023, 1023), 16384, False),  # 2047
+        (True, (-1, -1), 2047, False),  # unbounded, but no sequence is long enough
+        (True, (-1, -1), 2048, True),
+        (False, (-1, 0), 4096, True),  # non-causal, right side 0
+        (False, (0, -1), 100000, True),
+    ],
+)
+def test_gluon_width_rule(causal, window, max_len, wide):
+    """Narrow bands (or short sequences) keep the Triton kernel: the rule is host arithmetic only."""
+    assert itf._gluon_wide_enough(causal, window[0], window[1], max_len) is wide
+
+
 # ------------------------------------------------------------------------- GPU (sm90)
 GPU_CASES = [
     # lens, heads, kv_heads, head_dim, dtype, causal, window, lse
@@ -208,12 +230,22 @@ def test_gpu_gluon_matches_reference(case, gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_is_the_default_for_the_llm_config(gluon_launches):
-    """Head 128 bf16 causal takes the Gluon kernel with no config given (the table's entry)."""
-    q, k, v, cu = make_qkv([700, 300], 4, 1, 128, torch.bfloat16)
-    out = run(q, k, v, cu, 700, causal=True, window=(255, -1))
-    assert len(gluon_launches) == 1
-    assert compare(out, reference(q, k, v, cu, causal=True, window=(255, -1)))
+def test_gpu_gluon_default_route(gluon_launches, monkeypatch):
+    """With no config given (the table) and nothing forced: a wide window takes the Gluon kernel at
+    heads 64 and 128, a narrow one (or short sequences) the Triton kernel; both right."""
+    monkeypatch.setattr(itf, "_GLUON_FORCE", False)
+    for d in (64, 128):
+        q, k, v, cu = make_qkv([2500, 300], 4, 1, d, torch.bfloat16)
+        for causal, window, took in ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (255, -1), 0)):
+            before = len(gluon_launches)
+            out = run(q, k, v, cu, 2500, causal=causal, window=window)
+            assert len(gluon_launches) - before == took, (d, causal, window)
+            assert compare(out, reference(q, k, v, cu, causal=causal, window=window))
+        q, k, v, cu = make_qkv([1000, 300], 4, 1, d, torch.bfloat16)
+        before = len(gluon_launches)
+        out = run(q, k, v, cu, 1000, causal=True)
+        assert len(gluon_launches) == before, "sequences shorter than the width rule keep Triton"
+        assert compare(out, reference(q, k, v, cu, causal=True))
 
 
 @pytest.mark.gpu

@@ -59,8 +59,13 @@ _BASE: dict[tuple[str, int, str], Config] = {
     # Hopper: wide query tiles, 3-stage K/V pipeline.
     # H200 sweep 2026-11-29: 64/32/4/4 0.051 ms vs 0.079 (128/64/4/3); session 7, with one masked loop
     # (NOTES step 24, CUDA-graph timing): 64/32/4/3 0.0459-0.0463 ms vs 0.0475-0.0479 with 4 stages
-    ("sm90", 64, "16bit"): _C(64, 32, 4, 3),
-    ("sm90", 128, "16bit"): _C(128, 128, 8, 2),  # H200 sweep 2026-11-29: 4.73 ms vs 4.93 (128/64/8/3)
+    # gluon=True: the Gluon kernel where it applies and the window is wide (interface._GLUON_MIN_WIDTH);
+    # H200 (NOTES step 53): head 64 causal window 4095 3.01 -> 2.57 ms, head 128 non-causal (2047, 2048)
+    # 4.69 -> 3.88 ms; narrow windows keep these Triton configs (PR shape 0.039 ms against 0.098).
+    ("sm90", 64, "16bit"): _C(64, 32, 4, 3, False, True),
+    ("sm90", 128, "16bit"): _C(
+        128, 128, 8, 2, False, True
+    ),  # H200 sweep 2026-11-29: 4.73 ms vs 4.93 (128/64/8/3)
     ("sm90", 256, "16bit"): _C(128, 32, 8, 2),  # 64/64/4/2 spilled 300 B (ptxas, sm_90a); 0 here
     # fp32 (IEEE dots, FMA loops): the former 64/32/4/2 (heads 64/128) and 32/32/4/2 (256) spill 2-45 KB
     # per thread offline; 16/16/4/2 spills nothing (NOTES step 19). H200 (bench/fp32_configs.py, NOTES

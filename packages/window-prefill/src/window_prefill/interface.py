@@ -99,9 +99,14 @@ _PTXAS_REGISTER_USAGE_LEVEL = 0
 _GLUON = os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
 # Set when the Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
 _GLUON_FAILED = False
-# The Gluon kernel wherever it applies, whatever the config says: an A/B and test aid (bench/ab_window.py
-# --switch _GLUON_FORCE), off.
+# The Gluon kernel wherever it applies, whatever the config and the width rule say: an A/B and test aid
+# (bench/ab_window.py --switch _GLUON_FORCE), off.
 _GLUON_FORCE = False
+# The Gluon kernel's 128-row tiles pay a fixed cost per program that narrow bands do not repay: it runs
+# only when a row may see at least this many keys (window width, capped by the longest sequence).
+# H200, head 64, N=16384, window (w, w), CUDA graphs (NOTES step 53): w=64 0.038 (Triton) vs 0.098 ms
+# (Gluon), 256 0.072 vs 0.099, 1024 0.212 vs 0.206, 4096 0.731 vs 0.591, full 1.62 vs 1.29.
+_GLUON_MIN_WIDTH = 2048
 # K/V ring slots of the Gluon kernel: 2 and 3 timed alike (3.87 / 3.84 ms); 2 needs 160 KiB, 3 224.
 _GLUON_STAGES = 2
 
@@ -158,6 +163,14 @@ def _gluon_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_
         shape = [t.shape[0], t.shape[1] * head_dim]
         descs.append(_GluonDescriptor(t, shape, [t.stride(0), 1], [rows, head_dim], layout))
     return descs
+
+
+def _gluon_wide_enough(causal: bool, window_left: int, window_right: int, max_len: int) -> bool:
+    """Whether a row may see at least ``_GLUON_MIN_WIDTH`` keys: the window's width (``-1`` sides
+    unbounded; a causal right side is 0), capped by the longest sequence. Host ints only (no sync)."""
+    left = max_len if window_left < 0 else window_left
+    right = 0 if causal else (max_len if window_right < 0 else window_right)
+    return min(left + right + 1, max_len) >= _GLUON_MIN_WIDTH
 
 
 def _gluon_launch(
@@ -401,7 +414,8 @@ def _launch_fwd(
     grid = (-(-max_len // config.block_m), heads, batch)  # plain ints: triton.cdiv costs ~2 us
     if not _TRITON_PRIMED and q.is_cuda:
         _prime_triton()
-    if _GLUON and (config.gluon or _GLUON_FORCE) and _gluon_launch(
+    wide = _GLUON_FORCE or (config.gluon and _gluon_wide_enough(causal, window_left, window_right, max_len))
+    if _GLUON and wide and _gluon_launch(
         q, k, v, o, starts, lens, max_len, batch, causal=causal, window_left=window_left,
         window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, lse=lse,
         arch=arch,
