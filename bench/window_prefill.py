@@ -14,6 +14,8 @@ Shapes (all bf16, one sequence of N tokens):
 * ``sweep_w`` window (w, w), w = 64 .. N, at N=16384, otherwise the ``pr`` configuration;
 * ``llm_nc``  the ``llm`` heads, non-causal, window (2047, 2048) (not in the default list);
 * ``llm64``   the ``llm`` shape at head_dim 64, 32 q / 8 kv heads (not in the default list);
+* ``llm256``  N=32768, 16 q / 2 kv heads, head_dim 256, causal, window (4095, -1) (not in the default
+  list);
 * ``causal8k`` N=8192, 32 q / 8 kv heads, head_dim 128, causal, no window: full causal attention,
   where cuDNN SDPA is the peer to beat (not in the default list).
 
@@ -96,12 +98,13 @@ def make_shapes(kinds: list[str], quick: bool) -> list[Shape]:
             out.append(Shape("llm_nc", 32768, 32, 8, 128, False, (2047, 2048)))
         elif kind == "llm64":
             out.append(Shape("llm64", 32768, 32, 8, 64, True, (4095, -1)))
+        elif kind == "llm256":
+            out.append(Shape("llm256", 32768, 16, 2, 256, True, (4095, -1)))
         elif kind == "causal8k":
             out.append(Shape("causal8k", 8192, 32, 8, 128, True, (-1, -1)))
         elif kind:
-            raise SystemExit(
-                f"unknown shape kind {kind!r}; expected pr, llm, sweep_n, sweep_w, llm_nc, llm64, causal8k"
-            )
+            kinds_known = "pr, llm, sweep_n, sweep_w, llm_nc, llm64, llm256, causal8k"
+            raise SystemExit(f"unknown shape kind {kind!r}; expected {kinds_known}")
     return out
 
 

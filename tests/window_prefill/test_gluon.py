@@ -64,11 +64,21 @@ def _launch_args(q, k, v, **over):
 
 @pytest.mark.parametrize(
     "case",
-    ["interpreter_arch", "sm80", "fp32", "head_96", "sinks", "softcap", "negative_scale", "k_head_gap"],
+    [
+        "interpreter_arch",
+        "sm80",
+        "fp32",
+        "head_96",
+        "head_32",
+        "sinks",
+        "softcap",
+        "negative_scale",
+        "k_head_gap",
+    ],
 )
 def test_gluon_not_taken(case):
     """Inputs the Gluon kernel does not take: ``_gluon_launch`` returns False before any launch."""
-    d = 96 if case == "head_96" else 128
+    d = {"head_96": 96, "head_32": 32}.get(case, 128)
     dtype = torch.float32 if case == "fp32" else torch.float16
     q = torch.randn(8, 2, d, dtype=dtype)
     k = torch.randn(8, 1, d, dtype=dtype)
@@ -119,19 +129,20 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 import window_prefill.interface as itf
 
-for head_dim, lse in ((128, False), (64, True)):
+for head_dim, lse in ((128, False), (64, True), (256, False)):
+    bn = 64 if head_dim == 256 else 128
     lay_q = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.bfloat16)
-    lay_k = gl.NVMMASharedLayout.get_default_for([128, head_dim], gl.bfloat16)
+    lay_k = gl.NVMMASharedLayout.get_default_for([bn, head_dim], gl.bfloat16)
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head_dim}],{lay_q!r}>",
-        "K_desc": f"tensordesc<bf16[128, {head_dim}],{lay_k!r}>",
-        "V_desc": f"tensordesc<bf16[128, {head_dim}],{lay_k!r}>",
+        "K_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
+        "V_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
         "O": "*bf16", "Starts": "*i32", "Lens": "*i32", "qk_scale": "fp32", "window_left": "i32",
         "window_right": "i32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32",
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
     }
     consts = dict(
-        HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=128, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False,
+        HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False,
         LENS_FROM_STARTS=True, RETURN_LSE=lse, NUM_STAGES=itf._GLUON_STAGES,
     )
     if not lse:
@@ -158,7 +169,7 @@ def test_gluon_kernel_compiles_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     shared = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("shared")]
-    assert len(shared) == 2 and max(shared) <= 227 * 1024, r.stdout
+    assert len(shared) == 3 and max(shared) <= 227 * 1024, r.stdout
 
 
 @pytest.mark.parametrize(
@@ -193,6 +204,9 @@ GPU_CASES = [
     ([900, 1300], 2, 1, 64, torch.float16, True, (0, -1), False),
     ([2000], 4, 2, 128, torch.bfloat16, False, (5, 250), False),
     ([127, 128, 129, 255, 256, 257], 3, 1, 128, torch.float16, True, (128, -1), True),
+    ([1500, 70], 4, 2, 256, torch.bfloat16, True, (700, -1), True),
+    ([600, 65, 64], 2, 1, 256, torch.float16, False, (100, 40), False),
+    ([5, 3], 2, 1, 128, torch.bfloat16, True, (-1, -1), False),
 ]
 
 

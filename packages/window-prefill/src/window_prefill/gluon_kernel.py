@@ -16,9 +16,10 @@ is ours rather than the compiler's. Triton 3.6 cannot express it (NOTES steps 32
   for it and rescales ``O``. ``P`` stays in registers (the A operand of the second wgmma).
 
 Scope (the host runs this kernel only there, else the Triton kernel): sm90, float16/bfloat16, head
-size 64 or 128, no sinks, no soft-capping, ``softmax_scale > 0``, Q/K/V each with one head's features
-contiguous and 16-byte rows (TMA); any causal/window combination, the ``cu_seqlens`` or ``(starts,
-lens)`` forms, optional LSE. Query tiles of 128 rows, key blocks of 128.
+size 64, 128 or 256, no sinks, no soft-capping, ``softmax_scale > 0``, Q/K/V each with one head's
+features contiguous and 16-byte rows (TMA); any causal/window combination, the ``cu_seqlens`` or
+``(starts, lens)`` forms, optional LSE. Query tiles of 128 rows, key blocks of 128 (64 at head 256:
+the [64, 256] output tile takes the registers).
 
 Edge blocks: every key block ``[n, n + BLOCK_N)`` of the tile's range ``[key_lo, key_hi)`` is one TMA
 copy (rows past the tensor's end read as 0); blocks wholly outside the range are never loaded.

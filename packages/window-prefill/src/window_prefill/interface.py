@@ -186,14 +186,14 @@ def _gluon_launch(
         or _GLUON_FAILED
         or arch != "sm90"
         or q.dtype not in (torch.float16, torch.bfloat16)
-        or head_dim not in (64, 128)
+        or head_dim not in (64, 128, 256)
         or sinks is not None
         or softcap > 0
         or not softmax_scale > 0
         or q.shape[0] >= 2**31
     ):
         return False
-    block_m, block_n = 128, 128
+    block_m, block_n = 128, (64 if head_dim == 256 else 128)  # head 256: [64, 256] O tiles need the registers
     descs = _gluon_descriptors(q, k, v, block_m // 2, block_n)
     if descs is None:
         return False
