@@ -10,8 +10,10 @@ environment variable ``PREFILL_VALIDATE=1``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import warnings
 from typing import Union
 
 import torch
@@ -27,6 +29,14 @@ from prefill_runtime import check_lse, hook_compiles, prime_triton, ptxas_launch
 from prefix_prefill import autotune, ops  # ops registers torch.ops.prefix_prefill.fwd
 from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
+
+try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
+except Exception:  # pragma: no cover - any import failure means "no Gluon"
+    _gl = _GluonDescriptor = _gluon_fwd_kernel = None
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FP8_DTYPES = tuple(
@@ -495,6 +505,14 @@ _TRITON_PRIMED = False
 # kernel itself compiles (prefill_runtime.hook_compiles). H200, NOTES step 49: cold first call (k
 # given, bf16) 2.70 / 2.89 -> 2.16 / 2.42 s at head 128 with the (dropped) line-table shortcut too.
 _PREBUILD_LAUNCHER = True
+# The warp-specialised Gluon kernel (prefix_prefill.gluon_kernel: a TMA producer warp filling K/V rings
+# page box by page box, two consumer warpgroups overlapping softmax and wgmma) where it applies
+# (_gluon_launch: sm90, 16-bit q/cache/out, NHD cache with contiguous pages, page size % 16 == 0,
+# head 64/128/256, causal, no window, ALiBi, sinks, soft-capping or skip_decode, TMA-able q/k/v) and
+# no config is given. Candidate, off until timed (env PREFIX_PREFILL_GLUON=1 turns it on).
+_GLUON = os.environ.get("PREFIX_PREFILL_GLUON", "0") == "1"
+# Set when the Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
+_GLUON_FAILED = False
 
 
 def _prime_triton() -> None:
@@ -504,6 +522,112 @@ def _prime_triton() -> None:
     _TRITON_PRIMED = True
     prime_triton()
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
+
+
+@functools.cache
+def _gluon_smem_layout(rows: int, head_dim: int, half: bool):
+    """The shared-memory layout of a [rows, head_dim] float16 (``half``) or bfloat16 TMA block."""
+    return _gl.NVMMASharedLayout.get_default_for([rows, head_dim], _gl.float16 if half else _gl.bfloat16)
+
+
+def _gluon_rows(t: torch.Tensor, rows: int) -> object | None:
+    """A Gluon TMA descriptor over ``t`` [tokens, heads, head_dim] viewed as [tokens, heads * head_dim],
+    block [rows, head_dim]; None when one head's features are not contiguous or rows not 16-byte."""
+    d = t.shape[2]
+    if not (
+        t.stride(2) == 1
+        and t.stride(1) == d
+        and t.stride(0) >= t.shape[1] * d
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    ):
+        return None
+    layout = _gluon_smem_layout(rows, d, t.dtype == torch.float16)
+    return _GluonDescriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [rows, d], layout)
+
+
+def _gluon_cache(cache: torch.Tensor, cv: CacheView, rows: int) -> object | None:
+    """A Gluon TMA descriptor over an NHD cache seen as [num_blocks * page_size, kv_heads * head_size]
+    (pages contiguous, one token's heads contiguous, 16-byte rows), block [rows, head_size]; None when
+    the strides do not allow it or a row index would not fit in int32."""
+    d, hk, page = cv.head_size, cv.num_kv_heads, cv.page_size
+    if not (
+        cv.layout == "nhd"
+        and cv.stride_dim == 1
+        and cv.stride_head == d
+        and cv.stride_slot == hk * d
+        and cv.stride_block == page * cv.stride_slot
+        and (cv.stride_slot * cache.element_size()) % 16 == 0
+        and cache.data_ptr() % 16 == 0
+        and cv.num_blocks * page < 2**31
+    ):
+        return None
+    layout = _gluon_smem_layout(rows, d, cache.dtype == torch.float16)
+    return _GluonDescriptor(cache, [cv.num_blocks * page, hk * d], [cv.stride_slot, 1], [rows, d], layout)
+
+
+def _gluon_launch(
+    q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len, *, causal, left,
+    right, scale, alibi_slopes, sinks, skip_decode, softcap, lse, arch,
+) -> bool:  # fmt: skip
+    """Run :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` when it applies (see ``_GLUON``);
+    False when it does not (the caller then runs the Triton kernel)."""
+    global _GLUON_FAILED
+    head = q.shape[2]
+    if (
+        _gluon_fwd_kernel is None
+        or _GLUON_FAILED
+        or arch != "sm90"
+        or q.dtype not in (torch.float16, torch.bfloat16)
+        or k_cache.dtype != q.dtype
+        or v_cache.dtype != q.dtype
+        or o.dtype != q.dtype
+        or head not in (64, 128, 256)
+        or not causal
+        or left >= 0
+        or right >= 0
+        or alibi_slopes is not None
+        or sinks is not None
+        or softcap > 0
+        or skip_decode
+        or not scale > 0
+        or kc.page_size % 16
+        or seq_lens.shape[0] > _MAX_GRID_YZ
+        or q.shape[1] > _MAX_GRID_YZ
+        or q.shape[0] >= 2**31
+    ):
+        return False
+    block_m, block_n = 128, (64 if head == 256 else 128)
+    box = math.gcd(kc.page_size, block_n)
+    descs = [_gluon_rows(q, block_m // 2), _gluon_cache(k_cache, kc, box), _gluon_cache(v_cache, vc, box)]
+    if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the ring's layout
+        descs += [_gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)]
+    else:
+        descs += [_gluon_rows(k, block_n), _gluon_rows(v, block_n)]
+    if any(d is None for d in descs):
+        return False
+    q_desc, kc_desc, vc_desc, k_desc, v_desc = descs
+    grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+    try:
+        _gluon_fwd_kernel[grid](
+            q_desc, k_desc, v_desc, kc_desc, vc_desc, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
+            q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
+            kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
+            HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
+            RETURN_LSE=lse is not None, NUM_STAGES=2, num_warps=4,
+        )  # fmt: skip
+    except Exception as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel instead
+        if torch.cuda.is_current_stream_capturing():
+            raise
+        _GLUON_FAILED = True
+        warnings.warn(
+            f"prefix_prefill: the Gluon kernel failed to build or launch ({type(exc).__name__}: {exc}); "
+            "using the Triton kernel from now on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
@@ -582,6 +706,15 @@ def _launch_fwd(
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_size)
 
     arch = detect_arch(q.device)
+    if config is None and _GLUON and block_table.stride(1) == 1:
+        if not _TRITON_PRIMED and q.is_cuda:
+            _prime_triton()
+        if _gluon_launch(
+            q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
+            causal=causal, left=left, right=right, scale=scale, alibi_slopes=alibi_slopes, sinks=sinks,
+            skip_decode=skip_decode, softcap=softcap, lse=lse, arch=arch,
+        ):  # fmt: skip
+            return
     if config is None:
         config = get_config(arch, head_size, q.dtype, kc.page_size)
         if autotune.autotune_enabled() and arch != "interpreter":

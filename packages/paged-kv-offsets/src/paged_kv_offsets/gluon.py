@@ -1,0 +1,23 @@
+"""Gluon device functions (Triton >= 3.5, ``triton.experimental.gluon``): paged addressing for TMA.
+
+A TMA copy reads a box of rows from a 2-D view of the cache, ``[num_blocks * page_size, kv_heads *
+head_size]`` (pages contiguous, one token's heads contiguous: the host checks the strides). A run of
+``BOX`` tokens that stays inside one page (``BOX`` divides ``page_size`` and the run starts at a multiple
+of ``BOX``) is one box at the row this module computes. Import only where Gluon exists; the kernel
+packages guard it.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def page_row(p_table_row, pos, seq_end, page_size, oob_row):
+    """Row of token position ``pos`` of one sequence in the ``[num_blocks * page_size, ...]`` view:
+    ``block_table[page] * page_size + pos % page_size`` with ``page = pos // page_size``, read from the
+    sequence's block-table row ``p_table_row``; ``oob_row`` (a row past the view's end: the TMA copy
+    reads zeros) when ``pos >= seq_end``, and then no block-table entry is read."""
+    ok = pos < seq_end
+    page = pos // page_size
+    block = gl.load(p_table_row + page, mask=ok, other=0)
+    return gl.where(ok, block * page_size + (pos - page * page_size), oob_row)

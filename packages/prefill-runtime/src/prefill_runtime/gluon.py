@@ -1,0 +1,199 @@
+"""Gluon device code (NVIDIA Hopper, sm90) shared by the warp-specialised prefill kernels.
+
+Import only where ``triton.experimental.gluon`` exists (Triton >= 3.5); the kernel packages guard it.
+The consumer warpgroup below is the compute half of both packages' Gluon kernels
+(``window_prefill.gluon_kernel``, ``prefix_prefill.gluon_kernel``); each package keeps its own
+producer (which memory the key blocks come from) and its own tile geometry.
+
+Key blocks, in the order the producer fills the K/V rings: ``n_a`` blocks of segment A, then
+``n_blocks - n_a`` of segment B. Block ``t`` of a segment covers key coordinates ``[n0, n0 +
+BLOCK_N)``, ``n0 = base + t * BLOCK_N``; query row ``r`` (its index in its sequence) sees key ``p`` of
+the segment iff ``lo <= p < hi`` and ``p <= r + shift`` (``CAUSAL``) and the window terms hold
+(``HAS_LEFT``: ``r - p <= window_left``; ``HAS_RIGHT``: ``p - r <= window_right``; positions in the
+same coordinates, i.e. only with ``shift == 0``). Blocks inside ``[full_lo, full_hi)`` are visible to
+every row of the tile: no mask. A block that sticks out of ``[lo, hi)`` has those V rows set to 0 in
+shared memory before its ``P @ V`` (the rows' P is 0, but the memory may hold NaN).
+
+* window-prefill: one segment (``n_a == n_blocks``): the tile's key range, ``shift = 0``.
+* prefix-prefill: A = the cached context (``shift`` = context length: every context key is before
+  every query), B = the new tokens (``shift = 0``, causal); with K/V of the new tokens in the cache,
+  one segment over the whole sequence with ``shift`` = context length.
+
+Scores are in log2 units: ``p = exp2(s * qk_scale - m)`` with the scale folded into the exponent and
+the row max taken on raw scores (``qk_scale > 0``).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def softmax_step(
+    b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    S_LAYOUT: gl.constexpr,
+):  # fmt: skip
+    """Online-softmax step on raw scores ``b_s`` [BM, BN] of the key block at ``n0`` (rows ``offs_r``):
+    returns (p, alpha, m_new, l_new), p = exp2(s * qk_scale - m_new) [BM, BN] float32, alpha =
+    exp2(m_i - m_new) [BM]. ``masked`` (runtime, uniform): apply the visibility mask."""
+    if masked:
+        offs_k = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN] key coordinates
+        m_vis = ((offs_k >= lo) & (offs_k < hi))[None, :] & (offs_r >= 0)[:, None]  # [BM, BN]
+        if CAUSAL:
+            m_vis = m_vis & (offs_k[None, :] <= (offs_r + shift)[:, None])  # [BM, BN]
+        if HAS_LEFT:
+            m_vis = m_vis & (offs_r[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
+        if HAS_RIGHT:
+            m_vis = m_vis & (offs_k[None, :] - offs_r[:, None] <= window_right)  # [BM, BN]
+        b_s = gl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
+    m_new = gl.maximum(m_i, gl.max(b_s, axis=1) * qk_scale)  # [BM]
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # [BM] a row with nothing visible: exp2 -> 0
+    b_p = gl.exp2(b_s * qk_scale - m_shift[:, None])  # [BM, BN]
+    alpha = gl.exp2(m_i - m_shift)  # [BM]
+    l_new = l_i * alpha + gl.sum(b_p, axis=1)  # [BM]
+    return b_p, alpha, m_new, l_new
+
+
+@gluon.jit
+def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.constexpr):
+    """This warpgroup's half of the V rows of the block at ``n0`` outside ``[lo, hi)`` set to 0 (4 warps),
+    then a handshake with the other consumer (``fix_bar``, count 2) so both halves are done. Returns the
+    handshake count (its phase parity) after this one."""
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    half = v_buf.slice(WG * HALF_N, HALF_N, dim=0)
+    b_v = half.load(blk)  # [BN / 2, D]
+    offs_k = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, blk))  # [BN / 2]
+    keep = (offs_k >= lo) & (offs_k < hi)  # [BN / 2]
+    half.store(gl.where(keep[:, None], b_v, gl.zeros_like(b_v)))
+    fence_async_shared()
+    mbarrier.arrive(fix_bar, count=1)
+    mbarrier.wait(fix_bar, n_fix & 1)
+    return n_fix + 1
+
+
+@gluon.jit
+def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
+                    b_full_lo, b_full_hi, BLOCK_N: gl.constexpr):  # fmt: skip
+    """(n0, lo, hi, shift, masked, sticks_out) of block ``j`` (see the module docstring)."""
+    if j < n_a:
+        n0 = a_base + j * BLOCK_N
+        lo, hi, shift, full_lo, full_hi = a_lo, a_hi, a_shift, a_full_lo, a_full_hi
+    else:
+        n0 = b_base + (j - n_a) * BLOCK_N
+        lo, hi, shift, full_lo, full_hi = b_lo, b_hi, b_shift, b_full_lo, b_full_hi
+    masked = (n0 < full_lo) | (n0 + BLOCK_N > full_hi)
+    out = (n0 < lo) | (n0 + BLOCK_N > hi)
+    return n0, lo, hi, shift, masked, out
+
+
+@gluon.jit
+def consumer(
+    WG: gl.constexpr, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar,
+    row0, tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
+    b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot, stride_oh,
+    stride_lse_h,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
+):  # fmt: skip
+    """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
+    sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
+    at tokens ``tok_o + row`` (and the LSE). Per block ``j``: issue ``S_j = Q K_j^T`` and ``O += P_{j-1}
+    V_{j-1}`` back to back, wait for ``S_j`` only, softmax while ``P @ V`` runs, then wait and rescale
+    (FlashAttention-3's intra-warpgroup overlap). Slots are released to the producer through
+    ``k_empty``/``v_empty`` (count 2: both consumers)."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    dtype: gl.constexpr = q_smem.dtype
+    q_buf = q_smem.index(WG)
+    offs_r = row0 + WG * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    l_i = gl.zeros([HALF_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
+
+    # ---- block 0: scores and softmax, no P @ V yet ----
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    b_s = warpgroup_mma(
+        q_buf,
+        k_smem.index(0).permute((1, 0)),
+        gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=S_LAYOUT),
+        use_acc=False,
+        is_async=True,
+    )  # [BM / 2, BN]
+    b_s = warpgroup_mma_wait(0, deps=[b_s])
+    mbarrier.arrive(k_empty.index(0), count=1)
+    n0, lo, hi, shift, masked, out = _block_geometry(
+        0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
+        b_full_hi, BLOCK_N,
+    )  # fmt: skip
+    b_p, alpha, m_i, l_i = softmax_step(
+        b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
+    )  # fmt: skip
+    b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
+    p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its V rows
+    n_fix = 0
+    for j in range(1, n_blocks):
+        slot = j % NUM_STAGES
+        pslot = (j - 1) % NUM_STAGES
+        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        b_s = warpgroup_mma(
+            q_buf,
+            k_smem.index(slot).permute((1, 0)),
+            gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=S_LAYOUT),
+            use_acc=False,
+            is_async=True,
+        )  # [BM / 2, BN] S_j in flight
+        mbarrier.wait(v_ready.index(pslot), ((j - 1) // NUM_STAGES) & 1)
+        if p_out:
+            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2)
+        acc = warpgroup_mma(b_p, v_smem.index(pslot), acc, is_async=True)  # [BM / 2, D] += P_{j-1} V_{j-1}
+        b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        n0, lo, hi, shift, masked, out = _block_geometry(
+            j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
+            b_full_lo, b_full_hi, BLOCK_N,
+        )  # fmt: skip
+        b_pf, alpha, m_i, l_i = softmax_step(
+            b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
+        )  # fmt: skip
+        acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
+        mbarrier.arrive(v_empty.index(pslot), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
+        b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
+        p_n0, p_lo, p_hi, p_out = n0, lo, hi, out
+
+    # ---- the last block's P @ V ----
+    last = n_blocks - 1
+    lslot = last % NUM_STAGES
+    mbarrier.wait(v_ready.index(lslot), (last // NUM_STAGES) & 1)
+    if p_out:
+        n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2)
+    acc = warpgroup_mma(b_p, v_smem.index(lslot), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+
+    # ---- epilogue: rows that saw no key (l == 0) write 0 ----
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # [BM / 2]
+    inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+    b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
+    offs_ro = row0 + WG * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
+    p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]
+    p_o = p_row[:, None] + offs_d[None, :]  # [BM / 2, D]
+    gl.store(p_o, b_o, mask=(offs_ro < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :])
+    if RETURN_LSE:
+        b_lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)  # [BM / 2]
+        p_lse = Lse + head.to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)  # [BM / 2]
+        gl.store(p_lse, b_lse, mask=offs_r < n_rows)

@@ -1,0 +1,154 @@
+"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over an NHD paged cache, warp-specialised.
+
+The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for its most common form (causal, no
+window, no ALiBi, sinks, soft-capping or fp8): query row ``r`` of a sequence (new token ``r``, at
+position ``ctx_len + r``) sees every cached context key and the new tokens ``0..r``. The structure is
+window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
+
+* **one producer warp** (:func:`_producer`) fills two-slot K/V rings by TMA: context blocks from the
+  paged cache as ``BLOCK_N / BOX`` boxes of ``BOX = gcd(page_size, BLOCK_N)`` tokens, each inside one
+  page at the row :func:`paged_kv_offsets.gluon.page_row` computes (boxes past the context read
+  zeros, with no block-table read); new-token blocks from ``k``/``v`` in one copy each;
+* **two consumer warpgroups** of 64 query rows (``prefill_runtime.gluon.consumer``): segment A = the
+  context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
+  (causal); with ``k = v = None`` one segment over the whole sequence in the cache.
+
+Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) with
+pages contiguous and 16-byte rows, seen as ``[num_blocks * page_size, num_kv_heads * head_size]``; q,
+k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
+``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from paged_kv_offsets.gluon import page_row
+from prefill_runtime.gluon import consumer
+
+
+@gluon.jit
+def _producer(
+    Q_desc, K_desc, V_desc, KC_desc, VC_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+    v_empty, p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    BOX: gl.constexpr,
+):  # fmt: skip
+    """One warp: the two Q halves, then K_j and V_j of every key block into slot ``j % NUM_STAGES`` once
+    both consumers released it. Blocks ``j < n_a``: context positions ``[j * BLOCK_N, +BLOCK_N)`` of
+    the cache (``a_end`` = the segment's end); the rest: new tokens from ``K_desc``/``V_desc``."""
+    kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+    for h in gl.static_range(2):
+        mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(
+            Q_desc, [q_tok0 + m0 + h * HALF_M, head * HEAD_DIM], q_bar.index(h), q_smem.index(h)
+        )
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        phase = ((j // NUM_STAGES) & 1) ^ 1
+        for kv in gl.static_range(2):  # K, then V
+            if kv == 0:
+                mbarrier.wait(k_empty.index(slot), phase)
+                bar = k_ready.index(slot)
+                buf = k_smem.index(slot)
+            else:
+                mbarrier.wait(v_empty.index(slot), phase)
+                bar = v_ready.index(slot)
+                buf = v_smem.index(slot)
+            mbarrier.expect(bar, kv_bytes)
+            if j < n_a:
+                for i in gl.static_range(BLOCK_N // BOX):
+                    row = page_row(p_table_row, j * BLOCK_N + i * BOX, a_end, page_size, oob_row)
+                    if kv == 0:
+                        tma.async_copy_global_to_shared(KC_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
+                    else:
+                        tma.async_copy_global_to_shared(VC_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
+            else:
+                row = q_tok0 + (j - n_a) * BLOCK_N
+                if kv == 0:
+                    tma.async_copy_global_to_shared(K_desc, [row, kv_col], bar, buf)
+                else:
+                    tma.async_copy_global_to_shared(V_desc, [row, kv_col], bar, buf)
+
+
+@gluon.jit
+def _gluon_fwd_kernel(
+    Q_desc, K_desc, V_desc, KC_desc, VC_desc, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
+    stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
+    KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and the
+    producer warp as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). With ``KV_FROM_CACHE``
+    the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` are then unused)."""
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
+    head = gl.program_id(1)
+    seq = gl.program_id(2)
+    q_tok0 = gl.load(CuSeqlensQ + seq).to(gl.int32)
+    q_len = gl.load(CuSeqlensQ + seq + 1).to(gl.int32) - q_tok0
+    ctx_len = gl.load(SeqLens + seq).to(gl.int32) - q_len
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    m1 = gl.minimum(m0 + BLOCK_M, q_len)
+    # segment A: cache positions [0, a_end), visible to row r iff p <= ctx_len + r; B: new tokens [0, m1)
+    if KV_FROM_CACHE:
+        a_end = ctx_len + m1
+        a_full = ((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N
+        b_end = m1 * 0
+    else:
+        a_end = ctx_len
+        a_full = (ctx_len // BLOCK_N) * BLOCK_N
+        b_end = m1
+    n_a = gl.cdiv(a_end, BLOCK_N)
+    n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
+    b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    kv_col = (head // group_size) * HEAD_DIM
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = Q_desc.dtype
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], Q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], V_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    fix_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(fix_bar.index(0), count=2)
+    fence_async_shared()
+
+    bar_f = fix_bar.index(0)
+    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
+    z = m0 * 0
+    gl.warp_specialize(
+        [
+            (consumer, (
+                0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, True, False, False, RETURN_LSE,
+            )),
+            (consumer, (
+                1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, True, False, False, RETURN_LSE,
+            )),
+            (_producer, (
+                Q_desc, K_desc, V_desc, KC_desc, VC_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty,
+                v_ready, v_empty, p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end,
+                n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
+            )),
+        ],
+        [4, 1],
+        [240, 24],
+    )  # fmt: skip

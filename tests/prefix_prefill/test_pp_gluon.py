@@ -1,0 +1,241 @@
+"""The warp-specialised Gluon kernel of prefix-prefill (prefix_prefill.gluon_kernel) and its dispatch.
+
+CPU: which calls the launcher hands to it (never under the interpreter, never for the split layout,
+fp8 caches, windows, ALiBi, sinks, soft-capping, skip_decode, pages that are not multiples of 16 or
+non-contiguous pages), and that it compiles for sm90 with the installed Triton (a subprocess: no GPU
+needed) within one program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned
+outputs for every page-size class (16 .. 2048, powers of two or not), heads 128/256, both 16-bit
+dtypes, ragged batches with empty contexts and one-token queries, k given or read from the cache,
+GQA, the LSE; every cache slot no query may see is NaN and block-table entries past a sequence's need
+point outside the cache; a count proves the kernel ran; a negative control; no recompiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import DEVICE, ON_GPU, poison
+from pp_cases import make_case, random_seqs, reference, run_py
+
+import prefix_prefill.interface as itf
+from attn_reference import compare
+from paged_kv_offsets import describe_kv_cache
+from prefix_prefill import prefix_prefill
+
+
+def _is_sm90() -> bool:
+    return ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="the Gluon kernel runs on sm90 only")
+
+
+@pytest.fixture
+def gluon_launches(monkeypatch):
+    """The Gluon kernel on; a list whose length counts the launches it took."""
+    taken: list[int] = []
+    orig = itf._gluon_launch
+
+    def counted(*args, **kwargs):
+        ok = orig(*args, **kwargs)
+        if ok:
+            taken.append(1)
+        return ok
+
+    monkeypatch.setattr(itf, "_gluon_launch", counted)
+    monkeypatch.setattr(itf, "_GLUON", True)
+    return taken
+
+
+# ------------------------------------------------------------------------- CPU
+def _launch(case, **over):
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
+    o = torch.empty_like(case.q)
+    kw = dict(
+        causal=True, left=-1, right=-1, scale=0.1, alibi_slopes=None, sinks=None, skip_decode=False,
+        softcap=0.0, lse=None, arch="sm90",
+    )  # fmt: skip
+    kw.update(over)
+    return itf._gluon_launch(
+        case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table, case.cu_seqlens_q,
+        case.seq_lens, case.max_query_len, **kw,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["interpreter", "split", "hnd", "fp32", "page_8", "window", "alibi", "sinks", "softcap", "skip_decode",
+     "non_causal", "head_96"],
+)  # fmt: skip
+def test_gluon_not_taken(what):
+    """Calls the Gluon kernel does not take: ``_gluon_launch`` returns False before any launch."""
+    layout = {"split": "split", "hnd": "hnd"}.get(what, "nhd")
+    dtype = torch.float32 if what == "fp32" else torch.float16
+    page = 8 if what == "page_8" else 16
+    head = 96 if what == "head_96" else 128
+    case = make_case([(20, 5)], num_heads=2, num_kv_heads=1, head_size=head, page=page, dtype=dtype,
+                     device="cpu", layout=layout)  # fmt: skip
+    over = {
+        "interpreter": {"arch": "interpreter"},
+        "window": {"left": 8},
+        "alibi": {"alibi_slopes": torch.ones(2)},
+        "sinks": {"sinks": torch.zeros(2)},
+        "softcap": {"softcap": 20.0},
+        "skip_decode": {"skip_decode": True},
+        "non_causal": {"causal": False},
+    }.get(what, {})
+    assert _launch(case, **over) is False
+
+
+def test_gluon_not_taken_for_interleaved_pages():
+    """A cache whose pages are not contiguous (vLLM's [num_blocks, 2, page, heads, dim] halves) cannot
+    be one 2-D TMA view: the Triton kernel runs."""
+    if itf._gluon_fwd_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    case = make_case([(40, 5)], num_heads=2, num_kv_heads=1, head_size=64, page=16, dtype=torch.float16,
+                     device="cpu", layout="nhd")  # fmt: skip
+    both = torch.stack([case.k_cache, case.v_cache], dim=1)  # [blocks, 2, page, heads, dim]
+    case.k_cache, case.v_cache = both[:, 0], both[:, 1]
+    assert _launch(case) is False
+
+
+_COMPILE_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+import prefix_prefill.interface as itf
+
+for head, box, from_cache in ((128, 16, False), (256, 64, True)):
+    bn = 64 if head == 256 else 128
+    lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
+    lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
+    lb = gl.NVMMASharedLayout.get_default_for([box, head], gl.bfloat16)
+    sig = {
+        "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
+        "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "KC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
+        "VC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>", "O": "*bf16", "BlockTable": "*i32",
+        "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
+        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "Lse": "constexpr",
+        "stride_lse_h": "constexpr",
+    }
+    consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box,
+                  KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=2)
+    sig.update({name: "constexpr" for name in consts if name not in sig})
+    kernel = triton.compile(GluonASTSource(itf._gluon_fwd_kernel, sig, consts, {}),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
+    print("shared", head, kernel.metadata.shared)
+"""
+
+
+def test_gluon_kernel_compiles_for_sm90():
+    """The kernel compiles for sm90 with the installed Triton (no GPU; a subprocess, since this one's
+    interpreter mode swaps Triton's library functions) in one program's shared memory (227 KiB)."""
+    if itf._gluon_fwd_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shared = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("shared")]
+    assert len(shared) == 2 and max(shared) <= 227 * 1024, r.stdout
+
+
+# ------------------------------------------------------------------------- GPU (sm90)
+def _nan_unused_slots(case) -> None:
+    """NaN into every cache slot no query may read: past each sequence's cached tokens in its pages,
+    and every block no sequence owns."""
+    page = case.page
+    cached = [c + (n if case.k is None else 0) for c, n in zip(case.ctx_lens, case.q_lens, strict=True)]
+    used = set()
+    table = case.block_table.cpu()
+    for b, n in enumerate(cached):
+        for pg in range(math.ceil(n / page)):
+            blk = int(table[b, pg])
+            used.add(blk)
+            lo = n - pg * page
+            if lo < page:
+                case.k_cache[blk, lo:] = float("nan")
+                case.v_cache[blk, lo:] = float("nan")
+    for blk in range(case.k_cache.shape[0]):
+        if blk not in used:
+            case.k_cache[blk] = float("nan")
+            case.v_cache[blk] = float("nan")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 32, 128, 544, 1040, 1056, 2048])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_gluon_pages(page, head, dtype, from_cache, gluon_launches):
+    seqs = [*random_seqs(4, 2500, 600), (0, 300), (1700, 1), (129, 128)]
+    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
+                     layout="nhd", kv_from_cache=from_cache)  # fmt: skip
+    ref, ref_lse = reference(case, return_lse=True)
+    _nan_unused_slots(case)
+    out = poison(torch.empty_like(case.q))
+    lse = poison(torch.empty(case.q.shape[1], case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+                   case.seq_lens, case.max_query_len, kv_layout="nhd", out=out, return_lse=True, lse=lse,
+                   validate=True)  # fmt: skip
+    assert len(gluon_launches) == 1, "the Gluon kernel did not run"
+    c = compare(out, ref)
+    assert c, c
+    assert torch.isfinite(lse).all()
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_negative_control(gluon_launches):
+    """The harness catches a wrong kernel: another softmax scale differs from the reference."""
+    case = make_case([(700, 300), (0, 200)], num_heads=4, num_kv_heads=1, head_size=128, page=16,
+                     dtype=torch.bfloat16, device=DEVICE, layout="nhd")  # fmt: skip
+    wrong = run_py(case, softmax_scale=0.2)
+    assert len(gluon_launches) == 1
+    assert not compare(wrong, reference(case))
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_no_recompile_and_graph(gluon_launches):
+    """Other lengths and batch sizes never recompile it; a CUDA graph replays it right."""
+    case = make_case([(300, 100), (50, 7)], num_heads=8, num_kv_heads=2, head_size=128, page=544,
+                     dtype=torch.bfloat16, device=DEVICE, layout="nhd")  # fmt: skip
+    run_py(case, validate=False)
+    caches = getattr(itf._gluon_fwd_kernel, "device_caches", None)
+    if not caches:
+        pytest.skip("this triton has no device_caches")
+
+    def n_variants() -> int:
+        return sum(len(entry[0]) for entry in caches.values())
+
+    before = n_variants()
+    for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
+        case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=544, dtype=torch.bfloat16,
+                         device=DEVICE, layout="nhd")  # fmt: skip
+        c = compare(run_py(case, validate=False), reference(case))
+        assert c, c
+    assert n_variants() == before
+    out = torch.empty_like(case.q)
+    itf_call = dict(kv_layout="nhd", out=out)
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prefix_prefill(*args, **itf_call)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare(out, reference(case))
+    assert len(gluon_launches) == 6
