@@ -5,10 +5,11 @@ window, no ALiBi, sinks, soft-capping or fp8): query row ``r`` of a sequence (ne
 position ``ctx_len + r``) sees every cached context key and the new tokens ``0..r``. The structure is
 window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
 
-* **one producer warp** (:func:`_producer`) fills two-slot K/V rings by TMA: context blocks from the
-  paged cache as ``BLOCK_N / BOX`` boxes of ``BOX = gcd(page_size, BLOCK_N)`` tokens, each inside one
-  page at the row :func:`paged_kv_offsets.gluon.page_row` computes (boxes past the context read
-  zeros, with no block-table read); new-token blocks from ``k``/``v`` in one copy each;
+* **two producer warps** (:func:`_producer`, one per ring) fill two-slot K and V rings by TMA:
+  a context block that lies inside one page is one copy; one that crosses pages is ``BLOCK_N / BOX``
+  copies of ``BOX = gcd(page_size, BLOCK_N)`` tokens, each inside one page, at the rows
+  :func:`paged_kv_offsets.gluon.page_row` computes (runs past the context read zeros, with no
+  block-table read); new-token blocks come from ``k``/``v`` in one copy each;
 * **two consumer warpgroups** of 64 query rows (``prefill_runtime.gluon.consumer``): segment A = the
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
   (causal); with ``k = v = None`` one segment over the whole sequence in the cache.
@@ -29,58 +30,57 @@ from prefill_runtime.gluon import consumer
 
 @gluon.jit
 def _producer(
-    Q_desc, K_desc, V_desc, KC_desc, VC_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-    v_empty, p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks,
+    KV: gl.constexpr, Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row,
+    page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     BOX: gl.constexpr,
 ):  # fmt: skip
-    """One warp: the two Q halves, then K_j and V_j of every key block into slot ``j % NUM_STAGES`` once
-    both consumers released it. Blocks ``j < n_a``: context positions ``[j * BLOCK_N, +BLOCK_N)`` of
-    the cache (``a_end`` = the segment's end); the rest: new tokens from ``K_desc``/``V_desc``."""
+    """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. Block ``j``
+    goes to slot ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context
+    positions ``[j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy
+    through ``CB_desc`` (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies
+    through ``C_desc`` (block [BOX, D]), one per page run. The rest: new tokens through ``N_desc``."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
-    for h in gl.static_range(2):
-        mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(
-            Q_desc, [q_tok0 + m0 + h * HALF_M, head * HEAD_DIM], q_bar.index(h), q_smem.index(h)
-        )
+    if KV == 0:
+        for h in gl.static_range(2):
+            mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(
+                Q_desc, [q_tok0 + m0 + h * HALF_M, head * HEAD_DIM], q_bar.index(h), q_smem.index(h)
+            )
     for j in range(n_blocks):
         slot = j % NUM_STAGES
-        phase = ((j // NUM_STAGES) & 1) ^ 1
-        for kv in gl.static_range(2):  # K, then V
-            if kv == 0:
-                mbarrier.wait(k_empty.index(slot), phase)
-                bar = k_ready.index(slot)
-                buf = k_smem.index(slot)
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
+        mbarrier.expect(bar, kv_bytes)
+        if j < n_a:
+            pos0 = j * BLOCK_N
+            if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
+                row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
+                tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
+            elif pos0 % page_size + BLOCK_N <= page_size:  # this block lies inside one page
+                row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
+                tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
             else:
-                mbarrier.wait(v_empty.index(slot), phase)
-                bar = v_ready.index(slot)
-                buf = v_smem.index(slot)
-            mbarrier.expect(bar, kv_bytes)
-            if j < n_a:
                 for i in gl.static_range(BLOCK_N // BOX):
-                    row = page_row(p_table_row, j * BLOCK_N + i * BOX, a_end, page_size, oob_row)
-                    if kv == 0:
-                        tma.async_copy_global_to_shared(KC_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
-                    else:
-                        tma.async_copy_global_to_shared(VC_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
-            else:
-                row = q_tok0 + (j - n_a) * BLOCK_N
-                if kv == 0:
-                    tma.async_copy_global_to_shared(K_desc, [row, kv_col], bar, buf)
-                else:
-                    tma.async_copy_global_to_shared(V_desc, [row, kv_col], bar, buf)
+                    row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row)
+                    tma.async_copy_global_to_shared(C_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
+        else:
+            tma.async_copy_global_to_shared(N_desc, [q_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "stride_lse_h"])
 def _gluon_fwd_kernel(
-    Q_desc, K_desc, V_desc, KC_desc, VC_desc, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
-    stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
+    Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc, O, BlockTable, CuSeqlensQ, SeqLens,
+    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and the
-    producer warp as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). With ``KV_FROM_CACHE``
-    the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` are then unused)."""
+    """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
+    producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
+    the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
+    ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
+    the rings' shared layout)."""
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
     head = gl.program_id(1)
     seq = gl.program_id(2)
@@ -144,11 +144,16 @@ def _gluon_fwd_kernel(
                 NUM_STAGES, True, False, False, RETURN_LSE,
             )),
             (_producer, (
-                Q_desc, K_desc, V_desc, KC_desc, VC_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty,
-                v_ready, v_empty, p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end,
-                n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
+                0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
+                page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, BOX,
+            )),
+            (_producer, (
+                1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
+                page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, BOX,
             )),
         ],
-        [4, 1],
-        [240, 24],
+        [4, 1, 1],
+        [240, 24, 24],
     )  # fmt: skip

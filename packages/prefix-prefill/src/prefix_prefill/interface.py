@@ -509,8 +509,9 @@ _PREBUILD_LAUNCHER = True
 # page box by page box, two consumer warpgroups overlapping softmax and wgmma) where it applies
 # (_gluon_launch: sm90, 16-bit q/cache/out, NHD cache with contiguous pages, page size % 16 == 0,
 # head 64/128/256, causal, no window, ALiBi, sinks, soft-capping or skip_decode, TMA-able q/k/v) and
-# no config is given. Candidate, off until timed (env PREFIX_PREFILL_GLUON=1 turns it on).
-_GLUON = os.environ.get("PREFIX_PREFILL_GLUON", "0") == "1"
+# no config is given. H200 (NOTES step 53): llama NHD 6.79-7.15 -> 5.65-6.06 ms, qwen NHD 2.50-2.55 ->
+# 1.86-2.06 ms over the seven pages. Env PREFIX_PREFILL_GLUON=0 turns it off for a process.
+_GLUON = os.environ.get("PREFIX_PREFILL_GLUON", "1") != "0"
 # Set when the Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
 _GLUON_FAILED = False
 
@@ -599,20 +600,28 @@ def _gluon_launch(
         return False
     block_m, block_n = 128, (64 if head == 256 else 128)
     box = math.gcd(kc.page_size, block_n)
-    descs = [_gluon_rows(q, block_m // 2), _gluon_cache(k_cache, kc, box), _gluon_cache(v_cache, vc, box)]
-    if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the ring's layout
-        descs += [_gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)]
+    kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
+    descs = [
+        _gluon_rows(q, block_m // 2),
+        _gluon_cache(k_cache, kc, box),
+        _gluon_cache(v_cache, vc, box),
+        kcb,
+        vcb,
+    ]
+    if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
+        descs += [kcb, vcb]
     else:
         descs += [_gluon_rows(k, block_n), _gluon_rows(v, block_n)]
     if any(d is None for d in descs):
         return False
-    q_desc, kc_desc, vc_desc, k_desc, v_desc = descs
+    q_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, k_desc, v_desc = descs
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     try:
         _gluon_fwd_kernel[grid](
-            q_desc, k_desc, v_desc, kc_desc, vc_desc, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
-            q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
-            kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
+            q_desc, k_desc, v_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, o, block_table, cu_seqlens_q,
+            seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1),
+            block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
+            lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, num_warps=4,
         )  # fmt: skip
