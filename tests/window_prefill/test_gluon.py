@@ -99,12 +99,12 @@ def test_gluon_not_taken(case):
 
 
 def test_gluon_config_flag(monkeypatch):
-    """The table asks for the Gluon kernel at sm90 16-bit heads 64 and 128 only (the timed entries), and
+    """The table asks for the Gluon kernel at sm90 16-bit heads 64, 128, 256 only (the timed entries), and
     an explicit config's flag survives the custom op's int encoding."""
     from window_prefill import ops
 
     flagged = {key for key, cfg in CONFIGS.items() if cfg.gluon}
-    assert flagged == {("sm90", hd, "16bit", causal) for hd in (64, 128) for causal in (False, True)}
+    assert flagged == {("sm90", hd, "16bit", causal) for hd in (64, 128, 256) for causal in (False, True)}
     assert Config(64, 32, 4, 3).gluon is False  # positional configs keep their meaning
     seen = []
     orig = itf._launch_fwd

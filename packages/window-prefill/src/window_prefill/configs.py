@@ -66,7 +66,8 @@ _BASE: dict[tuple[str, int, str], Config] = {
     ("sm90", 128, "16bit"): _C(
         128, 128, 8, 2, False, True
     ),  # H200 sweep 2026-11-29: 4.73 ms vs 4.93 (128/64/8/3)
-    ("sm90", 256, "16bit"): _C(128, 32, 8, 2),  # 64/64/4/2 spilled 300 B (ptxas, sm_90a); 0 here
+    # 64/64/4/2 spilled 300 B (ptxas, sm_90a); 0 here. Gluon (key blocks of 64): llm256 shape 5.19 -> 3.47 ms
+    ("sm90", 256, "16bit"): _C(128, 32, 8, 2, False, True),
     # fp32 (IEEE dots, FMA loops): the former 64/32/4/2 (heads 64/128) and 32/32/4/2 (256) spill 2-45 KB
     # per thread offline; 16/16/4/2 spills nothing (NOTES step 19). H200 (bench/fp32_configs.py, NOTES
     # step 23): 21.6 -> 2.7 ms (head 128), 11.5 -> 5.2 ms (256), first call 9.8/11.8 -> 1.5/3.3 s;
