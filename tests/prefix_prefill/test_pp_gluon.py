@@ -240,4 +240,4 @@ def test_gpu_gluon_no_recompile_and_graph(gluon_launches):
     graph.replay()
     torch.cuda.synchronize()
     assert compare(out, reference(case))
-    assert len(gluon_launches) == 6
+    assert len(gluon_launches) == 5  # run_py, three batches, the capture (a replay launches no Python)

@@ -5,12 +5,14 @@ launch), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches), 
 (a kernel's cold compile with its launcher built alongside),
 :func:`softcap_form` (which soft-capping form a kernel compiles for a device),
 :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call). Device side
-(``@triton.jit``, import from :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form).
+(``@triton.jit``, import from :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form). Gluon
+(Triton >= 3.5, sm90, import from :mod:`prefill_runtime.gluon`): ``consumer`` (the compute warpgroup of
+both packages' warp-specialised kernels), ``softmax_step``, ``zero_v_rows``.
 
-Versioned on its own: the kernel packages pin ``prefill-runtime>=0.3,<1``.
+Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from prefill_runtime.host import (
     check_lse,
