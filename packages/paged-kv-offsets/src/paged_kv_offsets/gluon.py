@@ -15,9 +15,10 @@ from triton.experimental.gluon import language as gl
 def page_row(p_table_row, pos, seq_end, page_size, oob_row):
     """Row of token position ``pos`` of one sequence in the ``[num_blocks * page_size, ...]`` view:
     ``block_table[page] * page_size + pos % page_size`` with ``page = pos // page_size``, read from the
-    sequence's block-table row ``p_table_row``; ``oob_row`` (a row past the view's end: the TMA copy
-    reads zeros) when ``pos >= seq_end``, and then no block-table entry is read."""
+    sequence's block-table row ``p_table_row`` (int32 or int64 entries; rows are int32: the host keeps
+    ``num_blocks * page_size < 2**31``); ``oob_row`` (a row past the view's end: the TMA copy reads
+    zeros) when ``pos >= seq_end``, and then no block-table entry is read."""
     ok = pos < seq_end
     page = pos // page_size
-    block = gl.load(p_table_row + page, mask=ok, other=0)
+    block = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)  # int32 or int64 tables
     return gl.where(ok, block * page_size + (pos - page * page_size), oob_row)
