@@ -240,7 +240,26 @@ def test_ptxas_probe_never_raises():
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.3.0"
+    assert prefill_runtime.__version__ == "0.4.0"
+
+
+def test_gluon_module_is_separate():
+    """``import prefill_runtime`` does not import Gluon; ``prefill_runtime.gluon`` (and paged-kv-offsets'
+    ``gluon`` module) import where this Triton has Gluon and hold the kernels' device functions."""
+    import importlib
+    import subprocess
+    import sys
+
+    code = "import sys, prefill_runtime, paged_kv_offsets; print('triton.experimental.gluon' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
+    try:
+        importlib.import_module("triton.experimental.gluon.language.nvidia.hopper")
+    except Exception:
+        pytest.skip("this Triton has no Gluon")
+    g = importlib.import_module("prefill_runtime.gluon")
+    assert all(hasattr(g, name) for name in ("consumer", "softmax_step", "zero_v_rows"))
+    assert hasattr(importlib.import_module("paged_kv_offsets.gluon"), "page_row")
 
 
 _COLD_COMPILE_CHILD = r"""
