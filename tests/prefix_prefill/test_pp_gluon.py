@@ -241,3 +241,38 @@ def test_gpu_gluon_no_recompile_and_graph(gluon_launches):
     torch.cuda.synchronize()
     assert compare(out, reference(case))
     assert len(gluon_launches) == 5  # run_py, three batches, the capture (a replay launches no Python)
+
+
+def test_gluon_routing(monkeypatch):
+    """The launcher's glue on the CPU: ``_gluon_launch`` is offered a call only with ``_GLUON`` on, no
+    ``config`` given and a block table with unit column stride; returning False leaves the Triton kernel
+    to write the right answer."""
+    seen = []
+
+    def offer(*args, **kwargs):
+        seen.append(kwargs)
+        return False
+
+    monkeypatch.setattr(itf, "_gluon_launch", offer)
+    monkeypatch.setattr(itf, "_GLUON", True)
+    case = make_case([(40, 9), (0, 5)], num_heads=2, num_kv_heads=1, head_size=32, page=16,
+                     dtype=torch.float16, device=DEVICE, layout="nhd")  # fmt: skip
+    c = compare(run_py(case), reference(case))
+    assert c, c
+    assert len(seen) == 1 and seen[0]["left"] < 0 and seen[0]["causal"] is True and seen[0]["lse"] is None
+    from pp_cases import run_cfg  # a config given: no offer
+
+    cfg = itf.get_config(itf.detect_arch(case.q.device), 32, case.q.dtype, case.page)
+    run_cfg(case, cfg)
+    assert len(seen) == 1
+    wide = torch.zeros(
+        case.block_table.shape[0], case.block_table.shape[1] * 2, dtype=torch.int32, device=DEVICE
+    )
+    wide[:, ::2] = case.block_table
+    case.block_table = wide[:, ::2]  # column stride 2
+    c = compare(run_py(case), reference(case))
+    assert c, c
+    assert len(seen) == 1
+    monkeypatch.setattr(itf, "_GLUON", False)
+    run_py(case)
+    assert len(seen) == 1

@@ -371,3 +371,37 @@ def test_gpu_gluon_cuda_graph_and_no_recompile(gluon_launches):
         window_prefill(q, k, v, cu, max(lens), window=(63 + len(lens), -1))
     assert n_variants() == before
     assert len(gluon_launches) == 5
+
+
+def test_gluon_routing(monkeypatch):
+    """The launcher's glue on the CPU: with a config that asks for the Gluon kernel, ``_gluon_launch`` is
+    offered the call (window already normalised, ``cu_seqlens`` or ``(starts, lens)``, the LSE buffer)
+    only when the width rule holds or ``_GLUON_FORCE`` is set, never with ``_GLUON`` off; returning
+    False leaves the Triton kernel to write the right answer."""
+    seen = []
+
+    def offer(*args, **kwargs):
+        seen.append(kwargs)
+        return False
+
+    monkeypatch.setattr(itf, "_gluon_launch", offer)
+    monkeypatch.setattr(itf, "_GLUON", True)
+    monkeypatch.setattr(itf, "_GLUON_MIN_WIDTH", 24)  # the test sequences are short
+    q, k, v, cu = make_qkv([30, 9], 2, 1, 32, torch.float16)
+    cfg = Config(16, 16, 1, 1, False, True)
+    out = run(q, k, v, cu, 30, causal=True, window=(40, -1), config=cfg)  # 30 keys visible: offered
+    assert compare(out, reference(q, k, v, cu, causal=True, window=(40, -1)))
+    assert len(seen) == 1 and seen[0]["window_left"] == 40 and seen[0]["window_right"] == -1
+    assert seen[0]["lse"] is None and seen[0]["causal"] is True
+    run(q, k, v, cu, 30, causal=True, window=(10, -1), config=cfg)  # 11 keys: not offered
+    assert len(seen) == 1
+    window_prefill(q, k, v, cu, 30, causal=False, window=(-1, -1), config=cfg, return_lse=True)
+    assert len(seen) == 2 and seen[1]["lse"] is not None and seen[1]["causal"] is False
+    run(q, k, v, cu, 30, causal=True, window=(40, -1), config=Config(16, 16, 1, 1))  # flag off
+    assert len(seen) == 2
+    monkeypatch.setattr(itf, "_GLUON_FORCE", True)
+    run(q, k, v, cu, 30, causal=True, window=(3, -1), config=Config(16, 16, 1, 1))  # forced
+    assert len(seen) == 3
+    monkeypatch.setattr(itf, "_GLUON", False)
+    run(q, k, v, cu, 30, causal=True, window=(40, -1), config=cfg)
+    assert len(seen) == 3
