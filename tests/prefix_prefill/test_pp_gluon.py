@@ -108,7 +108,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 import prefix_prefill.interface as itf
 
-for head, box, from_cache in ((128, 16, False), (256, 64, True)):
+CASES = ((128, 16, False, False), (256, 64, True, False), (128, 16, False, True))
+for head, box, from_cache, vector_ids in CASES:
     bn = 64 if head == 256 else 128
     lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
@@ -126,7 +127,7 @@ for head, box, from_cache in ((128, 16, False), (256, 64, True)):
         "stride_lse_h": "constexpr",
     }
     consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box,
-                  KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=2)
+                  KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=2, VECTOR_IDS=vector_ids)
     sig.update({name: "constexpr" for name in consts if name not in sig})
     kernel = triton.compile(GluonASTSource(itf._gluon_fwd_kernel, sig, consts, {}),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -148,7 +149,7 @@ def test_gluon_kernel_compiles_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     shared = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("shared")]
-    assert len(shared) == 2 and max(shared) <= 227 * 1024, r.stdout
+    assert len(shared) == 3 and max(shared) <= 227 * 1024, r.stdout
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -194,6 +195,24 @@ def test_gpu_gluon_pages(page, head, dtype, from_cache, gluon_launches):
     assert c, c
     assert torch.isfinite(lse).all()
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 1040, 32])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_gluon_vector_ids(page, from_cache, gluon_launches, monkeypatch):
+    """The candidate ``_GLUON_VECTOR_IDS`` (block ids of a block's page runs read as one vector): same
+    answers, same NaN-filled unread slots."""
+    monkeypatch.setattr(itf, "_GLUON_VECTOR_IDS", True)
+    seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
+    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=page, dtype=torch.bfloat16,
+                     device=DEVICE, layout="nhd", kv_from_cache=from_cache)  # fmt: skip
+    ref = reference(case)
+    _nan_unused_slots(case)
+    c = compare(run_py(case), ref)
+    assert c, c
+    assert len(gluon_launches) == 1
 
 
 @pytest.mark.gpu

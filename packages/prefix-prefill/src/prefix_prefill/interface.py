@@ -514,6 +514,11 @@ _PREBUILD_LAUNCHER = True
 _GLUON = os.environ.get("PREFIX_PREFILL_GLUON", "1") != "0"
 # Set when the Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
 _GLUON_FAILED = False
+# Gluon kernel, context blocks across pages (pages 16, 1040 at 128-key blocks): the producer reads the
+# block ids of a block's page runs as one vector instead of one scalar read per TMA copy (kernel
+# VECTOR_IDS). Offline (sm_90a, NOTES step 55): the eight dependent load -> copy steps become one load
+# and a 3-shuffle reduction per copy. Candidate, off until timed.
+_GLUON_VECTOR_IDS = False
 
 
 def _prime_triton() -> None:
@@ -623,7 +628,7 @@ def _gluon_launch(
             block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
             lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=2, num_warps=4,
+            RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS, num_warps=4,
         )  # fmt: skip
     except Exception as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel instead
         if torch.cuda.is_current_stream_capturing():
