@@ -47,3 +47,25 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_floating_point and t.element_size() >= 2:
         return t.fill_(float("nan"))
     return t.view(torch.uint8).fill_(0x7F)
+
+
+# The Gluon kernels (both packages) run on Hopper only.
+IS_SM90 = ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm90 only")
+
+
+def count_gluon_launches(monkeypatch: pytest.MonkeyPatch, iface) -> list[int]:
+    """Turn a package interface's Gluon kernel on (``iface._GLUON``) and wrap its ``_gluon_launch``: the
+    returned list grows by one for each call the Gluon kernel took (``_gluon_launch`` returned True)."""
+    taken: list[int] = []
+    orig = iface._gluon_launch
+
+    def counted(*args, **kwargs):
+        ok = orig(*args, **kwargs)
+        if ok:
+            taken.append(1)
+        return ok
+
+    monkeypatch.setattr(iface, "_gluon_launch", counted)
+    monkeypatch.setattr(iface, "_GLUON", True)
+    return taken

@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from conftest import DEVICE, ON_GPU, poison
+from conftest import DEVICE, count_gluon_launches, needs_sm90, poison
 from pp_cases import make_case, random_seqs, reference, run_py
 
 import prefix_prefill.interface as itf
@@ -25,28 +25,10 @@ from paged_kv_offsets import describe_kv_cache
 from prefix_prefill import prefix_prefill
 
 
-def _is_sm90() -> bool:
-    return ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
-
-
-needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="the Gluon kernel runs on sm90 only")
-
-
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """The Gluon kernel on; a list whose length counts the launches it took."""
-    taken: list[int] = []
-    orig = itf._gluon_launch
-
-    def counted(*args, **kwargs):
-        ok = orig(*args, **kwargs)
-        if ok:
-            taken.append(1)
-        return ok
-
-    monkeypatch.setattr(itf, "_gluon_launch", counted)
-    monkeypatch.setattr(itf, "_GLUON", True)
-    return taken
+    """Launches the Gluon kernel took (``conftest.count_gluon_launches``)."""
+    return count_gluon_launches(monkeypatch, itf)
 
 
 # ------------------------------------------------------------------------- CPU

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ON_GPU, poison
+from conftest import count_gluon_launches, needs_sm90, poison
 from wp_util import make_qkv, reference, run, tile_key_range
 
 import window_prefill.interface as itf
@@ -25,28 +25,11 @@ from window_prefill.configs import CONFIGS, Config
 GLUON_CONFIG = Config(128, 128, 8, 3, True, True)  # routes any head 64/128 problem to the Gluon kernel
 
 
-def _is_sm90() -> bool:
-    return ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
-
-
-needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="the Gluon kernel runs on sm90 only")
-
-
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """A list whose length counts the launches the Gluon kernel took (``_gluon_launch`` returned True);
-    the Gluon kernel on and forced past the config flag and the width rule (``_GLUON_FORCE``)."""
-    taken: list[int] = []
-    orig = itf._gluon_launch
-
-    def counted(*args, **kwargs):
-        ok = orig(*args, **kwargs)
-        if ok:
-            taken.append(1)
-        return ok
-
-    monkeypatch.setattr(itf, "_gluon_launch", counted)
-    monkeypatch.setattr(itf, "_GLUON", True)
+    """Launches the Gluon kernel took (``conftest.count_gluon_launches``), forced past the config flag
+    and the width rule (``_GLUON_FORCE``)."""
+    taken = count_gluon_launches(monkeypatch, itf)
     monkeypatch.setattr(itf, "_GLUON_FORCE", True)
     return taken
 

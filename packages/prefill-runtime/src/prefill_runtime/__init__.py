@@ -4,7 +4,9 @@ Host side: :func:`prime_triton` (Triton's one-time process setup, side by side, 
 launch), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches), :func:`hook_compiles`
 (a kernel's cold compile with its launcher built alongside),
 :func:`softcap_form` (which soft-capping form a kernel compiles for a device),
-:func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call). Device side
+:func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call), and for the Gluon
+kernels :func:`gluon_token_rows` / :func:`gluon_descriptor` (TMA descriptors; Gluon imported on first
+use) and :func:`gluon_try_launch` (a launch that falls back on failure). Device side
 (``@triton.jit``, import from :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form). Gluon
 (Triton >= 3.5, sm90, import from :mod:`prefill_runtime.gluon`): ``consumer`` (the compute warpgroup of
 both packages' warp-specialised kernels), ``softmax_step``, ``zero_v_rows``.
@@ -16,6 +18,9 @@ __version__ = "0.4.0"
 
 from prefill_runtime.host import (
     check_lse,
+    gluon_descriptor,
+    gluon_token_rows,
+    gluon_try_launch,
     hook_compiles,
     prime_triton,
     ptxas_launch_options,
@@ -25,6 +30,9 @@ from prefill_runtime.host import (
 __all__ = [
     "__version__",
     "check_lse",
+    "gluon_descriptor",
+    "gluon_token_rows",
+    "gluon_try_launch",
     "hook_compiles",
     "prime_triton",
     "ptxas_launch_options",

@@ -10,14 +10,13 @@ environment variable ``PREFILL_VALIDATE=1``.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import warnings
 from typing import Union
 
 import torch
 
+import prefill_runtime as runtime  # runtime.gluon_*: the Gluon kernel's host side
 from paged_kv_offsets import (
     CacheView,
     describe_kv_cache,
@@ -31,12 +30,9 @@ from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, dete
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
-    from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
-
     from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
 except Exception:  # pragma: no cover - any import failure means "no Gluon"
-    _gl = _GluonDescriptor = _gluon_fwd_kernel = None
+    _gluon_fwd_kernel = None
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FP8_DTYPES = tuple(
@@ -530,28 +526,6 @@ def _prime_triton() -> None:
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
 
 
-@functools.cache
-def _gluon_smem_layout(rows: int, head_dim: int, half: bool):
-    """The shared-memory layout of a [rows, head_dim] float16 (``half``) or bfloat16 TMA block."""
-    return _gl.NVMMASharedLayout.get_default_for([rows, head_dim], _gl.float16 if half else _gl.bfloat16)
-
-
-def _gluon_rows(t: torch.Tensor, rows: int) -> object | None:
-    """A Gluon TMA descriptor over ``t`` [tokens, heads, head_dim] viewed as [tokens, heads * head_dim],
-    block [rows, head_dim]; None when one head's features are not contiguous or rows not 16-byte."""
-    d = t.shape[2]
-    if not (
-        t.stride(2) == 1
-        and t.stride(1) == d
-        and t.stride(0) >= t.shape[1] * d
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-    ):
-        return None
-    layout = _gluon_smem_layout(rows, d, t.dtype == torch.float16)
-    return _GluonDescriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [rows, d], layout)
-
-
 def _gluon_cache(cache: torch.Tensor, cv: CacheView, rows: int) -> object | None:
     """A Gluon TMA descriptor over an NHD cache seen as [num_blocks * page_size, kv_heads * head_size]
     (pages contiguous, one token's heads contiguous, 16-byte rows), block [rows, head_size]; None when
@@ -568,8 +542,7 @@ def _gluon_cache(cache: torch.Tensor, cv: CacheView, rows: int) -> object | None
         and cv.num_blocks * page < 2**31
     ):
         return None
-    layout = _gluon_smem_layout(rows, d, cache.dtype == torch.float16)
-    return _GluonDescriptor(cache, [cv.num_blocks * page, hk * d], [cv.stride_slot, 1], [rows, d], layout)
+    return runtime.gluon_descriptor(cache, [cv.num_blocks * page, hk * d], cv.stride_slot, rows, d)
 
 
 def _gluon_launch(
@@ -607,7 +580,7 @@ def _gluon_launch(
     box = math.gcd(kc.page_size, block_n)
     kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
     descs = [
-        _gluon_rows(q, block_m // 2),
+        runtime.gluon_token_rows(q, block_m // 2),
         _gluon_cache(k_cache, kc, box),
         _gluon_cache(v_cache, vc, box),
         kcb,
@@ -616,12 +589,13 @@ def _gluon_launch(
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
         descs += [kcb, vcb]
     else:
-        descs += [_gluon_rows(k, block_n), _gluon_rows(v, block_n)]
+        descs += [runtime.gluon_token_rows(k, block_n), runtime.gluon_token_rows(v, block_n)]
     if any(d is None for d in descs):
         return False
     q_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, k_desc, v_desc = descs
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
-    try:
+
+    def launch() -> None:
         _gluon_fwd_kernel[grid](
             q_desc, k_desc, v_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, o, block_table, cu_seqlens_q,
             seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1),
@@ -630,18 +604,11 @@ def _gluon_launch(
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS, num_warps=4,
         )  # fmt: skip
-    except Exception as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel instead
-        if torch.cuda.is_current_stream_capturing():
-            raise
-        _GLUON_FAILED = True
-        warnings.warn(
-            f"prefix_prefill: the Gluon kernel failed to build or launch ({type(exc).__name__}: {exc}); "
-            "using the Triton kernel from now on",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    return True
+
+    if runtime.gluon_try_launch(launch, "prefix_prefill"):
+        return True
+    _GLUON_FAILED = True
+    return False
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:

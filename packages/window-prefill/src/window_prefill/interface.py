@@ -14,14 +14,13 @@ only with ``validate=True`` or the environment variable ``PREFILL_VALIDATE=1``.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import os
-import warnings
 
 import torch
 
+import prefill_runtime as runtime  # runtime.gluon_*: the Gluon kernel's host side
 from prefill_runtime import check_lse, hook_compiles, prime_triton, ptxas_launch_options, softcap_form
 from window_prefill import ops  # registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config, block_d, detect_arch, get_config
@@ -33,12 +32,9 @@ except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
-    from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
-
     from window_prefill.gluon_kernel import _gluon_fwd_kernel
 except Exception:  # pragma: no cover - any import failure means "no Gluon"
-    _gl = _GluonDescriptor = _gluon_fwd_kernel = None
+    _gluon_fwd_kernel = None
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -139,32 +135,6 @@ def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: i
     return descs[0], descs[1]
 
 
-@functools.cache
-def _gluon_smem_layout(rows: int, head_dim: int, half: bool):
-    """The shared-memory layout of a [rows, head_dim] float16 (``half``) or bfloat16 TMA block."""
-    return _gl.NVMMASharedLayout.get_default_for([rows, head_dim], _gl.float16 if half else _gl.bfloat16)
-
-
-def _gluon_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int):
-    """Gluon TMA descriptors (Q, K, V) over ``[total_tokens, heads * head_dim]`` views, or None when a
-    tensor's strides do not allow one (one head's features contiguous, 16-byte rows and base)."""
-    head_dim = q.shape[2]
-    descs = []
-    for t, rows in ((q, block_m), (k, block_n), (v, block_n)):
-        if not (
-            t.stride(2) == 1
-            and t.stride(1) == head_dim
-            and t.stride(0) >= t.shape[1] * head_dim
-            and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0
-        ):
-            return None
-        layout = _gluon_smem_layout(rows, head_dim, q.dtype == torch.float16)
-        shape = [t.shape[0], t.shape[1] * head_dim]
-        descs.append(_GluonDescriptor(t, shape, [t.stride(0), 1], [rows, head_dim], layout))
-    return descs
-
-
 def _gluon_wide_enough(causal: bool, window_left: int, window_right: int, max_len: int) -> bool:
     """Whether a row may see at least ``_GLUON_MIN_WIDTH`` keys: the window's width (``-1`` sides
     unbounded; a causal right side is 0), capped by the longest sequence. Host ints only (no sync)."""
@@ -194,8 +164,12 @@ def _gluon_launch(
     ):
         return False
     block_m, block_n = 128, (64 if head_dim == 256 else 128)  # head 256: [64, 256] O tiles need the registers
-    descs = _gluon_descriptors(q, k, v, block_m // 2, block_n)
-    if descs is None:
+    descs = [
+        runtime.gluon_token_rows(q, block_m // 2),
+        runtime.gluon_token_rows(k, block_n),
+        runtime.gluon_token_rows(v, block_n),
+    ]
+    if any(d is None for d in descs):
         return False
     grid = (-(-max_len // block_m), q.shape[1], batch)
     args = (
@@ -208,20 +182,13 @@ def _gluon_launch(
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, LENS_FROM_STARTS=lens is None,
         RETURN_LSE=lse is not None,
     )  # fmt: skip
-    try:
-        _gluon_fwd_kernel[grid](*args, **flags, NUM_STAGES=_GLUON_STAGES, num_warps=4)
-    except Exception as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel instead
-        if torch.cuda.is_current_stream_capturing():
-            raise
-        _GLUON_FAILED = True
-        warnings.warn(
-            f"window_prefill: the Gluon kernel failed to build or launch ({type(exc).__name__}: {exc}); "
-            "using the Triton kernel from now on",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    return True
+    if runtime.gluon_try_launch(
+        lambda: _gluon_fwd_kernel[grid](*args, **flags, NUM_STAGES=_GLUON_STAGES, num_warps=4),
+        "window_prefill",
+    ):
+        return True
+    _GLUON_FAILED = True
+    return False
 
 
 def _offsets_fit_int32(*tensors: torch.Tensor) -> bool:
