@@ -177,7 +177,7 @@ def test_hook_compiles(monkeypatch):
     (the interpreter's kernels) is left alone."""
     monkeypatch.setattr(torch.version, "hip", None)
     built = []
-    monkeypatch.setattr(host, "_build_launcher", lambda fn, sig, cx, at: built.append((fn, sig, cx, at)))
+    monkeypatch.setattr(host, "_build_launcher", lambda fn, sig, cx, at, tma: built.append((fn, sig, cx, at)))
     fake = _FakeJit()
     switch = {"on": True}
     assert hook_compiles(fake, lambda: switch["on"]) is True
@@ -220,6 +220,34 @@ def test_build_launcher_never_raises(monkeypatch):
     assert seen == []
     host._build_launcher(fake, {"K": "*bf16"}, {}, {})
     assert len(seen) == 1
+
+
+def test_build_launcher_tma_descriptors(monkeypatch):
+    """A kernel that lowers every descriptor argument to a TMA descriptor (Gluon on Hopper,
+    ``tma_descriptors=True``) gets its launcher built with one metadata entry per descriptor argument
+    (Triton 3.6's launcher source only asks whether each is present); hook_compiles passes the flag on."""
+    import sys
+
+    import triton.runtime.driver  # noqa: F401  (the module: triton.runtime's own `driver` shadows it)
+
+    drv = sys.modules["triton.runtime.driver"]
+    metas = []
+    active = types.SimpleNamespace(launcher_cls=lambda src, meta: metas.append(meta))
+    monkeypatch.setattr(drv, "driver", types.SimpleNamespace(active=active))
+    fake = _FakeJit()
+    monkeypatch.setattr(fake, "ASTSource", lambda *a: "src", raising=False)
+    sig = {"Q": "tensordesc<bf16[64, 128]>", "O": "*bf16", "K": "tensordesc<bf16[128, 128]>"}
+    host._build_launcher(fake, sig, {}, {}, tma_descriptors=True)
+    assert len(metas) == 1 and metas[0].tensordesc_meta == [{}, {}]
+    host._build_launcher(fake, {"O": "*bf16"}, {}, {}, tma_descriptors=True)
+    assert len(metas) == 2 and not hasattr(metas[1], "tensordesc_meta")
+    monkeypatch.setattr(torch.version, "hip", None)
+    seen = []
+    monkeypatch.setattr(host, "_build_launcher", lambda fn, sig, cx, at, tma: seen.append(tma))
+    hooked = _FakeJit()
+    assert hook_compiles(hooked, tma_descriptors=True)
+    hooked._do_compile("a", sig, 0, {}, types.SimpleNamespace(), {}, False)
+    assert seen == [True]
 
 
 def test_user_ptxas_options(monkeypatch):

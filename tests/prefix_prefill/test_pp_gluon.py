@@ -89,9 +89,15 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 import prefix_prefill.interface as itf
+try:  # Triton 3.6: the per-signature C launcher, whose source prefill_runtime's prebuild guesses
+    from triton.backends.nvidia.driver import make_launcher
+except ImportError:  # Triton >= 3.7 launches every kernel through one generic launcher
+    make_launcher = None
 
-CASES = ((128, 16, False, False), (256, 64, True, False), (128, 16, False, True))
-for head, box, from_cache, vector_ids in CASES:
+# head, box, new tokens from the cache, vector ids, one copy for a block inside a page, ring slots
+CASES = ((128, 16, False, False, True, 2), (256, 64, True, False, True, 2), (128, 16, False, True, True, 2),
+         (256, 16, False, False, False, 2), (128, 16, True, False, False, 3))
+for head, box, from_cache, vector_ids, in_page, stages in CASES:
     bn = 64 if head == 256 else 128
     lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
@@ -109,12 +115,22 @@ for head, box, from_cache, vector_ids in CASES:
         "stride_lse_h": "constexpr",
     }
     consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box,
-                  KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=2, VECTOR_IDS=vector_ids)
+                  KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=stages, VECTOR_IDS=vector_ids,
+                  IN_PAGE_COPY=in_page)
     sig.update({name: "constexpr" for name in consts if name not in sig})
-    kernel = triton.compile(GluonASTSource(itf._gluon_fwd_kernel, sig, consts, {}),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    src = GluonASTSource(itf._gluon_fwd_kernel, sig, consts, {})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
     print("shared", head, kernel.metadata.shared)
+    if make_launcher is not None:  # the prebuild's guess (every descriptor lowered) is Triton's own source
+        names = itf._gluon_fwd_kernel.arg_names
+        consts_i = {(names.index(n),) if isinstance(n, str) else n: v for n, v in src.constants.items()}
+        meta = kernel.metadata.tensordesc_meta
+        guess = [{} for t in src.signature.values() if str(t).startswith("tensordesc")]
+        assert meta and len(meta) == len(guess), meta
+        sig_i = dict(src.signature)
+        assert make_launcher(consts_i, sig_i, meta) == make_launcher(consts_i, sig_i, guess)
+        print("launcher source matches")
 """
 
 
@@ -131,7 +147,7 @@ def test_gluon_kernel_compiles_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     shared = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("shared")]
-    assert len(shared) == 3 and max(shared) <= 227 * 1024, r.stdout
+    assert len(shared) == 5 and max(shared) <= 227 * 1024, r.stdout
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -181,14 +197,19 @@ def test_gpu_gluon_pages(page, head, dtype, from_cache, gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("page", [16, 1040, 32])
+@pytest.mark.parametrize("page", [16, 1040, 32, 512])
 @pytest.mark.parametrize("from_cache", [False, True])
-def test_gpu_gluon_vector_ids(page, from_cache, gluon_launches, monkeypatch):
-    """The candidate ``_GLUON_VECTOR_IDS`` (block ids of a block's page runs read as one vector): same
-    answers, same NaN-filled unread slots."""
-    monkeypatch.setattr(itf, "_GLUON_VECTOR_IDS", True)
+@pytest.mark.parametrize(
+    "switch,head", [("_GLUON_VECTOR_IDS", 128), ("_GLUON_UNIFORM_BOX", 128), ("_GLUON_UNIFORM_BOX", 256),
+                    ("_GLUON_STAGES3", 128)],
+)  # fmt: skip
+def test_gpu_gluon_candidates(switch, head, page, from_cache, gluon_launches, monkeypatch):
+    """The candidate switches (``_GLUON_VECTOR_IDS``: a block's page-run ids read as one vector;
+    ``_GLUON_UNIFORM_BOX``: 16-token copies for every block and page; ``_GLUON_STAGES3``: three ring
+    slots): same answers, same NaN-filled unread slots."""
+    monkeypatch.setattr(itf, switch, True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
-    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=page, dtype=torch.bfloat16,
+    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
                      device=DEVICE, layout="nhd", kv_from_cache=from_cache)  # fmt: skip
     ref = reference(case)
     _nan_unused_slots(case)

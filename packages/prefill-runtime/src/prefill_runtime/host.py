@@ -88,16 +88,21 @@ def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dic
     return {"ptx_options": f"{user} {flag}" if user else flag}
 
 
-def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda: True) -> bool:
+def hook_compiles(
+    jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda: True, tma_descriptors: bool = False
+) -> bool:
     """Once per ``@triton.jit`` kernel (idempotent): wrap Triton's compile step for it
     (``JITFunction._do_compile``, set on the instance, so no other kernel is touched) so that while the
     kernel compiles (seconds), a thread builds its launcher: the C module Triton compiles with gcc for
     each kernel signature after the kernel itself (0.25-0.35 s on an empty cache), from the same
     signature and constants, so the first launch then finds it in Triton's cache
     (bench/results/NOTES.md step 49). NVIDIA CUDA only, when ``prebuild_launcher()`` is true, no
-    argument is a tensor descriptor (their launcher depends on the compiled kernel) and Triton's
-    async compile mode is not active (it builds launchers when collecting its futures). Only a speed
-    hint: any failure leaves Triton to build the launcher itself, after the compile, as it would.
+    argument is a tensor descriptor (their launcher depends on the compiled kernel) unless
+    ``tma_descriptors`` says the kernel lowers every descriptor argument to a TMA descriptor (Gluon
+    kernels on Hopper: the launcher's C source then depends only on that, and Triton 3.6 builds the same
+    source from the compiled kernel's ``tensordesc_meta``), and Triton's async compile mode is not
+    active (it builds launchers when collecting its futures). Only a speed hint: any failure, or a
+    guess that does not match, leaves Triton to build the launcher itself, after the compile.
 
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
     orig = getattr(jit_fn, "_do_compile", None)
@@ -111,7 +116,9 @@ def hook_compiles(jit_fn: object, prebuild_launcher: Callable[[], bool] = lambda
             _key, signature, _device, constexprs, _options, attrs = args[:6]
             if prebuild_launcher() and torch.version.hip is None and not _async_compiling():
                 builder = threading.Thread(
-                    target=_build_launcher, args=(jit_fn, signature, constexprs, attrs), daemon=True
+                    target=_build_launcher,
+                    args=(jit_fn, signature, constexprs, attrs, tma_descriptors),
+                    daemon=True,
                 )
                 builder.start()
         except Exception:
@@ -141,11 +148,15 @@ def _async_compiling() -> bool:
         return False
 
 
-def _build_launcher(jit_fn: object, signature: dict, constexprs: dict, attrs: dict) -> None:
+def _build_launcher(
+    jit_fn: object, signature: dict, constexprs: dict, attrs: dict, tma_descriptors: bool = False
+) -> None:
     """Build (or find in Triton's cache) the launcher module of ``jit_fn`` for one specialization, as
-    the compiled kernel's first launch will ask for it. Never raises."""
+    the compiled kernel's first launch will ask for it (``tma_descriptors``: every tensor-descriptor
+    argument is lowered to a TMA descriptor). Never raises."""
     try:
-        if any(isinstance(t, str) and t.startswith("tensordesc") for t in signature.values()):
+        n_desc = sum(1 for t in signature.values() if isinstance(t, str) and t.startswith("tensordesc"))
+        if n_desc and not tma_descriptors:
             return
         from triton.runtime.driver import driver
 
@@ -159,6 +170,8 @@ def _build_launcher(jit_fn: object, signature: dict, constexprs: dict, attrs: di
             launch_cooperative_grid=False,
             launch_pdl=False,
         )
+        if n_desc:  # the launcher's C source only asks whether each descriptor's metadata is present
+            meta.tensordesc_meta = [{} for _ in range(n_desc)]
         driver.active.launcher_cls(src, meta)
     except Exception:
         pass

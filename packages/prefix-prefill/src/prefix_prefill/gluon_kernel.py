@@ -33,7 +33,7 @@ def _producer(
     KV: gl.constexpr, Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row,
     page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-    BOX: gl.constexpr, VECTOR_IDS: gl.constexpr,
+    BOX: gl.constexpr, VECTOR_IDS: gl.constexpr, IN_PAGE_COPY: gl.constexpr,
 ):  # fmt: skip
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. Block ``j``
     goes to slot ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context
@@ -41,7 +41,8 @@ def _producer(
     through ``CB_desc`` (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies
     through ``C_desc`` (block [BOX, D]), one per page run (``VECTOR_IDS``: the runs' block ids read as
     one vector, each copy's row taken from it by a warp reduction, instead of one scalar read per copy).
-    The rest: new tokens through ``N_desc``."""
+    ``IN_PAGE_COPY=False``: every context block takes the ``BLOCK_N / BOX`` copies, wherever it lies
+    (one instruction stream for every page size). The rest: new tokens through ``N_desc``."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         for h in gl.static_range(2):
@@ -60,7 +61,7 @@ def _producer(
             if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
                 row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
                 tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
-            elif pos0 % page_size + BLOCK_N <= page_size:  # this block lies inside one page
+            elif IN_PAGE_COPY and pos0 % page_size + BLOCK_N <= page_size:  # inside one page
                 row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
                 tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
             elif VECTOR_IDS:
@@ -84,7 +85,7 @@ def _gluon_fwd_kernel(
     qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
-    VECTOR_IDS: gl.constexpr = False,
+    VECTOR_IDS: gl.constexpr = False, IN_PAGE_COPY: gl.constexpr = True,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -138,12 +139,12 @@ def _gluon_fwd_kernel(
             (_producer, (
                 0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
                 page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, BOX, VECTOR_IDS,
+                NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
             )),
             (_producer, (
                 1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
                 page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, BOX, VECTOR_IDS,
+                NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
             )),
         ],
         [4, 1, 1],

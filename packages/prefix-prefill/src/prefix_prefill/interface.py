@@ -515,6 +515,13 @@ _GLUON_FAILED = False
 # VECTOR_IDS). Offline (sm_90a, NOTES step 55): the eight dependent load -> copy steps become one load
 # and a 3-shuffle reduction per copy. Candidate, off until timed.
 _GLUON_VECTOR_IDS = False
+# Gluon kernel: every context block as BLOCK_N / 16 TMA copies of 16 tokens, wherever it lies (kernel
+# BOX=16, IN_PAGE_COPY=False), so every page size (a multiple of 16) runs one instruction stream and
+# one compiled variant. Session 15 (H200, step 53) saw page 16 -- which always takes the split copies --
+# as fast as the one-copy pages at head 128 and ~10% faster at head 256. Candidate, off until timed.
+_GLUON_UNIFORM_BOX = False
+# Gluon kernel: ring slots at head <= 128 (3 fit in shared memory there; head 256 keeps 2).
+_GLUON_STAGES3 = False
 
 
 def _prime_triton() -> None:
@@ -524,6 +531,8 @@ def _prime_triton() -> None:
     _TRITON_PRIMED = True
     prime_triton()
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
+    if _gluon_fwd_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
+        hook_compiles(_gluon_fwd_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
 
 
 def _gluon_cache(cache: torch.Tensor, cv: CacheView, rows: int) -> object | None:
@@ -577,7 +586,8 @@ def _gluon_launch(
     ):
         return False
     block_m, block_n = 128, (64 if head == 256 else 128)
-    box = math.gcd(kc.page_size, block_n)
+    box = 16 if _GLUON_UNIFORM_BOX else math.gcd(kc.page_size, block_n)
+    stages = 3 if _GLUON_STAGES3 and head <= 128 else 2
     kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
     descs = [
         runtime.gluon_token_rows(q, block_m // 2),
@@ -602,7 +612,8 @@ def _gluon_launch(
             block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
             lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS, num_warps=4,
+            RETURN_LSE=lse is not None, NUM_STAGES=stages, VECTOR_IDS=_GLUON_VECTOR_IDS,
+            IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, num_warps=4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):

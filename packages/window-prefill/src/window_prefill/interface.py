@@ -334,6 +334,8 @@ def _prime_triton() -> None:
     _TRITON_PRIMED = True
     prime_triton()
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
+    if _gluon_fwd_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
+        hook_compiles(_gluon_fwd_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
 
 
 def _launch_fwd(
