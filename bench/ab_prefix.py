@@ -16,7 +16,12 @@ spread (slowest non-power-of-two page over the fastest power-of-two page, and sl
 page) for each setting. ``--rounds N`` times every (page, setting) N times, the pages in a rotated
 order and off/on flipped each round, and reports the median: the H200's clocks drift by a few % over
 a run (session 13 saw one problem at 6.43 and 7.07 ms in one process), which one pass per page takes
-for a page difference. Writes
+for a page difference. ``--robin N`` instead launches every (page, setting) once per round, back to
+back with no pause, N rounds (the order rotated and reversed every other round), each launch timed by
+device events: every page then runs under the same mix of clock states (the card sits at its power
+cap, and a drift over seconds is shared by all), and the median of N launches is reported with its
+quartiles; L2 is not flushed between launches (the rotation spreads whatever a previous launch left).
+Writes
 DIR/ab_prefix<switch>.{csv,md} with ``--out``. Shapes are those of bench/prefix_prefill.py.
 """
 
@@ -125,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
     ap.add_argument("--kv-from-cache", action="store_true",
                     help="k=v=None: new tokens' K/V from the cache (it holds every token)")  # fmt: skip
+    ap.add_argument("--robin", type=int, default=0,
+                    help="round-robin: N rounds of one event-timed launch per (page, setting)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=1,
                     help="time each (page, setting) N times, pages interleaved: medians")  # fmt: skip
     ap.add_argument("--on-value", type=int, default=None,
@@ -161,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.compile_only:
                 continue
             times: dict[tuple[int, bool], list[float]] = {}
-            for rnd in range(args.rounds):  # page order rotated and off/on order flipped each round
+            if args.robin > 0 and not SMOKE:
+                times = _robin(args, pages, fns)
+            for rnd in range(args.rounds if not times else 0):  # pages rotated, off/on flipped each round
                 order = pages[rnd % len(pages) :] + pages[: rnd % len(pages)]
                 for page in order:
                     for on in (False, True) if rnd % 2 == 0 else (True, False):
@@ -174,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                     r = {"shape": name, "layout": layout, "page": page, "switch": args.switch, "on": on,
                          "kv_from_cache": args.kv_from_cache, "ms": ms,
                          "tflops": tflops(flops, ms)}  # fmt: skip
-                    if args.rounds > 1:
+                    if args.robin > 0 and not SMOKE:
+                        q = statistics.quantiles(times[page, on], n=4)
+                        r["q1_ms"], r["q3_ms"], r["launches"] = q[0], q[2], len(times[page, on])
+                    elif args.rounds > 1:
                         r["rounds_ms"] = "/".join(f"{t:.3f}" for t in times[page, on])
                     rows.append(r)
                     print(" ".join(_fmt(k, v) for k, v in r.items()), flush=True)
@@ -219,6 +231,26 @@ def main(argv: list[str] | None = None) -> int:
                 on_value = 1 if args.on_value is None else args.on_value
                 f.write(f"{args.switch}={on_value if best else 0}\n")
     return 0
+
+
+def _robin(args, pages: list[int], fns: dict) -> dict[tuple[int, bool], list[float]]:
+    """``--robin``: device-event milliseconds of every (page, setting) launch, one launch each per
+    round, back to back (see the module docstring)."""
+    keys = [(page, on) for page in pages for on in (False, True)]
+    events: dict[tuple[int, bool], list] = {key: [] for key in keys}
+    for rnd in range(args.robin):
+        order = keys[rnd % len(keys) :] + keys[: rnd % len(keys)]
+        for key in order if rnd % 2 == 0 else order[::-1]:
+            with _switched(args, key[1]):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                fns[key]()
+                e1.record()
+            events[key].append((e0, e1))
+        if rnd % 4 == 3:  # a bounded queue; the host stays ahead of the device within a round
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return {key: [e0.elapsed_time(e1) for e0, e1 in evs] for key, evs in events.items()}
 
 
 def _precompile(args, shapes: dict, layouts: list[str], pages: list[int]) -> None:
