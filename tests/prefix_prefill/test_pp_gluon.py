@@ -96,7 +96,7 @@ except ImportError:  # Triton >= 3.7 launches every kernel through one generic l
 
 # head, box, new tokens from the cache, vector ids, one copy for a block inside a page, ring slots
 CASES = ((128, 16, False, False, True, 2), (256, 64, True, False, True, 2), (128, 16, False, True, True, 2),
-         (256, 16, False, False, False, 2), (128, 16, True, False, False, 3))
+         (256, 16, False, False, False, 2), (128, 16, True, False, False, 2))
 for head, box, from_cache, vector_ids, in_page, stages in CASES:
     bn = 64 if head == 256 else 128
     lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
@@ -200,13 +200,12 @@ def test_gpu_gluon_pages(page, head, dtype, from_cache, gluon_launches):
 @pytest.mark.parametrize("page", [16, 1040, 32, 512])
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize(
-    "switch,head", [("_GLUON_VECTOR_IDS", 128), ("_GLUON_UNIFORM_BOX", 128), ("_GLUON_UNIFORM_BOX", 256),
-                    ("_GLUON_STAGES3", 128)],
-)  # fmt: skip
+    "switch,head", [("_GLUON_VECTOR_IDS", 128), ("_GLUON_UNIFORM_BOX", 128), ("_GLUON_UNIFORM_BOX", 256)]
+)
 def test_gpu_gluon_candidates(switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches (``_GLUON_VECTOR_IDS``: a block's page-run ids read as one vector;
-    ``_GLUON_UNIFORM_BOX``: 16-token copies for every block and page; ``_GLUON_STAGES3``: three ring
-    slots): same answers, same NaN-filled unread slots."""
+    ``_GLUON_UNIFORM_BOX``: 16-token copies for every block and page): same answers, same NaN-filled
+    unread slots."""
     monkeypatch.setattr(itf, switch, True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,

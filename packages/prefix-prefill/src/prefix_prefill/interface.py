@@ -500,6 +500,7 @@ _TRITON_PRIMED = False
 # Build the kernel's launcher (a C module Triton compiles with gcc, 0.25-0.35 s) in a thread while the
 # kernel itself compiles (prefill_runtime.hook_compiles). H200, NOTES step 49: cold first call (k
 # given, bf16) 2.70 / 2.89 -> 2.16 / 2.42 s at head 128 with the (dropped) line-table shortcut too.
+# The Gluon kernel's too (its descriptors are all TMA: step 56, 3.58 / 3.27 -> 3.08 / 2.97 s).
 _PREBUILD_LAUNCHER = True
 # The warp-specialised Gluon kernel (prefix_prefill.gluon_kernel: a TMA producer warp filling K/V rings
 # page box by page box, two consumer warpgroups overlapping softmax and wgmma) where it applies
@@ -517,11 +518,10 @@ _GLUON_FAILED = False
 _GLUON_VECTOR_IDS = False
 # Gluon kernel: every context block as BLOCK_N / 16 TMA copies of 16 tokens, wherever it lies (kernel
 # BOX=16, IN_PAGE_COPY=False), so every page size (a multiple of 16) runs one instruction stream and
-# one compiled variant. Session 15 (H200, step 53) saw page 16 -- which always takes the split copies --
-# as fast as the one-copy pages at head 128 and ~10% faster at head 256. Candidate, off until timed.
+# one compiled variant. H200, NOTES step 56 (round-robin timing): page spread llama 1.021 -> 1.000,
+# qwen 1.017 -> 1.008, but the one-copy pages 1.5% (llama) / 1% (qwen) slower. Off: both forms keep
+# every page within 3%, and the default is the faster.
 _GLUON_UNIFORM_BOX = False
-# Gluon kernel: ring slots at head <= 128 (3 fit in shared memory there; head 256 keeps 2).
-_GLUON_STAGES3 = False
 
 
 def _prime_triton() -> None:
@@ -587,7 +587,6 @@ def _gluon_launch(
         return False
     block_m, block_n = 128, (64 if head == 256 else 128)
     box = 16 if _GLUON_UNIFORM_BOX else math.gcd(kc.page_size, block_n)
-    stages = 3 if _GLUON_STAGES3 and head <= 128 else 2
     kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
     descs = [
         runtime.gluon_token_rows(q, block_m // 2),
@@ -612,7 +611,7 @@ def _gluon_launch(
             block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
             lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=stages, VECTOR_IDS=_GLUON_VECTOR_IDS,
+            RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
             IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, num_warps=4,
         )  # fmt: skip
 

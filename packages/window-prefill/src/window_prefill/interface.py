@@ -76,6 +76,7 @@ _TRITON_PRIMED = False
 # Build the kernel's launcher (a C module Triton compiles with gcc, 0.25-0.35 s) in a thread while the
 # kernel itself compiles (prefill_runtime.hook_compiles). H200, NOTES step 49: cold first call (k
 # given, bf16) 2.70 / 2.89 -> 2.16 / 2.42 s at head 128 with the (dropped) line-table shortcut too.
+# The Gluon kernel's too (its descriptors are all TMA: step 56, 3.58 / 3.27 -> 3.08 / 2.97 s).
 _PREBUILD_LAUNCHER = True
 # The interior blocks before the masked edge blocks without descriptors too (offline, LLM 128/128/8/2:
 # interior loop 537 -> 517 SASS); timed: no gain (NOTES step 32), off.
