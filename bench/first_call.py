@@ -11,7 +11,8 @@ sequence lengths and batch size and reports whether that compiled anything (it m
     python bench/first_call.py --smoke     # CPU: Triton interpreter, tiny shapes (checks the script)
 
 Writes DIR/first_call.{csv,md} with ``--out``. ``FIRST_CALL_PROFILE=FILE`` in the environment appends a
-cProfile of every child's first call (cumulative and own time; cProfile slows Python-heavy parts) to FILE.
+cProfile of every child's first call (cumulative and own time; cProfile slows Python-heavy parts) to FILE;
+``FIRST_CALL_STAGES=FILE`` a wall-time timeline of Triton's compile steps in that call (no profiler).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _child(
         import prefix_prefill.interface as pi
         from prefix_prefill import prefix_prefill
 
-        jits = [pi._fwd_kernel]
+        jits = [pi._fwd_kernel, pi._gluon_fwd_kernel]  # NHD 16-bit on sm90 runs the Gluon kernel
         page = 16
 
         def make(lens):
@@ -112,16 +113,25 @@ def _child(
     call2 = make([1, 513, 64, 90] if not smoke else [3, 17, 2])  # other lengths and batch size
     sync()
     inputs = time.perf_counter() - t
+    t_call = [0.0]
+    events: list[tuple[str, str, float, float]] = []
+    if os.environ.get("FIRST_CALL_STAGES") and not smoke:
+        _time_stages(events, t_call)
     prof = None
     if os.environ.get("FIRST_CALL_PROFILE"):  # cProfile of the first call: where its seconds go
         import cProfile
 
         prof = cProfile.Profile()
         prof.enable()
-    t = time.perf_counter()
+    t = t_call[0] = time.perf_counter()
     call1()
     sync()
     first = time.perf_counter() - t
+    if events:
+        with open(os.environ["FIRST_CALL_STAGES"], "a") as f:
+            f.write(f"===== {kernel} {dtype_name} d{head} sets={sets} first={first:.3f} s\n")
+            for name, thread, start, dur in sorted(events, key=lambda e: e[2]):
+                f.write(f"  {start:7.3f} +{dur:6.3f} s  {name}  [{thread}]\n")
     if prof is not None:
         import io
         import pstats
@@ -135,12 +145,61 @@ def _child(
             f.write(f"===== {kernel} {dtype_name} d{head} sets={sets} first={first:.3f} s\n")
             f.write(buf.getvalue() + "\n")
     before = n_compiled()
+    # compiled variants per kernel after the first call (Triton kernel, Gluon kernel): 1 in all when one
+    # kernel ran; a Gluon kernel that failed and left the call to the Triton one shows as 2
+    caches = [getattr(jit, "device_caches", None) for jit in jits]  # none under the interpreter
+    variants = "/".join(str(sum(len(e[0]) for e in c.values())) if c is not None else "-" for c in caches)
     t = time.perf_counter()
     call2()
     sync()
     second = time.perf_counter() - t
     return {"first_call_s": first, "second_call_s": second, "recompiled": n_compiled() != before,
-            "inputs_s": inputs}  # fmt: skip
+            "variants": variants, "inputs_s": inputs}  # fmt: skip
+
+
+def _time_stages(events: list, t_call: list) -> None:
+    """``FIRST_CALL_STAGES=FILE``: wrap Triton's compile steps (front end, each backend stage, the gcc-built
+    modules, the library hash) so the child writes when each started after the call began and how long
+    it took, with its thread, to FILE (wall time; no profiler overhead)."""
+    import threading
+
+    def timed(name, fn):
+        def run(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                now = time.perf_counter()
+                events.append((name, threading.current_thread().name, start - t_call[0], now - start))
+
+        return run
+
+    try:
+        from triton.backends.nvidia import compiler as nvc
+        from triton.backends.nvidia import driver as nvd
+        from triton.compiler import compiler as cc
+        from triton.runtime import cache
+
+        add = nvc.CUDABackend.add_stages
+
+        def add_stages(self, stages, options, *rest):
+            add(self, stages, options, *rest)
+            for key in list(stages):
+                stages[key] = timed(f"stage {key}", stages[key])
+
+        nvc.CUDABackend.add_stages = add_stages
+        cc.ASTSource.make_ir = timed("front end", cc.ASTSource.make_ir)
+        nvd.compile_module_from_src = timed("gcc module", nvd.compile_module_from_src)
+        cache.triton_key = timed("triton_key", cache.triton_key)
+        import triton.compiler
+
+        triton.compiler.compile = timed("triton.compile", triton.compiler.compile)  # bound at a first run
+        cc.CompiledKernel._init_handles = timed("load binary + launcher", cc.CompiledKernel._init_handles)
+        from triton.experimental.gluon import _runtime as gr
+
+        gr.GluonASTSource.make_ir = timed("front end (gluon)", gr.GluonASTSource.make_ir)
+    except Exception as exc:  # another Triton: time what could be wrapped
+        print(f"# stage timer: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
