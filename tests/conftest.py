@@ -69,3 +69,61 @@ def count_gluon_launches(monkeypatch: pytest.MonkeyPatch, iface) -> list[int]:
     monkeypatch.setattr(iface, "_gluon_launch", counted)
     monkeypatch.setattr(iface, "_GLUON", True)
     return taken
+
+
+# Head of the scripts that compile a Gluon kernel for sm90 in a fresh interpreter (see
+# compile_gluon_for_sm90): the imports and compile_sm90(fn, sig, consts) -> (source, compiled kernel).
+GLUON_COMPILE_PREAMBLE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+
+def compile_sm90(fn, sig, consts):
+    sig = {**sig, **{name: "constexpr" for name in consts if name not in sig}}
+    src = GluonASTSource(fn, sig, consts, {})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
+    print("shared", kernel.metadata.shared)
+    return src, kernel
+"""
+
+
+def compile_gluon_for_sm90(script: str) -> tuple[list[int], str]:
+    """Run ``GLUON_COMPILE_PREAMBLE + script`` in a subprocess (no GPU needed; a fresh interpreter, since
+    this one's interpreter mode swaps Triton's library functions); it must succeed. Returns the shared
+    memory (bytes) of every kernel it compiled through ``compile_sm90``, and its stdout."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    code = GLUON_COMPILE_PREAMBLE + script
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shared = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("shared ")]
+    return shared, r.stdout
+
+
+def refuse_gluon(monkeypatch: pytest.MonkeyPatch, iface) -> list[dict]:
+    """Turn a package interface's Gluon kernel on (``iface._GLUON``) and replace its ``_gluon_launch`` by
+    one that refuses every call: the returned list holds each offered call's keyword arguments, and the
+    Triton kernel answers (the routing tests, which run on the CPU)."""
+    offered: list[dict] = []
+
+    def offer(*args, **kwargs):
+        offered.append(kwargs)
+        return False
+
+    monkeypatch.setattr(iface, "_gluon_launch", offer)
+    monkeypatch.setattr(iface, "_GLUON", True)
+    return offered
+
+
+def compiled_variants(jit_fn) -> int:
+    """How many variants of a ``@triton.jit`` / ``@gluon.jit`` kernel this process compiled (over every
+    device); skips the calling test on a Triton that does not keep per-device caches."""
+    caches = getattr(jit_fn, "device_caches", None)
+    if not caches:
+        pytest.skip("this triton has no device_caches")
+    return sum(len(entry[0]) for entry in caches.values())

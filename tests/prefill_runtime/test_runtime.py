@@ -359,6 +359,21 @@ def test_gpu_launcher_prebuild(tmp_path, mode):
     assert got["launchers"] == (2 * got["kernels"] if mode == "wrong" else got["kernels"]), got
 
 
+def test_gluon_applies():
+    """The conditions both Gluon kernels share: sm90, 16-bit, head 64/128/256, no sinks or soft-capping,
+    a positive scale; each one alone turns the answer to False."""
+    q = torch.empty(8, 2, 128, dtype=torch.bfloat16)
+    ok = dict(sinks=None, softcap=0.0, scale=0.1)
+    assert prefill_runtime.gluon_applies(q, "sm90", **ok)
+    assert not prefill_runtime.gluon_applies(q, "sm80", **ok)
+    assert not prefill_runtime.gluon_applies(q, "interpreter", **ok)
+    assert not prefill_runtime.gluon_applies(q.float(), "sm90", **ok)
+    assert not prefill_runtime.gluon_applies(torch.empty(8, 2, 96, dtype=torch.float16), "sm90", **ok)
+    assert not prefill_runtime.gluon_applies(q, "sm90", **{**ok, "sinks": torch.zeros(2)})
+    assert not prefill_runtime.gluon_applies(q, "sm90", **{**ok, "softcap": 30.0})
+    assert not prefill_runtime.gluon_applies(q, "sm90", **{**ok, "scale": 0.0})
+
+
 def test_gluon_token_rows_and_descriptor():
     """TMA descriptors of the Gluon kernels: ``[tokens, heads, D]`` seen as ``[tokens, heads * D]``; None
     for strides TMA cannot take (heads not D apart, a feature stride, unaligned rows)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, DTYPES, ON_GPU, poison
+from conftest import DEVICE, DTYPES, ON_GPU, compiled_variants, poison
 from pp_cases import (
     FP8_E4M3,
     FP8_E5M2,
@@ -757,17 +757,14 @@ def test_gpu_no_host_sync_and_cuda_graph():
 def test_gpu_compiled_variants_do_not_depend_on_lengths():
     from prefix_prefill.kernel import _fwd_kernel
 
-    def n_variants():  # compiled binaries across devices (first entry of each cache tuple)
-        return sum(len(c[0]) for c in _fwd_kernel.device_caches.values())
-
     for i, seqs in enumerate([[(10, 5)], [(3000, 700), (0, 1)], [(17, 33)] * 9, [(100000, 16)]]):
         case = make_case(
             seqs, num_heads=4, num_kv_heads=1, head_size=64, page=16, dtype=torch.float16, device=DEVICE
         )
         run_py(case, validate=False)
         if i == 0:
-            first = n_variants()
-    assert n_variants() == first
+            first = compiled_variants(_fwd_kernel)
+    assert compiled_variants(_fwd_kernel) == first
 
 
 # ---------------------------------------------------------------------------- logit soft-capping

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, ON_GPU, poison
-from wp_util import cu_of, make_qkv, reference, run, tile_key_range
+from conftest import DEVICE, ON_GPU, compiled_variants, poison
+from wp_util import check_graph_replay, cu_of, make_qkv, reference, run, tile_key_range
 
 from attn_reference import compare
 from window_prefill import context_attention_fwd, window_prefill
@@ -293,35 +293,20 @@ def test_default_path_never_syncs(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture():
     q, k, v, cu = make_qkv([100, 1, 700], 4, 2, 64, torch.float16)
-    out = torch.empty_like(q)
-    window_prefill(q, k, v, cu, 700, window=(63, -1), out=out)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        window_prefill(q, k, v, cu, 700, window=(63, -1), out=out)
-    poison(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert compare(out, reference(q, k, v, cu, window=(63, -1)))
+    check_graph_replay(q, k, v, cu, 700, window=(63, -1))
 
 
 @pytest.mark.gpu
 def test_gpu_compiled_variants_do_not_depend_on_lengths():
     from window_prefill.kernel import _fwd_kernel
 
-    def n_variants() -> int:
-        caches = getattr(_fwd_kernel, "device_caches", None)
-        if not caches:
-            pytest.skip("this triton has no device_caches")
-        return sum(len(entry[0]) for entry in caches.values())
-
     q, k, v, cu = make_qkv([100, 1, 700], 4, 2, 64, torch.float16)
     window_prefill(q, k, v, cu, 700, window=(63, -1))
-    before = n_variants()
+    before = compiled_variants(_fwd_kernel)
     for lens in ([5], [333, 4000, 17], [2048] * 7):
         q, k, v, cu = make_qkv(lens, 4, 2, 64, torch.float16)
         window_prefill(q, k, v, cu, max(lens), window=(63 + len(lens), -1))
-    assert n_variants() == before
+    assert compiled_variants(_fwd_kernel) == before
 
 
 # ------------------------------------------------------------------------- drop-in for vLLM

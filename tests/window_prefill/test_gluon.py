@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import count_gluon_launches, needs_sm90, poison
-from wp_util import make_qkv, reference, run, tile_key_range
+from conftest import (
+    compile_gluon_for_sm90,
+    compiled_variants,
+    count_gluon_launches,
+    needs_sm90,
+    poison,
+    refuse_gluon,
+)
+from wp_util import check_graph_replay, make_qkv, reference, run, tile_key_range
 
 import window_prefill.interface as itf
 from attn_reference import compare
@@ -105,11 +112,6 @@ def test_gluon_config_flag(monkeypatch):
 
 
 _COMPILE_SCRIPT = """
-import sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 import window_prefill.interface as itf
 
 for head_dim, lse in ((128, False), (64, True), (256, False)):
@@ -130,29 +132,17 @@ for head_dim, lse in ((128, False), (64, True), (256, False)):
     )
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    sig.update({name: "constexpr" for name in consts if name not in sig})
-    src = GluonASTSource(itf._gluon_fwd_kernel, sig, consts, {})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
-    print("shared", head_dim, kernel.metadata.shared)
+    compile_sm90(itf._gluon_fwd_kernel, sig, consts)
 """
 
 
 def test_gluon_kernel_compiles_for_sm90():
-    """The kernel compiles for sm90 with the installed Triton (no GPU needed; a subprocess, since the
-    interpreter mode of this one swaps Triton's library functions) in one program's shared memory
-    (227 KiB), for both head sizes, with and without the LSE."""
+    """The kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's shared
+    memory (227 KiB), for both head sizes, with and without the LSE."""
     if itf._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    shared = [int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("shared")]
-    assert len(shared) == 3 and max(shared) <= 227 * 1024, r.stdout
+    shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
+    assert len(shared) == 3 and max(shared) <= 227 * 1024, out
 
 
 @pytest.mark.parametrize(
@@ -330,29 +320,13 @@ def test_gpu_gluon_falls_back(what, gluon_launches):
 def test_gpu_gluon_cuda_graph_and_no_recompile(gluon_launches):
     """Captured in a CUDA graph it replays right; other lengths and batch sizes never recompile it."""
     q, k, v, cu = make_qkv([100, 1, 700], 4, 2, 128, torch.bfloat16)
-    out = torch.empty_like(q)
-    window_prefill(q, k, v, cu, 700, window=(63, -1), out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        window_prefill(q, k, v, cu, 700, window=(63, -1), out=out)
-    poison(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert compare(out, reference(q, k, v, cu, window=(63, -1)))
+    check_graph_replay(q, k, v, cu, 700, window=(63, -1))
 
-    caches = getattr(itf._gluon_fwd_kernel, "device_caches", None)
-    if not caches:
-        pytest.skip("this triton has no device_caches")
-
-    def n_variants() -> int:
-        return sum(len(entry[0]) for entry in caches.values())
-
-    before = n_variants()
+    before = compiled_variants(itf._gluon_fwd_kernel)
     for lens in ([5], [333, 4000, 17], [2048] * 7):
         q, k, v, cu = make_qkv(lens, 4, 2, 128, torch.bfloat16)
         window_prefill(q, k, v, cu, max(lens), window=(63 + len(lens), -1))
-    assert n_variants() == before
+    assert compiled_variants(itf._gluon_fwd_kernel) == before
     assert len(gluon_launches) == 5
 
 
@@ -361,14 +335,7 @@ def test_gluon_routing(monkeypatch):
     offered the call (window already normalised, ``cu_seqlens`` or ``(starts, lens)``, the LSE buffer)
     only when the width rule holds or ``_GLUON_FORCE`` is set, never with ``_GLUON`` off; returning
     False leaves the Triton kernel to write the right answer."""
-    seen = []
-
-    def offer(*args, **kwargs):
-        seen.append(kwargs)
-        return False
-
-    monkeypatch.setattr(itf, "_gluon_launch", offer)
-    monkeypatch.setattr(itf, "_GLUON", True)
+    seen = refuse_gluon(monkeypatch, itf)
     monkeypatch.setattr(itf, "_GLUON_MIN_WIDTH", 24)  # the test sequences are short
     q, k, v, cu = make_qkv([30, 9], 2, 1, 32, torch.float16)
     cfg = Config(16, 16, 1, 1, False, True)

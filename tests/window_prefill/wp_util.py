@@ -91,3 +91,22 @@ def tile_key_range(m0: int, m1: int, seq_len: int, causal: bool, window: tuple[i
     lo, hi = min(visible), max(visible) + 1
     assert len(visible) == hi - lo, "the visible keys of a tile form one interval"
     return lo, hi
+
+
+def check_graph_replay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                       **kwargs) -> None:  # fmt: skip
+    """window_prefill captured in a CUDA graph (compiled outside the capture) replays into a
+    NaN-poisoned output and matches the float64 reference; ``kwargs`` go to both (e.g. ``window``)."""
+    from attn_reference import compare
+
+    out = torch.empty_like(q)
+    window_prefill(q, k, v, cu, max_len, out=out, **kwargs)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        window_prefill(q, k, v, cu, max_len, out=out, **kwargs)
+    poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    c = compare(out, reference(q, k, v, cu, **kwargs))
+    assert c, c

@@ -18,6 +18,7 @@ __version__ = "0.4.1"
 
 from prefill_runtime.host import (
     check_lse,
+    gluon_applies,
     gluon_descriptor,
     gluon_token_rows,
     gluon_try_launch,
@@ -30,6 +31,7 @@ from prefill_runtime.host import (
 __all__ = [
     "__version__",
     "check_lse",
+    "gluon_applies",
     "gluon_descriptor",
     "gluon_token_rows",
     "gluon_try_launch",

@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -61,6 +62,15 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     mbarrier.init(fix_bar.index(0), count=2)
     fence_async_shared()
     return q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar.index(0)
+
+
+@gluon.jit
+def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of
+    ``Q_desc``, into ``q_smem.index(h)``, each announced on ``q_bar.index(h)`` (one per consumer)."""
+    for h in gl.static_range(2):
+        mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(Q_desc, [row0 + h * HALF_M, col], q_bar.index(h), q_smem.index(h))
 
 
 @gluon.jit

@@ -287,6 +287,21 @@ def gluon_token_rows(t: torch.Tensor, rows: int):
     return gluon_descriptor(t, [t.shape[0], t.shape[1] * d], t.stride(0), rows, d)
 
 
+def gluon_applies(q: torch.Tensor, arch: str, *, sinks: object, softcap: float, scale: float) -> bool:
+    """What both packages' Gluon kernels need of a call: an sm90 launch (``arch`` as the launchers name
+    it), 16-bit ``q`` with head size 64, 128 or 256 (``q`` ``[tokens, heads, head]``), fewer than 2**31
+    tokens, no sinks, no soft-capping and a positive softmax scale. Each package adds its own terms."""
+    return (
+        arch == "sm90"
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[2] in (64, 128, 256)
+        and q.shape[0] < 2**31
+        and sinks is None
+        and not softcap > 0
+        and scale > 0
+    )
+
+
 def gluon_try_launch(launch: Callable[[], object], package: str) -> bool:
     """Run ``launch`` (a Gluon kernel's launch); True when it ran. A Triton whose Gluon cannot build or
     launch the kernel raises here: warn once on the caller's behalf and return False, so the caller

@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from paged_kv_offsets.gluon import page_row
-from prefill_runtime.gluon import allocate_rings, consumer
+from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
 
 
 @gluon.jit
@@ -45,11 +45,7 @@ def _producer(
     (one instruction stream for every page size). The rest: new tokens through ``N_desc``."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
-        for h in gl.static_range(2):
-            mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(
-                Q_desc, [q_tok0 + m0 + h * HALF_M, head * HEAD_DIM], q_bar.index(h), q_smem.index(h)
-            )
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0

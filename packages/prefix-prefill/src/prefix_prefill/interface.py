@@ -566,24 +566,18 @@ def _gluon_launch(
     if (
         _gluon_fwd_kernel is None
         or _GLUON_FAILED
-        or arch != "sm90"
-        or q.dtype not in (torch.float16, torch.bfloat16)
+        or not runtime.gluon_applies(q, arch, sinks=sinks, softcap=softcap, scale=scale)
         or k_cache.dtype != q.dtype
         or v_cache.dtype != q.dtype
         or o.dtype != q.dtype
-        or head not in (64, 128, 256)
         or not causal
         or left >= 0
         or right >= 0
         or alibi_slopes is not None
-        or sinks is not None
-        or softcap > 0
         or skip_decode
-        or not scale > 0
         or kc.page_size % 16
         or seq_lens.shape[0] > _MAX_GRID_YZ
         or q.shape[1] > _MAX_GRID_YZ
-        or q.shape[0] >= 2**31
     ):
         return False
     block_m, block_n = 128, (64 if head == 256 else 128)

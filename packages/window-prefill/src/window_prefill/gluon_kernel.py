@@ -39,7 +39,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from prefill_runtime.gluon import allocate_rings, consumer
+from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
+from window_prefill.kernel import program_tile, tile_key_range
 
 
 @gluon.jit
@@ -51,11 +52,7 @@ def _ws_producer(
     """One warp: the two Q halves, then K_j and V_j of every key block into slot j % NUM_STAGES once
     both consumers released that slot (a fresh barrier passes the first round's wait)."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
-    for h in gl.static_range(2):
-        mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(
-            Q_desc, [tok0 + m0 + h * HALF_M, head * HEAD_DIM], q_bar.index(h), q_smem.index(h)
-        )
+    load_q_halves(Q_desc, q_smem, q_bar, tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         phase = ((j // NUM_STAGES) & 1) ^ 1
@@ -79,39 +76,15 @@ def _gluon_fwd_kernel(
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
     ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring."""
-    # The tile's key range and interior: the Triton kernel's arithmetic (kernel._fwd_kernel), restated
-    # because a Gluon function cannot call a Triton one; both kernels pass the same skipping proofs.
-    if IS_CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        pid_m = gl.program_id(0)
-    head = gl.program_id(1)
-    seq = gl.program_id(2)
-    tok0 = gl.load(Starts + seq).to(gl.int32)
-    if LENS_FROM_STARTS:
-        seq_len = gl.load(Starts + seq + 1).to(gl.int32) - tok0
-    else:
-        seq_len = gl.load(Lens + seq).to(gl.int32)
+    pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, False)  # int32
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:
         return
     m1 = gl.minimum(m0 + BLOCK_M, seq_len)
-    key_lo = m0 * 0
-    key_hi = seq_len
-    if HAS_LEFT:
-        key_lo = gl.maximum(m0 - window_left, 0)
-    if HAS_RIGHT:
-        key_hi = gl.minimum(key_hi, m1 + window_right)
-    if IS_CAUSAL:
-        key_hi = gl.minimum(key_hi, m1)
-    full_lo = key_lo
-    full_hi = key_hi
-    if HAS_LEFT:
-        full_lo = gl.maximum(full_lo, m1 - 1 - window_left)
-    if HAS_RIGHT:
-        full_hi = gl.minimum(full_hi, m0 + window_right + 1)
-    if IS_CAUSAL:
-        full_hi = gl.minimum(full_hi, m0 + 1)
+    # the tile's key range and interior: the Triton kernel's own helper (same blocks skipped)
+    key_lo, key_hi, full_lo, full_hi = tile_key_range(
+        m0, m1, seq_len, window_left, window_right, IS_CAUSAL, HAS_LEFT, HAS_RIGHT
+    )
     n_lo = (key_lo // BLOCK_N) * BLOCK_N
     n_full_lo = gl.cdiv(full_lo, BLOCK_N) * BLOCK_N
     n_full_hi = gl.maximum((full_hi // BLOCK_N) * BLOCK_N, n_full_lo)

@@ -155,13 +155,7 @@ def _gluon_launch(
     if (
         _gluon_fwd_kernel is None
         or _GLUON_FAILED
-        or arch != "sm90"
-        or q.dtype not in (torch.float16, torch.bfloat16)
-        or head_dim not in (64, 128, 256)
-        or sinks is not None
-        or softcap > 0
-        or not softmax_scale > 0
-        or q.shape[0] >= 2**31
+        or not runtime.gluon_applies(q, arch, sinks=sinks, softcap=softcap, scale=softmax_scale)
     ):
         return False
     block_m, block_n = 128, (64 if head_dim == 256 else 128)  # head 256: [64, 256] O tiles need the registers

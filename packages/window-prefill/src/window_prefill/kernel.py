@@ -237,6 +237,63 @@ def _attn_blocks(
     return acc, l_i, m_i
 
 
+@triton.jit
+def program_tile(
+    Starts, Lens, IS_CAUSAL: tl.constexpr, LENS_FROM_STARTS: tl.constexpr, TOK_I64: tl.constexpr
+):
+    """This program's ``(pid_m, head, tok0, seq_len)`` on the grid ``(cdiv(max_len, BLOCK_M), num_heads,
+    batch)``: query tile, head, the sequence's first token (int64 with ``TOK_I64``, else int32) and its
+    length (int32; ``Starts[b + 1] - Starts[b]`` with ``LENS_FROM_STARTS``, else ``Lens[b]``). Causal
+    grids run backwards: the latest query tiles carry the most keys, so they start first. Shared by
+    this Triton kernel and the Gluon one (``window_prefill.gluon_kernel``)."""
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    if TOK_I64:
+        tok0 = tl.load(Starts + seq).to(tl.int64)
+        if LENS_FROM_STARTS:
+            seq_len = (tl.load(Starts + seq + 1).to(tl.int64) - tok0).to(tl.int32)
+        else:
+            seq_len = tl.load(Lens + seq).to(tl.int32)
+    else:
+        tok0 = tl.load(Starts + seq).to(tl.int32)
+        if LENS_FROM_STARTS:
+            seq_len = tl.load(Starts + seq + 1).to(tl.int32) - tok0
+        else:
+            seq_len = tl.load(Lens + seq).to(tl.int32)
+    return pid_m, head, tok0, seq_len
+
+
+@triton.jit
+def tile_key_range(m0, m1, seq_len, window_left, window_right, IS_CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr,
+                   HAS_RIGHT: tl.constexpr):  # fmt: skip
+    """Key range of the query tile ``[m0, m1)`` (``m1`` one past its last real row) of a sequence of
+    ``seq_len`` tokens: ``(key_lo, key_hi, full_lo, full_hi)``, int32 scalars whichever flags are set.
+    ``[key_lo, key_hi)`` holds every key some row of the tile sees; ``[full_lo, full_hi)`` the keys every
+    real row sees (empty when ``full_lo >= full_hi``). Shared by this Triton kernel and the Gluon one
+    (``window_prefill.gluon_kernel``, which calls it as a Gluon function), so both skip the same blocks."""
+    key_lo = m0 * 0
+    key_hi = seq_len
+    if HAS_LEFT:
+        key_lo = tl.maximum(m0 - window_left, 0)
+    if HAS_RIGHT:
+        key_hi = tl.minimum(key_hi, m1 + window_right)
+    if IS_CAUSAL:
+        key_hi = tl.minimum(key_hi, m1)
+    full_lo = key_lo
+    full_hi = key_hi
+    if HAS_LEFT:
+        full_lo = tl.maximum(full_lo, m1 - 1 - window_left)
+    if HAS_RIGHT:
+        full_hi = tl.minimum(full_hi, m0 + window_right + 1)
+    if IS_CAUSAL:
+        full_hi = tl.minimum(full_hi, m0 + 1)
+    return key_lo, key_hi, full_lo, full_hi
+
+
 @triton.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h"])
 def _fwd_kernel(
     Q,
@@ -289,42 +346,15 @@ def _fwd_kernel(
     [total_tokens, kv_heads * HEAD_DIM] with block [BLOCK_N, HEAD_DIM] (used by interior blocks only:
     masked blocks keep lane-masked loads, so no key outside a tile's range is read).
     With RETURN_LSE, row ``i`` of head ``h`` also writes ``Lse[h * stride_lse_h + token]`` (float32)."""
-    if IS_CAUSAL:
-        # Latest query tiles carry the most keys: launch them first.
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
-
-    tok0 = tl.load(Starts + seq).to(tl.int64)
-    if LENS_FROM_STARTS:
-        seq_len = (tl.load(Starts + seq + 1).to(tl.int64) - tok0).to(tl.int32)
-    else:
-        seq_len = tl.load(Lens + seq).to(tl.int32)
+    pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, True)
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:
         return
     m1 = tl.minimum(m0 + BLOCK_M, seq_len)  # one past the tile's last real row
 
-    # ---- key range [key_lo, key_hi) visible to some row of the tile ----
-    key_lo = m0 * 0  # int32 tensors throughout, whichever flags are set
-    key_hi = seq_len
-    if HAS_LEFT:
-        key_lo = tl.maximum(m0 - window_left, 0)
-    if HAS_RIGHT:
-        key_hi = tl.minimum(key_hi, m1 + window_right)
-    if IS_CAUSAL:
-        key_hi = tl.minimum(key_hi, m1)
-    # ---- interior [full_lo, full_hi): every key visible to every real row of the tile ----
-    full_lo = key_lo
-    full_hi = key_hi
-    if HAS_LEFT:
-        full_lo = tl.maximum(full_lo, m1 - 1 - window_left)
-    if HAS_RIGHT:
-        full_hi = tl.minimum(full_hi, m0 + window_right + 1)
-    if IS_CAUSAL:
-        full_hi = tl.minimum(full_hi, m0 + 1)
+    key_lo, key_hi, full_lo, full_hi = tile_key_range(
+        m0, m1, seq_len, window_left, window_right, IS_CAUSAL, HAS_LEFT, HAS_RIGHT
+    )
     if BIAS_KEY0:
         full_lo = tl.maximum(full_lo, 1)  # key 0 carries the sink bias: it must take the masked path
     n_lo = (key_lo // BLOCK_N) * BLOCK_N
