@@ -59,8 +59,10 @@ def _launch(case, **over):
     ["interpreter", "split", "hnd", "fp32", "page_8", "window", "alibi", "sinks", "softcap", "skip_decode",
      "non_causal", "head_96"],
 )  # fmt: skip
-def test_gluon_not_taken(what):
-    """Calls the Gluon kernel does not take: ``_gluon_launch`` returns False before any launch."""
+def test_gluon_not_taken(what, monkeypatch):
+    """Calls the Gluon kernel does not take: ``_gluon_launch`` returns False before any launch (the split
+    layout: with ``_GLUON_SPLIT`` off)."""
+    monkeypatch.setattr(itf, "_GLUON_SPLIT", False)
     layout = {"split": "split", "hnd": "hnd"}.get(what, "nhd")
     dtype = torch.float32 if what == "fp32" else torch.float16
     page = 8 if what == "page_8" else 16
@@ -89,6 +91,37 @@ def test_gluon_not_taken_for_interleaved_pages():
     both = torch.stack([case.k_cache, case.v_cache], dim=1)  # [blocks, 2, page, heads, dim]
     case.k_cache, case.v_cache = both[:, 0], both[:, 1]
     assert _launch(case) is False
+
+
+def _split_case(head=128, dtype=torch.bfloat16, page=16):
+    return make_case([(40, 5)], num_heads=2, num_kv_heads=1, head_size=head, page=page, dtype=dtype,
+                     device="cpu", layout="split")  # fmt: skip
+
+
+def test_split_gather_strides():
+    """Which split caches the Gluon split kernel's 16-byte gathers take: vLLM's 16-bit layout (x = 8),
+    not a K cache with another ``x``, a V cache whose keys are not contiguous, a base or a stride that
+    is not 16-byte aligned."""
+    case = _split_case()
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "split")
+    assert itf._split_gather_strides(case.k_cache, case.v_cache, kc, vc) == (
+        kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim
+    )
+    nb, h, d, page = case.v_cache.shape
+    k4 = torch.empty(nb, h, d // 4, page, 4, dtype=case.k_cache.dtype)  # x = 4
+    v_slot2 = torch.empty(nb, h, d, page, 2, dtype=case.v_cache.dtype)[..., 0]  # keys 2 apart
+    v_off = torch.empty(case.v_cache.numel() + 1, dtype=case.v_cache.dtype)[1:].view(case.v_cache.shape)
+    big = torch.empty(nb, h, d, page + 4, dtype=case.v_cache.dtype)[..., :page]  # page stride 20: not 8
+    for kcache, vcache in ((k4, case.v_cache), (case.k_cache, v_slot2), (case.k_cache, v_off),
+                           (case.k_cache, big)):  # fmt: skip
+        kc, vc = describe_kv_cache(kcache, vcache, "split")
+        assert itf._split_gather_strides(kcache, vcache, kc, vc) is None
+
+
+def test_split_not_taken_without_switch(monkeypatch):
+    """``_GLUON_SPLIT`` off: the split layout goes to the Triton kernel (no launch is tried)."""
+    monkeypatch.setattr(itf, "_GLUON_SPLIT", False)
+    assert _launch(_split_case()) is False
 
 
 _COMPILE_SCRIPT = """
@@ -134,6 +167,43 @@ for head, box, from_cache, vector_ids, in_page, stages in CASES:
 """
 
 
+_SPLIT_COMPILE_SCRIPT = """
+import prefix_prefill.interface as itf
+
+for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True, False), (128, True, False)):
+    bn = 64 if head == 256 else 128
+    lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
+    lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
+    lv = gl.NVMMASharedLayout.get_default_for([head, bn], gl.bfloat16)
+    sig = {
+        "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>", "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "V_desc": f"tensordesc<bf16[{head}, {bn}],{lv!r}>", "K_cache": "*bf16", "V_cache": "*bf16", "O": "*bf16",
+        "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32",
+        "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "kc_block": "i32",
+        "kc_head": "i32", "kc_group": "i32", "vc_block": "i64", "vc_head": "i32", "vc_dim": "i32",
+        "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
+    }
+    consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
+                  NUM_STAGES=2, K_SUB=32, V_SUB=16, PRODUCER_REGS=56)
+    if not lse:
+        consts.update(Lse=None, stride_lse_h=None)
+    src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=("K_cache", "V_cache"))
+    ptx = kernel.asm["ptx"]
+    # 16-byte gathers only, and every producer thread arrives when its own copies land
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2
+"""
+
+
+def test_gluon_split_kernel_compiles_for_sm90():
+    """The split-layout kernel compiles for sm90 (no GPU needed) with 16-byte ``cp.async`` gathers only
+    (16-byte alignment of every gather proven to the compiler), within one program's shared memory."""
+    if itf._gluon_split_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
+    assert len(shared) == 4 and max(shared) <= 227 * 1024, out
+
+
 def test_gluon_kernel_compiles_for_sm90():
     """The kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's shared
     memory (227 KiB); on Triton 3.6 the launcher-source guess of prefill_runtime's prebuild matches."""
@@ -146,8 +216,9 @@ def test_gluon_kernel_compiles_for_sm90():
 # ------------------------------------------------------------------------- GPU (sm90)
 def _nan_unused_slots(case) -> None:
     """NaN into every cache slot no query may read: past each sequence's cached tokens in its pages,
-    and every block no sequence owns."""
+    and every block no sequence owns (NHD or vLLM's split layout)."""
     page = case.page
+    split = case.layout == "split"
     cached = [c + (n if case.k is None else 0) for c, n in zip(case.ctx_lens, case.q_lens, strict=True)]
     used = set()
     table = case.block_table.cpu()
@@ -156,7 +227,10 @@ def _nan_unused_slots(case) -> None:
             blk = int(table[b, pg])
             used.add(blk)
             lo = n - pg * page
-            if lo < page:
+            if lo < page and split:
+                case.k_cache[blk, :, :, lo:] = float("nan")
+                case.v_cache[blk, :, :, lo:] = float("nan")
+            elif lo < page:
                 case.k_cache[blk, lo:] = float("nan")
                 case.v_cache[blk, lo:] = float("nan")
     for blk in range(case.k_cache.shape[0]):
@@ -186,6 +260,61 @@ def test_gpu_gluon_pages(page, head, dtype, from_cache, gluon_launches):
     assert c, c
     assert torch.isfinite(lse).all()
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 32, 128, 544, 1040, 1056, 2048])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_gluon_split_pages(page, head, dtype, from_cache, gluon_launches):
+    """vLLM's split layout through the Gluon kernel (cp.async gathers): every page class, heads 64 / 128
+    / 256, both 16-bit dtypes, k given (V transposed on the host) or read from the cache, ragged batches
+    with empty contexts and one-token queries, GQA, the LSE, NaN in every slot no query may read."""
+    seqs = [*random_seqs(4, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93)]
+    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
+                     layout="split", kv_from_cache=from_cache)  # fmt: skip
+    ref, ref_lse = reference(case, return_lse=True)
+    _nan_unused_slots(case)
+    out = poison(torch.empty_like(case.q))
+    lse = poison(torch.empty(case.q.shape[1], case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+                   case.seq_lens, case.max_query_len, kv_layout="split", out=out, return_lse=True, lse=lse,
+                   validate=True)  # fmt: skip
+    assert len(gluon_launches) == 1, "the Gluon kernel did not run"
+    c = compare(out, ref)
+    assert c, c
+    assert torch.isfinite(lse).all()
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_split_negative_control_and_no_recompile(gluon_launches):
+    """The harness catches a wrong split-layout kernel (another softmax scale); other lengths and batch
+    sizes never recompile it; a CUDA graph replays it right (the host's V transpose included)."""
+    case = make_case([(700, 300), (0, 200)], num_heads=4, num_kv_heads=1, head_size=128, page=16,
+                     dtype=torch.bfloat16, device=DEVICE, layout="split")  # fmt: skip
+    assert not compare(run_py(case, softmax_scale=0.2), reference(case))
+    before = compiled_variants(itf._gluon_split_kernel)
+    for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
+        case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=544, dtype=torch.bfloat16,
+                         device=DEVICE, layout="split")  # fmt: skip
+        c = compare(run_py(case, validate=False), reference(case))
+        assert c, c
+    assert compiled_variants(itf._gluon_split_kernel) == before
+    out = torch.empty_like(case.q)
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prefix_prefill(*args, kv_layout="split", out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare(out, reference(case))
+    assert len(gluon_launches) == 6
 
 
 @pytest.mark.gpu

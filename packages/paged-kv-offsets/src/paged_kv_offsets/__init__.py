@@ -6,7 +6,7 @@ Device side (``@triton.jit``, import from :mod:`paged_kv_offsets.kernel`): ``tok
 ``page_walk_rest`` (tiles that never cross a page), ``page_walk_rest_group`` / ``lane_offsets`` (the
 rest tiles of several pages in one tile), ``tile_pages``, ``tile_offsets``, ``token_mask``,
 ``dim_offsets``. Gluon (Triton >= 3.5, import from :mod:`paged_kv_offsets.gluon`): ``page_row`` (the
-row of a TMA copy of one page run). Host side:
+row of a TMA copy of one page run), ``slot_offset`` (a token's slot offset, for gathers). Host side:
 :func:`describe_cache` / :func:`describe_kv_cache` (layouts as strides),
 :func:`validate_block_table`, :func:`page_walk_rest_block` and :func:`offsets_fit_int32` (when the
 device functions may take ``WIDE=False``: int32 offsets).
@@ -15,7 +15,7 @@ Versioned on its own: kernels pin ``paged-kv-offsets>=1.7,<2``; the device-funct
 only change with a major version.
 """
 
-__version__ = "1.7.0"
+__version__ = "1.8.0"
 
 from paged_kv_offsets.index import offsets_fit_int32
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout

@@ -1,4 +1,5 @@
-"""Gluon device functions (Triton >= 3.5, ``triton.experimental.gluon``): paged addressing for TMA.
+"""Gluon device functions (Triton >= 3.5, ``triton.experimental.gluon``): paged addressing for TMA
+copies (``page_row``) and for gathers (``slot_offset``).
 
 A TMA copy reads a box of rows from a 2-D view of the cache, ``[num_blocks * page_size, kv_heads *
 head_size]`` (pages contiguous, one token's heads contiguous: the host checks the strides). A run of
@@ -22,3 +23,15 @@ def page_row(p_table_row, pos, seq_end, page_size, oob_row):
     page = pos // page_size
     block = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)  # int32 or int64 tables
     return gl.where(ok, block * page_size + (pos - page * page_size), oob_row)
+
+
+@gluon.jit
+def slot_offset(p_table_row, pos, seq_end, page_size, stride_block, stride_slot):
+    """int64 element offset of token position ``pos``'s slot in a paged cache, for gathers (``cp.async``)
+    rather than TMA boxes: ``block_table[page] * stride_block + (pos % page_size) * stride_slot`` with
+    ``page = pos // page_size`` (any layout: add the head's and the feature's offsets). ``pos`` may be a
+    tensor; where ``pos >= seq_end`` no block-table entry is read and the offset is that of block 0."""
+    ok = pos < seq_end
+    page = pos // page_size
+    block = gl.load(p_table_row + page, mask=ok, other=0)  # int32 or int64 tables
+    return block.to(gl.int64) * stride_block + (pos - page * page_size).to(gl.int64) * stride_slot

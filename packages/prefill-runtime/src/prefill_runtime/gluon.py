@@ -36,16 +36,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):  # fmt: skip
+                   HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
+                   READY_COUNT: gl.constexpr = 1):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each), K and V rings ``[NUM_STAGES, BLOCK_N, D]`` in the
     descriptors' layouts (``*_ready``: count 1, the producer's expect-tx; ``*_empty``: count 2, one
-    arrival per consumer), and ``fix_bar`` (count 2: the consumers' V-row handshake). Returns
-    ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
+    arrival per consumer), and ``fix_bar`` (count 2: the consumers' V-row handshake). ``V_T``: the V
+    ring is ``[NUM_STAGES, D, BLOCK_N]`` (keys along the rows' contiguous axis) in ``V_desc``'s layout;
+    ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
+    with ``cp.async``). Returns ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+    fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], Q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], V_desc.layout)
+    if V_T:
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, HEAD_DIM, BLOCK_N], V_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], V_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -55,8 +62,8 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_ready.index(i), count=READY_COUNT)
+        mbarrier.init(v_ready.index(i), count=READY_COUNT)
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
     mbarrier.init(fix_bar.index(0), count=2)
@@ -101,20 +108,41 @@ def softmax_step(
 
 
 @gluon.jit
-def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.constexpr):
+def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.constexpr,
+                V_T: gl.constexpr = False):  # fmt: skip
     """This warpgroup's half of the V rows of the block at ``n0`` outside ``[lo, hi)`` set to 0 (4 warps),
     then a handshake with the other consumer (``fix_bar``, count 2) so both halves are done. Returns the
-    handshake count (its phase parity) after this one."""
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    half = v_buf.slice(WG * HALF_N, HALF_N, dim=0)
-    b_v = half.load(blk)  # [BN / 2, D]
-    offs_k = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, blk))  # [BN / 2]
-    keep = (offs_k >= lo) & (offs_k < hi)  # [BN / 2]
-    half.store(gl.where(keep[:, None], b_v, gl.zeros_like(b_v)))
+    handshake count (its phase parity) after this one. ``V_T``: ``v_buf`` is ``[D, BLOCK_N]``; each
+    warpgroup zeroes those keys' columns in its half of the ``D`` rows."""
+    if V_T:
+        HALF_D: gl.constexpr = v_buf.shape[0] // 2
+        blk_t: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (2 * HALF_N // 8), 2 * HALF_N // 8], [4, 1], [1, 0])
+        half_t = v_buf.slice(WG * HALF_D, HALF_D, dim=0)
+        b_vt = half_t.load(blk_t)  # [D / 2, BN]
+        offs_kt = n0 + gl.arange(0, 2 * HALF_N, layout=gl.SliceLayout(0, blk_t))  # [BN]
+        keep_t = (offs_kt >= lo) & (offs_kt < hi)  # [BN]
+        half_t.store(gl.where(keep_t[None, :], b_vt, gl.zeros_like(b_vt)))
+    else:
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        half = v_buf.slice(WG * HALF_N, HALF_N, dim=0)
+        b_v = half.load(blk)  # [BN / 2, D]
+        offs_k = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, blk))  # [BN / 2]
+        keep = (offs_k >= lo) & (offs_k < hi)  # [BN / 2]
+        half.store(gl.where(keep[:, None], b_v, gl.zeros_like(b_v)))
     fence_async_shared()
     mbarrier.arrive(fix_bar, count=1)
     mbarrier.wait(fix_bar, n_fix & 1)
     return n_fix + 1
+
+
+@gluon.jit
+def _v_operand(v_smem, slot, V_T: gl.constexpr):
+    """Slot ``slot`` of the V ring as the ``[BLOCK_N, D]`` B operand of ``P @ V``."""
+    if V_T:
+        b_v = v_smem.index(slot).permute((1, 0))
+    else:
+        b_v = v_smem.index(slot)
+    return b_v
 
 
 @gluon.jit
@@ -140,13 +168,16 @@ def consumer(
     stride_lse_h,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
+    V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
     at tokens ``tok_o + row`` (and the LSE). Per block ``j``: issue ``S_j = Q K_j^T`` and ``O += P_{j-1}
     V_{j-1}`` back to back, wait for ``S_j`` only, softmax while ``P @ V`` runs, then wait and rescale
     (FlashAttention-3's intra-warpgroup overlap). Slots are released to the producer through
-    ``k_empty``/``v_empty`` (count 2: both consumers)."""
+    ``k_empty``/``v_empty`` (count 2: both consumers). ``V_T``: V slots are ``[D, BLOCK_N]`` (read as
+    their transpose); ``CP_FILL``: slots may be filled by ``cp.async`` (generic proxy), so a proxy fence
+    follows each ready wait before wgmma reads the slot (async proxy)."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -164,6 +195,8 @@ def consumer(
     # ---- block 0: scores and softmax, no P @ V yet ----
     mbarrier.wait(q_bar.index(WG), 0)
     mbarrier.wait(k_ready.index(0), 0)
+    if CP_FILL:
+        fence_async_shared()
     b_s = warpgroup_mma(
         q_buf,
         k_smem.index(0).permute((1, 0)),
@@ -188,6 +221,8 @@ def consumer(
         slot = j % NUM_STAGES
         pslot = (j - 1) % NUM_STAGES
         mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        if CP_FILL:
+            fence_async_shared()
         b_s = warpgroup_mma(
             q_buf,
             k_smem.index(slot).permute((1, 0)),
@@ -196,9 +231,11 @@ def consumer(
             is_async=True,
         )  # [BM / 2, BN] S_j in flight
         mbarrier.wait(v_ready.index(pslot), ((j - 1) // NUM_STAGES) & 1)
+        if CP_FILL:
+            fence_async_shared()
         if p_out:
-            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2)
-        acc = warpgroup_mma(b_p, v_smem.index(pslot), acc, is_async=True)  # [BM / 2, D] += P_{j-1} V_{j-1}
+            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2, V_T)
+        acc = warpgroup_mma(b_p, _v_operand(v_smem, pslot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
         b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
         mbarrier.arrive(k_empty.index(slot), count=1)
         n0, lo, hi, shift, masked, out = _block_geometry(
@@ -219,9 +256,11 @@ def consumer(
     last = n_blocks - 1
     lslot = last % NUM_STAGES
     mbarrier.wait(v_ready.index(lslot), (last // NUM_STAGES) & 1)
+    if CP_FILL:
+        fence_async_shared()
     if p_out:
-        n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2)
-    acc = warpgroup_mma(b_p, v_smem.index(lslot), acc, is_async=True)
+        n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2, V_T)
+    acc = warpgroup_mma(b_p, _v_operand(v_smem, lslot, V_T), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----

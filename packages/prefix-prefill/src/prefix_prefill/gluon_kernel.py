@@ -22,9 +22,10 @@ k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_o
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from paged_kv_offsets.gluon import page_row
+from paged_kv_offsets.gluon import page_row, slot_offset
 from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
 
 
@@ -145,4 +146,166 @@ def _gluon_fwd_kernel(
         ],
         [4, 1, 1],
         [240, 24, 24],
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- vLLM's split layout
+# K cache ``[num_blocks, kv_heads, D / 8, page_size, 8]`` (16-bit, x = 8), V cache ``[num_blocks,
+# kv_heads, D, page_size]``: no 2-D row view for TMA boxes, so the producer gathers a context block
+# with ``cp.async``, 16 bytes per copy, into the ring's NVMMA layout: K as ``[BLOCK_N, D]`` (one key's 8
+# features per copy), V as ``[D, BLOCK_N]`` (8 keys of one feature per copy; a page is a multiple of 8
+# keys, so a copy never crosses a page), the ``P @ V`` operand read through its transpose. Each of the
+# producer warp's 32 threads then arrives on the slot's ready barrier (count 32) when its own copies
+# have landed (``cp.async.mbarrier.arrive.noinc``), and the consumers fence the generic proxy (where
+# ``cp.async`` writes) against the async proxy (where wgmma reads) after each wait. New tokens come by
+# TMA: K from ``k``, V from a ``[kv_heads * D, tokens]`` transposed copy of ``v`` the host makes.
+
+
+@gluon.jit
+def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
+    """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
+    ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry."""
+    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread per step
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPD, TPD], [1, 1], [1, 0])  # a thread: 8 features of a key
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
+    col = (offs_d // 8) * c_group.to(gl.int32) + offs_d % 8  # [D] int32 (the host checks the range), x = 8
+    for i in gl.static_range(BLOCK_N // SUB):
+        pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
+        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, 8) + head_off  # [SUB]
+        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, D]
+        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=(pos < seq_end)[:, None])
+
+
+@gluon.jit
+def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
+    """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
+    features per step. Copies are 8-key groups; a group that starts before ``seq_end`` is copied whole
+    (its page holds it; the consumers zero the V columns past the segment), one past it is zero-filled."""
+    TPR: gl.constexpr = BLOCK_N // 8
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [1, 1], [1, 0])  # a thread: 8 keys
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))  # [BN]
+    grp = pos0 + (offs_n // 8) * 8  # [BN] the key's 8-key group
+    col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1) + (offs_n % 8 + head_off)  # [BN]
+    ok = grp < seq_end  # [BN]
+    rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
+    for i in gl.static_range(HEAD_DIM // SUB):
+        # the step's feature offset joins the block's key offsets (not the loop-invariant rows), so the
+        # compiler does not hoist every step's rows out of the block loop into registers
+        off = gl.max_contiguous(gl.multiple_of(rows[:, None] + (col + i * SUB * c_dim)[None, :], [1, 8]),
+                                [1, 8])  # [SUB, BN]  # fmt: skip
+        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok[None, :])
+
+
+@gluon.jit
+def _split_producer(
+    KV: gl.constexpr, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
+    c_block, c_head, c_feat, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SUB: gl.constexpr,
+):  # fmt: skip
+    """One warp filling one ring from vLLM's split cache: K (``KV == 0``, which also loads the two Q
+    halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers (``c_block``/``c_head``/``c_feat``:
+    the cache's block, head and feature-group (K) or feature (V) strides), each thread then arriving on
+    the slot's ready barrier (count 32) when its copies land; new-token blocks by one TMA copy (one
+    expect-tx arrival + 31)."""
+    kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+    if KV == 0:
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+    head_off = kv_head.to(gl.int64) * c_head
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
+        if j < n_a:
+            if KV == 0:
+                _gather_k_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
+                                head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+            else:
+                _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
+                                head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+            async_copy.mbarrier_arrive(bar, increment_count=False)
+        else:
+            mbarrier.expect(bar, kv_bytes)
+            mbarrier.arrive(bar, count=31)
+            tok = q_tok0 + (j - n_a) * BLOCK_N
+            if KV == 0:
+                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
+            else:
+                tma.async_copy_global_to_shared(N_desc, [kv_head * HEAD_DIM, tok], bar, buf)
+
+
+@gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
+                              "vc_block", "vc_head", "vc_dim"])  # fmt: skip
+def _gluon_split_kernel(
+    Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
+    stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
+    stride_lse_h,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
+    ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
+    transposed, ``[kv_heads * D, tokens]``, block ``[D, BLOCK_N]`` (with ``KV_FROM_CACHE`` both only give
+    the rings' layouts). ``kc_*``/``vc_*``: element strides of the caches' blocks, heads and feature
+    groups of 8 (K) / features (V); the host checks every stride and base is 16-byte aligned."""
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
+    head = gl.program_id(1)
+    seq = gl.program_id(2)
+    q_tok0 = gl.load(CuSeqlensQ + seq).to(gl.int32)
+    q_len = gl.load(CuSeqlensQ + seq + 1).to(gl.int32) - q_tok0
+    ctx_len = gl.load(SeqLens + seq).to(gl.int32) - q_len
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    m1 = gl.minimum(m0 + BLOCK_M, q_len)
+    if KV_FROM_CACHE:
+        a_end = ctx_len + m1
+        a_full = ((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N
+        b_end = m1 * 0
+    else:
+        a_end = ctx_len
+        a_full = (ctx_len // BLOCK_N) * BLOCK_N
+        b_end = m1
+    n_a = gl.cdiv(a_end, BLOCK_N)
+    n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
+    b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    kv_head = head // group_size
+    HALF_M: gl.constexpr = BLOCK_M // 2
+
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
+        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, 32
+    )
+    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
+    z = m0 * 0
+    gl.warp_specialize(
+        [
+            (consumer, (
+                0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, True, False, False, RETURN_LSE, True, True,
+            )),
+            (consumer, (
+                1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, True, False, False, RETURN_LSE, True, True,
+            )),
+            (_split_producer, (
+                0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
+                kc_block, kc_head, kc_group, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M, BLOCK_N,
+                HEAD_DIM, NUM_STAGES, K_SUB,
+            )),
+            (_split_producer, (
+                1, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
+                vc_block, vc_head, vc_dim, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M, BLOCK_N,
+                HEAD_DIM, NUM_STAGES, V_SUB,
+            )),
+        ],
+        [4, 1, 1],
+        [240, PRODUCER_REGS, PRODUCER_REGS],
     )  # fmt: skip

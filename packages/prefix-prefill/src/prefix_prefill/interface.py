@@ -30,9 +30,9 @@ from prefix_prefill.configs import MAX_HEAD_SIZE, KernelConfig, config_key, dete
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
-    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
+    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel, _gluon_split_kernel
 except Exception:  # pragma: no cover - any import failure means "no Gluon"
-    _gluon_fwd_kernel = None
+    _gluon_fwd_kernel = _gluon_split_kernel = None
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FP8_DTYPES = tuple(
@@ -523,6 +523,10 @@ _GLUON_VECTOR_IDS = False
 # qwen 1.017 -> 1.008, but the one-copy pages 1.5% (llama) / 1% (qwen) slower. Off: both forms keep
 # every page within 3%, and the default is the faster.
 _GLUON_UNIFORM_BOX = False
+# vLLM's split layout through the Gluon kernel too (kernel _gluon_split_kernel: the producer warps gather
+# context blocks with 16-byte cp.async copies into the rings, K as [BLOCK_N, D], V as [D, BLOCK_N];
+# new tokens by TMA, V from a transposed copy). Env PREFIX_PREFILL_GLUON_SPLIT=0 turns it off.
+_GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
 
 
 def _prime_triton() -> None:
@@ -581,6 +585,11 @@ def _gluon_launch(
     ):
         return False
     block_m, block_n = 128, (64 if head == 256 else 128)
+    if kc.layout == "split":
+        return _gluon_split_launch(
+            q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len, scale,
+            lse, block_m, block_n,
+        )  # fmt: skip
     box = 16 if _GLUON_UNIFORM_BOX else math.gcd(kc.page_size, block_n)
     kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
     descs = [
@@ -608,6 +617,73 @@ def _gluon_launch(
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
             IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, num_warps=4,
+        )  # fmt: skip
+
+    if runtime.gluon_try_launch(launch, "prefix_prefill"):
+        return True
+    _GLUON_FAILED = True
+    return False
+
+
+def _split_gather_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, kc: CacheView, vc: CacheView):
+    """``(kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim)`` for the Gluon split-layout kernel's
+    16-byte gathers, or None when vLLM's split caches do not allow them: K ``x = 8`` features contiguous
+    with 8-element slots, V keys contiguous, every stride and base 16-byte aligned, and the feature
+    offsets of one page within int32 (the kernel keeps them in 32 bits)."""
+    d = kc.head_size
+    strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
+    if not (
+        kc.layout == "split"
+        and vc.layout == "split"
+        and kc.x == 8
+        and kc.stride_x == 1
+        and kc.stride_slot == 8
+        and vc.stride_slot == 1
+        and all(st % 8 == 0 and st > 0 for st in strides)
+        and k_cache.data_ptr() % 16 == 0
+        and v_cache.data_ptr() % 16 == 0
+        and (d // 8) * kc.stride_dim < 2**31
+        and d * vc.stride_dim < 2**31
+    ):
+        return None
+    return strides
+
+
+def _gluon_split_launch(
+    q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len, scale, lse,
+    block_m, block_n,
+) -> bool:  # fmt: skip
+    """:func:`prefix_prefill.gluon_kernel._gluon_split_kernel` over vLLM's split caches (see
+    ``_GLUON_SPLIT``); False when it does not apply. The new tokens' V goes to the kernel transposed
+    (``[kv_heads * D, tokens]``, a copy made here), so its TMA copies land as the ``[D, BLOCK_N]`` tiles
+    the context's gathers write."""
+    global _GLUON_FAILED
+    strides = _split_gather_strides(k_cache, v_cache, kc, vc) if _GLUON_SPLIT else None
+    if strides is None or _gluon_split_kernel is None:
+        return False
+    head, hk = q.shape[2], kc.num_kv_heads
+    if k is None:  # K_desc/V_desc only give the rings' layouts
+        k_desc = runtime.gluon_token_rows(q[:, :1], block_n)
+        v_desc = runtime.gluon_descriptor(q.new_empty(head, block_n), [head, block_n], block_n, head, block_n)
+    else:
+        tokens = k.shape[0]
+        k_desc = runtime.gluon_token_rows(k, block_n)
+        pad = -(-tokens // 8) * 8  # 16-byte rows
+        v_t = v.new_empty(hk * head, pad)
+        v_t[:, :tokens].view(hk, head, tokens).copy_(v.permute(1, 2, 0))
+        v_desc = runtime.gluon_descriptor(v_t, [hk * head, tokens], pad, head, block_n)
+    q_desc = runtime.gluon_token_rows(q, block_m // 2)
+    if q_desc is None or k_desc is None:
+        return False
+    grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+
+    def launch() -> None:
+        _gluon_split_kernel[grid](
+            q_desc, k_desc, v_desc, k_cache, v_cache, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
+            q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size, *strides, lse,
+            lse.stride(0) if lse is not None else None,
+            HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
+            RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=32, V_SUB=16, PRODUCER_REGS=56, num_warps=4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):
