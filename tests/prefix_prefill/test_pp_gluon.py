@@ -105,7 +105,12 @@ def test_split_gather_strides():
     case = _split_case()
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "split")
     assert itf._split_gather_strides(case.k_cache, case.v_cache, kc, vc) == (
-        kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim
+        kc.stride_block,
+        kc.stride_head,
+        kc.stride_dim,
+        vc.stride_block,
+        vc.stride_head,
+        vc.stride_dim,
     )
     nb, h, d, page = case.v_cache.shape
     k4 = torch.empty(nb, h, d // 4, page, 4, dtype=case.k_cache.dtype)  # x = 4
@@ -176,9 +181,11 @@ for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
     lv = gl.NVMMASharedLayout.get_default_for([head, bn], gl.bfloat16)
     sig = {
-        "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>", "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "V_desc": f"tensordesc<bf16[{head}, {bn}],{lv!r}>", "K_cache": "*bf16", "V_cache": "*bf16", "O": "*bf16",
-        "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32",
+        "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
+        "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "V_desc": f"tensordesc<bf16[{head}, {bn}],{lv!r}>", "K_cache": "*bf16", "V_cache": "*bf16",
+        "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
+        "group_size": "i32",
         "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "kc_block": "i32",
         "kc_head": "i32", "kc_group": "i32", "vc_block": "i64", "vc_head": "i32", "vc_dim": "i32",
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",

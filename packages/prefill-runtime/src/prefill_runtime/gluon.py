@@ -116,7 +116,8 @@ def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.
     warpgroup zeroes those keys' columns in its half of the ``D`` rows."""
     if V_T:
         HALF_D: gl.constexpr = v_buf.shape[0] // 2
-        blk_t: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (2 * HALF_N // 8), 2 * HALF_N // 8], [4, 1], [1, 0])
+        TPR: gl.constexpr = 2 * HALF_N // 8  # threads along a row of BN keys, 8 keys each
+        blk_t: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [4, 1], [1, 0])
         half_t = v_buf.slice(WG * HALF_D, HALF_D, dim=0)
         b_vt = half_t.load(blk_t)  # [D / 2, BN]
         offs_kt = n0 + gl.arange(0, 2 * HALF_N, layout=gl.SliceLayout(0, blk_t))  # [BN]

@@ -166,15 +166,16 @@ def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
     ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry."""
-    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread per step
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPD, TPD], [1, 1], [1, 0])  # a thread: 8 features of a key
+    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread a step
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPD, TPD], [1, 1], [1, 0])  # a thread: 8 features
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
     col = (offs_d // 8) * c_group.to(gl.int32) + offs_d % 8  # [D] int32 (the host checks the range), x = 8
     for i in gl.static_range(BLOCK_N // SUB):
         pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
         row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, 8) + head_off  # [SUB]
         off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, D]
-        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=(pos < seq_end)[:, None])
+        ok = (pos < seq_end)[:, None]  # [SUB, 1]
+        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
 
 
 @gluon.jit
