@@ -191,7 +191,8 @@ for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
-                  NUM_STAGES=2, K_SUB=32, V_SUB=16, PRODUCER_REGS=56)
+                  NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
+                  PRODUCER_WARPS=2)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
     src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=("K_cache", "V_cache"))

@@ -167,7 +167,11 @@ def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
     ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry."""
     TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread a step
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPD, TPD], [1, 1], [1, 0])  # a thread: 8 features
+    PW: gl.constexpr = gl.num_warps()
+    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (head <= 128), else the features
+    L: gl.constexpr = gl.BlockedLayout(
+        [1, 8], [32 // TPD, TPD], [WK, PW // WK], [1, 0]
+    )  # 8 features a thread
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
     col = (offs_d // 8) * c_group.to(gl.int32) + offs_d % 8  # [D] int32 (the host checks the range), x = 8
     for i in gl.static_range(BLOCK_N // SUB):
@@ -180,23 +184,28 @@ def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 
 @gluon.jit
 def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off,
-                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
+                    TPR: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
-    features per step. Copies are 8-key groups; a group that starts before ``seq_end`` is copied whole
-    (its page holds it; the consumers zero the V columns past the segment), one past it is zero-filled."""
-    TPR: gl.constexpr = BLOCK_N // 8
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [1, 1], [1, 0])  # a thread: 8 keys
+    features per step, ``TPR`` threads along a feature's keys (``BLOCK_N // 8``: one warp copy reads
+    long key runs of few features; fewer when pages are short, so one copy reads the many features of
+    one page's short key runs, which lie back to back). Copies are 8-key groups; a group that starts
+    before ``seq_end`` is copied whole (its page holds it; the consumers zero the V columns past the
+    segment), one past it is zero-filled."""
+    PW: gl.constexpr = gl.num_warps()
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [PW, 1], [1, 0])  # a thread: 8 keys
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))  # [BN]
     grp = pos0 + (offs_n // 8) * 8  # [BN] the key's 8-key group
     col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1) + (offs_n % 8 + head_off)  # [BN]
     ok = grp < seq_end  # [BN]
     rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
+    step = SUB * c_dim
     for i in gl.static_range(HEAD_DIM // SUB):
-        # the step's feature offset joins the block's key offsets (not the loop-invariant rows), so the
-        # compiler does not hoist every step's rows out of the block loop into registers
-        off = gl.max_contiguous(gl.multiple_of(rows[:, None] + (col + i * SUB * c_dim)[None, :], [1, 8]),
-                                [1, 8])  # [SUB, BN]  # fmt: skip
+        # each step's feature offset is added to the block's key offsets in a chain (not to the loop-
+        # invariant rows), so the compiler does not keep every step's offsets live across the block loop
+        off = gl.max_contiguous(gl.multiple_of(rows[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, BN]
         async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok[None, :])
+        col += step
 
 
 @gluon.jit
@@ -204,13 +213,14 @@ def _split_producer(
     KV: gl.constexpr, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
     c_block, c_head, c_feat, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-    SUB: gl.constexpr,
+    SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
-    """One warp filling one ring from vLLM's split cache: K (``KV == 0``, which also loads the two Q
-    halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers (``c_block``/``c_head``/``c_feat``:
-    the cache's block, head and feature-group (K) or feature (V) strides), each thread then arriving on
-    the slot's ready barrier (count 32) when its copies land; new-token blocks by one TMA copy (one
-    expect-tx arrival + 31)."""
+    """A partition of ``PRODUCER_WARPS`` warps filling one ring from vLLM's split cache: K (``KV == 0``,
+    which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
+    (``c_block``/``c_head``/``c_feat``: the cache's block, head and feature-group (K) or feature (V)
+    strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
+    copies land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one).
+    ``SUB``: keys (K) / features (V) per gather step."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -226,11 +236,11 @@ def _split_producer(
                                 head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
                 _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
             async_copy.mbarrier_arrive(bar, increment_count=False)
         else:
             mbarrier.expect(bar, kv_bytes)
-            mbarrier.arrive(bar, count=31)
+            mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
             tok = q_tok0 + (j - n_a) * BLOCK_N
             if KV == 0:
                 tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
@@ -246,13 +256,15 @@ def _gluon_split_kernel(
     stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
     transposed, ``[kv_heads * D, tokens]``, block ``[D, BLOCK_N]`` (with ``KV_FROM_CACHE`` both only give
     the rings' layouts). ``kc_*``/``vc_*``: element strides of the caches' blocks, heads and feature
-    groups of 8 (K) / features (V); the host checks every stride and base is 16-byte aligned."""
+    groups of 8 (K) / features (V); the host checks every stride and base is 16-byte aligned.
+    ``V_TPR``: threads along the keys in the V gathers (see :func:`_gather_v_block`); each producer
+    has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's)."""
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
     head = gl.program_id(1)
     seq = gl.program_id(2)
@@ -278,7 +290,7 @@ def _gluon_split_kernel(
     HALF_M: gl.constexpr = BLOCK_M // 2
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, 32
+        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, 32 * PRODUCER_WARPS
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     z = m0 * 0
@@ -299,14 +311,14 @@ def _gluon_split_kernel(
             (_split_producer, (
                 0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
                 kc_block, kc_head, kc_group, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M, BLOCK_N,
-                HEAD_DIM, NUM_STAGES, K_SUB,
+                HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
             )),
             (_split_producer, (
                 1, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
                 vc_block, vc_head, vc_dim, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M, BLOCK_N,
-                HEAD_DIM, NUM_STAGES, V_SUB,
+                HEAD_DIM, NUM_STAGES, V_SUB, V_TPR,
             )),
         ],
-        [4, 1, 1],
+        [4, PRODUCER_WARPS, PRODUCER_WARPS],
         [240, PRODUCER_REGS, PRODUCER_REGS],
     )  # fmt: skip

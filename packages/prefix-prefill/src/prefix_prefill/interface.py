@@ -527,6 +527,10 @@ _GLUON_UNIFORM_BOX = False
 # context blocks with 16-byte cp.async copies into the rings, K as [BLOCK_N, D], V as [D, BLOCK_N];
 # new tokens by TMA, V from a transposed copy). Env PREFIX_PREFILL_GLUON_SPLIT=0 turns it off.
 _GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
+# Split-layout Gluon kernel, pages shorter than a key block (16, 32, 64): the V gathers put a page's
+# key run per feature row on page_size / 8 threads (kernel V_TPR), so one warp copy reads the
+# back-to-back rows of one page instead of a 32-byte piece of several pages per row. Candidate.
+_GLUON_SPLIT_PAGE_ROWS = False
 
 
 def _prime_triton() -> None:
@@ -668,14 +672,24 @@ def _gluon_split_launch(
     else:
         tokens = k.shape[0]
         k_desc = runtime.gluon_token_rows(k, block_n)
-        pad = -(-tokens // 8) * 8  # 16-byte rows
+        # rows of a multiple of 8 keys, and the descriptor as wide (an inner extent that is not a
+        # multiple of 16 bytes faulted on the H200 with "illegal instruction"); the pad keys are zeros
+        pad = -(-tokens // 8) * 8
         v_t = v.new_empty(hk * head, pad)
         v_t[:, :tokens].view(hk, head, tokens).copy_(v.permute(1, 2, 0))
-        v_desc = runtime.gluon_descriptor(v_t, [hk * head, tokens], pad, head, block_n)
+        v_t[:, tokens:].zero_()
+        v_desc = runtime.gluon_descriptor(v_t, [hk * head, pad], pad, head, block_n)
     q_desc = runtime.gluon_token_rows(q, block_m // 2)
     if q_desc is None or k_desc is None:
         return False
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+    v_tpr = block_n // 8
+    if _GLUON_SPLIT_PAGE_ROWS and kc.page_size < block_n:
+        v_tpr = max(kc.page_size // 8, 2)  # one page's key run per feature row (a multiple of 16 keys)
+    warps = 2  # per producer: both share one warpgroup's registers (setmaxnreg), 32 each
+    tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
+    k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
+    v_sub = max(16, warps * 32 // v_tpr)
 
     def launch() -> None:
         _gluon_split_kernel[grid](
@@ -683,7 +697,8 @@ def _gluon_split_launch(
             q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size, *strides, lse,
             lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=32, V_SUB=16, PRODUCER_REGS=56, num_warps=4,
+            RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=32, V_TPR=v_tpr,
+            PRODUCER_WARPS=warps, num_warps=4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):
