@@ -123,6 +123,23 @@ def test_split_gather_strides():
         assert itf._split_gather_strides(kcache, vcache, kc, vc) is None
 
 
+@pytest.mark.parametrize("lens", [[5, 0, 130, 1], [64, 64], [0], [37]])
+def test_transposed_new_v(lens):
+    """The split kernel's transposed new-token V: sequence ``s``'s token ``t`` at column ``col0[s] + t``
+    of row ``kv_head * D + d``, every ``col0`` a multiple of 64 elements (128 bytes), rows of a
+    multiple of 8 elements (16 bytes)."""
+    hk, d = 2, 16
+    v = torch.randn(sum(lens), hk, d)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    v_t, col0 = itf._transposed_new_v(v, cu)
+    assert col0.dtype == torch.int32 and (col0 % 64 == 0).all() and v_t.shape[1] % 8 == 0
+    assert v_t.shape[0] == hk * d
+    for s, n in enumerate(lens):
+        c = int(col0[s])
+        got = v_t.view(hk, d, -1)[:, :, c : c + n]
+        assert torch.equal(got, v[cu[s] : cu[s] + n].permute(1, 2, 0))
+
+
 def test_split_not_taken_without_switch(monkeypatch):
     """``_GLUON_SPLIT`` off: the split layout goes to the Triton kernel (no launch is tried)."""
     monkeypatch.setattr(itf, "_GLUON_SPLIT", False)
@@ -184,7 +201,8 @@ for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
         "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "V_desc": f"tensordesc<bf16[{head}, {bn}],{lv!r}>", "K_cache": "*bf16", "V_cache": "*bf16",
-        "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
+        "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "VCol0": "*i32", "SeqLens": "*i32",
+        "qk_scale": "fp32",
         "group_size": "i32",
         "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "kc_block": "i32",
         "kc_head": "i32", "kc_group": "i32", "vc_block": "i64", "vc_head": "i32", "vc_dim": "i32",

@@ -211,7 +211,7 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 @gluon.jit
 def _split_producer(
     KV: gl.constexpr, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    c_block, c_head, c_feat, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+    c_block, c_head, c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
@@ -219,7 +219,8 @@ def _split_producer(
     which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
     (``c_block``/``c_head``/``c_feat``: the cache's block, head and feature-group (K) or feature (V)
     strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
-    copies land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one).
+    copies land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one), from
+    ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
     ``SUB``: keys (K) / features (V) per gather step."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
@@ -241,7 +242,7 @@ def _split_producer(
         else:
             mbarrier.expect(bar, kv_bytes)
             mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
-            tok = q_tok0 + (j - n_a) * BLOCK_N
+            tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' row (K) / column (V) in N_desc
             if KV == 0:
                 tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
             else:
@@ -251,7 +252,7 @@ def _split_producer(
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
                               "vc_block", "vc_head", "vc_dim"])  # fmt: skip
 def _gluon_split_kernel(
-    Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
+    Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, VCol0, SeqLens, qk_scale, group_size,
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
     stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
@@ -260,9 +261,11 @@ def _gluon_split_kernel(
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
-    transposed, ``[kv_heads * D, tokens]``, block ``[D, BLOCK_N]`` (with ``KV_FROM_CACHE`` both only give
-    the rings' layouts). ``kc_*``/``vc_*``: element strides of the caches' blocks, heads and feature
-    groups of 8 (K) / features (V); the host checks every stride and base is 16-byte aligned.
+    transposed, ``[kv_heads * D, columns]``, block ``[D, BLOCK_N]``, sequence ``s`` from column
+    ``VCol0[s]`` (a multiple of 64: a TMA box whose inner start is not 16-byte aligned faults), with
+    ``KV_FROM_CACHE`` both only give the rings' layouts. ``kc_*``/``vc_*``: element strides of the
+    caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
+    and base is 16-byte aligned.
     ``V_TPR``: threads along the keys in the V gathers (see :func:`_gather_v_block`); each producer
     has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's)."""
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
@@ -288,6 +291,10 @@ def _gluon_split_kernel(
     b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
     kv_head = head // group_size
     HALF_M: gl.constexpr = BLOCK_M // 2
+    if KV_FROM_CACHE:
+        v_tok0 = q_tok0
+    else:
+        v_tok0 = gl.load(VCol0 + seq).to(gl.int32)
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, 32 * PRODUCER_WARPS
@@ -310,12 +317,14 @@ def _gluon_split_kernel(
             )),
             (_split_producer, (
                 0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
-                kc_block, kc_head, kc_group, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M, BLOCK_N,
+                kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M,
+                BLOCK_N,
                 HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
             )),
             (_split_producer, (
                 1, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
-                vc_block, vc_head, vc_dim, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M, BLOCK_N,
+                vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M,
+                BLOCK_N,
                 HEAD_DIM, NUM_STAGES, V_SUB, V_TPR,
             )),
         ],

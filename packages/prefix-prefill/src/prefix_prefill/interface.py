@@ -653,32 +653,51 @@ def _split_gather_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, kc: Cach
     return strides
 
 
+_V_COL_ALIGN = 64  # elements: each sequence's new-token V starts 128-byte aligned in its transposed copy
+
+
+def _transposed_new_v(v: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' V ``[tokens, kv_heads, D]`` as ``[kv_heads * D, columns]`` (keys along the rows)
+    for the split-layout Gluon kernel's TMA copies, each sequence from a column that is a multiple of
+    ``_V_COL_ALIGN`` (returned per sequence, int32): a TMA box whose inner start is not 16-byte
+    aligned faulted on the H200 ("illegal instruction"). Device ops only (no host sync: CUDA graphs);
+    the columns between sequences are left unwritten (the kernel zeroes V past a sequence's keys)."""
+    tokens, hk, d = v.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    cu = cu_seqlens_q.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    padded = (lens + _V_COL_ALIGN - 1) // _V_COL_ALIGN * _V_COL_ALIGN
+    col0 = torch.cumsum(padded, 0) - padded  # [batch]
+    tok = torch.arange(tokens, device=v.device)
+    seq = torch.searchsorted(cu[1:], tok, right=True).clamp_(max=max(batch - 1, 0))  # [tokens]
+    dst = col0[seq] + (tok - cu[seq])  # [tokens] each token's column
+    width = -(-tokens // 8) * 8 + _V_COL_ALIGN * batch  # rows of 16-byte multiples
+    v_t = v.new_empty(hk, d, width)
+    v_t.index_copy_(2, dst, v.permute(1, 2, 0))
+    return v_t.view(hk * d, width), col0.to(torch.int32)
+
+
 def _gluon_split_launch(
     q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len, scale, lse,
     block_m, block_n,
 ) -> bool:  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_split_kernel` over vLLM's split caches (see
     ``_GLUON_SPLIT``); False when it does not apply. The new tokens' V goes to the kernel transposed
-    (``[kv_heads * D, tokens]``, a copy made here), so its TMA copies land as the ``[D, BLOCK_N]`` tiles
+    (:func:`_transposed_new_v`, a copy made here), so its TMA copies land as the ``[D, BLOCK_N]`` tiles
     the context's gathers write."""
     global _GLUON_FAILED
     strides = _split_gather_strides(k_cache, v_cache, kc, vc) if _GLUON_SPLIT else None
     if strides is None or _gluon_split_kernel is None:
         return False
     head, hk = q.shape[2], kc.num_kv_heads
+    v_col0 = cu_seqlens_q  # (with k given: each sequence's first column in the transposed V)
     if k is None:  # K_desc/V_desc only give the rings' layouts
         k_desc = runtime.gluon_token_rows(q[:, :1], block_n)
         v_desc = runtime.gluon_descriptor(q.new_empty(head, block_n), [head, block_n], block_n, head, block_n)
     else:
-        tokens = k.shape[0]
         k_desc = runtime.gluon_token_rows(k, block_n)
-        # rows of a multiple of 8 keys, and the descriptor as wide (an inner extent that is not a
-        # multiple of 16 bytes faulted on the H200 with "illegal instruction"); the pad keys are zeros
-        pad = -(-tokens // 8) * 8
-        v_t = v.new_empty(hk * head, pad)
-        v_t[:, :tokens].view(hk, head, tokens).copy_(v.permute(1, 2, 0))
-        v_t[:, tokens:].zero_()
-        v_desc = runtime.gluon_descriptor(v_t, [hk * head, pad], pad, head, block_n)
+        v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
+        v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, block_n)
     q_desc = runtime.gluon_token_rows(q, block_m // 2)
     if q_desc is None or k_desc is None:
         return False
@@ -693,9 +712,9 @@ def _gluon_split_launch(
 
     def launch() -> None:
         _gluon_split_kernel[grid](
-            q_desc, k_desc, v_desc, k_cache, v_cache, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
-            q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size, *strides, lse,
-            lse.stride(0) if lse is not None else None,
+            q_desc, k_desc, v_desc, k_cache, v_cache, o, block_table, cu_seqlens_q, v_col0, seq_lens,
+            scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
+            *strides, lse, lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=32, V_TPR=v_tpr,
             PRODUCER_WARPS=warps, num_warps=4,
