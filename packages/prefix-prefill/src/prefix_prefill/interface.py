@@ -531,6 +531,10 @@ _GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
 # key run per feature row on page_size / 8 threads (kernel V_TPR), so one warp copy reads the
 # back-to-back rows of one page instead of a 32-byte piece of several pages per row. Candidate.
 _GLUON_SPLIT_PAGE_ROWS = False
+# Split-layout Gluon kernel with one warp per producer at 56 registers (the first form) instead of two
+# at 32: the setmaxnreg budget is per warpgroup, so one-warp producers cost the default consumer
+# warpgroup 48 registers (208 left; spills at head 256). Candidate (A/B).
+_GLUON_SPLIT_ONE_WARP = False
 
 
 def _prime_triton() -> None:
@@ -705,7 +709,8 @@ def _gluon_split_launch(
     v_tpr = block_n // 8
     if _GLUON_SPLIT_PAGE_ROWS and kc.page_size < block_n:
         v_tpr = max(kc.page_size // 8, 2)  # one page's key run per feature row (a multiple of 16 keys)
-    warps = 2  # per producer: both share one warpgroup's registers (setmaxnreg), 32 each
+    warps = 1 if _GLUON_SPLIT_ONE_WARP else 2  # per producer (the two share one warpgroup's registers)
+    regs = 56 if warps == 1 else 32
     tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
     k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
     v_sub = max(16, warps * 32 // v_tpr)
@@ -716,8 +721,8 @@ def _gluon_split_launch(
             scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             *strides, lse, lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=32, V_TPR=v_tpr,
-            PRODUCER_WARPS=warps, num_warps=4,
+            RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
+            V_TPR=v_tpr, PRODUCER_WARPS=warps, num_warps=4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):
