@@ -535,6 +535,10 @@ _GLUON_SPLIT_PAGE_ROWS = False
 # at 32: the setmaxnreg budget is per warpgroup, so one-warp producers cost the default consumer
 # warpgroup 48 registers (208 left; spills at head 256). Candidate (A/B).
 _GLUON_SPLIT_ONE_WARP = False
+# Split-layout Gluon kernel at head <= 128: three ring slots instead of two (224 KiB of shared memory
+# with Q), so the gathers of two blocks can be in flight while the consumers work on a third. Test of
+# whether page 16's gap is latency the ring does not hide. Candidate (A/B).
+_GLUON_SPLIT_STAGES3 = False
 
 
 def _prime_triton() -> None:
@@ -544,8 +548,9 @@ def _prime_triton() -> None:
     _TRITON_PRIMED = True
     prime_triton()
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
-    if _gluon_fwd_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
-        hook_compiles(_gluon_fwd_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
+    for gluon_kernel in (_gluon_fwd_kernel, _gluon_split_kernel):
+        if gluon_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
+            hook_compiles(gluon_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
 
 
 def _gluon_cache(cache: torch.Tensor, cv: CacheView, rows: int) -> object | None:
@@ -714,6 +719,7 @@ def _gluon_split_launch(
     tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
     k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
     v_sub = max(16, warps * 32 // v_tpr)
+    stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
 
     def launch() -> None:
         _gluon_split_kernel[grid](
@@ -721,7 +727,7 @@ def _gluon_split_launch(
             scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             *strides, lse, lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=2, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
+            RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
             V_TPR=v_tpr, PRODUCER_WARPS=warps, num_warps=4,
         )  # fmt: skip
 
