@@ -529,7 +529,8 @@ _GLUON_UNIFORM_BOX = False
 _GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
 # Split-layout Gluon kernel, pages shorter than a key block (16, 32, 64): the V gathers put a page's
 # key run per feature row on page_size / 8 threads (kernel V_TPR), so one warp copy reads the
-# back-to-back rows of one page instead of a 32-byte piece of several pages per row. Candidate.
+# back-to-back rows of one page instead of a 32-byte piece of several pages per row (producers at
+# 48 / 40 registers, heads <= 128 / 256: a thread then holds one key group per page). Candidate.
 _GLUON_SPLIT_PAGE_ROWS = False
 # Split-layout Gluon kernel with one warp per producer at 56 registers (the first form) instead of two
 # at 32: the setmaxnreg budget is per warpgroup, so one-warp producers cost the default consumer
@@ -716,6 +717,8 @@ def _gluon_split_launch(
         v_tpr = max(kc.page_size // 8, 2)  # one page's key run per feature row (a multiple of 16 keys)
     warps = 1 if _GLUON_SPLIT_ONE_WARP else 2  # per producer (the two share one warpgroup's registers)
     regs = 56 if warps == 1 else 32
+    if v_tpr < block_n // 8 and warps == 2:  # page-row V gathers: a thread holds a key group per page
+        regs = 48 if head <= 128 else 40
     tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
     k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
     v_sub = max(16, warps * 32 // v_tpr)
