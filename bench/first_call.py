@@ -67,7 +67,8 @@ def _child(
         import prefix_prefill.interface as pi
         from prefix_prefill import prefix_prefill
 
-        jits = [pi._fwd_kernel, pi._gluon_fwd_kernel]  # NHD 16-bit on sm90 runs the Gluon kernel
+        # 16-bit on sm90 runs a Gluon kernel: NHD caches _gluon_fwd_kernel, vLLM's split _gluon_split_kernel
+        jits = [pi._fwd_kernel, pi._gluon_fwd_kernel, getattr(pi, "_gluon_split_kernel", None)]
         page = 16
 
         def make(lens):
