@@ -1,13 +1,16 @@
-"""The warp-specialised Gluon kernel of prefix-prefill (prefix_prefill.gluon_kernel) and its dispatch.
+"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and vLLM's
+split layout) and their dispatch.
 
-CPU: which calls the launcher hands to it (never under the interpreter, never for the split layout,
-fp8 caches, windows, ALiBi, sinks, soft-capping, skip_decode, pages that are not multiples of 16 or
-non-contiguous pages), and that it compiles for sm90 with the installed Triton (a subprocess: no GPU
-needed) within one program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned
-outputs for every page-size class (16 .. 2048, powers of two or not), heads 128/256, both 16-bit
-dtypes, ragged batches with empty contexts and one-token queries, k given or read from the cache,
-GQA, the LSE; every cache slot no query may see is NaN and block-table entries past a sequence's need
-point outside the cache; a count proves the kernel ran; a negative control; no recompiles.
+CPU: which calls the launcher hands to them (never under the interpreter, the split layout only with
+``_GLUON_SPLIT`` and gather-friendly strides, never fp8 caches, windows, ALiBi, sinks, soft-capping,
+skip_decode, pages that are not multiples of 16 or non-contiguous NHD pages), the split kernel's
+transposed new-token V, and that both compile for sm90 with the installed Triton (a subprocess: no
+GPU needed) within one program's shared memory. sm90 GPU: against the float64 reference into
+NaN-poisoned outputs for every page-size class (16 .. 2048, powers of two or not), heads 64/128/256,
+both 16-bit dtypes, ragged batches with empty contexts and one-token queries, k given or read from
+the cache, GQA, the LSE; every cache slot no query may see is NaN and block-table entries past a
+sequence's need point outside the cache; a count proves the kernel ran; negative controls; no
+recompiles; CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -146,12 +149,32 @@ def test_split_not_taken_without_switch(monkeypatch):
     assert _launch(_split_case()) is False
 
 
-_COMPILE_SCRIPT = """
-import prefix_prefill.interface as itf
-try:  # Triton 3.6: the per-signature C launcher, whose source prefill_runtime's prebuild guesses
+# Triton 3.6 builds a C launcher per kernel signature; prefill_runtime's prebuild guesses its source
+# (every descriptor argument lowered to a TMA descriptor): the guess must equal Triton's own.
+_LAUNCHER_CHECK = """
+try:
     from triton.backends.nvidia.driver import make_launcher
 except ImportError:  # Triton >= 3.7 launches every kernel through one generic launcher
     make_launcher = None
+
+
+def check_launcher_guess(fn, src, kernel):
+    if make_launcher is None:
+        return
+    names = fn.arg_names
+    consts_i = {(names.index(n),) if isinstance(n, str) else n: v for n, v in src.constants.items()}
+    meta = kernel.metadata.tensordesc_meta
+    guess = [{} for t in src.signature.values() if str(t).startswith("tensordesc")]
+    assert meta and len(meta) == len(guess), meta
+    sig_i = dict(src.signature)
+    assert make_launcher(consts_i, sig_i, meta) == make_launcher(consts_i, sig_i, guess)
+    print("launcher source matches")
+"""
+
+_COMPILE_SCRIPT = (
+    _LAUNCHER_CHECK
+    + """
+import prefix_prefill.interface as itf
 
 # head, box, new tokens from the cache, vector ids, one copy for a block inside a page, ring slots
 CASES = ((128, 16, False, False, True, 2), (256, 64, True, False, True, 2), (128, 16, False, True, True, 2),
@@ -177,24 +200,15 @@ for head, box, from_cache, vector_ids, in_page, stages in CASES:
                   KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=stages, VECTOR_IDS=vector_ids,
                   IN_PAGE_COPY=in_page)
     src, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, consts)
-    if make_launcher is not None:  # the prebuild's guess (every descriptor lowered) is Triton's own source
-        names = itf._gluon_fwd_kernel.arg_names
-        consts_i = {(names.index(n),) if isinstance(n, str) else n: v for n, v in src.constants.items()}
-        meta = kernel.metadata.tensordesc_meta
-        guess = [{} for t in src.signature.values() if str(t).startswith("tensordesc")]
-        assert meta and len(meta) == len(guess), meta
-        sig_i = dict(src.signature)
-        assert make_launcher(consts_i, sig_i, meta) == make_launcher(consts_i, sig_i, guess)
-        print("launcher source matches")
+    check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
 """
+)
 
 
-_SPLIT_COMPILE_SCRIPT = """
+_SPLIT_COMPILE_SCRIPT = (
+    _LAUNCHER_CHECK
+    + """
 import prefix_prefill.interface as itf
-try:
-    from triton.backends.nvidia.driver import make_launcher
-except ImportError:
-    make_launcher = None
 
 for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True, False), (128, True, False)):
     bn = 64 if head == 256 else 128
@@ -206,11 +220,10 @@ for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True
         "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "V_desc": f"tensordesc<bf16[{head}, {bn}],{lv!r}>", "K_cache": "*bf16", "V_cache": "*bf16",
         "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "VCol0": "*i32", "SeqLens": "*i32",
-        "qk_scale": "fp32",
-        "group_size": "i32",
-        "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "kc_block": "i32",
-        "kc_head": "i32", "kc_group": "i32", "vc_block": "i64", "vc_head": "i32", "vc_dim": "i32",
-        "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
+        "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
+        "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
+        "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32" if lse else "constexpr",
+        "stride_lse_h": "i32" if lse else "constexpr",
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
@@ -218,19 +231,13 @@ for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
     src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=("K_cache", "V_cache"))
-    if make_launcher is not None:  # the launcher prebuild's guess (every descriptor lowered) holds
-        names = itf._gluon_split_kernel.arg_names
-        consts_i = {(names.index(n),) if isinstance(n, str) else n: v for n, v in src.constants.items()}
-        meta = kernel.metadata.tensordesc_meta
-        guess = [{} for t in src.signature.values() if str(t).startswith("tensordesc")]
-        assert meta and len(meta) == len(guess), meta
-        sig_i = dict(src.signature)
-        assert make_launcher(consts_i, sig_i, meta) == make_launcher(consts_i, sig_i, guess)
+    check_launcher_guess(itf._gluon_split_kernel, src, kernel)
     ptx = kernel.asm["ptx"]
     # 16-byte gathers only, and every producer thread arrives when its own copies land
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2
 """
+)
 
 
 def test_gluon_split_kernel_compiles_for_sm90():
@@ -280,101 +287,29 @@ def _nan_unused_slots(case) -> None:
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("page", [16, 32, 128, 544, 1040, 1056, 2048])
-@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16)])
-@pytest.mark.parametrize("from_cache", [False, True])
-def test_gpu_gluon_pages(page, head, dtype, from_cache, gluon_launches):
-    seqs = [*random_seqs(4, 2500, 600), (0, 300), (1700, 1), (129, 128)]
-    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
-                     layout="nhd", kv_from_cache=from_cache)  # fmt: skip
-    ref, ref_lse = reference(case, return_lse=True)
-    _nan_unused_slots(case)
-    out = poison(torch.empty_like(case.q))
-    lse = poison(torch.empty(case.q.shape[1], case.q.shape[0], dtype=torch.float32, device=DEVICE))
-    prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
-                   case.seq_lens, case.max_query_len, kv_layout="nhd", out=out, return_lse=True, lse=lse,
-                   validate=True)  # fmt: skip
-    assert len(gluon_launches) == 1, "the Gluon kernel did not run"
-    c = compare(out, ref)
-    assert c, c
-    assert torch.isfinite(lse).all()
-    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("page", [16, 32, 128, 544, 1040, 1056, 2048])
 @pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
 @pytest.mark.parametrize("from_cache", [False, True])
-def test_gpu_gluon_split_pages(page, head, dtype, from_cache, gluon_launches):
-    """vLLM's split layout through the Gluon kernel (cp.async gathers): every page class, heads 64 / 128
-    / 256, both 16-bit dtypes, k given (V transposed on the host) or read from the cache, ragged batches
-    with empty contexts and one-token queries, GQA, the LSE, NaN in every slot no query may read."""
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
+    """Both Gluon kernels (NHD: TMA page runs; vLLM's split layout: cp.async gathers, the new tokens' V
+    transposed on the host): every page class, heads 64 / 128 / 256, both 16-bit dtypes, k given or
+    read from the cache, ragged batches with empty contexts and one-token queries, GQA, the LSE, NaN
+    in every slot no query may read."""
     seqs = [*random_seqs(4, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
-                     layout="split", kv_from_cache=from_cache)  # fmt: skip
+                     layout=layout, kv_from_cache=from_cache)  # fmt: skip
     ref, ref_lse = reference(case, return_lse=True)
     _nan_unused_slots(case)
     out = poison(torch.empty_like(case.q))
     lse = poison(torch.empty(case.q.shape[1], case.q.shape[0], dtype=torch.float32, device=DEVICE))
     prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
-                   case.seq_lens, case.max_query_len, kv_layout="split", out=out, return_lse=True, lse=lse,
+                   case.seq_lens, case.max_query_len, kv_layout=layout, out=out, return_lse=True, lse=lse,
                    validate=True)  # fmt: skip
     assert len(gluon_launches) == 1, "the Gluon kernel did not run"
     c = compare(out, ref)
     assert c, c
     assert torch.isfinite(lse).all()
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("page", [16, 1040])
-@pytest.mark.parametrize("from_cache", [False, True])
-@pytest.mark.parametrize(
-    "switch,head",
-    [("_GLUON_SPLIT_STAGES3", 128), ("_GLUON_SPLIT_ONE_WARP", 256), ("_GLUON_SPLIT_PAGE_ROWS", 128)],
-)
-def test_gpu_gluon_split_candidates(switch, head, page, from_cache, gluon_launches, monkeypatch):
-    """The split kernel's candidate switches (three ring slots, one producer warp, page-row V gathers):
-    same answers, NaN in every slot no query may read."""
-    monkeypatch.setattr(itf, switch, True)
-    seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
-    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
-                     device=DEVICE, layout="split", kv_from_cache=from_cache)  # fmt: skip
-    ref = reference(case)
-    _nan_unused_slots(case)
-    c = compare(run_py(case), ref)
-    assert c, c
-    assert len(gluon_launches) == 1
-
-
-@pytest.mark.gpu
-@needs_sm90
-def test_gpu_gluon_split_negative_control_and_no_recompile(gluon_launches):
-    """The harness catches a wrong split-layout kernel (another softmax scale); other lengths and batch
-    sizes never recompile it; a CUDA graph replays it right (the host's V transpose included)."""
-    case = make_case([(700, 300), (0, 200)], num_heads=4, num_kv_heads=1, head_size=128, page=16,
-                     dtype=torch.bfloat16, device=DEVICE, layout="split")  # fmt: skip
-    assert not compare(run_py(case, softmax_scale=0.2), reference(case))
-    before = compiled_variants(itf._gluon_split_kernel)
-    for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
-        case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=544, dtype=torch.bfloat16,
-                         device=DEVICE, layout="split")  # fmt: skip
-        c = compare(run_py(case, validate=False), reference(case))
-        assert c, c
-    assert compiled_variants(itf._gluon_split_kernel) == before
-    out = torch.empty_like(case.q)
-    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
-            case.seq_lens, case.max_query_len)  # fmt: skip
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        prefix_prefill(*args, kv_layout="split", out=out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert compare(out, reference(case))
-    assert len(gluon_launches) == 5  # the control, three batches, the capture
 
 
 @pytest.mark.gpu
@@ -382,16 +317,20 @@ def test_gpu_gluon_split_negative_control_and_no_recompile(gluon_launches):
 @pytest.mark.parametrize("page", [16, 1040, 32, 512])
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize(
-    "switch,head", [("_GLUON_VECTOR_IDS", 128), ("_GLUON_UNIFORM_BOX", 128), ("_GLUON_UNIFORM_BOX", 256)]
-)
-def test_gpu_gluon_candidates(switch, head, page, from_cache, gluon_launches, monkeypatch):
-    """The candidate switches (``_GLUON_VECTOR_IDS``: a block's page-run ids read as one vector;
-    ``_GLUON_UNIFORM_BOX``: 16-token copies for every block and page): same answers, same NaN-filled
-    unread slots."""
+    "layout,switch,head",
+    [("nhd", "_GLUON_VECTOR_IDS", 128), ("nhd", "_GLUON_UNIFORM_BOX", 128),
+     ("nhd", "_GLUON_UNIFORM_BOX", 256), ("split", "_GLUON_SPLIT_STAGES3", 128),
+     ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128)],
+)  # fmt: skip
+def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
+    """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
+    (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
+    block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
+    ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (page-row V gathers)."""
     monkeypatch.setattr(itf, switch, True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
-                     device=DEVICE, layout="nhd", kv_from_cache=from_cache)  # fmt: skip
+                     device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
     ref = reference(case)
     _nan_unused_slots(case)
     c = compare(run_py(case), ref)
@@ -401,10 +340,11 @@ def test_gpu_gluon_candidates(switch, head, page, from_cache, gluon_launches, mo
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_negative_control(gluon_launches):
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_gluon_negative_control(layout, gluon_launches):
     """The harness catches a wrong kernel: another softmax scale differs from the reference."""
     case = make_case([(700, 300), (0, 200)], num_heads=4, num_kv_heads=1, head_size=128, page=16,
-                     dtype=torch.bfloat16, device=DEVICE, layout="nhd")  # fmt: skip
+                     dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     wrong = run_py(case, softmax_scale=0.2)
     assert len(gluon_launches) == 1
     assert not compare(wrong, reference(case))
@@ -412,20 +352,23 @@ def test_gpu_gluon_negative_control(gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_no_recompile_and_graph(gluon_launches):
-    """Other lengths and batch sizes never recompile it; a CUDA graph replays it right."""
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_gluon_no_recompile_and_graph(layout, gluon_launches):
+    """Other lengths and batch sizes never recompile it; a CUDA graph replays it right (in the split
+    layout with the host's transposed copy of the new tokens' V inside the graph)."""
+    jit = itf._gluon_fwd_kernel if layout == "nhd" else itf._gluon_split_kernel
     case = make_case([(300, 100), (50, 7)], num_heads=8, num_kv_heads=2, head_size=128, page=544,
-                     dtype=torch.bfloat16, device=DEVICE, layout="nhd")  # fmt: skip
+                     dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     run_py(case, validate=False)
-    before = compiled_variants(itf._gluon_fwd_kernel)
+    before = compiled_variants(jit)
     for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
         case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=544, dtype=torch.bfloat16,
-                         device=DEVICE, layout="nhd")  # fmt: skip
+                         device=DEVICE, layout=layout)  # fmt: skip
         c = compare(run_py(case, validate=False), reference(case))
         assert c, c
-    assert compiled_variants(itf._gluon_fwd_kernel) == before
+    assert compiled_variants(jit) == before
     out = torch.empty_like(case.q)
-    itf_call = dict(kv_layout="nhd", out=out)
+    itf_call = dict(kv_layout=layout, out=out)
     args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
             case.seq_lens, case.max_query_len)  # fmt: skip
     torch.cuda.synchronize()

@@ -11,7 +11,7 @@ row of a TMA copy of one page run), ``slot_offset`` (a token's slot offset, for 
 :func:`validate_block_table`, :func:`page_walk_rest_block` and :func:`offsets_fit_int32` (when the
 device functions may take ``WIDE=False``: int32 offsets).
 
-Versioned on its own: kernels pin ``paged-kv-offsets>=1.7,<2``; the device-function signatures
+Versioned on its own: kernels pin ``paged-kv-offsets>=1.8,<2``; the device-function signatures
 only change with a major version.
 """
 

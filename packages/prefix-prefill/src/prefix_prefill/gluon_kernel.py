@@ -1,4 +1,5 @@
-"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over an NHD paged cache, warp-specialised.
+"""Gluon kernels (NVIDIA Hopper, sm90): prefix prefill over an NHD paged cache (``_gluon_fwd_kernel``)
+and over vLLM's split cache (``_gluon_split_kernel``, at the end of this module), warp-specialised.
 
 The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for its most common form (causal, no
 window, no ALiBi, sinks, soft-capping or fp8): query row ``r`` of a sequence (new token ``r``, at
@@ -27,6 +28,42 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from paged_kv_offsets.gluon import page_row, slot_offset
 from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
+
+
+@gluon.jit
+def _program_rows(CuSeqlensQ, SeqLens, BLOCK_M: gl.constexpr):
+    """``(head, seq, q_tok0, q_len, ctx_len, m0)`` of this program: grid (query tiles, heads, batch), the
+    latest query tiles first (they carry the most keys); rows ``[m0, m0 + BLOCK_M)`` of sequence
+    ``seq``, whose new tokens start at ``q_tok0``."""
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    head = gl.program_id(1)
+    seq = gl.program_id(2)
+    q_tok0 = gl.load(CuSeqlensQ + seq).to(gl.int32)
+    q_len = gl.load(CuSeqlensQ + seq + 1).to(gl.int32) - q_tok0
+    ctx_len = gl.load(SeqLens + seq).to(gl.int32) - q_len
+    return head, seq, q_tok0, q_len, ctx_len, pid_m * BLOCK_M
+
+
+@gluon.jit
+def _program_segments(q_len, ctx_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      KV_FROM_CACHE: gl.constexpr):  # fmt: skip
+    """``(a_end, a_full, b_end, n_a, n_blocks, b_full)`` of a tile with rows ``[m0, m1)``: segment A
+    = cache positions ``[0, a_end)`` (row r sees p iff p <= ctx_len + r; every row sees ``[0,
+    a_full)``), B = new tokens ``[0, b_end)`` (causal; every row sees ``[0, b_full)``); ``n_a`` and
+    ``n_blocks`` key blocks. With ``KV_FROM_CACHE`` the new tokens are part of A."""
+    m1 = gl.minimum(m0 + BLOCK_M, q_len)
+    if KV_FROM_CACHE:
+        a_end = ctx_len + m1
+        a_full = ((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N
+        b_end = m1 * 0
+    else:
+        a_end = ctx_len
+        a_full = (ctx_len // BLOCK_N) * BLOCK_N
+        b_end = m1
+    n_a = gl.cdiv(a_end, BLOCK_N)
+    n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
+    b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    return a_end, a_full, b_end, n_a, n_blocks, b_full
 
 
 @gluon.jit
@@ -89,28 +126,12 @@ def _gluon_fwd_kernel(
     the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
     the rings' shared layout)."""
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
-    head = gl.program_id(1)
-    seq = gl.program_id(2)
-    q_tok0 = gl.load(CuSeqlensQ + seq).to(gl.int32)
-    q_len = gl.load(CuSeqlensQ + seq + 1).to(gl.int32) - q_tok0
-    ctx_len = gl.load(SeqLens + seq).to(gl.int32) - q_len
-    m0 = pid_m * BLOCK_M
+    head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
-    m1 = gl.minimum(m0 + BLOCK_M, q_len)
-    # segment A: cache positions [0, a_end), visible to row r iff p <= ctx_len + r; B: new tokens [0, m1)
-    if KV_FROM_CACHE:
-        a_end = ctx_len + m1
-        a_full = ((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N
-        b_end = m1 * 0
-    else:
-        a_end = ctx_len
-        a_full = (ctx_len // BLOCK_N) * BLOCK_N
-        b_end = m1
-    n_a = gl.cdiv(a_end, BLOCK_N)
-    n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
-    b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
+        q_len, ctx_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
+    )
     kv_col = (head // group_size) * HEAD_DIM
     HALF_M: gl.constexpr = BLOCK_M // 2
 
@@ -268,27 +289,12 @@ def _gluon_split_kernel(
     and base is 16-byte aligned.
     ``V_TPR``: threads along the keys in the V gathers (see :func:`_gather_v_block`); each producer
     has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's)."""
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # latest query tiles carry the most keys
-    head = gl.program_id(1)
-    seq = gl.program_id(2)
-    q_tok0 = gl.load(CuSeqlensQ + seq).to(gl.int32)
-    q_len = gl.load(CuSeqlensQ + seq + 1).to(gl.int32) - q_tok0
-    ctx_len = gl.load(SeqLens + seq).to(gl.int32) - q_len
-    m0 = pid_m * BLOCK_M
+    head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
-    m1 = gl.minimum(m0 + BLOCK_M, q_len)
-    if KV_FROM_CACHE:
-        a_end = ctx_len + m1
-        a_full = ((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N
-        b_end = m1 * 0
-    else:
-        a_end = ctx_len
-        a_full = (ctx_len // BLOCK_N) * BLOCK_N
-        b_end = m1
-    n_a = gl.cdiv(a_end, BLOCK_N)
-    n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
-    b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
+        q_len, ctx_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
+    )
     kv_head = head // group_size
     HALF_M: gl.constexpr = BLOCK_M // 2
     if KV_FROM_CACHE:
