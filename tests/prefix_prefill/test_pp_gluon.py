@@ -210,15 +210,19 @@ _SPLIT_COMPILE_SCRIPT = (
     + """
 import prefix_prefill.interface as itf
 
-for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True, False), (128, True, False)):
+CASES = ((128, False, True, False), (256, False, False, False), (64, True, False, False),
+         (128, True, False, False), (128, False, False, True), (256, True, False, True))
+for head, from_cache, lse, v_tma in CASES:
     bn = 64 if head == 256 else 128
     lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
-    lv = gl.NVMMASharedLayout.get_default_for([head, bn], gl.bfloat16)
+    v_cols = 16 if v_tma else bn
+    lv = gl.NVMMASharedLayout.get_default_for([head, v_cols], gl.bfloat16)
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
         "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "V_desc": f"tensordesc<bf16[{head}, {bn}],{lv!r}>", "K_cache": "*bf16", "V_cache": "*bf16",
+        "V_desc": f"tensordesc<bf16[{head}, {v_cols}],{lv!r}>", "K_cache": "*bf16",
+        "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
         "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "VCol0": "*i32", "SeqLens": "*i32",
         "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
         "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
@@ -227,15 +231,16 @@ for head, from_cache, lse in ((128, False, True), (256, False, False), (64, True
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
-                  PRODUCER_WARPS=2)
+                  PRODUCER_WARPS=2, V_TMA=v_tma)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=("K_cache", "V_cache"))
+    aligned = ("K_cache",) if v_tma else ("K_cache", "V_cache")
+    src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned)
     check_launcher_guess(itf._gluon_split_kernel, src, kernel)
     ptx = kernel.asm["ptx"]
     # 16-byte gathers only, and every producer thread arrives when its own copies land
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
-    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == (1 if v_tma else 2)
 """
 )
 
@@ -246,7 +251,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 4 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 6 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -320,13 +325,15 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
     "layout,switch,head",
     [("nhd", "_GLUON_VECTOR_IDS", 128), ("nhd", "_GLUON_UNIFORM_BOX", 128),
      ("nhd", "_GLUON_UNIFORM_BOX", 256), ("split", "_GLUON_SPLIT_STAGES3", 128),
-     ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128)],
+     ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128),
+     ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
     (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
     block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
-    ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (page-row V gathers)."""
+    ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (page-row V gathers),
+    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes)."""
     monkeypatch.setattr(itf, switch, True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,

@@ -37,15 +37,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
-                   READY_COUNT: gl.constexpr = 1):  # fmt: skip
+                   READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each), K and V rings ``[NUM_STAGES, BLOCK_N, D]`` in the
     descriptors' layouts (``*_ready``: count 1, the producer's expect-tx; ``*_empty``: count 2, one
     arrival per consumer), and ``fix_bar`` (count 2: the consumers' V-row handshake). ``V_T``: the V
     ring is ``[NUM_STAGES, D, BLOCK_N]`` (keys along the rows' contiguous axis) in ``V_desc``'s layout;
     ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
-    with ``cp.async``). Returns ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-    fix_bar)``."""
+    with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same). Returns
+    ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], Q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
@@ -63,7 +63,7 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
         mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=READY_COUNT)
-        mbarrier.init(v_ready.index(i), count=READY_COUNT)
+        mbarrier.init(v_ready.index(i), count=V_READY_COUNT if V_READY_COUNT > 0 else READY_COUNT)
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
     mbarrier.init(fix_bar.index(0), count=2)

@@ -270,6 +270,58 @@ def _split_producer(
                 tma.async_copy_global_to_shared(N_desc, [kv_head * HEAD_DIM, tok], bar, buf)
 
 
+@gluon.jit
+def _split_v_tma_producer(
+    N_desc, C_desc, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head, kv_heads, n_a, a_end,
+    n_blocks, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+):  # fmt: skip
+    """The V ring by TMA (``_GLUON_SPLIT_V_TMA``): a slot ``[D, BLOCK_N]`` in a 32-byte-swizzled layout
+    is ``BLOCK_N / 16`` column blocks ``[D, 16]``, each one box: a context run of 16 keys (inside one
+    page: pages are multiples of 16) from ``C_desc``, the V cache seen as ``[num_blocks * kv_heads * D,
+    page_size]`` (row ``(block * kv_heads + kv_head) * D``; runs at or past ``a_end`` from row ``-D``,
+    outside the view: zeros, no block-table read), or 16 new tokens from ``N_desc`` (the transposed
+    ``v``) at column ``n_tok0 + ...``. One expect-tx arrival per slot."""
+    NB: gl.constexpr = BLOCK_N // 16
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        if j < n_a:
+            for i in gl.static_range(NB):
+                pos = j * BLOCK_N + i * 16
+                ok = pos < a_end
+                page = pos // page_size
+                blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+                row = gl.where(ok, (blk * kv_heads + kv_head) * HEAD_DIM, -HEAD_DIM)
+                tma.async_copy_global_to_shared(C_desc, [row, pos - page * page_size], bar,
+                                                buf.slice(i * 16, 16, dim=1))  # fmt: skip
+        else:
+            tok = n_tok0 + (j - n_a) * BLOCK_N
+            for i in gl.static_range(NB):
+                tma.async_copy_global_to_shared(N_desc, [kv_head * HEAD_DIM, tok + i * 16], bar,
+                                                buf.slice(i * 16, 16, dim=1))  # fmt: skip
+
+
+@gluon.jit
+def _split_v_partition(
+    V_TMA: gl.constexpr, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
+    c_block, c_head, c_feat, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SUB: gl.constexpr, V_TPR: gl.constexpr,
+):  # fmt: skip
+    """The V ring's producer: :func:`_split_v_tma_producer` with ``V_TMA`` (``Cache`` is then the V
+    cache's descriptor), else :func:`_split_producer`'s gathers."""
+    if V_TMA:
+        _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
+                              kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
+    else:
+        _split_producer(1, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
+                        c_block, c_head, c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+                        HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)  # fmt: skip
+
+
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
                               "vc_block", "vc_head", "vc_dim"])  # fmt: skip
 def _gluon_split_kernel(
@@ -279,6 +331,7 @@ def _gluon_split_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
+    V_TMA: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -288,7 +341,10 @@ def _gluon_split_kernel(
     caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
     and base is 16-byte aligned.
     ``V_TPR``: threads along the keys in the V gathers (see :func:`_gather_v_block`); each producer
-    has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's)."""
+    has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's).
+    ``V_TMA`` (candidate): V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V
+    cache's descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s
+    block ``[D, 16]`` too (32-byte swizzle)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -303,7 +359,16 @@ def _gluon_split_kernel(
         v_tok0 = gl.load(VCol0 + seq).to(gl.int32)
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, 32 * PRODUCER_WARPS
+        Q_desc,
+        K_desc,
+        V_desc,
+        HALF_M,
+        BLOCK_N,
+        HEAD_DIM,
+        NUM_STAGES,
+        True,
+        32 * PRODUCER_WARPS,
+        1 if V_TMA else 0,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     z = m0 * 0
@@ -327,11 +392,11 @@ def _gluon_split_kernel(
                 BLOCK_N,
                 HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
             )),
-            (_split_producer, (
-                1, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
-                vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M,
-                BLOCK_N,
-                HEAD_DIM, NUM_STAGES, V_SUB, V_TPR,
+            (_split_v_partition, (
+                V_TMA, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
+                page_size, vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head,
+                gl.num_programs(1) // group_size, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                V_SUB, V_TPR,
             )),
         ],
         [4, PRODUCER_WARPS, PRODUCER_WARPS],

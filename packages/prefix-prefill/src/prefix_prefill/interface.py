@@ -540,6 +540,12 @@ _GLUON_SPLIT_ONE_WARP = False
 # with Q), so the gathers of two blocks can be in flight while the consumers work on a third. Test of
 # whether page 16's gap is latency the ring does not hide. Candidate (A/B).
 _GLUON_SPLIT_STAGES3 = False
+# Split-layout Gluon kernel: V by TMA instead of cp.async gathers (kernel V_TMA): a V slot [D, BLOCK_N]
+# in a 32-byte-swizzled layout is BLOCK_N / 16 column blocks [D, 16], each one box of 16 keys of a
+# page from the V cache seen as [num_blocks * kv_heads * D, page_size] (blocks contiguous), so V's
+# short page runs leave the load/store unit (page 16's gap, NOTES step 60). Offline only (compiles,
+# no re-staging before wgmma); untimed and untested on the GPU. Candidate.
+_GLUON_SPLIT_V_TMA = False
 
 
 def _prime_triton() -> None:
@@ -700,14 +706,26 @@ def _gluon_split_launch(
     if strides is None or _gluon_split_kernel is None:
         return False
     head, hk = q.shape[2], kc.num_kv_heads
+    page = kc.page_size
+    v_tma = (
+        _GLUON_SPLIT_V_TMA
+        and vc.stride_dim == page
+        and vc.stride_head == head * page
+        and vc.stride_block == hk * head * page
+        and vc.num_blocks * hk * head < 2**31
+    )
+    v_cols = 16 if v_tma else block_n  # V_desc's block: [D, 16] boxes (32-byte swizzle) or [D, BLOCK_N]
+    v_cache_arg = v_cache
+    if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
+        v_cache_arg = runtime.gluon_descriptor(v_cache, [vc.num_blocks * hk * head, page], page, head, 16)
     v_col0 = cu_seqlens_q  # (with k given: each sequence's first column in the transposed V)
     if k is None:  # K_desc/V_desc only give the rings' layouts
         k_desc = runtime.gluon_token_rows(q[:, :1], block_n)
-        v_desc = runtime.gluon_descriptor(q.new_empty(head, block_n), [head, block_n], block_n, head, block_n)
+        v_desc = runtime.gluon_descriptor(q.new_empty(head, v_cols), [head, v_cols], v_cols, head, v_cols)
     else:
         k_desc = runtime.gluon_token_rows(k, block_n)
         v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
-        v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, block_n)
+        v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
     q_desc = runtime.gluon_token_rows(q, block_m // 2)
     if q_desc is None or k_desc is None:
         return False
@@ -726,12 +744,12 @@ def _gluon_split_launch(
 
     def launch() -> None:
         _gluon_split_kernel[grid](
-            q_desc, k_desc, v_desc, k_cache, v_cache, o, block_table, cu_seqlens_q, v_col0, seq_lens,
+            q_desc, k_desc, v_desc, k_cache, v_cache_arg, o, block_table, cu_seqlens_q, v_col0, seq_lens,
             scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             *strides, lse, lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
-            V_TPR=v_tpr, PRODUCER_WARPS=warps, num_warps=4,
+            V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, num_warps=4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):
