@@ -6,7 +6,8 @@
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
-#  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel for each
+#  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
+#  _fwd_kernel; _gluon_split_kernel / _gluon_fwd_kernel for the Gluon ones) for each
 #  NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512), with FP32_AB=1 first
 #  bench/fp32_configs.py on an empty cache while the profiled problems precompile; writes ncu.tgz
 #  (reports, details text, per-SASS-instruction csv);
@@ -47,7 +48,7 @@ if [[ $what == abbench ]]; then
   timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" $sets 2>&1 | tee -a "$OUT/bench.log"
   # optional: ncu of our kernel (switch on) for NCU_SHAPE/NCU_LAYOUT at each of NCU_PAGES (clocks left as they are)
   for pg in ${NCU_PAGES:-}; do
-    timeout 120 ncu --clock-control none -k regex:_fwd_kernel -s 1 -c 1 --section SpeedOfLight \
+    timeout 120 ncu --clock-control none -k regex:${NCU_KERNEL:-_fwd_kernel} -s 1 -c 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
       --section SchedulerStats --section LaunchStats python3 bench/ab_prefix.py --compile-only \
       --shapes ${NCU_SHAPE:-qwen} --layouts ${NCU_LAYOUT:-nhd} --pages $pg >>"$OUT/ncu.txt" 2>&1
@@ -93,7 +94,7 @@ if [[ $what == ncu ]]; then
   for sp in $specs; do
     IFS=: read -r sh lay pg <<<"$sp"
     tag=${sh}_${lay}_$pg
-    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --set full --import-source no -k regex:_fwd_kernel -s 1 -c 1 \
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --set full --import-source no -k regex:${NCU_KERNEL:-_fwd_kernel} -s 1 -c 1 \
       -f -o "$nd/$tag" python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg \
       >"$nd/$tag.run.txt" 2>&1
     ncu -i "$nd/$tag.ncu-rep" --page details --print-details all >"$nd/$tag.details.txt" 2>&1
