@@ -143,6 +143,48 @@ def test_transposed_new_v(lens):
         assert torch.equal(got, v[cu[s] : cu[s] + n].permute(1, 2, 0))
 
 
+class _RecordingKernel:
+    """Stands in for a Gluon kernel on the CPU: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("v_tma", [False, True])
+@pytest.mark.parametrize("head,from_cache", [(128, False), (256, False), (64, True)])
+def test_split_launch_host_side(head, from_cache, v_tma, monkeypatch):
+    """The split kernel's host glue on the CPU (the kernel replaced by a recorder): it is taken, with the
+    grid, the per-head constexprs (producer warps and registers, gather steps, ring slots), the V
+    cache as a pointer or (``_GLUON_SPLIT_V_TMA``) a ``[D, 16]`` descriptor, and the transposed
+    new-token V's descriptor and per-sequence columns when k is given."""
+    if itf._gluon_split_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_V_TMA", v_tma)
+    case = make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head,
+                     page=16, dtype=torch.bfloat16, device="cpu", layout="split",
+                     kv_from_cache=from_cache)  # fmt: skip
+    assert _launch(case) is True
+    ((grid, args, kw),) = rec.calls
+    bn = 64 if head == 256 else 128
+    assert grid == (-(-case.max_query_len // 128), 4, 3)
+    assert kw["BLOCK_N"] == bn and kw["KV_FROM_CACHE"] is from_cache and kw["V_TMA"] is v_tma
+    assert kw["PRODUCER_WARPS"] == 2 and kw["PRODUCER_REGS"] == 32 and kw["NUM_STAGES"] == 2
+    assert kw["K_SUB"] == (16 if head == 256 else 64) and kw["V_TPR"] == bn // 8
+    v_desc, v_cache_arg, v_col0 = args[2], args[4], args[8]
+    assert list(v_desc.block_shape) == [head, 16 if v_tma else bn]
+    if v_tma:
+        assert list(v_cache_arg.block_shape) == [head, 16]
+    else:
+        assert v_cache_arg is case.v_cache
+    if not from_cache:
+        assert v_col0.tolist() == [0, 64, 128] and v_desc.base.shape[0] == 2 * head
+
+
 def test_split_not_taken_without_switch(monkeypatch):
     """``_GLUON_SPLIT`` off: the split layout goes to the Triton kernel (no launch is tried)."""
     monkeypatch.setattr(itf, "_GLUON_SPLIT", False)

@@ -718,17 +718,17 @@ def _gluon_split_launch(
     v_cache_arg = v_cache
     if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
         v_cache_arg = runtime.gluon_descriptor(v_cache, [vc.num_blocks * hk * head, page], page, head, 16)
-    v_col0 = cu_seqlens_q  # (with k given: each sequence's first column in the transposed V)
-    if k is None:  # K_desc/V_desc only give the rings' layouts
-        k_desc = runtime.gluon_token_rows(q[:, :1], block_n)
-        v_desc = runtime.gluon_descriptor(q.new_empty(head, v_cols), [head, v_cols], v_cols, head, v_cols)
-    else:
-        k_desc = runtime.gluon_token_rows(k, block_n)
-        v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
-        v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
     q_desc = runtime.gluon_token_rows(q, block_m // 2)
+    # with k = None, K_desc/V_desc only give the rings' layouts
+    k_desc = runtime.gluon_token_rows(q[:, :1] if k is None else k, block_n)
     if q_desc is None or k_desc is None:
         return False
+    v_col0 = cu_seqlens_q  # (with k given: each sequence's first column in the transposed V)
+    if k is None:
+        v_desc = runtime.gluon_descriptor(q.new_empty(head, v_cols), [head, v_cols], v_cols, head, v_cols)
+    else:
+        v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
+        v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     v_tpr = block_n // 8
     if _GLUON_SPLIT_PAGE_ROWS and kc.page_size < block_n:
