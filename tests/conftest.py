@@ -80,12 +80,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 
-def compile_sm90(fn, sig, consts, aligned=()):
+def compile_sm90(fn, sig, consts, aligned=(), num_warps=4):
     # aligned: pointer arguments the launcher would specialise as 16-byte aligned (tt.divisibility 16)
     sig = {**sig, **{name: "constexpr" for name in consts if name not in sig}}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     src = GluonASTSource(fn, sig, consts, attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
     print("shared", kernel.metadata.shared)
     return src, kernel

@@ -153,18 +153,20 @@ class _RecordingKernel:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("v_tma", [False, True])
+@pytest.mark.parametrize("v_tma,one", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("head,from_cache", [(128, False), (256, False), (64, True)])
-def test_split_launch_host_side(head, from_cache, v_tma, monkeypatch):
+def test_split_launch_host_side(head, from_cache, v_tma, one, monkeypatch):
     """The split kernel's host glue on the CPU (the kernel replaced by a recorder): it is taken, with the
-    grid, the per-head constexprs (producer warps and registers, gather steps, ring slots), the V
-    cache as a pointer or (``_GLUON_SPLIT_V_TMA``) a ``[D, 16]`` descriptor, and the transposed
+    grid, the per-head constexprs (producer warps and registers, gather steps, ring slots, one 8-warp
+    consumer with ``_GLUON_ONE_CONSUMER``), the V cache as a pointer or (``_GLUON_SPLIT_V_TMA``) a
+    ``[D, 16]`` descriptor, and the transposed
     new-token V's descriptor and per-sequence columns when k is given."""
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     rec = _RecordingKernel()
     monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
     monkeypatch.setattr(itf, "_GLUON_SPLIT_V_TMA", v_tma)
+    monkeypatch.setattr(itf, "_GLUON_ONE_CONSUMER", one)
     case = make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head,
                      page=16, dtype=torch.bfloat16, device="cpu", layout="split",
                      kv_from_cache=from_cache)  # fmt: skip
@@ -174,6 +176,7 @@ def test_split_launch_host_side(head, from_cache, v_tma, monkeypatch):
     assert grid == (-(-case.max_query_len // 128), 4, 3)
     assert kw["BLOCK_N"] == bn and kw["KV_FROM_CACHE"] is from_cache and kw["V_TMA"] is v_tma
     assert kw["PRODUCER_WARPS"] == 2 and kw["PRODUCER_REGS"] == 32 and kw["NUM_STAGES"] == 2
+    assert kw["ONE_CONSUMER"] is one and kw["num_warps"] == (8 if one else 4)
     assert kw["K_SUB"] == (16 if head == 256 else 64) and kw["V_TPR"] == bn // 8
     v_desc, v_cache_arg, v_col0 = args[2], args[4], args[8]
     assert list(v_desc.block_shape) == [head, 16 if v_tma else bn]
@@ -240,9 +243,13 @@ for head, box, from_cache, vector_ids, in_page, stages in CASES:
     }
     consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box,
                   KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=stages, VECTOR_IDS=vector_ids,
-                  IN_PAGE_COPY=in_page)
+                  IN_PAGE_COPY=in_page, ONE_CONSUMER=False)
     src, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, consts)
+    n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
     check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
+    if in_page and stages == 2 and not vector_ids:  # and as one 8-warp consumer partition
+        _, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, dict(consts, ONE_CONSUMER=True), num_warps=8)
+        assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma, "the consumer is not compiled once"
 """
 )
 
@@ -273,7 +280,7 @@ for head, from_cache, lse, v_tma in CASES:
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
-                  PRODUCER_WARPS=2, V_TMA=v_tma)
+                  PRODUCER_WARPS=2, V_TMA=v_tma, ONE_CONSUMER=False)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
     aligned = ("K_cache",) if v_tma else ("K_cache", "V_cache")
@@ -283,6 +290,9 @@ for head, from_cache, lse, v_tma in CASES:
     # 16-byte gathers only, and every producer thread arrives when its own copies land
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == (1 if v_tma else 2)
+    if head == 128 and not from_cache:  # and as one 8-warp consumer partition
+        one = dict(consts, ONE_CONSUMER=True)
+        compile_sm90(itf._gluon_split_kernel, sig, one, aligned=aligned, num_warps=8)
 """
 )
 
@@ -293,16 +303,18 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 6 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 8 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """The kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's shared
-    memory (227 KiB); on Triton 3.6 the launcher-source guess of prefill_runtime's prebuild matches."""
+    memory (227 KiB), as one 8-warp consumer partition too (with half the wgmma instructions: the
+    consumer compiled once); on Triton 3.6 the launcher-source guess of prefill_runtime's prebuild
+    matches."""
     if itf._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 5 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 7 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -368,14 +380,17 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
     [("nhd", "_GLUON_VECTOR_IDS", 128), ("nhd", "_GLUON_UNIFORM_BOX", 128),
      ("nhd", "_GLUON_UNIFORM_BOX", 256), ("split", "_GLUON_SPLIT_STAGES3", 128),
      ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128),
-     ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256)],
+     ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256),
+     ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
+     ("split", "_GLUON_ONE_CONSUMER", 128)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
     (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
     block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
     ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (page-row V gathers),
-    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes)."""
+    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes); both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer
+    partition)."""
     monkeypatch.setattr(itf, switch, True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,

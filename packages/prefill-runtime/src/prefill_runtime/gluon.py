@@ -109,29 +109,32 @@ def softmax_step(
 
 @gluon.jit
 def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.constexpr,
-                V_T: gl.constexpr = False):  # fmt: skip
+                V_T: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1):  # fmt: skip
     """This warpgroup's half of the V rows of the block at ``n0`` outside ``[lo, hi)`` set to 0 (4 warps),
     then a handshake with the other consumer (``fix_bar``, count 2) so both halves are done. Returns the
     handshake count (its phase parity) after this one. ``V_T``: ``v_buf`` is ``[D, BLOCK_N]``; each
-    warpgroup zeroes those keys' columns in its half of the ``D`` rows."""
+    warpgroup zeroes those keys' columns in its half of the ``D`` rows. ``WARPGROUPS == 2``: one
+    partition of both warpgroups (``WG`` 0, ``HALF_N`` the whole block) zeroes the whole slot and
+    arrives for both."""
+    NW: gl.constexpr = 4 * WARPGROUPS
     if V_T:
-        HALF_D: gl.constexpr = v_buf.shape[0] // 2
-        TPR: gl.constexpr = 2 * HALF_N // 8  # threads along a row of BN keys, 8 keys each
-        blk_t: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [4, 1], [1, 0])
+        HALF_D: gl.constexpr = v_buf.shape[0] // (3 - WARPGROUPS)
+        TPR: gl.constexpr = 2 * HALF_N // (8 * WARPGROUPS)  # threads along a row of BN keys, 8 keys each
+        blk_t: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [NW, 1], [1, 0])
         half_t = v_buf.slice(WG * HALF_D, HALF_D, dim=0)
         b_vt = half_t.load(blk_t)  # [D / 2, BN]
-        offs_kt = n0 + gl.arange(0, 2 * HALF_N, layout=gl.SliceLayout(0, blk_t))  # [BN]
+        offs_kt = n0 + gl.arange(0, 2 * HALF_N // WARPGROUPS, layout=gl.SliceLayout(0, blk_t))  # [BN]
         keep_t = (offs_kt >= lo) & (offs_kt < hi)  # [BN]
         half_t.store(gl.where(keep_t[None, :], b_vt, gl.zeros_like(b_vt)))
     else:
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
         half = v_buf.slice(WG * HALF_N, HALF_N, dim=0)
         b_v = half.load(blk)  # [BN / 2, D]
         offs_k = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, blk))  # [BN / 2]
         keep = (offs_k >= lo) & (offs_k < hi)  # [BN / 2]
         half.store(gl.where(keep[:, None], b_v, gl.zeros_like(b_v)))
     fence_async_shared()
-    mbarrier.arrive(fix_bar, count=1)
+    mbarrier.arrive(fix_bar, count=WARPGROUPS)
     mbarrier.wait(fix_bar, n_fix & 1)
     return n_fix + 1
 
@@ -169,7 +172,7 @@ def consumer(
     stride_lse_h,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
-    V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False,
+    V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -178,35 +181,47 @@ def consumer(
     (FlashAttention-3's intra-warpgroup overlap). Slots are released to the producer through
     ``k_empty``/``v_empty`` (count 2: both consumers). ``V_T``: V slots are ``[D, BLOCK_N]`` (read as
     their transpose); ``CP_FILL``: slots may be filled by ``cp.async`` (generic proxy), so a proxy fence
-    follows each ready wait before wgmma reads the slot (async proxy)."""
+    follows each ready wait before wgmma reads the slot (async proxy). ``WARPGROUPS == 2`` (``WG`` 0):
+    one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``; each warpgroup still issues
+    its own 64-row wgmma) from one copy of this code, releasing each slot with one arrival of count 2;
+    Triton then synchronises the 8 warps before each release."""
+    NW: gl.constexpr = 4 * WARPGROUPS
+    ROWS: gl.constexpr = HALF_M * WARPGROUPS
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16]
     )
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
-    q_buf = q_smem.index(WG)
-    offs_r = row0 + WG * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
-    m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
-    l_i = gl.zeros([HALF_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
-    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
+    if WARPGROUPS == 2:  # the two Q halves, back to back in shared memory, as one [2 * HALF_M, D] tile
+        q_buf = q_smem._reinterpret(
+            dtype, [ROWS, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+        )
+    else:
+        q_buf = q_smem.index(WG)
+    offs_r = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
 
     # ---- block 0: scores and softmax, no P @ V yet ----
     mbarrier.wait(q_bar.index(WG), 0)
+    if WARPGROUPS == 2:
+        mbarrier.wait(q_bar.index(1), 0)
     mbarrier.wait(k_ready.index(0), 0)
     if CP_FILL:
         fence_async_shared()
     b_s = warpgroup_mma(
         q_buf,
         k_smem.index(0).permute((1, 0)),
-        gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=S_LAYOUT),
+        gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
         use_acc=False,
         is_async=True,
     )  # [BM / 2, BN]
     b_s = warpgroup_mma_wait(0, deps=[b_s])
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(0), count=WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
@@ -227,7 +242,7 @@ def consumer(
         b_s = warpgroup_mma(
             q_buf,
             k_smem.index(slot).permute((1, 0)),
-            gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=S_LAYOUT),
+            gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
             use_acc=False,
             is_async=True,
         )  # [BM / 2, BN] S_j in flight
@@ -235,10 +250,11 @@ def consumer(
         if CP_FILL:
             fence_async_shared()
         if p_out:
-            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2, V_T)
+            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
+                                BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
         acc = warpgroup_mma(b_p, _v_operand(v_smem, pslot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
         b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
-        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(k_empty.index(slot), count=WARPGROUPS)
         n0, lo, hi, shift, masked, out = _block_geometry(
             j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
             b_full_lo, b_full_hi, BLOCK_N,
@@ -248,7 +264,7 @@ def consumer(
             BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
         )  # fmt: skip
         acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
-        mbarrier.arrive(v_empty.index(pslot), count=1)
+        mbarrier.arrive(v_empty.index(pslot), count=WARPGROUPS)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
         b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
         p_n0, p_lo, p_hi, p_out = n0, lo, hi, out
@@ -260,7 +276,8 @@ def consumer(
     if CP_FILL:
         fence_async_shared()
     if p_out:
-        n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2, V_T)
+        n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
+                            BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
     acc = warpgroup_mma(b_p, _v_operand(v_smem, lslot, V_T), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
 
@@ -268,7 +285,7 @@ def consumer(
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # [BM / 2]
     inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
     b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
-    offs_ro = row0 + WG * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+    offs_ro = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
     p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]
     p_o = p_row[:, None] + offs_d[None, :]  # [BM / 2, D]

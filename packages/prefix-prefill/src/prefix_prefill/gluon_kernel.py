@@ -119,13 +119,14 @@ def _gluon_fwd_kernel(
     qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
-    VECTOR_IDS: gl.constexpr = False, IN_PAGE_COPY: gl.constexpr = True,
+    VECTOR_IDS: gl.constexpr = False, IN_PAGE_COPY: gl.constexpr = True, ONE_CONSUMER: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
     the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
-    the rings' shared layout)."""
+    the rings' shared layout). ``ONE_CONSUMER`` (candidate; launch with 8 warps): both consumer
+    warpgroups as one 8-warp partition, one copy of the consumer code (about half the compile)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -140,34 +141,58 @@ def _gluon_fwd_kernel(
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     z = m0 * 0
-    gl.warp_specialize(
-        [
-            (consumer, (
-                0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, True, False, False, RETURN_LSE,
-            )),
-            (consumer, (
-                1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, True, False, False, RETURN_LSE,
-            )),
-            (_producer, (
-                0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-                page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
-            )),
-            (_producer, (
-                1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-                page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
-            )),
-        ],
-        [4, 1, 1],
-        [240, 24, 24],
-    )  # fmt: skip
+    if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
+        gl.warp_specialize(
+            [
+                (consumer, (
+                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, True, False, False, RETURN_LSE, False, False, 2,
+                )),
+                (_producer, (
+                    0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty,
+                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
+                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
+                )),
+                (_producer, (
+                    1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty,
+                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
+                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
+                )),
+            ],
+            [1, 1],
+            [24, 24],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (consumer, (
+                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, True, False, False, RETURN_LSE,
+                )),
+                (consumer, (
+                    1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, True, False, False, RETURN_LSE,
+                )),
+                (_producer, (
+                    0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty,
+                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
+                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
+                )),
+                (_producer, (
+                    1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty,
+                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
+                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
+                )),
+            ],
+            [4, 1, 1],
+            [240, 24, 24],
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- vLLM's split layout
@@ -331,7 +356,7 @@ def _gluon_split_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
-    V_TMA: gl.constexpr = False,
+    V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -344,7 +369,7 @@ def _gluon_split_kernel(
     has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's).
     ``V_TMA`` (candidate): V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V
     cache's descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s
-    block ``[D, 16]`` too (32-byte swizzle)."""
+    block ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``: as in :func:`_gluon_fwd_kernel`."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -372,33 +397,57 @@ def _gluon_split_kernel(
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     z = m0 * 0
-    gl.warp_specialize(
-        [
-            (consumer, (
-                0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, True, False, False, RETURN_LSE, True, True,
-            )),
-            (consumer, (
-                1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                NUM_STAGES, True, False, False, RETURN_LSE, True, True,
-            )),
-            (_split_producer, (
-                0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
-                kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks, HALF_M,
-                BLOCK_N,
-                HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
-            )),
-            (_split_v_partition, (
-                V_TMA, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-                page_size, vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head,
-                gl.num_programs(1) // group_size, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                V_SUB, V_TPR,
-            )),
-        ],
-        [4, PRODUCER_WARPS, PRODUCER_WARPS],
-        [240, PRODUCER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+    if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
+        gl.warp_specialize(
+            [
+                (consumer, (
+                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, True, False, False, RETURN_LSE, True, True, 2,
+                )),
+                (_split_producer, (
+                    0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
+                    page_size, kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
+                    n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
+                )),
+                (_split_v_partition, (
+                    V_TMA, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
+                    page_size, vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head,
+                    gl.num_programs(1) // group_size, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, V_SUB, V_TPR,
+                )),
+            ],
+            [PRODUCER_WARPS, PRODUCER_WARPS],
+            [PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (consumer, (
+                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, True, False, False, RETURN_LSE, True, True,
+                )),
+                (consumer, (
+                    1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
+                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, True, False, False, RETURN_LSE, True, True,
+                )),
+                (_split_producer, (
+                    0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
+                    page_size, kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
+                    n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
+                )),
+                (_split_v_partition, (
+                    V_TMA, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
+                    page_size, vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head,
+                    gl.num_programs(1) // group_size, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
+                    NUM_STAGES, V_SUB, V_TPR,
+                )),
+            ],
+            [4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [240, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip

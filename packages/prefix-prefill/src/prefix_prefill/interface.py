@@ -546,6 +546,12 @@ _GLUON_SPLIT_STAGES3 = False
 # short page runs leave the load/store unit (page 16's gap, NOTES step 60). Offline only (compiles,
 # no re-staging before wgmma); untimed and untested on the GPU. Candidate.
 _GLUON_SPLIT_V_TMA = False
+# Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
+# launched with 8 warps), so the consumer code is compiled once instead of inlined twice. Offline
+# (NOTES step 60): compile 2.0-2.05 -> 1.13-1.23 s (NHD), 1.46-1.51 s (split); Triton synchronises the 8
+# warps before each slot release, so the warpgroups run in lockstep there. Untimed and untested on
+# the GPU (the first-call goal's lead). Candidate.
+_GLUON_ONE_CONSUMER = False
 
 
 def _prime_triton() -> None:
@@ -636,7 +642,8 @@ def _gluon_launch(
             lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
-            IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, num_warps=4,
+            IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, ONE_CONSUMER=_GLUON_ONE_CONSUMER,
+            num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):
@@ -749,7 +756,8 @@ def _gluon_split_launch(
             *strides, lse, lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
-            V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, num_warps=4,
+            V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER,
+            num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
     if runtime.gluon_try_launch(launch, "prefix_prefill"):
