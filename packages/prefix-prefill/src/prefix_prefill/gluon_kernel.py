@@ -67,13 +67,38 @@ def _program_segments(q_len, ctx_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
+def _prefix_consumer(
+    WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
+    WARPGROUPS: gl.constexpr,
+):  # fmt: skip
+    """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
+    (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
+    whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
+    ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
+    qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
+    filled by ``cp.async``); ``WARPGROUPS``: see the consumer."""
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
+    m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
+        tile
+    )
+    consumer(
+        WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
+        q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
+        z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
+        SPLIT, SPLIT, WARPGROUPS,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _producer(
-    KV: gl.constexpr, Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row,
-    page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks,
-    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
     BOX: gl.constexpr, VECTOR_IDS: gl.constexpr, IN_PAGE_COPY: gl.constexpr,
 ):  # fmt: skip
-    """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. Block ``j``
+    """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. ``args``:
+    ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
+    oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)``. Block ``j``
     goes to slot ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context
     positions ``[j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy
     through ``CB_desc`` (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies
@@ -81,6 +106,8 @@ def _producer(
     one vector, each copy's row taken from it by a warp reduction, instead of one scalar read per copy).
     ``IN_PAGE_COPY=False``: every context block takes the ``BLOCK_N / BOX`` copies, wherever it lies
     (one instruction stream for every page size). The rest: new tokens through ``N_desc``."""
+    (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
+     q_tok0, m0, head, kv_col, n_a, a_end, n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -140,26 +167,23 @@ def _gluon_fwd_kernel(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
-    z = m0 * 0
+    rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
+    tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
+            stride_ot, stride_oh)  # fmt: skip
+    k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
+              page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)  # fmt: skip
+    v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
+              page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)  # fmt: skip
+    COPY: gl.constexpr = IN_PAGE_COPY
     if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
-                (consumer, (
-                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, True, False, False, RETURN_LSE, False, False, 2,
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 2,
                 )),
-                (_producer, (
-                    0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty,
-                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
-                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
-                )),
-                (_producer, (
-                    1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty,
-                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
-                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
-                )),
+                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
+                (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
             ],
             [1, 1],
             [24, 24],
@@ -167,28 +191,16 @@ def _gluon_fwd_kernel(
     else:
         gl.warp_specialize(
             [
-                (consumer, (
-                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, True, False, False, RETURN_LSE,
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 1,
                 )),
-                (consumer, (
-                    1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, True, False, False, RETURN_LSE,
+                (_prefix_consumer, (
+                    1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 1,
                 )),
-                (_producer, (
-                    0, Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty,
-                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
-                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
-                )),
-                (_producer, (
-                    1, Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty,
-                    p_table_row, page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks, HALF_M,
-                    BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, IN_PAGE_COPY,
-                )),
+                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
+                (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
             ],
             [4, 1, 1],
             [240, 24, 24],
@@ -256,9 +268,8 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 
 @gluon.jit
 def _split_producer(
-    KV: gl.constexpr, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    c_block, c_head, c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
-    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
     SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
     """A partition of ``PRODUCER_WARPS`` warps filling one ring from vLLM's split cache: K (``KV == 0``,
@@ -267,7 +278,11 @@ def _split_producer(
     strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
     copies land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one), from
     ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
-    ``SUB``: keys (K) / features (V) per gather step."""
+    ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
+    q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
+    kv_head, n_a, a_end, n_blocks)``."""
+    (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
+     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -331,20 +346,18 @@ def _split_v_tma_producer(
 
 @gluon.jit
 def _split_v_partition(
-    V_TMA: gl.constexpr, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    c_block, c_head, c_feat, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
-    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-    SUB: gl.constexpr, V_TPR: gl.constexpr,
+    V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
-    """The V ring's producer: :func:`_split_v_tma_producer` with ``V_TMA`` (``Cache`` is then the V
-    cache's descriptor), else :func:`_split_producer`'s gathers."""
+    """The V ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_v_tma_producer` with
+    ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers."""
     if V_TMA:
+        (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
+         kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
-        _split_producer(1, Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-                        c_block, c_head, c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
-                        HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)  # fmt: skip
+        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
@@ -396,27 +409,25 @@ def _gluon_split_kernel(
         1 if V_TMA else 0,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
-    z = m0 * 0
+    rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
+    tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
+            stride_ot, stride_oh)  # fmt: skip
+    k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
+              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
+              n_blocks)  # fmt: skip
+    v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
+              vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
+    kv_heads = gl.num_programs(1) // group_size
     if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
-                (consumer, (
-                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, True, False, False, RETURN_LSE, True, True, 2,
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 2,
                 )),
-                (_split_producer, (
-                    0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-                    page_size, kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
-                    n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
-                )),
-                (_split_v_partition, (
-                    V_TMA, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-                    page_size, vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head,
-                    gl.num_programs(1) // group_size, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, V_SUB, V_TPR,
-                )),
+                (_split_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR)),
             ],
             [PRODUCER_WARPS, PRODUCER_WARPS],
             [PRODUCER_REGS, PRODUCER_REGS],
@@ -424,29 +435,17 @@ def _gluon_split_kernel(
     else:
         gl.warp_specialize(
             [
-                (consumer, (
-                    0, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, True, False, False, RETURN_LSE, True, True,
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 1,
                 )),
-                (consumer, (
-                    1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-                    q_tok0, q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z,
-                    b_full, qk_scale, z, z, stride_ot, stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, True, False, False, RETURN_LSE, True, True,
+                (_prefix_consumer, (
+                    1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 1,
                 )),
-                (_split_producer, (
-                    0, Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-                    page_size, kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
-                    n_blocks, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR,
-                )),
-                (_split_v_partition, (
-                    V_TMA, Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-                    page_size, vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head,
-                    gl.num_programs(1) // group_size, n_a, a_end, n_blocks, HALF_M, BLOCK_N, HEAD_DIM,
-                    NUM_STAGES, V_SUB, V_TPR,
-                )),
+                (_split_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR)),
             ],
             [4, PRODUCER_WARPS, PRODUCER_WARPS],
             [240, PRODUCER_REGS, PRODUCER_REGS],

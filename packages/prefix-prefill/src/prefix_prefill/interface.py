@@ -566,6 +566,16 @@ def _prime_triton() -> None:
             hook_compiles(gluon_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
 
 
+def _try_gluon(launch) -> bool:
+    """Run a Gluon kernel's launch (``prefill_runtime.gluon_try_launch``); when it cannot build or launch,
+    stop offering the Gluon kernels for this process (``_GLUON_FAILED``) and return False."""
+    global _GLUON_FAILED
+    if runtime.gluon_try_launch(launch, "prefix_prefill"):
+        return True
+    _GLUON_FAILED = True
+    return False
+
+
 def _gluon_cache(cache: torch.Tensor, cv: CacheView, rows: int) -> object | None:
     """A Gluon TMA descriptor over an NHD cache seen as [num_blocks * page_size, kv_heads * head_size]
     (pages contiguous, one token's heads contiguous, 16-byte rows), block [rows, head_size]; None when
@@ -646,10 +656,7 @@ def _gluon_launch(
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
-    if runtime.gluon_try_launch(launch, "prefix_prefill"):
-        return True
-    _GLUON_FAILED = True
-    return False
+    return _try_gluon(launch)
 
 
 def _split_gather_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, kc: CacheView, vc: CacheView):
@@ -760,10 +767,7 @@ def _gluon_split_launch(
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
-    if runtime.gluon_try_launch(launch, "prefix_prefill"):
-        return True
-    _GLUON_FAILED = True
-    return False
+    return _try_gluon(launch)
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
