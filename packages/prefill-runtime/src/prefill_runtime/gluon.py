@@ -25,6 +25,7 @@ the row max taken on raw scores (``qk_scale > 0``).
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -37,17 +38,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
-                   READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0):  # fmt: skip
+                   READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0,
+                   EMPTY_COUNT: gl.constexpr = 2):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
-    ``[2, HALF_M, D]`` (``q_bar``, count 1 each), K and V rings ``[NUM_STAGES, BLOCK_N, D]`` in the
-    descriptors' layouts (``*_ready``: count 1, the producer's expect-tx; ``*_empty``: count 2, one
-    arrival per consumer), and ``fix_bar`` (count 2: the consumers' V-row handshake). ``V_T``: the V
+    ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
+    block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
+    BLOCK_N, D]`` in the descriptors' layouts (``*_ready``: count 1, the producer's expect-tx;
+    ``*_empty``: ``EMPTY_COUNT``, one arrival per consumer or, with one 8-warp consumer partition, one
+    per consumer thread), and ``fix_bar`` (count 2: the consumers' V-row handshake). ``V_T``: the V
     ring is ``[NUM_STAGES, D, BLOCK_N]`` (keys along the rows' contiguous axis) in ``V_desc``'s layout;
     ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
     with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], Q_desc.layout)
+    Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2 * HALF_M // Q_ROWS, Q_ROWS, HEAD_DIM], Q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
     if V_T:
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, HEAD_DIM, BLOCK_N], V_desc.layout)
@@ -64,8 +69,8 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=READY_COUNT)
         mbarrier.init(v_ready.index(i), count=V_READY_COUNT if V_READY_COUNT > 0 else READY_COUNT)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=EMPTY_COUNT)
+        mbarrier.init(v_empty.index(i), count=EMPTY_COUNT)
     mbarrier.init(fix_bar.index(0), count=2)
     fence_async_shared()
     return q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar.index(0)
@@ -74,10 +79,12 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
 @gluon.jit
 def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of
-    ``Q_desc``, into ``q_smem.index(h)``, each announced on ``q_bar.index(h)`` (one per consumer)."""
-    for h in gl.static_range(2):
-        mbarrier.expect(q_bar.index(h), HALF_M * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(Q_desc, [row0 + h * HALF_M, col], q_bar.index(h), q_smem.index(h))
+    ``Q_desc``, into ``q_smem.index(h)``, each announced on ``q_bar.index(h)`` (one per consumer); or,
+    when ``Q_desc``'s block has ``2 * HALF_M`` rows, the whole tile in one copy on ``q_bar.index(0)``."""
+    Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
+    for h in gl.static_range(2 * HALF_M // Q_ROWS):
+        mbarrier.expect(q_bar.index(h), Q_ROWS * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(Q_desc, [row0 + h * Q_ROWS, col], q_bar.index(h), q_smem.index(h))
 
 
 @gluon.jit
@@ -140,6 +147,18 @@ def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.
 
 
 @gluon.jit
+def _release(bar, WARPGROUPS: gl.constexpr):
+    """A consumer's release of a ring slot (its reads of it done): one elected arrival of its
+    warpgroup, or with ``WARPGROUPS == 2`` (one 8-warp partition) one arrival per thread, so the two
+    warpgroups do not meet at a partition-wide barrier before each release (Triton synchronises a
+    partition's warps before an elected arrival)."""
+    if WARPGROUPS == 2:
+        async_copy.mbarrier_arrive(bar, increment_count=False)  # no cp.async pending: arrives at once
+    else:
+        mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
 def _v_operand(v_smem, slot, V_T: gl.constexpr):
     """Slot ``slot`` of the V ring as the ``[BLOCK_N, D]`` B operand of ``P @ V``."""
     if V_T:
@@ -182,9 +201,9 @@ def consumer(
     ``k_empty``/``v_empty`` (count 2: both consumers). ``V_T``: V slots are ``[D, BLOCK_N]`` (read as
     their transpose); ``CP_FILL``: slots may be filled by ``cp.async`` (generic proxy), so a proxy fence
     follows each ready wait before wgmma reads the slot (async proxy). ``WARPGROUPS == 2`` (``WG`` 0):
-    one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``; each warpgroup still issues
-    its own 64-row wgmma) from one copy of this code, releasing each slot with one arrival of count 2;
-    Triton then synchronises the 8 warps before each release."""
+    one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``, Q as one buffer; each
+    warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
+    each slot (``*_empty`` count 256)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
@@ -195,12 +214,7 @@ def consumer(
     )
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
-    if WARPGROUPS == 2:  # the two Q halves, back to back in shared memory, as one [2 * HALF_M, D] tile
-        q_buf = q_smem._reinterpret(
-            dtype, [ROWS, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
-        )
-    else:
-        q_buf = q_smem.index(WG)
+    q_buf = q_smem.index(WG)  # [ROWS, D] (WARPGROUPS == 2: the whole tile, one buffer)
     offs_r = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
@@ -208,8 +222,6 @@ def consumer(
 
     # ---- block 0: scores and softmax, no P @ V yet ----
     mbarrier.wait(q_bar.index(WG), 0)
-    if WARPGROUPS == 2:
-        mbarrier.wait(q_bar.index(1), 0)
     mbarrier.wait(k_ready.index(0), 0)
     if CP_FILL:
         fence_async_shared()
@@ -221,7 +233,7 @@ def consumer(
         is_async=True,
     )  # [BM / 2, BN]
     b_s = warpgroup_mma_wait(0, deps=[b_s])
-    mbarrier.arrive(k_empty.index(0), count=WARPGROUPS)
+    _release(k_empty.index(0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
@@ -254,7 +266,7 @@ def consumer(
                                 BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
         acc = warpgroup_mma(b_p, _v_operand(v_smem, pslot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
         b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
-        mbarrier.arrive(k_empty.index(slot), count=WARPGROUPS)
+        _release(k_empty.index(slot), WARPGROUPS)
         n0, lo, hi, shift, masked, out = _block_geometry(
             j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
             b_full_lo, b_full_hi, BLOCK_N,
@@ -264,7 +276,7 @@ def consumer(
             BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
         )  # fmt: skip
         acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
-        mbarrier.arrive(v_empty.index(pslot), count=WARPGROUPS)
+        _release(v_empty.index(pslot), WARPGROUPS)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
         b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
         p_n0, p_lo, p_hi, p_out = n0, lo, hi, out

@@ -152,8 +152,9 @@ def _gluon_fwd_kernel(
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
     the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
-    the rings' shared layout). ``ONE_CONSUMER`` (candidate; launch with 8 warps): both consumer
-    warpgroups as one 8-warp partition, one copy of the consumer code (about half the compile)."""
+    the rings' shared layout). ``ONE_CONSUMER`` (candidate; launch with 8 warps, ``Q_desc`` block
+    ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition, one copy of the consumer code
+    (about half the compile)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -164,7 +165,7 @@ def _gluon_fwd_kernel(
     HALF_M: gl.constexpr = BLOCK_M // 2
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
+        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
@@ -407,6 +408,7 @@ def _gluon_split_kernel(
         True,
         32 * PRODUCER_WARPS,
         1 if V_TMA else 0,
+        256 if ONE_CONSUMER else 2,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)

@@ -629,7 +629,7 @@ def _gluon_launch(
     box = 16 if _GLUON_UNIFORM_BOX else math.gcd(kc.page_size, block_n)
     kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
     descs = [
-        runtime.gluon_token_rows(q, block_m // 2),
+        runtime.gluon_token_rows(q, block_m if _GLUON_ONE_CONSUMER else block_m // 2),
         _gluon_cache(k_cache, kc, box),
         _gluon_cache(v_cache, vc, box),
         kcb,
@@ -732,7 +732,7 @@ def _gluon_split_launch(
     v_cache_arg = v_cache
     if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
         v_cache_arg = runtime.gluon_descriptor(v_cache, [vc.num_blocks * hk * head, page], page, head, 16)
-    q_desc = runtime.gluon_token_rows(q, block_m // 2)
+    q_desc = runtime.gluon_token_rows(q, block_m if _GLUON_ONE_CONSUMER else block_m // 2)
     # with k = None, K_desc/V_desc only give the rings' layouts
     k_desc = runtime.gluon_token_rows(q[:, :1] if k is None else k, block_n)
     if q_desc is None or k_desc is None:
