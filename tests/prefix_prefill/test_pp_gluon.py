@@ -380,6 +380,7 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
     [("nhd", "_GLUON_VECTOR_IDS", 128), ("nhd", "_GLUON_UNIFORM_BOX", 128),
      ("nhd", "_GLUON_UNIFORM_BOX", 256), ("split", "_GLUON_SPLIT_STAGES3", 128),
      ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128),
+     ("split", "_GLUON_SPLIT_PAGE_ROWS", 256),
      ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
      ("split", "_GLUON_ONE_CONSUMER", 128)],
@@ -388,7 +389,7 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
     (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
     block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
-    ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (page-row V gathers),
+    ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (V gathered page by page),
     ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes); both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer
     partition)."""
     monkeypatch.setattr(itf, switch, True)

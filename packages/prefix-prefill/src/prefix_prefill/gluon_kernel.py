@@ -246,25 +246,35 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
                     TPR: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
-    features per step, ``TPR`` threads along a feature's keys (``BLOCK_N // 8``: one warp copy reads
-    long key runs of few features; fewer when pages are short, so one copy reads the many features of
-    one page's short key runs, which lie back to back). Copies are 8-key groups; a group that starts
-    before ``seq_end`` is copied whole (its page holds it; the consumers zero the V columns past the
-    segment), one past it is zero-filled."""
+    features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * 8``-key runs
+    of ``32 / TPR`` features. ``TPR = BLOCK_N // 8``: the block's whole key run per feature (pages of at
+    least ``BLOCK_N`` keys: long contiguous runs); fewer for short pages (``TPR * 8`` = the page): the
+    block is then gathered run by run (one page each), a warp copy reading the page's back-to-back
+    feature rows (whole 128-byte lines instead of 32-byte pieces of several pages), one block-table
+    entry per run live at a time. Copies are 8-key groups; a group that starts before ``seq_end`` is
+    copied whole (its page holds it; the consumers zero the V columns past the segment), one past it
+    is zero-filled."""
     PW: gl.constexpr = gl.num_warps()
+    RUN: gl.constexpr = TPR * 8  # keys of one run
     L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [PW, 1], [1, 0])  # a thread: 8 keys
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))  # [BN]
-    grp = pos0 + (offs_n // 8) * 8  # [BN] the key's 8-key group
-    col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1) + (offs_n % 8 + head_off)  # [BN]
-    ok = grp < seq_end  # [BN]
+    offs_n = gl.arange(0, RUN, layout=gl.SliceLayout(0, L))  # [RUN]
     rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
     step = SUB * c_dim
-    for i in gl.static_range(HEAD_DIM // SUB):
-        # each step's feature offset is added to the block's key offsets in a chain (not to the loop-
-        # invariant rows), so the compiler does not keep every step's offsets live across the block loop
-        off = gl.max_contiguous(gl.multiple_of(rows[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, BN]
-        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok[None, :])
-        col += step
+    for r in gl.static_range(BLOCK_N // RUN):
+        grp = pos0 + r * RUN + (offs_n // 8) * 8  # [RUN] the key's 8-key group
+        col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1) + (offs_n % 8 + head_off)  # [RUN]
+        ok = grp < seq_end  # [RUN]
+        if RUN == BLOCK_N:
+            dst = buf
+        else:
+            dst = buf.slice(r * RUN, RUN, dim=1)  # [D, RUN]
+        for i in gl.static_range(HEAD_DIM // SUB):
+            # each step's feature offset is added to the run's key offsets in a chain (not to the loop-
+            # invariant rows), so the compiler does not keep every step's offsets live across the block loop
+            off = gl.multiple_of(rows[:, None] + col[None, :], [1, 8])  # [SUB, RUN]
+            off = gl.max_contiguous(off, [1, 8])
+            async_copy.async_copy_global_to_shared(dst.slice(i * SUB, SUB), Cache + off, mask=ok[None, :])
+            col += step
 
 
 @gluon.jit

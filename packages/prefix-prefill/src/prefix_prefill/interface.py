@@ -528,9 +528,11 @@ _GLUON_UNIFORM_BOX = False
 # new tokens by TMA, V from a transposed copy). Env PREFIX_PREFILL_GLUON_SPLIT=0 turns it off.
 _GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
 # Split-layout Gluon kernel, pages shorter than a key block (16, 32, 64): the V gathers put a page's
-# key run per feature row on page_size / 8 threads (kernel V_TPR), so one warp copy reads the
-# back-to-back rows of one page instead of a 32-byte piece of several pages per row (producers at
-# 48 / 40 registers, heads <= 128 / 256: a thread then holds one key group per page). Candidate.
+# key run per feature row on page_size / 8 threads (kernel V_TPR) and gather the block page by page,
+# so one warp copy reads the back-to-back feature rows of one page (whole 128-byte lines) instead of a
+# 32-byte piece of several pages per row; producers stay at 32 registers (one page's block id live at
+# a time; session 17's first form held one per page and needed 48). Candidate (ncu, NOTES step 62:
+# page 16's V gathers make twice the L1 tag requests and the L2 tag lookups bound the split kernel).
 _GLUON_SPLIT_PAGE_ROWS = False
 # Split-layout Gluon kernel with one warp per producer at 56 registers (the first form) instead of two
 # at 32: the setmaxnreg budget is per warpgroup, so one-warp producers cost the default consumer
@@ -749,8 +751,6 @@ def _gluon_split_launch(
         v_tpr = max(kc.page_size // 8, 2)  # one page's key run per feature row (a multiple of 16 keys)
     warps = 1 if _GLUON_SPLIT_ONE_WARP else 2  # per producer (the two share one warpgroup's registers)
     regs = 56 if warps == 1 else 32
-    if v_tpr < block_n // 8 and warps == 2:  # page-row V gathers: a thread holds a key group per page
-        regs = 48 if head <= 128 else 40
     tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
     k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
     v_sub = max(16, warps * 32 // v_tpr)
