@@ -143,6 +143,23 @@ def test_transposed_new_v(lens):
         assert torch.equal(got, v[cu[s] : cu[s] + n].permute(1, 2, 0))
 
 
+@pytest.mark.parametrize("lens", [[5, 0, 130, 1], [64, 64], [37]])
+def test_split_new_k(lens):
+    """The split kernel's copy of the new tokens' K (``_GLUON_SPLIT_K_TMA``): vLLM's split K layout with
+    one page per KV head, ``[kv_heads, D/8, columns, 8]``, sequence ``s``'s token ``t`` at column
+    ``col0[s] + t`` (the transposed V's columns)."""
+    hk, d = 2, 32
+    k = torch.randn(sum(lens), hk, d)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    k_t, col0 = itf._split_new_k(k, cu)
+    _, v_col0 = itf._transposed_new_v(k, cu)
+    assert torch.equal(col0, v_col0) and k_t.shape[0] == hk * d // 8 and k_t.shape[1] % 64 == 0
+    for s, n in enumerate(lens):
+        c = int(col0[s])
+        got = k_t.view(hk, d // 8, -1, 8)[:, :, c : c + n]  # [hk, D/8, n, 8]
+        assert torch.equal(got.permute(2, 0, 1, 3).reshape(n, hk, d), k[cu[s] : cu[s] + n])
+
+
 class _RecordingKernel:
     """Stands in for a Gluon kernel on the CPU: ``kernel[grid](*args, **kwargs)`` records the call."""
 
@@ -153,9 +170,12 @@ class _RecordingKernel:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("v_tma,one", [(False, False), (True, False), (False, True)])
+_SPLIT_SWITCHES = [(False, False, False), (True, False, False), (False, True, False), (False, False, True)]
+
+
+@pytest.mark.parametrize("v_tma,one,k_tma", _SPLIT_SWITCHES)
 @pytest.mark.parametrize("head,from_cache", [(128, False), (256, False), (64, True)])
-def test_split_launch_host_side(head, from_cache, v_tma, one, monkeypatch):
+def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch):
     """The split kernel's host glue on the CPU (the kernel replaced by a recorder): it is taken, with the
     grid, the per-head constexprs (producer warps and registers, gather steps, ring slots, one 8-warp
     consumer with ``_GLUON_ONE_CONSUMER``), the V cache as a pointer or (``_GLUON_SPLIT_V_TMA``) a
@@ -167,6 +187,7 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, monkeypatch):
     monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
     monkeypatch.setattr(itf, "_GLUON_SPLIT_V_TMA", v_tma)
     monkeypatch.setattr(itf, "_GLUON_ONE_CONSUMER", one)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", k_tma)
     case = make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head,
                      page=16, dtype=torch.bfloat16, device="cpu", layout="split",
                      kv_from_cache=from_cache)  # fmt: skip
@@ -186,6 +207,17 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, monkeypatch):
         assert v_cache_arg is case.v_cache
     if not from_cache:
         assert v_col0.tolist() == [0, 64, 128] and v_desc.base.shape[0] == 2 * head
+    q_desc, k_desc, k_cache_arg = args[0], args[1], args[3]
+    assert list(q_desc.block_shape) == [128 if one else 64, head]
+    assert kw["K_TMA"] is k_tma and (kw["K_VIEW"] is None) is not k_tma
+    if k_tma:  # K in [D/8, 64] boxes: the cache as [blocks * kv_heads * D/8, page * 8], k's copy alike
+        box = [head // 8, 64]
+        assert list(k_cache_arg.block_shape) == box and list(k_desc.block_shape) == box
+        assert k_cache_arg.shape == [case.k_cache.shape[0] * 2 * head // 8, 16 * 8]
+        if not from_cache:
+            assert k_desc.base.shape[0] == 2 * head // 8
+    else:
+        assert k_cache_arg is case.k_cache
 
 
 def test_split_not_taken_without_switch(monkeypatch):
@@ -247,8 +279,10 @@ for head, box, from_cache, vector_ids, in_page, stages in CASES:
     src, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, consts)
     n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
     check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
-    if in_page and stages == 2 and not vector_ids:  # and as one 8-warp consumer partition
-        _, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, dict(consts, ONE_CONSUMER=True), num_warps=8)
+    if in_page and stages == 2 and not vector_ids:  # and as one 8-warp consumer partition (Q in one box)
+        lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
+        sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
+        _, kernel = compile_sm90(itf._gluon_fwd_kernel, sig1, dict(consts, ONE_CONSUMER=True), num_warps=8)
         assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma, "the consumer is not compiled once"
 """
 )
@@ -259,18 +293,21 @@ _SPLIT_COMPILE_SCRIPT = (
     + """
 import prefix_prefill.interface as itf
 
-CASES = ((128, False, True, False), (256, False, False, False), (64, True, False, False),
-         (128, True, False, False), (128, False, False, True), (256, True, False, True))
-for head, from_cache, lse, v_tma in CASES:
+lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # K chunks (K_TMA)
+CASES = ((128, False, True, False, False), (256, False, False, False, False), (64, True, False, False, False),
+         (128, True, False, False, False), (128, False, False, True, False), (256, True, False, True, False),
+         (128, False, False, False, True), (256, True, False, False, True), (64, False, True, False, True))
+for head, from_cache, lse, v_tma, k_tma in CASES:
     bn = 64 if head == 256 else 128
     lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
     v_cols = 16 if v_tma else bn
     lv = gl.NVMMASharedLayout.get_default_for([head, v_cols], gl.bfloat16)
+    k_chunk = f"tensordesc<bf16[{head // 8}, 64],{lc!r}>"
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
-        "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "V_desc": f"tensordesc<bf16[{head}, {v_cols}],{lv!r}>", "K_cache": "*bf16",
+        "K_desc": k_chunk if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "V_desc": f"tensordesc<bf16[{head}, {v_cols}],{lv!r}>", "K_cache": k_chunk if k_tma else "*bf16",
         "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
         "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "VCol0": "*i32", "SeqLens": "*i32",
         "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
@@ -280,19 +317,24 @@ for head, from_cache, lse, v_tma in CASES:
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
-                  PRODUCER_WARPS=2, V_TMA=v_tma, ONE_CONSUMER=False)
+                  PRODUCER_WARPS=2, V_TMA=v_tma, ONE_CONSUMER=False, K_TMA=k_tma,
+                  K_VIEW=itf._k_chunk_view(bn, head) if k_tma else None)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    aligned = ("K_cache",) if v_tma else ("K_cache", "V_cache")
+    aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
     src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned)
     check_launcher_guess(itf._gluon_split_kernel, src, kernel)
     ptx = kernel.asm["ptx"]
     # 16-byte gathers only, and every producer thread arrives when its own copies land
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
-    assert ptx.count("cp.async.mbarrier.arrive.noinc") == (1 if v_tma else 2)
-    if head == 128 and not from_cache:  # and as one 8-warp consumer partition
-        one = dict(consts, ONE_CONSUMER=True)
-        compile_sm90(itf._gluon_split_kernel, sig, one, aligned=aligned, num_warps=8)
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
+    if k_tma:  # K in 8-key chunk boxes, read by wgmma without re-staging (no-swizzle descriptors)
+        assert ptx.count("cp.async.bulk.tensor.2d") >= bn // 8
+    if head == 128 and not from_cache and not k_tma:  # and as one 8-warp consumer partition (Q in one box)
+        lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
+        sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
+        compile_sm90(itf._gluon_split_kernel, sig1, dict(consts, ONE_CONSUMER=True), aligned=aligned,
+                     num_warps=8)  # fmt: skip
 """
 )
 
@@ -303,7 +345,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 8 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 11 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -382,6 +424,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128),
      ("split", "_GLUON_SPLIT_PAGE_ROWS", 256),
      ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256),
+     ("split", "_GLUON_SPLIT_K_TMA", 64), ("split", "_GLUON_SPLIT_K_TMA", 128),
+     ("split", "_GLUON_SPLIT_K_TMA", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
      ("split", "_GLUON_ONE_CONSUMER", 128)],
 )  # fmt: skip
@@ -390,8 +434,8 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
     block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
     ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (V gathered page by page),
-    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes); both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer
-    partition)."""
+    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes), ``_GLUON_SPLIT_K_TMA`` (K by 8-key TMA boxes);
+    both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition)."""
     monkeypatch.setattr(itf, switch, True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,

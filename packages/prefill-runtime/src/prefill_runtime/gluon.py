@@ -39,21 +39,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
                    READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0,
-                   EMPTY_COUNT: gl.constexpr = 2):  # fmt: skip
+                   EMPTY_COUNT: gl.constexpr = 2, K_LAYOUT: gl.constexpr = None):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
     block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
     BLOCK_N, D]`` in the descriptors' layouts (``*_ready``: count 1, the producer's expect-tx;
     ``*_empty``: ``EMPTY_COUNT``, one arrival per consumer or, with one 8-warp consumer partition, one
-    per consumer thread), and ``fix_bar`` (count 2: the consumers' V-row handshake). ``V_T``: the V
-    ring is ``[NUM_STAGES, D, BLOCK_N]`` (keys along the rows' contiguous axis) in ``V_desc``'s layout;
+    per consumer thread; ``K_LAYOUT``: a K ring of 64-wide rows instead, ``[NUM_STAGES, BLOCK_N * D /
+    64, 64]`` in this (rank-3) layout, which a producer fills in chunks and the consumer reads through
+    its ``K_VIEW``), and ``fix_bar``
+    (count 2: the consumers' V-row handshake). ``V_T``: the V ring is ``[NUM_STAGES, D, BLOCK_N]``
+    (keys along the rows' contiguous axis) in ``V_desc``'s layout;
     ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
     with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
     q_smem = gl.allocate_shared_memory(dtype, [2 * HALF_M // Q_ROWS, Q_ROWS, HEAD_DIM], Q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
+    if K_LAYOUT is None:
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N * HEAD_DIM // 64, 64], K_LAYOUT)
     if V_T:
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, HEAD_DIM, BLOCK_N], V_desc.layout)
     else:
@@ -159,6 +165,17 @@ def _release(bar, WARPGROUPS: gl.constexpr):
 
 
 @gluon.jit
+def _k_operand(k_smem, slot, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_VIEW: gl.constexpr):
+    """Slot ``slot`` of the K ring as the ``[D, BLOCK_N]`` B operand of ``Q @ K^T``; ``K_VIEW``: the
+    ``[BLOCK_N, D]`` layout of a slot of 64-wide rows (``allocate_rings``' ``K_LAYOUT``)."""
+    if K_VIEW is None:
+        b_k = k_smem.index(slot).permute((1, 0))
+    else:
+        b_k = k_smem.index(slot)._reinterpret(k_smem.dtype, [BLOCK_N, HEAD_DIM], K_VIEW).permute((1, 0))
+    return b_k
+
+
+@gluon.jit
 def _v_operand(v_smem, slot, V_T: gl.constexpr):
     """Slot ``slot`` of the V ring as the ``[BLOCK_N, D]`` B operand of ``P @ V``."""
     if V_T:
@@ -192,6 +209,7 @@ def consumer(
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
+    K_VIEW: gl.constexpr = None,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -203,7 +221,8 @@ def consumer(
     follows each ready wait before wgmma reads the slot (async proxy). ``WARPGROUPS == 2`` (``WG`` 0):
     one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``, Q as one buffer; each
     warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
-    each slot (``*_empty`` count 256)."""
+    each slot (``*_empty`` count 256). ``K_VIEW``: K slots are 64-wide rows read through this
+    ``[BLOCK_N, D]`` layout (see ``allocate_rings``' ``K_LAYOUT``)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
@@ -227,7 +246,7 @@ def consumer(
         fence_async_shared()
     b_s = warpgroup_mma(
         q_buf,
-        k_smem.index(0).permute((1, 0)),
+        _k_operand(k_smem, 0, BLOCK_N, HEAD_DIM, K_VIEW),
         gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
         use_acc=False,
         is_async=True,
@@ -253,7 +272,7 @@ def consumer(
             fence_async_shared()
         b_s = warpgroup_mma(
             q_buf,
-            k_smem.index(slot).permute((1, 0)),
+            _k_operand(k_smem, slot, BLOCK_N, HEAD_DIM, K_VIEW),
             gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
             use_acc=False,
             is_async=True,

@@ -260,14 +260,21 @@ def _gluon_smem_layout(rows: int, head_dim: int, half: bool):
     return gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.float16 if half else gl.bfloat16)
 
 
-def gluon_descriptor(base: torch.Tensor, shape: list[int], row_stride: int, rows: int, head_dim: int):
+def gluon_descriptor(
+    base: torch.Tensor, shape: list[int], row_stride: int, rows: int, head_dim: int, swizzle: bool = True
+):
     """A Gluon TMA descriptor over ``base``'s memory seen as the 2-D ``shape`` ``[n, width]`` with
     ``row_stride`` elements between rows and unit column stride, block ``[rows, head_dim]``, in the
-    default NVMMA shared layout (128-byte swizzle for head 64+). The caller checks alignment and
-    strides (16-byte base and rows); this is the one place the layout is chosen."""
+    default NVMMA shared layout (128-byte swizzle for head 64+), or with ``swizzle=False`` the
+    no-swizzle one (the box lands row-major and dense). The caller checks alignment and strides
+    (16-byte base and rows); this is the one place the layout is chosen."""
+    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = _gluon_smem_layout(rows, head_dim, base.dtype == torch.float16)
+    if swizzle:
+        layout = _gluon_smem_layout(rows, head_dim, base.dtype == torch.float16)
+    else:
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=base.element_size() * 8, rank=2)
     return TensorDescriptor(base, shape, [row_stride, 1], [rows, head_dim], layout)
 
 

@@ -70,14 +70,14 @@ def _program_segments(q_len, ctx_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
-    WARPGROUPS: gl.constexpr,
+    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr = None,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
     ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
     qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``: see the consumer."""
+    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``: see the consumer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
         tile
@@ -86,7 +86,7 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
         z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS,
+        SPLIT, SPLIT, WARPGROUPS, K_VIEW,
     )  # fmt: skip
 
 
@@ -356,6 +356,63 @@ def _split_v_tma_producer(
 
 
 @gluon.jit
+def _split_k_tma_producer(
+    Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
+    head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+):  # fmt: skip
+    """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves): a slot is ``BLOCK_N / 8``
+    chunks of 8 keys, each ``[D/8, 8 keys, 8 features]`` dense (1 KB per 64 features), i.e. wgmma's
+    no-swizzle core matrices (the consumers' ``K_VIEW``). Each chunk is one TMA box ``[D/8,
+    64]`` from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size * 8]``: a
+    feature group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's split
+    layout, so the box reads whole lines at every page size. Chunks at or past ``a_end`` come from row
+    ``-D/8`` (outside the view: zeros, no block-table read); the keys of a chunk that straddles
+    ``a_end`` are stale slots of its page, which the consumers' mask never lets through (``where``,
+    not a product: NaN-safe). New tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as
+    ``[kv_heads * D/8, columns * 8]``, the sequence from column ``n_tok0``. One expect-tx per slot."""
+    G: gl.constexpr = HEAD_DIM // 8
+    load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        chunks = smem.index(slot)  # [BLOCK_N * D / 64, 64]: chunk c = rows [c * D/8, +D/8)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        if j < n_a:
+            for c in gl.static_range(BLOCK_N // 8):
+                pos = j * BLOCK_N + c * 8
+                ok = pos < a_end
+                page = pos // page_size
+                blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+                row = gl.where(ok, (blk * kv_heads + kv_head) * G, -G)
+                tma.async_copy_global_to_shared(C_desc, [row, (pos - page * page_size) * 8], bar,
+                                                chunks.slice(c * G, G))  # fmt: skip
+        else:
+            tok = n_tok0 + (j - n_a) * BLOCK_N
+            for c in gl.static_range(BLOCK_N // 8):
+                tma.async_copy_global_to_shared(N_desc, [kv_head * G, (tok + c * 8) * 8], bar,
+                                                chunks.slice(c * G, G))  # fmt: skip
+
+
+@gluon.jit
+def _split_k_partition(
+    K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
+):  # fmt: skip
+    """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor), else :func:`_split_producer`'s gathers."""
+    if K_TMA:
+        (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
+         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
+        _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
+                              page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
+                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
+    else:
+        _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
+
+
+@gluon.jit
 def _split_v_partition(
     V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
@@ -380,7 +437,8 @@ def _gluon_split_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
-    V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False,
+    V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
+    K_VIEW: gl.constexpr = None,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -393,7 +451,11 @@ def _gluon_split_kernel(
     has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's).
     ``V_TMA`` (candidate): V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V
     cache's descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s
-    block ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``: as in :func:`_gluon_fwd_kernel`."""
+    block ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``: as in :func:`_gluon_fwd_kernel`.
+    ``K_TMA`` (candidate): K by TMA boxes of 8 keys (:func:`_split_k_tma_producer`) into a K ring of
+    64-wide rows (``K_cache``'s layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and
+    ``K_desc`` are then descriptors (block ``[D/8, 64]``, no swizzle) over the K cache and over the
+    host's copy of ``k`` (sequence ``s`` from column ``VCol0[s]``)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -406,6 +468,12 @@ def _gluon_split_kernel(
         v_tok0 = q_tok0
     else:
         v_tok0 = gl.load(VCol0 + seq).to(gl.int32)
+    if K_TMA:
+        k_tok0 = v_tok0  # the host's copy of k has v's column layout
+        K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
+    else:
+        k_tok0 = q_tok0
+        K_ROWS: gl.constexpr = None
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc,
@@ -416,16 +484,17 @@ def _gluon_split_kernel(
         HEAD_DIM,
         NUM_STAGES,
         True,
-        32 * PRODUCER_WARPS,
-        1 if V_TMA else 0,
+        1 if K_TMA else 32 * PRODUCER_WARPS,
+        1 if V_TMA else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
+        K_ROWS,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
             stride_ot, stride_oh)  # fmt: skip
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
-              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
+              kc_block, kc_head, kc_group, q_tok0, k_tok0, m0, head, kv_head, n_a, a_end,
               n_blocks)  # fmt: skip
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
               vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
@@ -435,9 +504,10 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2,
+                    True, 2, K_VIEW,
                 )),
-                (_split_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR)),
+                (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
+                                       V_TPR)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
@@ -449,13 +519,14 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1,
+                    True, 1, K_VIEW,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1,
+                    True, 1, K_VIEW,
                 )),
-                (_split_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_TPR)),
+                (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
+                                       V_TPR)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],

@@ -531,8 +531,8 @@ _GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
 # key run per feature row on page_size / 8 threads (kernel V_TPR) and gather the block page by page,
 # so one warp copy reads the back-to-back feature rows of one page (whole 128-byte lines) instead of a
 # 32-byte piece of several pages per row; producers stay at 32 registers (one page's block id live at
-# a time; session 17's first form held one per page and needed 48). Candidate (ncu, NOTES step 62:
-# page 16's V gathers make twice the L1 tag requests and the L2 tag lookups bound the split kernel).
+# a time; session 17's first form held one per page and needed 48). H200 (NOTES step 62): the L2
+# requests stay the same (ncu), llama page 16 10% slower, qwen-hybrid equal. Candidate.
 _GLUON_SPLIT_PAGE_ROWS = False
 # Split-layout Gluon kernel with one warp per producer at 56 registers (the first form) instead of two
 # at 32: the setmaxnreg budget is per warpgroup, so one-warp producers cost the default consumer
@@ -545,14 +545,22 @@ _GLUON_SPLIT_STAGES3 = False
 # Split-layout Gluon kernel: V by TMA instead of cp.async gathers (kernel V_TMA): a V slot [D, BLOCK_N]
 # in a 32-byte-swizzled layout is BLOCK_N / 16 column blocks [D, 16], each one box of 16 keys of a
 # page from the V cache seen as [num_blocks * kv_heads * D, page_size] (blocks contiguous), so V's
-# short page runs leave the load/store unit (page 16's gap, NOTES step 60). Offline only (compiles,
-# no re-staging before wgmma); untimed and untested on the GPU. Candidate.
+# short page runs leave the load/store unit (page 16's gap, NOTES step 60). H200 (NOTES step 62):
+# correct, 1-15% slower on every page (page 16 too: its spread shrinks only because the others
+# slow down). Candidate.
 _GLUON_SPLIT_V_TMA = False
+# Split-layout Gluon kernel: K by TMA instead of cp.async gathers (kernel K_TMA): every 8-key chunk of a
+# block is one box [D/8, 64] of the K cache seen as [num_blocks * kv_heads * D/8, page_size * 8] (a
+# feature group's 8 keys x 8 features: one whole 128-byte line of vLLM's split layout, at any page size)
+# into a no-swizzle K ring that wgmma reads as K-major core matrices; the new tokens' K from a per-call
+# copy of k in the same layout. Built from the ncu finding that the split kernel is bound by L2 tag
+# lookups of its 16-byte gathers (NOTES step 62). Needs contiguous caches. Candidate.
+_GLUON_SPLIT_K_TMA = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
-# launched with 8 warps), so the consumer code is compiled once instead of inlined twice. Offline
-# (NOTES step 60): compile 2.0-2.05 -> 1.13-1.23 s (NHD), 1.46-1.51 s (split); Triton synchronises the 8
-# warps before each slot release, so the warpgroups run in lockstep there. Untimed and untested on
-# the GPU (the first-call goal's lead). Candidate.
+# launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
+# inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
+# (head 256 split: equal): Triton puts a partition-wide barrier before each wait on a ready slot, so
+# the two warpgroups run in lockstep and lose their ping-pong over the tensor cores. Candidate.
 _GLUON_ONE_CONSUMER = False
 
 
@@ -688,25 +696,58 @@ def _split_gather_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, kc: Cach
 _V_COL_ALIGN = 64  # elements: each sequence's new-token V starts 128-byte aligned in its transposed copy
 
 
-def _transposed_new_v(v: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The new tokens' V ``[tokens, kv_heads, D]`` as ``[kv_heads * D, columns]`` (keys along the rows)
-    for the split-layout Gluon kernel's TMA copies, each sequence from a column that is a multiple of
-    ``_V_COL_ALIGN`` (returned per sequence, int32): a TMA box whose inner start is not 16-byte
-    aligned faulted on the H200 ("illegal instruction"). Device ops only (no host sync: CUDA graphs);
-    the columns between sequences are left unwritten (the kernel zeroes V past a sequence's keys)."""
-    tokens, hk, d = v.shape
+def _new_token_columns(cu_seqlens_q: torch.Tensor, tokens: int, device) -> tuple:
+    """``(dst, col0, width)`` of the split kernel's per-call copies of the new tokens: token ``t``'s
+    column ``dst[t]`` (int64 ``[tokens]``), each sequence from column ``col0[s]`` (int32 ``[batch]``, a
+    multiple of ``_V_COL_ALIGN``: a TMA box whose inner start is not 16-byte aligned faulted on the
+    H200, "illegal instruction"), ``width`` columns (a multiple of 8). Device ops only (no host sync)."""
     batch = cu_seqlens_q.shape[0] - 1
     cu = cu_seqlens_q.to(torch.int64)
     lens = cu[1:] - cu[:-1]
     padded = (lens + _V_COL_ALIGN - 1) // _V_COL_ALIGN * _V_COL_ALIGN
     col0 = torch.cumsum(padded, 0) - padded  # [batch]
-    tok = torch.arange(tokens, device=v.device)
+    tok = torch.arange(tokens, device=device)
     seq = torch.searchsorted(cu[1:], tok, right=True).clamp_(max=max(batch - 1, 0))  # [tokens]
     dst = col0[seq] + (tok - cu[seq])  # [tokens] each token's column
-    width = -(-tokens // 8) * 8 + _V_COL_ALIGN * batch  # rows of 16-byte multiples
+    width = -(-tokens // 8) * 8 + _V_COL_ALIGN * batch
+    return dst, col0.to(torch.int32), width
+
+
+def _transposed_new_v(v: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' V ``[tokens, kv_heads, D]`` as ``[kv_heads * D, columns]`` (keys along the rows)
+    for the split-layout Gluon kernel's TMA copies, columns as :func:`_new_token_columns` (``col0`` is
+    returned). Device ops only (no host sync: CUDA graphs); the columns between sequences are left
+    unwritten (the kernel zeroes V past a sequence's keys)."""
+    tokens, hk, d = v.shape
+    dst, col0, width = _new_token_columns(cu_seqlens_q, tokens, v.device)
     v_t = v.new_empty(hk, d, width)
     v_t.index_copy_(2, dst, v.permute(1, 2, 0))
-    return v_t.view(hk * d, width), col0.to(torch.int32)
+    return v_t.view(hk * d, width), col0
+
+
+def _split_new_k(k: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' K ``[tokens, kv_heads, D]`` in vLLM's split K layout with one page per KV head,
+    ``[kv_heads, D/8, columns, 8]`` seen as ``[kv_heads * D/8, columns * 8]``, for the split kernel's K
+    boxes (``_GLUON_SPLIT_K_TMA``); columns as :func:`_new_token_columns` (``col0`` is returned). The
+    columns between sequences are left unwritten (their keys are masked, never multiplied)."""
+    tokens, hk, d = k.shape
+    dst, col0, width = _new_token_columns(cu_seqlens_q, tokens, k.device)
+    k_t = k.new_empty(hk, d // 8, width, 8)
+    k_t.index_copy_(2, dst, k.view(tokens, hk, d // 8, 8).permute(1, 2, 0, 3))
+    return k_t.view(hk * (d // 8), width * 8), col0
+
+
+def _k_chunk_view(block_n: int, head: int):
+    """How the split kernel's consumers read a K slot with ``_GLUON_SPLIT_K_TMA``: ``[block_n, head]``
+    stored as ``block_n / 8`` chunks of ``[head / 8, 8 keys, 8 features]`` dense, i.e. element offset
+    ``(n // 8) * head * 8 + (d // 8) * 64 + (n % 8) * 8 + d % 8``: wgmma's no-swizzle K-major core
+    matrices (leading byte offset 128, stride byte offset ``head * 16``; NOTES step 62)."""
+    from triton.experimental.gluon import language as gl
+
+    bits = [[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]  # d % 8, n % 8
+    bits += [[0, 8 << i] for i in range((head // 8).bit_length() - 1)]  # d // 8
+    bits += [[8 << i, 0] for i in range((block_n // 8).bit_length() - 1)]  # n // 8
+    return gl.SharedLinearLayout(offset_bases=bits)
 
 
 def _gluon_split_launch(
@@ -745,6 +786,26 @@ def _gluon_split_launch(
     else:
         v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
         v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
+    stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
+    g = head // 8
+    k_tma = (
+        _GLUON_SPLIT_K_TMA
+        and stages == 2
+        and kc.stride_dim == page * 8
+        and kc.stride_head == g * page * 8
+        and kc.stride_block == hk * g * page * 8
+        and kc.num_blocks * hk * g < 2**31
+    )
+    k_cache_arg, k_view = k_cache, None
+    if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
+        k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, g, 64,
+                                               swizzle=False)  # fmt: skip
+        k_view = _k_chunk_view(block_n, head)
+        if k is None:
+            k_desc = k_cache_arg
+        else:
+            k_t, _ = _split_new_k(k, cu_seqlens_q)  # the same columns as v_t's
+            k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], g, 64, swizzle=False)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     v_tpr = block_n // 8
     if _GLUON_SPLIT_PAGE_ROWS and kc.page_size < block_n:
@@ -754,16 +815,16 @@ def _gluon_split_launch(
     tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
     k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
     v_sub = max(16, warps * 32 // v_tpr)
-    stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
 
     def launch() -> None:
         _gluon_split_kernel[grid](
-            q_desc, k_desc, v_desc, k_cache, v_cache_arg, o, block_table, cu_seqlens_q, v_col0, seq_lens,
+            q_desc, k_desc, v_desc, k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, v_col0, seq_lens,
             scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             *strides, lse, lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
-            V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER,
+            V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
+            K_VIEW=k_view,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
