@@ -210,8 +210,8 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch
     q_desc, k_desc, k_cache_arg = args[0], args[1], args[3]
     assert list(q_desc.block_shape) == [128 if one else 64, head]
     assert kw["K_TMA"] is k_tma and (kw["K_VIEW"] is None) is not k_tma
-    if k_tma:  # K in [D/8, 64] boxes: the cache as [blocks * kv_heads * D/8, page * 8], k's copy alike
-        box = [head // 8, 64]
+    if k_tma:  # K in [8, 64] boxes: the cache as [blocks * kv_heads * D/8, page * 8], k's copy alike
+        box = [8, 64]
         assert list(k_cache_arg.block_shape) == box and list(k_desc.block_shape) == box
         assert k_cache_arg.shape == [case.k_cache.shape[0] * 2 * head // 8, 16 * 8]
         if not from_cache:
@@ -303,7 +303,7 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
     v_cols = 16 if v_tma else bn
     lv = gl.NVMMASharedLayout.get_default_for([head, v_cols], gl.bfloat16)
-    k_chunk = f"tensordesc<bf16[{head // 8}, 64],{lc!r}>"
+    k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
         "K_desc": k_chunk if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
@@ -329,7 +329,7 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
     if k_tma:  # K in 8-key chunk boxes, read by wgmma without re-staging (no-swizzle descriptors)
-        assert ptx.count("cp.async.bulk.tensor.2d") >= bn // 8
+        assert ptx.count("cp.async.bulk.tensor.2d") >= bn // 8 * head // 64
     if head == 128 and not from_cache and not k_tma:  # and as one 8-warp consumer partition (Q in one box)
         lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
         sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")

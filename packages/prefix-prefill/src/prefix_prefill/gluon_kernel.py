@@ -361,38 +361,44 @@ def _split_k_tma_producer(
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):  # fmt: skip
-    """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves): a slot is ``BLOCK_N / 8``
-    chunks of 8 keys, each ``[D/8, 8 keys, 8 features]`` dense (1 KB per 64 features), i.e. wgmma's
-    no-swizzle core matrices (the consumers' ``K_VIEW``). Each chunk is one TMA box ``[D/8,
-    64]`` from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size * 8]``: a
-    feature group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's split
-    layout, so the box reads whole lines at every page size. Chunks at or past ``a_end`` come from row
-    ``-D/8`` (outside the view: zeros, no block-table read); the keys of a chunk that straddles
-    ``a_end`` are stale slots of its page, which the consumers' mask never lets through (``where``,
-    not a product: NaN-safe). New tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as
-    ``[kv_heads * D/8, columns * 8]``, the sequence from column ``n_tok0``. One expect-tx per slot."""
+    """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
+    features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
+    features]`` dense (1 KB): wgmma's no-swizzle K-major core matrices, 128 bytes apart along the
+    features and 1 KB apart along the keys (the consumers' ``K_VIEW``; a 2 KB key stride, one chunk of
+    all 128 features, reads out of bounds on the H200). Each (chunk, part) is one TMA box ``[8, 64]``
+    from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size * 8]``: a feature
+    group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's split layout, so
+    every box reads whole lines at any page size. Chunks at or past ``a_end`` come from row -8 (outside
+    the view: zeros, no block-table read); the keys of a chunk that straddles ``a_end`` are stale slots
+    of its page, which the consumers' mask never lets through (``where``, not a product: NaN-safe). New
+    tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as ``[kv_heads * D/8, columns *
+    8]``, the sequence from column ``n_tok0``. One expect-tx per slot."""
     G: gl.constexpr = HEAD_DIM // 8
+    NC: gl.constexpr = BLOCK_N // 8
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
-        chunks = smem.index(slot)  # [BLOCK_N * D / 64, 64]: chunk c = rows [c * D/8, +D/8)
+        rows = smem.index(slot)  # [BLOCK_N * D / 64, 64]: (part p, chunk c) = rows [(p * NC + c) * 8, +8)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
-            for c in gl.static_range(BLOCK_N // 8):
+            for c in gl.static_range(NC):
                 pos = j * BLOCK_N + c * 8
                 ok = pos < a_end
                 page = pos // page_size
                 blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
-                row = gl.where(ok, (blk * kv_heads + kv_head) * G, -G)
-                tma.async_copy_global_to_shared(C_desc, [row, (pos - page * page_size) * 8], bar,
-                                                chunks.slice(c * G, G))  # fmt: skip
+                row0 = (blk * kv_heads + kv_head) * G
+                col = (pos - page * page_size) * 8
+                for p in gl.static_range(HEAD_DIM // 64):
+                    row = gl.where(ok, row0 + p * 8, -8)
+                    tma.async_copy_global_to_shared(C_desc, [row, col], bar, rows.slice((p * NC + c) * 8, 8))
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            for c in gl.static_range(BLOCK_N // 8):
-                tma.async_copy_global_to_shared(N_desc, [kv_head * G, (tok + c * 8) * 8], bar,
-                                                chunks.slice(c * G, G))  # fmt: skip
+            for c in gl.static_range(NC):
+                for p in gl.static_range(HEAD_DIM // 64):
+                    tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
+                                                    rows.slice((p * NC + c) * 8, 8))  # fmt: skip
 
 
 @gluon.jit

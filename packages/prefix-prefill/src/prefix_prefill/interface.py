@@ -550,7 +550,7 @@ _GLUON_SPLIT_STAGES3 = False
 # slow down). Candidate.
 _GLUON_SPLIT_V_TMA = False
 # Split-layout Gluon kernel: K by TMA instead of cp.async gathers (kernel K_TMA): every 8-key chunk of a
-# block is one box [D/8, 64] of the K cache seen as [num_blocks * kv_heads * D/8, page_size * 8] (a
+# block is D/64 boxes [8, 64] of the K cache seen as [num_blocks * kv_heads * D/8, page_size * 8] (a
 # feature group's 8 keys x 8 features: one whole 128-byte line of vLLM's split layout, at any page size)
 # into a no-swizzle K ring that wgmma reads as K-major core matrices; the new tokens' K from a per-call
 # copy of k in the same layout. Built from the ncu finding that the split kernel is bound by L2 tag
@@ -739,14 +739,16 @@ def _split_new_k(k: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Ten
 
 def _k_chunk_view(block_n: int, head: int):
     """How the split kernel's consumers read a K slot with ``_GLUON_SPLIT_K_TMA``: ``[block_n, head]``
-    stored as ``block_n / 8`` chunks of ``[head / 8, 8 keys, 8 features]`` dense, i.e. element offset
-    ``(n // 8) * head * 8 + (d // 8) * 64 + (n % 8) * 8 + d % 8``: wgmma's no-swizzle K-major core
-    matrices (leading byte offset 128, stride byte offset ``head * 16``; NOTES step 62)."""
+    stored per 64 features as ``block_n / 8`` chunks of ``[8 feature groups, 8 keys, 8 features]``
+    dense, i.e. element offset ``d % 8 + (n % 8) * 8 + (d // 8 % 8) * 64 + (n // 8) * 512 + (d // 64) *
+    block_n * 64``: wgmma's no-swizzle K-major core matrices (leading byte offset 128, stride byte
+    offset 1024; a 2048-byte stride read out of bounds on the H200, NOTES step 62)."""
     from triton.experimental.gluon import language as gl
 
     bits = [[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]  # d % 8, n % 8
-    bits += [[0, 8 << i] for i in range((head // 8).bit_length() - 1)]  # d // 8
+    bits += [[0, 8], [0, 16], [0, 32]]  # the feature group inside 64 features
     bits += [[8 << i, 0] for i in range((block_n // 8).bit_length() - 1)]  # n // 8
+    bits += [[0, 64 << i] for i in range((head // 64).bit_length() - 1)]  # d // 64
     return gl.SharedLinearLayout(offset_bases=bits)
 
 
@@ -798,14 +800,14 @@ def _gluon_split_launch(
     )
     k_cache_arg, k_view = k_cache, None
     if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
-        k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, g, 64,
+        k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
         k_view = _k_chunk_view(block_n, head)
         if k is None:
             k_desc = k_cache_arg
         else:
             k_t, _ = _split_new_k(k, cu_seqlens_q)  # the same columns as v_t's
-            k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], g, 64, swizzle=False)
+            k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], 8, 64, swizzle=False)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     v_tpr = block_n // 8
     if _GLUON_SPLIT_PAGE_ROWS and kc.page_size < block_n:
