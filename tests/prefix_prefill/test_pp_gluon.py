@@ -318,7 +318,7 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
                   PRODUCER_WARPS=2, V_TMA=v_tma, ONE_CONSUMER=False, K_TMA=k_tma,
-                  K_VIEW=itf._k_chunk_view(bn, head) if k_tma else None)
+                  K_VIEW=itf._k_chunk_view(bn) if k_tma else None)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
     aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)

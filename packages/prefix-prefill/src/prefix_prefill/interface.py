@@ -737,18 +737,18 @@ def _split_new_k(k: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Ten
     return k_t.view(hk * (d // 8), width * 8), col0
 
 
-def _k_chunk_view(block_n: int, head: int):
-    """How the split kernel's consumers read a K slot with ``_GLUON_SPLIT_K_TMA``: ``[block_n, head]``
-    stored per 64 features as ``block_n / 8`` chunks of ``[8 feature groups, 8 keys, 8 features]``
-    dense, i.e. element offset ``d % 8 + (n % 8) * 8 + (d // 8 % 8) * 64 + (n // 8) * 512 + (d // 64) *
-    block_n * 64``: wgmma's no-swizzle K-major core matrices (leading byte offset 128, stride byte
-    offset 1024; a 2048-byte stride read out of bounds on the H200, NOTES step 62)."""
+def _k_chunk_view(block_n: int):
+    """How the split kernel's consumers read 64 features of a K slot with ``_GLUON_SPLIT_K_TMA``:
+    ``[block_n, 64]`` stored as ``block_n / 8`` chunks of ``[8 feature groups, 8 keys, 8 features]``
+    dense, i.e. element offset ``d % 8 + (n % 8) * 8 + (d // 8) * 64 + (n // 8) * 512``: wgmma's
+    no-swizzle K-major core matrices (leading byte offset 128, stride byte offset 1024). One such view
+    per 64 features (``prefill_runtime.gluon`` ``_scores``): an operand whose reduction spans more
+    than 64 features read shared memory out of bounds on the H200 (NOTES step 62)."""
     from triton.experimental.gluon import language as gl
 
     bits = [[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]  # d % 8, n % 8
-    bits += [[0, 8], [0, 16], [0, 32]]  # the feature group inside 64 features
+    bits += [[0, 8], [0, 16], [0, 32]]  # d // 8
     bits += [[8 << i, 0] for i in range((block_n // 8).bit_length() - 1)]  # n // 8
-    bits += [[0, 64 << i] for i in range((head // 64).bit_length() - 1)]  # d // 64
     return gl.SharedLinearLayout(offset_bases=bits)
 
 
@@ -802,7 +802,7 @@ def _gluon_split_launch(
     if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
         k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
-        k_view = _k_chunk_view(block_n, head)
+        k_view = _k_chunk_view(block_n)
         if k is None:
             k_desc = k_cache_arg
         else:
