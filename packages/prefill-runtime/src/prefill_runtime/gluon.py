@@ -165,21 +165,21 @@ def _release(bar, WARPGROUPS: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_buf, k_smem, slot, acc0, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_VIEW: gl.constexpr):
-    """``S = Q K^T`` of ring slot ``slot`` issued asynchronously (``acc0``: zeros in the S layout). With
-    ``K_VIEW`` the slot is 64-wide rows (``allocate_rings``' ``K_LAYOUT``), 64 features after another
-    (rows ``[p * BLOCK_N, +BLOCK_N)`` for features ``[64 p, +64)``), each read as ``[BLOCK_N, 64]``
-    through ``K_VIEW``: one wgmma per 64 features, each against the matching 64 columns of Q (a
-    no-swizzle operand whose reduction spans more than 64 features read out of bounds on the H200)."""
-    if K_VIEW is None:
-        b_s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), acc0, use_acc=False, is_async=True)
-    else:
-        rows = k_smem.index(slot)  # [BLOCK_N * D / 64, 64]
-        b_s = acc0
-        for p in gl.static_range(HEAD_DIM // 64):
-            b_k = rows.slice(p * BLOCK_N, BLOCK_N)._reinterpret(k_smem.dtype, [BLOCK_N, 64], K_VIEW)
-            b_s = warpgroup_mma(q_buf.slice(p * 64, 64, dim=1), b_k.permute((1, 0)), b_s, use_acc=p > 0,
-                                is_async=True)  # fmt: skip
+def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     S_LAYOUT: gl.constexpr, K_VIEW: gl.constexpr):  # fmt: skip
+    """``S = Q K^T`` ``[ROWS, BLOCK_N]`` of ring slot ``slot``, issued asynchronously, when the K ring is
+    64-wide rows (``allocate_rings``' ``K_LAYOUT``) holding 64 features after another (rows ``[p *
+    BLOCK_N, +BLOCK_N)`` of a slot for features ``[64 p, +64)``), each read as ``[BLOCK_N, 64]`` through
+    ``K_VIEW``: one wgmma per 64 features against the matching 64 columns of Q (a no-swizzle operand
+    whose reduction spans more than 64 features read out of bounds on the H200)."""
+    NP: gl.constexpr = HEAD_DIM // 64
+    # the whole ring as [slots * NP, BLOCK_N, 64]: reinterpret the parent, then index
+    parts = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] * NP, BLOCK_N, 64], K_VIEW)
+    b_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
+    for p in gl.static_range(NP):
+        b_k = parts.index(slot * NP + p)  # [BLOCK_N, 64]
+        b_s = warpgroup_mma(q_buf.slice(p * 64, 64, dim=1), b_k.permute((1, 0)), b_s, use_acc=p > 0,
+                            is_async=True)  # fmt: skip
     return b_s
 
 
@@ -230,7 +230,7 @@ def consumer(
     one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``, Q as one buffer; each
     warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
     each slot (``*_empty`` count 256). ``K_VIEW``: K slots are 64-wide rows read 64 features at a time
-    through this ``[BLOCK_N, 64]`` layout (see :func:`_scores`)."""
+    through this ``[BLOCK_N, 64]`` layout (see :func:`_scores_by_parts`)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
@@ -252,8 +252,16 @@ def consumer(
     mbarrier.wait(k_ready.index(0), 0)
     if CP_FILL:
         fence_async_shared()
-    b_s = _scores(q_buf, k_smem, 0, gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT), BLOCK_N, HEAD_DIM,
-                  K_VIEW)  # fmt: skip  # [BM / 2, BN]
+    if K_VIEW is None:
+        b_s = warpgroup_mma(
+            q_buf,
+            k_smem.index(0).permute((1, 0)),
+            gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
+            use_acc=False,
+            is_async=True,
+        )  # [BM / 2, BN]
+    else:
+        b_s = _scores_by_parts(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW)
     b_s = warpgroup_mma_wait(0, deps=[b_s])
     _release(k_empty.index(0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
@@ -273,8 +281,16 @@ def consumer(
         mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
         if CP_FILL:
             fence_async_shared()
-        b_s = _scores(q_buf, k_smem, slot, gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT), BLOCK_N,
-                      HEAD_DIM, K_VIEW)  # fmt: skip  # [BM / 2, BN] S_j in flight
+        if K_VIEW is None:
+            b_s = warpgroup_mma(
+                q_buf,
+                k_smem.index(slot).permute((1, 0)),
+                gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
+                use_acc=False,
+                is_async=True,
+            )  # [BM / 2, BN] S_j in flight
+        else:
+            b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW)
         mbarrier.wait(v_ready.index(pslot), ((j - 1) // NUM_STAGES) & 1)
         if CP_FILL:
             fence_async_shared()
