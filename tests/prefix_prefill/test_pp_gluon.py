@@ -220,6 +220,27 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch
         assert k_cache_arg is case.k_cache
 
 
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_k_tma_by_head(head, monkeypatch):
+    """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
+    ``_GLUON_SPLIT_K_TMA_HEADS`` (256, where the H200 measured it faster on every page), gathers for the
+    rest; a split cache that is not contiguous keeps the gathers at every head size."""
+    if itf._gluon_split_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", None)
+    case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["K_TMA"] is (head in itf._GLUON_SPLIT_K_TMA_HEADS)
+    assert itf._GLUON_SPLIT_K_TMA_HEADS == {256}
+    nb, hk, g, page, x = case.k_cache.shape  # a block stride with a gap: not one [rows, page * 8] view
+    case.k_cache = torch.empty(nb, hk + 1, g, page, x, dtype=case.k_cache.dtype)[:, :hk].copy_(case.k_cache)
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["K_TMA"] is False
+
+
 def test_split_not_taken_without_switch(monkeypatch):
     """``_GLUON_SPLIT`` off: the split layout goes to the Triton kernel (no launch is tried)."""
     monkeypatch.setattr(itf, "_GLUON_SPLIT", False)

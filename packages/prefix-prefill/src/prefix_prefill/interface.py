@@ -552,10 +552,15 @@ _GLUON_SPLIT_V_TMA = False
 # Split-layout Gluon kernel: K by TMA instead of cp.async gathers (kernel K_TMA): every 8-key chunk of a
 # block is D/64 boxes [8, 64] of the K cache seen as [num_blocks * kv_heads * D/8, page_size * 8] (a
 # feature group's 8 keys x 8 features: one whole 128-byte line of vLLM's split layout, at any page size)
-# into a no-swizzle K ring that wgmma reads as K-major core matrices; the new tokens' K from a per-call
-# copy of k in the same layout. Built from the ncu finding that the split kernel is bound by L2 tag
-# lookups of its 16-byte gathers (NOTES step 62). Needs contiguous caches. Candidate.
-_GLUON_SPLIT_K_TMA = False
+# into a no-swizzle K ring that wgmma reads as K-major core matrices, 64 features per wgmma; the new
+# tokens' K from a per-call copy of k in the same layout. Needs contiguous caches. H200 (NOTES step 62):
+# the split kernel was bound by the L2 tag lookups of its 16-byte gathers (ncu: 74-82% of peak, page 16
+# +28-31% requests); with K by TMA, head 256 (qwen-hybrid) runs 2.46-2.49 ms on every page (was
+# 2.70-3.23; max/min 1.012), head 128 (llama) 8.35-8.49 ms (was 6.67-7.33: the no-swizzle operand
+# slows its consumers more than the gathers cost). None: on for the head sizes in
+# _GLUON_SPLIT_K_TMA_HEADS; True / False: on / off for every head size (A/Bs, tests).
+_GLUON_SPLIT_K_TMA: bool | None = None
+_GLUON_SPLIT_K_TMA_HEADS = frozenset({256})
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -790,8 +795,9 @@ def _gluon_split_launch(
         v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
     stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
     g = head // 8
+    k_tma_on = head in _GLUON_SPLIT_K_TMA_HEADS if _GLUON_SPLIT_K_TMA is None else _GLUON_SPLIT_K_TMA
     k_tma = (
-        _GLUON_SPLIT_K_TMA
+        k_tma_on
         and stages == 2
         and kc.stride_dim == page * 8
         and kc.stride_head == g * page * 8
