@@ -170,8 +170,9 @@ def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.conste
     """``S = Q K^T`` ``[ROWS, BLOCK_N]`` of ring slot ``slot``, issued asynchronously, when the K ring is
     64-wide rows (``allocate_rings``' ``K_LAYOUT``) holding 64 features after another (rows ``[p *
     BLOCK_N, +BLOCK_N)`` of a slot for features ``[64 p, +64)``), each read as ``[BLOCK_N, 64]`` through
-    ``K_VIEW``: one wgmma per 64 features against the matching 64 columns of Q (a no-swizzle operand
-    whose reduction spans more than 64 features read out of bounds on the H200)."""
+    ``K_VIEW``: one wgmma per 64 features against the matching 64 columns of Q, the ring reinterpreted
+    whole and then indexed (one ``[BLOCK_N, D]`` view of a reinterpreted slot read shared memory out of
+    bounds on the H200 at D >= 128; Triton 3.8 refuses reinterpreting a subview)."""
     NP: gl.constexpr = HEAD_DIM // 64
     # the whole ring as [slots * NP, BLOCK_N, 64]: reinterpret the parent, then index
     parts = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] * NP, BLOCK_N, 64], K_VIEW)

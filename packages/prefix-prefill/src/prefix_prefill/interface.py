@@ -747,8 +747,8 @@ def _k_chunk_view(block_n: int):
     ``[block_n, 64]`` stored as ``block_n / 8`` chunks of ``[8 feature groups, 8 keys, 8 features]``
     dense, i.e. element offset ``d % 8 + (n % 8) * 8 + (d // 8) * 64 + (n // 8) * 512``: wgmma's
     no-swizzle K-major core matrices (leading byte offset 128, stride byte offset 1024). One such view
-    per 64 features (``prefill_runtime.gluon._scores_by_parts``): an operand whose reduction spans more
-    than 64 features read shared memory out of bounds on the H200 (NOTES step 62)."""
+    per 64 features (``prefill_runtime.gluon._scores_by_parts``): one view of all D features read
+    shared memory out of bounds on the H200 at D >= 128 (NOTES step 62)."""
     from triton.experimental.gluon import language as gl
 
     bits = [[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]  # d % 8, n % 8
