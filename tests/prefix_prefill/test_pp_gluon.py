@@ -230,15 +230,17 @@ def test_split_k_tma_by_head(head, monkeypatch):
     rec = _RecordingKernel()
     monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
     monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", None)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA_LEAN", True)  # the candidate only goes with K by TMA
     case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
     assert _launch(case) is True
     assert rec.calls[-1][2]["K_TMA"] is (head in itf._GLUON_SPLIT_K_TMA_HEADS)
+    assert rec.calls[-1][2]["K_LEAN"] is rec.calls[-1][2]["K_TMA"]
     assert itf._GLUON_SPLIT_K_TMA_HEADS == {256}
     nb, hk, g, page, x = case.k_cache.shape  # a block stride with a gap: not one [rows, page * 8] view
     case.k_cache = torch.empty(nb, hk + 1, g, page, x, dtype=case.k_cache.dtype)[:, :hk].copy_(case.k_cache)
     assert _launch(case) is True
-    assert rec.calls[-1][2]["K_TMA"] is False
+    assert rec.calls[-1][2]["K_TMA"] is False and rec.calls[-1][2]["K_LEAN"] is False
 
 
 def test_split_not_taken_without_switch(monkeypatch):
@@ -339,7 +341,7 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, K_SUB=16 if head == 256 else 64, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8,
                   PRODUCER_WARPS=2, V_TMA=v_tma, ONE_CONSUMER=False, K_TMA=k_tma,
-                  K_VIEW=itf._k_chunk_view(bn) if k_tma else None)
+                  K_VIEW=itf._k_chunk_view(bn) if k_tma else None, K_LEAN=False)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
     aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
@@ -351,6 +353,7 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
     if k_tma:  # K in 8-key chunk boxes, read by wgmma without re-staging (no-swizzle descriptors)
         assert ptx.count("cp.async.bulk.tensor.2d") >= bn // 8 * head // 64
+        compile_sm90(itf._gluon_split_kernel, sig, dict(consts, K_LEAN=True), aligned=aligned)  # candidate
     if head == 128 and not from_cache and not k_tma:  # and as one 8-warp consumer partition (Q in one box)
         lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
         sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
@@ -366,7 +369,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 11 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 14 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -446,7 +449,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_PAGE_ROWS", 256),
      ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256),
      ("split", "_GLUON_SPLIT_K_TMA", 64), ("split", "_GLUON_SPLIT_K_TMA", 128),
-     ("split", "_GLUON_SPLIT_K_TMA", 256),
+     ("split", "_GLUON_SPLIT_K_TMA", 256), ("split", "_GLUON_SPLIT_K_TMA_LEAN", 128),
+     ("split", "_GLUON_SPLIT_K_TMA_LEAN", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
      ("split", "_GLUON_ONE_CONSUMER", 128)],
 )  # fmt: skip
@@ -455,9 +459,12 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
     block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
     ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (V gathered page by page),
-    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes), ``_GLUON_SPLIT_K_TMA`` (K by 8-key TMA boxes);
+    ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes), ``_GLUON_SPLIT_K_TMA`` (K by 8-key TMA boxes; with
+    ``_GLUON_SPLIT_K_TMA_LEAN`` a one-warp K producer reading block ids as a vector);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition)."""
     monkeypatch.setattr(itf, switch, True)
+    if switch == "_GLUON_SPLIT_K_TMA_LEAN":
+        monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
                      device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip

@@ -359,7 +359,7 @@ def _split_v_tma_producer(
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
     features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
@@ -372,7 +372,9 @@ def _split_k_tma_producer(
     the view: zeros, no block-table read); the keys of a chunk that straddles ``a_end`` are stale slots
     of its page, which the consumers' mask never lets through (``where``, not a product: NaN-safe). New
     tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as ``[kv_heads * D/8, columns *
-    8]``, the sequence from column ``n_tok0``. One expect-tx per slot."""
+    8]``, the sequence from column ``n_tok0``. One expect-tx per slot. ``VECTOR_IDS`` (a one-warp
+    partition): the block's chunk rows from one vector load of its block-table entries, each taken out
+    by a warp reduction, instead of one dependent scalar load before each chunk's boxes."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -383,16 +385,32 @@ def _split_k_tma_producer(
         rows = smem.index(slot)  # [BLOCK_N * D / 64, 64]: (part p, chunk c) = rows [(p * NC + c) * 8, +8)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
-            for c in gl.static_range(NC):
-                pos = j * BLOCK_N + c * 8
-                ok = pos < a_end
-                page = pos // page_size
-                blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
-                row0 = (blk * kv_heads + kv_head) * G
-                col = (pos - page * page_size) * 8
-                for p in gl.static_range(HEAD_DIM // 64):
-                    row = gl.where(ok, row0 + p * 8, -8)
-                    tma.async_copy_global_to_shared(C_desc, [row, col], bar, rows.slice((p * NC + c) * 8, 8))
+            if VECTOR_IDS:
+                i_c = gl.arange(0, NC, layout=gl.BlockedLayout([1], [32], [1], [0]))  # [NC] chunks
+                pos_v = j * BLOCK_N + i_c * 8  # [NC]
+                page_v = pos_v // page_size  # [NC]
+                blk_v = gl.load(p_table_row + page_v, mask=pos_v < a_end, other=-1).to(gl.int32)  # [NC]
+                row_v = gl.where(blk_v >= 0, (blk_v * kv_heads + kv_head) * G, -8)  # [NC] -8: past a_end
+                col_v = (pos_v - page_v * page_size) * 8  # [NC]
+                for c in gl.static_range(NC):
+                    row0 = gl.sum(gl.where(i_c == c, row_v, 0), axis=0)
+                    col = gl.sum(gl.where(i_c == c, col_v, 0), axis=0)
+                    for p in gl.static_range(HEAD_DIM // 64):
+                        row = gl.where(row0 >= 0, row0 + p * 8, -8)
+                        dst = rows.slice((p * NC + c) * 8, 8)
+                        tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
+            else:
+                for c in gl.static_range(NC):
+                    pos = j * BLOCK_N + c * 8
+                    ok = pos < a_end
+                    page = pos // page_size
+                    blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+                    row0 = (blk * kv_heads + kv_head) * G
+                    col = (pos - page * page_size) * 8
+                    for p in gl.static_range(HEAD_DIM // 64):
+                        row = gl.where(ok, row0 + p * 8, -8)
+                        dst = rows.slice((p * NC + c) * 8, 8)
+                        tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
             for c in gl.static_range(NC):
@@ -404,16 +422,17 @@ def _split_k_tma_producer(
 @gluon.jit
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
-    ``K_TMA`` (``Cache`` is then the K cache's descriptor), else :func:`_split_producer`'s gathers."""
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``VECTOR_IDS`` as there), else
+    :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
          n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
-                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
+                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -444,7 +463,7 @@ def _gluon_split_kernel(
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
-    K_VIEW: gl.constexpr = None,
+    K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -461,7 +480,8 @@ def _gluon_split_kernel(
     ``K_TMA`` (candidate): K by TMA boxes of 8 keys (:func:`_split_k_tma_producer`) into a K ring of
     64-wide rows (``K_cache``'s layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and
     ``K_desc`` are then descriptors (block ``[D/8, 64]``, no swizzle) over the K cache and over the
-    host's copy of ``k`` (sequence ``s`` from column ``VCol0[s]``)."""
+    host's copy of ``k`` (sequence ``s`` from column ``VCol0[s]``). ``K_LEAN`` (candidate, with
+    ``K_TMA``): the K producer is one warp and reads each block's block-table entries as one vector."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -513,11 +533,11 @@ def _gluon_split_kernel(
                     True, 2, K_VIEW,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR)),
+                                       V_TPR, K_LEAN)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
-            [PRODUCER_WARPS, PRODUCER_WARPS],
+            [1 if K_LEAN else PRODUCER_WARPS, PRODUCER_WARPS],
             [PRODUCER_REGS, PRODUCER_REGS],
         )  # fmt: skip
     else:
@@ -532,10 +552,10 @@ def _gluon_split_kernel(
                     True, 1, K_VIEW,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR)),
+                                       V_TPR, K_LEAN)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
-            [4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [4, 1 if K_LEAN else PRODUCER_WARPS, PRODUCER_WARPS],
             [240, PRODUCER_REGS, PRODUCER_REGS],
         )  # fmt: skip

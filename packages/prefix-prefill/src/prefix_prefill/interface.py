@@ -561,6 +561,12 @@ _GLUON_SPLIT_V_TMA = False
 # _GLUON_SPLIT_K_TMA_HEADS; True / False: on / off for every head size (A/Bs, tests).
 _GLUON_SPLIT_K_TMA: bool | None = None
 _GLUON_SPLIT_K_TMA_HEADS = frozenset({256})
+# With K by TMA: a one-warp K producer that reads a block's block-table entries as one vector (kernel
+# K_LEAN). The SASS of the two-warp producer (session 18) issues each 8-key chunk's boxes after a
+# dependent scalar block-table load, with a partition-wide barrier before every box: 16 serial loads
+# per block at head 128 (8 at 256), a suspect for head 128's slowdown (NOTES step 62). Offline only
+# (compiles for sm90); untimed and untested on the GPU. Candidate.
+_GLUON_SPLIT_K_TMA_LEAN = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -832,7 +838,7 @@ def _gluon_split_launch(
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
-            K_VIEW=k_view,
+            K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
