@@ -374,9 +374,14 @@ def _split_k_tma_producer(
     tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as ``[kv_heads * D/8, columns *
     8]``, the sequence from column ``n_tok0``. One expect-tx per slot. ``VECTOR_IDS`` (a one-warp
     partition): the block's chunk rows from one vector load of its block-table entries, each taken out
-    by a warp reduction, instead of one dependent scalar load before each chunk's boxes."""
+    by a warp reduction, instead of one dependent scalar load before each chunk's boxes, and the
+    chunks in a loop rather than unrolled (the ring seen as ``[slots * D/64 * BLOCK_N/8, 8, 64]`` boxes,
+    indexed at run time: less code to compile)."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
+    NP: gl.constexpr = HEAD_DIM // 64
+    if VECTOR_IDS:  # every box of the ring, [slot][part][chunk]: reinterpret the whole ring, then index
+        boxes = smem._reinterpret(smem.dtype, [NUM_STAGES * NP * NC, 8, 64], C_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
@@ -392,12 +397,12 @@ def _split_k_tma_producer(
                 blk_v = gl.load(p_table_row + page_v, mask=pos_v < a_end, other=-1).to(gl.int32)  # [NC]
                 row_v = gl.where(blk_v >= 0, (blk_v * kv_heads + kv_head) * G, -8)  # [NC] -8: past a_end
                 col_v = (pos_v - page_v * page_size) * 8  # [NC]
-                for c in gl.static_range(NC):
+                for c in range(NC):
                     row0 = gl.sum(gl.where(i_c == c, row_v, 0), axis=0)
                     col = gl.sum(gl.where(i_c == c, col_v, 0), axis=0)
-                    for p in gl.static_range(HEAD_DIM // 64):
+                    for p in gl.static_range(NP):
                         row = gl.where(row0 >= 0, row0 + p * 8, -8)
-                        dst = rows.slice((p * NC + c) * 8, 8)
+                        dst = boxes.index((slot * NP + p) * NC + c)  # [8, 64]
                         tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
             else:
                 for c in gl.static_range(NC):
@@ -413,10 +418,17 @@ def _split_k_tma_producer(
                         tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            for c in gl.static_range(NC):
-                for p in gl.static_range(HEAD_DIM // 64):
-                    tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
-                                                    rows.slice((p * NC + c) * 8, 8))  # fmt: skip
+            if VECTOR_IDS:
+                for c in range(NC):
+                    for p in gl.static_range(NP):
+                        dst = boxes.index((slot * NP + p) * NC + c)  # [8, 64]
+                        coord = [kv_head * G + p * 8, (tok + c * 8) * 8]
+                        tma.async_copy_global_to_shared(N_desc, coord, bar, dst)
+            else:
+                for c in gl.static_range(NC):
+                    for p in gl.static_range(HEAD_DIM // 64):
+                        tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
+                                                        rows.slice((p * NC + c) * 8, 8))  # fmt: skip
 
 
 @gluon.jit

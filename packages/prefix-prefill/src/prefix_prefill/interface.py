@@ -564,8 +564,9 @@ _GLUON_SPLIT_K_TMA_HEADS = frozenset({256})
 # With K by TMA: a one-warp K producer that reads a block's block-table entries as one vector (kernel
 # K_LEAN). The SASS of the two-warp producer (session 18) issues each 8-key chunk's boxes after a
 # dependent scalar block-table load, with a partition-wide barrier before every box: 16 serial loads
-# per block at head 128 (8 at 256), a suspect for head 128's slowdown (NOTES step 62). Offline only
-# (compiles for sm90); untimed and untested on the GPU. Candidate.
+# per block at head 128 (8 at 256), a suspect for head 128's slowdown (NOTES step 62). Its chunks run
+# in a loop, not unrolled: offline the kernel compiles ~0.3-0.4 s faster than K by TMA as shipped.
+# Offline only (compiles for sm90); untimed and untested on the GPU. Candidate.
 _GLUON_SPLIT_K_TMA_LEAN = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
