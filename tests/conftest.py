@@ -80,12 +80,22 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 
-def compile_sm90(fn, sig, consts, aligned=(), num_warps=4):
-    # aligned: pointer arguments the launcher would specialise as 16-byte aligned (tt.divisibility 16)
+def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=True):
+    # aligned: pointer arguments the launcher would specialise as 16-byte aligned (tt.divisibility 16);
+    # llvm_o0: the kernel's LLVM_O0 constexpr, and LLVM at O0 as prefill_runtime.hook_compiles runs it
+    import prefill_runtime.host as host
+
+    if "LLVM_O0" in fn.arg_names:
+        consts = {**consts, "LLVM_O0": llvm_o0}
     sig = {**sig, **{name: "constexpr" for name in consts if name not in sig}}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     src = GluonASTSource(fn, sig, consts, attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    o0 = consts.get("LLVM_O0") is True and host._llvm_level_wrapper()
+    host._LLVM_LEVEL.value = host._LLVM_O0 if o0 else None
+    try:
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    finally:
+        host._LLVM_LEVEL.value = None
     assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
     print("shared", kernel.metadata.shared)
     return src, kernel

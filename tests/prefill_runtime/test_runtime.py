@@ -4,6 +4,7 @@ tanh, the LSE buffer)."""
 from __future__ import annotations
 
 import math
+import threading
 import types
 
 import pytest
@@ -206,6 +207,47 @@ def test_hook_compiles(monkeypatch):
     fake._do_compile("f", sig, 0, cx, opts, attrs, False)
     assert len(built) == 3 and fake.calls[-2:] == ["e", "f"]  # e: async compiles are left alone
     assert hook_compiles(object()) is False
+
+
+def test_hook_compiles_llvm_o0(monkeypatch):
+    """``llvm_o0_flag``: a compile whose named constexpr is true runs Triton's LLVM module optimisation at
+    O0 (the level argument swapped, every other argument kept), one whose flag is false or absent at the
+    level Triton asked for; calls outside a hooked compile (another kernel, another thread) pass through;
+    the level is reset when the compile raises; an unknown flag name leaves the hook without it."""
+    from triton._C.libtriton import llvm
+
+    seen = []
+    monkeypatch.setattr(llvm, "optimize_module", lambda mod, level, *a, **k: seen.append((level, a, k)))
+    monkeypatch.setattr(host, "_build_launcher", lambda *a: None)
+    o0, o3 = llvm.OPTIMIZE_O0, llvm.OPTIMIZE_O3
+
+    class _OptJit(_FakeJit):
+        arg_names = ["Q", "N", "BLOCK", "LLVM_O0"]
+
+        def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+            llvm.optimize_module("mod", o3, "sm_90a", fast=True)  # as Triton's make_llir calls it
+            if key == "boom":
+                raise RuntimeError("compile failed")
+            return key
+
+    fake = _OptJit()
+    assert hook_compiles(fake, lambda: False, llvm_o0_flag="LLVM_O0") is True
+    sig, opts = {"Q": "*bf16", "N": "i32", "BLOCK": "constexpr", "LLVM_O0": "constexpr"}, None
+    assert fake._do_compile("a", sig, 0, {(2,): 64, (3,): True}, opts, {}, False) == "a"
+    fake._do_compile("b", sig, 0, {(2,): 64, (3,): False}, opts, {}, False)
+    fake._do_compile("c", sig, 0, {(2,): 64}, opts, {}, False)
+    with pytest.raises(RuntimeError):
+        fake._do_compile("boom", sig, 0, {(2,): 64, (3,): True}, opts, {}, False)
+    llvm.optimize_module("other", o3)  # not inside a hooked compile
+    t = threading.Thread(target=lambda: llvm.optimize_module("thread", o3))
+    t.start()
+    t.join()
+    assert [lv for lv, _, _ in seen] == [o0, o3, o3, o0, o3, o3]
+    assert seen[0][1:] == (("sm_90a",), {"fast": True})
+    plain = _OptJit()
+    assert hook_compiles(plain, lambda: False, llvm_o0_flag="NOT_AN_ARG") is True
+    plain._do_compile("d", sig, 0, {(3,): True}, opts, {}, False)
+    assert seen[-1][0] == o3
 
 
 def test_build_launcher_never_raises(monkeypatch):

@@ -147,6 +147,7 @@ def _gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     VECTOR_IDS: gl.constexpr = False, IN_PAGE_COPY: gl.constexpr = True, ONE_CONSUMER: gl.constexpr = False,
+    LLVM_O0: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -154,7 +155,8 @@ def _gluon_fwd_kernel(
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
     the rings' shared layout). ``ONE_CONSUMER`` (candidate; launch with 8 warps, ``Q_desc`` block
     ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition, one copy of the consumer code
-    (about half the compile)."""
+    (about half the compile). ``LLVM_O0``: read by the compile hook only (LLVM at O0, see
+    ``prefill_runtime.hook_compiles``), not by the kernel."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -475,7 +477,7 @@ def _gluon_split_kernel(
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
-    K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False,
+    K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -493,7 +495,8 @@ def _gluon_split_kernel(
     64-wide rows (``K_cache``'s layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and
     ``K_desc`` are then descriptors (block ``[D/8, 64]``, no swizzle) over the K cache and over the
     host's copy of ``k`` (sequence ``s`` from column ``VCol0[s]``). ``K_LEAN`` (candidate, with
-    ``K_TMA``): the K producer is one warp and reads each block's block-table entries as one vector."""
+    ``K_TMA``): the K producer is one warp and reads each block's block-table entries as one vector.
+    ``LLVM_O0``: as in :func:`_gluon_fwd_kernel`."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return

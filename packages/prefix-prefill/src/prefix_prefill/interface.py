@@ -566,7 +566,9 @@ _GLUON_SPLIT_K_TMA_HEADS = frozenset({256})
 # dependent scalar block-table load, with a partition-wide barrier before every box: 16 serial loads
 # per block at head 128 (8 at 256), a suspect for head 128's slowdown (NOTES step 62). Its chunks run
 # in a loop, not unrolled: offline the kernel compiles ~0.3-0.4 s faster than K by TMA as shipped.
-# Offline only (compiles for sm90); untimed and untested on the GPU. Candidate.
+# H200 (NOTES step 64, round-robin, outputs bitwise equal): slower still, llama 8.88-9.19 ms and qwen
+# 2.79-2.89 ms with it against 8.35-8.49 / 2.46-2.49 for K by TMA (session 18): the producer is not
+# what slows head 128. Candidate.
 _GLUON_SPLIT_K_TMA_LEAN = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
@@ -574,6 +576,12 @@ _GLUON_SPLIT_K_TMA_LEAN = False
 # (head 256 split: equal): Triton puts a partition-wide barrier before each wait on a ready slot, so
 # the two warpgroups run in lockstep and lose their ping-pong over the tensor cores. Candidate.
 _GLUON_ONE_CONSUMER = False
+# Both Gluon prefix kernels: compiled with LLVM's module optimisation at O0 instead of Triton's O3
+# (kernel constexpr LLVM_O0, read by prefill_runtime.hook_compiles, which keeps the two forms apart in
+# Triton's cache). The IR reaches LLVM already simplified by MLIR and ptxas does the machine-level
+# work. Offline (sm_90a, Triton 3.6, NOTES step 64): compile 0.3-0.5 s shorter (LLVM's pipeline
+# 0.35-0.5 -> 0.04 s), the same instruction mix within 1-3%, no new spills (split head 128: 24 -> 0 B).
+_GLUON_LLVM_O0 = True
 
 
 def _prime_triton() -> None:
@@ -585,7 +593,9 @@ def _prime_triton() -> None:
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
     for gluon_kernel in (_gluon_fwd_kernel, _gluon_split_kernel):
         if gluon_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
-            hook_compiles(gluon_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
+            hook_compiles(
+                gluon_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True, llvm_o0_flag="LLVM_O0"
+            )
 
 
 def _try_gluon(launch) -> bool:
@@ -674,7 +684,7 @@ def _gluon_launch(
             lse.stride(0) if lse is not None else None,
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
-            IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, ONE_CONSUMER=_GLUON_ONE_CONSUMER,
+            IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, ONE_CONSUMER=_GLUON_ONE_CONSUMER, LLVM_O0=_GLUON_LLVM_O0,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
@@ -839,7 +849,7 @@ def _gluon_split_launch(
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
-            K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
+            K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 

@@ -71,11 +71,12 @@ def _gluon_fwd_kernel(
     stride_ot, stride_oh, Lse, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
-    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
+    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, LLVM_O0: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
-    ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring."""
+    ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring. ``LLVM_O0``: read by
+    the compile hook only (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel."""
     pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, False)  # int32
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:

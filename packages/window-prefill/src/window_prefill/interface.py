@@ -106,6 +106,10 @@ _GLUON_FORCE = False
 _GLUON_MIN_WIDTH = 2048
 # K/V ring slots of the Gluon kernel: 2 and 3 timed alike (3.87 / 3.84 ms); 2 needs 160 KiB, 3 224.
 _GLUON_STAGES = 2
+# The Gluon kernel compiled with LLVM's module optimisation at O0 instead of Triton's O3 (kernel
+# constexpr LLVM_O0, read by prefill_runtime.hook_compiles; NOTES step 64): the compile 0.3-0.5 s
+# shorter offline, ptxas's output within 1-3% in instruction mix.
+_GLUON_LLVM_O0 = True
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
@@ -175,10 +179,10 @@ def _gluon_launch(
     flags = dict(
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=bool(causal),
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, LENS_FROM_STARTS=lens is None,
-        RETURN_LSE=lse is not None,
+        RETURN_LSE=lse is not None, NUM_STAGES=_GLUON_STAGES, LLVM_O0=_GLUON_LLVM_O0,
     )  # fmt: skip
     if runtime.gluon_try_launch(
-        lambda: _gluon_fwd_kernel[grid](*args, **flags, NUM_STAGES=_GLUON_STAGES, num_warps=4),
+        lambda: _gluon_fwd_kernel[grid](*args, **flags, num_warps=4),
         "window_prefill",
     ):
         return True
@@ -330,7 +334,9 @@ def _prime_triton() -> None:
     prime_triton()
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
     if _gluon_fwd_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
-        hook_compiles(_gluon_fwd_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True)
+        hook_compiles(
+            _gluon_fwd_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True, llvm_o0_flag="LLVM_O0"
+        )
 
 
 def _launch_fwd(
