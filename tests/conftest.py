@@ -80,9 +80,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 
-def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=True):
+def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False):
     # aligned: pointer arguments the launcher would specialise as 16-byte aligned (tt.divisibility 16);
-    # llvm_o0: the kernel's LLVM_O0 constexpr, and LLVM at O0 as prefill_runtime.hook_compiles runs it
+    # llvm_o0: the kernel's LLVM_O0 constexpr (shipped: off), and LLVM at O0 as hook_compiles runs it
     import prefill_runtime.host as host
 
     if "LLVM_O0" in fn.arg_names:

@@ -222,7 +222,7 @@ def test_hook_compiles_llvm_o0(monkeypatch):
     o0, o3 = llvm.OPTIMIZE_O0, llvm.OPTIMIZE_O3
 
     class _OptJit(_FakeJit):
-        arg_names = ["Q", "N", "BLOCK", "LLVM_O0"]
+        arg_names = ("Q", "N", "BLOCK", "LLVM_O0")
 
         def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
             llvm.optimize_module("mod", o3, "sm_90a", fast=True)  # as Triton's make_llir calls it
@@ -310,7 +310,7 @@ def test_ptxas_probe_never_raises():
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.6.0"
+    assert prefill_runtime.__version__ == "0.7.0"
 
 
 def test_gluon_module_is_separate():

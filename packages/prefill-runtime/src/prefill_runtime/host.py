@@ -109,8 +109,9 @@ def hook_compiles(
 
     ``llvm_o0_flag``: the name of one of the kernel's boolean constexprs; a compile where it is true
     runs LLVM's module optimisation (Triton's ``llvm.optimize_module``, O3) at O0 in this thread, see
-    :func:`_llvm_level_wrapper`. The constexpr is part of Triton's cache key, so the two forms of the
-    kernel never share a cache entry.
+    :func:`_llvm_level_wrapper` (installed by the first such compile; nothing of Triton's is touched
+    while no compile asks). The constexpr is part of Triton's cache key, so the two forms of the kernel
+    never share a cache entry.
 
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
     orig = getattr(jit_fn, "_do_compile", None)
@@ -121,8 +122,6 @@ def hook_compiles(
         try:
             o0_path = (list(jit_fn.arg_names).index(llvm_o0_flag),)  # Triton 3.4-3.6: constexprs by arg path
         except Exception:
-            o0_path = None
-        if o0_path is not None and not _llvm_level_wrapper():
             o0_path = None
 
     def _do_compile(*args, **kwargs):
@@ -141,7 +140,8 @@ def hook_compiles(
             pass
         level = None
         try:
-            if o0_path is not None and args[3].get(o0_path) is True:
+            # the wrapper goes in with the first compile that asks for O0, not before
+            if o0_path is not None and args[3].get(o0_path) is True and _llvm_level_wrapper():
                 level = _LLVM_O0
         except Exception:
             level = None
@@ -174,8 +174,9 @@ def _llvm_level_wrapper() -> bool:
     untouched (other threads, other kernels, Triton's async compiles). Why (bench/results/NOTES.md
     step 64): the warp-specialised Gluon kernels reach LLVM already simplified by MLIR's passes and
     ptxas does the machine-level work; offline (sm_90a, Triton 3.6) O0 takes 0.3-0.5 s off a 2.0-2.8 s
-    compile and ptxas emits the same instruction mix within 1-3%. Returns whether the wrapper is in
-    place (False: this Triton has no such function)."""
+    compile and ptxas emits the same instruction mix within 1-3%, but on the H200 the split-layout
+    prefix kernel at head 128 ran 10% slower: the kernel packages keep it off. Returns whether the
+    wrapper is in place (False: this Triton has no such function)."""
     try:
         from triton._C.libtriton import llvm
 

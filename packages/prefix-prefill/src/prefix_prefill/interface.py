@@ -581,7 +581,10 @@ _GLUON_ONE_CONSUMER = False
 # Triton's cache). The IR reaches LLVM already simplified by MLIR and ptxas does the machine-level
 # work. Offline (sm_90a, Triton 3.6, NOTES step 64): compile 0.3-0.5 s shorter (LLVM's pipeline
 # 0.35-0.5 -> 0.04 s), the same instruction mix within 1-3%, no new spills (split head 128: 24 -> 0 B).
-_GLUON_LLVM_O0 = True
+# H200 (step 64, round-robin 20, outputs bitwise equal): split llama 6.82-7.42 -> 7.55-7.89 ms (+6-11%),
+# qwen-hybrid and NHD within -1%..+1.3%; single cold first calls 2.4-4.2 s either way (noise > gain).
+# Candidate.
+_GLUON_LLVM_O0 = False
 
 
 def _prime_triton() -> None:

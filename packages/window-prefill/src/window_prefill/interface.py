@@ -108,8 +108,9 @@ _GLUON_MIN_WIDTH = 2048
 _GLUON_STAGES = 2
 # The Gluon kernel compiled with LLVM's module optimisation at O0 instead of Triton's O3 (kernel
 # constexpr LLVM_O0, read by prefill_runtime.hook_compiles; NOTES step 64): the compile 0.3-0.5 s
-# shorter offline, ptxas's output within 1-3% in instruction mix.
-_GLUON_LLVM_O0 = True
+# shorter offline, ptxas's output within 1-3% in instruction mix. H200, LLM shape (7 rounds): 3.723 ->
+# 3.742 ms plain, 3.751 -> 3.818 under CUDA graphs. Candidate.
+_GLUON_LLVM_O0 = False
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
