@@ -202,8 +202,9 @@ def prefix_bench_module():
 
 def set_switches(sets: list[str], error, module: str = "prefix_prefill.interface") -> None:
     """Apply ``--set NAME=0|1`` options (``NAME=N`` for an int setting): booleans of ``module`` (a kernel
-    package's interface, whose ``_NAME`` booleans are its A/B switches); ``error(msg)`` reports a bad one
-    (argparse's ``ap.error``)."""
+    package's interface, whose ``_NAME`` booleans are its A/B switches; one whose default is None, a
+    per-shape rule such as ``_GLUON_SPLIT_K_TMA``, is forced on or off); ``error(msg)`` reports a bad
+    one (argparse's ``ap.error``)."""
     import importlib
 
     itf = importlib.import_module(module)
@@ -213,6 +214,7 @@ def set_switches(sets: list[str], error, module: str = "prefix_prefill.interface
         if isinstance(cur, int) and not isinstance(cur, bool) and val.isdigit():
             setattr(itf, name, int(val))  # an integer setting (e.g. _K_CHUNK=64)
             continue
-        if not isinstance(cur, bool) or val not in ("0", "1"):
+        tristate = cur is None and name.startswith("_") and hasattr(itf, name)  # None: the switch's own rule
+        if not (isinstance(cur, bool) or tristate) or val not in ("0", "1"):
             error(f"--set {kv}: expected NAME=0|1 with NAME a switch of {module} (or NAME=N, an int setting)")
         setattr(itf, name, val == "1")
