@@ -87,6 +87,8 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False):
 
     if "LLVM_O0" in fn.arg_names:
         consts = {**consts, "LLVM_O0": llvm_o0}
+    # parameters left out keep their defaults (the candidates' constexprs, absent descriptors)
+    consts = {**{p.name: p.default for p in fn.params if p.has_default and p.name not in sig}, **consts}
     sig = {**sig, **{name: "constexpr" for name in consts if name not in sig}}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     src = GluonASTSource(fn, sig, consts, attrs)

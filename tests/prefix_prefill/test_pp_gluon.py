@@ -243,6 +243,32 @@ def test_split_k_tma_by_head(head, monkeypatch):
     assert rec.calls[-1][2]["K_TMA"] is False and rec.calls[-1][2]["K_LEAN"] is False
 
 
+@pytest.mark.parametrize("head", [128, 256])
+def test_split_k_wide_routing(head, monkeypatch):
+    """``_GLUON_SPLIT_K_WIDE`` (candidate, with K by TMA): pages of at least a key block get a second K
+    cache descriptor, ``[page/8, blocks * kv_heads * D/8, 64]`` with strides ``[64, page * 8, 1]`` and
+    block ``[BLOCK_N/8, 8, 64]`` (one box per 64 features of a block inside a page); shorter pages and
+    the switch off launch without it."""
+    if itf._gluon_split_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
+    bn = 64 if head == 256 else 128
+    for page, on, wide in ((16, True, False), (bn, True, True), (1040, True, True), (1040, False, False)):
+        monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", on)
+        case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                         dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+        assert _launch(case) is True
+        kw = rec.calls[-1][2]
+        assert kw["K_TMA"] is True and kw["K_WIDE"] is wide and (kw["KW_desc"] is None) is not wide
+        if wide:
+            d = kw["KW_desc"]
+            rows = case.k_cache.shape[0] * 2 * head // 8
+            assert list(d.shape) == [page // 8, rows, 64] and list(d.strides) == [64, page * 8, 1]
+            assert list(d.block_shape) == [bn // 8, 8, 64] and d.base.data_ptr() == case.k_cache.data_ptr()
+
+
 def test_split_not_taken_without_switch(monkeypatch):
     """``_GLUON_SPLIT`` off: the split layout goes to the Triton kernel (no launch is tried)."""
     monkeypatch.setattr(itf, "_GLUON_SPLIT", False)
@@ -354,6 +380,11 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     if k_tma:  # K in 8-key chunk boxes, read by wgmma without re-staging (no-swizzle descriptors)
         assert ptx.count("cp.async.bulk.tensor.2d") >= bn // 8 * head // 64
         compile_sm90(itf._gluon_split_kernel, sig, dict(consts, K_LEAN=True), aligned=aligned)  # candidate
+        # candidate: a block inside one page as D/64 boxes [BLOCK_N/8, 8, 64] of a 3-D cache view
+        lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
+        sigw = dict(sig, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
+        _, kw = compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=True), aligned=aligned)
+        assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
     if head == 128 and not from_cache and not k_tma:  # and as one 8-warp consumer partition (Q in one box)
         lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
         sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
@@ -369,7 +400,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 14 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 17 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -450,7 +481,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256),
      ("split", "_GLUON_SPLIT_K_TMA", 64), ("split", "_GLUON_SPLIT_K_TMA", 128),
      ("split", "_GLUON_SPLIT_K_TMA", 256), ("split", "_GLUON_SPLIT_K_TMA_LEAN", 128),
-     ("split", "_GLUON_SPLIT_K_TMA_LEAN", 256),
+     ("split", "_GLUON_SPLIT_K_TMA_LEAN", 256), ("split", "_GLUON_SPLIT_K_WIDE", 128),
+     ("split", "_GLUON_SPLIT_K_WIDE", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
      ("split", "_GLUON_ONE_CONSUMER", 128)],
 )  # fmt: skip
@@ -460,10 +492,11 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     block and page); split layout: ``_GLUON_SPLIT_STAGES3`` (three ring slots),
     ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (V gathered page by page),
     ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes), ``_GLUON_SPLIT_K_TMA`` (K by 8-key TMA boxes; with
-    ``_GLUON_SPLIT_K_TMA_LEAN`` a one-warp K producer reading block ids as a vector);
+    ``_GLUON_SPLIT_K_TMA_LEAN`` a one-warp K producer reading block ids as a vector, with
+    ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition)."""
     monkeypatch.setattr(itf, switch, True)
-    if switch == "_GLUON_SPLIT_K_TMA_LEAN":
+    if switch in ("_GLUON_SPLIT_K_TMA_LEAN", "_GLUON_SPLIT_K_WIDE"):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,

@@ -570,6 +570,14 @@ _GLUON_SPLIT_K_TMA_HEADS = frozenset({256})
 # 2.79-2.89 ms with it against 8.35-8.49 / 2.46-2.49 for K by TMA (session 18): the producer is not
 # what slows head 128. Candidate.
 _GLUON_SPLIT_K_TMA_LEAN = False
+# With K by TMA: a context block that lies inside one page (pages >= the key block) as D/64 boxes
+# [BLOCK_N/8, 8, 64] of the K cache seen as [page/8, blocks * kv_heads * D/8, 64] (kernel K_WIDE; a 3-D
+# view whose strides are not in decreasing order), one block-table read per block instead of one per
+# 8-key chunk and 2 boxes instead of 32 at head 128. ncu of session 19 (NOTES step 64): with K by TMA
+# llama's consumers wait 7x longer for ready K slots (the producer's 16 dependent block-id loads and 32
+# boxes per block, each behind a partition barrier). Blocks across pages keep the chunk boxes.
+# Candidate (GPU-untested when written).
+_GLUON_SPLIT_K_WIDE = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -777,6 +785,21 @@ def _k_chunk_view(block_n: int):
     return gl.SharedLinearLayout(offset_bases=bits)
 
 
+def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int):
+    """``_GLUON_SPLIT_K_WIDE``'s descriptor: vLLM's contiguous split K cache (``rows`` = num_blocks *
+    kv_heads * D/8 feature groups of ``page * 8`` elements) seen as ``[page / 8, rows, 64]`` with strides
+    ``[64, page * 8, 1]`` (a page's key groups of 8, the feature groups, one group's 8 keys x 8
+    features), block ``[block_n / 8, 8, 64]`` in the no-swizzle layout: a box lands as ``block_n / 8``
+    dense ``[8, 64]`` chunks, the K ring's layout (:func:`_k_chunk_view`). The strides are not in
+    decreasing order (TMA asks only that they be multiples of 16 bytes); the box stays inside its page
+    (the kernel uses it only for blocks that do)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=k_cache.element_size() * 8, rank=3)
+    return TensorDescriptor(k_cache, [page // 8, rows, 64], [64, page * 8, 1], [block_n // 8, 8, 64], layout)
+
+
 def _gluon_split_launch(
     q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len, scale, lse,
     block_m, block_n,
@@ -824,7 +847,9 @@ def _gluon_split_launch(
         and kc.stride_block == hk * g * page * 8
         and kc.num_blocks * hk * g < 2**31
     )
-    k_cache_arg, k_view = k_cache, None
+    k_cache_arg, k_view, kw_desc = k_cache, None, None
+    if k_tma and _GLUON_SPLIT_K_WIDE and page >= block_n:  # blocks inside one page: D/64 boxes each
+        kw_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n)
     if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
         k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
@@ -852,7 +877,8 @@ def _gluon_split_launch(
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
-            K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0,
+            K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0, KW_desc=kw_desc,
+            K_WIDE=kw_desc is not None,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
