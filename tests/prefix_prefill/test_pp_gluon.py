@@ -223,13 +223,15 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_tma_by_head(head, monkeypatch):
     """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
-    ``_GLUON_SPLIT_K_TMA_HEADS`` (256, where the H200 measured it faster on every page), gathers for the
-    rest; a split cache that is not contiguous keeps the gathers at every head size."""
+    ``_GLUON_SPLIT_K_TMA_HEADS`` (256, where the H200 measured it faster on every page), and with
+    ``_GLUON_SPLIT_K_WIDE`` (pages % 16 == 0) for those of ``_GLUON_SPLIT_K_WIDE_HEADS`` too, gathers for
+    the rest; a split cache that is not contiguous keeps the gathers at every head size."""
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     rec = _RecordingKernel()
     monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
     monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", None)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", False)
     monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA_LEAN", True)  # the candidate only goes with K by TMA
     case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
@@ -237,6 +239,11 @@ def test_split_k_tma_by_head(head, monkeypatch):
     assert rec.calls[-1][2]["K_TMA"] is (head in itf._GLUON_SPLIT_K_TMA_HEADS)
     assert rec.calls[-1][2]["K_LEAN"] is rec.calls[-1][2]["K_TMA"]
     assert itf._GLUON_SPLIT_K_TMA_HEADS == {256}
+    # with 16-key runs and wide boxes (_GLUON_SPLIT_K_WIDE, pages % 16 == 0) head 128 takes it too
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", True)
+    assert _launch(case) is True
+    kw = rec.calls[-1][2]
+    assert kw["K_TMA"] is (head in (128, 256)) and kw["K_WIDE"] == (2 if head > 64 else 0)
     nb, hk, g, page, x = case.k_cache.shape  # a block stride with a gap: not one [rows, page * 8] view
     case.k_cache = torch.empty(nb, hk + 1, g, page, x, dtype=case.k_cache.dtype)[:, :hk].copy_(case.k_cache)
     assert _launch(case) is True
@@ -245,28 +252,30 @@ def test_split_k_tma_by_head(head, monkeypatch):
 
 @pytest.mark.parametrize("head", [128, 256])
 def test_split_k_wide_routing(head, monkeypatch):
-    """``_GLUON_SPLIT_K_WIDE`` (candidate, with K by TMA): pages of at least a key block get a second K
-    cache descriptor, ``[page/8, blocks * kv_heads * D/8, 64]`` with strides ``[64, page * 8, 1]`` and
-    block ``[BLOCK_N/8, 8, 64]`` (one box per 64 features of a block inside a page); shorter pages and
-    the switch off launch without it."""
+    """``_GLUON_SPLIT_K_WIDE`` (candidate, with K by TMA): the K cache seen as ``[page/8, blocks *
+    kv_heads * D/8, 64]`` with strides ``[64, page * 8, 1]``, block ``[2, 8, 64]`` (16-key runs, kernel
+    ``K_WIDE=2``) and for pages of at least a key block also ``[BLOCK_N/8, 8, 64]`` (one box per 64
+    features of a block inside a page, ``K_WIDE=1``); the switch off launches without them."""
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     rec = _RecordingKernel()
     monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
     monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
     bn = 64 if head == 256 else 128
-    for page, on, wide in ((16, True, False), (bn, True, True), (1040, True, True), (1040, False, False)):
+    for page, on, mode in ((16, True, 2), (bn, True, 1), (1040, True, 1), (1040, False, 0)):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", on)
         case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
                          dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
         assert _launch(case) is True
         kw = rec.calls[-1][2]
-        assert kw["K_TMA"] is True and kw["K_WIDE"] is wide and (kw["KW_desc"] is None) is not wide
-        if wide:
-            d = kw["KW_desc"]
-            rows = case.k_cache.shape[0] * 2 * head // 8
-            assert list(d.shape) == [page // 8, rows, 64] and list(d.strides) == [64, page * 8, 1]
-            assert list(d.block_shape) == [bn // 8, 8, 64] and d.base.data_ptr() == case.k_cache.data_ptr()
+        assert kw["K_TMA"] is True and kw["K_WIDE"] == mode
+        assert (kw["KW_desc"] is None) is (mode != 1) and (kw["KR_desc"] is None) is (mode == 0)
+        rows = case.k_cache.shape[0] * 2 * head // 8
+        for d, keys in ((kw["KW_desc"], bn), (kw["KR_desc"], 16)):
+            if d is not None:  # [page/8, rows, 64], strides [64, page * 8, 1], block [keys/8, 8, 64]
+                assert list(d.shape) == [page // 8, rows, 64] and list(d.strides) == [64, page * 8, 1]
+                assert list(d.block_shape) == [keys // 8, 8, 64]
+                assert d.base.data_ptr() == case.k_cache.data_ptr()
 
 
 def test_split_not_taken_without_switch(monkeypatch):
@@ -382,9 +391,11 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
         compile_sm90(itf._gluon_split_kernel, sig, dict(consts, K_LEAN=True), aligned=aligned)  # candidate
         # candidate: a block inside one page as D/64 boxes [BLOCK_N/8, 8, 64] of a 3-D cache view
         lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
-        sigw = dict(sig, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
-        _, kw = compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=True), aligned=aligned)
+        sigr = dict(sig, KR_desc=f"tensordesc<bf16[2, 8, 64],{lw!r}>")
+        _, kw = compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2), aligned=aligned)
         assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
+        sigw = dict(sigr, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
+        compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1), aligned=aligned)
     if head == 128 and not from_cache and not k_tma:  # and as one 8-warp consumer partition (Q in one box)
         lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
         sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
@@ -400,7 +411,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 17 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 20 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():

@@ -379,11 +379,33 @@ def _k_chunk_boxes(C_desc, rows, bar, p_table_row, pos0, a_end, page_size, kv_he
 
 
 @gluon.jit
+def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, kv_heads, kv_head,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+    """One context block's K as ``BLOCK_N/16`` runs of 16 keys (pages a multiple of 16: a run never
+    crosses a page): per run one block-table read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` into
+    the run's two chunks of each part of ring slot ``slot`` (``parts``: the ring as ``[slots * D/64,
+    BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read)."""
+    G: gl.constexpr = HEAD_DIM // 8
+    NP: gl.constexpr = HEAD_DIM // 64
+    for r in gl.static_range(BLOCK_N // 16):
+        pos = pos0 + r * 16
+        ok = pos < a_end
+        page = pos // page_size
+        blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+        row0 = (blk * kv_heads + kv_head) * G
+        kg = (pos - page * page_size) // 8
+        for p in gl.static_range(NP):
+            row = gl.where(ok, row0 + p * 8, -8)
+            dst = parts.index(slot * NP + p).slice(r * 2, 2)  # [2, 8, 64]
+            tma.async_copy_global_to_shared(R_desc, [kg, row, 0], bar, dst)
+
+
+@gluon.jit
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, VECTOR_IDS: gl.constexpr = False, W_desc=None,
-    K_WIDE: gl.constexpr = False,
+    R_desc=None, K_WIDE: gl.constexpr = 0,
 ):  # fmt: skip
     """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
     features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
@@ -400,19 +422,22 @@ def _split_k_tma_producer(
     partition): the block's chunk rows from one vector load of its block-table entries, each taken out
     by a warp reduction, instead of one dependent scalar load before each chunk's boxes, and the
     chunks in a loop rather than unrolled (the ring seen as ``[slots * D/64 * BLOCK_N/8, 8, 64]`` boxes,
-    indexed at run time: less code to compile). ``K_WIDE`` (candidate): a context block that lies in one
-    page is ``D/64`` boxes ``[BLOCK_N/8, 8, 64]`` of ``W_desc``, the K cache seen as ``[page_size/8,
-    num_blocks * kv_heads * D/8, 64]`` (strides ``[64, page_size * 8, 1]``: key groups of 8, feature
-    groups, one group's 8 keys x 8 features), which land as the same chunks (a part's chunks are
-    contiguous in a slot): one block-table read and 2 (head 128) or 4 (head 256) boxes per block instead
-    of one read per chunk and 32 boxes. Blocks across pages take the chunk boxes."""
+    indexed at run time: less code to compile). ``K_WIDE`` (candidate; pages a multiple of 16): a context
+    block that lies in one page is ``D/64`` boxes ``[BLOCK_N/8, 8, 64]`` of ``W_desc``, the K cache seen
+    as ``[page_size/8, num_blocks * kv_heads * D/8, 64]`` (strides ``[64, page_size * 8, 1]``: key
+    groups of 8, feature groups, one group's 8 keys x 8 features), which land as the same chunks (a
+    part's chunks are contiguous in a slot): one block-table read and 2 (head 128) or 4 (head 256)
+    boxes per block instead of one read per chunk and 32 boxes. Any other block (across pages; every
+    block when pages are shorter than a block, ``K_WIDE == 2``, ``W_desc`` then absent) as runs of 16
+    keys, each inside one page: one read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` (the same
+    view) per run, half the chunk boxes' reads and boxes (:func:`_k_run_boxes`)."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
     NP: gl.constexpr = HEAD_DIM // 64
     if VECTOR_IDS:  # every box of the ring, [slot][part][chunk]: reinterpret the whole ring, then index
         boxes = smem._reinterpret(smem.dtype, [NUM_STAGES * NP * NC, 8, 64], C_desc.layout)
-    if K_WIDE:  # every part of the ring, [slot][part], as one [NC, 8, 64] box
-        parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], W_desc.layout)
+    if K_WIDE:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
+        parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
@@ -435,7 +460,7 @@ def _split_k_tma_producer(
                         row = gl.where(row0 >= 0, row0 + p * 8, -8)
                         dst = boxes.index((slot * NP + p) * NC + c)  # [8, 64]
                         tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
-            elif K_WIDE:
+            elif K_WIDE == 1:
                 page0 = (j * BLOCK_N) // page_size
                 off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
                 if off + BLOCK_N <= page_size:  # key groups [off / 8, + NC) of one page: a box per part
@@ -445,8 +470,11 @@ def _split_k_tma_producer(
                         tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar,
                                                         parts.index(slot * NP + p))  # fmt: skip
                 else:
-                    _k_chunk_boxes(C_desc, rows, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
-                                   kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
+                    _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
+                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
+            elif K_WIDE == 2:
+                _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
+                             kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
             else:
                 _k_chunk_boxes(C_desc, rows, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
                                kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
@@ -469,17 +497,18 @@ def _split_k_tma_producer(
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
-    W_desc=None, K_WIDE: gl.constexpr = False,
+    W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 0,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
-    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``VECTOR_IDS``, ``W_desc`` and ``K_WIDE`` as
-    there), else :func:`_split_producer`'s gathers."""
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``VECTOR_IDS``, ``W_desc``, ``R_desc`` and
+    ``K_WIDE`` as there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
          n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
-                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS, W_desc, K_WIDE)  # fmt: skip
+                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS, W_desc, R_desc,
+                              K_WIDE)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -511,7 +540,7 @@ def _gluon_split_kernel(
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
-    KW_desc=None, K_WIDE: gl.constexpr = False,
+    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -530,8 +559,9 @@ def _gluon_split_kernel(
     ``K_desc`` are then descriptors (block ``[D/8, 64]``, no swizzle) over the K cache and over the
     host's copy of ``k`` (sequence ``s`` from column ``VCol0[s]``). ``K_LEAN`` (candidate, with
     ``K_TMA``): the K producer is one warp and reads each block's block-table entries as one vector.
-    ``LLVM_O0``: as in :func:`_gluon_fwd_kernel`. ``K_WIDE`` (candidate, with ``K_TMA``): blocks inside
-    one page by ``D/64`` boxes of ``KW_desc`` (see :func:`_split_k_tma_producer`)."""
+    ``LLVM_O0``: as in :func:`_gluon_fwd_kernel`. ``K_WIDE`` (candidate, with ``K_TMA``): 1 blocks inside
+    one page by ``D/64`` boxes of ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter
+    than a block) every block by runs (see :func:`_split_k_tma_producer`)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -583,7 +613,7 @@ def _gluon_split_kernel(
                     True, 2, K_VIEW,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, K_WIDE)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
@@ -602,7 +632,7 @@ def _gluon_split_kernel(
                     True, 1, K_VIEW,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, K_WIDE)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],

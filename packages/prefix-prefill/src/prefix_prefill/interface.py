@@ -575,9 +575,11 @@ _GLUON_SPLIT_K_TMA_LEAN = False
 # view whose strides are not in decreasing order), one block-table read per block instead of one per
 # 8-key chunk and 2 boxes instead of 32 at head 128. ncu of session 19 (NOTES step 64): with K by TMA
 # llama's consumers wait 7x longer for ready K slots (the producer's 16 dependent block-id loads and 32
-# boxes per block, each behind a partition barrier). Blocks across pages keep the chunk boxes.
-# Candidate (GPU-untested when written).
-_GLUON_SPLIT_K_WIDE = False
+# boxes per block, each behind a partition barrier). Other blocks (across pages; all of them at pages
+# shorter than a block) as 16-key runs: a read and D/64 boxes [2, 8, 64] per run. Pages % 16 == 0.
+# With it, K by TMA's default (_GLUON_SPLIT_K_TMA = None) also covers _GLUON_SPLIT_K_WIDE_HEADS.
+_GLUON_SPLIT_K_WIDE = True
+_GLUON_SPLIT_K_WIDE_HEADS = frozenset({128, 256})
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -838,7 +840,10 @@ def _gluon_split_launch(
         v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
     stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
     g = head // 8
-    k_tma_on = head in _GLUON_SPLIT_K_TMA_HEADS if _GLUON_SPLIT_K_TMA is None else _GLUON_SPLIT_K_TMA
+    k_tma_on = _GLUON_SPLIT_K_TMA
+    if k_tma_on is None:  # the per-head rule: K by TMA where the H200 measured it faster than the gathers
+        wide = _GLUON_SPLIT_K_WIDE and page % 16 == 0 and head in _GLUON_SPLIT_K_WIDE_HEADS
+        k_tma_on = head in _GLUON_SPLIT_K_TMA_HEADS or wide
     k_tma = (
         k_tma_on
         and stages == 2
@@ -847,9 +852,12 @@ def _gluon_split_launch(
         and kc.stride_block == hk * g * page * 8
         and kc.num_blocks * hk * g < 2**31
     )
-    k_cache_arg, k_view, kw_desc = k_cache, None, None
-    if k_tma and _GLUON_SPLIT_K_WIDE and page >= block_n:  # blocks inside one page: D/64 boxes each
-        kw_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n)
+    k_cache_arg, k_view, kw_desc, kr_desc, k_wide = k_cache, None, None, None, 0
+    if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
+        kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16)
+        k_wide = 2  # pages shorter than a block: runs only
+        if page >= block_n:
+            kw_desc, k_wide = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n), 1
     if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
         k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
@@ -878,7 +886,7 @@ def _gluon_split_launch(
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
             K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0, KW_desc=kw_desc,
-            K_WIDE=kw_desc is not None,
+            KR_desc=kr_desc, K_WIDE=k_wide,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
