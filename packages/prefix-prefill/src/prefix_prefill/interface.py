@@ -556,9 +556,10 @@ _GLUON_SPLIT_V_TMA = False
 # tokens' K from a per-call copy of k in the same layout. Needs contiguous caches. H200 (NOTES step 62):
 # the split kernel was bound by the L2 tag lookups of its 16-byte gathers (ncu: 74-82% of peak, page 16
 # +28-31% requests); with K by TMA, head 256 (qwen-hybrid) runs 2.46-2.49 ms on every page (was
-# 2.70-3.23; max/min 1.012), head 128 (llama) 8.35-8.49 ms (was 6.67-7.33: the no-swizzle operand
-# slows its consumers more than the gathers cost). None: on for the head sizes in
-# _GLUON_SPLIT_K_TMA_HEADS; True / False: on / off for every head size (A/Bs, tests).
+# 2.70-3.23; max/min 1.012), head 128 (llama) 8.35-8.49 ms (was 6.67-7.33: step 64's ncu found the
+# producer's per-chunk reads and boxes starving the consumers; see _GLUON_SPLIT_K_WIDE). None: on for
+# the head sizes in _GLUON_SPLIT_K_TMA_HEADS, and with _GLUON_SPLIT_K_WIDE for
+# _GLUON_SPLIT_K_WIDE_HEADS; True / False: on / off for every head size (A/Bs, tests).
 _GLUON_SPLIT_K_TMA: bool | None = None
 _GLUON_SPLIT_K_TMA_HEADS = frozenset({256})
 # With K by TMA: a one-warp K producer that reads a block's block-table entries as one vector (kernel
@@ -577,6 +578,8 @@ _GLUON_SPLIT_K_TMA_LEAN = False
 # llama's consumers wait 7x longer for ready K slots (the producer's 16 dependent block-id loads and 32
 # boxes per block, each behind a partition barrier). Other blocks (across pages; all of them at pages
 # shorter than a block) as 16-key runs: a read and D/64 boxes [2, 8, 64] per run. Pages % 16 == 0.
+# H200 (step 64, round-robin against the gathers, outputs bitwise equal): llama 7.02-7.58 -> 6.51-6.56
+# ms (page 16 7.20), qwen-hybrid 2.78-3.28 -> 2.23-2.30 ms: every page faster in both.
 # With it, K by TMA's default (_GLUON_SPLIT_K_TMA = None) also covers _GLUON_SPLIT_K_WIDE_HEADS.
 _GLUON_SPLIT_K_WIDE = True
 _GLUON_SPLIT_K_WIDE_HEADS = frozenset({128, 256})
