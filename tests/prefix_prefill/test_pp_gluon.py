@@ -396,6 +396,9 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
         assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
         sigw = dict(sigr, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1), aligned=aligned)
+        _, kf = compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2, K_IDS_FIRST=True),
+                             aligned=aligned)  # candidate: a block's runs read their block ids first
+        assert "cp.async.bulk.tensor.3d" in kf.asm["ptx"]
     if head == 128 and not from_cache and not k_tma:  # and as one 8-warp consumer partition (Q in one box)
         lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
         sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
@@ -411,7 +414,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 20 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 23 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -493,7 +496,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_K_TMA", 64), ("split", "_GLUON_SPLIT_K_TMA", 128),
      ("split", "_GLUON_SPLIT_K_TMA", 256), ("split", "_GLUON_SPLIT_K_TMA_LEAN", 128),
      ("split", "_GLUON_SPLIT_K_TMA_LEAN", 256), ("split", "_GLUON_SPLIT_K_WIDE", 128),
-     ("split", "_GLUON_SPLIT_K_WIDE", 256),
+     ("split", "_GLUON_SPLIT_K_WIDE", 256), ("split", "_GLUON_SPLIT_K_IDS_FIRST", 128),
+     ("split", "_GLUON_SPLIT_K_IDS_FIRST", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
      ("split", "_GLUON_ONE_CONSUMER", 128)],
 )  # fmt: skip
@@ -504,11 +508,13 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_ONE_WARP`` (one producer warp), ``_GLUON_SPLIT_PAGE_ROWS`` (V gathered page by page),
     ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes), ``_GLUON_SPLIT_K_TMA`` (K by 8-key TMA boxes; with
     ``_GLUON_SPLIT_K_TMA_LEAN`` a one-warp K producer reading block ids as a vector, with
-    ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features);
+    ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features, other blocks by 16-key
+    runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition)."""
     monkeypatch.setattr(itf, switch, True)
-    if switch in ("_GLUON_SPLIT_K_TMA_LEAN", "_GLUON_SPLIT_K_WIDE"):
+    if switch in ("_GLUON_SPLIT_K_TMA_LEAN", "_GLUON_SPLIT_K_WIDE", "_GLUON_SPLIT_K_IDS_FIRST"):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
+        monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", switch != "_GLUON_SPLIT_K_TMA_LEAN")
     seqs = [*random_seqs(3, 2500, 500), (0, 200), (1300, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
                      device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip

@@ -380,18 +380,30 @@ def _k_chunk_boxes(C_desc, rows, bar, p_table_row, pos0, a_end, page_size, kv_he
 
 @gluon.jit
 def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, kv_heads, kv_head,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IDS_FIRST: gl.constexpr = False):  # fmt: skip
     """One context block's K as ``BLOCK_N/16`` runs of 16 keys (pages a multiple of 16: a run never
     crosses a page): per run one block-table read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` into
     the run's two chunks of each part of ring slot ``slot`` (``parts``: the ring as ``[slots * D/64,
-    BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read)."""
+    BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read).
+    ``IDS_FIRST`` (candidate): every run's block-table read issued before the first box (a tuple of
+    scalars), so the reads' latencies overlap instead of each run's boxes waiting for its own read
+    behind the partition barrier before the previous run's boxes."""
     G: gl.constexpr = HEAD_DIM // 8
     NP: gl.constexpr = HEAD_DIM // 64
-    for r in gl.static_range(BLOCK_N // 16):
+    NR: gl.constexpr = BLOCK_N // 16
+    if IDS_FIRST:
+        blks = ()
+        for r in gl.static_range(NR):
+            pos = pos0 + r * 16
+            blks = blks + (gl.load(p_table_row + pos // page_size, mask=pos < a_end, other=0),)  # noqa: RUF005
+    for r in gl.static_range(NR):
         pos = pos0 + r * 16
         ok = pos < a_end
         page = pos // page_size
-        blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+        if IDS_FIRST:
+            blk = blks[r].to(gl.int32)
+        else:
+            blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
         row0 = (blk * kv_heads + kv_head) * G
         kg = (pos - page * page_size) // 8
         for p in gl.static_range(NP):
@@ -405,7 +417,7 @@ def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, VECTOR_IDS: gl.constexpr = False, W_desc=None,
-    R_desc=None, K_WIDE: gl.constexpr = 0,
+    R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
     features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
@@ -430,7 +442,8 @@ def _split_k_tma_producer(
     boxes per block instead of one read per chunk and 32 boxes. Any other block (across pages; every
     block when pages are shorter than a block, ``K_WIDE == 2``, ``W_desc`` then absent) as runs of 16
     keys, each inside one page: one read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` (the same
-    view) per run, half the chunk boxes' reads and boxes (:func:`_k_run_boxes`)."""
+    view) per run, half the chunk boxes' reads and boxes (:func:`_k_run_boxes`; ``IDS_FIRST`` as
+    there)."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
     NP: gl.constexpr = HEAD_DIM // 64
@@ -471,10 +484,10 @@ def _split_k_tma_producer(
                                                         parts.index(slot * NP + p))  # fmt: skip
                 else:
                     _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
-                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
+                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST)  # fmt: skip
             elif K_WIDE == 2:
                 _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
-                             kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
+                             kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST)  # fmt: skip
             else:
                 _k_chunk_boxes(C_desc, rows, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
                                kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
@@ -497,18 +510,18 @@ def _split_k_tma_producer(
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
-    W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 0,
+    W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
-    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``VECTOR_IDS``, ``W_desc``, ``R_desc`` and
-    ``K_WIDE`` as there), else :func:`_split_producer`'s gathers."""
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``VECTOR_IDS``, ``W_desc``, ``R_desc``,
+    ``K_WIDE`` and ``IDS_FIRST`` as there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
          n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
                               HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS, W_desc, R_desc,
-                              K_WIDE)  # fmt: skip
+                              K_WIDE, IDS_FIRST)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -540,7 +553,7 @@ def _gluon_split_kernel(
     PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
-    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0,
+    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -561,7 +574,8 @@ def _gluon_split_kernel(
     ``K_TMA``): the K producer is one warp and reads each block's block-table entries as one vector.
     ``LLVM_O0``: as in :func:`_gluon_fwd_kernel`. ``K_WIDE`` (candidate, with ``K_TMA``): 1 blocks inside
     one page by ``D/64`` boxes of ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter
-    than a block) every block by runs (see :func:`_split_k_tma_producer`)."""
+    than a block) every block by runs (see :func:`_split_k_tma_producer`); ``K_IDS_FIRST`` (candidate):
+    a block's runs read their block-table entries before the first box (:func:`_k_run_boxes`)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -613,7 +627,7 @@ def _gluon_split_kernel(
                     True, 2, K_VIEW,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
@@ -632,7 +646,7 @@ def _gluon_split_kernel(
                     True, 1, K_VIEW,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],

@@ -583,6 +583,12 @@ _GLUON_SPLIT_K_TMA_LEAN = False
 # With it, K by TMA's default (_GLUON_SPLIT_K_TMA = None) also covers _GLUON_SPLIT_K_WIDE_HEADS.
 _GLUON_SPLIT_K_WIDE = True
 _GLUON_SPLIT_K_WIDE_HEADS = frozenset({128, 256})
+# With the wide boxes: the 16-key runs of a block (every block at page 16) read all their block-table
+# entries before the first box (kernel K_IDS_FIRST). Offline SASS (session 19, NOTES step 64): without
+# it each run's read sits right after the partition barrier that follows the previous run's boxes and
+# its id feeds the next box, so page 16 waits for 8 serial block-table reads a block (one at the
+# pages that hold a whole block); with it the 8 reads issue back to back. Candidate (GPU-untested).
+_GLUON_SPLIT_K_IDS_FIRST = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -889,7 +895,7 @@ def _gluon_split_launch(
             RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
             K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0, KW_desc=kw_desc,
-            KR_desc=kr_desc, K_WIDE=k_wide,
+            KR_desc=kr_desc, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
             num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
