@@ -170,6 +170,19 @@ class _RecordingKernel:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
+def _record_split(monkeypatch, **switches) -> _RecordingKernel:
+    """The split kernel replaced by a recorder, with ``interface._GLUON_SPLIT_<NAME>`` (or
+    ``_GLUON_<NAME>`` for ``ONE_CONSUMER``) set from ``switches``; skips when this Triton has no Gluon."""
+    if itf._gluon_split_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
+    for name, value in switches.items():
+        attr = f"_GLUON_{name}" if name == "ONE_CONSUMER" else f"_GLUON_SPLIT_{name}"
+        monkeypatch.setattr(itf, attr, value)
+    return rec
+
+
 _SPLIT_SWITCHES = [(False, False, False), (True, False, False), (False, True, False), (False, False, True)]
 
 
@@ -181,13 +194,7 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch
     consumer with ``_GLUON_ONE_CONSUMER``), the V cache as a pointer or (``_GLUON_SPLIT_V_TMA``) a
     ``[D, 16]`` descriptor, and the transposed
     new-token V's descriptor and per-sequence columns when k is given."""
-    if itf._gluon_split_kernel is None:
-        pytest.skip("this Triton has no Gluon")
-    rec = _RecordingKernel()
-    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
-    monkeypatch.setattr(itf, "_GLUON_SPLIT_V_TMA", v_tma)
-    monkeypatch.setattr(itf, "_GLUON_ONE_CONSUMER", one)
-    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", k_tma)
+    rec = _record_split(monkeypatch, V_TMA=v_tma, ONE_CONSUMER=one, K_TMA=k_tma)
     case = make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head,
                      page=16, dtype=torch.bfloat16, device="cpu", layout="split",
                      kv_from_cache=from_cache)  # fmt: skip
@@ -226,13 +233,8 @@ def test_split_k_tma_by_head(head, monkeypatch):
     ``_GLUON_SPLIT_K_TMA_HEADS`` (256, where the H200 measured it faster on every page), and with
     ``_GLUON_SPLIT_K_WIDE`` (pages % 16 == 0) for those of ``_GLUON_SPLIT_K_WIDE_HEADS`` too, gathers for
     the rest; a split cache that is not contiguous keeps the gathers at every head size."""
-    if itf._gluon_split_kernel is None:
-        pytest.skip("this Triton has no Gluon")
-    rec = _RecordingKernel()
-    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
-    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", None)
-    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", False)
-    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA_LEAN", True)  # the candidate only goes with K by TMA
+    # (the LEAN candidate only goes with K by TMA)
+    rec = _record_split(monkeypatch, K_TMA=None, K_WIDE=False, K_TMA_LEAN=True)
     case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
     assert _launch(case) is True
@@ -256,11 +258,7 @@ def test_split_k_wide_routing(head, monkeypatch):
     kv_heads * D/8, 64]`` with strides ``[64, page * 8, 1]``, block ``[2, 8, 64]`` (16-key runs, kernel
     ``K_WIDE=2``) and for pages of at least a key block also ``[BLOCK_N/8, 8, 64]`` (one box per 64
     features of a block inside a page, ``K_WIDE=1``); the switch off launches without them."""
-    if itf._gluon_split_kernel is None:
-        pytest.skip("this Triton has no Gluon")
-    rec = _RecordingKernel()
-    monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
-    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
+    rec = _record_split(monkeypatch, K_TMA=True)
     bn = 64 if head == 256 else 128
     for page, on, mode in ((16, True, 2), (bn, True, 1), (1040, True, 1), (1040, False, 0)):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", on)

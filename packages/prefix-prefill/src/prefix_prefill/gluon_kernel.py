@@ -619,6 +619,8 @@ def _gluon_split_kernel(
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
               vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
     kv_heads = gl.num_programs(1) // group_size
+    # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
+    # name, and an argument tuple bound to a name loses its constexprs (tried, session 19).
     if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
