@@ -227,6 +227,20 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch
         assert k_cache_arg is case.k_cache
 
 
+@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_v_stages3(head, on, monkeypatch):
+    """``_GLUON_SPLIT_V_STAGES3`` (candidate): three V slots (``V_STAGES=3``) beside two K slots, with K by
+    TMA kept; off (the default): ``V_STAGES=0``, the V ring as long as the K ring."""
+    rec = _record_split(monkeypatch, V_STAGES3=on)
+    case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    ((_, _, kw),) = rec.calls
+    assert kw["NUM_STAGES"] == 2 and kw["V_STAGES"] == (3 if on else 0)
+    assert kw["K_TMA"] is (head in (128, 256))
+
+
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_tma_by_head(head, monkeypatch):
     """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
@@ -394,6 +408,8 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
         assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
         sigw = dict(sigr, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1), aligned=aligned)
+        # candidate: three V slots (224 KiB with Q at heads 128 and 256)
+        compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_STAGES=3), aligned=aligned)
         _, kf = compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2, K_IDS_FIRST=True),
                              aligned=aligned)  # candidate: a block's runs read their block ids first
         assert "cp.async.bulk.tensor.3d" in kf.asm["ptx"]
@@ -412,7 +428,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 23 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 26 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -495,7 +511,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_K_TMA", 256), ("split", "_GLUON_SPLIT_K_TMA_LEAN", 128),
      ("split", "_GLUON_SPLIT_K_TMA_LEAN", 256), ("split", "_GLUON_SPLIT_K_WIDE", 128),
      ("split", "_GLUON_SPLIT_K_WIDE", 256), ("split", "_GLUON_SPLIT_K_IDS_FIRST", 128),
-     ("split", "_GLUON_SPLIT_K_IDS_FIRST", 256),
+     ("split", "_GLUON_SPLIT_K_IDS_FIRST", 256), ("split", "_GLUON_SPLIT_V_STAGES3", 128),
+     ("split", "_GLUON_SPLIT_V_STAGES3", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
      ("split", "_GLUON_ONE_CONSUMER", 128)],
 )  # fmt: skip
@@ -507,7 +524,8 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_V_TMA`` (V by 16-key TMA boxes), ``_GLUON_SPLIT_K_TMA`` (K by 8-key TMA boxes; with
     ``_GLUON_SPLIT_K_TMA_LEAN`` a one-warp K producer reading block ids as a vector, with
     ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features, other blocks by 16-key
-    runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes);
+    runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes),
+    ``_GLUON_SPLIT_V_STAGES3`` (three V slots, two K slots);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition)."""
     monkeypatch.setattr(itf, switch, True)
     if switch in ("_GLUON_SPLIT_K_TMA_LEAN", "_GLUON_SPLIT_K_WIDE", "_GLUON_SPLIT_K_IDS_FIRST"):

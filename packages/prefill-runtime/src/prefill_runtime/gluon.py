@@ -39,7 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
                    READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0,
-                   EMPTY_COUNT: gl.constexpr = 2, K_LAYOUT: gl.constexpr = None):  # fmt: skip
+                   EMPTY_COUNT: gl.constexpr = 2, K_LAYOUT: gl.constexpr = None,
+                   V_STAGES: gl.constexpr = 0):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
     block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
@@ -51,32 +52,39 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     (count 2: the consumers' V-row handshake). ``V_T``: the V ring is ``[NUM_STAGES, D, BLOCK_N]``
     (keys along the rows' contiguous axis) in ``V_desc``'s layout;
     ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
-    with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same). Returns
+    with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same); ``V_STAGES``:
+    the V ring's slots (and barriers), when they differ from ``NUM_STAGES`` (0: the same). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
+    VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     q_smem = gl.allocate_shared_memory(dtype, [2 * HALF_M // Q_ROWS, Q_ROWS, HEAD_DIM], Q_desc.layout)
     if K_LAYOUT is None:
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
     else:
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N * HEAD_DIM // 64, 64], K_LAYOUT)
     if V_T:
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, HEAD_DIM, BLOCK_N], V_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [VS, HEAD_DIM, BLOCK_N], V_desc.layout)
     else:
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], V_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [VS, BLOCK_N, HEAD_DIM], V_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
     fix_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=READY_COUNT)
-        mbarrier.init(v_ready.index(i), count=V_READY_COUNT if V_READY_COUNT > 0 else READY_COUNT)
-        mbarrier.init(k_empty.index(i), count=EMPTY_COUNT)
-        mbarrier.init(v_empty.index(i), count=EMPTY_COUNT)
+    V_COUNT: gl.constexpr = V_READY_COUNT if V_READY_COUNT > 0 else READY_COUNT
+    for i in gl.static_range(max(NUM_STAGES, VS)):
+        if i < NUM_STAGES:
+            mbarrier.init(k_ready.index(i), count=READY_COUNT)
+        if i < VS:
+            mbarrier.init(v_ready.index(i), count=V_COUNT)
+        if i < NUM_STAGES:
+            mbarrier.init(k_empty.index(i), count=EMPTY_COUNT)
+        if i < VS:
+            mbarrier.init(v_empty.index(i), count=EMPTY_COUNT)
     mbarrier.init(fix_bar.index(0), count=2)
     fence_async_shared()
     return q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar.index(0)
@@ -218,7 +226,7 @@ def consumer(
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
-    K_VIEW: gl.constexpr = None,
+    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -231,8 +239,10 @@ def consumer(
     one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``, Q as one buffer; each
     warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
     each slot (``*_empty`` count 256). ``K_VIEW``: K slots are 64-wide rows read 64 features at a time
-    through this ``[BLOCK_N, 64]`` layout (see :func:`_scores_by_parts`)."""
+    through this ``[BLOCK_N, 64]`` layout (see :func:`_scores_by_parts`). ``V_STAGES``: the V ring's
+    slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`)."""
     NW: gl.constexpr = 4 * WARPGROUPS
+    VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16]
@@ -278,7 +288,7 @@ def consumer(
     n_fix = 0
     for j in range(1, n_blocks):
         slot = j % NUM_STAGES
-        pslot = (j - 1) % NUM_STAGES
+        pslot = (j - 1) % VS
         mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
         if CP_FILL:
             fence_async_shared()
@@ -292,7 +302,7 @@ def consumer(
             )  # [BM / 2, BN] S_j in flight
         else:
             b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW)
-        mbarrier.wait(v_ready.index(pslot), ((j - 1) // NUM_STAGES) & 1)
+        mbarrier.wait(v_ready.index(pslot), ((j - 1) // VS) & 1)
         if CP_FILL:
             fence_async_shared()
         if p_out:
@@ -317,8 +327,8 @@ def consumer(
 
     # ---- the last block's P @ V ----
     last = n_blocks - 1
-    lslot = last % NUM_STAGES
-    mbarrier.wait(v_ready.index(lslot), (last // NUM_STAGES) & 1)
+    lslot = last % VS
+    mbarrier.wait(v_ready.index(lslot), (last // VS) & 1)
     if CP_FILL:
         fence_async_shared()
     if p_out:

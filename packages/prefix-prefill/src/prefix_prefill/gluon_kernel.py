@@ -70,14 +70,14 @@ def _program_segments(q_len, ctx_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
-    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr = None,
+    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
     ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
     qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``: see the consumer."""
+    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``V_STAGES``: see the consumer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
         tile
@@ -86,7 +86,7 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
         z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS, K_VIEW,
+        SPLIT, SPLIT, WARPGROUPS, K_VIEW, V_STAGES,
     )  # fmt: skip
 
 
@@ -554,6 +554,7 @@ def _gluon_split_kernel(
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
     KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
+    V_STAGES: gl.constexpr = 0,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -575,7 +576,11 @@ def _gluon_split_kernel(
     ``LLVM_O0``: as in :func:`_gluon_fwd_kernel`. ``K_WIDE`` (candidate, with ``K_TMA``): 1 blocks inside
     one page by ``D/64`` boxes of ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter
     than a block) every block by runs (see :func:`_split_k_tma_producer`); ``K_IDS_FIRST`` (candidate):
-    a block's runs read their block-table entries before the first box (:func:`_k_run_boxes`)."""
+    a block's runs read their block-table entries before the first box (:func:`_k_run_boxes`).
+    ``V_STAGES`` (candidate): the V ring's slots when they differ from the K ring's ``NUM_STAGES`` (0:
+    the same); the consumers read V one block behind K, so a third V slot lets the V gathers of two
+    blocks be in flight while the consumers work on a third."""
+    VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -608,6 +613,7 @@ def _gluon_split_kernel(
         1 if V_TMA else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
         K_ROWS,
+        VS,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
@@ -626,12 +632,11 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW,
+                    True, 2, K_VIEW, VS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
-                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
-                                       V_TPR)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR)),
             ],
             [1 if K_LEAN else PRODUCER_WARPS, PRODUCER_WARPS],
             [PRODUCER_REGS, PRODUCER_REGS],
@@ -641,16 +646,15 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW,
+                    True, 1, K_VIEW, VS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW,
+                    True, 1, K_VIEW, VS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
-                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
-                                       V_TPR)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR)),
             ],
             [4, 1 if K_LEAN else PRODUCER_WARPS, PRODUCER_WARPS],
             [240, PRODUCER_REGS, PRODUCER_REGS],

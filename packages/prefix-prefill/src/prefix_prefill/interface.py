@@ -589,6 +589,13 @@ _GLUON_SPLIT_K_WIDE_HEADS = frozenset({128, 256})
 # its id feeds the next box, so page 16 waits for 8 serial block-table reads a block (one at the
 # pages that hold a whole block); with it the 8 reads issue back to back. Candidate (GPU-untested).
 _GLUON_SPLIT_K_IDS_FIRST = False
+# Split-layout Gluon kernel: three V slots instead of two (kernel V_STAGES; the K ring keeps two, so
+# K by TMA still applies): 224 KiB of shared memory with Q at heads 128 and 256. ncu of session 20
+# (llama, K by wide TMA boxes, NOTES step 66): at page 16 the consumers' waits for ready V slots retry
+# 2.1x as often as at page 512 (89 M vs 42 M), K's alike (4.5 M vs 3.9 M), and the tensor pipe is
+# active 62.8% against 68.7%: page 16's V gathers (a warp copy touches 16 32-byte pieces of 8 pages
+# instead of 4 whole lines) land too late for two slots. Candidate.
+_GLUON_SPLIT_V_STAGES3 = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -848,6 +855,9 @@ def _gluon_split_launch(
         v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
         v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
     stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
+    # Q [BLOCK_M, D] + K [2, BLOCK_N, D] + V [3, D, BLOCK_N], 16-bit: 224 KiB at heads 128 and 256
+    q_bytes, slot_bytes = block_m * head * 2, block_n * head * 2
+    v_stages = 3 if _GLUON_SPLIT_V_STAGES3 and stages == 2 and q_bytes + 5 * slot_bytes <= 224 * 1024 else 0
     g = head // 8
     k_tma_on = _GLUON_SPLIT_K_TMA
     if k_tma_on is None:  # the per-head rule: K by TMA where the H200 measured it faster than the gathers
@@ -896,7 +906,7 @@ def _gluon_split_launch(
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
             K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0, KW_desc=kw_desc,
             KR_desc=kr_desc, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
-            num_warps=8 if _GLUON_ONE_CONSUMER else 4,
+            V_STAGES=v_stages, num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
     return _try_gluon(launch)
