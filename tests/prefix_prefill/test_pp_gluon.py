@@ -266,6 +266,32 @@ def test_split_k_tma_by_head(head, monkeypatch):
     assert rec.calls[-1][2]["K_TMA"] is False and rec.calls[-1][2]["K_LEAN"] is False
 
 
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_v_tma_by_head(head, monkeypatch):
+    """``_GLUON_SPLIT_V_TMA = None`` (the default): V by ``[D, 16]`` TMA boxes for the head sizes of
+    ``_GLUON_SPLIT_V_TMA_HEADS`` (256, where the H200 measured it faster on every page with K by TMA)
+    when K goes by TMA, gathers otherwise; a V cache that is not contiguous keeps the gathers."""
+    rec = _record_split(monkeypatch, V_TMA=None)
+    case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    kw, args = rec.calls[-1][2], rec.calls[-1][1]
+    assert itf._GLUON_SPLIT_V_TMA_HEADS == {256}
+    assert kw["V_TMA"] is (head == 256) and kw["K_TMA"] is (head in (128, 256))
+    if head == 256:
+        assert list(args[4].block_shape) == [head, 16] and list(args[2].block_shape) == [head, 16]
+    else:
+        assert args[4] is case.v_cache
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", False)  # without K by TMA: V gathered too
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["V_TMA"] is False
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", None)
+    nb, hk, d, page = case.v_cache.shape  # a block stride with a gap: not one [rows, page] view
+    case.v_cache = torch.empty(nb, hk + 1, d, page, dtype=case.v_cache.dtype)[:, :hk].copy_(case.v_cache)
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["V_TMA"] is False and rec.calls[-1][1][4] is case.v_cache
+
+
 @pytest.mark.parametrize("head", [128, 256])
 def test_split_k_wide_routing(head, monkeypatch):
     """``_GLUON_SPLIT_K_WIDE`` (candidate, with K by TMA): the K cache seen as ``[page/8, blocks *

@@ -547,8 +547,13 @@ _GLUON_SPLIT_STAGES3 = False
 # page from the V cache seen as [num_blocks * kv_heads * D, page_size] (blocks contiguous), so V's
 # short page runs leave the load/store unit (page 16's gap, NOTES step 60). H200 (NOTES step 62):
 # correct, 1-15% slower on every page (page 16 too: its spread shrinks only because the others
-# slow down). Candidate.
-_GLUON_SPLIT_V_TMA = False
+# slow down) while K was gathered. With K by TMA (session 20, NOTES step 66, round-robin, outputs
+# bitwise equal): qwen-hybrid (head 256) faster on every page (2.264-2.272 -> 2.157-2.172 ms at pages
+# >= 512, page 16 2.336 -> 2.297), llama (head 128) page 16 4% slower and the rest within 0.5%.
+# None: on for the head sizes in _GLUON_SPLIT_V_TMA_HEADS where K goes by TMA; True / False: on / off
+# for every head size (A/Bs, tests). Needs a contiguous V cache.
+_GLUON_SPLIT_V_TMA: bool | None = None
+_GLUON_SPLIT_V_TMA_HEADS = frozenset({256})
 # Split-layout Gluon kernel: K by TMA instead of cp.async gathers (kernel K_TMA): every 8-key chunk of a
 # block is D/64 boxes [8, 64] of the K cache seen as [num_blocks * kv_heads * D/8, page_size * 8] (a
 # feature group's 8 keys x 8 features: one whole 128-byte line of vLLM's split layout, at any page size)
@@ -832,8 +837,25 @@ def _gluon_split_launch(
         return False
     head, hk = q.shape[2], kc.num_kv_heads
     page = kc.page_size
+    stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
+    g = head // 8
+    k_tma_on = _GLUON_SPLIT_K_TMA
+    if k_tma_on is None:  # the per-head rule: K by TMA where the H200 measured it faster than the gathers
+        wide = _GLUON_SPLIT_K_WIDE and page % 16 == 0 and head in _GLUON_SPLIT_K_WIDE_HEADS
+        k_tma_on = head in _GLUON_SPLIT_K_TMA_HEADS or wide
+    k_tma = (
+        k_tma_on
+        and stages == 2
+        and kc.stride_dim == page * 8
+        and kc.stride_head == g * page * 8
+        and kc.stride_block == hk * g * page * 8
+        and kc.num_blocks * hk * g < 2**31
+    )
+    v_tma_on = _GLUON_SPLIT_V_TMA
+    if v_tma_on is None:  # the per-head rule: V by TMA where the H200 measured it faster, with K by TMA
+        v_tma_on = k_tma and head in _GLUON_SPLIT_V_TMA_HEADS
     v_tma = (
-        _GLUON_SPLIT_V_TMA
+        v_tma_on
         and vc.stride_dim == page
         and vc.stride_head == head * page
         and vc.stride_block == hk * head * page
@@ -854,23 +876,9 @@ def _gluon_split_launch(
     else:
         v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
         v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
-    stages = 3 if _GLUON_SPLIT_STAGES3 and head <= 128 else 2
     # Q [BLOCK_M, D] + K [2, BLOCK_N, D] + V [3, D, BLOCK_N], 16-bit: 224 KiB at heads 128 and 256
     q_bytes, slot_bytes = block_m * head * 2, block_n * head * 2
     v_stages = 3 if _GLUON_SPLIT_V_STAGES3 and stages == 2 and q_bytes + 5 * slot_bytes <= 224 * 1024 else 0
-    g = head // 8
-    k_tma_on = _GLUON_SPLIT_K_TMA
-    if k_tma_on is None:  # the per-head rule: K by TMA where the H200 measured it faster than the gathers
-        wide = _GLUON_SPLIT_K_WIDE and page % 16 == 0 and head in _GLUON_SPLIT_K_WIDE_HEADS
-        k_tma_on = head in _GLUON_SPLIT_K_TMA_HEADS or wide
-    k_tma = (
-        k_tma_on
-        and stages == 2
-        and kc.stride_dim == page * 8
-        and kc.stride_head == g * page * 8
-        and kc.stride_block == hk * g * page * 8
-        and kc.num_blocks * hk * g < 2**31
-    )
     k_cache_arg, k_view, kw_desc, kr_desc, k_wide = k_cache, None, None, None, 0
     if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
         kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16)
