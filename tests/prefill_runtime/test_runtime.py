@@ -310,7 +310,7 @@ def test_ptxas_probe_never_raises():
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.7.0"
+    assert prefill_runtime.__version__ == "0.8.0"
 
 
 def test_gluon_module_is_separate():

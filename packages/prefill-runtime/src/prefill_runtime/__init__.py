@@ -14,7 +14,7 @@ both packages' warp-specialised kernels), ``softmax_step``, ``zero_v_rows``.
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
 """
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 from prefill_runtime.host import (
     check_lse,

@@ -5,7 +5,7 @@ Public API: :func:`context_attention_fwd` (drop-in for vLLM 0.33's function of t
 Launch configs come from a static per-architecture table (:mod:`prefix_prefill.configs`).
 """
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 from prefix_prefill.configs import CONFIGS, KernelConfig, get_config, shared_memory_bytes
 from prefix_prefill.interface import KV_CACHE_DTYPES, context_attention_fwd, prefix_prefill

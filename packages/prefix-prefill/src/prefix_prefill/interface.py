@@ -532,7 +532,8 @@ _GLUON_SPLIT = os.environ.get("PREFIX_PREFILL_GLUON_SPLIT", "1") != "0"
 # so one warp copy reads the back-to-back feature rows of one page (whole 128-byte lines) instead of a
 # 32-byte piece of several pages per row; producers stay at 32 registers (one page's block id live at
 # a time; session 17's first form held one per page and needed 48). H200 (NOTES step 62): the L2
-# requests stay the same (ncu), llama page 16 10% slower, qwen-hybrid equal. Candidate.
+# requests stay the same (ncu), llama page 16 10% slower, qwen-hybrid equal; with K by wide TMA boxes
+# (session 20, step 66): page 16 6.90 -> 8.75 ms (llama), 2.29 -> 2.55 (qwen-hybrid). Candidate.
 _GLUON_SPLIT_PAGE_ROWS = False
 # Split-layout Gluon kernel with one warp per producer at 56 registers (the first form) instead of two
 # at 32: the setmaxnreg budget is per warpgroup, so one-warp producers cost the default consumer
@@ -592,14 +593,18 @@ _GLUON_SPLIT_K_WIDE_HEADS = frozenset({128, 256})
 # entries before the first box (kernel K_IDS_FIRST). Offline SASS (session 19, NOTES step 64): without
 # it each run's read sits right after the partition barrier that follows the previous run's boxes and
 # its id feeds the next box, so page 16 waits for 8 serial block-table reads a block (one at the
-# pages that hold a whole block); with it the 8 reads issue back to back. Candidate (GPU-untested).
+# pages that hold a whole block); with it the 8 reads issue back to back. H200 (session 20, NOTES step
+# 66, round-robin 30, outputs bitwise equal): llama page 16 6.86 -> 7.06 ms (slower), other pages and
+# qwen-hybrid unchanged: the serial reads are not page 16's limit. Candidate.
 _GLUON_SPLIT_K_IDS_FIRST = False
 # Split-layout Gluon kernel: three V slots instead of two (kernel V_STAGES; the K ring keeps two, so
 # K by TMA still applies): 224 KiB of shared memory with Q at heads 128 and 256. ncu of session 20
 # (llama, K by wide TMA boxes, NOTES step 66): at page 16 the consumers' waits for ready V slots retry
 # 2.1x as often as at page 512 (89 M vs 42 M), K's alike (4.5 M vs 3.9 M), and the tensor pipe is
 # active 62.8% against 68.7%: page 16's V gathers (a warp copy touches 16 32-byte pieces of 8 pages
-# instead of 4 whole lines) land too late for two slots. Candidate.
+# instead of 4 whole lines) land too late for two slots? H200 (same step, round-robin 30): no: llama
+# page 16 6.97 -> 7.04 ms, every other page within 0.3%: the V copy rate, not the ring's depth, sets
+# page 16's pace. Candidate.
 _GLUON_SPLIT_V_STAGES3 = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
