@@ -50,12 +50,14 @@ def test_ab_window_smoke():
 
 
 def test_first_call_smoke(tmp_path):
-    """bench/first_call.py: cold and warm child processes per kernel, rows written."""
-    _bench("first_call.py", "--smoke", "--out", str(tmp_path))
+    """bench/first_call.py: cold and warm child processes per kernel, rows written; the children start
+    prefill_runtime's priming early (``--prime-early``, recorded per row) before their timed call."""
+    _bench("first_call.py", "--smoke", "--prime-early", "0.05", "--out", str(tmp_path))
     text = (tmp_path / "first_call.csv").read_text()
+    assert "prime_early_s" in text.splitlines()[0], text
     for kernel in ("window", "prefix"):
         for cache in ("cold", "warm"):
-            assert f"{kernel},fp16,64,{cache}," in text, text
+            assert f"{kernel},fp16,64,{cache}," in text and ",0.05," in text, text
     assert "True" not in text, "a second call with other lengths recompiled"
 
 

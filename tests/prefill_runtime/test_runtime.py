@@ -83,6 +83,33 @@ def test_prime_triton_once_and_never_raises(monkeypatch):
     prime_triton()  # no-op
 
 
+def test_prime_triton_in_background(monkeypatch):
+    """The opt-in early start: priming runs in a daemon thread; a first launch's prime_triton waits for
+    it (here: it blocks until the thread's slow step ends), and a second early start is a no-op."""
+    gate, order = threading.Event(), []
+
+    def slow_probe(cap):  # the thread's last helper step, held until the test lets it go
+        gate.wait(10)
+        order.append("primed")
+        return True
+
+    monkeypatch.setattr(host, "_ptxas_has_register_usage_level", slow_probe)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(host, "_PRIMED", False)
+    monkeypatch.setattr(host, "_PRIME_THREAD", None)
+    thread = prefill_runtime.prime_triton_in_background()
+    assert thread is not None and thread.daemon and host._PRIME_THREAD is thread
+    assert prefill_runtime.prime_triton_in_background() is None  # started already
+    threading.Timer(0.2, gate.set).start()
+    prime_triton()  # the first launch: returns only once the early priming is done
+    order.append("launch")
+    assert order == ["primed", "launch"] and host._PRIMED and not thread.is_alive()
+    monkeypatch.setattr(host, "_PRIME_THREAD", None)
+    assert prefill_runtime.prime_triton_in_background() is None  # primed already
+
+
 def test_prime_triton_probes_ptxas(monkeypatch):
     """Priming also runs ptxas_launch_options' one-time ptxas probe (for the current device), off the
     launch's critical path; not on ROCm."""

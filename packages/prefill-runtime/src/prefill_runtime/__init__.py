@@ -1,7 +1,8 @@
 """prefill-runtime: what the prefill kernel packages (window-prefill, prefix-prefill) share at run time.
 
 Host side: :func:`prime_triton` (Triton's one-time process setup, side by side, before a first
-launch), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches), :func:`hook_compiles`
+launch; :func:`prime_triton_in_background`: the same started early by an engine, opt-in),
+:func:`ptxas_launch_options` (a ptxas flag for one kernel's launches), :func:`hook_compiles`
 (a kernel's cold compile with its launcher built alongside),
 :func:`softcap_form` (which soft-capping form a kernel compiles for a device),
 :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call), and for the Gluon
@@ -24,6 +25,7 @@ from prefill_runtime.host import (
     gluon_try_launch,
     hook_compiles,
     prime_triton,
+    prime_triton_in_background,
     ptxas_launch_options,
     softcap_form,
 )
@@ -37,6 +39,7 @@ __all__ = [
     "gluon_try_launch",
     "hook_compiles",
     "prime_triton",
+    "prime_triton_in_background",
     "ptxas_launch_options",
     "softcap_form",
 ]

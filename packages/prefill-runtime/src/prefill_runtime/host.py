@@ -13,6 +13,8 @@ import torch
 
 # prime_triton ran in this process (whichever package launched first)
 _PRIMED = False
+# the thread prime_triton_in_background started (None: not asked for)
+_PRIME_THREAD: threading.Thread | None = None
 
 
 def prime_triton() -> None:
@@ -24,8 +26,12 @@ def prime_triton() -> None:
     any first launch imports, and a third runs :func:`ptxas_launch_options`' one-time ptxas probe.
     Measured on the H200 (bench/results/NOTES.md step 35): a cold prefix-prefill first call 5.0-5.3
     -> 3.7-4.0 s. Only a speed hint: any failure leaves Triton to do the same steps in order; later
-    calls return at once."""
+    calls return at once; a call while :func:`prime_triton_in_background`'s thread runs waits for it."""
     global _PRIMED
+    started = _PRIME_THREAD
+    if started is not None and started is not threading.current_thread():
+        started.join()
+        return
     if _PRIMED:
         return
     _PRIMED = True
@@ -61,6 +67,23 @@ def prime_triton() -> None:
                 t.join()
     except Exception:  # a speed hint on triton internals; the launch does the same steps anyway
         pass
+
+
+def prime_triton_in_background() -> threading.Thread | None:
+    """Start :func:`prime_triton` in a daemon thread and return at once (opt-in, for a serving engine's
+    start-up): called seconds before the first prefill call, e.g. before loading the model's weights,
+    it takes Triton's library hash and the driver's helper build (0.4-0.85 s of a cold first call on the
+    H200 hosts, NOTES step 56) off that call, which then only compiles. It initialises CUDA as the first
+    call would: call it in the process that runs the kernels, not in a parent that forks afterwards.
+    The first launch's :func:`prime_triton` waits for the thread. Returns the thread, or None when
+    priming already ran or started in this process."""
+    global _PRIME_THREAD
+    if _PRIMED or _PRIME_THREAD is not None:
+        return None
+    thread = threading.Thread(target=prime_triton, name="prefill_runtime_prime", daemon=True)
+    _PRIME_THREAD = thread
+    thread.start()
+    return thread
 
 
 def ptxas_launch_options(register_usage_level: int, device: torch.device) -> dict[str, str]:
