@@ -581,17 +581,19 @@ def test_gpu_gluon_negative_control(layout, gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("head", [128, 256])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
-def test_gpu_gluon_no_recompile_and_graph(layout, gluon_launches):
+def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
     """Other lengths and batch sizes never recompile it; a CUDA graph replays it right (in the split
-    layout with the host's transposed copy of the new tokens' V inside the graph)."""
+    layout with the host's transposed copy of the new tokens' V inside the graph; at head 256 with K
+    and V by TMA, the split layout's default there)."""
     jit = itf._gluon_fwd_kernel if layout == "nhd" else itf._gluon_split_kernel
-    case = make_case([(300, 100), (50, 7)], num_heads=8, num_kv_heads=2, head_size=128, page=544,
+    case = make_case([(300, 100), (50, 7)], num_heads=8, num_kv_heads=2, head_size=head, page=544,
                      dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     run_py(case, validate=False)
     before = compiled_variants(jit)
     for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
-        case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=544, dtype=torch.bfloat16,
+        case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=544, dtype=torch.bfloat16,
                          device=DEVICE, layout=layout)  # fmt: skip
         c = compare(run_py(case, validate=False), reference(case))
         assert c, c
