@@ -277,6 +277,95 @@ def test_hook_compiles_llvm_o0(monkeypatch):
     assert seen[-1][0] == o3
 
 
+def _free_wait_ptx(path: str, line: int) -> str:
+    """PTX in Triton 3.6's form: a barrier Triton put before a free wait (line info ``line`` of
+    ``path``), one before a wait at another line, one before a store, one before the free wait's line
+    that is no wait."""
+    wait = """	// begin inline asm
+	{
+	.reg .pred complete;
+	waitLoop:
+	mbarrier.try_wait.parity.shared.b64 complete, [%r1], %r2;
+	@!complete bra.uni waitLoop;
+	}
+	// end inline asm
+"""
+    return f"""//
+.visible .entry k()
+{{
+	.loc	3 {line} 5                         // gluon.py:{line}:5
+	bar.sync 	0, 256;
+{wait}	.loc	3 {line + 40} 5
+	bar.sync 	0, 256;
+{wait}	.loc	3 {line} 5
+	bar.sync 	1, 128;
+	st.shared.b32 	[%r3], %r4;
+	.loc	3 {line} 5
+	barrier.sync 	2;
+
+{wait}	ret;
+}}
+	.file	1 "/elsewhere/kernel.py"
+	.file	3 "{path}"
+"""
+
+
+def test_drop_wait_barriers(tmp_path):
+    """``drop_wait_barriers`` drops exactly the barriers whose line info is a free-wait line of the
+    given file and whose next instruction is that wait's poll (any barrier form); barriers before other
+    lines' waits or before other instructions stay; no line info or no such file: unchanged. The
+    package's own ``free_wait`` has exactly one wait line."""
+    path = str(tmp_path / "gluon.py")
+    (tmp_path / "gluon.py").write_text("")
+    ptx = _free_wait_ptx(path, 200)
+    out, n = host.drop_wait_barriers(ptx, path, frozenset({200}))
+    assert n == 2
+    assert out.count("bar.sync \t0, 256;") == 1 and "bar.sync \t1, 128;" in out and "barrier.sync" not in out
+    assert out.count("mbarrier.try_wait") == 3 and "st.shared" in out
+    assert host.drop_wait_barriers(ptx, path, frozenset({201})) == (ptx, 0)
+    assert host.drop_wait_barriers(ptx, str(tmp_path / "other.py"), frozenset({200})) == (ptx, 0)
+    no_info = "\n".join(line for line in ptx.splitlines() if ".loc" not in line)
+    assert host.drop_wait_barriers(no_info, path, frozenset({200}))[1] == 0
+    own_path, own_lines = host.free_wait_lines()
+    assert own_path.endswith("gluon.py") and len(own_lines) == 1
+    with open(own_path) as f:
+        assert "mbarrier.wait(" in f.read().splitlines()[next(iter(own_lines)) - 1]
+
+
+def test_hook_compiles_free_waits(monkeypatch):
+    """``free_waits_flag``: the PTX of a compile whose named constexpr is true goes through
+    ``drop_wait_barriers`` (``_FREE_WAITS.dropped`` counts), a compile whose flag is false or absent,
+    and calls outside a hooked compile, get Triton's PTX untouched; AMDGCN is never touched."""
+    from triton._C.libtriton import llvm
+
+    path, lines = host.free_wait_lines()
+    ptx = _free_wait_ptx(path, next(iter(lines)))
+    monkeypatch.setattr(llvm, "translate_to_asm", lambda src, *a, **k: src)
+    monkeypatch.setattr(host, "_build_launcher", lambda *a: None)
+    got = []
+
+    class _AsmJit(_FakeJit):
+        arg_names = ("Q", "N", "FREE_WAITS")
+
+        def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+            got.append(llvm.translate_to_asm(key, "nvptx64-nvidia-cuda", "sm_90a", "", [], True, False))
+            return key
+
+    fake = _AsmJit()
+    assert hook_compiles(fake, lambda: False, free_waits_flag="FREE_WAITS") is True
+    sig = {"Q": "*bf16", "N": "i32", "FREE_WAITS": "constexpr"}
+    tptx = ptx.replace("//\n", "//\n.target sm_90a\n", 1)
+    fake._do_compile(tptx, sig, 0, {(2,): True}, None, {}, False)
+    assert host._FREE_WAITS.dropped == 2 and got[-1].count("bar.sync") == 2
+    fake._do_compile(tptx, sig, 0, {(2,): False}, None, {}, False)
+    fake._do_compile(tptx, sig, 0, {}, None, {}, False)
+    assert got[-2] == got[-1] == tptx
+    amdgcn = tptx.replace(".target sm_90a", ".amdgcn_target")
+    fake._do_compile(amdgcn, sig, 0, {(2,): True}, None, {}, False)
+    assert got[-1] == amdgcn
+    assert llvm.translate_to_asm(tptx) == tptx and not getattr(host._FREE_WAITS, "value", False)
+
+
 def test_build_launcher_never_raises(monkeypatch):
     """The launcher build is a speed hint: no driver (this machine), a descriptor signature or any
     error returns quietly; a descriptor signature never reaches the driver."""

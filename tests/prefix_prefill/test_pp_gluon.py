@@ -448,6 +448,97 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
 )
 
 
+_FREE_WAITS_SCRIPT = """
+import ast, re
+import prefill_runtime.host as host
+import prefix_prefill.interface as itf
+
+path, _ = host.free_wait_lines()
+with open(path) as f:
+    tree = ast.parse(f.read())
+spans = {n.name: (n.lineno, n.end_lineno) for n in tree.body if isinstance(n, ast.FunctionDef)}
+BARRIER = re.compile(r"^\\s*(?:bar|barrier)\\.sync", re.M)
+STORE = re.compile(r"^\\s*(?:st\\.shared|stmatrix|atom\\.shared|red\\.shared)")
+
+
+def check_free(plain, free):
+    # fewer barriers, none left before a free wait, and the soundness condition of free_wait: the
+    # runtime's device code writes shared memory only in zero_v_rows (no layout conversion through
+    # shared memory in the consumer)
+    n_plain, n_free = len(BARRIER.findall(plain)), len(BARRIER.findall(free))
+    # (Triton 3.6 puts a barrier before each; 3.8 before none of them)
+    assert n_free <= n_plain and host.drop_wait_barriers(free)[1] == 0, (n_plain, n_free)
+    files = {int(m.group(1)) for m in host._PTX_FILE.finditer(free) if host._same_file(m.group(2), path)}
+    loc, lo, hi = None, *spans["zero_v_rows"]
+    for line in free.splitlines():
+        m = host._PTX_LOC.match(line)
+        if m:
+            loc = (int(m.group(1)), int(m.group(2)))
+        elif STORE.match(line) and loc is not None and loc[0] in files:
+            assert lo <= loc[1] <= hi, (line, loc)
+    print("barriers", n_plain, "->", n_free)
+
+
+for head in (128, 256):
+    bn = 64 if head == 256 else 128
+    for one in (False, True):
+        rows = 128 if one else 64
+        lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
+        lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
+        warps = 8 if one else 4
+        if head == 128:  # the NHD kernel
+            lb = gl.NVMMASharedLayout.get_default_for([16, head], gl.bfloat16)
+            sig = {
+                "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
+                "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+                "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+                "KC_desc": f"tensordesc<bf16[16, {head}],{lb!r}>",
+                "VC_desc": f"tensordesc<bf16[16, {head}],{lb!r}>",
+                "KCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+                "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": "*bf16", "BlockTable": "*i32",
+                "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32",
+                "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32",
+                "oob_row": "i32",
+                "Lse": "constexpr", "stride_lse_h": "constexpr",
+            }
+            consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=16,
+                          KV_FROM_CACHE=False, RETURN_LSE=False, NUM_STAGES=2, ONE_CONSUMER=one)
+            fn, aligned = itf._gluon_fwd_kernel, ()
+        else:  # the split kernel as shipped at head 256: K and V by TMA
+            lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+            lv = gl.NVMMASharedLayout.get_default_for([head, 16], gl.bfloat16)
+            k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
+            sig = {
+                "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>", "K_desc": k_chunk,
+                "V_desc": f"tensordesc<bf16[{head}, 16],{lv!r}>", "K_cache": k_chunk,
+                "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>", "O": "*bf16", "BlockTable": "*i32",
+                "CuSeqlensQ": "*i32", "VCol0": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
+                "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
+                "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
+                "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32",
+            }
+            consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False, RETURN_LSE=True,
+                          NUM_STAGES=2, K_SUB=16, V_SUB=16, PRODUCER_REGS=32, V_TPR=bn // 8, PRODUCER_WARPS=2,
+                          V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_VIEW=itf._k_chunk_view(bn),
+                          K_LEAN=False)
+            fn, aligned = itf._gluon_split_kernel, ()
+        _, plain = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps)
+        _, free = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps, free_waits=True)
+        check_free(plain.asm["ptx"], free.asm["ptx"])
+"""
+
+
+def test_gluon_free_waits_compile_for_sm90():
+    """``FREE_WAITS`` (candidate): both Gluon prefix kernels, with two consumer warpgroups or one 8-warp
+    consumer partition, compile for sm90 with fewer barriers, none left before a wait of
+    ``prefill_runtime.gluon.free_wait``, and with no shared-memory store in the runtime's device code
+    outside ``zero_v_rows`` (the condition under which those barriers are not needed)."""
+    if itf._gluon_split_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(_FREE_WAITS_SCRIPT)
+    assert len(shared) == 8 and out.count("barriers ") == 4 and max(shared) <= 227 * 1024, out
+
+
 def test_gluon_split_kernel_compiles_for_sm90():
     """The split-layout kernel compiles for sm90 (no GPU needed) with 16-byte ``cp.async`` gathers only
     (16-byte alignment of every gather proven to the compiler), within one program's shared memory."""
@@ -540,7 +631,13 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_K_IDS_FIRST", 256), ("split", "_GLUON_SPLIT_V_STAGES3", 128),
      ("split", "_GLUON_SPLIT_V_STAGES3", 256),
      ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
-     ("split", "_GLUON_ONE_CONSUMER", 128)],
+     ("split", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_FREE_WAITS", 128),
+     ("nhd", "_GLUON_FREE_WAITS", 256), ("split", "_GLUON_FREE_WAITS", 128),
+     ("split", "_GLUON_FREE_WAITS", 256),
+     ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
+     ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256),
+     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
+     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
@@ -552,8 +649,10 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features, other blocks by 16-key
     runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes),
     ``_GLUON_SPLIT_V_STAGES3`` (three V slots, two K slots);
-    both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition)."""
-    monkeypatch.setattr(itf, switch, True)
+    both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
+    barrier before the consumers' waits), ``A+B``: both switches."""
+    for name in switch.split("+"):
+        monkeypatch.setattr(itf, name, True)
     if switch in ("_GLUON_SPLIT_K_TMA_LEAN", "_GLUON_SPLIT_K_WIDE", "_GLUON_SPLIT_K_IDS_FIRST"):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", switch != "_GLUON_SPLIT_K_TMA_LEAN")

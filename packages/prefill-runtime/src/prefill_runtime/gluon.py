@@ -173,6 +173,31 @@ def _release(bar, WARPGROUPS: gl.constexpr):
 
 
 @gluon.jit
+def free_wait(bar, phase):
+    """``mbarrier.wait`` on a ready barrier, without the partition-wide barrier Triton (3.6-3.8) puts
+    before it: its shared-memory analysis treats a wait as a write to the barrier, so two waits on one
+    ring in a loop get a ``bar.sync`` of the whole partition between them. This function's source line
+    is what ``prefill_runtime.hook_compiles`` (kernel constexpr ``FREE_WAITS``) finds in the PTX to drop
+    those barriers; the PTX is unchanged where the hook is not active (another compile path, no line
+    info), which is only slower. Sound in :func:`consumer` because, between its waits, its partition
+    writes shared memory only in :func:`zero_v_rows` (whose stores Triton fences with its own barriers
+    before the handshake) and every thread passes a slot's ready wait before its warpgroup (or, in one
+    8-warp partition, the thread itself) releases the slot: no phase of a ready barrier can move on
+    while a thread still waits for the one before (the producer refills a slot only after every
+    release)."""
+    mbarrier.wait(bar, phase)
+
+
+@gluon.jit
+def _wait_ready(bar, phase, FREE: gl.constexpr):
+    """The consumer's wait for a ready slot (or Q): :func:`free_wait` with ``FREE``, else Triton's."""
+    if FREE:
+        free_wait(bar, phase)
+    else:
+        mbarrier.wait(bar, phase)
+
+
+@gluon.jit
 def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      S_LAYOUT: gl.constexpr, K_VIEW: gl.constexpr):  # fmt: skip
     """``S = Q K^T`` ``[ROWS, BLOCK_N]`` of ring slot ``slot``, issued asynchronously, when the K ring is
@@ -226,7 +251,7 @@ def consumer(
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
-    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0,
+    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -240,7 +265,8 @@ def consumer(
     warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
     each slot (``*_empty`` count 256). ``K_VIEW``: K slots are 64-wide rows read 64 features at a time
     through this ``[BLOCK_N, 64]`` layout (see :func:`_scores_by_parts`). ``V_STAGES``: the V ring's
-    slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`)."""
+    slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`).
+    ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -259,8 +285,8 @@ def consumer(
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
 
     # ---- block 0: scores and softmax, no P @ V yet ----
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(k_ready.index(0), 0)
+    _wait_ready(q_bar.index(WG), 0, FREE_WAITS)
+    _wait_ready(k_ready.index(0), 0, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
     if K_VIEW is None:
@@ -289,7 +315,7 @@ def consumer(
     for j in range(1, n_blocks):
         slot = j % NUM_STAGES
         pslot = (j - 1) % VS
-        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        _wait_ready(k_ready.index(slot), (j // NUM_STAGES) & 1, FREE_WAITS)
         if CP_FILL:
             fence_async_shared()
         if K_VIEW is None:
@@ -302,7 +328,7 @@ def consumer(
             )  # [BM / 2, BN] S_j in flight
         else:
             b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW)
-        mbarrier.wait(v_ready.index(pslot), ((j - 1) // VS) & 1)
+        _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
         if CP_FILL:
             fence_async_shared()
         if p_out:
@@ -328,7 +354,7 @@ def consumer(
     # ---- the last block's P @ V ----
     last = n_blocks - 1
     lslot = last % VS
-    mbarrier.wait(v_ready.index(lslot), (last // VS) & 1)
+    _wait_ready(v_ready.index(lslot), (last // VS) & 1, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
     if p_out:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
+import re
 import subprocess
 import threading
 import types
@@ -116,6 +118,7 @@ def hook_compiles(
     prebuild_launcher: Callable[[], bool] = lambda: True,
     tma_descriptors: bool = False,
     llvm_o0_flag: str | None = None,
+    free_waits_flag: str | None = None,
 ) -> bool:
     """Once per ``@triton.jit`` kernel (idempotent): wrap Triton's compile step for it
     (``JITFunction._do_compile``, set on the instance, so no other kernel is touched) so that while the
@@ -136,16 +139,17 @@ def hook_compiles(
     while no compile asks). The constexpr is part of Triton's cache key, so the two forms of the kernel
     never share a cache entry.
 
+    ``free_waits_flag``: likewise, a boolean constexpr; a compile where it is true has the PTX that
+    Triton's LLVM stage returns (``llvm.translate_to_asm``, in this thread) pass through
+    :func:`drop_wait_barriers`, which drops the partition-wide barriers Triton put before the kernel's
+    ``prefill_runtime.gluon.free_wait`` calls (the wrapper is installed by the first such compile).
+
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
     orig = getattr(jit_fn, "_do_compile", None)
     if orig is None or getattr(orig, "_prefill_hooked", False):
         return orig is not None
-    o0_path = None
-    if llvm_o0_flag is not None:
-        try:
-            o0_path = (list(jit_fn.arg_names).index(llvm_o0_flag),)  # Triton 3.4-3.6: constexprs by arg path
-        except Exception:
-            o0_path = None
+    o0_path = _constexpr_path(jit_fn, llvm_o0_flag)
+    free_path = _constexpr_path(jit_fn, free_waits_flag)
 
     def _do_compile(*args, **kwargs):
         builder = None
@@ -168,12 +172,20 @@ def hook_compiles(
                 level = _LLVM_O0
         except Exception:
             level = None
+        free = False
+        try:
+            free = free_path is not None and args[3].get(free_path) is True and _asm_wrapper()
+        except Exception:
+            free = False
         prior = getattr(_LLVM_LEVEL, "value", None)
+        prior_free = getattr(_FREE_WAITS, "value", False)
         _LLVM_LEVEL.value = level
+        _FREE_WAITS.value = free
         try:
             return orig(*args, **kwargs)
         finally:
             _LLVM_LEVEL.value = prior
+            _FREE_WAITS.value = prior_free
             if builder is not None:
                 builder.join()
 
@@ -183,6 +195,114 @@ def hook_compiles(
     except Exception:
         return False
     return True
+
+
+def _constexpr_path(jit_fn: object, name: str | None) -> tuple[int] | None:
+    """Triton 3.4-3.6's key of constexpr ``name`` in a compile's constexprs (its argument path)."""
+    if name is None:
+        return None
+    try:
+        return (list(jit_fn.arg_names).index(name),)
+    except Exception:
+        return None
+
+
+# Whether the compiles of this thread drop the barriers before free waits (drop_wait_barriers), and
+# how many the last PTX of this thread lost (tests, diagnostics)
+_FREE_WAITS = threading.local()
+
+_PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', re.M)
+_PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s")
+_PTX_BAR = re.compile(r"^\s*(?:bar|barrier)\.sync(?:\.aligned)?\s+[^;]*;\s*$")
+# what may sit between a barrier and the wait's poll loop: blank lines, comments, line info, the
+# inline-asm block's brace, predicate declaration and loop label
+_PTX_FILLER = re.compile(r"^\s*(?://.*|\.loc\s.*|\{|\.reg\s+\.pred\s+\w+;|\w+:)?\s*$")
+
+
+@functools.lru_cache(maxsize=1)
+def free_wait_lines() -> tuple[str, frozenset[int]]:
+    """``(path, lines)``: ``prefill_runtime/gluon.py`` and the source lines of the ``mbarrier.wait``
+    call(s) in its ``free_wait`` (found by parsing the file, so they follow edits)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon.py")
+    lines: set[int] = set()
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == "free_wait":
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "wait":
+                        lines.add(sub.lineno)
+    except (OSError, SyntaxError):
+        pass
+    return path, frozenset(lines)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, ValueError):
+        return False
+
+
+def drop_wait_barriers(
+    ptx: str, path: str | None = None, lines: frozenset[int] | None = None
+) -> tuple[str, int]:
+    """``(ptx', n)``: ``ptx`` without the ``n`` barrier instructions (``bar.sync`` / ``barrier.sync``)
+    that Triton emitted for an ``mbarrier.wait`` at one of ``lines`` of ``path`` (default: the
+    ``free_wait`` of :func:`free_wait_lines`): a barrier whose line info (the last ``.loc`` before it)
+    is such a line and whose next instruction is that wait's ``mbarrier.try_wait`` poll. Triton's
+    shared-memory analysis counts a wait as a write to its barrier, so it separates two waits on one
+    ring by a barrier of the whole partition (``prefill_runtime.gluon.free_wait`` says why the
+    consumer does not need them). Without line info (``TRITON_DISABLE_LINE_INFO``) nothing matches and
+    the PTX is returned unchanged."""
+    if path is None or lines is None:
+        path, lines = free_wait_lines()
+    files = {int(m.group(1)) for m in _PTX_FILE.finditer(ptx) if _same_file(m.group(2), path)}
+    if not files or not lines:
+        return ptx, 0
+    src = ptx.splitlines(keepends=True)
+    out: list[str] = []
+    loc: tuple[int, int] | None = None
+    dropped = 0
+    for i, line in enumerate(src):
+        m = _PTX_LOC.match(line)
+        if m:
+            loc = (int(m.group(1)), int(m.group(2)))
+        elif loc is not None and loc[0] in files and loc[1] in lines and _PTX_BAR.match(line):
+            j = i + 1
+            while j < len(src) and _PTX_FILLER.match(src[j]):
+                j += 1
+            if j < len(src) and "mbarrier.try_wait" in src[j]:
+                dropped += 1
+                continue
+        out.append(line)
+    return "".join(out), dropped
+
+
+def _asm_wrapper() -> bool:
+    """Once per process: a thin wrapper around Triton's ``llvm.translate_to_asm`` (LLVM IR to PTX /
+    AMDGCN) that passes PTX through :func:`drop_wait_barriers` while :data:`_FREE_WAITS` is set in the
+    calling thread (``hook_compiles``' ``free_waits_flag``) and every other call through untouched.
+    Returns whether the wrapper is in place (False: this Triton has no such function)."""
+    try:
+        from triton._C.libtriton import llvm
+
+        current = llvm.translate_to_asm
+        if getattr(current, "_prefill_wrapped", False):
+            return True
+
+        def translate_to_asm(*args, **kwargs):
+            out = current(*args, **kwargs)
+            if getattr(_FREE_WAITS, "value", False) and isinstance(out, str) and ".target sm_" in out:
+                out, _FREE_WAITS.dropped = drop_wait_barriers(out)
+            return out
+
+        translate_to_asm._prefill_wrapped = True
+        llvm.translate_to_asm = translate_to_asm
+        return True
+    except Exception:
+        return False
 
 
 # The LLVM optimisation level the compiles of this thread run at (None: Triton's own) and O0's value

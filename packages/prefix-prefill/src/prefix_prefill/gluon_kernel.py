@@ -71,13 +71,14 @@ def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0,
+    FREE_WAITS: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
     ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
     qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``V_STAGES``: see the consumer."""
+    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``V_STAGES``, ``FREE_WAITS``: see the consumer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
         tile
@@ -86,7 +87,7 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
         z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS, K_VIEW, V_STAGES,
+        SPLIT, SPLIT, WARPGROUPS, K_VIEW, V_STAGES, FREE_WAITS,
     )  # fmt: skip
 
 
@@ -147,7 +148,7 @@ def _gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     VECTOR_IDS: gl.constexpr = False, IN_PAGE_COPY: gl.constexpr = True, ONE_CONSUMER: gl.constexpr = False,
-    LLVM_O0: gl.constexpr = False,
+    LLVM_O0: gl.constexpr = False, FREE_WAITS: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -156,7 +157,9 @@ def _gluon_fwd_kernel(
     the rings' shared layout). ``ONE_CONSUMER`` (candidate; launch with 8 warps, ``Q_desc`` block
     ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition, one copy of the consumer code
     (about half the compile). ``LLVM_O0``: read by the compile hook only (LLVM at O0, see
-    ``prefill_runtime.hook_compiles``), not by the kernel."""
+    ``prefill_runtime.hook_compiles``), not by the kernel. ``FREE_WAITS`` (candidate): the consumers'
+    waits for ready slots without Triton's partition-wide barrier before each (``prefill_runtime.gluon.
+    free_wait``; the compile hook drops them)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -183,7 +186,7 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 2,
+                    False, 2, None, 0, FREE_WAITS,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
@@ -196,11 +199,11 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1,
+                    False, 1, None, 0, FREE_WAITS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1,
+                    False, 1, None, 0, FREE_WAITS,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
@@ -554,7 +557,7 @@ def _gluon_split_kernel(
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
     KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
-    V_STAGES: gl.constexpr = 0,
+    V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -567,7 +570,8 @@ def _gluon_split_kernel(
     has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's).
     ``V_TMA`` (candidate): V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V
     cache's descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s
-    block ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``: as in :func:`_gluon_fwd_kernel`.
+    block ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``FREE_WAITS``: as in
+    :func:`_gluon_fwd_kernel`.
     ``K_TMA`` (candidate): K by TMA boxes of 8 keys (:func:`_split_k_tma_producer`) into a K ring of
     64-wide rows (``K_cache``'s layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and
     ``K_desc`` are then descriptors (block ``[D/8, 64]``, no swizzle) over the K cache and over the
@@ -632,7 +636,7 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, VS,
+                    True, 2, K_VIEW, VS, FREE_WAITS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
@@ -646,11 +650,11 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, VS,
+                    True, 1, K_VIEW, VS, FREE_WAITS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, VS,
+                    True, 1, K_VIEW, VS, FREE_WAITS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),

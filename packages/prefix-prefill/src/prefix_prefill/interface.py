@@ -612,6 +612,12 @@ _GLUON_SPLIT_V_STAGES3 = False
 # (head 256 split: equal): Triton puts a partition-wide barrier before each wait on a ready slot, so
 # the two warpgroups run in lockstep and lose their ping-pong over the tensor cores. Candidate.
 _GLUON_ONE_CONSUMER = False
+# Both Gluon prefix kernels: the consumers' waits for Q and ready slots without the partition-wide
+# barrier Triton puts before each (its shared-memory analysis counts a wait as a write to the barrier),
+# kernel FREE_WAITS: prefill_runtime.hook_compiles drops those barriers from the PTX (see
+# prefill_runtime.gluon.free_wait for why the consumer does not need them). This is what held
+# _GLUON_ONE_CONSUMER's two warpgroups in lockstep (NOTES step 68). Candidate.
+_GLUON_FREE_WAITS = False
 # Both Gluon prefix kernels: compiled with LLVM's module optimisation at O0 instead of Triton's O3
 # (kernel constexpr LLVM_O0, read by prefill_runtime.hook_compiles, which keeps the two forms apart in
 # Triton's cache). The IR reaches LLVM already simplified by MLIR and ptxas does the machine-level
@@ -633,7 +639,11 @@ def _prime_triton() -> None:
     for gluon_kernel in (_gluon_fwd_kernel, _gluon_split_kernel):
         if gluon_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
             hook_compiles(
-                gluon_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True, llvm_o0_flag="LLVM_O0"
+                gluon_kernel,
+                lambda: _PREBUILD_LAUNCHER,
+                tma_descriptors=True,
+                llvm_o0_flag="LLVM_O0",
+                free_waits_flag="FREE_WAITS",
             )
 
 
@@ -724,7 +734,7 @@ def _gluon_launch(
             HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
             RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
             IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, ONE_CONSUMER=_GLUON_ONE_CONSUMER, LLVM_O0=_GLUON_LLVM_O0,
-            num_warps=8 if _GLUON_ONE_CONSUMER else 4,
+            FREE_WAITS=_GLUON_FREE_WAITS, num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
     return _try_gluon(launch)
@@ -919,7 +929,7 @@ def _gluon_split_launch(
             V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
             K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0, KW_desc=kw_desc,
             KR_desc=kr_desc, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
-            V_STAGES=v_stages, num_warps=8 if _GLUON_ONE_CONSUMER else 4,
+            V_STAGES=v_stages, FREE_WAITS=_GLUON_FREE_WAITS, num_warps=8 if _GLUON_ONE_CONSUMER else 4,
         )  # fmt: skip
 
     return _try_gluon(launch)
