@@ -109,10 +109,22 @@ def today() -> str:
     return _dt.date.today().isoformat()
 
 
+def settle() -> None:
+    """Wait for the kernels compiling in the background: prefix-prefill's compile tiers (a first call
+    runs a quick-compiling form while the full form compiles in a thread), so timings see the form an
+    engine runs after warm-up."""
+    mod = sys.modules.get("prefix_prefill.interface")
+    if mod is not None and hasattr(mod, "finish_compiles"):
+        mod.finish_compiles()
+
+
 def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
-    """Median milliseconds of ``fn()`` by triton.testing.do_bench (device events, L2 flushed)."""
+    """Median milliseconds of ``fn()`` by triton.testing.do_bench (device events, L2 flushed), after a
+    first call and :func:`settle`."""
     import triton
 
+    fn()
+    settle()
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 

@@ -39,7 +39,7 @@ def _child(
     kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str], layout: str = "nhd",
     prime_early: float = 0.0,
 ) -> dict:  # fmt: skip
-    from common import add_package_paths, set_switches
+    from common import add_package_paths, set_switches, settle
 
     add_package_paths()
 
@@ -156,9 +156,14 @@ def _child(
         with open(os.environ["FIRST_CALL_PROFILE"], "a") as f:
             f.write(f"===== {kernel} {dtype_name} d{head} sets={sets} first={first:.3f} s\n")
             f.write(buf.getvalue() + "\n")
+    # prefix-prefill's compile tiers: the first call ran the quick form; wait for the full form's
+    # background compile (not part of the first call; full_ready_s: from the first call's start)
+    settle()
+    full_ready = time.perf_counter() - t_call[0]
     before = n_compiled()
-    # compiled variants per kernel after the first call (Triton kernel, Gluon kernel): 1 in all when one
-    # kernel ran; a Gluon kernel that failed and left the call to the Triton one shows as 2
+    # compiled variants per kernel after the first call (Triton kernel, Gluon kernel(s)): 1 in all when
+    # one kernel ran, 2 for a Gluon kernel with compile tiers (quick and full form); a Gluon kernel that
+    # failed and left the call to the Triton one shows as one more
     caches = [getattr(jit, "device_caches", None) for jit in jits]  # none under the interpreter
     variants = "/".join(str(sum(len(e[0]) for e in c.values())) if c is not None else "-" for c in caches)
     t = time.perf_counter()
@@ -166,7 +171,7 @@ def _child(
     sync()
     second = time.perf_counter() - t
     return {"first_call_s": first, "second_call_s": second, "recompiled": n_compiled() != before,
-            "variants": variants, "inputs_s": inputs}  # fmt: skip
+            "variants": variants, "inputs_s": inputs, "full_ready_s": full_ready}  # fmt: skip
 
 
 def _time_stages(events: list, t_call: list) -> None:

@@ -366,6 +366,55 @@ def test_hook_compiles_free_waits(monkeypatch):
     assert llvm.translate_to_asm(tptx) == tptx and not getattr(host._FREE_WAITS, "value", False)
 
 
+def test_compile_tiers(monkeypatch):
+    """``CompileTiers``: a key's first call launches the quick form and compiles the full form once in
+    a background thread; calls after it finished launch the full form (inside a graph capture only once
+    it was launched outside one); a failed background compile keeps the quick form; a failing quick
+    launch raises to the caller and compiles nothing; ``finish`` waits, ``pending`` counts."""
+    capturing = []
+    monkeypatch.setattr(host, "_capturing", lambda: bool(capturing))
+    gate = threading.Event()
+    seen = []
+
+    def launch_for(name, fail_full=False, fail_quick=False):
+        def launch(full, warmup):
+            if warmup:
+                gate.wait(10)
+                if fail_full:
+                    raise RuntimeError("compile failed")
+            elif not full and fail_quick:
+                raise RuntimeError("launch failed")
+            seen.append((name, full, warmup))
+
+        return launch
+
+    tiers = prefill_runtime.CompileTiers()
+    assert tiers.run("a", launch_for("a")) is False and tiers.pending() == 1
+    assert tiers.run("a", launch_for("a")) is False  # still compiling: quick again, no second compile
+    assert tiers.finish(timeout=0.01) is False
+    gate.set()
+    assert tiers.finish(timeout=10) is True and tiers.pending() == 0
+    capturing.append(1)
+    assert tiers.run("a", launch_for("a")) is False  # compiled, never launched: quick inside a capture
+    capturing.clear()
+    assert tiers.run("a", launch_for("a")) is True
+    capturing.append(1)
+    assert tiers.run("a", launch_for("a")) is True
+    capturing.clear()
+    assert seen == [("a", False, False), ("a", False, False), ("a", True, True), ("a", False, False),
+                    ("a", True, False), ("a", True, False)]  # fmt: skip
+    assert tiers.run("b", launch_for("b", fail_full=True)) is False
+    tiers.finish(timeout=10)
+    assert tiers.run("b", launch_for("b", fail_full=True)) is False and tiers.pending() == 0
+    with pytest.raises(RuntimeError):
+        tiers.run("c", launch_for("c", fail_quick=True))
+    assert tiers.pending() == 0 and tiers.run("c", launch_for("c")) is False
+    tiers.finish(timeout=10)
+    tiers.clear()
+    assert tiers.run("a", launch_for("a")) is False
+    tiers.finish(timeout=10)
+
+
 def test_build_launcher_never_raises(monkeypatch):
     """The launcher build is a speed hint: no driver (this machine), a descriptor signature or any
     error returns quietly; a descriptor signature never reaches the driver."""
@@ -426,7 +475,7 @@ def test_ptxas_probe_never_raises():
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.8.0"
+    assert prefill_runtime.__version__ == "0.9.0"
 
 
 def test_gluon_module_is_separate():

@@ -15,6 +15,7 @@ recompiles; CUDA-graph replay.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -30,6 +31,8 @@ from conftest import (
 )
 from pp_cases import make_case, random_seqs, reference, run_py
 
+import prefill_runtime as runtime
+import prefill_runtime.host as host
 import prefix_prefill.interface as itf
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
@@ -161,22 +164,30 @@ def test_split_new_k(lens):
 
 
 class _RecordingKernel:
-    """Stands in for a Gluon kernel on the CPU: ``kernel[grid](*args, **kwargs)`` records the call."""
+    """Stands in for a Gluon kernel on the CPU: ``kernel[grid](*args, **kwargs)`` records the call,
+    ``kernel.warmup(*args, grid=grid, **kwargs)`` (a compile, no launch) in ``warmups``."""
 
     def __init__(self):
         self.calls = []
+        self.warmups = []
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((grid, args, kwargs))
 
-def _record_split(monkeypatch, **switches) -> _RecordingKernel:
+
+def _record_split(monkeypatch, tiered=False, **switches) -> _RecordingKernel:
     """The split kernel replaced by a recorder, with ``interface._GLUON_SPLIT_<NAME>`` (or
-    ``_GLUON_<NAME>`` for ``ONE_CONSUMER``) set from ``switches``; skips when this Triton has no Gluon."""
+    ``_GLUON_<NAME>`` for ``ONE_CONSUMER``) set from ``switches``, compile tiers (``_GLUON_TIERED``) off
+    unless ``tiered``, with fresh state; skips when this Triton has no Gluon."""
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     rec = _RecordingKernel()
     monkeypatch.setattr(itf, "_gluon_split_kernel", rec)
+    monkeypatch.setattr(itf, "_GLUON_TIERED", tiered)
+    monkeypatch.setattr(itf, "_TIERS", runtime.CompileTiers())
     for name, value in switches.items():
         attr = f"_GLUON_{name}" if name == "ONE_CONSUMER" else f"_GLUON_SPLIT_{name}"
         monkeypatch.setattr(itf, attr, value)
@@ -225,6 +236,56 @@ def test_split_launch_host_side(head, from_cache, v_tma, one, k_tma, monkeypatch
             assert k_desc.base.shape[0] == 2 * head // 8
     else:
         assert k_cache_arg is case.k_cache
+
+
+@pytest.mark.parametrize("head", [128, 256])
+def test_split_launch_tiers(head, monkeypatch):
+    """``_GLUON_TIERED`` (the default): a key's first call launches the quick form (one 8-warp consumer
+    partition with free waits, Q in one 128-row box) and compiles the full form in the background
+    (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device); after
+    ``finish_compiles`` the calls launch the full form; other lengths keep the key; inside a graph
+    capture a full form never launched stays on the quick form; ``_GLUON_TIERED`` off: the full form
+    at once, no background compile."""
+    rec = _record_split(monkeypatch, tiered=True)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    capturing = []
+    monkeypatch.setattr(host, "_capturing", lambda: bool(capturing))
+
+    def case(seqs):
+        return make_case(seqs, num_heads=4, num_kv_heads=2, head_size=head, page=16, dtype=torch.bfloat16,
+                         device="cpu", layout="split")  # fmt: skip
+
+    def quick(kw, args):
+        return (
+            kw["ONE_CONSUMER"] is True
+            and kw["num_warps"] == 8
+            and kw["FREE_WAITS"] is True
+            and (list(args[0].block_shape) == [128, head])
+        )
+
+    assert _launch(case([(40, 5), (70, 130)])) is True
+    assert itf.finish_compiles(timeout=30) is True
+    ((_, args, kw),) = rec.calls
+    assert quick(kw, args)
+    ((grid, wargs, wkw),) = rec.warmups
+    assert wkw["ONE_CONSUMER"] is False and wkw["num_warps"] == 4 and list(wargs[0].block_shape) == [64, head]
+    assert wkw["FREE_WAITS"] is itf._GLUON_FREE_WAITS and grid == rec.calls[0][0]
+    capturing.append(1)  # compiled but never launched: the quick form inside a capture
+    assert _launch(case([(7, 300)])) is True and quick(rec.calls[-1][2], rec.calls[-1][1])
+    capturing.clear()
+    assert _launch(case([(3, 9), (500, 20), (0, 64)])) is True
+    assert rec.calls[-1][2]["ONE_CONSUMER"] is False and list(rec.calls[-1][1][0].block_shape) == [64, head]
+    capturing.append(1)  # loaded now: the full form inside a capture too
+    assert _launch(case([(7, 300)])) is True and rec.calls[-1][2]["ONE_CONSUMER"] is False
+    assert len(rec.warmups) == 1
+    assert _launch(case([(40, 5)]), lse=torch.empty(4, 5)) is True  # another key: quick form again
+    assert quick(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["RETURN_LSE"] is True
+    itf.finish_compiles(timeout=30)
+    monkeypatch.setattr(itf, "_GLUON_TIERED", False)
+    monkeypatch.setattr(itf, "_TIERS", runtime.CompileTiers())
+    n_warm = len(rec.warmups)
+    assert _launch(case([(40, 5), (70, 130)])) is True and rec.calls[-1][2]["ONE_CONSUMER"] is False
+    assert len(rec.warmups) == n_warm
 
 
 @pytest.mark.parametrize("on", [False, True])
@@ -690,6 +751,7 @@ def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
     case = make_case([(300, 100), (50, 7)], num_heads=8, num_kv_heads=2, head_size=head, page=544,
                      dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     run_py(case, validate=False)
+    itf.finish_compiles()  # (with compile tiers on, the full form compiles in the background)
     before = compiled_variants(jit)
     for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
         case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=544, dtype=torch.bfloat16,
@@ -710,6 +772,36 @@ def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
     torch.cuda.synchronize()
     assert compare(out, reference(case))
     assert len(gluon_launches) == 5  # run_py, three batches, the capture (a replay launches no Python)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("head", [128, 256])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_gluon_compile_tiers(layout, head, gluon_launches, monkeypatch):
+    """``_GLUON_TIERED`` (the shipped default): the first call runs the quick form and the full form
+    compiles in the background; after ``finish_compiles`` the full form runs; both answer right and
+    bit for bit the same; a CUDA graph captured after ``finish_compiles`` replays the full form; other
+    lengths compile nothing more."""
+    monkeypatch.setattr(itf, "_GLUON_TIERED", True)
+    monkeypatch.setattr(itf, "_TIERS", runtime.CompileTiers())
+    jit = itf._gluon_fwd_kernel if layout == "nhd" else itf._gluon_split_kernel
+    case = make_case([(700, 300), (0, 129), (2000, 64)], num_heads=8, num_kv_heads=2, head_size=head,
+                     page=16, dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
+    ref = reference(case)
+    first = run_py(case)
+    assert itf.finish_compiles(timeout=120) is True
+    full = run_py(case)
+    assert compare(first, ref) and compare(full, ref)
+    assert torch.equal(first, full)
+    states = list(itf._TIERS._state.values())
+    assert states == [runtime.CompileTiers._LOADED]
+    n = compiled_variants(jit)
+    other = make_case([(64, 700), (5, 1)], num_heads=8, num_kv_heads=2, head_size=head, page=16,
+                      dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
+    c = compare(run_py(other), reference(other))
+    assert c, c
+    assert compiled_variants(jit) == n and len(gluon_launches) == 3
 
 
 def test_gluon_routing(monkeypatch):

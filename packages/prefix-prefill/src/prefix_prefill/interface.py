@@ -610,14 +610,27 @@ _GLUON_SPLIT_V_STAGES3 = False
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
 # (head 256 split: equal): Triton puts a partition-wide barrier before each wait on a ready slot, so
-# the two warpgroups run in lockstep and lose their ping-pong over the tensor cores. Candidate.
+# the two warpgroups run in lockstep and lose their ping-pong over the tensor cores. With
+# _GLUON_FREE_WAITS (always, in this form; step 68): 2-7% slower. True: this form for every call (no
+# tiers); the first calls of _GLUON_TIERED run it.
 _GLUON_ONE_CONSUMER = False
+# Both Gluon prefix kernels, tiered compiles: the first call of a (kernel, constexprs, dtype) runs the
+# one-consumer form (_GLUON_ONE_CONSUMER's, with _GLUON_FREE_WAITS: it compiles the consumer once, in
+# about half the time), while a daemon thread compiles the two-consumer form; once compiled, calls run
+# that (the outputs are bit for bit the same). H200 (NOTES step 68): cold first call 1.76-1.93 s against
+# 4.18 s on the same host; the one-consumer form runs 2-7% slower. Inside a CUDA graph capture a full
+# form never launched before is not loaded: the quick form runs (call finish_compiles() before capture).
+# Env PREFIX_PREFILL_GLUON_TIERED=0: the full form from the first call.
+_GLUON_TIERED = os.environ.get("PREFIX_PREFILL_GLUON_TIERED", "1") != "0"
+_TIERS = runtime.CompileTiers()
 # Both Gluon prefix kernels: the consumers' waits for Q and ready slots without the partition-wide
 # barrier Triton puts before each (its shared-memory analysis counts a wait as a write to the barrier),
 # kernel FREE_WAITS: prefill_runtime.hook_compiles drops those barriers from the PTX (see
 # prefill_runtime.gluon.free_wait for why the consumer does not need them). This is what held
-# _GLUON_ONE_CONSUMER's two warpgroups in lockstep (NOTES step 68). Candidate.
-_GLUON_FREE_WAITS = False
+# _GLUON_ONE_CONSUMER's two warpgroups in lockstep (NOTES step 68: 30-42% slower before, 2-7% after).
+# H200, two consumers, round-robin 20, outputs bitwise equal: 0.2-1% faster on every page and shape.
+# The quick form of _GLUON_TIERED always has it.
+_GLUON_FREE_WAITS = True
 # Both Gluon prefix kernels: compiled with LLVM's module optimisation at O0 instead of Triton's O3
 # (kernel constexpr LLVM_O0, read by prefill_runtime.hook_compiles, which keeps the two forms apart in
 # Triton's cache). The IR reaches LLVM already simplified by MLIR and ptxas does the machine-level
@@ -645,6 +658,28 @@ def _prime_triton() -> None:
                 llvm_o0_flag="LLVM_O0",
                 free_waits_flag="FREE_WAITS",
             )
+
+
+def _run_tiers(key: tuple, launch) -> None:
+    """Launch a Gluon prefix kernel in its full form (two consumer warpgroups) or its quick-compiling
+    form (one 8-warp consumer partition, ``_GLUON_ONE_CONSUMER``'s), per ``_GLUON_TIERED`` (see there)."""
+    if _GLUON_ONE_CONSUMER:
+        launch(False, False)
+    elif not _GLUON_TIERED:
+        launch(True, False)
+    else:
+        try:
+            hash(key)
+        except TypeError:
+            key = repr(key)
+        _TIERS.run(key, launch)
+
+
+def finish_compiles(timeout: float | None = None) -> bool:
+    """Wait (at most ``timeout`` seconds) for the Gluon kernels' full forms that are compiling in the
+    background (``_GLUON_TIERED``: a first call runs a quick-compiling form and compiles the full one in
+    a thread). Call it before capturing CUDA graphs, or before timing. True when none is left."""
+    return _TIERS.finish(timeout)
 
 
 def _try_gluon(launch) -> bool:
@@ -710,7 +745,7 @@ def _gluon_launch(
     box = 16 if _GLUON_UNIFORM_BOX else math.gcd(kc.page_size, block_n)
     kcb, vcb = _gluon_cache(k_cache, kc, block_n), _gluon_cache(v_cache, vc, block_n)
     descs = [
-        runtime.gluon_token_rows(q, block_m if _GLUON_ONE_CONSUMER else block_m // 2),
+        runtime.gluon_token_rows(q, block_m // 2),
         _gluon_cache(k_cache, kc, box),
         _gluon_cache(v_cache, vc, box),
         kcb,
@@ -725,19 +760,28 @@ def _gluon_launch(
     q_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, k_desc, v_desc = descs
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
 
-    def launch() -> None:
-        _gluon_fwd_kernel[grid](
-            q_desc, k_desc, v_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, o, block_table, cu_seqlens_q,
-            seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1),
-            block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
-            lse.stride(0) if lse is not None else None,
-            HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
-            IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, ONE_CONSUMER=_GLUON_ONE_CONSUMER, LLVM_O0=_GLUON_LLVM_O0,
-            FREE_WAITS=_GLUON_FREE_WAITS, num_warps=8 if _GLUON_ONE_CONSUMER else 4,
-        )  # fmt: skip
+    consts = dict(
+        HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, BOX=box, KV_FROM_CACHE=k is None,
+        RETURN_LSE=lse is not None, NUM_STAGES=2, VECTOR_IDS=_GLUON_VECTOR_IDS,
+        IN_PAGE_COPY=not _GLUON_UNIFORM_BOX, LLVM_O0=_GLUON_LLVM_O0,
+    )  # fmt: skip
 
-    return _try_gluon(launch)
+    def launch(full: bool, warmup: bool) -> None:
+        # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
+        q_arg = q_desc if full else runtime.gluon_token_rows(q, block_m)
+        args = (q_arg, k_desc, v_desc, kc_desc, vc_desc, kcb_desc, vcb_desc, o, block_table, cu_seqlens_q,
+                seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1),
+                block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
+                lse.stride(0) if lse is not None else None)  # fmt: skip
+        kw = dict(consts, ONE_CONSUMER=not full, FREE_WAITS=_GLUON_FREE_WAITS or not full,
+                  num_warps=4 if full else 8)  # fmt: skip
+        if warmup:  # (a background thread: its CUDA device is not the caller's)
+            with torch.cuda.device(q.device):
+                _gluon_fwd_kernel.warmup(*args, grid=grid, **kw)
+        else:
+            _gluon_fwd_kernel[grid](*args, **kw)
+
+    return _try_gluon(lambda: _run_tiers(("nhd", q.dtype, *consts.items()), launch))
 
 
 def _split_gather_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, kc: CacheView, vc: CacheView):
@@ -880,7 +924,7 @@ def _gluon_split_launch(
     v_cache_arg = v_cache
     if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
         v_cache_arg = runtime.gluon_descriptor(v_cache, [vc.num_blocks * hk * head, page], page, head, 16)
-    q_desc = runtime.gluon_token_rows(q, block_m if _GLUON_ONE_CONSUMER else block_m // 2)
+    q_desc = runtime.gluon_token_rows(q, block_m // 2)
     # with k = None, K_desc/V_desc only give the rings' layouts
     k_desc = runtime.gluon_token_rows(q[:, :1] if k is None else k, block_n)
     if q_desc is None or k_desc is None:
@@ -919,20 +963,30 @@ def _gluon_split_launch(
     k_sub = 32 * warps if tpd == 1 else 32 // tpd  # one layout tile of keys
     v_sub = max(16, warps * 32 // v_tpr)
 
-    def launch() -> None:
-        _gluon_split_kernel[grid](
-            q_desc, k_desc, v_desc, k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, v_col0, seq_lens,
-            scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
-            *strides, lse, lse.stride(0) if lse is not None else None,
-            HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None,
-            RETURN_LSE=lse is not None, NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs,
-            V_TPR=v_tpr, PRODUCER_WARPS=warps, V_TMA=v_tma, ONE_CONSUMER=_GLUON_ONE_CONSUMER, K_TMA=k_tma,
-            K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN, LLVM_O0=_GLUON_LLVM_O0, KW_desc=kw_desc,
-            KR_desc=kr_desc, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
-            V_STAGES=v_stages, FREE_WAITS=_GLUON_FREE_WAITS, num_warps=8 if _GLUON_ONE_CONSUMER else 4,
-        )  # fmt: skip
+    consts = dict(
+        HEAD_DIM=head, BLOCK_M=block_m, BLOCK_N=block_n, KV_FROM_CACHE=k is None, RETURN_LSE=lse is not None,
+        NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs, V_TPR=v_tpr, PRODUCER_WARPS=warps,
+        V_TMA=v_tma, K_TMA=k_tma, K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
+        LLVM_O0=_GLUON_LLVM_O0, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
+        V_STAGES=v_stages,
+    )  # fmt: skip
 
-    return _try_gluon(launch)
+    def launch(full: bool, warmup: bool) -> None:
+        # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
+        q_arg = q_desc if full else runtime.gluon_token_rows(q, block_m)
+        args = (q_arg, k_desc, v_desc, k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, v_col0,
+                seq_lens, scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0),
+                kc.page_size, *strides, lse, lse.stride(0) if lse is not None else None)  # fmt: skip
+        kw = dict(consts, KW_desc=kw_desc, KR_desc=kr_desc, ONE_CONSUMER=not full,
+                  FREE_WAITS=_GLUON_FREE_WAITS or not full, num_warps=4 if full else 8)  # fmt: skip
+        if warmup:  # (a background thread: its CUDA device is not the caller's)
+            with torch.cuda.device(q.device):
+                _gluon_split_kernel.warmup(*args, grid=grid, **kw)
+        else:
+            _gluon_split_kernel[grid](*args, **kw)
+
+    key = ("split", q.dtype, kw_desc is None, kr_desc is None, *consts.items())
+    return _try_gluon(lambda: _run_tiers(key, launch))
 
 
 def _page_walk(page_constexpr: int, config: KernelConfig, v_slot_runs: bool) -> tuple[bool, int, int]:
