@@ -776,18 +776,19 @@ def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("head", [128, 256])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
-def test_gpu_gluon_compile_tiers(layout, head, gluon_launches, monkeypatch):
-    """``_GLUON_TIERED`` (the shipped default): the first call runs the quick form and the full form
-    compiles in the background; after ``finish_compiles`` the full form runs; both answer right and
+def test_gpu_gluon_compile_tiers(layout, head, page, gluon_launches, monkeypatch):
+    """``_GLUON_TIERED`` (the shipped default): the first call runs the quick form (LLVM at O0 with
+    ``_GLUON_QUICK_LLVM_O0``) and the full form compiles in the background; after ``finish_compiles`` the full form runs; both answer right and
     bit for bit the same; a CUDA graph captured after ``finish_compiles`` replays the full form; other
     lengths compile nothing more."""
     monkeypatch.setattr(itf, "_GLUON_TIERED", True)
     monkeypatch.setattr(itf, "_TIERS", runtime.CompileTiers())
     jit = itf._gluon_fwd_kernel if layout == "nhd" else itf._gluon_split_kernel
     case = make_case([(700, 300), (0, 129), (2000, 64)], num_heads=8, num_kv_heads=2, head_size=head,
-                     page=16, dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
+                     page=page, dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     ref = reference(case)
     first = run_py(case)
     assert itf.finish_compiles(timeout=120) is True
@@ -797,7 +798,7 @@ def test_gpu_gluon_compile_tiers(layout, head, gluon_launches, monkeypatch):
     states = list(itf._TIERS._state.values())
     assert states == [runtime.CompileTiers._LOADED]
     n = compiled_variants(jit)
-    other = make_case([(64, 700), (5, 1)], num_heads=8, num_kv_heads=2, head_size=head, page=16,
+    other = make_case([(64, 700), (5, 1)], num_heads=8, num_kv_heads=2, head_size=head, page=page,
                       dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     c = compare(run_py(other), reference(other))
     assert c, c

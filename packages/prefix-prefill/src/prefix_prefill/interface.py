@@ -640,6 +640,10 @@ _GLUON_FREE_WAITS = True
 # qwen-hybrid and NHD within -1%..+1.3%; single cold first calls 2.4-4.2 s either way (noise > gain).
 # Candidate.
 _GLUON_LLVM_O0 = False
+# The quick form of _GLUON_TIERED (first calls only) compiled with LLVM at O0, as _GLUON_LLVM_O0 does
+# (its speed matters for seconds, its compile for the first call). Offline (NOTES step 70): the
+# one-consumer split kernel's compile 1.4-1.6 s -> ... s.
+_GLUON_QUICK_LLVM_O0 = True
 
 
 def _prime_triton() -> None:
@@ -658,6 +662,12 @@ def _prime_triton() -> None:
                 llvm_o0_flag="LLVM_O0",
                 free_waits_flag="FREE_WAITS",
             )
+
+
+def _quick_o0(full: bool) -> bool:
+    """The ``LLVM_O0`` constexpr of a Gluon prefix launch: ``_GLUON_LLVM_O0``, or the quick form of
+    compile tiers with ``_GLUON_QUICK_LLVM_O0`` (not when ``_GLUON_ONE_CONSUMER`` runs it for good)."""
+    return _GLUON_LLVM_O0 or (not full and _GLUON_TIERED and _GLUON_QUICK_LLVM_O0 and not _GLUON_ONE_CONSUMER)
 
 
 def _run_tiers(key: tuple, launch) -> None:
@@ -774,7 +784,7 @@ def _gluon_launch(
                 block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
                 lse.stride(0) if lse is not None else None)  # fmt: skip
         kw = dict(consts, ONE_CONSUMER=not full, FREE_WAITS=_GLUON_FREE_WAITS or not full,
-                  num_warps=4 if full else 8)  # fmt: skip
+                  LLVM_O0=_quick_o0(full), num_warps=4 if full else 8)  # fmt: skip
         if warmup:  # (a background thread: its CUDA device is not the caller's)
             with torch.cuda.device(q.device):
                 _gluon_fwd_kernel.warmup(*args, grid=grid, **kw)
@@ -978,7 +988,8 @@ def _gluon_split_launch(
                 seq_lens, scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0),
                 kc.page_size, *strides, lse, lse.stride(0) if lse is not None else None)  # fmt: skip
         kw = dict(consts, KW_desc=kw_desc, KR_desc=kr_desc, ONE_CONSUMER=not full,
-                  FREE_WAITS=_GLUON_FREE_WAITS or not full, num_warps=4 if full else 8)  # fmt: skip
+                  FREE_WAITS=_GLUON_FREE_WAITS or not full, LLVM_O0=_quick_o0(full),
+                  num_warps=4 if full else 8)  # fmt: skip
         if warmup:  # (a background thread: its CUDA device is not the caller's)
             with torch.cuda.device(q.device):
                 _gluon_split_kernel.warmup(*args, grid=grid, **kw)
