@@ -781,9 +781,9 @@ def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_gpu_gluon_compile_tiers(layout, head, page, gluon_launches, monkeypatch):
     """``_GLUON_TIERED`` (the shipped default): the first call runs the quick form (LLVM at O0 with
-    ``_GLUON_QUICK_LLVM_O0``) and the full form compiles in the background; after ``finish_compiles`` the full form runs; both answer right and
-    bit for bit the same; a CUDA graph captured after ``finish_compiles`` replays the full form; other
-    lengths compile nothing more."""
+    ``_GLUON_QUICK_LLVM_O0``) and the full form compiles in the background; after ``finish_compiles``
+    the full form runs; both answer right and bit for bit the same; other lengths compile nothing
+    more."""
     monkeypatch.setattr(itf, "_GLUON_TIERED", True)
     monkeypatch.setattr(itf, "_TIERS", runtime.CompileTiers())
     jit = itf._gluon_fwd_kernel if layout == "nhd" else itf._gluon_split_kernel
