@@ -132,17 +132,24 @@ for head_dim, lse in ((128, False), (64, True), (256, False)):
     )
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    compile_sm90(itf._gluon_fwd_kernel, sig, consts)
+    _, plain = compile_sm90(itf._gluon_fwd_kernel, sig, consts)
+    if head_dim == 128:  # candidate FREE_WAITS: no barrier left before a free wait, none added
+        import prefill_runtime.host as host
+
+        _, free = compile_sm90(itf._gluon_fwd_kernel, sig, consts, free_waits=True)
+        n = [p.asm["ptx"].count("bar.sync") + p.asm["ptx"].count("barrier.sync") for p in (plain, free)]
+        assert host.drop_wait_barriers(free.asm["ptx"])[1] == 0 and n[1] <= n[0], n
 """
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """The kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's shared
-    memory (227 KiB), for both head sizes, with and without the LSE."""
+    memory (227 KiB), for both head sizes, with and without the LSE (and the candidate ``FREE_WAITS``
+    at head 128)."""
     if itf._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 3 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 4 and max(shared) <= 227 * 1024, out
 
 
 @pytest.mark.parametrize(
@@ -185,8 +192,11 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("free", [False, True])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0][:2]}-h{c[3]}-{str(c[4])[6:]}-w{c[6]}")
-def test_gpu_gluon_matches_reference(case, gluon_launches):
+def test_gpu_gluon_matches_reference(case, free, gluon_launches, monkeypatch):
+    """The Gluon kernel against the reference (``free``: the candidate ``_GLUON_FREE_WAITS``)."""
+    monkeypatch.setattr(itf, "_GLUON_FREE_WAITS", free)
     lens, heads, kv_heads, d, dtype, causal, window, want_lse = case
     q, k, v, cu = make_qkv(lens, heads, kv_heads, d, dtype)
     out = poison(torch.empty_like(q))

@@ -72,11 +72,14 @@ def _gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, LLVM_O0: gl.constexpr = False,
+    FREE_WAITS: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
     ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring. ``LLVM_O0``: read by
-    the compile hook only (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel."""
+    the compile hook only (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel.
+    ``FREE_WAITS`` (candidate): the consumers' waits without Triton's partition-wide barrier before each
+    (``prefill_runtime.gluon.free_wait``; the compile hook drops them)."""
     pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, False)  # int32
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:
@@ -104,12 +107,14 @@ def _gluon_fwd_kernel(
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
+                False, False, 1, None, 0, FREE_WAITS,
             )),
             (consumer, (
                 1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, tok0,
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
+                False, False, 1, None, 0, FREE_WAITS,
             )),
             (_ws_producer, (
                 Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,

@@ -111,6 +111,11 @@ _GLUON_STAGES = 2
 # shorter offline, ptxas's output within 1-3% in instruction mix. H200, LLM shape (7 rounds): 3.723 ->
 # 3.742 ms plain, 3.751 -> 3.818 under CUDA graphs. Candidate.
 _GLUON_LLVM_O0 = False
+# The Gluon kernel's consumers wait for ready slots without the partition-wide barrier Triton 3.6 puts
+# before each wait (kernel constexpr FREE_WAITS; prefill_runtime.gluon.free_wait, dropped from the PTX
+# by prefill_runtime.hook_compiles). prefix-prefill's kernels (the same consumer): 0.2-1% faster on
+# the H200 (NOTES step 68). Candidate.
+_GLUON_FREE_WAITS = False
 
 
 def _tma_descriptors(k: torch.Tensor, v: torch.Tensor, head_dim: int, block_n: int, arch: str):
@@ -181,6 +186,7 @@ def _gluon_launch(
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=bool(causal),
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, LENS_FROM_STARTS=lens is None,
         RETURN_LSE=lse is not None, NUM_STAGES=_GLUON_STAGES, LLVM_O0=_GLUON_LLVM_O0,
+        FREE_WAITS=_GLUON_FREE_WAITS,
     )  # fmt: skip
     if runtime.gluon_try_launch(
         lambda: _gluon_fwd_kernel[grid](*args, **flags, num_warps=4),
@@ -336,7 +342,11 @@ def _prime_triton() -> None:
     hook_compiles(_fwd_kernel, lambda: _PREBUILD_LAUNCHER)
     if _gluon_fwd_kernel is not None:  # Gluon lowers every descriptor argument to a TMA descriptor
         hook_compiles(
-            _gluon_fwd_kernel, lambda: _PREBUILD_LAUNCHER, tma_descriptors=True, llvm_o0_flag="LLVM_O0"
+            _gluon_fwd_kernel,
+            lambda: _PREBUILD_LAUNCHER,
+            tma_descriptors=True,
+            llvm_o0_flag="LLVM_O0",
+            free_waits_flag="FREE_WAITS",
         )
 
 
