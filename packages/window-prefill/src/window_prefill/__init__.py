@@ -9,7 +9,7 @@ Launch configurations come from a static per-architecture table (:mod:`window_pr
 is no autotuning on the call path and no host synchronisation unless ``validate=True``.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from window_prefill.configs import Config, detect_arch, get_config, shared_memory_bytes
 from window_prefill.interface import context_attention_fwd, window_prefill
