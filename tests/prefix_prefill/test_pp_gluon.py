@@ -302,6 +302,23 @@ def test_split_v_stages3(head, on, monkeypatch):
     assert kw["K_TMA"] is (head in (128, 256))
 
 
+@pytest.mark.parametrize("page,applies", [(16, True), (32, True), (64, True), (48, False), (128, False)])
+def test_split_v_ids_first(page, applies, monkeypatch):
+    """``_GLUON_SPLIT_V_IDS_FIRST`` (candidate): V gathered page by page (``V_TPR = page / 8``) with each
+    block's block-table entries read first (``V_IDS_FIRST``), only for gathered V (head 128) and pages
+    that divide the block (a run is then one page); off, or other pages: the default gathers."""
+    rec = _record_split(monkeypatch, V_IDS_FIRST=True)
+    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=128, page=page,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    kw = rec.calls[-1][2]
+    assert kw["V_IDS_FIRST"] is applies and kw["V_TPR"] == (page // 8 if applies else 16)
+    assert kw["V_SUB"] == (max(16, 64 // (page // 8)) if applies else 16)
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_V_IDS_FIRST", False)
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["V_IDS_FIRST"] is False and rec.calls[-1][2]["V_TPR"] == 16
+
+
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_tma_by_head(head, monkeypatch):
     """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
@@ -495,6 +512,9 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
         assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
         sigw = dict(sigr, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1), aligned=aligned)
+        if head == 128:  # candidate: V page by page, each block's block-table entries first (page 16)
+            compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_TPR=2, V_SUB=32,
+                                                             V_IDS_FIRST=True), aligned=aligned)  # fmt: skip
         # candidate: three V slots (224 KiB with Q at heads 128 and 256)
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_STAGES=3), aligned=aligned)
         _, kf = compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2, K_IDS_FIRST=True),
@@ -606,7 +626,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 26 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 27 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -698,7 +718,7 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
      ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256),
      ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
-     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256)],
+     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256), ("split", "_GLUON_SPLIT_V_IDS_FIRST", 128)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
@@ -710,6 +730,7 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features, other blocks by 16-key
     runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes),
     ``_GLUON_SPLIT_V_STAGES3`` (three V slots, two K slots);
+    ``_GLUON_SPLIT_V_IDS_FIRST`` (V page by page, each block's block-table entries read first);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):

@@ -249,7 +249,7 @@ def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 @gluon.jit
 def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
-                    TPR: gl.constexpr):  # fmt: skip
+                    TPR: gl.constexpr, IDS_FIRST: gl.constexpr = False):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
     features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * 8``-key runs
     of ``32 / TPR`` features. ``TPR = BLOCK_N // 8``: the block's whole key run per feature (pages of at
@@ -258,16 +258,29 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
     feature rows (whole 128-byte lines instead of 32-byte pieces of several pages), one block-table
     entry per run live at a time. Copies are 8-key groups; a group that starts before ``seq_end`` is
     copied whole (its page holds it; the consumers zero the V columns past the segment), one past it
-    is zero-filled."""
+    is zero-filled. ``IDS_FIRST`` (candidate; runs of exactly one page, ``pos0`` page-aligned: the host
+    checks ``BLOCK_N % page_size == 0``): the block's ``BLOCK_N / RUN`` block-table entries are read
+    first, all at once (every thread holds them), so a run's copies do not wait for its own read."""
     PW: gl.constexpr = gl.num_warps()
     RUN: gl.constexpr = TPR * 8  # keys of one run
+    NR: gl.constexpr = BLOCK_N // RUN  # runs per block
     L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [PW, 1], [1, 0])  # a thread: 8 keys
     offs_n = gl.arange(0, RUN, layout=gl.SliceLayout(0, L))  # [RUN]
     rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
     step = SUB * c_dim
-    for r in gl.static_range(BLOCK_N // RUN):
+    if IDS_FIRST:
+        LI: gl.constexpr = gl.BlockedLayout([NR], [32], [PW], [0])  # every thread: all NR entries
+        r_idx = gl.arange(0, NR, layout=LI)  # [NR]
+        r_pos = pos0 + r_idx * RUN  # [NR] each run's first key (a page start)
+        ids = gl.load(p_table_row + r_pos // page_size, mask=r_pos < seq_end, other=0).to(gl.int32)  # [NR]
+    for r in gl.static_range(NR):
         grp = pos0 + r * RUN + (offs_n // 8) * 8  # [RUN] the key's 8-key group
-        col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1) + (offs_n % 8 + head_off)  # [RUN]
+        if IDS_FIRST:
+            blk = gl.sum(gl.where(r_idx == r, ids, 0), axis=0)  # run r's block id (in-thread)
+            col = blk.to(gl.int64) * c_block + (offs_n + head_off)  # [RUN] (the run is one page)
+        else:
+            col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1)  # [RUN]
+            col += offs_n % 8 + head_off  # [RUN]
         ok = grp < seq_end  # [RUN]
         if RUN == BLOCK_N:
             dst = buf
@@ -286,7 +299,7 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr,
-    SUB: gl.constexpr, V_TPR: gl.constexpr,
+    SUB: gl.constexpr, V_TPR: gl.constexpr, V_IDS_FIRST: gl.constexpr = False,
 ):  # fmt: skip
     """A partition of ``PRODUCER_WARPS`` warps filling one ring from vLLM's split cache: K (``KV == 0``,
     which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
@@ -314,7 +327,7 @@ def _split_producer(
                                 head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
                 _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
+                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR, V_IDS_FIRST)  # fmt: skip
             async_copy.mbarrier_arrive(bar, increment_count=False)
         else:
             mbarrier.expect(bar, kv_bytes)
@@ -532,7 +545,7 @@ def _split_k_partition(
 @gluon.jit
 def _split_v_partition(
     V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, V_IDS_FIRST: gl.constexpr = False,
 ):  # fmt: skip
     """The V ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_v_tma_producer` with
     ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers."""
@@ -542,7 +555,7 @@ def _split_v_partition(
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
-        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
+        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, V_IDS_FIRST)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
@@ -557,7 +570,7 @@ def _gluon_split_kernel(
     V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
     KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
-    V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
+    V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False, V_IDS_FIRST: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -583,7 +596,9 @@ def _gluon_split_kernel(
     a block's runs read their block-table entries before the first box (:func:`_k_run_boxes`).
     ``V_STAGES`` (candidate): the V ring's slots when they differ from the K ring's ``NUM_STAGES`` (0:
     the same); the consumers read V one block behind K, so a third V slot lets the V gathers of two
-    blocks be in flight while the consumers work on a third."""
+    blocks be in flight while the consumers work on a third. ``V_IDS_FIRST`` (candidate, with V gathered
+    page by page): each block's block-table entries read before its first run (see
+    :func:`_gather_v_block`)."""
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
@@ -640,7 +655,8 @@ def _gluon_split_kernel(
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
-                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
+                                       V_IDS_FIRST)),
             ],
             [1 if K_LEAN else PRODUCER_WARPS, PRODUCER_WARPS],
             [PRODUCER_REGS, PRODUCER_REGS],
@@ -658,7 +674,8 @@ def _gluon_split_kernel(
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
-                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
+                                       V_IDS_FIRST)),
             ],
             [4, 1 if K_LEAN else PRODUCER_WARPS, PRODUCER_WARPS],
             [240, PRODUCER_REGS, PRODUCER_REGS],

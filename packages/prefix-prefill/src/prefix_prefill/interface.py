@@ -606,6 +606,13 @@ _GLUON_SPLIT_K_IDS_FIRST = False
 # page 16 6.97 -> 7.04 ms, every other page within 0.3%: the V copy rate, not the ring's depth, sets
 # page 16's pace. Candidate.
 _GLUON_SPLIT_V_STAGES3 = False
+# Split-layout Gluon kernel, V gathered (not by TMA), pages shorter than a block that divide it: V
+# gathered page by page (as _GLUON_SPLIT_PAGE_ROWS: a warp copy reads one page's back-to-back feature
+# rows, whole lines, instead of 32-byte pieces of 8 pages) with the block's block-table entries read
+# first, all at once (kernel V_IDS_FIRST). Why: page 16 is V-bound (NOTES step 66) and
+# _GLUON_SPLIT_PAGE_ROWS alone ran 27% slower there, plausibly because each run's copies waited for its
+# own block-table read (eight dependent reads per block). Candidate (NOTES step 71).
+_GLUON_SPLIT_V_IDS_FIRST = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -966,7 +973,9 @@ def _gluon_split_launch(
             k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], 8, 64, swizzle=False)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     v_tpr = block_n // 8
-    if _GLUON_SPLIT_PAGE_ROWS and kc.page_size < block_n:
+    short = kc.page_size < block_n and block_n % kc.page_size == 0  # a block = whole pages
+    v_ids_first = _GLUON_SPLIT_V_IDS_FIRST and not v_tma and short
+    if (_GLUON_SPLIT_PAGE_ROWS or v_ids_first) and kc.page_size < block_n:
         v_tpr = max(kc.page_size // 8, 2)  # one page's key run per feature row (a multiple of 16 keys)
     warps = 1 if _GLUON_SPLIT_ONE_WARP else 2  # per producer (the two share one warpgroup's registers)
     regs = 56 if warps == 1 else 32
@@ -979,7 +988,7 @@ def _gluon_split_launch(
         NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs, V_TPR=v_tpr, PRODUCER_WARPS=warps,
         V_TMA=v_tma, K_TMA=k_tma, K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
         LLVM_O0=_GLUON_LLVM_O0, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
-        V_STAGES=v_stages,
+        V_STAGES=v_stages, V_IDS_FIRST=v_ids_first,
     )  # fmt: skip
 
     def launch(full: bool, warmup: bool) -> None:
