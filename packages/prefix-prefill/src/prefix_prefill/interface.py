@@ -611,7 +611,8 @@ _GLUON_SPLIT_V_STAGES3 = False
 # rows, whole lines, instead of 32-byte pieces of 8 pages) with the block's block-table entries read
 # first, all at once (kernel V_IDS_FIRST). Why: page 16 is V-bound (NOTES step 66) and
 # _GLUON_SPLIT_PAGE_ROWS alone ran 27% slower there, plausibly because each run's copies waited for its
-# own block-table read (eight dependent reads per block). Candidate (NOTES step 71).
+# own block-table read (eight dependent reads per block). H200 (NOTES step 71, robin 20): no: llama
+# page 16 6.83 -> 8.80 ms, page 32 6.86 -> 7.72 (the page-by-page mapping itself is slow). Candidate.
 _GLUON_SPLIT_V_IDS_FIRST = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
