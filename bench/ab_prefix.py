@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{max(t.values()) / min(t.values()):.3f}", flush=True)  # fmt: skip
     if args.out is not None and rows:
         stem = f"ab_prefix{args.switch}" + ("_kvcache" if args.kv_from_cache else "")
+        stem += "" if args.on_value is None else f"_{args.on_value}"  # an int setting's value
         stem += "" if sorted(layouts) == ["nhd", "split"] else "_" + "_".join(layouts)  # runs per layout
         write_rows(args.out, stem, rows)
     if spreads[False] and spreads[True]:

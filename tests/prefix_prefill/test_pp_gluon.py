@@ -319,6 +319,27 @@ def test_split_v_ids_first(page, applies, monkeypatch):
     assert rec.calls[-1][2]["V_IDS_FIRST"] is False and rec.calls[-1][2]["V_TPR"] == 16
 
 
+@pytest.mark.parametrize("tpr", [0, 2, 4, 8, 16, 3])
+@pytest.mark.parametrize("head", [128, 256])
+def test_split_v_tpr(head, tpr, monkeypatch):
+    """``_GLUON_SPLIT_V_TPR`` (candidate): threads along a feature row's keys in the V gathers, at most
+    the block's ``BLOCK_N / 8`` (0: that, the default); the warps' feature rows per step follow
+    (``V_SUB``); anything but 0 / 2 / 4 / 8 / 16 is a ValueError. Head 256 (V by TMA by default) with
+    V gathered."""
+    rec = _record_split(monkeypatch, V_TPR=tpr, V_TMA=False)
+    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    if tpr == 3:
+        with pytest.raises(ValueError, match="_GLUON_SPLIT_V_TPR"):
+            _launch(case)
+        return
+    assert _launch(case) is True
+    kw = rec.calls[-1][2]
+    full = 128 // 8 if head == 128 else 64 // 8
+    want = min(tpr, full) if tpr else full
+    assert kw["V_TMA"] is False and kw["V_TPR"] == want and kw["V_SUB"] == max(16, 64 // want)
+
+
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_tma_by_head(head, monkeypatch):
     """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
@@ -512,6 +533,10 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
         assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
         sigw = dict(sigr, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1), aligned=aligned)
+        if head == 128:  # candidate: V gathered in 64- / 32-key runs (4 / 8 features a warp copy)
+            for tpr in (8, 4):
+                compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_TPR=tpr),
+                             aligned=aligned)  # fmt: skip
         if head == 128:  # candidate: V page by page, each block's block-table entries first (page 16)
             compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_TPR=2, V_SUB=32,
                                                              V_IDS_FIRST=True), aligned=aligned)  # fmt: skip
@@ -626,7 +651,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 27 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 29 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -718,7 +743,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
      ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256),
      ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
-     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256), ("split", "_GLUON_SPLIT_V_IDS_FIRST", 128)],
+     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256), ("split", "_GLUON_SPLIT_V_IDS_FIRST", 128),
+     ("split", "_GLUON_SPLIT_V_TPR=8", 128), ("split", "_GLUON_SPLIT_V_TPR=4", 128)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
@@ -730,11 +756,13 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_K_WIDE`` a block inside one page as one box per 64 features, other blocks by 16-key
     runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes),
     ``_GLUON_SPLIT_V_STAGES3`` (three V slots, two K slots);
-    ``_GLUON_SPLIT_V_IDS_FIRST`` (V page by page, each block's block-table entries read first);
+    ``_GLUON_SPLIT_V_IDS_FIRST`` (V page by page, each block's block-table entries read first),
+    ``_GLUON_SPLIT_V_TPR=N`` (V gathered in ``8 N``-key runs);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):
-        monkeypatch.setattr(itf, name, True)
+        name, _, value = name.partition("=")  # NAME=N: an int setting
+        monkeypatch.setattr(itf, name, int(value) if value else True)
     if switch in ("_GLUON_SPLIT_K_TMA_LEAN", "_GLUON_SPLIT_K_WIDE", "_GLUON_SPLIT_K_IDS_FIRST"):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_TMA", True)
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", switch != "_GLUON_SPLIT_K_TMA_LEAN")

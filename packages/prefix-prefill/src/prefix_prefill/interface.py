@@ -614,6 +614,14 @@ _GLUON_SPLIT_V_STAGES3 = False
 # own block-table read (eight dependent reads per block). H200 (NOTES step 71, robin 20): no: llama
 # page 16 6.83 -> 8.80 ms, page 32 6.86 -> 7.72 (the page-by-page mapping itself is slow). Candidate.
 _GLUON_SPLIT_V_IDS_FIRST = False
+# Split-layout Gluon kernel, V gathered: threads along a feature row's keys in the V gathers (kernel
+# V_TPR; 0: BLOCK_N / 8, a warp copy then reads 2 features x 128 keys). The block is gathered in runs of
+# V_TPR * 8 keys with the default per-8-key-group mapping (any page). Why: at page 16 a warp copy of
+# the default reads 2 features of 8 pages, eight 64-byte halves of 128-byte lines; with 8 threads
+# along the keys it reads 4 features of 4 pages, four whole lines (a page's 4 feature rows are one
+# line), as at the large pages, and the shared-memory side writes whole 128-byte swizzle rows.
+# Candidate (int, A/B with ab_prefix --on-value).
+_GLUON_SPLIT_V_TPR = 0
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -978,6 +986,10 @@ def _gluon_split_launch(
     v_ids_first = _GLUON_SPLIT_V_IDS_FIRST and not v_tma and short
     if (_GLUON_SPLIT_PAGE_ROWS or v_ids_first) and kc.page_size < block_n:
         v_tpr = max(kc.page_size // 8, 2)  # one page's key run per feature row (a multiple of 16 keys)
+    elif _GLUON_SPLIT_V_TPR:  # candidate: shorter key runs per warp copy, default mapping
+        if _GLUON_SPLIT_V_TPR not in (2, 4, 8, 16):
+            raise ValueError(f"_GLUON_SPLIT_V_TPR must be 0, 2, 4, 8 or 16, got {_GLUON_SPLIT_V_TPR}")
+        v_tpr = min(_GLUON_SPLIT_V_TPR, v_tpr)
     warps = 1 if _GLUON_SPLIT_ONE_WARP else 2  # per producer (the two share one warpgroup's registers)
     regs = 56 if warps == 1 else 32
     tpd = max(head // 128, 1)  # the K gathers' threads along the features (gluon_kernel._gather_k_block)
