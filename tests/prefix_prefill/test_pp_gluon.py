@@ -340,6 +340,28 @@ def test_split_v_tpr(head, tpr, monkeypatch):
     assert kw["V_TMA"] is False and kw["V_TPR"] == want and kw["V_SUB"] == max(16, 64 // want)
 
 
+@pytest.mark.parametrize("runs_only", [False, True])
+@pytest.mark.parametrize("page", [16, 544])
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_k_run_gather(head, page, runs_only, monkeypatch):
+    """``_GLUON_SPLIT_K_RUN_GATHER`` (candidate): with K by wide boxes (heads 128 / 256) the kernel gets
+    the K cache's pointer (not a descriptor) and ``K_RUN_GATHER``; ``_GLUON_SPLIT_K_RUNS_ONLY``
+    (diagnostic): runs (``K_WIDE=2``) at every page; head 64 (K gathered): neither applies."""
+    rec = _record_split(monkeypatch, K_RUN_GATHER=True, K_RUNS_ONLY=runs_only)
+    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    args, kw = rec.calls[-1][1], rec.calls[-1][2]
+    wide = head in (128, 256)
+    assert kw["K_RUN_GATHER"] is wide and kw["K_TMA"] is wide
+    assert kw["K_WIDE"] == (0 if not wide else 2 if page == 16 or runs_only else 1)
+    assert isinstance(args[3], torch.Tensor)  # the K cache itself (gathers), not a descriptor
+    monkeypatch.setattr(itf, "_GLUON_SPLIT_K_RUN_GATHER", False)
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["K_RUN_GATHER"] is False
+    assert isinstance(rec.calls[-1][1][3], torch.Tensor) is not wide
+
+
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_tma_by_head(head, monkeypatch):
     """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
@@ -533,6 +555,13 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
         assert "cp.async.bulk.tensor.3d" in kw.asm["ptx"]
         sigw = dict(sigr, KW_desc=f"tensordesc<bf16[{bn // 8}, 8, 64],{lw!r}>")
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1), aligned=aligned)
+        # candidate: K blocks not inside one page gathered into the chunk ring (K_cache a pointer)
+        sigg = dict(sigw, K_cache="*bf16")
+        for mode in (1, 2):
+            _, kg = compile_sm90(itf._gluon_split_kernel, sigg, dict(consts, K_WIDE=mode, K_RUN_GATHER=True),
+                                 aligned=(*aligned, "K_cache"))  # fmt: skip
+            ptx = kg.asm["ptx"]  # gathers; one-page blocks (K_WIDE=1) still by 3-D boxes
+            assert "cp.async.cg.shared.global" in ptx and ("cp.async.bulk.tensor.3d" in ptx) is (mode == 1)
         if head == 128:  # candidate: V gathered in 64- / 32-key runs (4 / 8 features a warp copy)
             for tpr in (8, 4):
                 compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_TPR=tpr),
@@ -651,7 +680,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 29 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 35 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -744,7 +773,11 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256),
      ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
      ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256), ("split", "_GLUON_SPLIT_V_IDS_FIRST", 128),
-     ("split", "_GLUON_SPLIT_V_TPR=8", 128), ("split", "_GLUON_SPLIT_V_TPR=4", 128)],
+     ("split", "_GLUON_SPLIT_V_TPR=8", 128), ("split", "_GLUON_SPLIT_V_TPR=4", 128),
+     ("split", "_GLUON_SPLIT_K_RUN_GATHER", 128), ("split", "_GLUON_SPLIT_K_RUN_GATHER", 256),
+     ("split", "_GLUON_SPLIT_K_RUNS_ONLY", 128),
+     ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 128),
+     ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 256)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
@@ -757,7 +790,9 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     runs, with ``_GLUON_SPLIT_K_IDS_FIRST`` those runs' block ids read before their boxes),
     ``_GLUON_SPLIT_V_STAGES3`` (three V slots, two K slots);
     ``_GLUON_SPLIT_V_IDS_FIRST`` (V page by page, each block's block-table entries read first),
-    ``_GLUON_SPLIT_V_TPR=N`` (V gathered in ``8 N``-key runs);
+    ``_GLUON_SPLIT_V_TPR=N`` (V gathered in ``8 N``-key runs), ``_GLUON_SPLIT_K_RUN_GATHER`` (K blocks
+    not inside one page gathered into the TMA chunk ring), ``_GLUON_SPLIT_K_RUNS_ONLY`` (diagnostic:
+    every context block as 16-key runs);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):

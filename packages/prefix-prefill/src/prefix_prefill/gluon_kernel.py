@@ -429,11 +429,43 @@ def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, 
 
 
 @gluon.jit
+def _k_run_gather(Cache, parts, slot, p_table_row, pos0, a_end, page_size, c_block, c_group, head_off,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+    """One context block's K gathered by 16-byte ``cp.async`` copies into ring slot ``slot`` in the chunk
+    layout the TMA boxes write (``parts``: the ring as ``[slots * D/64, BLOCK_N/8, 8, 64]``; part ``p``,
+    chunk ``c``, feature group ``g``: one core matrix, a group's 8 keys x 8 features), for
+    ``_GLUON_SPLIT_K_RUN_GATHER``. A thread copies one key's 8 features of one group; a warp copy is
+    one chunk's 4 groups, four whole 128-byte lines of vLLM's split cache landing as four whole core
+    matrices; each warp one chunk per step (``PW`` chunks a step), the chunk's block-table entry read
+    once for all ``D/64`` parts. Keys ``>= a_end`` are zero-filled and read no entry."""
+    NP: gl.constexpr = HEAD_DIM // 64
+    NC: gl.constexpr = BLOCK_N // 8
+    PW: gl.constexpr = gl.num_warps()
+    L: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [PW, 1, 1], [2, 1, 0])  # a copy: [PW, 4, 64]
+    LGE: gl.constexpr = gl.SliceLayout(0, L)  # [8, 64]: groups x (key % 8 * 8 + feature % 8)
+    i_c = gl.arange(0, PW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))  # [PW] a warp's chunk in the step
+    i_g = gl.arange(0, 8, layout=gl.SliceLayout(1, LGE))  # [8] groups of a part
+    i_e = gl.arange(0, 64, layout=gl.SliceLayout(0, LGE))  # [64]
+    i_k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L))) // 8  # [64] key % 8
+    col = i_g[:, None] * c_group.to(gl.int32) + i_e[None, :]  # [8, 64] int32 (host-checked range)
+    for c0 in gl.static_range(0, NC, PW):
+        pos = pos0 + (c0 + i_c) * 8  # [PW] each warp's chunk start (a chunk lies in one page)
+        row = slot_offset(p_table_row, pos, a_end, page_size, c_block, 8) + head_off  # [PW] int64
+        ok = (pos[:, None, None] + i_k[None, None, :]) < a_end  # [PW, 1, 64]
+        for p in gl.static_range(NP):
+            off = row[:, None, None] + (col + p * 8 * c_group.to(gl.int32))[None, :, :]  # [PW, 8, 64]
+            off = gl.max_contiguous(gl.multiple_of(off, [1, 1, 8]), [1, 1, 8])
+            dst = parts.index(slot * NP + p).slice(c0, PW)  # [PW, 8, 64]
+            async_copy.async_copy_global_to_shared(dst, Cache + off, mask=ok)
+
+
+@gluon.jit
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, VECTOR_IDS: gl.constexpr = False, W_desc=None,
-    R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False,
+    R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False, RUN_GATHER: gl.constexpr = False,
+    c_block=None, c_group=None, c_head=None,
 ):  # fmt: skip
     """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
     features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
@@ -459,7 +491,10 @@ def _split_k_tma_producer(
     block when pages are shorter than a block, ``K_WIDE == 2``, ``W_desc`` then absent) as runs of 16
     keys, each inside one page: one read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` (the same
     view) per run, half the chunk boxes' reads and boxes (:func:`_k_run_boxes`; ``IDS_FIRST`` as
-    there)."""
+    there). ``RUN_GATHER`` (candidate, with ``K_WIDE``): those other blocks gathered instead
+    (:func:`_k_run_gather`; ``C_desc`` is then the K cache's pointer, ``c_*`` its block, head and
+    feature-group strides), each thread arriving on the ready barrier when its copies land (count: the
+    partition's threads; a TMA-filled slot's expect-tx arrival brings the rest in one)."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
     NP: gl.constexpr = HEAD_DIM // 64
@@ -473,8 +508,30 @@ def _split_k_tma_producer(
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
         rows = smem.index(slot)  # [BLOCK_N * D / 64, 64]: (part p, chunk c) = rows [(p * NC + c) * 8, +8)
-        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-        if j < n_a:
+        if RUN_GATHER:  # context blocks in one page (K_WIDE == 1) and new tokens by boxes, others gathered
+            page0 = (j * BLOCK_N) // page_size
+            off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
+            one_page = (off + BLOCK_N <= page_size) & (K_WIDE == 1)
+            if (j >= n_a) | one_page:
+                mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+                mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
+            if j < n_a:
+                if one_page:
+                    if K_WIDE == 1:
+                        blk0 = gl.load(p_table_row + page0).to(gl.int32)
+                        row00 = (blk0 * kv_heads + kv_head) * G
+                        for p in gl.static_range(NP):
+                            tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar,
+                                                            parts.index(slot * NP + p))  # fmt: skip
+                else:
+                    _k_run_gather(C_desc, parts, slot, p_table_row, j * BLOCK_N, a_end, page_size, c_block,
+                                  c_group, kv_head.to(gl.int64) * c_head, BLOCK_N, HEAD_DIM)  # fmt: skip
+                    async_copy.mbarrier_arrive(bar, increment_count=False)
+        else:
+            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        if RUN_GATHER and j < n_a:
+            pass
+        elif j < n_a:
             if VECTOR_IDS:
                 i_c = gl.arange(0, NC, layout=gl.BlockedLayout([1], [32], [1], [0]))  # [NC] chunks
                 pos_v = j * BLOCK_N + i_c * 8  # [NC]
@@ -527,17 +584,19 @@ def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
     W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False,
+    RUN_GATHER: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
-    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``VECTOR_IDS``, ``W_desc``, ``R_desc``,
-    ``K_WIDE`` and ``IDS_FIRST`` as there), else :func:`_split_producer`'s gathers."""
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor, or its pointer with ``RUN_GATHER``;
+    ``VECTOR_IDS``, ``W_desc``, ``R_desc``, ``K_WIDE``, ``IDS_FIRST`` and ``RUN_GATHER`` as there), else
+    :func:`_split_producer`'s gathers."""
     if K_TMA:
-        (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
-         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
+        (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
+         c_group, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
                               HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS, W_desc, R_desc,
-                              K_WIDE, IDS_FIRST)  # fmt: skip
+                              K_WIDE, IDS_FIRST, RUN_GATHER, c_block, c_group, c_head)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -571,6 +630,7 @@ def _gluon_split_kernel(
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
     KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
     V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False, V_IDS_FIRST: gl.constexpr = False,
+    K_RUN_GATHER: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -598,7 +658,9 @@ def _gluon_split_kernel(
     the same); the consumers read V one block behind K, so a third V slot lets the V gathers of two
     blocks be in flight while the consumers work on a third. ``V_IDS_FIRST`` (candidate, with V gathered
     page by page): each block's block-table entries read before its first run (see
-    :func:`_gather_v_block`)."""
+    :func:`_gather_v_block`). ``K_RUN_GATHER`` (candidate, with ``K_WIDE``): the K blocks that are not one
+    page's by ``cp.async`` gathers into the same chunk ring (``K_cache`` is then the K cache's pointer;
+    see :func:`_split_k_tma_producer`)."""
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
@@ -614,7 +676,7 @@ def _gluon_split_kernel(
         v_tok0 = gl.load(VCol0 + seq).to(gl.int32)
     if K_TMA:
         k_tok0 = v_tok0  # the host's copy of k has v's column layout
-        K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
+        K_ROWS: gl.constexpr = K_desc.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
     else:
         k_tok0 = q_tok0
         K_ROWS: gl.constexpr = None
@@ -628,7 +690,7 @@ def _gluon_split_kernel(
         HEAD_DIM,
         NUM_STAGES,
         True,
-        1 if K_TMA else 32 * PRODUCER_WARPS,
+        1 if K_TMA and not K_RUN_GATHER else 32 * (1 if K_LEAN else PRODUCER_WARPS),
         1 if V_TMA else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
         K_ROWS,
@@ -654,7 +716,7 @@ def _gluon_split_kernel(
                     True, 2, K_VIEW, VS, FREE_WAITS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
                                        V_IDS_FIRST)),
             ],
@@ -673,7 +735,7 @@ def _gluon_split_kernel(
                     True, 1, K_VIEW, VS, FREE_WAITS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
                                        V_IDS_FIRST)),
             ],

@@ -622,6 +622,17 @@ _GLUON_SPLIT_V_IDS_FIRST = False
 # line), as at the large pages, and the shared-memory side writes whole 128-byte swizzle rows.
 # Candidate (int, A/B with ab_prefix --on-value).
 _GLUON_SPLIT_V_TPR = 0
+# Split-layout Gluon kernel, K by wide TMA boxes: the blocks that are not inside one page (all of them at
+# pages shorter than a block) gathered by 16-byte cp.async copies into the same chunk ring instead of
+# 16-key runs of D/64 boxes (kernel K_RUN_GATHER): a warp copy is one 8-key chunk's 4 feature groups,
+# four whole 128-byte lines landing as four whole wgmma core matrices. Why: at page 16 the runs are 16
+# boxes of 2 KB per block (8 pages x D/64 at head 128, 4 x 4 at head 256) against 2-4 boxes of 16-32 KB
+# at the large pages; if the TMA unit's per-box cost sets page 16's K pace, gathers of whole lines
+# avoid it (qwen-hybrid's page 16 with V by TMA too is then K-bound). Candidate.
+_GLUON_SPLIT_K_RUN_GATHER = False
+# Diagnostic, not a candidate: with K by wide TMA boxes, every context block as 16-key runs (K_WIDE=2) at
+# every page, to time what page 16's K runs cost at the large pages.
+_GLUON_SPLIT_K_RUNS_ONLY = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -969,17 +980,19 @@ def _gluon_split_launch(
     if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
         kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16)
         k_wide = 2  # pages shorter than a block: runs only
-        if page >= block_n:
+        if page >= block_n and not _GLUON_SPLIT_K_RUNS_ONLY:
             kw_desc, k_wide = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n), 1
     if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
         k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
         k_view = _k_chunk_view(block_n)
         if k is None:
-            k_desc = k_cache_arg
+            k_desc = k_cache_arg  # (the ring's layout; the kernel reads no new tokens)
         else:
             k_t, _ = _split_new_k(k, cu_seqlens_q)  # the same columns as v_t's
             k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], 8, 64, swizzle=False)
+        if k_wide and _GLUON_SPLIT_K_RUN_GATHER:  # runs gathered from the cache's pointer
+            k_cache_arg = k_cache
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     v_tpr = block_n // 8
     short = kc.page_size < block_n and block_n % kc.page_size == 0  # a block = whole pages
@@ -1001,7 +1014,7 @@ def _gluon_split_launch(
         NUM_STAGES=stages, K_SUB=k_sub, V_SUB=v_sub, PRODUCER_REGS=regs, V_TPR=v_tpr, PRODUCER_WARPS=warps,
         V_TMA=v_tma, K_TMA=k_tma, K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
         LLVM_O0=_GLUON_LLVM_O0, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
-        V_STAGES=v_stages, V_IDS_FIRST=v_ids_first,
+        V_STAGES=v_stages, V_IDS_FIRST=v_ids_first, K_RUN_GATHER=bool(k_wide) and _GLUON_SPLIT_K_RUN_GATHER,
     )  # fmt: skip
 
     def launch(full: bool, warmup: bool) -> None:
