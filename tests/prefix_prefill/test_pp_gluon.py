@@ -340,6 +340,18 @@ def test_split_v_tpr(head, tpr, monkeypatch):
     assert kw["V_TMA"] is False and kw["V_TPR"] == want and kw["V_SUB"] == max(16, 64 // want)
 
 
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_k_one_warp(head, monkeypatch):
+    """``_GLUON_SPLIT_K_ONE_WARP`` (candidate): with K by TMA (heads 128 / 256) ``K_ONE_WARP``; with K
+    gathered (head 64) off (the gathers' layouts assume ``PRODUCER_WARPS``)."""
+    rec = _record_split(monkeypatch, K_ONE_WARP=True)
+    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    kw = rec.calls[-1][2]
+    assert kw["K_ONE_WARP"] is (head != 64) and kw["K_TMA"] is (head != 64)
+
+
 @pytest.mark.parametrize("runs_only", [False, True])
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("head", [64, 128, 256])
@@ -360,27 +372,6 @@ def test_split_k_run_gather(head, page, runs_only, monkeypatch):
     assert _launch(case) is True
     assert rec.calls[-1][2]["K_RUN_GATHER"] is False
     assert isinstance(rec.calls[-1][1][3], torch.Tensor) is not wide
-
-
-@pytest.mark.parametrize("page", [16, 544])
-@pytest.mark.parametrize("head", [64, 128, 256])
-def test_split_k_chunk_major(head, page, monkeypatch):
-    """``_GLUON_SPLIT_K_CHUNK_MAJOR`` (candidate): with K by wide boxes (heads 128 / 256) ``K_CM`` and the
-    one-view consumer layout (stride between 8-key chunks: every feature group); the boxes span all
-    ``D/8`` groups; head 64 (K gathered): off."""
-    rec = _record_split(monkeypatch, K_CHUNK_MAJOR=True)
-    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
-                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
-    assert _launch(case) is True
-    kw = rec.calls[-1][2]
-    wide = head in (128, 256)
-    assert kw["K_CM"] is wide
-    if wide:
-        bn = 64 if head == 256 else 128
-        assert kw["K_VIEW"] == itf._k_full_view(bn, head) and kw["KR_desc"].block_shape == [2, head // 8, 64]
-        assert (kw["KW_desc"] is None) is (page == 16)
-        if page != 16:
-            assert kw["KW_desc"].block_shape == [bn // 8, head // 8, 64]
 
 
 @pytest.mark.parametrize("head", [64, 128, 256])
@@ -583,13 +574,8 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
                                  aligned=(*aligned, "K_cache"))  # fmt: skip
             ptx = kg.asm["ptx"]  # gathers; one-page blocks (K_WIDE=1) still by 3-D boxes
             assert "cp.async.cg.shared.global" in ptx and ("cp.async.bulk.tensor.3d" in ptx) is (mode == 1)
-        # candidate: a chunk-major K ring read as one [BLOCK_N, D] view, boxes spanning every feature
-        g = head // 8
-        sigc = dict(sig, KR_desc=f"tensordesc<bf16[2, {g}, 64],{lw!r}>",
-                    KW_desc=f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>")  # fmt: skip
-        for mode in (1, 2):
-            cc = dict(consts, K_WIDE=mode, K_CM=True, K_VIEW=itf._k_full_view(bn, head))
-            compile_sm90(itf._gluon_split_kernel, sigc, cc, aligned=aligned)
+        # candidate: a one-warp K producer (runs: no partition barrier between boxes)
+        compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2, K_ONE_WARP=True), aligned=aligned)
         if head == 128:  # candidate: V gathered in 64- / 32-key runs (4 / 8 features a warp copy)
             for tpr in (8, 4):
                 compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_TPR=tpr),
@@ -708,7 +694,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 41 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 38 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -806,7 +792,7 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_K_RUNS_ONLY", 128),
      ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 128),
      ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 256),
-     ("split", "_GLUON_SPLIT_K_CHUNK_MAJOR", 128), ("split", "_GLUON_SPLIT_K_CHUNK_MAJOR", 256)],
+     ("split", "_GLUON_SPLIT_K_ONE_WARP", 128), ("split", "_GLUON_SPLIT_K_ONE_WARP", 256)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
@@ -821,8 +807,7 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_V_IDS_FIRST`` (V page by page, each block's block-table entries read first),
     ``_GLUON_SPLIT_V_TPR=N`` (V gathered in ``8 N``-key runs), ``_GLUON_SPLIT_K_RUN_GATHER`` (K blocks
     not inside one page gathered into the TMA chunk ring), ``_GLUON_SPLIT_K_RUNS_ONLY`` (diagnostic:
-    every context block as 16-key runs), ``_GLUON_SPLIT_K_CHUNK_MAJOR`` (a chunk-major K ring read as
-    one view, a box per run or one-page block);
+    every context block as 16-key runs), ``_GLUON_SPLIT_K_ONE_WARP`` (a one-warp K producer);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):
