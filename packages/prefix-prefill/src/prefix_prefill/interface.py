@@ -636,8 +636,10 @@ _GLUON_SPLIT_K_RUNS_ONLY = False
 # Split-layout Gluon kernel, K by TMA: a one-warp K producer (kernel K_ONE_WARP; the shipped boxes, not
 # K_LEAN's vector ids). Why (NOTES step 72): page 16's gap is its K runs, 16 boxes a block, and the
 # two-warp producer's SASS puts a partition barrier (BAR.SYNC 0x40) after every box; one warp needs
-# none. Candidate.
-_GLUON_SPLIT_K_ONE_WARP = False
+# none (kernel BAR.SYNC count 97 -> 47 offline). H200 (step 72, robin 20, outputs bitwise equal): llama
+# page 16 7.011 -> 6.619 ms, the other pages 0.3-0.6% faster, max/min over pages 1.076 -> 1.019;
+# qwen-hybrid page 16 2.368 -> 2.276, max/min 1.073 -> 1.033. On.
+_GLUON_SPLIT_K_ONE_WARP = True
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
