@@ -352,6 +352,17 @@ def test_split_k_one_warp(head, monkeypatch):
     assert kw["K_ONE_WARP"] is (head != 64) and kw["K_TMA"] is (head != 64)
 
 
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_v_one_warp(head, monkeypatch):
+    """``_GLUON_SPLIT_V_ONE_WARP`` (candidate): only where V goes by TMA (head 256 by default)."""
+    rec = _record_split(monkeypatch, V_ONE_WARP=True)
+    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    kw = rec.calls[-1][2]
+    assert kw["V_ONE_WARP"] is (head == 256) and kw["V_TMA"] is (head == 256)
+
+
 @pytest.mark.parametrize("runs_only", [False, True])
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("head", [64, 128, 256])
@@ -557,6 +568,8 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
     # 16-byte gathers only, and every producer thread arrives when its own copies land
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
+    if v_tma:  # candidate: a one-warp V producer
+        compile_sm90(itf._gluon_split_kernel, sig, dict(consts, V_ONE_WARP=True), aligned=aligned)
     if k_tma:  # K in 8-key chunk boxes, read by wgmma without re-staging (no-swizzle descriptors)
         assert ptx.count("cp.async.bulk.tensor.2d") >= bn // 8 * head // 64
         compile_sm90(itf._gluon_split_kernel, sig, dict(consts, K_LEAN=True), aligned=aligned)  # candidate
@@ -694,7 +707,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 38 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 40 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -792,7 +805,8 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
      ("split", "_GLUON_SPLIT_K_RUNS_ONLY", 128),
      ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 128),
      ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 256),
-     ("split", "_GLUON_SPLIT_K_ONE_WARP", 128), ("split", "_GLUON_SPLIT_K_ONE_WARP", 256)],
+     ("split", "_GLUON_SPLIT_K_ONE_WARP", 128), ("split", "_GLUON_SPLIT_K_ONE_WARP", 256),
+     ("split", "_GLUON_SPLIT_V_ONE_WARP", 256)],
 )  # fmt: skip
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
@@ -807,7 +821,8 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_V_IDS_FIRST`` (V page by page, each block's block-table entries read first),
     ``_GLUON_SPLIT_V_TPR=N`` (V gathered in ``8 N``-key runs), ``_GLUON_SPLIT_K_RUN_GATHER`` (K blocks
     not inside one page gathered into the TMA chunk ring), ``_GLUON_SPLIT_K_RUNS_ONLY`` (diagnostic:
-    every context block as 16-key runs), ``_GLUON_SPLIT_K_ONE_WARP`` (a one-warp K producer);
+    every context block as 16-key runs), ``_GLUON_SPLIT_K_ONE_WARP`` (a one-warp K producer),
+    ``_GLUON_SPLIT_V_ONE_WARP`` (a one-warp V producer with V by TMA);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):

@@ -630,7 +630,7 @@ def _gluon_split_kernel(
     K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
     KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
     V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False, V_IDS_FIRST: gl.constexpr = False,
-    K_RUN_GATHER: gl.constexpr = False, K_ONE_WARP: gl.constexpr = False,
+    K_RUN_GATHER: gl.constexpr = False, K_ONE_WARP: gl.constexpr = False, V_ONE_WARP: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -661,8 +661,10 @@ def _gluon_split_kernel(
     :func:`_gather_v_block`). ``K_RUN_GATHER`` (candidate, with ``K_WIDE``): the K blocks that are not one
     page's by ``cp.async`` gathers into the same chunk ring (``K_cache`` is then the K cache's pointer;
     see :func:`_split_k_tma_producer`). ``K_ONE_WARP`` (candidate, with ``K_TMA``): the K producer is one
-    warp (its boxes need no partition barrier between them)."""
+    warp (its boxes need no partition barrier between them). ``V_ONE_WARP`` (candidate, with ``V_TMA``):
+    the V producer too."""
     K_PW: gl.constexpr = 1 if K_LEAN or K_ONE_WARP else PRODUCER_WARPS  # the K producer's warps
+    V_PW: gl.constexpr = 1 if V_TMA and V_ONE_WARP else PRODUCER_WARPS  # the V producer's warps
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
@@ -722,7 +724,7 @@ def _gluon_split_kernel(
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
                                        V_IDS_FIRST)),
             ],
-            [K_PW, PRODUCER_WARPS],
+            [K_PW, V_PW],
             [PRODUCER_REGS, PRODUCER_REGS],
         )  # fmt: skip
     else:
@@ -741,6 +743,6 @@ def _gluon_split_kernel(
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
                                        V_IDS_FIRST)),
             ],
-            [4, K_PW, PRODUCER_WARPS],
+            [4, K_PW, V_PW],
             [240, PRODUCER_REGS, PRODUCER_REGS],
         )  # fmt: skip

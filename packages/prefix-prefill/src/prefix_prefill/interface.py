@@ -640,6 +640,10 @@ _GLUON_SPLIT_K_RUNS_ONLY = False
 # page 16 7.011 -> 6.619 ms, the other pages 0.3-0.6% faster, max/min over pages 1.076 -> 1.019;
 # qwen-hybrid page 16 2.368 -> 2.276, max/min 1.073 -> 1.033. On.
 _GLUON_SPLIT_K_ONE_WARP = True
+# Split-layout Gluon kernel with V by TMA (head 256 by default): a one-warp V producer too (kernel
+# V_ONE_WARP), for the same reason (its 16-key boxes, 4 a block at head 256, each followed by a
+# partition barrier in the two-warp producer). Offline only so far. Candidate.
+_GLUON_SPLIT_V_ONE_WARP = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -1022,7 +1026,7 @@ def _gluon_split_launch(
         V_TMA=v_tma, K_TMA=k_tma, K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
         LLVM_O0=_GLUON_LLVM_O0, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
         V_STAGES=v_stages, V_IDS_FIRST=v_ids_first, K_ONE_WARP=k_tma and _GLUON_SPLIT_K_ONE_WARP,
-        K_RUN_GATHER=bool(k_wide) and _GLUON_SPLIT_K_RUN_GATHER,
+        K_RUN_GATHER=bool(k_wide) and _GLUON_SPLIT_K_RUN_GATHER, V_ONE_WARP=v_tma and _GLUON_SPLIT_V_ONE_WARP,
     )  # fmt: skip
 
     def launch(full: bool, warmup: bool) -> None:
