@@ -429,6 +429,21 @@ def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, 
 
 
 @gluon.jit
+def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
+                  HEAD_DIM: gl.constexpr):  # fmt: skip
+    """A context block inside page ``page0`` (its first key at ``off`` in the page) as ``D/64`` boxes
+    ``[BLOCK_N/8, 8, 64]`` of ``W_desc`` into the parts of ring slot ``slot`` (see
+    :func:`_split_k_tma_producer`'s ``K_WIDE``): one block-table read."""
+    G: gl.constexpr = HEAD_DIM // 8
+    NP: gl.constexpr = HEAD_DIM // 64
+    blk0 = gl.load(p_table_row + page0).to(gl.int32)
+    row00 = (blk0 * kv_heads + kv_head) * G
+    for p in gl.static_range(NP):
+        dst = parts.index(slot * NP + p)  # [BLOCK_N/8, 8, 64]
+        tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar, dst)
+
+
+@gluon.jit
 def _k_run_gather(Cache, parts, slot, p_table_row, pos0, a_end, page_size, c_block, c_group, head_off,
                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
     """One context block's K gathered by 16-byte ``cp.async`` copies into ring slot ``slot`` in the chunk
@@ -518,11 +533,8 @@ def _split_k_tma_producer(
             if j < n_a:
                 if one_page:
                     if K_WIDE == 1:
-                        blk0 = gl.load(p_table_row + page0).to(gl.int32)
-                        row00 = (blk0 * kv_heads + kv_head) * G
-                        for p in gl.static_range(NP):
-                            tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar,
-                                                            parts.index(slot * NP + p))  # fmt: skip
+                        _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
+                                      HEAD_DIM)  # fmt: skip
                 else:
                     _k_run_gather(C_desc, parts, slot, p_table_row, j * BLOCK_N, a_end, page_size, c_block,
                                   c_group, kv_head.to(gl.int64) * c_head, BLOCK_N, HEAD_DIM)  # fmt: skip
@@ -550,11 +562,8 @@ def _split_k_tma_producer(
                 page0 = (j * BLOCK_N) // page_size
                 off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
                 if off + BLOCK_N <= page_size:  # key groups [off / 8, + NC) of one page: a box per part
-                    blk0 = gl.load(p_table_row + page0).to(gl.int32)
-                    row00 = (blk0 * kv_heads + kv_head) * G
-                    for p in gl.static_range(NP):
-                        tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar,
-                                                        parts.index(slot * NP + p))  # fmt: skip
+                    _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
+                                  HEAD_DIM)  # fmt: skip
                 else:
                     _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
                                  kv_heads, kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST)  # fmt: skip
