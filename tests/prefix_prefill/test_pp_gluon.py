@@ -775,39 +775,44 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
 
 
+# The candidate switches the GPU A/B test runs: (layout, switch) -> head sizes. ``A+B``: both switches;
+# ``NAME=N``: an int setting.
+_GPU_CANDIDATES = {
+    ("nhd", "_GLUON_VECTOR_IDS"): (128,),
+    ("nhd", "_GLUON_UNIFORM_BOX"): (128, 256),
+    ("split", "_GLUON_SPLIT_STAGES3"): (128,),
+    ("split", "_GLUON_SPLIT_ONE_WARP"): (256,),
+    ("split", "_GLUON_SPLIT_PAGE_ROWS"): (128, 256),
+    ("split", "_GLUON_SPLIT_V_TMA"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_TMA"): (64, 128, 256),
+    ("split", "_GLUON_SPLIT_K_TMA_LEAN"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_WIDE"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_IDS_FIRST"): (128, 256),
+    ("split", "_GLUON_SPLIT_V_STAGES3"): (128, 256),
+    ("nhd", "_GLUON_ONE_CONSUMER"): (128, 256),
+    ("split", "_GLUON_ONE_CONSUMER"): (128,),
+    ("nhd", "_GLUON_FREE_WAITS"): (128, 256),
+    ("split", "_GLUON_FREE_WAITS"): (128, 256),
+    ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS"): (128, 256),
+    ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS"): (128, 256),
+    ("split", "_GLUON_SPLIT_V_IDS_FIRST"): (128,),
+    ("split", "_GLUON_SPLIT_V_TPR=8"): (128,),
+    ("split", "_GLUON_SPLIT_V_TPR=4"): (128,),
+    ("split", "_GLUON_SPLIT_K_RUN_GATHER"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_RUNS_ONLY"): (128,),
+    ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_ONE_WARP"): (128, 256),
+    ("split", "_GLUON_SPLIT_V_ONE_WARP"): (256,),
+}
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("page", [16, 1040, 32, 512])
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize(
-    "layout,switch,head",
-    [("nhd", "_GLUON_VECTOR_IDS", 128), ("nhd", "_GLUON_UNIFORM_BOX", 128),
-     ("nhd", "_GLUON_UNIFORM_BOX", 256), ("split", "_GLUON_SPLIT_STAGES3", 128),
-     ("split", "_GLUON_SPLIT_ONE_WARP", 256), ("split", "_GLUON_SPLIT_PAGE_ROWS", 128),
-     ("split", "_GLUON_SPLIT_PAGE_ROWS", 256),
-     ("split", "_GLUON_SPLIT_V_TMA", 128), ("split", "_GLUON_SPLIT_V_TMA", 256),
-     ("split", "_GLUON_SPLIT_K_TMA", 64), ("split", "_GLUON_SPLIT_K_TMA", 128),
-     ("split", "_GLUON_SPLIT_K_TMA", 256), ("split", "_GLUON_SPLIT_K_TMA_LEAN", 128),
-     ("split", "_GLUON_SPLIT_K_TMA_LEAN", 256), ("split", "_GLUON_SPLIT_K_WIDE", 128),
-     ("split", "_GLUON_SPLIT_K_WIDE", 256), ("split", "_GLUON_SPLIT_K_IDS_FIRST", 128),
-     ("split", "_GLUON_SPLIT_K_IDS_FIRST", 256), ("split", "_GLUON_SPLIT_V_STAGES3", 128),
-     ("split", "_GLUON_SPLIT_V_STAGES3", 256),
-     ("nhd", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_ONE_CONSUMER", 256),
-     ("split", "_GLUON_ONE_CONSUMER", 128), ("nhd", "_GLUON_FREE_WAITS", 128),
-     ("nhd", "_GLUON_FREE_WAITS", 256), ("split", "_GLUON_FREE_WAITS", 128),
-     ("split", "_GLUON_FREE_WAITS", 256),
-     ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
-     ("nhd", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256),
-     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 128),
-     ("split", "_GLUON_ONE_CONSUMER+_GLUON_FREE_WAITS", 256), ("split", "_GLUON_SPLIT_V_IDS_FIRST", 128),
-     ("split", "_GLUON_SPLIT_V_TPR=8", 128), ("split", "_GLUON_SPLIT_V_TPR=4", 128),
-     ("split", "_GLUON_SPLIT_K_RUN_GATHER", 128), ("split", "_GLUON_SPLIT_K_RUN_GATHER", 256),
-     ("split", "_GLUON_SPLIT_K_RUNS_ONLY", 128),
-     ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 128),
-     ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER", 256),
-     ("split", "_GLUON_SPLIT_K_ONE_WARP", 128), ("split", "_GLUON_SPLIT_K_ONE_WARP", 256),
-     ("split", "_GLUON_SPLIT_V_ONE_WARP", 256)],
-)  # fmt: skip
+    "layout,switch,head", [(lay, sw, h) for (lay, sw), heads in _GPU_CANDIDATES.items() for h in heads]
+)
 def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_launches, monkeypatch):
     """The candidate switches: same answers, same NaN-filled unread slots. NHD: ``_GLUON_VECTOR_IDS``
     (a block's page-run ids read as one vector), ``_GLUON_UNIFORM_BOX`` (16-token copies for every
