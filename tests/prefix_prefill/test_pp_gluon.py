@@ -302,6 +302,21 @@ def test_split_v_stages3(head, on, monkeypatch):
     assert kw["K_TMA"] is (head in (128, 256))
 
 
+@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_k_stages3(head, on, monkeypatch):
+    """``_GLUON_SPLIT_K_STAGES3`` (candidate): with K by TMA (heads 128 / 256) three K slots beside two V
+    slots (``NUM_STAGES=3, V_STAGES=2``); K gathered (head 64) or off: two of each (``V_STAGES=0``)."""
+    rec = _record_split(monkeypatch, K_STAGES3=on)
+    case = make_case([(40, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    ((_, _, kw),) = rec.calls
+    three = on and head != 64
+    assert kw["NUM_STAGES"] == (3 if three else 2) and kw["V_STAGES"] == (2 if three else 0)
+    assert kw["K_TMA"] is (head in (128, 256))
+
+
 @pytest.mark.parametrize("page,applies", [(16, True), (32, True), (64, True), (48, False), (128, False)])
 def test_split_v_ids_first(page, applies, monkeypatch):
     """``_GLUON_SPLIT_V_IDS_FIRST`` (candidate): V gathered page by page (``V_TPR = page / 8``) with each
@@ -354,7 +369,7 @@ def test_split_k_one_warp(head, monkeypatch):
 
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_v_one_warp(head, monkeypatch):
-    """``_GLUON_SPLIT_V_ONE_WARP`` (candidate): only where V goes by TMA (head 256 by default)."""
+    """``_GLUON_SPLIT_V_ONE_WARP`` (on): only where V goes by TMA (head 256 by default)."""
     rec = _record_split(monkeypatch, V_ONE_WARP=True)
     case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=16,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
@@ -598,6 +613,9 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
                                                              V_IDS_FIRST=True), aligned=aligned)  # fmt: skip
         # candidate: three V slots (224 KiB with Q at heads 128 and 256)
         compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_STAGES=3), aligned=aligned)
+        # candidate: three K slots, two V slots (224 KiB with Q at head 256), runs by the one-warp producer
+        k3 = dict(consts, K_WIDE=2, K_ONE_WARP=True, NUM_STAGES=3, V_STAGES=2)
+        compile_sm90(itf._gluon_split_kernel, sigr, k3, aligned=aligned)
         _, kf = compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2, K_IDS_FIRST=True),
                              aligned=aligned)  # candidate: a block's runs read their block ids first
         assert "cp.async.bulk.tensor.3d" in kf.asm["ptx"]
@@ -707,7 +725,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 40 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 43 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -803,6 +821,7 @@ _GPU_CANDIDATES = {
     ("split", "_GLUON_SPLIT_K_RUNS_ONLY+_GLUON_SPLIT_K_RUN_GATHER"): (128, 256),
     ("split", "_GLUON_SPLIT_K_ONE_WARP"): (128, 256),
     ("split", "_GLUON_SPLIT_V_ONE_WARP"): (256,),
+    ("split", "_GLUON_SPLIT_K_STAGES3"): (128, 256),
 }
 
 
@@ -827,7 +846,8 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     ``_GLUON_SPLIT_V_TPR=N`` (V gathered in ``8 N``-key runs), ``_GLUON_SPLIT_K_RUN_GATHER`` (K blocks
     not inside one page gathered into the TMA chunk ring), ``_GLUON_SPLIT_K_RUNS_ONLY`` (diagnostic:
     every context block as 16-key runs), ``_GLUON_SPLIT_K_ONE_WARP`` (a one-warp K producer),
-    ``_GLUON_SPLIT_V_ONE_WARP`` (a one-warp V producer with V by TMA);
+    ``_GLUON_SPLIT_V_ONE_WARP`` (a one-warp V producer with V by TMA), ``_GLUON_SPLIT_K_STAGES3`` (three K
+    slots, two V slots);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):

@@ -7,7 +7,7 @@ it before capturing CUDA graphs).
 Launch configs come from a static per-architecture table (:mod:`prefix_prefill.configs`).
 """
 
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 
 from prefix_prefill.configs import CONFIGS, KernelConfig, get_config, shared_memory_bytes
 from prefix_prefill.interface import KV_CACHE_DTYPES, context_attention_fwd, finish_compiles, prefix_prefill

@@ -670,7 +670,7 @@ def _gluon_split_kernel(
     :func:`_gather_v_block`). ``K_RUN_GATHER`` (candidate, with ``K_WIDE``): the K blocks that are not one
     page's by ``cp.async`` gathers into the same chunk ring (``K_cache`` is then the K cache's pointer;
     see :func:`_split_k_tma_producer`). ``K_ONE_WARP`` (with ``K_TMA``; shipped on): the K producer is one
-    warp (its boxes need no partition barrier between them). ``V_ONE_WARP`` (candidate, with ``V_TMA``):
+    warp (its boxes need no partition barrier between them). ``V_ONE_WARP`` (with ``V_TMA``; shipped on):
     the V producer too."""
     K_PW: gl.constexpr = 1 if K_LEAN or K_ONE_WARP else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA and V_ONE_WARP else PRODUCER_WARPS  # the V producer's warps

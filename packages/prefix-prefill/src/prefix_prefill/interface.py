@@ -640,10 +640,18 @@ _GLUON_SPLIT_K_RUNS_ONLY = False
 # page 16 7.011 -> 6.619 ms, the other pages 0.3-0.6% faster, max/min over pages 1.076 -> 1.019;
 # qwen-hybrid page 16 2.368 -> 2.276, max/min 1.073 -> 1.033. On.
 _GLUON_SPLIT_K_ONE_WARP = True
+# Split-layout Gluon kernel, K by TMA: three K slots beside two V slots (kernel NUM_STAGES=3, V_STAGES=2;
+# 224 KiB of shared memory with Q at head 256, 192 KiB at head 128). Why (session 23, NOTES step 74):
+# with the one-warp K producer, 16-key runs forced at page 512 still cost 1.7% (qwen-hybrid) / 1.3%
+# (llama), half of page 16's remaining gap, and one box per run is out of reach (step 74): if a run's
+# cost is fill latency the two-slot ring does not hide, a third K slot hides it. Candidate.
+_GLUON_SPLIT_K_STAGES3 = False
 # Split-layout Gluon kernel with V by TMA (head 256 by default): a one-warp V producer too (kernel
 # V_ONE_WARP), for the same reason (its 16-key boxes, 4 a block at head 256, each followed by a
-# partition barrier in the two-warp producer). Offline only so far. Candidate.
-_GLUON_SPLIT_V_ONE_WARP = False
+# partition barrier in the two-warp producer; offline BAR.SYNC 45 -> 36). H200 (session 23, NOTES step
+# 74, qwen-hybrid, round-robin 30, outputs bitwise equal): pages 512-2048 2.180-2.189 -> 2.167-2.173 ms
+# (0.6-0.9% faster), page 16 2.252 -> 2.247. On.
+_GLUON_SPLIT_V_ONE_WARP = True
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -987,6 +995,8 @@ def _gluon_split_launch(
     # Q [BLOCK_M, D] + K [2, BLOCK_N, D] + V [3, D, BLOCK_N], 16-bit: 224 KiB at heads 128 and 256
     q_bytes, slot_bytes = block_m * head * 2, block_n * head * 2
     v_stages = 3 if _GLUON_SPLIT_V_STAGES3 and stages == 2 and q_bytes + 5 * slot_bytes <= 224 * 1024 else 0
+    if k_tma and _GLUON_SPLIT_K_STAGES3 and not v_stages and q_bytes + 5 * slot_bytes <= 224 * 1024:
+        stages, v_stages = 3, 2  # candidate: three K slots, two V slots
     k_cache_arg, k_view, kw_desc, kr_desc, k_wide = k_cache, None, None, None, 0
     if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
         kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16)
