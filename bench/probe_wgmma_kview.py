@@ -280,4 +280,9 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "0")
+    if os.environ.get("PROBE_FIX") == "1":  # the PTX through prefill_runtime's base-offset fix
+        from prefill_runtime import host
+
+        assert host._asm_wrapper()
+        host._DESC_FIX.value = True
     main()

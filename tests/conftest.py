@@ -104,12 +104,18 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False, free_w
     host._LLVM_LEVEL.value = host._LLVM_O0 if o0 else None
     host._FREE_WAITS.value = consts.get("FREE_WAITS") is True and host._asm_wrapper()
     host._FREE_WAITS.dropped = 0
+    # K_CM (the split kernel's chunk-major K ring): the PTX through clear_noswizzle_base_offsets, as
+    # hook_compiles runs it (prints "cleared N")
+    host._DESC_FIX.value = consts.get("K_CM") is True and host._asm_wrapper()
+    host._DESC_FIX.cleared = 0
     try:
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     finally:
         host._LLVM_LEVEL.value = None
         host._FREE_WAITS.value = False
+        host._DESC_FIX.value = False
     print("dropped", host._FREE_WAITS.dropped)
+    print("cleared", host._DESC_FIX.cleared)
     assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
     print("shared", kernel.metadata.shared)
     return src, kernel

@@ -310,6 +310,35 @@ def _free_wait_ptx(path: str, line: int) -> str:
 """
 
 
+def test_clear_noswizzle_base_offsets():
+    """``clear_noswizzle_base_offsets`` clears bits 49-51 of exactly the decimal ``add``/``or`` constants
+    that set a wgmma descriptor operand with swizzle field 0; swizzled descriptors, constants of other
+    registers and PTX without wgmma stay as they are."""
+    from prefill_runtime.host import clear_noswizzle_base_offsets
+
+    def desc(base, lbo, sbo, mbo, swz):
+        return base | (lbo >> 4) << 16 | (sbo >> 4) << 32 | mbo << 49 | swz << 62
+
+    b0, b1 = desc(16, 128, 2048, 2, 0), desc(48, 128, 4096, 6, 0)
+    a0, a1 = desc(2, 0, 1024, 3, 1), desc(0, 0, 0, 4, 0)
+    ptx = (
+        f"\tadd.s64 \t%rd5, %rd54, {a0};\n"
+        f"\tadd.s64 \t%rd6, %rd55, {b0};\n"
+        f"\tor.b64 \t%rd7, %rd55, {b1};\n"
+        f"\tadd.s64 \t%rd9, %rd55, {a1};\n"  # not a wgmma operand: kept
+        "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1,%r2}, %rd5, %rd6, %p4, 1, 1, 0, 0;\n"
+        "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1,%r2}, %rd5, %rd7, %p4, 1, 1, 0, 0;\n"
+    )
+    out, n = clear_noswizzle_base_offsets(ptx)
+    assert n == 2
+    mask = ~(7 << 49)
+    assert f"%rd6, %rd55, {b0 & mask};" in out and f"%rd7, %rd55, {b1 & mask};" in out
+    assert f"%rd5, %rd54, {a0};" in out and f"%rd9, %rd55, {a1};" in out
+    assert out.count("\n") == ptx.count("\n") and out.count("wgmma") == 2
+    no_mma = ptx.replace("wgmma.mma_async", "mma.sync")
+    assert clear_noswizzle_base_offsets(no_mma) == (no_mma, 0)
+
+
 def test_drop_wait_barriers(tmp_path):
     """``drop_wait_barriers`` drops exactly the barriers whose line info is a free-wait line of the
     given file and whose next instruction is that wait's poll (any barrier form); barriers before other
@@ -475,7 +504,7 @@ def test_ptxas_probe_never_raises():
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.9.0"
+    assert prefill_runtime.__version__ == "0.10.0"
 
 
 def test_gluon_module_is_separate():

@@ -400,6 +400,27 @@ def test_split_k_run_gather(head, page, runs_only, monkeypatch):
     assert isinstance(rec.calls[-1][1][3], torch.Tensor) is not wide
 
 
+@pytest.mark.parametrize("page", [16, 544])
+@pytest.mark.parametrize("head", [64, 128, 256])
+def test_split_k_chunk_major(head, page, monkeypatch):
+    """``_GLUON_SPLIT_K_CHUNK_MAJOR`` (candidate): with K by wide boxes (heads 128 / 256) ``K_CM`` and the
+    one-view consumer layout (stride between 8-key chunks: every feature group); the boxes span all
+    ``D/8`` groups; head 64 (K gathered): off."""
+    rec = _record_split(monkeypatch, K_CHUNK_MAJOR=True)
+    case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                     dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
+    assert _launch(case) is True
+    kw = rec.calls[-1][2]
+    wide = head in (128, 256)
+    assert kw["K_CM"] is wide
+    if wide:
+        bn = 64 if head == 256 else 128
+        assert kw["K_VIEW"] == itf._k_full_view(bn, head) and kw["KR_desc"].block_shape == [2, head // 8, 64]
+        assert (kw["KW_desc"] is None) is (page == 16)
+        if page != 16:
+            assert kw["KW_desc"].block_shape == [bn // 8, head // 8, 64]
+
+
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_tma_by_head(head, monkeypatch):
     """``_GLUON_SPLIT_K_TMA = None`` (the default): K by TMA boxes for the head sizes of
@@ -546,6 +567,8 @@ for head, box, from_cache, vector_ids, in_page, stages in CASES:
 _SPLIT_COMPILE_SCRIPT = (
     _LAUNCHER_CHECK
     + """
+import re
+
 import prefix_prefill.interface as itf
 
 lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # K chunks (K_TMA)
@@ -604,6 +627,15 @@ for head, from_cache, lse, v_tma, k_tma in CASES:
             assert "cp.async.cg.shared.global" in ptx and ("cp.async.bulk.tensor.3d" in ptx) is (mode == 1)
         # candidate: a one-warp K producer (runs: no partition barrier between boxes)
         compile_sm90(itf._gluon_split_kernel, sigr, dict(consts, K_WIDE=2, K_ONE_WARP=True), aligned=aligned)
+        # candidate: a chunk-major K ring read as one [BLOCK_N, D] view, boxes spanning every feature
+        g = head // 8
+        sigc = dict(sig, KR_desc=f"tensordesc<bf16[2, {g}, 64],{lw!r}>",
+                    KW_desc=f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>")  # fmt: skip
+        for mode in (1, 2):
+            cc = dict(consts, K_WIDE=mode, K_CM=True, K_ONE_WARP=True, K_VIEW=itf._k_full_view(bn, head))
+            _, kc = compile_sm90(itf._gluon_split_kernel, sigc, cc, aligned=aligned)
+            for c in re.findall(r"(?:add|or)\\.[bsu]64\\s+%rd\\d+, %rd\\d+, (\\d+);", kc.asm["ptx"]):
+                assert int(c) >> 62 or not (int(c) >> 49) & 7, "a no-swizzle descriptor keeps its base offset"
         if head == 128:  # candidate: V gathered in 64- / 32-key runs (4 / 8 features a warp copy)
             for tpr in (8, 4):
                 compile_sm90(itf._gluon_split_kernel, sigw, dict(consts, K_WIDE=1, V_TPR=tpr),
@@ -725,7 +757,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if itf._gluon_split_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 43 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 49 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
@@ -822,6 +854,7 @@ _GPU_CANDIDATES = {
     ("split", "_GLUON_SPLIT_K_ONE_WARP"): (128, 256),
     ("split", "_GLUON_SPLIT_V_ONE_WARP"): (256,),
     ("split", "_GLUON_SPLIT_K_STAGES3"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_CHUNK_MAJOR"): (128, 256),
 }
 
 
@@ -847,7 +880,8 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     not inside one page gathered into the TMA chunk ring), ``_GLUON_SPLIT_K_RUNS_ONLY`` (diagnostic:
     every context block as 16-key runs), ``_GLUON_SPLIT_K_ONE_WARP`` (a one-warp K producer),
     ``_GLUON_SPLIT_V_ONE_WARP`` (a one-warp V producer with V by TMA), ``_GLUON_SPLIT_K_STAGES3`` (three K
-    slots, two V slots);
+    slots, two V slots), ``_GLUON_SPLIT_K_CHUNK_MAJOR`` (a chunk-major K ring read as one view, a box per
+    run or one-page block);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):

@@ -4,7 +4,9 @@ Host side: :func:`prime_triton` (Triton's one-time process setup, side by side, 
 launch; :func:`prime_triton_in_background`: the same started early by an engine, opt-in),
 :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches), :func:`hook_compiles`
 (a kernel's cold compile with its launcher built alongside; ``free_waits_flag``: the PTX without
-the barriers Triton puts before a Gluon consumer's waits, :func:`drop_wait_barriers`),
+the barriers Triton puts before a Gluon consumer's waits, :func:`drop_wait_barriers`;
+``desc_fix_flag``: no-swizzle wgmma descriptors without a base offset,
+:func:`clear_noswizzle_base_offsets`),
 :class:`CompileTiers` (a quick-compiling form of a kernel for first calls, the full form compiled
 in the background),
 :func:`softcap_form` (which soft-capping form a kernel compiles for a device),
@@ -18,11 +20,12 @@ both packages' warp-specialised kernels), ``softmax_step``, ``zero_v_rows``, ``f
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
 """
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 from prefill_runtime.host import (
     CompileTiers,
     check_lse,
+    clear_noswizzle_base_offsets,
     drop_wait_barriers,
     gluon_applies,
     gluon_descriptor,
@@ -39,6 +42,7 @@ __all__ = [
     "CompileTiers",
     "__version__",
     "check_lse",
+    "clear_noswizzle_base_offsets",
     "drop_wait_barriers",
     "gluon_applies",
     "gluon_descriptor",

@@ -199,20 +199,21 @@ def _wait_ready(bar, phase, FREE: gl.constexpr):
 
 @gluon.jit
 def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     S_LAYOUT: gl.constexpr, K_VIEW: gl.constexpr):  # fmt: skip
+                     S_LAYOUT: gl.constexpr, K_VIEW: gl.constexpr, COLS: gl.constexpr = 64):  # fmt: skip
     """``S = Q K^T`` ``[ROWS, BLOCK_N]`` of ring slot ``slot``, issued asynchronously, when the K ring is
     64-wide rows (``allocate_rings``' ``K_LAYOUT``) holding 64 features after another (rows ``[p *
     BLOCK_N, +BLOCK_N)`` of a slot for features ``[64 p, +64)``), each read as ``[BLOCK_N, 64]`` through
     ``K_VIEW``: one wgmma per 64 features against the matching 64 columns of Q, the ring reinterpreted
     whole and then indexed (one ``[BLOCK_N, D]`` view of a reinterpreted slot read shared memory out of
-    bounds on the H200 at D >= 128; Triton 3.8 refuses reinterpreting a subview)."""
-    NP: gl.constexpr = HEAD_DIM // 64
-    # the whole ring as [slots * NP, BLOCK_N, 64]: reinterpret the parent, then index
-    parts = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] * NP, BLOCK_N, 64], K_VIEW)
+    bounds on the H200 at D >= 128; Triton 3.8 refuses reinterpreting a subview). ``COLS``: the features
+    a view holds (``K_VIEW`` is ``[BLOCK_N, COLS]``); ``COLS == HEAD_DIM``: one view of the whole slot."""
+    NP: gl.constexpr = HEAD_DIM // COLS
+    # the whole ring as [slots * NP, BLOCK_N, COLS]: reinterpret the parent, then index
+    parts = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] * NP, BLOCK_N, COLS], K_VIEW)
     b_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
     for p in gl.static_range(NP):
-        b_k = parts.index(slot * NP + p)  # [BLOCK_N, 64]
-        b_s = warpgroup_mma(q_buf.slice(p * 64, 64, dim=1), b_k.permute((1, 0)), b_s, use_acc=p > 0,
+        b_k = parts.index(slot * NP + p)  # [BLOCK_N, COLS]
+        b_s = warpgroup_mma(q_buf.slice(p * COLS, COLS, dim=1), b_k.permute((1, 0)), b_s, use_acc=p > 0,
                             is_async=True)  # fmt: skip
     return b_s
 
@@ -252,6 +253,7 @@ def consumer(
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
+    K_COLS: gl.constexpr = 64,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -264,7 +266,8 @@ def consumer(
     one partition of 8 warps runs both warpgroups' rows (``2 * HALF_M``, Q as one buffer; each
     warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
     each slot (``*_empty`` count 256). ``K_VIEW``: K slots are 64-wide rows read 64 features at a time
-    through this ``[BLOCK_N, 64]`` layout (see :func:`_scores_by_parts`). ``V_STAGES``: the V ring's
+    through this ``[BLOCK_N, K_COLS]`` layout (see :func:`_scores_by_parts`; ``K_COLS == HEAD_DIM``: all
+    features in one view). ``V_STAGES``: the V ring's
     slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`).
     ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there)."""
     NW: gl.constexpr = 4 * WARPGROUPS
@@ -298,7 +301,7 @@ def consumer(
             is_async=True,
         )  # [BM / 2, BN]
     else:
-        b_s = _scores_by_parts(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW)
+        b_s = _scores_by_parts(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
     b_s = warpgroup_mma_wait(0, deps=[b_s])
     _release(k_empty.index(0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
@@ -327,7 +330,7 @@ def consumer(
                 is_async=True,
             )  # [BM / 2, BN] S_j in flight
         else:
-            b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW)
+            b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
         _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
         if CP_FILL:
             fence_async_shared()

@@ -120,6 +120,7 @@ def hook_compiles(
     tma_descriptors: bool = False,
     llvm_o0_flag: str | None = None,
     free_waits_flag: str | None = None,
+    desc_fix_flag: str | None = None,
 ) -> bool:
     """Once per ``@triton.jit`` kernel (idempotent): wrap Triton's compile step for it
     (``JITFunction._do_compile``, set on the instance, so no other kernel is touched) so that while the
@@ -145,12 +146,17 @@ def hook_compiles(
     :func:`drop_wait_barriers`, which drops the partition-wide barriers Triton put before the kernel's
     ``prefill_runtime.gluon.free_wait`` calls (the wrapper is installed by the first such compile).
 
+    ``desc_fix_flag``: likewise; a compile where it is true has that PTX pass through
+    :func:`clear_noswizzle_base_offsets` (wgmma views of no-swizzle shared memory whose stride byte
+    offset is not 1024 bytes read wrong data on the H200 without it).
+
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
     orig = getattr(jit_fn, "_do_compile", None)
     if orig is None or getattr(orig, "_prefill_hooked", False):
         return orig is not None
     o0_path = _constexpr_path(jit_fn, llvm_o0_flag)
     free_path = _constexpr_path(jit_fn, free_waits_flag)
+    fix_path = _constexpr_path(jit_fn, desc_fix_flag)
 
     def _do_compile(*args, **kwargs):
         builder = None
@@ -173,20 +179,27 @@ def hook_compiles(
                 level = _LLVM_O0
         except Exception:
             level = None
-        free = False
+        free = fix = False
         try:
             free = free_path is not None and args[3].get(free_path) is True and _asm_wrapper()
         except Exception:
             free = False
+        try:
+            fix = fix_path is not None and args[3].get(fix_path) is True and _asm_wrapper()
+        except Exception:
+            fix = False
         prior = getattr(_LLVM_LEVEL, "value", None)
         prior_free = getattr(_FREE_WAITS, "value", False)
+        prior_fix = getattr(_DESC_FIX, "value", False)
         _LLVM_LEVEL.value = level
         _FREE_WAITS.value = free
+        _DESC_FIX.value = fix
         try:
             return orig(*args, **kwargs)
         finally:
             _LLVM_LEVEL.value = prior
             _FREE_WAITS.value = prior_free
+            _DESC_FIX.value = prior_fix
             if builder is not None:
                 builder.join()
 
@@ -211,6 +224,9 @@ def _constexpr_path(jit_fn: object, name: str | None) -> tuple[int] | None:
 # Whether the compiles of this thread drop the barriers before free waits (drop_wait_barriers), and
 # how many the last PTX of this thread lost (tests, diagnostics)
 _FREE_WAITS = threading.local()
+# Whether the compiles of this thread clear no-swizzle wgmma descriptors' base offsets
+# (clear_noswizzle_base_offsets), and how many constants the last PTX of this thread had changed
+_DESC_FIX = threading.local()
 
 _PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', re.M)
 _PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s")
@@ -281,10 +297,47 @@ def drop_wait_barriers(
     return "".join(out), dropped
 
 
+_PTX_WGMMA = re.compile(r"\bwgmma\.mma_async\.[^;]*;")
+_PTX_RD = re.compile(r"%rd\d+")
+_PTX_DESC_CONST = re.compile(r"^(\s*(?:add|or)\.[bsu]64\s+(%rd\d+),\s*%rd\d+,\s*)(\d+)(;.*)$")
+_BASE_OFFSET_MASK = 7 << 49  # wgmma descriptor bits 49-51: the matrix base offset
+
+
+def clear_noswizzle_base_offsets(ptx: str) -> tuple[str, int]:
+    """``(ptx', n)``: ``ptx`` with the matrix-base-offset field (bits 49-51) cleared in the ``n``
+    no-swizzle wgmma descriptor constants it sets: a decimal constant of an ``add``/``or`` whose result
+    register is a descriptor operand of a ``wgmma.mma_async`` and whose swizzle field (bits 62-63) is 0.
+    Why: Triton 3.6 writes ``(offset / 128) % 8`` of each k-step's byte offset within its shared-memory
+    view into that field for every swizzle mode (its mask is ``swizzle / 16 - 1``, all ones at 0),
+    while PTX defines the field for the swizzled modes only. The H200 honours it anyway: a no-swizzle
+    K-major view with a stride byte offset other than 1024 reads nothing (or faults) at the k-steps
+    where it is 4 or 6 (``bench/probe_wgmma_kview.py``, NOTES step 74). Swizzled descriptors (Q, V)
+    keep theirs."""
+    regs = set()
+    for m in _PTX_WGMMA.finditer(ptx):
+        regs.update(_PTX_RD.findall(m.group(0)))
+    if not regs:
+        return ptx, 0
+    out: list[str] = []
+    n = 0
+    for line in ptx.splitlines(keepends=True):
+        m = _PTX_DESC_CONST.match(line.rstrip("\n"))
+        if m and m.group(2) in regs:
+            c = int(m.group(3))
+            if c >> 62 == 0 and c & _BASE_OFFSET_MASK:
+                end = "\n" if line.endswith("\n") else ""
+                line = f"{m.group(1)}{c & ~_BASE_OFFSET_MASK}{m.group(4)}{end}"
+                n += 1
+        out.append(line)
+    return "".join(out), n
+
+
 def _asm_wrapper() -> bool:
     """Once per process: a thin wrapper around Triton's ``llvm.translate_to_asm`` (LLVM IR to PTX /
     AMDGCN) that passes PTX through :func:`drop_wait_barriers` while :data:`_FREE_WAITS` is set in the
-    calling thread (``hook_compiles``' ``free_waits_flag``) and every other call through untouched.
+    calling thread (``hook_compiles``' ``free_waits_flag``) and through
+    :func:`clear_noswizzle_base_offsets` while :data:`_DESC_FIX` is (``desc_fix_flag``), every other
+    call untouched.
     Returns whether the wrapper is in place (False: this Triton has no such function)."""
     try:
         from triton._C.libtriton import llvm
@@ -297,6 +350,8 @@ def _asm_wrapper() -> bool:
             out = current(*args, **kwargs)
             if getattr(_FREE_WAITS, "value", False) and isinstance(out, str) and ".target sm_" in out:
                 out, _FREE_WAITS.dropped = drop_wait_barriers(out)
+            if getattr(_DESC_FIX, "value", False) and isinstance(out, str) and ".target sm_" in out:
+                out, _DESC_FIX.cleared = clear_noswizzle_base_offsets(out)
             return out
 
         translate_to_asm._prefill_wrapped = True

@@ -71,14 +71,15 @@ def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0,
-    FREE_WAITS: gl.constexpr = False,
+    FREE_WAITS: gl.constexpr = False, K_COLS: gl.constexpr = 64,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
     ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
     qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``V_STAGES``, ``FREE_WAITS``: see the consumer."""
+    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``V_STAGES``, ``FREE_WAITS``, ``K_COLS``: see the
+    consumer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
         tile
@@ -87,7 +88,7 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
         z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS, K_VIEW, V_STAGES, FREE_WAITS,
+        SPLIT, SPLIT, WARPGROUPS, K_VIEW, V_STAGES, FREE_WAITS, K_COLS,
     )  # fmt: skip
 
 
@@ -396,14 +397,16 @@ def _k_chunk_boxes(C_desc, rows, bar, p_table_row, pos0, a_end, page_size, kv_he
 
 @gluon.jit
 def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, kv_heads, kv_head,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IDS_FIRST: gl.constexpr = False):  # fmt: skip
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IDS_FIRST: gl.constexpr = False,
+                 CM: gl.constexpr = False):  # fmt: skip
     """One context block's K as ``BLOCK_N/16`` runs of 16 keys (pages a multiple of 16: a run never
     crosses a page): per run one block-table read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` into
     the run's two chunks of each part of ring slot ``slot`` (``parts``: the ring as ``[slots * D/64,
     BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read).
     ``IDS_FIRST`` (candidate): every run's block-table read issued before the first box (a tuple of
     scalars), so the reads' latencies overlap instead of each run's boxes waiting for its own read
-    behind the partition barrier before the previous run's boxes."""
+    behind the partition barrier before the previous run's boxes. ``CM`` (chunk-major ring; ``parts`` is
+    then ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[2, D/8, 64]`` per run."""
     G: gl.constexpr = HEAD_DIM // 8
     NP: gl.constexpr = HEAD_DIM // 64
     NR: gl.constexpr = BLOCK_N // 16
@@ -422,25 +425,33 @@ def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, 
             blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
         row0 = (blk * kv_heads + kv_head) * G
         kg = (pos - page * page_size) // 8
-        for p in gl.static_range(NP):
-            row = gl.where(ok, row0 + p * 8, -8)
-            dst = parts.index(slot * NP + p).slice(r * 2, 2)  # [2, 8, 64]
-            tma.async_copy_global_to_shared(R_desc, [kg, row, 0], bar, dst)
+        if CM:
+            row = gl.where(ok, row0, -G)
+            tma.async_copy_global_to_shared(R_desc, [kg, row, 0], bar, parts.index(slot).slice(r * 2, 2))
+        else:
+            for p in gl.static_range(NP):
+                row = gl.where(ok, row0 + p * 8, -8)
+                dst = parts.index(slot * NP + p).slice(r * 2, 2)  # [2, 8, 64]
+                tma.async_copy_global_to_shared(R_desc, [kg, row, 0], bar, dst)
 
 
 @gluon.jit
 def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
-                  HEAD_DIM: gl.constexpr):  # fmt: skip
+                  HEAD_DIM: gl.constexpr, CM: gl.constexpr = False):  # fmt: skip
     """A context block inside page ``page0`` (its first key at ``off`` in the page) as ``D/64`` boxes
     ``[BLOCK_N/8, 8, 64]`` of ``W_desc`` into the parts of ring slot ``slot`` (see
-    :func:`_split_k_tma_producer`'s ``K_WIDE``): one block-table read."""
+    :func:`_split_k_tma_producer`'s ``K_WIDE``): one block-table read. ``CM`` (chunk-major ring,
+    ``parts`` then ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[BLOCK_N/8, D/8, 64]``."""
     G: gl.constexpr = HEAD_DIM // 8
     NP: gl.constexpr = HEAD_DIM // 64
     blk0 = gl.load(p_table_row + page0).to(gl.int32)
     row00 = (blk0 * kv_heads + kv_head) * G
-    for p in gl.static_range(NP):
-        dst = parts.index(slot * NP + p)  # [BLOCK_N/8, 8, 64]
-        tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar, dst)
+    if CM:
+        tma.async_copy_global_to_shared(W_desc, [off // 8, row00, 0], bar, parts.index(slot))
+    else:
+        for p in gl.static_range(NP):
+            dst = parts.index(slot * NP + p)  # [BLOCK_N/8, 8, 64]
+            tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar, dst)
 
 
 @gluon.jit
@@ -480,7 +491,7 @@ def _split_k_tma_producer(
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, VECTOR_IDS: gl.constexpr = False, W_desc=None,
     R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False, RUN_GATHER: gl.constexpr = False,
-    c_block=None, c_group=None, c_head=None,
+    c_block=None, c_group=None, c_head=None, CM: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
     features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
@@ -509,13 +520,19 @@ def _split_k_tma_producer(
     there). ``RUN_GATHER`` (candidate, with ``K_WIDE``): those other blocks gathered instead
     (:func:`_k_run_gather`; ``C_desc`` is then the K cache's pointer, ``c_*`` its block, head and
     feature-group strides), each thread arriving on the ready barrier when its copies land (count: the
-    partition's threads; a TMA-filled slot's expect-tx arrival brings the rest in one)."""
+    partition's threads; a TMA-filled slot's expect-tx arrival brings the rest in one). ``CM``
+    (candidate, with ``K_WIDE``): a chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature
+    groups (``[8 keys, 8 features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a
+    one-page block is one box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``,
+    ``R_desc`` with those blocks), instead of ``D/64`` of each."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
     NP: gl.constexpr = HEAD_DIM // 64
     if VECTOR_IDS:  # every box of the ring, [slot][part][chunk]: reinterpret the whole ring, then index
         boxes = smem._reinterpret(smem.dtype, [NUM_STAGES * NP * NC, 8, 64], C_desc.layout)
-    if K_WIDE:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
+    if CM:  # every slot of the ring as [NC, G, 64] (one box, or NC / 2 runs' boxes)
+        parts = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 64], R_desc.layout)
+    elif K_WIDE:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
@@ -563,13 +580,13 @@ def _split_k_tma_producer(
                 off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
                 if off + BLOCK_N <= page_size:  # key groups [off / 8, + NC) of one page: a box per part
                     _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
-                                  HEAD_DIM)  # fmt: skip
+                                  HEAD_DIM, CM)  # fmt: skip
                 else:
                     _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
-                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST)  # fmt: skip
+                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST, CM)  # fmt: skip
             elif K_WIDE == 2:
                 _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
-                             kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST)  # fmt: skip
+                             kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST, CM)  # fmt: skip
             else:
                 _k_chunk_boxes(C_desc, rows, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
                                kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
@@ -584,8 +601,12 @@ def _split_k_tma_producer(
             else:
                 for c in gl.static_range(NC):
                     for p in gl.static_range(HEAD_DIM // 64):
+                        if CM:  # (chunk c, part p) = rows [(c * NP + p) * 8, +8)
+                            dst_rows = rows.slice((c * NP + p) * 8, 8)
+                        else:
+                            dst_rows = rows.slice((p * NC + c) * 8, 8)
                         tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
-                                                        rows.slice((p * NC + c) * 8, 8))  # fmt: skip
+                                                        dst_rows)  # fmt: skip
 
 
 @gluon.jit
@@ -593,11 +614,11 @@ def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
     W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False,
-    RUN_GATHER: gl.constexpr = False,
+    RUN_GATHER: gl.constexpr = False, CM: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
     ``K_TMA`` (``Cache`` is then the K cache's descriptor, or its pointer with ``RUN_GATHER``;
-    ``VECTOR_IDS``, ``W_desc``, ``R_desc``, ``K_WIDE``, ``IDS_FIRST`` and ``RUN_GATHER`` as there), else
+    ``VECTOR_IDS``, ``W_desc``, ``R_desc``, ``K_WIDE``, ``IDS_FIRST``, ``RUN_GATHER``, ``CM`` as there), else
     :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
@@ -605,7 +626,7 @@ def _split_k_partition(
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
                               HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS, W_desc, R_desc,
-                              K_WIDE, IDS_FIRST, RUN_GATHER, c_block, c_group, c_head)  # fmt: skip
+                              K_WIDE, IDS_FIRST, RUN_GATHER, c_block, c_group, c_head, CM)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -640,6 +661,7 @@ def _gluon_split_kernel(
     KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
     V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False, V_IDS_FIRST: gl.constexpr = False,
     K_RUN_GATHER: gl.constexpr = False, K_ONE_WARP: gl.constexpr = False, V_ONE_WARP: gl.constexpr = False,
+    K_CM: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -671,9 +693,11 @@ def _gluon_split_kernel(
     page's by ``cp.async`` gathers into the same chunk ring (``K_cache`` is then the K cache's pointer;
     see :func:`_split_k_tma_producer`). ``K_ONE_WARP`` (with ``K_TMA``; shipped on): the K producer is one
     warp (its boxes need no partition barrier between them). ``V_ONE_WARP`` (with ``V_TMA``; shipped on):
-    the V producer too."""
+    the V producer too. ``K_CM`` (candidate, with ``K_WIDE``): the K ring chunk-major, read through
+    ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there)."""
     K_PW: gl.constexpr = 1 if K_LEAN or K_ONE_WARP else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA and V_ONE_WARP else PRODUCER_WARPS  # the V producer's warps
+    K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
@@ -726,10 +750,11 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, VS, FREE_WAITS,
+                    True, 2, K_VIEW, VS, FREE_WAITS, K_COLS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER,
+                                       K_CM)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
                                        V_IDS_FIRST)),
             ],
@@ -741,14 +766,15 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, VS, FREE_WAITS,
+                    True, 1, K_VIEW, VS, FREE_WAITS, K_COLS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, VS, FREE_WAITS,
+                    True, 1, K_VIEW, VS, FREE_WAITS, K_COLS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER)),
+                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER,
+                                       K_CM)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
                                        V_IDS_FIRST)),
             ],

@@ -652,6 +652,16 @@ _GLUON_SPLIT_K_STAGES3 = False
 # 74, qwen-hybrid, round-robin 30, outputs bitwise equal): pages 512-2048 2.180-2.189 -> 2.167-2.173 ms
 # (0.6-0.9% faster), page 16 2.252 -> 2.247. On.
 _GLUON_SPLIT_V_ONE_WARP = True
+# Split-layout Gluon kernel, K by wide TMA boxes: a chunk-major K ring (kernel K_CM; a slot = BLOCK_N / 8
+# chunks of all D / 8 feature groups, one wgmma core matrix each) read by the consumers as one [BLOCK_N,
+# D] view (stride byte offset D / 8 * 128), so a one-page block is one box [BLOCK_N / 8, D / 8, 64] and
+# a 16-key run one box [2, D / 8, 64], instead of D / 64 boxes each. Why (NOTES step 72): the runs alone
+# cost page 16's gap (runs forced at page 512: llama 6.36 -> 6.80 ms, page 16's 6.87); runs then issue
+# 8 (head 128) / 4 (head 256) boxes a block instead of 16. It faulted on the H200 (step 72): Triton 3.6
+# gives no-swizzle wgmma descriptors a matrix-base offset (view offset / 128 % 8) that the H200 honours
+# once the stride byte offset is not 1024 (step 74, bench/probe_wgmma_kview.py); with it the kernel's
+# PTX goes through prefill_runtime.host.clear_noswizzle_base_offsets. Candidate.
+_GLUON_SPLIT_K_CHUNK_MAJOR = False
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -708,6 +718,7 @@ def _prime_triton() -> None:
                 tma_descriptors=True,
                 llvm_o0_flag="LLVM_O0",
                 free_waits_flag="FREE_WAITS",
+                desc_fix_flag="K_CM" if gluon_kernel is _gluon_split_kernel else None,
             )
 
 
@@ -909,6 +920,19 @@ def _split_new_k(k: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Ten
     return k_t.view(hk * (d // 8), width * 8), col0
 
 
+def _k_full_view(block_n: int, head: int):
+    """``_GLUON_SPLIT_K_CHUNK_MAJOR``'s consumer view of a K slot: ``[block_n, head]`` stored as ``block_n
+    / 8`` chunks of ``[head / 8 feature groups, 8 keys, 8 features]`` dense, i.e. element offset ``d % 8 +
+    (n % 8) * 8 + (d // 8) * 64 + (n // 8) * head * 8``: wgmma's no-swizzle K-major core matrices (leading
+    byte offset 128, stride byte offset ``head * 16``)."""
+    from triton.experimental.gluon import language as gl
+
+    bits = [[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]  # d % 8, n % 8
+    bits += [[0, 8 << i] for i in range((head // 8).bit_length() - 1)]  # d // 8
+    bits += [[8 << i, 0] for i in range((block_n // 8).bit_length() - 1)]  # n // 8
+    return gl.SharedLinearLayout(offset_bases=bits)
+
+
 def _k_chunk_view(block_n: int):
     """How the split kernel's consumers read 64 features of a K slot with ``_GLUON_SPLIT_K_TMA``:
     ``[block_n, 64]`` stored as ``block_n / 8`` chunks of ``[8 feature groups, 8 keys, 8 features]``
@@ -924,19 +948,21 @@ def _k_chunk_view(block_n: int):
     return gl.SharedLinearLayout(offset_bases=bits)
 
 
-def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int):
+def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int, groups: int = 8):
     """``_GLUON_SPLIT_K_WIDE``'s descriptor: vLLM's contiguous split K cache (``rows`` = num_blocks *
     kv_heads * D/8 feature groups of ``page * 8`` elements) seen as ``[page / 8, rows, 64]`` with strides
     ``[64, page * 8, 1]`` (a page's key groups of 8, the feature groups, one group's 8 keys x 8
     features), block ``[block_n / 8, 8, 64]`` in the no-swizzle layout: a box lands as ``block_n / 8``
     dense ``[8, 64]`` chunks, the K ring's layout (:func:`_k_chunk_view`). The strides are not in
     decreasing order (TMA asks only that they be multiples of 16 bytes); the box stays inside its page
-    (the kernel uses it only for blocks that do)."""
+    (the kernel uses it only for blocks that do). ``groups``: feature groups a box spans (8: 64 features,
+    one part of the part-major ring; D / 8: every feature, ``_GLUON_SPLIT_K_CHUNK_MAJOR``)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=k_cache.element_size() * 8, rank=3)
-    return TensorDescriptor(k_cache, [page // 8, rows, 64], [64, page * 8, 1], [block_n // 8, 8, 64], layout)
+    box = [block_n // 8, groups, 64]
+    return TensorDescriptor(k_cache, [page // 8, rows, 64], [64, page * 8, 1], box, layout)
 
 
 def _gluon_split_launch(
@@ -998,21 +1024,23 @@ def _gluon_split_launch(
     if k_tma and _GLUON_SPLIT_K_STAGES3 and not v_stages and q_bytes + 5 * slot_bytes <= 224 * 1024:
         stages, v_stages = 3, 2  # candidate: three K slots, two V slots
     k_cache_arg, k_view, kw_desc, kr_desc, k_wide = k_cache, None, None, None, 0
+    k_cm = k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0 and _GLUON_SPLIT_K_CHUNK_MAJOR
+    groups = g if k_cm else 8  # feature groups a box spans
     if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
-        kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16)
+        kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16, groups)
         k_wide = 2  # pages shorter than a block: runs only
         if page >= block_n and not _GLUON_SPLIT_K_RUNS_ONLY:
-            kw_desc, k_wide = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n), 1
+            kw_desc, k_wide = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n, groups), 1
     if k_tma:  # the K cache as [num_blocks * kv_heads * D/8, page_size * 8], one box per 8-key chunk
         k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
-        k_view = _k_chunk_view(block_n)
+        k_view = _k_full_view(block_n, head) if k_cm else _k_chunk_view(block_n)
         if k is None:
             k_desc = k_cache_arg  # (the ring's layout; the kernel reads no new tokens)
         else:
             k_t, _ = _split_new_k(k, cu_seqlens_q)  # the same columns as v_t's
             k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], 8, 64, swizzle=False)
-        if k_wide and _GLUON_SPLIT_K_RUN_GATHER:  # runs gathered from the cache's pointer
+        if k_wide and _GLUON_SPLIT_K_RUN_GATHER and not k_cm:  # runs gathered from the cache's pointer
             k_cache_arg = k_cache
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
     v_tpr = block_n // 8
@@ -1036,7 +1064,8 @@ def _gluon_split_launch(
         V_TMA=v_tma, K_TMA=k_tma, K_VIEW=k_view, K_LEAN=k_tma and _GLUON_SPLIT_K_TMA_LEAN,
         LLVM_O0=_GLUON_LLVM_O0, K_WIDE=k_wide, K_IDS_FIRST=_GLUON_SPLIT_K_IDS_FIRST and k_wide > 0,
         V_STAGES=v_stages, V_IDS_FIRST=v_ids_first, K_ONE_WARP=k_tma and _GLUON_SPLIT_K_ONE_WARP,
-        K_RUN_GATHER=bool(k_wide) and _GLUON_SPLIT_K_RUN_GATHER, V_ONE_WARP=v_tma and _GLUON_SPLIT_V_ONE_WARP,
+        K_RUN_GATHER=bool(k_wide) and _GLUON_SPLIT_K_RUN_GATHER and not k_cm,
+        V_ONE_WARP=v_tma and _GLUON_SPLIT_V_ONE_WARP, K_CM=k_cm,
     )  # fmt: skip
 
     def launch(full: bool, warmup: bool) -> None:
