@@ -385,7 +385,7 @@ def test_split_k_run_gather(head, page, runs_only, monkeypatch):
     """``_GLUON_SPLIT_K_RUN_GATHER`` (candidate): with K by wide boxes (heads 128 / 256) the kernel gets
     the K cache's pointer (not a descriptor) and ``K_RUN_GATHER``; ``_GLUON_SPLIT_K_RUNS_ONLY``
     (diagnostic): runs (``K_WIDE=2``) at every page; head 64 (K gathered): neither applies."""
-    rec = _record_split(monkeypatch, K_RUN_GATHER=True, K_RUNS_ONLY=runs_only)
+    rec = _record_split(monkeypatch, K_RUN_GATHER=True, K_RUNS_ONLY=runs_only, K_CHUNK_MAJOR=False)
     case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
     assert _launch(case) is True
@@ -400,19 +400,26 @@ def test_split_k_run_gather(head, page, runs_only, monkeypatch):
     assert isinstance(rec.calls[-1][1][3], torch.Tensor) is not wide
 
 
+@pytest.mark.parametrize("setting", [None, True, False])
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("head", [64, 128, 256])
-def test_split_k_chunk_major(head, page, monkeypatch):
-    """``_GLUON_SPLIT_K_CHUNK_MAJOR`` (candidate): with K by wide boxes (heads 128 / 256) ``K_CM`` and the
-    one-view consumer layout (stride between 8-key chunks: every feature group); the boxes span all
-    ``D/8`` groups; head 64 (K gathered): off."""
-    rec = _record_split(monkeypatch, K_CHUNK_MAJOR=True)
+def test_split_k_chunk_major(head, page, setting, monkeypatch):
+    """``_GLUON_SPLIT_K_CHUNK_MAJOR``: None (the default) on for the head sizes of
+    ``_GLUON_SPLIT_K_CHUNK_MAJOR_HEADS`` (256), True at every head with K by wide boxes (128 / 256),
+    False nowhere; on: ``K_CM``, the one-view consumer layout (stride between 8-key chunks: every
+    feature group) and boxes spanning all ``D/8`` groups; head 64 (K gathered): off; off: the part
+    views and 8-group boxes."""
+    rec = _record_split(monkeypatch, K_CHUNK_MAJOR=setting)
     case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
     assert _launch(case) is True
     kw = rec.calls[-1][2]
-    wide = head in (128, 256)
+    assert itf._GLUON_SPLIT_K_CHUNK_MAJOR_HEADS == {256}
+    wide = head in (128, 256) and (setting is True or (setting is None and head == 256))
     assert kw["K_CM"] is wide
+    if not wide and head != 64:
+        bn = 64 if head == 256 else 128
+        assert kw["K_VIEW"] == itf._k_chunk_view(bn) and kw["KR_desc"].block_shape == [2, 8, 64]
     if wide:
         bn = 64 if head == 256 else 128
         assert kw["K_VIEW"] == itf._k_full_view(bn, head) and kw["KR_desc"].block_shape == [2, head // 8, 64]
@@ -477,8 +484,9 @@ def test_split_k_wide_routing(head, monkeypatch):
     """``_GLUON_SPLIT_K_WIDE`` (candidate, with K by TMA): the K cache seen as ``[page/8, blocks *
     kv_heads * D/8, 64]`` with strides ``[64, page * 8, 1]``, block ``[2, 8, 64]`` (16-key runs, kernel
     ``K_WIDE=2``) and for pages of at least a key block also ``[BLOCK_N/8, 8, 64]`` (one box per 64
-    features of a block inside a page, ``K_WIDE=1``); the switch off launches without them."""
-    rec = _record_split(monkeypatch, K_TMA=True)
+    features of a block inside a page, ``K_WIDE=1``); the switch off launches without them (the
+    part-major ring: ``_GLUON_SPLIT_K_CHUNK_MAJOR`` off, see ``test_split_k_chunk_major``)."""
+    rec = _record_split(monkeypatch, K_TMA=True, K_CHUNK_MAJOR=False)
     bn = 64 if head == 256 else 128
     for page, on, mode in ((16, True, 2), (bn, True, 1), (1040, True, 1), (1040, False, 0)):
         monkeypatch.setattr(itf, "_GLUON_SPLIT_K_WIDE", on)
@@ -855,6 +863,7 @@ _GPU_CANDIDATES = {
     ("split", "_GLUON_SPLIT_V_ONE_WARP"): (256,),
     ("split", "_GLUON_SPLIT_K_STAGES3"): (128, 256),
     ("split", "_GLUON_SPLIT_K_CHUNK_MAJOR"): (128, 256),
+    ("split", "_GLUON_SPLIT_K_CHUNK_MAJOR=0"): (256,),
 }
 
 
@@ -881,7 +890,7 @@ def test_gpu_gluon_candidates(layout, switch, head, page, from_cache, gluon_laun
     every context block as 16-key runs), ``_GLUON_SPLIT_K_ONE_WARP`` (a one-warp K producer),
     ``_GLUON_SPLIT_V_ONE_WARP`` (a one-warp V producer with V by TMA), ``_GLUON_SPLIT_K_STAGES3`` (three K
     slots, two V slots), ``_GLUON_SPLIT_K_CHUNK_MAJOR`` (a chunk-major K ring read as one view, a box per
-    run or one-page block);
+    run or one-page block; ``=0``: the part-major ring where the default takes the chunk-major one);
     both: ``_GLUON_ONE_CONSUMER`` (one 8-warp consumer partition), ``_GLUON_FREE_WAITS`` (no partition
     barrier before the consumers' waits), ``A+B``: both switches."""
     for name in switch.split("+"):

@@ -660,8 +660,13 @@ _GLUON_SPLIT_V_ONE_WARP = True
 # 8 (head 128) / 4 (head 256) boxes a block instead of 16. It faulted on the H200 (step 72): Triton 3.6
 # gives no-swizzle wgmma descriptors a matrix-base offset (view offset / 128 % 8) that the H200 honours
 # once the stride byte offset is not 1024 (step 74, bench/probe_wgmma_kview.py); with it the kernel's
-# PTX goes through prefill_runtime.host.clear_noswizzle_base_offsets. Candidate.
-_GLUON_SPLIT_K_CHUNK_MAJOR = False
+# PTX goes through prefill_runtime.host.clear_noswizzle_base_offsets (hook_compiles' desc_fix_flag).
+# H200 (session 23, step 74, round-robin, outputs bitwise equal): qwen-hybrid (head 256) page 16 2.272
+# -> 2.212 ms, pages 512-2048 2.183-2.187 -> 2.168-2.171, max/min over the 7 pages 1.041 -> 1.020;
+# llama (head 128) page 16 6.649 -> 6.675, the others -0.2% to +0.8%. None: the per-head rule, on at
+# _GLUON_SPLIT_K_CHUNK_MAJOR_HEADS; True / False: every head with K by wide boxes / none (A/Bs).
+_GLUON_SPLIT_K_CHUNK_MAJOR = None
+_GLUON_SPLIT_K_CHUNK_MAJOR_HEADS = frozenset({256})
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -1024,7 +1029,10 @@ def _gluon_split_launch(
     if k_tma and _GLUON_SPLIT_K_STAGES3 and not v_stages and q_bytes + 5 * slot_bytes <= 224 * 1024:
         stages, v_stages = 3, 2  # candidate: three K slots, two V slots
     k_cache_arg, k_view, kw_desc, kr_desc, k_wide = k_cache, None, None, None, 0
-    k_cm = k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0 and _GLUON_SPLIT_K_CHUNK_MAJOR
+    k_cm_on = _GLUON_SPLIT_K_CHUNK_MAJOR
+    if k_cm_on is None:  # the per-head rule: where the H200 measured the chunk-major ring faster
+        k_cm_on = head in _GLUON_SPLIT_K_CHUNK_MAJOR_HEADS
+    k_cm = k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0 and k_cm_on
     groups = g if k_cm else 8  # feature groups a box spans
     if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
         kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16, groups)
