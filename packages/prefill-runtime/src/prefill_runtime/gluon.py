@@ -204,9 +204,10 @@ def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.conste
     64-wide rows (``allocate_rings``' ``K_LAYOUT``) holding 64 features after another (rows ``[p *
     BLOCK_N, +BLOCK_N)`` of a slot for features ``[64 p, +64)``), each read as ``[BLOCK_N, 64]`` through
     ``K_VIEW``: one wgmma per 64 features against the matching 64 columns of Q, the ring reinterpreted
-    whole and then indexed (one ``[BLOCK_N, D]`` view of a reinterpreted slot read shared memory out of
-    bounds on the H200 at D >= 128; Triton 3.8 refuses reinterpreting a subview). ``COLS``: the features
-    a view holds (``K_VIEW`` is ``[BLOCK_N, COLS]``); ``COLS == HEAD_DIM``: one view of the whole slot."""
+    whole and then indexed (Triton 3.8 refuses reinterpreting a subview). ``COLS``: the features a view
+    holds (``K_VIEW`` is ``[BLOCK_N, COLS]``); ``COLS == HEAD_DIM``: one view of the whole slot, whose
+    stride byte offset is not 1024 when the view is no-swizzle: compile it with
+    ``hook_compiles(..., desc_fix_flag=...)`` (see ``prefill_runtime.host.clear_noswizzle_base_offsets``)."""
     NP: gl.constexpr = HEAD_DIM // COLS
     # the whole ring as [slots * NP, BLOCK_N, COLS]: reinterpret the parent, then index
     parts = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] * NP, BLOCK_N, COLS], K_VIEW)

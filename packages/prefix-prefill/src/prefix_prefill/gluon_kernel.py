@@ -496,9 +496,9 @@ def _split_k_tma_producer(
     """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
     features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
     features]`` dense (1 KB): wgmma's no-swizzle K-major core matrices, 128 bytes apart along the
-    features and 1 KB apart along the keys (the consumers' ``K_VIEW``; a 2 KB key stride, one chunk of
-    all 128 features, reads out of bounds on the H200). Each (chunk, part) is one TMA box ``[8, 64]``
-    from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size * 8]``: a feature
+    features and 1 KB apart along the keys (the consumers' ``K_VIEW``; a 2 KB key stride, one chunk
+    of all 128 features, needs the PTX fix of ``K_CM``: NOTES step 74). Each (chunk, part) is one TMA
+    box ``[8, 64]`` from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size * 8]``: a feature
     group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's split layout, so
     every box reads whole lines at any page size. Chunks at or past ``a_end`` come from row -8 (outside
     the view: zeros, no block-table read); the keys of a chunk that straddles ``a_end`` are stale slots
@@ -693,8 +693,9 @@ def _gluon_split_kernel(
     page's by ``cp.async`` gathers into the same chunk ring (``K_cache`` is then the K cache's pointer;
     see :func:`_split_k_tma_producer`). ``K_ONE_WARP`` (with ``K_TMA``; shipped on): the K producer is one
     warp (its boxes need no partition barrier between them). ``V_ONE_WARP`` (with ``V_TMA``; shipped on):
-    the V producer too. ``K_CM`` (candidate, with ``K_WIDE``): the K ring chunk-major, read through
-    ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there)."""
+    the V producer too. ``K_CM`` (with ``K_WIDE``; on at head 256): the K ring chunk-major, read
+    through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX must go through
+    ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook does it)."""
     K_PW: gl.constexpr = 1 if K_LEAN or K_ONE_WARP else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA and V_ONE_WARP else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64

@@ -643,8 +643,8 @@ _GLUON_SPLIT_K_ONE_WARP = True
 # Split-layout Gluon kernel, K by TMA: three K slots beside two V slots (kernel NUM_STAGES=3, V_STAGES=2;
 # 224 KiB of shared memory with Q at head 256, 192 KiB at head 128). Why (session 23, NOTES step 74):
 # with the one-warp K producer, 16-key runs forced at page 512 still cost 1.7% (qwen-hybrid) / 1.3%
-# (llama), half of page 16's remaining gap, and one box per run is out of reach (step 74): if a run's
-# cost is fill latency the two-slot ring does not hide, a third K slot hides it. Candidate.
+# (llama), half of page 16's remaining gap: if a run's cost is fill latency the two-slot ring does not
+# hide, a third K slot hides it. H200 (robin): no, 0.4-1.6% slower at every page. Candidate.
 _GLUON_SPLIT_K_STAGES3 = False
 # Split-layout Gluon kernel with V by TMA (head 256 by default): a one-warp V producer too (kernel
 # V_ONE_WARP), for the same reason (its 16-key boxes, 4 a block at head 256, each followed by a
@@ -943,8 +943,9 @@ def _k_chunk_view(block_n: int):
     ``[block_n, 64]`` stored as ``block_n / 8`` chunks of ``[8 feature groups, 8 keys, 8 features]``
     dense, i.e. element offset ``d % 8 + (n % 8) * 8 + (d // 8) * 64 + (n // 8) * 512``: wgmma's
     no-swizzle K-major core matrices (leading byte offset 128, stride byte offset 1024). One such view
-    per 64 features (``prefill_runtime.gluon._scores_by_parts``): one view of all D features read
-    shared memory out of bounds on the H200 at D >= 128 (NOTES step 62)."""
+    per 64 features (``prefill_runtime.gluon._scores_by_parts``); one view of all D features
+    (``_k_full_view``, the chunk-major ring) reads right only with its PTX's no-swizzle descriptor base
+    offsets cleared (NOTES step 74)."""
     from triton.experimental.gluon import language as gl
 
     bits = [[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]  # d % 8, n % 8
