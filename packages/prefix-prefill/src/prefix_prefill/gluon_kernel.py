@@ -498,9 +498,10 @@ def _split_k_tma_producer(
     features]`` dense (1 KB): wgmma's no-swizzle K-major core matrices, 128 bytes apart along the
     features and 1 KB apart along the keys (the consumers' ``K_VIEW``; a 2 KB key stride, one chunk
     of all 128 features, needs the PTX fix of ``K_CM``: NOTES step 74). Each (chunk, part) is one TMA
-    box ``[8, 64]`` from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size * 8]``: a feature
-    group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's split layout, so
-    every box reads whole lines at any page size. Chunks at or past ``a_end`` come from row -8 (outside
+    box ``[8, 64]`` from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size *
+    8]``: a feature group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's
+    split layout, so every box reads whole lines at any page size. Chunks at or past ``a_end`` come
+    from row -8 (outside
     the view: zeros, no block-table read); the keys of a chunk that straddles ``a_end`` are stale slots
     of its page, which the consumers' mask never lets through (``where``, not a product: NaN-safe). New
     tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as ``[kv_heads * D/8, columns *
