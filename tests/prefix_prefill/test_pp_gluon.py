@@ -405,11 +405,12 @@ def test_split_k_run_gather(head, page, runs_only, monkeypatch):
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_k_chunk_major(head, page, setting, monkeypatch):
     """``_GLUON_SPLIT_K_CHUNK_MAJOR``: None (the default) on for the head sizes of
-    ``_GLUON_SPLIT_K_CHUNK_MAJOR_HEADS`` (256), True at every head with K by wide boxes (128 / 256),
-    False nowhere; on: ``K_CM``, the one-view consumer layout (stride between 8-key chunks: every
-    feature group) and boxes spanning all ``D/8`` groups; head 64 (K gathered): off; off: the part
-    views and 8-group boxes."""
+    ``_GLUON_SPLIT_K_CHUNK_MAJOR_HEADS`` (256) on a verified Triton (3.6), True at every head with K
+    by wide boxes (128 / 256) on any Triton, False nowhere; on: ``K_CM``, the one-view consumer layout
+    (stride between 8-key chunks: every feature group) and boxes spanning all ``D/8`` groups; head 64
+    (K gathered): off; off: the part views and 8-group boxes."""
     rec = _record_split(monkeypatch, K_CHUNK_MAJOR=setting)
+    monkeypatch.setattr(itf, "_cm_triton_verified", lambda: True)
     case = make_case([(300, 5), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
                      dtype=torch.bfloat16, device="cpu", layout="split")  # fmt: skip
     assert _launch(case) is True
@@ -417,6 +418,11 @@ def test_split_k_chunk_major(head, page, setting, monkeypatch):
     assert itf._GLUON_SPLIT_K_CHUNK_MAJOR_HEADS == {256}
     wide = head in (128, 256) and (setting is True or (setting is None and head == 256))
     assert kw["K_CM"] is wide
+    # the per-head rule only on a Triton where the fix was verified (3.6); True forces it anywhere
+    monkeypatch.setattr(itf, "_cm_triton_verified", lambda: False)
+    assert _launch(case) is True
+    assert rec.calls[-1][2]["K_CM"] is (head in (128, 256) and setting is True)
+    monkeypatch.setattr(itf, "_cm_triton_verified", lambda: True)
     if not wide and head != 64:
         bn = 64 if head == 256 else 128
         assert kw["K_VIEW"] == itf._k_chunk_view(bn) and kw["KR_desc"].block_shape == [2, 8, 64]

@@ -667,6 +667,21 @@ _GLUON_SPLIT_V_ONE_WARP = True
 # _GLUON_SPLIT_K_CHUNK_MAJOR_HEADS; True / False: every head with K by wide boxes / none (A/Bs).
 _GLUON_SPLIT_K_CHUNK_MAJOR = None
 _GLUON_SPLIT_K_CHUNK_MAJOR_HEADS = frozenset({256})
+# The per-head rule only where the base-offset fix is verified on a GPU: Triton 3.6 (another version may
+# write its descriptors in a form the PTX pass does not see, and the one view would read wrong data).
+_GLUON_SPLIT_K_CHUNK_MAJOR_TRITON = ("3.6",)
+
+
+def _cm_triton_verified() -> bool:
+    """Whether this Triton's version is one where the chunk-major form was verified on a GPU."""
+    try:
+        import triton
+
+        return ".".join(triton.__version__.split(".")[:2]) in _GLUON_SPLIT_K_CHUNK_MAJOR_TRITON
+    except Exception:  # pragma: no cover
+        return False
+
+
 # Both Gluon prefix kernels: their two consumer warpgroups as one 8-warp partition (kernel ONE_CONSUMER,
 # launched with 8 warps, Q as one [BLOCK_M, D] box), so the consumer code is compiled once instead of
 # inlined twice. H200 (NOTES step 62): cold first call 1.5-2.0 s (2.7-3.1 s), but 30-42% slower
@@ -1032,7 +1047,7 @@ def _gluon_split_launch(
     k_cache_arg, k_view, kw_desc, kr_desc, k_wide = k_cache, None, None, None, 0
     k_cm_on = _GLUON_SPLIT_K_CHUNK_MAJOR
     if k_cm_on is None:  # the per-head rule: where the H200 measured the chunk-major ring faster
-        k_cm_on = head in _GLUON_SPLIT_K_CHUNK_MAJOR_HEADS
+        k_cm_on = head in _GLUON_SPLIT_K_CHUNK_MAJOR_HEADS and _cm_triton_verified()
     k_cm = k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0 and k_cm_on
     groups = g if k_cm else 8  # feature groups a box spans
     if k_tma and _GLUON_SPLIT_K_WIDE and page % 16 == 0:  # D/64 boxes a block inside a page, 16-key runs
