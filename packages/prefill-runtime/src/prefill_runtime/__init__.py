@@ -37,9 +37,11 @@ from prefill_runtime.host import (
     ptxas_launch_options,
     softcap_form,
 )
+from prefill_runtime.plan import LaunchPlan
 
 __all__ = [
     "CompileTiers",
+    "LaunchPlan",
     "__version__",
     "check_lse",
     "clear_noswizzle_base_offsets",
