@@ -31,6 +31,8 @@ import sys
 import time
 
 os.environ["TRITON_INTERPRET"] = "0"  # compiled JIT functions, not the interpreter's
+# bench/ holds scripts named like the packages (bench/prefix_prefill.py): import the packages
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import torch
 from triton.runtime import jit as _jit
@@ -250,6 +252,8 @@ def _patch_arch(stack: contextlib.ExitStack) -> None:
         for attr in ("detect_arch", "_detect_arch"):
             if callable(getattr(mod, attr, None)):
                 stack.enter_context(_setattr(mod, attr, lambda *a, **k: "sm90"))
+        if callable(getattr(mod, "interpreted", None)):  # the CPU-tensor check: these run nowhere
+            stack.enter_context(_setattr(mod, "interpreted", lambda: True))
 
 
 @contextlib.contextmanager

@@ -70,16 +70,14 @@ def _program_segments(q_len, ctx_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
-    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0,
-    FREE_WAITS: gl.constexpr = False, K_COLS: gl.constexpr = 64,
+    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr = 64,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
     ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
     qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``V_STAGES``, ``FREE_WAITS``, ``K_COLS``: see the
-    consumer."""
+    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``FREE_WAITS``, ``K_COLS``: see the consumer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
         tile
@@ -88,26 +86,22 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
         z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS, K_VIEW, V_STAGES, FREE_WAITS, K_COLS,
+        SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, FREE_WAITS, K_COLS,
     )  # fmt: skip
 
 
 @gluon.jit
 def _producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    BOX: gl.constexpr, VECTOR_IDS: gl.constexpr, IN_PAGE_COPY: gl.constexpr,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr,
 ):  # fmt: skip
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)``. Block ``j``
-    goes to slot ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context
-    positions ``[j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy
-    through ``CB_desc`` (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies
-    through ``C_desc`` (block [BOX, D]), one per page run (``VECTOR_IDS``: the runs' block ids read as
-    one vector, each copy's row taken from it by a warp reduction, instead of one scalar read per copy).
-    ``IN_PAGE_COPY=False``: every context block takes the ``BLOCK_N / BOX`` copies, wherever it lies
-    (one instruction stream for every page size). The rest: new tokens through ``N_desc``."""
+    oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)``. Block ``j`` goes to slot ``j %
+    NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[j * BLOCK_N,
+    +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc`` (block
+    [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc`` (block
+    [BOX, D]), one per page run. The rest: new tokens through ``N_desc``."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
      q_tok0, m0, head, kv_col, n_a, a_end, n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
@@ -124,16 +118,9 @@ def _producer(
             if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
                 row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
                 tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
-            elif IN_PAGE_COPY and pos0 % page_size + BLOCK_N <= page_size:  # inside one page
+            elif pos0 % page_size + BLOCK_N <= page_size:  # inside one page
                 row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
                 tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
-            elif VECTOR_IDS:
-                NB: gl.constexpr = BLOCK_N // BOX
-                i_box = gl.arange(0, NB, layout=gl.BlockedLayout([1], [32], [1], [0]))  # [NB]
-                rows = page_row(p_table_row, pos0 + i_box * BOX, a_end, page_size, oob_row)  # [NB]
-                for i in gl.static_range(NB):
-                    row = gl.sum(gl.where(i_box == i, rows, 0), axis=0)
-                    tma.async_copy_global_to_shared(C_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
             else:
                 for i in gl.static_range(BLOCK_N // BOX):
                     row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row)
@@ -148,19 +135,19 @@ def _gluon_fwd_kernel(
     qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
-    VECTOR_IDS: gl.constexpr = False, IN_PAGE_COPY: gl.constexpr = True, ONE_CONSUMER: gl.constexpr = False,
-    LLVM_O0: gl.constexpr = False, FREE_WAITS: gl.constexpr = False,
+    ONE_CONSUMER: gl.constexpr,
+    LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
     the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
-    the rings' shared layout). ``ONE_CONSUMER`` (candidate; launch with 8 warps, ``Q_desc`` block
-    ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition, one copy of the consumer code
-    (about half the compile). ``LLVM_O0``: read by the compile hook only (LLVM at O0, see
-    ``prefill_runtime.hook_compiles``), not by the kernel. ``FREE_WAITS`` (candidate): the consumers'
-    waits for ready slots without Triton's partition-wide barrier before each (``prefill_runtime.gluon.
-    free_wait``; the compile hook drops them)."""
+    the rings' shared layout). ``ONE_CONSUMER`` (the quick-compiling form of the compile tiers; launch
+    with 8 warps, ``Q_desc`` block ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition,
+    one copy of the consumer code (about half the compile). ``LLVM_O0``: read by the compile hook only
+    (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel. ``FREE_WAITS``: the
+    consumers' waits for ready slots without Triton's partition-wide barrier before each
+    (``prefill_runtime.gluon.free_wait``; the compile hook drops them)."""
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -181,16 +168,15 @@ def _gluon_fwd_kernel(
               page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)  # fmt: skip
     v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
               page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)  # fmt: skip
-    COPY: gl.constexpr = IN_PAGE_COPY
     if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 2, None, 0, FREE_WAITS,
+                    False, 2, None, FREE_WAITS,
                 )),
-                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
-                (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
+                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
+                (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [1, 1],
             [24, 24],
@@ -200,14 +186,14 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, 0, FREE_WAITS,
+                    False, 1, None, FREE_WAITS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, 0, FREE_WAITS,
+                    False, 1, None, FREE_WAITS,
                 )),
-                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
-                (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, VECTOR_IDS, COPY)),
+                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
+                (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [4, 1, 1],
             [240, 24, 24],
@@ -250,18 +236,12 @@ def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 @gluon.jit
 def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
-                    TPR: gl.constexpr, IDS_FIRST: gl.constexpr = False):  # fmt: skip
+                    TPR: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
     features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * 8``-key runs
-    of ``32 / TPR`` features. ``TPR = BLOCK_N // 8``: the block's whole key run per feature (pages of at
-    least ``BLOCK_N`` keys: long contiguous runs); fewer for short pages (``TPR * 8`` = the page): the
-    block is then gathered run by run (one page each), a warp copy reading the page's back-to-back
-    feature rows (whole 128-byte lines instead of 32-byte pieces of several pages), one block-table
-    entry per run live at a time. Copies are 8-key groups; a group that starts before ``seq_end`` is
-    copied whole (its page holds it; the consumers zero the V columns past the segment), one past it
-    is zero-filled. ``IDS_FIRST`` (candidate; runs of exactly one page, ``pos0`` page-aligned: the host
-    checks ``BLOCK_N % page_size == 0``): the block's ``BLOCK_N / RUN`` block-table entries are read
-    first, all at once (every thread holds them), so a run's copies do not wait for its own read."""
+    of ``32 / TPR`` features (the kernel passes ``BLOCK_N // 8``: the block's whole key run per
+    feature). Copies are 8-key groups; a group that starts before ``seq_end`` is copied whole (its page
+    holds it; the consumers zero the V columns past the segment), one past it is zero-filled."""
     PW: gl.constexpr = gl.num_warps()
     RUN: gl.constexpr = TPR * 8  # keys of one run
     NR: gl.constexpr = BLOCK_N // RUN  # runs per block
@@ -269,19 +249,10 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
     offs_n = gl.arange(0, RUN, layout=gl.SliceLayout(0, L))  # [RUN]
     rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
     step = SUB * c_dim
-    if IDS_FIRST:
-        LI: gl.constexpr = gl.BlockedLayout([NR], [32], [PW], [0])  # every thread: all NR entries
-        r_idx = gl.arange(0, NR, layout=LI)  # [NR]
-        r_pos = pos0 + r_idx * RUN  # [NR] each run's first key (a page start)
-        ids = gl.load(p_table_row + r_pos // page_size, mask=r_pos < seq_end, other=0).to(gl.int32)  # [NR]
     for r in gl.static_range(NR):
         grp = pos0 + r * RUN + (offs_n // 8) * 8  # [RUN] the key's 8-key group
-        if IDS_FIRST:
-            blk = gl.sum(gl.where(r_idx == r, ids, 0), axis=0)  # run r's block id (in-thread)
-            col = blk.to(gl.int64) * c_block + (offs_n + head_off)  # [RUN] (the run is one page)
-        else:
-            col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1)  # [RUN]
-            col += offs_n % 8 + head_off  # [RUN]
+        col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1)  # [RUN]
+        col += offs_n % 8 + head_off  # [RUN]
         ok = grp < seq_end  # [RUN]
         if RUN == BLOCK_N:
             dst = buf
@@ -299,10 +270,9 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 @gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    SUB: gl.constexpr, V_TPR: gl.constexpr, V_IDS_FIRST: gl.constexpr = False,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
-    """A partition of ``PRODUCER_WARPS`` warps filling one ring from vLLM's split cache: K (``KV == 0``,
+    """A partition of two warps filling one ring from vLLM's split cache by gathers: K (``KV == 0``,
     which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
     (``c_block``/``c_head``/``c_feat``: the cache's block, head and feature-group (K) or feature (V)
     strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
@@ -328,7 +298,7 @@ def _split_producer(
                                 head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
                 _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR, V_IDS_FIRST)  # fmt: skip
+                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
             async_copy.mbarrier_arrive(bar, increment_count=False)
         else:
             mbarrier.expect(bar, kv_bytes)
@@ -345,12 +315,12 @@ def _split_v_tma_producer(
     N_desc, C_desc, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head, kv_heads, n_a, a_end,
     n_blocks, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):  # fmt: skip
-    """The V ring by TMA (``_GLUON_SPLIT_V_TMA``): a slot ``[D, BLOCK_N]`` in a 32-byte-swizzled layout
-    is ``BLOCK_N / 16`` column blocks ``[D, 16]``, each one box: a context run of 16 keys (inside one
-    page: pages are multiples of 16) from ``C_desc``, the V cache seen as ``[num_blocks * kv_heads * D,
-    page_size]`` (row ``(block * kv_heads + kv_head) * D``; runs at or past ``a_end`` from row ``-D``,
-    outside the view: zeros, no block-table read), or 16 new tokens from ``N_desc`` (the transposed
-    ``v``) at column ``n_tok0 + ...``. One expect-tx arrival per slot."""
+    """The V ring by TMA (one warp): a slot ``[D, BLOCK_N]`` in a 32-byte-swizzled layout is ``BLOCK_N /
+    16`` column blocks ``[D, 16]``, each one box: a context run of 16 keys (inside one page: pages are
+    multiples of 16) from ``C_desc``, the V cache seen as ``[num_blocks * kv_heads * D, page_size]``
+    (row ``(block * kv_heads + kv_head) * D``; runs at or past ``a_end`` from row ``-D``, outside the
+    view: zeros, no block-table read), or 16 new tokens from ``N_desc`` (the transposed ``v``) at column
+    ``n_tok0 + ...``. One expect-tx arrival per slot."""
     NB: gl.constexpr = BLOCK_N // 16
     for j in range(n_blocks):
         slot = j % NUM_STAGES
@@ -375,54 +345,22 @@ def _split_v_tma_producer(
 
 
 @gluon.jit
-def _k_chunk_boxes(C_desc, rows, bar, p_table_row, pos0, a_end, page_size, kv_heads, kv_head,
-                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
-    """One context block's K as :func:`_split_k_tma_producer`'s chunk boxes: for each 8-key chunk one
-    block-table read and ``D/64`` boxes ``[8, 64]`` of ``C_desc`` into the slot ``rows``; chunks at or
-    past ``a_end`` from row -8 (zeros, no block-table read)."""
-    G: gl.constexpr = HEAD_DIM // 8
-    NC: gl.constexpr = BLOCK_N // 8
-    for c in gl.static_range(NC):
-        pos = pos0 + c * 8
-        ok = pos < a_end
-        page = pos // page_size
-        blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
-        row0 = (blk * kv_heads + kv_head) * G
-        col = (pos - page * page_size) * 8
-        for p in gl.static_range(HEAD_DIM // 64):
-            row = gl.where(ok, row0 + p * 8, -8)
-            dst = rows.slice((p * NC + c) * 8, 8)
-            tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
-
-
-@gluon.jit
 def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, kv_heads, kv_head,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IDS_FIRST: gl.constexpr = False,
-                 CM: gl.constexpr = False):  # fmt: skip
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CM: gl.constexpr = False):  # fmt: skip
     """One context block's K as ``BLOCK_N/16`` runs of 16 keys (pages a multiple of 16: a run never
     crosses a page): per run one block-table read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` into
     the run's two chunks of each part of ring slot ``slot`` (``parts``: the ring as ``[slots * D/64,
-    BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read).
-    ``IDS_FIRST`` (candidate): every run's block-table read issued before the first box (a tuple of
-    scalars), so the reads' latencies overlap instead of each run's boxes waiting for its own read
-    behind the partition barrier before the previous run's boxes. ``CM`` (chunk-major ring; ``parts`` is
-    then ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[2, D/8, 64]`` per run."""
+    BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read). ``CM``
+    (chunk-major ring; ``parts`` is then ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[2, D/8, 64]`` per
+    run."""
     G: gl.constexpr = HEAD_DIM // 8
     NP: gl.constexpr = HEAD_DIM // 64
     NR: gl.constexpr = BLOCK_N // 16
-    if IDS_FIRST:
-        blks = ()
-        for r in gl.static_range(NR):
-            pos = pos0 + r * 16
-            blks = blks + (gl.load(p_table_row + pos // page_size, mask=pos < a_end, other=0),)  # noqa: RUF005
     for r in gl.static_range(NR):
         pos = pos0 + r * 16
         ok = pos < a_end
         page = pos // page_size
-        if IDS_FIRST:
-            blk = blks[r].to(gl.int32)
-        else:
-            blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+        blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
         row0 = (blk * kv_heads + kv_head) * G
         kg = (pos - page * page_size) // 8
         if CM:
@@ -440,8 +378,8 @@ def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, k
                   HEAD_DIM: gl.constexpr, CM: gl.constexpr = False):  # fmt: skip
     """A context block inside page ``page0`` (its first key at ``off`` in the page) as ``D/64`` boxes
     ``[BLOCK_N/8, 8, 64]`` of ``W_desc`` into the parts of ring slot ``slot`` (see
-    :func:`_split_k_tma_producer`'s ``K_WIDE``): one block-table read. ``CM`` (chunk-major ring,
-    ``parts`` then ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[BLOCK_N/8, D/8, 64]``."""
+    :func:`_split_k_tma_producer`): one block-table read. ``CM`` (chunk-major ring, ``parts`` then
+    ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[BLOCK_N/8, D/8, 64]``."""
     G: gl.constexpr = HEAD_DIM // 8
     NP: gl.constexpr = HEAD_DIM // 64
     blk0 = gl.load(p_table_row + page0).to(gl.int32)
@@ -455,85 +393,37 @@ def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, k
 
 
 @gluon.jit
-def _k_run_gather(Cache, parts, slot, p_table_row, pos0, a_end, page_size, c_block, c_group, head_off,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
-    """One context block's K gathered by 16-byte ``cp.async`` copies into ring slot ``slot`` in the chunk
-    layout the TMA boxes write (``parts``: the ring as ``[slots * D/64, BLOCK_N/8, 8, 64]``; part ``p``,
-    chunk ``c``, feature group ``g``: one core matrix, a group's 8 keys x 8 features), for
-    ``_GLUON_SPLIT_K_RUN_GATHER``. A thread copies one key's 8 features of one group; a warp copy is
-    one chunk's 4 groups, four whole 128-byte lines of vLLM's split cache landing as four whole core
-    matrices; each warp one chunk per step (``PW`` chunks a step), the chunk's block-table entry read
-    once for all ``D/64`` parts. Keys ``>= a_end`` are zero-filled and read no entry."""
-    NP: gl.constexpr = HEAD_DIM // 64
-    NC: gl.constexpr = BLOCK_N // 8
-    PW: gl.constexpr = gl.num_warps()
-    L: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [PW, 1, 1], [2, 1, 0])  # a copy: [PW, 4, 64]
-    LGE: gl.constexpr = gl.SliceLayout(0, L)  # [8, 64]: groups x (key % 8 * 8 + feature % 8)
-    i_c = gl.arange(0, PW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))  # [PW] a warp's chunk in the step
-    i_g = gl.arange(0, 8, layout=gl.SliceLayout(1, LGE))  # [8] groups of a part
-    i_e = gl.arange(0, 64, layout=gl.SliceLayout(0, LGE))  # [64]
-    i_k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L))) // 8  # [64] key % 8
-    col = i_g[:, None] * c_group.to(gl.int32) + i_e[None, :]  # [8, 64] int32 (host-checked range)
-    for c0 in gl.static_range(0, NC, PW):
-        pos = pos0 + (c0 + i_c) * 8  # [PW] each warp's chunk start (a chunk lies in one page)
-        row = slot_offset(p_table_row, pos, a_end, page_size, c_block, 8) + head_off  # [PW] int64
-        ok = (pos[:, None, None] + i_k[None, None, :]) < a_end  # [PW, 1, 64]
-        for p in gl.static_range(NP):
-            off = row[:, None, None] + (col + p * 8 * c_group.to(gl.int32))[None, :, :]  # [PW, 8, 64]
-            off = gl.max_contiguous(gl.multiple_of(off, [1, 1, 8]), [1, 1, 8])
-            dst = parts.index(slot * NP + p).slice(c0, PW)  # [PW, 8, 64]
-            async_copy.async_copy_global_to_shared(dst, Cache + off, mask=ok)
-
-
-@gluon.jit
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
     head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, VECTOR_IDS: gl.constexpr = False, W_desc=None,
-    R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False, RUN_GATHER: gl.constexpr = False,
-    c_block=None, c_group=None, c_head=None, CM: gl.constexpr = False,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
+    CM: gl.constexpr = False,
 ):  # fmt: skip
-    """The K ring by TMA (``_GLUON_SPLIT_K_TMA``; also loads the two Q halves). A slot holds, per 64
-    features (part ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8
-    features]`` dense (1 KB): wgmma's no-swizzle K-major core matrices, 128 bytes apart along the
-    features and 1 KB apart along the keys (the consumers' ``K_VIEW``; a 2 KB key stride, one chunk
-    of all 128 features, needs the PTX fix of ``K_CM``: NOTES step 74). Each (chunk, part) is one TMA
-    box ``[8, 64]`` from ``C_desc``, the K cache seen as ``[num_blocks * kv_heads * D/8, page_size *
-    8]``: a feature group's 8 keys x 8 features are 128 contiguous bytes (one cache line) of vLLM's
-    split layout, so every box reads whole lines at any page size. Chunks at or past ``a_end`` come
-    from row -8 (outside
-    the view: zeros, no block-table read); the keys of a chunk that straddles ``a_end`` are stale slots
-    of its page, which the consumers' mask never lets through (``where``, not a product: NaN-safe). New
-    tokens: the same boxes from ``N_desc``, the host's copy of ``k`` as ``[kv_heads * D/8, columns *
-    8]``, the sequence from column ``n_tok0``. One expect-tx per slot. ``VECTOR_IDS`` (a one-warp
-    partition): the block's chunk rows from one vector load of its block-table entries, each taken out
-    by a warp reduction, instead of one dependent scalar load before each chunk's boxes, and the
-    chunks in a loop rather than unrolled (the ring seen as ``[slots * D/64 * BLOCK_N/8, 8, 64]`` boxes,
-    indexed at run time: less code to compile). ``K_WIDE`` (candidate; pages a multiple of 16): a context
-    block that lies in one page is ``D/64`` boxes ``[BLOCK_N/8, 8, 64]`` of ``W_desc``, the K cache seen
-    as ``[page_size/8, num_blocks * kv_heads * D/8, 64]`` (strides ``[64, page_size * 8, 1]``: key
-    groups of 8, feature groups, one group's 8 keys x 8 features), which land as the same chunks (a
-    part's chunks are contiguous in a slot): one block-table read and 2 (head 128) or 4 (head 256)
-    boxes per block instead of one read per chunk and 32 boxes. Any other block (across pages; every
-    block when pages are shorter than a block, ``K_WIDE == 2``, ``W_desc`` then absent) as runs of 16
-    keys, each inside one page: one read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` (the same
-    view) per run, half the chunk boxes' reads and boxes (:func:`_k_run_boxes`; ``IDS_FIRST`` as
-    there). ``RUN_GATHER`` (candidate, with ``K_WIDE``): those other blocks gathered instead
-    (:func:`_k_run_gather`; ``C_desc`` is then the K cache's pointer, ``c_*`` its block, head and
-    feature-group strides), each thread arriving on the ready barrier when its copies land (count: the
-    partition's threads; a TMA-filled slot's expect-tx arrival brings the rest in one). ``CM``
-    (candidate, with ``K_WIDE``): a chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature
-    groups (``[8 keys, 8 features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a
-    one-page block is one box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``,
-    ``R_desc`` with those blocks), instead of ``D/64`` of each."""
+    """The K ring by TMA (one warp; also loads the two Q halves). A slot holds, per 64 features (part
+    ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8 features]`` dense (1 KB):
+    wgmma's no-swizzle K-major core matrices, 128 bytes apart along the features and 1 KB apart along the
+    keys (the consumers' ``K_VIEW``). A context block that lies in one page is ``D/64`` boxes
+    ``[BLOCK_N/8, 8, 64]`` of ``W_desc``, the K cache seen as ``[page_size/8, num_blocks * kv_heads * D/8,
+    64]`` (strides ``[64, page_size * 8, 1]``: key groups of 8, feature groups, one group's 8 keys x 8
+    features: a feature group's 8 keys are 128 contiguous bytes, one cache line of vLLM's split layout),
+    which land as the chunks: one block-table read per block (:func:`_k_page_boxes`). Any other block
+    (across pages; every block when pages are shorter than a block, ``K_WIDE == 2``, ``W_desc`` then
+    absent) as runs of 16 keys, each inside one page: one read and ``D/64`` boxes ``[2, 8, 64]`` of
+    ``R_desc`` (the same view) per run (:func:`_k_run_boxes`). Runs at or past ``a_end`` come from row
+    -8 (outside the view: zeros, no block-table read); the keys of a run that straddles ``a_end`` are
+    stale slots of its page, which the consumers' mask never lets through (``where``, not a product:
+    NaN-safe). New tokens: boxes ``[8, 64]`` from ``N_desc``, the host's copy of ``k`` as ``[kv_heads *
+    D/8, columns * 8]``, the sequence from column ``n_tok0``. One expect-tx per slot. ``CM``: a
+    chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature groups (``[8 keys, 8
+    features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a one-page block is one
+    box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``, ``R_desc`` with those
+    blocks), instead of ``D/64`` of each."""
     G: gl.constexpr = HEAD_DIM // 8
     NC: gl.constexpr = BLOCK_N // 8
     NP: gl.constexpr = HEAD_DIM // 64
-    if VECTOR_IDS:  # every box of the ring, [slot][part][chunk]: reinterpret the whole ring, then index
-        boxes = smem._reinterpret(smem.dtype, [NUM_STAGES * NP * NC, 8, 64], C_desc.layout)
     if CM:  # every slot of the ring as [NC, G, 64] (one box, or NC / 2 runs' boxes)
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 64], R_desc.layout)
-    elif K_WIDE:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
+    else:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
@@ -541,42 +431,9 @@ def _split_k_tma_producer(
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
         rows = smem.index(slot)  # [BLOCK_N * D / 64, 64]: (part p, chunk c) = rows [(p * NC + c) * 8, +8)
-        if RUN_GATHER:  # context blocks in one page (K_WIDE == 1) and new tokens by boxes, others gathered
-            page0 = (j * BLOCK_N) // page_size
-            off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
-            one_page = (off + BLOCK_N <= page_size) & (K_WIDE == 1)
-            if (j >= n_a) | one_page:
-                mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-                mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
-            if j < n_a:
-                if one_page:
-                    if K_WIDE == 1:
-                        _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
-                                      HEAD_DIM)  # fmt: skip
-                else:
-                    _k_run_gather(C_desc, parts, slot, p_table_row, j * BLOCK_N, a_end, page_size, c_block,
-                                  c_group, kv_head.to(gl.int64) * c_head, BLOCK_N, HEAD_DIM)  # fmt: skip
-                    async_copy.mbarrier_arrive(bar, increment_count=False)
-        else:
-            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-        if RUN_GATHER and j < n_a:
-            pass
-        elif j < n_a:
-            if VECTOR_IDS:
-                i_c = gl.arange(0, NC, layout=gl.BlockedLayout([1], [32], [1], [0]))  # [NC] chunks
-                pos_v = j * BLOCK_N + i_c * 8  # [NC]
-                page_v = pos_v // page_size  # [NC]
-                blk_v = gl.load(p_table_row + page_v, mask=pos_v < a_end, other=-1).to(gl.int32)  # [NC]
-                row_v = gl.where(blk_v >= 0, (blk_v * kv_heads + kv_head) * G, -8)  # [NC] -8: past a_end
-                col_v = (pos_v - page_v * page_size) * 8  # [NC]
-                for c in range(NC):
-                    row0 = gl.sum(gl.where(i_c == c, row_v, 0), axis=0)
-                    col = gl.sum(gl.where(i_c == c, col_v, 0), axis=0)
-                    for p in gl.static_range(NP):
-                        row = gl.where(row0 >= 0, row0 + p * 8, -8)
-                        dst = boxes.index((slot * NP + p) * NC + c)  # [8, 64]
-                        tma.async_copy_global_to_shared(C_desc, [row, col], bar, dst)
-            elif K_WIDE == 1:
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        if j < n_a:
+            if K_WIDE == 1:
                 page0 = (j * BLOCK_N) // page_size
                 off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
                 if off + BLOCK_N <= page_size:  # key groups [off / 8, + NC) of one page: a box per part
@@ -584,50 +441,37 @@ def _split_k_tma_producer(
                                   HEAD_DIM, CM)  # fmt: skip
                 else:
                     _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
-                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST, CM)  # fmt: skip
-            elif K_WIDE == 2:
-                _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
-                             kv_head, BLOCK_N, HEAD_DIM, IDS_FIRST, CM)  # fmt: skip
+                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
             else:
-                _k_chunk_boxes(C_desc, rows, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
-                               kv_head, BLOCK_N, HEAD_DIM)  # fmt: skip
+                _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
+                             kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            if VECTOR_IDS:
-                for c in range(NC):
-                    for p in gl.static_range(NP):
-                        dst = boxes.index((slot * NP + p) * NC + c)  # [8, 64]
-                        coord = [kv_head * G + p * 8, (tok + c * 8) * 8]
-                        tma.async_copy_global_to_shared(N_desc, coord, bar, dst)
-            else:
-                for c in gl.static_range(NC):
-                    for p in gl.static_range(HEAD_DIM // 64):
-                        if CM:  # (chunk c, part p) = rows [(c * NP + p) * 8, +8)
-                            dst_rows = rows.slice((c * NP + p) * 8, 8)
-                        else:
-                            dst_rows = rows.slice((p * NC + c) * 8, 8)
-                        tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
-                                                        dst_rows)  # fmt: skip
+            for c in gl.static_range(NC):
+                for p in gl.static_range(HEAD_DIM // 64):
+                    if CM:  # (chunk c, part p) = rows [(c * NP + p) * 8, +8)
+                        dst_rows = rows.slice((c * NP + p) * 8, 8)
+                    else:
+                        dst_rows = rows.slice((p * NC + c) * 8, 8)
+                    tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
+                                                    dst_rows)  # fmt: skip
 
 
 @gluon.jit
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, VECTOR_IDS: gl.constexpr = False,
-    W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 0, IDS_FIRST: gl.constexpr = False,
-    RUN_GATHER: gl.constexpr = False, CM: gl.constexpr = False,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, W_desc=None, R_desc=None,
+    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
-    ``K_TMA`` (``Cache`` is then the K cache's descriptor, or its pointer with ``RUN_GATHER``;
-    ``VECTOR_IDS``, ``W_desc``, ``R_desc``, ``K_WIDE``, ``IDS_FIRST``, ``RUN_GATHER``, ``CM`` as there), else
-    :func:`_split_producer`'s gathers."""
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM`` as
+    there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
-        (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
-         c_group, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
+        (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
+         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
-                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, VECTOR_IDS, W_desc, R_desc,
-                              K_WIDE, IDS_FIRST, RUN_GATHER, c_block, c_group, c_head, CM)  # fmt: skip
+                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -635,7 +479,7 @@ def _split_k_partition(
 @gluon.jit
 def _split_v_partition(
     V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, V_IDS_FIRST: gl.constexpr = False,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
     """The V ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_v_tma_producer` with
     ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers."""
@@ -645,7 +489,7 @@ def _split_v_partition(
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
-        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, V_IDS_FIRST)
+        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
@@ -655,14 +499,9 @@ def _gluon_split_kernel(
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
     stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
-    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, K_SUB: gl.constexpr, V_SUB: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, V_TPR: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
-    V_TMA: gl.constexpr = False, ONE_CONSUMER: gl.constexpr = False, K_TMA: gl.constexpr = False,
-    K_VIEW: gl.constexpr = None, K_LEAN: gl.constexpr = False, LLVM_O0: gl.constexpr = False,
-    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_IDS_FIRST: gl.constexpr = False,
-    V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False, V_IDS_FIRST: gl.constexpr = False,
-    K_RUN_GATHER: gl.constexpr = False, K_ONE_WARP: gl.constexpr = False, V_ONE_WARP: gl.constexpr = False,
-    K_CM: gl.constexpr = False,
+    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
+    K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
+    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
@@ -670,37 +509,30 @@ def _gluon_split_kernel(
     ``VCol0[s]`` (a multiple of 64: a TMA box whose inner start is not 16-byte aligned faults), with
     ``KV_FROM_CACHE`` both only give the rings' layouts. ``kc_*``/``vc_*``: element strides of the
     caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
-    and base is 16-byte aligned.
-    ``V_TPR``: threads along the keys in the V gathers (see :func:`_gather_v_block`); each producer
-    has ``PRODUCER_WARPS`` warps of ``PRODUCER_REGS`` registers (the two share one warpgroup's).
-    ``V_TMA`` (candidate): V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V
-    cache's descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s
-    block ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``FREE_WAITS``: as in
+    and base is 16-byte aligned. The gathering producers are two warps of 32 registers each (the two
+    share one warpgroup's register budget); a TMA producer is one warp (its boxes need no partition
+    barrier between them).
+    ``V_TMA``: V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V cache's
+    descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s block
+    ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``LLVM_O0``, ``FREE_WAITS``: as in
     :func:`_gluon_fwd_kernel`.
-    ``K_TMA`` (candidate): K by TMA boxes of 8 keys (:func:`_split_k_tma_producer`) into a K ring of
-    64-wide rows (``K_cache``'s layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and
-    ``K_desc`` are then descriptors (block ``[D/8, 64]``, no swizzle) over the K cache and over the
-    host's copy of ``k`` (sequence ``s`` from column ``VCol0[s]``). ``K_LEAN`` (candidate, with
-    ``K_TMA``): the K producer is one warp and reads each block's block-table entries as one vector.
-    ``LLVM_O0``: as in :func:`_gluon_fwd_kernel`. ``K_WIDE`` (candidate, with ``K_TMA``): 1 blocks inside
-    one page by ``D/64`` boxes of ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter
-    than a block) every block by runs (see :func:`_split_k_tma_producer`); ``K_IDS_FIRST`` (candidate):
-    a block's runs read their block-table entries before the first box (:func:`_k_run_boxes`).
-    ``V_STAGES`` (candidate): the V ring's slots when they differ from the K ring's ``NUM_STAGES`` (0:
-    the same); the consumers read V one block behind K, so a third V slot lets the V gathers of two
-    blocks be in flight while the consumers work on a third. ``V_IDS_FIRST`` (candidate, with V gathered
-    page by page): each block's block-table entries read before its first run (see
-    :func:`_gather_v_block`). ``K_RUN_GATHER`` (candidate, with ``K_WIDE``): the K blocks that are not one
-    page's by ``cp.async`` gathers into the same chunk ring (``K_cache`` is then the K cache's pointer;
-    see :func:`_split_k_tma_producer`). ``K_ONE_WARP`` (with ``K_TMA``; shipped on): the K producer is one
-    warp (its boxes need no partition barrier between them). ``V_ONE_WARP`` (with ``V_TMA``; shipped on):
-    the V producer too. ``K_CM`` (with ``K_WIDE``; on at head 256): the K ring chunk-major, read
-    through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX must go through
-    ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook does it)."""
-    K_PW: gl.constexpr = 1 if K_LEAN or K_ONE_WARP else PRODUCER_WARPS  # the K producer's warps
-    V_PW: gl.constexpr = 1 if V_TMA and V_ONE_WARP else PRODUCER_WARPS  # the V producer's warps
+    ``K_TMA``: K by TMA boxes (:func:`_split_k_tma_producer`) into a K ring of 64-wide rows (``K_cache``'s
+    layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and ``K_desc`` are then descriptors
+    (block ``[8, 64]``, no swizzle) over the K cache and over the host's copy of ``k`` (sequence ``s``
+    from column ``VCol0[s]``); ``K_WIDE``: 1 blocks inside one page by ``D/64`` boxes of ``KW_desc``, the
+    others by 16-key runs of ``KR_desc``; 2 (pages shorter than a block) every block by runs. ``K_CM``
+    (with ``K_TMA``): the K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view
+    (``CM`` there); its PTX must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the
+    package's compile hook does it)."""
+    PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
+    PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
+    V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
+    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # the K gathers' threads along the features (_gather_k_block)
+    K_SUB: gl.constexpr = 32 * PRODUCER_WARPS if TPD == 1 else 32 // TPD  # keys per K gather step
+    V_SUB: gl.constexpr = max(16, PRODUCER_WARPS * 32 // V_TPR)  # features per V gather step
+    K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
+    V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
-    VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -729,11 +561,10 @@ def _gluon_split_kernel(
         HEAD_DIM,
         NUM_STAGES,
         True,
-        1 if K_TMA and not K_RUN_GATHER else 32 * K_PW,
+        1 if K_TMA else 32 * K_PW,
         1 if V_TMA else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
         K_ROWS,
-        VS,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
@@ -746,19 +577,18 @@ def _gluon_split_kernel(
               vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
     kv_heads = gl.num_programs(1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
-    # name, and an argument tuple bound to a name loses its constexprs (tried, session 19).
+    # name, and an argument tuple bound to a name loses its constexprs.
     if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, VS, FREE_WAITS, K_COLS,
+                    True, 2, K_VIEW, FREE_WAITS, K_COLS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER,
-                                       K_CM)),
-                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
-                                       V_IDS_FIRST)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR)),
             ],
             [K_PW, V_PW],
             [PRODUCER_REGS, PRODUCER_REGS],
@@ -768,17 +598,16 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, VS, FREE_WAITS, K_COLS,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, VS, FREE_WAITS, K_COLS,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, K_LEAN, KW_desc, KR_desc, K_WIDE, K_IDS_FIRST, K_RUN_GATHER,
-                                       K_CM)),
-                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, VS, V_SUB, V_TPR,
-                                       V_IDS_FIRST)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR)),
             ],
             [4, K_PW, V_PW],
             [240, PRODUCER_REGS, PRODUCER_REGS],

@@ -2,51 +2,37 @@
 
 One program computes one tile of ``BLOCK_M`` query rows of one sequence for one query head:
 
-* segment 1 walks the sequence's cached context (key positions ``[0, ctx_len)``) in tiles of
-  ``BLOCK_N_CTX`` tokens, starting at the first tile the sliding window can see. Every cache address
-  comes from :mod:`paged_kv_offsets.kernel`: with ``TILE_PAGES`` (the default)
-  :func:`~paged_kv_offsets.kernel.tile_blocks` + :func:`~paged_kv_offsets.kernel.tile_block_offsets`
-  per tile (one set of block-table reads for K and V; one divide and two scalar reads when the tile
-  fits in a page; ``PAGE_SIZE`` a constexpr, or 0 for a runtime ``page_size``), else
-  :func:`~paged_kv_offsets.kernel.token_offsets` per token and cache, plus
+* the cached context (key positions ``[0, ctx_len)``) in tiles of ``BLOCK_N_CTX`` tokens at multiples
+  of ``BLOCK_N_CTX``, from the first tile the sliding window can see. Every cache address comes from
+  :mod:`paged_kv_offsets.kernel`: :func:`~paged_kv_offsets.kernel.tile_blocks` +
+  :func:`~paged_kv_offsets.kernel.tile_block_offsets` per tile (one set of block-table reads for K and
+  V; one divide and two scalar reads when the tile fits in a page) and
   :func:`~paged_kv_offsets.kernel.dim_offsets`;
-* segment 2 walks the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``,
-  from the contiguous ``k``/``v`` tensors or, with ``KV_FROM_CACHE``, from the cache again.
+* the new tokens (key positions ``[ctx_len, seq_len)``) in tiles of ``BLOCK_N``, from the contiguous
+  ``k``/``v`` tensors; with ``KV_FROM_CACHE`` (``k = v = None``) keys ``[0, seq_len)`` are one cached
+  segment instead; with ``MERGE_NEW`` the masked tiles of both segments run in one loop
+  (:func:`_segments_merged`).
 
-Both segments run through one chain, ``_fwd_kernel`` -> :func:`_segment` (tile bounds, then the
-loops) -> :func:`_tile` (addresses: paged or contiguous) -> :func:`_attend` (the online-softmax
-update). :func:`_tile_bounds` splits each segment, with scalar arithmetic before the loops, into
-edge tiles that need masks (partial last tile, causal diagonal, window edges) and interior tiles
-that do not; :func:`_attend` is compiled once with ``MASKED=True`` and once with ``MASKED=False``
-per segment. (The refactor into this chain left the compiled SASS unchanged: same instruction
-counts, registers and spills on triton 3.6 and 3.8, checked with ``bench/compile_report.py``.)
+The chain is ``_fwd_kernel`` -> :func:`_segment` (tile bounds, then the loops) -> :func:`_tile`
+(addresses: paged or contiguous) -> :func:`_attend` (the online-softmax update). :func:`_tile_bounds`
+splits each segment, with scalar arithmetic before the loops, into edge tiles that need masks (partial
+last tile, causal diagonal, window edges) and interior tiles that do not; :func:`_attend` is compiled
+once with ``MASKED=True`` and once with ``MASKED=False`` per loop.
 
 Logits are kept in log2 units: ``s = (q . k) * softmax_scale * log2(e)`` (times ``k_scale`` for an
 fp8 cache), or with ``SOFTCAP`` ``tanh(that / (softcap * log2(e))) * softcap * log2(e)`` (the
 soft-capped logit in log2 units; ``SOFTCAP=2`` takes NVIDIA's hardware ``tanh.approx.f32``, 1 tanh
-through exp2), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the
-running max/denominator at ``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no
-key writes 0. With ``RETURN_LSE`` the epilogue also stores each row's softmax log-sum-exp in natural
-log: the running max ``m_i`` and denominator ``l_i = sum_j exp2(s_j - m_i)`` (sink included) are in
-those log2 units, so ``lse = (m_i + log2(l_i)) * ln(2)``, ``-inf`` where ``l_i == 0``.
+through exp2), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the running max/denominator at
+``sink * log2(e)`` / 1, and ``exp2`` does the rest. A row that sees no key writes 0. With
+``RETURN_LSE`` the epilogue also stores each row's softmax log-sum-exp in natural log: the running max
+``m_i`` and denominator ``l_i = sum_j exp2(s_j - m_i)`` (sink included) are in those log2 units, so
+``lse = (m_i + log2(l_i)) * ln(2)``, ``-inf`` where ``l_i == 0``.
 """
 
 import triton
 import triton.language as tl
 
-from paged_kv_offsets.kernel import (
-    dim_offsets,
-    lane_offsets,
-    page_walk_bounds,
-    page_walk_full,
-    page_walk_rest,
-    page_walk_rest_group,
-    page_walk_split,
-    page_walk_tile,
-    tile_block_offsets,
-    tile_blocks,
-    token_offsets,
-)
+from paged_kv_offsets.kernel import dim_offsets, tile_block_offsets, tile_blocks
 from prefill_runtime.device import tanh
 
 LOG2E = 1.4426950408889634  # host side
@@ -110,54 +96,29 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 # * ``rows``  = (q_pos [BM] absolute query positions, k_start (first key any row of the tile may see,
 #               with USE_LEFT), m_d [BD] valid feature lanes, window_left, window_right, slope_log2
 #               (ALiBi slope in log2 units), softcap2 (softcap * log2(e), with SOFTCAP));
-# * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
+# * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
 #               stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd [BD], o_vd [BD]): the paged
 #               cache as paged_kv_offsets describes it, already offset to this program's KV head;
 # * ``new``   = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d [BD]): the contiguous new-token K/V
 #               rows of this sequence and KV head;
-# * ``CFG``   = constexpr (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION,
-#               PAGE_SIZE, TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-#               TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP, PAGE_VECTOR),
-#               flags of the whole launch. With ``K_CHUNK > 0`` the query tile ``b_q`` and the
-#               cache's ``o_kd`` are tuples of ``BLOCK_D // K_CHUNK`` feature chunks (see :func:`_qk`).
+# * ``CFG``   = constexpr (PAD_D 0, CAUSAL 1, USE_LEFT 2, USE_RIGHT 3, HAS_ALIBI 4, FOLD_SCALE 5,
+#               DOT_PRECISION 6, PAGE_SIZE 7, K_ALIGN16 8, V_ALIGN16_ANY 9, CACHE_FP8 10, WIDE_OFFSETS 11,
+#               SOFTCAP 12, PREFETCH_IDS 13), flags of the whole launch (index: position).
 
 
 @triton.jit
 def _qk(b_q, p_k, m_k, m_d, MASK_K: tl.constexpr, CFG: tl.constexpr):
-    """[BM, BN] raw logits ``q . k`` of one key tile, loading K (lanes outside ``m_k`` [BN] read as 0
-    with ``MASK_K``).
-
-    ``K_CHUNK == 0``: ``b_q`` [BM, BD] and ``p_k`` [BD, BN], one dot. ``K_CHUNK > 0``: ``b_q`` and
-    ``p_k`` are tuples of ``BD // K_CHUNK`` feature chunks ([BM, KC] and [KC, BN]) and the logits
-    accumulate over one dot per chunk; chunks wholly past ``HEAD_DIM`` are skipped. In vLLM's split
-    K cache (``[blocks, heads, D // x, page, x]``) a whole-width [BD, BN] tile gives each warp's
-    16-byte copies 16 different ``x`` groups, 8 KiB apart (page 512), and the H200 serialises them
-    (NOTES step 22); a chunk of 32 features spans 4 groups, so a warp copies 4 runs of 8 keys."""
+    """[BM, BN] raw logits ``q . k`` of one key tile: ``b_q`` [BM, BD], K loaded from ``p_k`` [BD, BN]
+    (lanes outside ``m_k`` [BN] read as 0 with ``MASK_K``)."""
     PAD_D: tl.constexpr = CFG[0]
     DOT_PRECISION: tl.constexpr = CFG[6]
-    KC: tl.constexpr = CFG[15]
-    HEAD_DIM: tl.constexpr = CFG[16]
-    if KC == 0:
-        if MASK_K:
-            b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
-        elif PAD_D:
-            b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
-        else:
-            b_k = tl.load(p_k)  # [BD, BN]
-        b_qk = tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION)  # [BM, BN]
+    if MASK_K:
+        b_k = tl.load(p_k, mask=m_d[:, None] & m_k[None, :], other=0.0)  # [BD, BN]
+    elif PAD_D:
+        b_k = tl.load(p_k, mask=m_d[:, None], other=0.0)  # [BD, BN]
     else:
-        b_qk = tl.zeros([b_q[0].shape[0], m_k.shape[0]], dtype=tl.float32)  # [BM, BN]
-        for j in tl.static_range(m_d.shape[0] // KC):
-            if j * KC < HEAD_DIM:
-                m_dj = j * KC + tl.arange(0, KC) < HEAD_DIM  # [KC]
-                if MASK_K:
-                    b_k = tl.load(p_k[j], mask=m_dj[:, None] & m_k[None, :], other=0.0)  # [KC, BN]
-                elif (j + 1) * KC > HEAD_DIM:
-                    b_k = tl.load(p_k[j], mask=m_dj[:, None], other=0.0)  # [KC, BN]
-                else:
-                    b_k = tl.load(p_k[j])  # [KC, BN]
-                b_qk = tl.dot(b_q[j], b_k.to(b_q[0].dtype), b_qk, input_precision=DOT_PRECISION)  # [BM, BN]
-    return b_qk
+        b_k = tl.load(p_k)  # [BD, BN]
+    return tl.dot(b_q, b_k.to(b_q.dtype), input_precision=DOT_PRECISION)  # [BM, BN]
 
 
 @triton.jit
@@ -166,17 +127,17 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
             GRANULE: tl.constexpr = 0):  # fmt: skip
     """One online-softmax step over one key tile (the only softmax update in this kernel).
 
-    ``p_k`` [BD, BN] (a tuple of [KC, BN] feature chunks with ``K_CHUNK``, see :func:`_qk`) / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions,
-    ``k_end`` one past the last key of the segment. Keys outside ``[k_start, k_end)`` are never
-    loaded, so pages a window has left behind may hold anything (NaN, a recycled block).
-    ``s_scale`` is the logit scale in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the
-    probabilities before the PV dot (the fp8 V-cache scale). ``MASK_LOADS=False`` (with ``MASKED``):
-    the caller promises that every lane's pointers address a needed (finite) key, so only the logits
-    are masked. ``GRANULE > 0`` (with ``MASKED``; a tile at a multiple of ``GRANULE`` of a cache whose
-    V runs ``GRANULE`` tokens contiguous from such multiples): this tile attends only to the keys of
-    the granules (aligned runs of ``GRANULE`` keys) that lie wholly inside ``[k_start, k_end)`` and
-    masks V by granule, so the V load stays a vectorised async copy; the caller attends to the keys
-    of the partial granules separately (:func:`_segment`). Returns the updated ``(acc, m_i, l_i)``.
+    ``p_k`` [BD, BN] / ``p_v`` [BN, BD] pointer tiles, ``k_pos`` [BN] absolute key positions, ``k_end``
+    one past the last key of the segment. Keys outside ``[k_start, k_end)`` are never loaded, so pages
+    a window has left behind may hold anything (NaN, a recycled block). ``s_scale`` is the logit scale
+    in log2 units; ``p_scale`` (with ``SCALE_P``) multiplies the probabilities before the PV dot (the
+    fp8 V-cache scale). ``MASK_LOADS=False`` (with ``MASKED``): the caller promises that every lane's
+    pointers address a needed (finite) key, so only the logits are masked. ``GRANULE > 0`` (with
+    ``MASKED``; a tile at a multiple of ``GRANULE`` of a cache whose V runs ``GRANULE`` tokens
+    contiguous from such multiples): this tile attends only to the keys of the granules (aligned runs
+    of ``GRANULE`` keys) that lie wholly inside ``[k_start, k_end)`` and masks V by granule, so the V
+    load stays a vectorised async copy; the caller attends to the keys of the partial granules
+    separately (:func:`_segment`). Returns the updated ``(acc, m_i, l_i)``.
     """
     PAD_D: tl.constexpr = CFG[0]
     CAUSAL: tl.constexpr = CFG[1]
@@ -185,6 +146,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
     HAS_ALIBI: tl.constexpr = CFG[4]
     FOLD_SCALE: tl.constexpr = CFG[5]
     DOT_PRECISION: tl.constexpr = CFG[6]
+    SOFTCAP: tl.constexpr = CFG[12]
     q_pos, k_start, m_d, window_left, window_right, slope_log2, softcap2 = rows
     m_k = k_pos < k_end  # [BN]
     if MASKED and USE_LEFT:
@@ -196,31 +158,11 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
             m_full = m_full & (k_g >= k_start)  # [BN]
         m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
     b_qk = _qk(b_q, p_k, m_k, m_d, MASKED and MASK_LOADS, CFG)  # [BM, BN] raw q.k
-    if CFG[18]:  # SOFTCAP: logits softcap * tanh(scale * q.k / softcap); softcap2 = softcap * log2(e)
-        b_qk = tanh(
-            b_qk * (s_scale / softcap2), CFG[18] == 2
-        )  # [BM, BN] in (-1, 1), the tile's logit scale inside
+    if SOFTCAP:  # logits softcap * tanh(scale * q.k / softcap); softcap2 = softcap * log2(e)
+        b_qk = tanh(b_qk * (s_scale / softcap2), SOFTCAP == 2)  # [BM, BN] in (-1, 1), the logit scale inside
         s_scale = softcap2  # ... and softcap * log2(e) outside: everything below is unchanged
-    if CFG[15] > 0:
-        Q_DTYPE: tl.constexpr = b_q[0].dtype
-    else:
-        Q_DTYPE: tl.constexpr = b_q.dtype
-    LAZY: tl.constexpr = CFG[17] > 0 and FOLD_SCALE and not MASKED and not HAS_ALIBI
-    if LAZY:
-        # interior tile, lazy rescaling: keep the running max m_i (and skip the [BM, BD] rescale of
-        # acc) unless some row's max grew by more than LAZY_RESCALE (log2 units) in this tile; the
-        # max only stabilises exp2, so a stale one changes nothing but bounds p <= 2**LAZY_RESCALE.
-        # One tile-wide reduction decides for the whole program (a uniform branch).
-        m_new = tl.maximum(m_i, tl.max(b_qk, 1) * s_scale)  # [BM]
-        if tl.max(m_new - m_i, 0) > CFG[17]:
-            alpha = tl.math.exp2(m_i - m_new)  # [BM]
-            acc = acc * alpha[:, None]  # [BM, BD]
-            l_i = l_i * alpha  # [BM]
-            m_i = m_new  # [BM]
-        b_p = tl.math.exp2(b_qk * s_scale - m_i[:, None])  # [BM, BN]
-        l_i = l_i + tl.sum(b_p, 1)  # [BM]
-        m_new = m_i
-    elif FOLD_SCALE and not MASKED and not HAS_ALIBI:
+    Q_DTYPE: tl.constexpr = b_q.dtype
+    if FOLD_SCALE and not MASKED and not HAS_ALIBI:
         # interior tile with s_scale > 0: the max commutes with the scale, so the scale folds
         # into the exponent's FMA (one op per logit instead of a multiply and a subtract)
         m_new = tl.maximum(m_i, tl.max(b_qk, 1) * s_scale)  # [BM]
@@ -247,9 +189,8 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         else:
             m_use = m_new  # [BM]
         b_p = tl.math.exp2(b_s - m_use[:, None])  # [BM, BN]
-    if not LAZY:
-        alpha = tl.math.exp2(m_i - m_use)  # [BM]
-        l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+    alpha = tl.math.exp2(m_i - m_use)  # [BM]
+    l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
     if MASKED and MASK_LOADS and GRANULE > 0:
         b_v = tl.load(p_v, mask=m_full[:, None] & m_d[None, :], other=0.0)  # [BN, BD] granule mask
     elif MASKED and MASK_LOADS:
@@ -260,33 +201,24 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         b_v = tl.load(p_v)  # [BN, BD]
     if SCALE_P:
         b_p = b_p * p_scale  # [BM, BN]
-    if not LAZY:
-        acc = acc * alpha[:, None]  # [BM, BD]
+    acc = acc * alpha[:, None]  # [BM, BD]
     acc = tl.dot(b_p.to(Q_DTYPE), b_v.to(Q_DTYPE), acc, input_precision=DOT_PRECISION)  # [BM, BD]
     return acc, m_new, l_i
 
 
 @triton.jit
 def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):
-    """``(p_k [BD, BN] or its [KC, BN] chunks, p_v [BN, BD])``: pointer tiles of the cache keys at per-lane offsets ``o_kt`` /
-    ``o_vt`` [BN] (paged_kv_offsets), with the layout hints of :func:`_tile`; ``RUNS_HOLD``: every
-    lane is a real token of a mapped page and the V runs of ``V_RUNS`` hold (unmasked tiles)."""
-    K_ALIGN16: tl.constexpr = CFG[9]
-    V_ALIGN16_ANY: tl.constexpr = CFG[10]
+    """``(p_k [BD, BN], p_v [BN, BD])``: pointer tiles of the cache keys at per-lane offsets ``o_kt`` /
+    ``o_vt`` [BN] (paged_kv_offsets), with the layout hints of :func:`_tile_pointers`; ``RUNS_HOLD``:
+    every lane is a real token of a mapped page and the V runs of ``V_RUNS`` hold (unmasked tiles)."""
+    K_ALIGN16: tl.constexpr = CFG[8]
+    V_ALIGN16_ANY: tl.constexpr = CFG[9]
     V_ALIGN16_RUNS: tl.constexpr = V_RUNS[0]
     V_CONTIG: tl.constexpr = V_RUNS[1]
-    K_cache, V_cache, o_kh, o_vh, o_kd, o_vd = cache[0], cache[1], cache[10], cache[11], cache[12], cache[13]
-    if CFG[15] > 0:  # K_CHUNK: o_kd is a tuple of [KC] chunks, so is p_k
-        p_k = ()
-        for j in tl.static_range(len(o_kd)):
-            p_kj = K_cache + o_kh + o_kt[None, :] + o_kd[j][:, None]  # [KC, BN]
-            if K_ALIGN16:
-                p_kj = tl.multiple_of(p_kj, [16, 16])  # [KC, BN]
-            p_k = p_k + (p_kj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
-    else:
-        p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
-        if K_ALIGN16:
-            p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
+    K_cache, V_cache, o_kh, o_vh, o_kd, o_vd = cache[0], cache[1], cache[9], cache[10], cache[11], cache[12]
+    p_k = K_cache + o_kh + o_kt[None, :] + o_kd[:, None]  # [BD, BN]
+    if K_ALIGN16:
+        p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
     p_v = V_cache + o_vh + o_vt[:, None] + o_vd[None, :]  # [BN, BD]
     if V_ALIGN16_ANY:
         p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
@@ -299,86 +231,70 @@ def _cache_pointers(cache, o_kt, o_vt, RUNS_HOLD: tl.constexpr, V_RUNS: tl.const
 
 
 @triton.jit
-def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CFG: tl.constexpr,
-                         ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, IDS=None):  # fmt: skip
+def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                         CFG: tl.constexpr, ALIGNED: tl.constexpr, IDS=None):  # fmt: skip
     """``(o_kt, o_vt, k_pos)``, each [BN]: the cache's per-token K/V offsets (paged_kv_offsets; int32
-    with ``WIDE_OFFSETS`` off and tile addressing, else int64) and the absolute positions of the
-    keys ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``). ``IDS``: the tile's block ids, read
-    ahead by :func:`_cache_tile_ids` (unmasked tiles, tile addressing), else None (read here)."""
+    without ``WIDE_OFFSETS``, else int64) and the absolute positions of the keys ``k_base + n0 + [0,
+    BLOCK_N)`` (valid below ``k_end``). ``IDS``: the tile's block ids, read ahead by
+    :func:`_cache_tile_ids` (unmasked tiles), else None (read here)."""
     PAGE_SIZE: tl.constexpr = CFG[7]
-    TILE_PAGES: tl.constexpr = CFG[8]
-    BASES: tl.constexpr = CFG[13]  # tile_block_offsets: two-page form as a choice of two scalar bases
-    BRANCH: tl.constexpr = CFG[12]  # tile_block_offsets: the one-page form for tiles that do not straddle
     pos0 = k_base + n0
     k_pos = pos0 + tl.arange(0, BLOCK_N)  # [BN]
-    bt_row, stride_bt_col, n_bt_cols, page_size = cache[2], cache[3], cache[4], cache[5]
-    s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
-    if TILE_PAGES:
-        # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
-        # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
-        tile = tile_blocks(
-            bt_row, stride_bt_col, pos0, k_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
-            IN_PAGE, CFG[14], CFG[19], IDS,
-        )  # fmt: skip
-        o_kt = tile_block_offsets(
-            tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, CFG[19]
-        )  # [BN]
-        o_vt = tile_block_offsets(
-            tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED, BRANCH, BASES, IN_PAGE, CFG[19]
-        )  # [BN]
-    else:  # per token (the 1.0 addressing, kept for A/B runs)
-        tl.static_assert(IDS is None, "block ids read ahead need tile addressing")
-        o_kt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_kb, s_ks, PAGE_SIZE)  # [BN]
-        o_vt = token_offsets(bt_row, stride_bt_col, k_pos, k_end, n_bt_cols, s_vb, s_vs, PAGE_SIZE)  # [BN]
+    bt_row, stride_bt_col, n_bt_cols = cache[2], cache[3], cache[4]
+    s_kb, s_ks, s_vb, s_vs = cache[5], cache[6], cache[7], cache[8]
+    # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
+    # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
+    tile = tile_blocks(bt_row, stride_bt_col, pos0, k_end, n_bt_cols, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
+                       CFG[11], IDS)  # fmt: skip
+    o_kt = tile_block_offsets(tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED)  # [BN]
+    o_vt = tile_block_offsets(tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED)  # [BN]
     return o_kt, o_vt, k_pos
 
 
 @triton.jit
 def _cache_tile_ids(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, CFG: tl.constexpr):
-    """The block ids of the unmasked, aligned cache tile at positions ``k_base + n0 + [0, BLOCK_N)`` (valid below
-    ``k_end``; a tile past it reads nothing outside the table row and is never attended to), for
-    :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
+    """The block ids of the unmasked, aligned cache tile at positions ``k_base + n0 + [0, BLOCK_N)``
+    (valid below ``k_end``; a tile past it reads nothing outside the table row and is never attended
+    to), for :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
     tile = tile_blocks(
-        cache[2], cache[3], k_base + n0, k_end, cache[4], cache[5], BLOCK_N, CFG[7], False, True, False, CFG[14],
-        CFG[19],
-    )  # fmt: skip
+        cache[2], cache[3], k_base + n0, k_end, cache[4], BLOCK_N, CFG[7], False, True, CFG[11]
+    )
     return tile[0], tile[1]
 
 
 @triton.jit
 def _cache_tiles(acc, m_i, l_i, b_q, mid_lo, mid_hi, k_base, k_end, rows, cache, s_scale, p_scale,
                  BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
-    """The unmasked, aligned cache tiles ``k_base + n0 + [0, BLOCK_N)`` for ``n0`` in ``[mid_lo, mid_hi)``
-    (multiples of ``BLOCK_N``; keys valid below ``k_end``). With ``PREFETCH_IDS`` (CFG[20]) each iteration reads the next
-    tile's block ids and carries them (:func:`_cache_tile_ids`): the software pipeline issues a tile's
-    K/V copies one iteration ahead, and without the carry their block-table read sat right before
-    them (ncu, H200, head 256 page 16: ~5% of the loop's stall samples on that read and its first
-    use; bench/results/NOTES.md step 43)."""
-    if CFG[20]:
+    """The unmasked, aligned cache tiles ``k_base + n0 + [0, BLOCK_N)`` for ``n0`` in ``[mid_lo,
+    mid_hi)`` (multiples of ``BLOCK_N``; keys valid below ``k_end``). With ``PREFETCH_IDS`` (CFG[13])
+    each iteration reads the next tile's block ids and carries them (:func:`_cache_tile_ids`): the
+    software pipeline issues a tile's K/V copies one iteration ahead, and without the carry their
+    block-table read sits right before them."""
+    if CFG[13]:
         ids = _cache_tile_ids(mid_lo, k_base, k_end, cache, BLOCK_N, CFG)
         for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
             ids_next = _cache_tile_ids(n0 + BLOCK_N, k_base, k_end, cache, BLOCK_N, CFG)
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, None, s_scale, p_scale,
-                                  BLOCK_N, True, False, V_RUNS, CFG, True, False, 0, ids)  # fmt: skip
+                                  BLOCK_N, True, False, V_RUNS, CFG, True, 0, ids)  # fmt: skip
             ids = ids_next
     else:
         for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, None, s_scale, p_scale,
-                                  BLOCK_N, True, False, V_RUNS, CFG, True, False)  # fmt: skip
+                                  BLOCK_N, True, False, V_RUNS, CFG, True)  # fmt: skip
     return acc, m_i, l_i
 
 
 @triton.jit
 def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale, BLOCK_N: tl.constexpr,
           FROM_CACHE: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-          ALIGNED: tl.constexpr, IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0, IDS=None):  # fmt: skip
+          ALIGNED: tl.constexpr, GRANULE: tl.constexpr = 0, IDS=None):  # fmt: skip
     """Attend to the keys at absolute positions ``k_base + n0 + [0, BLOCK_N)`` (valid below ``k_end``):
     from the paged ``cache`` with ``FROM_CACHE``, else from the contiguous ``new`` rows (new token
     ``n0 + i``); addresses from :func:`_tile_pointers`, then :func:`_attend`. ``IDS``: the tile's
     block ids read ahead (:func:`_cache_tiles`), or None."""
     p_k, p_v, k_pos = _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N, FROM_CACHE, MASKED, V_RUNS, CFG,
-                                     ALIGNED, IN_PAGE, GRANULE, IDS)  # fmt: skip
-    SCALE_P: tl.constexpr = FROM_CACHE and CFG[11]  # CACHE_FP8: the V scale multiplies the probabilities
+                                     ALIGNED, GRANULE, IDS)  # fmt: skip
+    SCALE_P: tl.constexpr = FROM_CACHE and CFG[10]  # CACHE_FP8: the V scale multiplies the probabilities
     return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, MASKED, SCALE_P, CFG,
                    True, GRANULE)  # fmt: skip
 
@@ -386,23 +302,20 @@ def _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_sc
 @triton.jit
 def _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr,
                    MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr, ALIGNED: tl.constexpr,
-                   IN_PAGE: tl.constexpr, GRANULE: tl.constexpr = 0, IDS=None):  # fmt: skip
-    """``(p_k [BD, BN] (or its [KC, BN] chunks), p_v [BN, BD], k_pos [BN])`` of the keys at absolute
-    positions ``k_base + n0 + [0, BLOCK_N)`` (see :func:`_tile`).
+                   GRANULE: tl.constexpr = 0, IDS=None):  # fmt: skip
+    """``(p_k [BD, BN], p_v [BN, BD], k_pos [BN])`` of the keys at absolute positions ``k_base + n0 + [0,
+    BLOCK_N)`` (see :func:`_tile`).
 
-    Layout hints for the cache, each checked on the host (``interface._layout_hints``): ``K_ALIGN16``
-    / ``V_ALIGN16_ANY`` (CFG): every contiguous run of the K/V tile starts 16-byte aligned, whatever
+    Layout hints for the cache, each checked on the host (``prefix_prefill.plan``): ``K_ALIGN16`` /
+    ``V_ALIGN16_ANY`` (CFG): every contiguous run of the K/V tile starts 16-byte aligned, whatever
     tokens the tile holds; ``V_RUNS = (V_ALIGN16_RUNS, V_CONTIG)``: with ``V_CONTIG`` > 1 (vLLM's
     ``[blocks, heads, D, page]`` V cache, tokens unit-stride), an unmasked tile starting at a
     multiple of ``BLOCK_N`` has V offsets in groups of ``V_CONTIG`` contiguous tokens of one page
     (``V_CONTIG`` divides the page and ``BLOCK_N``), 16-byte aligned with ``V_ALIGN16_RUNS``. They
-    turn element-wise gathers into pipelined 16-byte copies (a page-walk tile, ``IN_PAGE``, starts at a
-    page offset that is a multiple of ``BLOCK_N_CTX``, so the same runs hold).
+    turn element-wise gathers into pipelined 16-byte copies.
     """
     if FROM_CACHE:
-        o_kt, o_vt, k_pos = _cache_token_offsets(
-            n0, k_base, k_end, cache, BLOCK_N, MASKED, CFG, ALIGNED, IN_PAGE, IDS
-        )
+        o_kt, o_vt, k_pos = _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N, MASKED, CFG, ALIGNED, IDS)
         # every lane of an interior tile is a real token of a mapped page: the V runs hold
         # (granule-masked tiles load whole runs only: the runs hold for every lane they load)
         p_k, p_v = _cache_pointers(
@@ -411,198 +324,121 @@ def _tile_pointers(n0, k_base, k_end, cache, new, BLOCK_N: tl.constexpr, FROM_CA
     else:
         p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d = new
         offs_n = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN] index among the new tokens
-        KC: tl.constexpr = CFG[15]
-        if KC > 0:
-            p_k = ()
-            for j in tl.static_range(offs_d.shape[0] // KC):
-                p_kj = (
-                    p_k_rows + offs_n[None, :] * stride_kt + (j * KC + tl.arange(0, KC))[:, None]
-                )  # [KC, BN]
-                p_k = p_k + (p_kj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
-        else:
-            p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
+        p_k = p_k_rows + offs_n[None, :] * stride_kt + offs_d[:, None]  # [BD, BN]
         p_v = p_v_rows + offs_n[:, None] * stride_vt + offs_d[None, :]  # [BN, BD]
         k_pos = k_base + (n0 + tl.arange(0, BLOCK_N))  # [BN]
     return p_k, p_v, k_pos
 
 
 @triton.jit
-def _rest_group_tile(acc, m_i, l_i, b_q, page0, page_end, k_end, rows, cache, s_scale, p_scale,
-                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
-    """Attend to the rest tiles of context pages ``[page0, min(page0 + BLOCK_N // R, page_end))``
-    (``R = PAGE_SIZE % BLOCK_N`` tokens each, all needed and unmasked: the walk's ``[p_a, p_b)``)
-    gathered into one tile of ``BLOCK_N`` lanes (:func:`paged_kv_offsets.kernel.page_walk_rest_group`).
-    Loads are unmasked (lanes past ``page_end`` repeat the last page's keys), their logits masked."""
-    bt_row, stride_bt_col = cache[2], cache[3]
-    s_kb, s_ks, s_vb, s_vs = cache[6], cache[7], cache[8], cache[9]
-    pos, blk, slot, valid = page_walk_rest_group(
-        bt_row, stride_bt_col, page0, page_end, BLOCK_N, CFG[7], CFG[14]
-    )
-    k_pos = tl.where(valid, pos, k_end)  # [BN] lanes of the repeated page fall outside [.., k_end)
-    # the V runs hold: V_CONTIG tokens (a power of two dividing R) from a slot that is a multiple of it
-    p_k, p_v = _cache_pointers(
-        cache, lane_offsets(blk, slot, s_kb, s_ks), lane_offsets(blk, slot, s_vb, s_vs), True, V_RUNS, CFG
-    )  # [BD, BN], [BN, BD]
-    CACHE_FP8: tl.constexpr = CFG[11]
-    return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, True, CACHE_FP8, CFG,
-                   False)  # fmt: skip
-
-
-@triton.jit
 def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, new, s_scale, p_scale,
              BLOCK_N: tl.constexpr, FROM_CACHE: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-             ALIGNED: tl.constexpr, PAGE_WALK: tl.constexpr, REST_BLOCK: tl.constexpr,
-             REST_GROUP: tl.constexpr = 1, GRANULE: tl.constexpr = 0):  # fmt: skip
-    """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``) that query
-    positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles without.
-    Both bounds come from :func:`_key_bounds` / :func:`_tile_bounds` before the loops, so no tile outside them is loaded.
-
-    ``PAGE_WALK`` (the cached context, ``k_base == 0``, a constexpr page at least as wide as
-    ``BLOCK_N``): a page walk (:func:`paged_kv_offsets.kernel.page_walk_bounds`) instead of tiles at
-    multiples of ``BLOCK_N``, so that no tile crosses a page: the masked edge tiles (``BLOCK_N`` wide,
-    lanes past their page masked), the unmasked full tiles, then, when the page is not a multiple of
-    ``BLOCK_N``, each page's rest tile (``REST_BLOCK`` wide; unmasked when the rest is exactly that
-    wide), or, with ``REST_GROUP > 1``, the rest tiles of ``REST_GROUP`` pages at a time in one tile of
-    ``BLOCK_N`` lanes (:func:`_rest_group_tile`; needs ``REST_BLOCK * REST_GROUP == BLOCK_N``).
+             ALIGNED: tl.constexpr, GRANULE: tl.constexpr = 0):  # fmt: skip
+    """All key tiles of one segment (absolute positions ``[k_base, k_end)``, ``k_end = k_base + k_len``)
+    that query positions ``[q_lo, q_hi]`` may see: the edge tiles with masks, then the interior tiles
+    without. Both bounds come from :func:`_key_bounds` / :func:`_tile_bounds` before the loops, so no
+    tile outside them is loaded.
 
     ``GRANULE > 0`` (the cached context of a cache whose V runs ``GRANULE`` tokens contiguous, tiles
-    at multiples of ``BLOCK_N``, no walk): the masked tiles attend to whole granules only (their V
-    stays an async copy, see :func:`_attend`); the keys of the at most two partial granules, at
-    ``k_start`` (left window) and at ``k_end``, follow in narrow masked tiles of ``max(16,
-    GRANULE)`` lanes."""
+    at multiples of ``BLOCK_N``): the masked tiles attend to whole granules only (their V stays an
+    async copy, see :func:`_attend`); the keys of the at most two partial granules, at ``k_start``
+    (left window) and at ``k_end``, follow in narrow masked tiles of ``max(16, GRANULE)`` lanes."""
     need_lo, need_hi, full_lo, full_hi = _key_bounds(
         q_lo, q_hi, k_base, k_len, rows[3], rows[4], CFG[1], CFG[2], CFG[3]
     )  # rows[3], rows[4]: window_left, window_right
-    if PAGE_WALK:
-        PAGE_SIZE: tl.constexpr = CFG[7]
-        g_lo, g_a, g_b, g_hi = page_walk_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, PAGE_SIZE)
-        n_edge = g_a - g_lo
-        for i in tl.range(0, n_edge + (g_hi - g_b)):
-            g = tl.where(i < n_edge, g_lo + i, g_b + (i - n_edge))
-            n0, page_end = page_walk_tile(g, BLOCK_N, PAGE_SIZE)
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, tl.minimum(k_end, page_end), rows, cache, new,
-                                  s_scale, p_scale, BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED,
-                                  True)  # fmt: skip
-        t_a, t_b, p_a, p_b = page_walk_split(g_a, g_b, BLOCK_N, PAGE_SIZE)
-        for t in tl.range(t_a, t_b):
-            n0 = page_walk_full(t, BLOCK_N, PAGE_SIZE)
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                                  BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, True)  # fmt: skip
-        if REST_GROUP > 1:
-            tl.static_assert(REST_BLOCK * REST_GROUP == BLOCK_N, "a rest group fills one context tile")
-            for p in tl.range(p_a, p_b, REST_GROUP):
-                acc, m_i, l_i = _rest_group_tile(acc, m_i, l_i, b_q, p, p_b, k_end, rows, cache, s_scale, p_scale,
-                                                 BLOCK_N, V_RUNS, CFG)  # fmt: skip
-        elif REST_BLOCK > 0:
-            REST_MASKED: tl.constexpr = REST_BLOCK != PAGE_SIZE % BLOCK_N
-            for p in tl.range(p_a, p_b):
-                n0, page_end = page_walk_rest(p, BLOCK_N, PAGE_SIZE)
-                acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, tl.minimum(k_end, page_end), rows, cache,
-                                      new, s_scale, p_scale, REST_BLOCK, FROM_CACHE, REST_MASKED, V_RUNS, CFG,
-                                      ALIGNED, True)  # fmt: skip
+    lo, mid_lo, mid_hi, hi = _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, CFG[2])
+    n_edge = (mid_lo - lo) // BLOCK_N
+    n_masked = n_edge + (hi - mid_hi) // BLOCK_N
+    for t in tl.range(0, n_masked):
+        n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
+                              BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, GRANULE)  # fmt: skip
+    if FROM_CACHE and ALIGNED:
+        acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, mid_lo, mid_hi, k_base, k_end, rows, cache, s_scale,
+                                     p_scale, BLOCK_N, V_RUNS, CFG)  # fmt: skip
     else:
-        lo, mid_lo, mid_hi, hi = _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N, CFG[2])
-        n_edge = (mid_lo - lo) // BLOCK_N
-        n_masked = n_edge + (hi - mid_hi) // BLOCK_N
-        for t in tl.range(0, n_masked):
-            n0 = tl.where(t < n_edge, lo + t * BLOCK_N, mid_hi + (t - n_edge) * BLOCK_N)
+        for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                                  BLOCK_N, FROM_CACHE, True, V_RUNS, CFG, ALIGNED, False, GRANULE)  # fmt: skip
-        if FROM_CACHE and ALIGNED and CFG[8]:  # TILE_PAGES
-            acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, mid_lo, mid_hi, k_base, k_end, rows, cache, s_scale, p_scale,
-                                         BLOCK_N, V_RUNS, CFG)  # fmt: skip
+                                  BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED)  # fmt: skip
+    if GRANULE > 0:
+        tl.static_assert(FROM_CACHE, "granule edges are for the cached context")
+        NARROW: tl.constexpr = max(16, GRANULE)
+        # partial granules inside the masked tiles: at the window's first key and at the context end
+        if CFG[2]:  # USE_LEFT: keys from the tile's first visible key rows[1] = k_start on
+            l_lo = tl.maximum(rows[1], 0)
+            l_hi = tl.minimum(tl.cdiv(l_lo, GRANULE) * GRANULE, k_end)  # empty when k_start is aligned
         else:
-            for n0 in tl.range(mid_lo, mid_hi, BLOCK_N):
-                acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, k_end, rows, cache, new, s_scale, p_scale,
-                                      BLOCK_N, FROM_CACHE, False, V_RUNS, CFG, ALIGNED, False)  # fmt: skip
-        if GRANULE > 0:
-            tl.static_assert(FROM_CACHE, "granule edges are for the cached context")
-            NARROW: tl.constexpr = max(16, GRANULE)
-            # partial granules inside the masked tiles: at the window's first key and at the context end
-            if CFG[2]:  # USE_LEFT: keys from the tile's first visible key rows[1] = k_start on
-                l_lo = tl.maximum(rows[1], 0)
-                l_hi = tl.minimum(tl.cdiv(l_lo, GRANULE) * GRANULE, k_end)  # empty when k_start is aligned
-            else:
-                l_lo = k_end * 0
-                l_hi = k_end * 0
-            r_lo = tl.maximum((k_end // GRANULE) * GRANULE, tl.maximum(l_hi, l_lo))
-            n_l = (l_hi > l_lo).to(tl.int32)
-            n_r = ((r_lo < k_end) & (need_hi > need_lo)).to(tl.int32)
-            n_l = n_l * (need_hi > need_lo).to(tl.int32)
-            for i in tl.range(0, n_l + n_r):
-                first = (i == 0) & (n_l > 0)
-                n0 = tl.where(first, l_lo, r_lo)
-                e = tl.where(first, l_hi, k_end)
-                acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, e, rows, cache, new, s_scale, p_scale,
-                                      NARROW, FROM_CACHE, True, V_RUNS, CFG, False, False)  # fmt: skip
+            l_lo = k_end * 0
+            l_hi = k_end * 0
+        r_lo = tl.maximum((k_end // GRANULE) * GRANULE, tl.maximum(l_hi, l_lo))
+        n_l = (l_hi > l_lo).to(tl.int32)
+        n_r = ((r_lo < k_end) & (need_hi > need_lo)).to(tl.int32)
+        n_l = n_l * (need_hi > need_lo).to(tl.int32)
+        for i in tl.range(0, n_l + n_r):
+            first = (i == 0) & (n_l > 0)
+            n0 = tl.where(first, l_lo, r_lo)
+            e = tl.where(first, l_hi, k_end)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, k_base, e, rows, cache, new, s_scale, p_scale,
+                                  NARROW, FROM_CACHE, True, V_RUNS, CFG, False)  # fmt: skip
     return acc, m_i, l_i
 
 
 @triton.jit
 def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, rows, cache, new, s_scale,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
-    """One tile of :func:`_segments_merged`: the new tokens' tile at ``n0_new`` (positions ``ctx_len +
-    n0_new + [0, BLOCK_N)``, contiguous ``new`` rows) when ``is_new``, else the context tile at
-    ``n0_ctx`` (paged ``cache``). The new rows have the cache's token stride and unit feature stride
+    """One masked tile of :func:`_segments_merged`: the new tokens' tile at ``n0_new`` (positions
+    ``ctx_len + n0_new + [0, BLOCK_N)``, contiguous ``new`` rows) when ``is_new``, else the context tile
+    at ``n0_ctx`` (paged ``cache``). The new rows have the cache's token stride and unit feature stride
     (host-checked), so a new-token tile is addressed as a one-page cache tile of "block 0" at slot
     ``n0_new`` from the new rows' base pointer: with tiles no wider than a page only the scalars of
     :func:`~paged_kv_offsets.kernel.tile_blocks` and the base pointer are selected, and the per-lane
-    work is the context's (a [BN] select of whole offset vectors cost 12% more instructions per
-    interior iteration offline); narrower pages select the [BN] offsets. For a new-token tile every
+    work is the context's; narrower pages select the [BN] offsets. For a new-token tile every
     block-table read is masked off (position 0 and no valid key). Feature offsets, layout hints and
-    :func:`_attend` are shared: the softmax step compiles once per loop."""
+    :func:`_attend` are shared: the softmax step compiles once for the loop."""
     PAGE_SIZE: tl.constexpr = CFG[7]
     p_k_rows, p_v_rows, stride_kt, stride_vt = new[0], new[1], new[2], new[3]
     c_end = tl.where(is_new, 0, ctx_len)
     pos0 = tl.where(is_new, 0, n0_ctx)
-    if CFG[8] and (PAGE_SIZE == 0 or BLOCK_N <= PAGE_SIZE):  # TILE_PAGES, a tile within two pages
-        bt_row, stride_bt_col, n_bt_cols, page_size = cache[2], cache[3], cache[4], cache[5]
+    if BLOCK_N <= PAGE_SIZE:  # a tile within two pages
+        bt_row, stride_bt_col, n_bt_cols = cache[2], cache[3], cache[4]
         blk0, blk1, slot0, n_first, m_tok = tile_blocks(
-            bt_row, stride_bt_col, pos0, c_end, n_bt_cols, page_size, BLOCK_N, PAGE_SIZE, MASKED, True, False,
-            CFG[14],
-        )  # fmt: skip
+            bt_row, stride_bt_col, pos0, c_end, n_bt_cols, BLOCK_N, PAGE_SIZE, MASKED, True, CFG[11]
+        )
         zero = blk0 * 0
         tile = (tl.where(is_new, zero, blk0), tl.where(is_new, zero, blk1), tl.where(is_new, n0_new, slot0),
                 tl.where(is_new, BLOCK_N, n_first), m_tok | is_new)  # fmt: skip
-        BASES: tl.constexpr = CFG[13]
-        BRANCH: tl.constexpr = CFG[12]
-        o_kt = tile_block_offsets(tile, cache[6], cache[7], BLOCK_N, PAGE_SIZE, MASKED, True, BRANCH, BASES)
-        o_vt = tile_block_offsets(tile, cache[8], cache[9], BLOCK_N, PAGE_SIZE, MASKED, True, BRANCH, BASES)
+        o_kt = tile_block_offsets(tile, cache[5], cache[6], BLOCK_N, PAGE_SIZE, MASKED, True)
+        o_vt = tile_block_offsets(tile, cache[7], cache[8], BLOCK_N, PAGE_SIZE, MASKED, True)
         k_pos = tl.where(is_new, ctx_len + n0_new, n0_ctx) + tl.arange(0, BLOCK_N)  # [BN]
     else:
-        OFF64: tl.constexpr = CFG[14] or not CFG[8]  # WIDE_OFFSETS, or per-token (int64) addressing
         offs_n = n0_new + tl.arange(0, BLOCK_N)  # [BN] index among the new tokens
-        if OFF64:
+        if CFG[11]:  # WIDE_OFFSETS
             offs_n = offs_n.to(tl.int64)  # [BN]
-        o_kc, o_vc, c_pos = _cache_token_offsets(pos0, 0, c_end, cache, BLOCK_N, MASKED, CFG, True, False)
+        o_kc, o_vc, c_pos = _cache_token_offsets(pos0, 0, c_end, cache, BLOCK_N, MASKED, CFG, True)
         o_kt = tl.where(is_new, offs_n * stride_kt, o_kc)  # [BN]
         o_vt = tl.where(is_new, offs_n * stride_vt, o_vc)  # [BN]
         k_pos = tl.where(is_new, ctx_len + offs_n.to(tl.int32), c_pos)  # [BN]
     k_end = tl.where(is_new, seq_len, ctx_len)
-    base_k = tl.where(is_new, p_k_rows, cache[0] + cache[10])
-    base_v = tl.where(is_new, p_v_rows, cache[1] + cache[11])
-    p_k = base_k + o_kt[None, :] + cache[12][:, None]  # [BD, BN] (o_kd: offs_d, unit stride)
-    p_v = base_v + o_vt[:, None] + cache[13][None, :]  # [BN, BD] (o_vd)
-    if CFG[9]:  # K_ALIGN16 (with MERGE_NEW: the new rows host-checked too)
+    base_k = tl.where(is_new, p_k_rows, cache[0] + cache[9])
+    base_v = tl.where(is_new, p_v_rows, cache[1] + cache[10])
+    p_k = base_k + o_kt[None, :] + cache[11][:, None]  # [BD, BN] (o_kd: offs_d, unit stride)
+    p_v = base_v + o_vt[:, None] + cache[12][None, :]  # [BN, BD] (o_vd)
+    if CFG[8]:  # K_ALIGN16 (with MERGE_NEW: the new rows host-checked too)
         p_k = tl.multiple_of(p_k, [16, 16])  # [BD, BN]
-    if CFG[10]:  # V_ALIGN16_ANY
+    if CFG[9]:  # V_ALIGN16_ANY
         p_v = tl.multiple_of(p_v, [16, 16])  # [BN, BD]
     return _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, 1.0, MASKED, False, CFG)
 
 
 @triton.jit
 def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale,
-                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr,
-                     INNER_MERGED: tl.constexpr = True):  # fmt: skip
-    """The cached context and the new tokens in one masked and one interior loop (kernel
-    ``MERGE_NEW``): the tile bounds of both segments as :func:`_segment` computes them, then the masked
-    tiles of the context and of the new tokens, then the interior tiles of both; an iteration index
-    past the context's count selects a new-token tile (:func:`_merged_tile`). For caches whose tiles
-    have the new tokens' form (NHD/HND, the activations' dtype, no page walk, no granule edges, one
-    tile width): two compiled copies of the tile step instead of four, same tiles, same order within
-    each segment. ``INNER_MERGED=False`` merges the masked loops only (three copies): the interior
-    tiles of the context and of the new tokens keep their own loops (:func:`_tile`), whose per-lane
-    work the merged interior step adds to (step 28); a masked tile is a few per program."""
+                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """The cached context and the new tokens with their masked tiles in one loop (kernel ``MERGE_NEW``):
+    the tile bounds of both segments as :func:`_segment` computes them, then the masked tiles of the
+    context and of the new tokens (an iteration index past the context's count selects a new-token
+    tile, :func:`_merged_tile`), then each segment's interior tiles in its own loop. For caches whose
+    tiles have the new tokens' form (NHD/HND, the activations' dtype, no granule edges, one tile
+    width): three compiled copies of the tile step instead of four."""
     USE_LEFT: tl.constexpr = CFG[2]
     c_need_lo, c_need_hi, c_full_lo, c_full_hi = _key_bounds(
         q_lo, q_hi, 0, ctx_len, rows[3], rows[4], CFG[1], USE_LEFT, CFG[3]
@@ -626,20 +462,12 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
         n0_new = tl.where(u < n_edge, n_lo + u * BLOCK_N, n_mid_hi + (u - n_edge) * BLOCK_N)
         acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, n0_ctx, n0_new, ctx_len, seq_len, rows, cache,
                                      new, s_scale, BLOCK_N, True, V_RUNS, CFG)  # fmt: skip
-    if INNER_MERGED:
-        c_inner = (c_mid_hi - c_mid_lo) // BLOCK_N
-        n_inner = (n_mid_hi - n_mid_lo) // BLOCK_N
-        for t in tl.range(0, c_inner + n_inner):
-            u = t - c_inner
-            acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, c_mid_lo + t * BLOCK_N,
-                                         n_mid_lo + u * BLOCK_N, ctx_len, seq_len, rows, cache, new, s_scale,
-                                         BLOCK_N, False, V_RUNS, CFG)  # fmt: skip
-    else:  # as _segment's interior loops (the context's: aligned tiles, V runs per V_RUNS)
-        acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, c_mid_lo, c_mid_hi, 0, ctx_len, rows, cache, s_scale,
-                                     1.0, BLOCK_N, V_RUNS, CFG)  # fmt: skip
-        for n0 in tl.range(n_mid_lo, n_mid_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0,
-                                  BLOCK_N, False, False, (False, 1), CFG, False, False)  # fmt: skip
+    # the interior tiles as _segment's loops (the context's: aligned tiles, V runs per V_RUNS)
+    acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, c_mid_lo, c_mid_hi, 0, ctx_len, rows, cache, s_scale,
+                                 1.0, BLOCK_N, V_RUNS, CFG)  # fmt: skip
+    for n0 in tl.range(n_mid_lo, n_mid_hi, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0,
+                              BLOCK_N, False, False, (False, 1), CFG, False)  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -673,7 +501,7 @@ def _fwd_kernel(
     window_left,  # FA left window (inclusive), used with USE_LEFT
     window_right,  # FA right window (inclusive), used with USE_RIGHT
     n_bt_cols,
-    page_size,  # the cache's page size (runtime); PAGE_SIZE is it as a constexpr, or 0 (see below)
+    page_size,  # the cache's page size (the kernel takes it as the constexpr PAGE_SIZE)
     stride_qt,
     stride_qh,
     stride_kt,
@@ -698,7 +526,7 @@ def _fwd_kernel(
     QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,  # page size, or 0: pages at least as wide as every cache tile, page_size at runtime
+    PAGE_SIZE: tl.constexpr,
     X: tl.constexpr,
     K_ALIGN16: tl.constexpr,
     V_ALIGN16_ANY: tl.constexpr,
@@ -712,31 +540,19 @@ def _fwd_kernel(
     USE_RIGHT: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr,
-    KV_FROM_CACHE: tl.constexpr,
+    KV_FROM_CACHE: tl.constexpr,  # keys [0, seq_len) as one cached segment (k = v = None)
     CACHE_FP8: tl.constexpr,
     OUT_FP8: tl.constexpr,
     FP8_OUT_MAX: tl.constexpr,
     SKIP_DECODE: tl.constexpr,
     FOLD_SCALE: tl.constexpr,
-    TILE_PAGES: tl.constexpr,
-    STRADDLE_BRANCH: tl.constexpr,
-    TWO_PAGE_BASES: tl.constexpr,
-    PAGE_WALK: tl.constexpr,  # walk the context page by page, see _segment
-    REST_BLOCK: tl.constexpr,  # with PAGE_WALK: width of each page's rest tile (0: pages are multiples of the tile)
-    REST_GROUP: tl.constexpr,  # with PAGE_WALK: rest tiles of this many pages per iteration (1: one each)
-    GRANULE_EDGES: tl.constexpr,  # masked context tiles load V by granule (see _segment), where V runs allow
+    GRANULE: tl.constexpr,  # > 0: masked context tiles load V by granules of this many keys (see _segment)
     WIDE_OFFSETS: tl.constexpr,  # int64 per-token cache offsets; False: int32 (host-checked to fit)
     DOT_PRECISION: tl.constexpr,
-    K_CHUNK: tl.constexpr = 0,  # > 0: the q.k dot in feature chunks this wide (see _qk), 0: one dot
-    ONE_SEGMENT: tl.constexpr = False,  # with KV_FROM_CACHE: keys [0, seq_len) as one cached segment
-    MERGE_NEW: tl.constexpr = False,  # context and new tokens in one pair of loops (_segments_merged)
-    MERGE_INTERIOR: tl.constexpr = True,  # with MERGE_NEW: the interior loops merged too (else masked only)
-    LAZY_RESCALE: tl.constexpr = 0.0,  # > 0: interior tiles rescale acc only when a max grows by more (_attend)
-    SOFTCAP: tl.constexpr = 0,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend); 2: tanh.approx
-    PAGE_VECTOR: tl.constexpr = False,  # whole small pages per unmasked tile: a block id per page
-    RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
-    PREFETCH_IDS: tl.constexpr = False,  # interior context tiles read the next tile's block ids ahead
-    KV_SAME_STRIDES: tl.constexpr = False,  # V cache block/slot strides equal K's (host-checked)
+    MERGE_NEW: tl.constexpr,  # the masked tiles of the context and the new tokens in one loop (_segments_merged)
+    SOFTCAP: tl.constexpr,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend); 2: tanh.approx
+    RETURN_LSE: tl.constexpr,  # also store each row's softmax log-sum-exp (natural log) in Lse
+    PREFETCH_IDS: tl.constexpr,  # interior context tiles read the next tile's block ids ahead
 ):
     # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
     pid_h = tl.program_id(0)
@@ -767,17 +583,7 @@ def _fwd_kernel(
     q_hi = ctx_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
 
     p_q_rows = Q + (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + pid_h * stride_qh  # [BM, 1]
-    if K_CHUNK > 0:
-        tl.static_assert(BLOCK_D % K_CHUNK == 0, "K_CHUNK divides BLOCK_D")
-        b_q = ()  # BLOCK_D // K_CHUNK feature chunks [BM, KC] (see _qk)
-        for j in tl.static_range(BLOCK_D // K_CHUNK):
-            offs_dj = j * K_CHUNK + tl.arange(0, K_CHUNK)  # [KC]
-            b_qj = tl.load(
-                p_q_rows + offs_dj[None, :], mask=m_m[:, None] & (offs_dj < HEAD_DIM)[None, :], other=0.0
-            )  # [BM, KC] fmt: skip
-            b_q = b_q + (b_qj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
-    else:
-        b_q = tl.load(p_q_rows + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
+    b_q = tl.load(p_q_rows + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
 
     if HAS_SINKS:
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + pid_h).to(tl.float32) * _LOG2E  # [BM]
@@ -801,63 +607,42 @@ def _fwd_kernel(
     bt_row = Block_table + pid_b.to(tl.int64) * stride_bt_row
     o_kc_head = kv_head.to(tl.int64) * stride_kc_head
     o_vc_head = kv_head.to(tl.int64) * stride_vc_head
-    if K_CHUNK > 0:
-        o_kd = ()  # [KC] int64 per feature chunk
-        for j in tl.static_range(BLOCK_D // K_CHUNK):
-            o_kdj = dim_offsets(j * K_CHUNK + tl.arange(0, K_CHUNK), stride_kc_dim, stride_kc_x, X)  # [KC]
-            o_kd = o_kd + (o_kdj,)  # noqa: RUF005 (tuples grow by concatenation in Triton)
-    else:
-        o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
+    o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
     o_vd = dim_offsets(offs_d, stride_vc_dim, 0, 1)  # [BD] int64
 
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
     rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2, softcap2)
-    if KV_SAME_STRIDES:  # one set of per-lane cache offsets serves K and V (the compiler merges them)
-        cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
-                 stride_kc_block, stride_kc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
-    else:
-        cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, page_size, stride_kc_block, stride_kc_slot,
-                 stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
+    cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
+             stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
-                         TILE_PAGES, K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, STRADDLE_BRANCH,
-                         TWO_PAGE_BASES, WIDE_OFFSETS, K_CHUNK, HEAD_DIM, LAZY_RESCALE, SOFTCAP,
-                         PAGE_VECTOR, PREFETCH_IDS)  # fmt: skip
+                         K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, WIDE_OFFSETS, SOFTCAP, PREFETCH_IDS)  # fmt: skip
+    V_RUNS: tl.constexpr = (V_ALIGN16_RUNS, V_CONTIG)
 
-    # ---- the cached context, key positions [0, ctx_len) ----
-    # granule edges: V runs of V_CONTIG (>= 8) tokens from multiples of it, tiles at multiples of BLOCK_N_CTX
-    USE_GRANULE: tl.constexpr = GRANULE_EDGES and V_ALIGN16_RUNS and V_CONTIG >= 8 and not PAGE_WALK
-    GRANULE: tl.constexpr = V_CONTIG if USE_GRANULE else 0
-    if ONE_SEGMENT:
-        # the new tokens' K/V are in the cache too (KV_FROM_CACHE): keys [0, seq_len) form one paged
-        # segment, its tiles at multiples of BLOCK_N_CTX from position 0 (aligned, run hints valid),
-        # and the kernel compiles one masked and one interior loop instead of two of each
-        tl.static_assert(KV_FROM_CACHE, "ONE_SEGMENT reads the new tokens from the cache")
+    if KV_FROM_CACHE:
+        # the new tokens' K/V are in the cache too: keys [0, seq_len) form one paged segment, its tiles
+        # at multiples of BLOCK_N_CTX from position 0 (aligned, run hints valid), one masked and one
+        # interior loop
         acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, seq_len, seq_len, rows, cache, None,
-                                 s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
-                                 PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
+                                 s_scale_cache, v_scale, BLOCK_N_CTX, True, V_RUNS, CFG, True, GRANULE)  # fmt: skip
     elif MERGE_NEW:
-        # contiguous k/v and a cache of the same form and dtype: both segments in one pair of loops
-        tl.static_assert(not KV_FROM_CACHE and not CACHE_FP8 and not PAGE_WALK and GRANULE == 0)
-        tl.static_assert(X == 1 and V_CONTIG == 1 and K_CHUNK == 0 and BLOCK_N == BLOCK_N_CTX)
+        # contiguous k/v and a cache of the same form and dtype: the masked tiles of both in one loop
+        tl.static_assert(not CACHE_FP8 and GRANULE == 0)
+        tl.static_assert(X == 1 and V_CONTIG == 1 and BLOCK_N == BLOCK_N_CTX)
         p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
         p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
         new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
         acc, m_i, l_i = _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new,
-                                         qk_scale, BLOCK_N, (V_ALIGN16_RUNS, V_CONTIG), CFG,
-                                         MERGE_INTERIOR)  # fmt: skip
+                                         qk_scale, BLOCK_N, V_RUNS, CFG)  # fmt: skip
     else:
         acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None,
-                                 s_scale_cache, v_scale, BLOCK_N_CTX, True, (V_ALIGN16_RUNS, V_CONTIG), CFG, True,
-                                 PAGE_WALK, REST_BLOCK, REST_GROUP, GRANULE)  # fmt: skip
-        # ---- the new tokens, key positions [ctx_len, seq_len): contiguous k/v rows, or the cache again
-        # (new tokens start at ctx_len, not at a page boundary: no run hints) ----
+                                 s_scale_cache, v_scale, BLOCK_N_CTX, True, V_RUNS, CFG, True, GRANULE)  # fmt: skip
+        # ---- the new tokens, key positions [ctx_len, seq_len): the contiguous k/v rows (new tokens start
+        # at ctx_len, not at a page boundary: no run hints) ----
         p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
         p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
         new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
-        s_scale_new = s_scale_cache if KV_FROM_CACHE else qk_scale
         acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new,
-                                 s_scale_new, v_scale, BLOCK_N, KV_FROM_CACHE, (False, 1), CFG, False, False,
-                                 0)  # fmt: skip
+                                 qk_scale, v_scale, BLOCK_N, False, (False, 1), CFG, False)  # fmt: skip
 
     # ---- epilogue: normalise; rows that saw no key (l == 0) write 0 ----
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
@@ -871,8 +656,7 @@ def _fwd_kernel(
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
     if RETURN_LSE:
         # m_i, l_i in log2 units with the logit scale folded in (and ALiBi, softcap, k_scale): ln of the
-        # softmax denominator = ln(2) * (m + log2(l)); rows that saw no key (l == 0) get -inf. Under
-        # LAZY_RESCALE m_i may be a stale max, but l_i is summed against that same m_i.
+        # softmax denominator = ln(2) * (m + log2(l)); rows that saw no key (l == 0) get -inf.
         b_lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)  # [BM]
         p_lse = Lse + pid_h.to(tl.int64) * stride_lse_h + (q_start + offs_m.to(tl.int64))  # [BM]
         tl.store(p_lse, b_lse, mask=m_m)

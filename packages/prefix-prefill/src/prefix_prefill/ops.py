@@ -1,9 +1,10 @@
 """The kernel launch as a PyTorch custom op: ``torch.ops.prefix_prefill.fwd``.
 
 Both public functions (:func:`prefix_prefill.prefix_prefill`, :func:`prefix_prefill.context_attention_fwd`)
-check their arguments in Python, allocate the output if needed and then call this op, so
-``torch.compile`` (Dynamo, AOTAutograd, Inductor) sees one opaque operator that mutates ``out``
-instead of tracing into Triton's launcher, and CUDA graphs capture the one kernel launch.
+check their arguments in Python, allocate the output if needed and then, under ``torch.compile``, call
+this op, so Dynamo, AOTAutograd and Inductor see one opaque operator that mutates ``out`` instead of
+tracing into Triton's launcher (in eager mode they launch directly, without the dispatcher's cost; the
+op does the same launch when called itself).
 
 Schema (every argument a tensor, an optional tensor, an int, a float or a bool)::
 
@@ -24,8 +25,8 @@ token stride) that the op also mutates, writing each row's softmax log-sum-exp (
 of :func:`prefix_prefill.prefix_prefill`, which allocates it; rows skipped by ``skip_decode`` get
 ``-inf``), or None (the kernel compiles without it). The op does no argument checking (the public
 functions do), never synchronises with the host on the default path and allocates at most the
-1-element default scales: it is CUDA-graph capturable. The launch-config override of ``_launch_fwd``
-is not on the op path (tests and sweeps call ``_launch_fwd`` directly).
+1-element default scales: it is CUDA-graph capturable. Plan and tile overrides are not on the op path
+(tests and sweeps call :func:`prefix_prefill.launch.forward` directly).
 
 Registered with the low-level ``torch.library.Library`` API (``define`` + a
 ``CompositeExplicitAutograd`` kernel, i.e. every device: CPU tensors run under ``TRITON_INTERPRET=1``)
@@ -43,7 +44,7 @@ import contextlib
 import torch
 
 from paged_kv_offsets import LAYOUTS, describe_kv_cache
-from prefix_prefill import interface as _interface  # partially initialised here: used at call time only
+from prefix_prefill import launch
 
 SCHEMA = (
     "fwd(Tensor q, Tensor? k, Tensor? v, Tensor(a!) out, Tensor k_cache, Tensor v_cache, int kv_layout, "
@@ -59,7 +60,7 @@ def layout_code(layout: str) -> int:
     return LAYOUTS.index(layout)
 
 
-def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     """Triton launches on the *current* CUDA device: make it the inputs' device when it is not
     (a multi-GPU process that did not call ``torch.cuda.set_device``). No-op otherwise (no sync)."""
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
@@ -95,14 +96,19 @@ def _fwd_impl(
     """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``
     (and ``lse`` when given)."""
     kc, vc = describe_kv_cache(k_cache, v_cache, LAYOUTS[kv_layout])  # sizes and strides only
-    with _on_device(q.device):
-        _interface._launch_fwd(
+    with on_device(q.device):
+        launch.forward(
             q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
             causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
             alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
             skip_decode=skip_decode, softcap=softcap, lse=lse,
         )  # fmt: skip
-    torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
+    bump_versions(out, lse)
+
+
+def bump_versions(out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """The autograd version counters of the tensors a launch wrote (a no-op for inference-mode tensors)."""
+    torch.autograd.graph.increment_version(out)
     if lse is not None:
         torch.autograd.graph.increment_version(lse)
 

@@ -1,0 +1,382 @@
+"""Which kernel runs a prefix-prefill call, with which settings, and why: :func:`plan`.
+
+:class:`Problem` is what the host knows of a call without reading device memory (dtypes, head counts,
+the caches' layout, page size and strides, the other tensors' strides and 16-byte alignment, options,
+the architecture); it never holds a sequence length or a batch size, so one plan serves every step of
+an engine. :func:`plan` maps it to a :class:`prefill_runtime.LaunchPlan` by the rules below, in this
+order; the first that applies wins:
+
+======================  =========================================================================
+kernel                  when
+======================  =========================================================================
+``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
+                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, causal, no
+                        window/ALiBi/sinks/soft-capping/skip_decode, a positive scale, pages a multiple
+                        of 16, an NHD cache whose pages are contiguous with 16-byte rows, and q/k/v
+                        rows TMA can read (unit feature stride, heads adjacent, 16-byte aligned)
+``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
+``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
+                        :mod:`prefix_prefill.configs` (per architecture, head size, dtype class)
+======================  =========================================================================
+
+The Triton kernel's constexprs are derived here too (layout hints, int32 or int64 offsets, granule
+edges, the merged masked loop, block ids read ahead); every one is a function of the problem.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from paged_kv_offsets import CacheView, offsets_fit_int32
+from prefill_runtime import LaunchPlan
+from prefix_prefill.configs import get_config
+
+#: Gluon kernels: query rows per program (two consumer warpgroups of 64).
+GLUON_BLOCK_M = 128
+#: Key blocks of the Gluon kernels: 64 keys at head 256 (shared memory), else 128.
+GLUON_BLOCK_N = {64: 128, 128: 128, 256: 64}
+#: Ring slots of the Gluon kernels' K and V rings.
+GLUON_STAGES = 2
+#: Split-layout Gluon kernel: head sizes whose K goes by TMA boxes (faster than the gathers there).
+SPLIT_K_TMA_HEADS = frozenset({128, 256})
+#: ... whose V goes by TMA boxes too (with K by TMA).
+SPLIT_V_TMA_HEADS = frozenset({256})
+#: ... whose K ring is chunk-major (one box per 16-key run instead of D / 64).
+SPLIT_K_CM_HEADS = frozenset({256})
+#: Triton kernel: head buckets from which masked context tiles of a token-contiguous V load by granule
+#: (at head 256 the element-wise V gather otherwise serialises every wgmma).
+GRANULE_MIN_BLOCK_D = 256
+#: Triton kernel: head buckets up to which interior context tiles read the next tile's block ids ahead
+#: (wider heads only for pages narrower than the tile).
+PREFETCH_IDS_MAX_BLOCK_D = 128
+#: Triton kernel: ptxas ``--register-usage-level`` on these architectures (0: ptxas's default).
+PTXAS_REGISTER_USAGE_LEVEL = {"sm90": 3}
+_MAX_GRID = 65535
+_FP8_DTYPES = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the host knows of a call (see the module docstring). Strides are in elements; ``*_al16``:
+    the tensor's data pointer is a multiple of 16 bytes. ``k_strides``/``v_strides`` are None when the
+    new tokens' K/V are read from the cache. ``new_rows_fit32``: every new-token offset a program forms
+    from its sequence's first row fits int32. ``softcap``: the kernel's SOFTCAP form (0 off, 1 exp2,
+    2 hardware tanh)."""
+
+    arch: str
+    gluon: bool
+    q_dtype: torch.dtype
+    cache_dtype: torch.dtype
+    out_dtype: torch.dtype
+    num_heads: int
+    head_size: int
+    kc: CacheView
+    vc: CacheView
+    q_strides: tuple[int, int, int]
+    k_strides: tuple[int, int, int] | None
+    v_strides: tuple[int, int, int] | None
+    o_strides: tuple[int, int, int]
+    q_al16: bool
+    k_al16: bool
+    v_al16: bool
+    o_al16: bool
+    kc_al16: bool
+    vc_al16: bool
+    bt_col_stride: int
+    fits_int32: bool
+    new_rows_fit32: bool
+    causal: bool
+    use_left: bool
+    use_right: bool
+    alibi: bool
+    sinks: bool
+    softcap: int
+    scale_positive: bool
+    skip_decode: bool
+    lse: bool
+
+    @property
+    def layout(self) -> str:
+        return self.kc.layout
+
+    @property
+    def kv_from_cache(self) -> bool:
+        return self.k_strides is None
+
+
+def make_problem(
+    q, k, v, o, k_cache, v_cache, kc, vc, block_table, *, arch, gluon, causal, left, right, scale, alibi,
+    sinks, softcap_form, skip_decode, lse,
+) -> Problem:  # fmt: skip
+    """The :class:`Problem` of checked call arguments (tensors as :func:`prefix_prefill.prefix_prefill`
+    takes them, the caches described by ``kc``/``vc``; ``left``/``right``: the window, -1 unbounded)."""
+    wide_rows = max(k.stride(0), v.stride(0), 1) if k is not None else 1
+    return Problem(
+        arch=arch,
+        gluon=gluon,
+        q_dtype=q.dtype,
+        cache_dtype=k_cache.dtype,
+        out_dtype=o.dtype,
+        num_heads=q.shape[1],
+        head_size=q.shape[2],
+        kc=kc,
+        vc=vc,
+        q_strides=tuple(q.stride()),
+        k_strides=None if k is None else tuple(k.stride()),
+        v_strides=None if v is None else tuple(v.stride()),
+        o_strides=tuple(o.stride()),
+        q_al16=q.data_ptr() % 16 == 0,
+        k_al16=k is None or k.data_ptr() % 16 == 0,
+        v_al16=v is None or v.data_ptr() % 16 == 0,
+        o_al16=o.data_ptr() % 16 == 0,
+        kc_al16=k_cache.data_ptr() % 16 == 0,
+        vc_al16=v_cache.data_ptr() % 16 == 0,
+        bt_col_stride=block_table.stride(1),
+        fits_int32=offsets_fit_int32(k_cache, v_cache),
+        # a program's new-token offsets stay below (tokens + a tile) rows of its sequence's first row
+        new_rows_fit32=(q.shape[0] + 256) * wide_rows < 2**31,
+        causal=bool(causal),
+        use_left=left >= 0,
+        use_right=right >= 0,
+        alibi=alibi,
+        sinks=sinks,
+        softcap=softcap_form,
+        scale_positive=scale > 0,
+        skip_decode=bool(skip_decode),
+        lse=lse,
+    )
+
+
+# --------------------------------------------------------------------------- the Gluon kernels' rules
+def _rows_tma(strides: tuple[int, int, int] | None, aligned: bool, heads: int, d: int, elem: int) -> bool:
+    """Rows ``[tokens, heads, d]`` a TMA descriptor reads as ``[tokens, heads * d]``."""
+    if strides is None:
+        return True
+    st, sh, sd = strides
+    return sd == 1 and sh == d and st >= heads * d and (st * elem) % 16 == 0 and aligned
+
+
+def _nhd_tma(cv: CacheView, aligned: bool, elem: int) -> bool:
+    """An NHD cache TMA reads as ``[num_blocks * page, kv_heads * d]`` (pages contiguous, 16-byte rows)."""
+    d, hk, page = cv.head_size, cv.num_kv_heads, cv.page_size
+    return (
+        cv.layout == "nhd"
+        and cv.stride_dim == 1
+        and cv.stride_head == d
+        and cv.stride_slot == hk * d
+        and cv.stride_block == page * cv.stride_slot
+        and (cv.stride_slot * elem) % 16 == 0
+        and aligned
+        and cv.num_blocks * page < 2**31
+    )
+
+
+def split_gather_ok(p: Problem) -> bool:
+    """vLLM's split caches as the split Gluon kernel's 16-byte gathers read them: K ``x = 8`` features
+    contiguous with 8-element slots, V keys contiguous, every stride and base 16-byte aligned, and the
+    feature offsets of one page within int32 (the kernel keeps them in 32 bits)."""
+    kc, vc, d = p.kc, p.vc, p.head_size
+    strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
+    return (
+        kc.layout == "split"
+        and kc.x == 8
+        and kc.stride_x == 1
+        and kc.stride_slot == 8
+        and vc.stride_slot == 1
+        and all(st % 8 == 0 and st > 0 for st in strides)
+        and p.kc_al16
+        and p.vc_al16
+        and (d // 8) * kc.stride_dim < 2**31
+        and d * vc.stride_dim < 2**31
+    )
+
+
+def _gluon_unmet(p: Problem) -> str | None:
+    """Why neither Gluon kernel runs ``p`` (None: one of them may, layout permitting)."""
+    half = p.q_dtype in (torch.float16, torch.bfloat16)
+    checks = (
+        (p.gluon, "Gluon kernels unsupported here (architecture, Triton version or PREFILL_GLUON)"),
+        (p.arch == "sm90", f"architecture {p.arch} (Gluon kernels: sm90)"),
+        (half, f"q dtype {p.q_dtype} (Gluon kernels: fp16/bf16)"),
+        (p.head_size in GLUON_BLOCK_N, f"head size {p.head_size} (Gluon kernels: 64/128/256)"),
+        (p.cache_dtype == p.q_dtype and p.out_dtype == p.q_dtype, "cache or output dtype differs from q's"),
+        (p.causal, "non-causal"),
+        (not (p.use_left or p.use_right), "sliding window"),
+        (not p.alibi, "ALiBi"),
+        (not p.sinks, "sinks"),
+        (not p.softcap, "soft-capping"),
+        (not p.skip_decode, "skip_decode"),
+        (p.scale_positive, "softmax scale <= 0"),
+        (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
+        (p.num_heads <= _MAX_GRID, "more than 65535 heads"),
+        (p.bt_col_stride == 1, "block table with a non-unit column stride"),
+    )
+    for ok, why in checks:
+        if not ok:
+            return why
+    return None
+
+
+def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
+    d, elem = p.head_size, p.q_dtype.itemsize
+    hk = p.kc.num_kv_heads
+    rows = (
+        _rows_tma(p.q_strides, p.q_al16, p.num_heads, d, elem)
+        and _rows_tma(p.k_strides, p.k_al16, hk, d, elem)
+        and _rows_tma(p.v_strides, p.v_al16, hk, d, elem)
+    )
+    if not (rows and _nhd_tma(p.kc, p.kc_al16, elem) and _nhd_tma(p.vc, p.vc_al16, elem)):
+        return None
+    block_n = GLUON_BLOCK_N[d]
+    consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
+                  KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES)  # fmt: skip
+    return LaunchPlan("gluon-nhd", "sm90, NHD cache TMA can read", GLUON_BLOCK_M, LaunchPlan.items(consts))
+
+
+def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
+    d, elem = p.head_size, p.q_dtype.itemsize
+    if not (split_gather_ok(p) and _rows_tma(p.q_strides, p.q_al16, p.num_heads, d, elem)):
+        return None
+    hk = p.kc.num_kv_heads
+    if p.k_strides is not None and not _rows_tma(p.k_strides, p.k_al16, hk, d, elem):
+        return None
+    kc, vc, page, g = p.kc, p.vc, p.kc.page_size, d // 8
+    k_tma = (
+        d in SPLIT_K_TMA_HEADS
+        and kc.stride_dim == page * 8
+        and kc.stride_head == g * page * 8
+        and kc.stride_block == hk * g * page * 8
+        and kc.num_blocks * hk * g < 2**31
+    )
+    v_tma = (
+        k_tma
+        and d in SPLIT_V_TMA_HEADS
+        and vc.stride_dim == page
+        and vc.stride_head == d * page
+        and vc.stride_block == hk * d * page
+        and vc.num_blocks * hk * d < 2**31
+    )
+    block_n = GLUON_BLOCK_N[d]
+    consts = dict(
+        HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse,
+        NUM_STAGES=GLUON_STAGES, V_TMA=v_tma, K_TMA=k_tma,
+        # K by TMA: blocks inside one page by wide boxes (1), or every block by 16-key runs (2)
+        K_WIDE=(1 if page >= block_n else 2) if k_tma else 0, K_CM=k_tma and d in SPLIT_K_CM_HEADS,
+    )  # fmt: skip
+    why = (
+        f"sm90, vLLM split cache (K by {'TMA' if k_tma else 'gathers'}, V by {'TMA' if v_tma else 'gathers'})"
+    )
+    return LaunchPlan("gluon-split", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
+
+
+# --------------------------------------------------------------------------- the Triton kernel's rules
+def _layout_hints(p: Problem, block_n_ctx: int) -> tuple[bool, bool, bool, int]:
+    """Alignment/contiguity facts the Triton kernel may promise the compiler (kernel._tile_pointers).
+
+    A cache is "16-byte aligned" when its data pointer and every non-unit stride are multiples of
+    16 bytes: then every contiguous run of a tile (along the unit-stride dimension) starts aligned.
+    In vLLM's V layout the unit-stride dimension is the page slot, so runs are ``gcd(page,
+    BLOCK_N_CTX)`` tokens of one page, and only in unmasked context tiles (which start at multiples
+    of BLOCK_N_CTX); the V promise then also needs runs of at least 16 bytes.
+    Returns ``(k_align16, v_align16_any, v_align16_runs, v_contig)``."""
+    e = p.cache_dtype.itemsize
+
+    def aligned(view: CacheView, al16: bool) -> bool:
+        strides = (view.stride_block, view.stride_slot, view.stride_head, view.stride_dim, view.stride_x)
+        return al16 and all((s * e) % 16 == 0 for s in strides if s not in (0, 1))
+
+    vc = p.vc
+    k_align = aligned(p.kc, p.kc_al16)
+    v_ok = aligned(vc, p.vc_al16)
+    slot_runs = vc.stride_slot == 1 and vc.page_size > 1  # tokens are the contiguous dimension
+    # capped at one 16-byte vector: longer runs load no faster, and the cap makes every page whose
+    # runs reach 16 bytes (512, 544, 1040, ...) compile to the same loads
+    v_contig = min(math.gcd(vc.page_size, block_n_ctx), max(1, 16 // e)) if slot_runs else 1
+    v_align_any = v_ok and not slot_runs
+    v_align_runs = v_ok and slot_runs and (v_contig * e) % 16 == 0
+    return k_align, v_align_any, v_align_runs, v_contig
+
+
+def _rows_al16(strides: tuple[int, int, int], al16: bool, elem: int) -> bool:
+    """``[tokens, heads, D]`` rows (unit feature stride) whose pointer and strides are 16-byte multiples."""
+    return al16 and all((s * elem) % 16 == 0 for s in strides[:-1])
+
+
+def _merge_new(p: Problem, block_n: int, block_n_ctx: int, wide: bool) -> bool:
+    """Whether the masked tiles of the context and of the new tokens run in one loop (kernel
+    ``MERGE_NEW``): the new rows must load like cache rows (a K cache without an ``x`` split, a V cache
+    that is not token-contiguous, unit feature strides, the cache's token stride (an NHD cache and
+    contiguous k/v), the same dtype, so one pointer type, one set of feature offsets and one lane
+    stride serve both), one tile width, and with int32 cache offsets new-token offsets in int32 too."""
+    kc, vc = p.kc, p.vc
+    if p.k_strides is None or p.v_strides is None:
+        return False
+    if kc.x != 1 or kc.stride_dim != 1 or vc.stride_dim != 1 or (vc.stride_slot == 1 and vc.page_size > 1):
+        return False
+    if p.k_strides[0] != kc.stride_slot or p.v_strides[0] != vc.stride_slot:  # HND, or k/v views with gaps
+        return False
+    if p.q_dtype != p.cache_dtype or p.cache_dtype in _FP8_DTYPES:
+        return False
+    return block_n == block_n_ctx and (wide or p.new_rows_fit32)
+
+
+def triton_plan(p: Problem, config=None, reason: str = "") -> LaunchPlan:
+    """The Triton kernel's plan for ``p`` (``config``: tiles other than the table's, for sweeps)."""
+    if config is None:
+        config = get_config(p.arch, p.head_size, p.q_dtype, p.kc.page_size)
+    block_d = 1 << (p.head_size - 1).bit_length()  # next power of two (head_size >= 1)
+    k_align, v_align_any, v_align_runs, v_contig = _layout_hints(p, config.BLOCK_N_CTX)
+    granule = v_contig if block_d >= GRANULE_MIN_BLOCK_D and v_align_runs and v_contig >= 8 else 0
+    wide = not p.fits_int32
+    merge = _merge_new(p, config.BLOCK_N, config.BLOCK_N_CTX, wide)
+    if merge:  # the layout hints now cover the new rows too
+        elem = p.q_dtype.itemsize
+        k_align = k_align and _rows_al16(p.k_strides, p.k_al16, elem)
+        v_align_any = v_align_any and _rows_al16(p.v_strides, p.v_al16, elem)
+    out_fp8 = p.out_dtype in _FP8_DTYPES
+    consts = dict(
+        QUERIES_PER_KV=p.num_heads // p.kc.num_kv_heads, HEAD_DIM=p.head_size, BLOCK_D=block_d,
+        PAGE_SIZE=p.kc.page_size, X=p.kc.x, K_ALIGN16=k_align, V_ALIGN16_ANY=v_align_any,
+        V_ALIGN16_RUNS=v_align_runs, V_CONTIG=v_contig, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+        BLOCK_N_CTX=config.BLOCK_N_CTX, CAUSAL=p.causal, USE_LEFT=p.use_left, USE_RIGHT=p.use_right,
+        HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks, KV_FROM_CACHE=p.kv_from_cache,
+        CACHE_FP8=p.cache_dtype in _FP8_DTYPES, OUT_FP8=out_fp8,
+        FP8_OUT_MAX=float(torch.finfo(p.out_dtype).max) if out_fp8 else 0.0, SKIP_DECODE=p.skip_decode,
+        # fp8 cache scales are positive by contract; with softcap the folded scale is softcap * log2(e)
+        FOLD_SCALE=p.scale_positive or p.softcap > 0, GRANULE=granule, WIDE_OFFSETS=wide,
+        DOT_PRECISION="ieee" if p.q_dtype == torch.float32 else None, MERGE_NEW=merge, SOFTCAP=p.softcap,
+        RETURN_LSE=p.lse,
+        PREFETCH_IDS=block_d <= PREFETCH_IDS_MAX_BLOCK_D or p.kc.page_size < config.BLOCK_N_CTX,
+    )  # fmt: skip
+    opts = dict(num_warps=config.num_warps, num_stages=config.num_stages,
+                register_usage_level=PTXAS_REGISTER_USAGE_LEVEL.get(p.arch, 0))  # fmt: skip
+    why = f"Triton kernel, {p.arch} table tiles {config.BLOCK_M}/{config.BLOCK_N}/{config.BLOCK_N_CTX}"
+    return LaunchPlan("triton", why + (f" ({reason})" if reason else ""), config.BLOCK_M,
+                      LaunchPlan.items(consts), LaunchPlan.items(opts))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=512)
+def plan(p: Problem) -> LaunchPlan:
+    """The launch plan of ``p``: a Gluon kernel where its rule holds (module docstring), else the Triton
+    kernel. Pure and cached (at most 512 problems: an engine has a handful)."""
+    unmet = _gluon_unmet(p)
+    if unmet is None:
+        if p.layout == "nhd":
+            found = _gluon_nhd_plan(p)
+            unmet = None if found else "NHD cache or q/k/v rows TMA cannot read"
+        elif p.layout == "split":
+            found = _gluon_split_plan(p)
+            unmet = None if found else "split cache the Gluon gathers cannot read"
+        else:
+            found, unmet = None, "HND cache (Gluon kernels: NHD and split)"
+        if found is not None:
+            return found
+    return triton_plan(p, reason=unmet or "")
