@@ -11,6 +11,7 @@ is stored on disk (``database=None``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -191,7 +192,7 @@ def prefix_problems(draw) -> dict:
         "heads": heads,
         "kv_heads": kv_heads,
         "head": draw(st.sampled_from(HEAD_SIZES)),
-        # 17/24: page walks with the interpreter's tiles, 144 with a GPU's
+        # tiles narrower and wider than a page, pages that are not powers of two
         "page": draw(st.sampled_from([1, 3, 5, 16, 17, 24, 32, 64, 144])),
         "layout": layout,
         "dtype": draw(st.sampled_from([torch.float16, torch.float32])),
@@ -202,26 +203,12 @@ def prefix_problems(draw) -> dict:
         "with_sinks": draw(st.booleans()),
         "kv_from_cache": draw(st.booleans()),
         "fp8": draw(st.booleans()),
-        "tile_pages": draw(st.booleans()),  # prefix_prefill.interface._TILE_PAGES: both addressing paths
-        "runtime_page": draw(st.booleans()),  # ... and _RUNTIME_PAGE (the page size as a runtime argument)
-        "straddle_branch": draw(st.booleans()),  # ... and _STRADDLE_BRANCH
-        "two_page_bases": draw(st.booleans()),  # ... and _TWO_PAGE_BASES
-        "page_walk": draw(st.booleans()),  # ... and _PAGE_WALK
-        "walk_aligned": draw(st.booleans()),  # ... and _WALK_ALIGNED
-        "rest_group": draw(st.booleans()),  # ... and _REST_GROUP (GPU tiles: page 144 rests 16 of 64/128)
-        "walk_slot_contig_v": draw(st.booleans()),  # ... and _WALK_SLOT_CONTIG_V
-        "offsets_32": draw(st.booleans()),  # ... and _OFFSETS_32
-        "granule_edges": draw(st.booleans()),  # ... and _GRANULE_EDGES (split layout, fp16, pages % 8 == 0)
-        "k_chunks_split": draw(st.booleans()),  # ... and the chunked q.k dot (_K_CHUNKS_SPLIT / _NHD)
-        "k_chunks_nhd": draw(st.booleans()),
-        "k_chunk": draw(st.sampled_from([16, 32])),  # ... of this width (_K_CHUNK)
-        "one_segment_from_cache": draw(st.booleans()),  # ... and _ONE_SEGMENT_FROM_CACHE (with k=None)
-        "merge_new_tokens": draw(st.booleans()),  # ... and _MERGE_NEW_TOKENS (k given, NHD caches)
-        "merge_masked_tiles": draw(st.booleans()),  # ... and _MERGE_MASKED_TILES
-        "page_vector": draw(st.booleans()),  # ... and _PAGE_VECTOR
-        "prefetch_ids": draw(st.booleans()),  # ... and _PREFETCH_IDS
-        "kv_same_strides": draw(st.booleans()),  # ... and _KV_SAME_STRIDES
-        "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
+        # the other form of the Triton kernel's plan choices that every problem may take
+        "wide_offsets": draw(st.booleans()),  # int64 cache offsets where the plan takes int32
+        "prefetch_ids": draw(st.booleans()),  # block ids read ahead, or not
+        "no_merge": draw(st.booleans()),  # two pairs of loops where the plan merges the masked ones
+        "no_granule": draw(st.booleans()),  # no granule edges where the plan takes them
+        "no_fold": draw(st.booleans()),  # the logit scale not folded into exp2
         "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
         "return_lse": draw(st.booleans()),  # with the Pythonic form only
@@ -232,30 +219,37 @@ def prefix_problems(draw) -> dict:
     return spec
 
 
+@contextlib.contextmanager
+def _triton_forms(p: dict):
+    """The Triton kernel's plans with the drawn forms (``launch.plan`` wrapped for the test)."""
+    from prefix_prefill import launch
+
+    consts = {"WIDE_OFFSETS": True} if p["wide_offsets"] else {}
+    consts["PREFETCH_IDS"] = p["prefetch_ids"]
+    if p["no_merge"]:
+        consts["MERGE_NEW"] = False
+    if p["no_granule"]:
+        consts["GRANULE"] = 0
+    if p["no_fold"]:
+        consts["FOLD_SCALE"] = False
+    real = launch.plan
+
+    def forms(problem):
+        chosen = real(problem)
+        return chosen.replace(constexprs=consts) if chosen.kernel == "triton" else chosen
+
+    launch.plan = forms
+    try:
+        yield
+    finally:
+        launch.plan = real
+
+
 @FUZZ
 @given(p=prefix_problems())
 def test_fuzz_prefix_prefill(p):
-    import prefix_prefill.interface as itf
-
-    keys = (
-        "tile_pages", "runtime_page", "straddle_branch", "two_page_bases", "page_walk", "walk_aligned",
-        "rest_group", "walk_slot_contig_v", "offsets_32", "granule_edges", "k_chunks_split", "k_chunks_nhd",
-        "k_chunk", "one_segment_from_cache", "merge_new_tokens", "merge_masked_tiles", "page_vector",
-        "prefetch_ids", "kv_same_strides", "lazy_rescale",
-    )  # fmt: skip
-    names = ["_" + k.upper() for k in keys]  # the switches of prefix_prefill.interface
-    values = [p[k] for k in keys]
-    # at every head size when drawn
-    names += ["_GRANULE_EDGES_MIN_BLOCK_D", "_K_CHUNKS_NHD_MAX_BLOCK_D", "_PREFETCH_IDS_MAX_BLOCK_D"]
-    values += [0, 1 << 30, 1 << 30]
-    saved = [getattr(itf, n) for n in names]
-    for n, v in zip(names, values, strict=True):
-        setattr(itf, n, v)
-    try:
+    with _triton_forms(p):
         _run_prefix_problem(p)
-    finally:
-        for n, v in zip(names, saved, strict=True):
-            setattr(itf, n, v)
 
 
 def _run_prefix_problem(p: dict) -> None:

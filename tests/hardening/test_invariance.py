@@ -20,7 +20,7 @@ from conftest import DEVICE, ON_GPU
 from hd_util import cu_of, dense_case, paged_case
 
 import prefix_prefill.configs as pp_configs
-import prefix_prefill.interface as pp_iface
+import prefix_prefill.launch as pp_iface
 import window_prefill.configs as wp_configs
 import window_prefill.interface as wp_iface
 from prefix_prefill import context_attention_fwd as pp_caf

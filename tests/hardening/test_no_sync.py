@@ -21,7 +21,7 @@ import torch
 from conftest import DEVICE, ON_GPU, poison
 from hd_util import dense_case, dense_ref, paged_case, paged_ref
 
-import prefix_prefill.interface as pp_iface
+import prefix_prefill.launch as pp_iface
 import window_prefill.interface as wp_iface
 from attn_reference import compare
 from prefix_prefill import context_attention_fwd as pp_caf

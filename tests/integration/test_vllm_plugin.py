@@ -25,7 +25,7 @@ import torch
 from conftest import DEVICE, poison
 from it_cases import Dense, Paged, dense_case, paged_case
 
-import prefix_prefill.interface as pp_iface
+import prefix_prefill.launch as pp_iface
 import window_prefill.interface as wp_iface
 from attn_reference import compare
 from prefix_prefill import vllm_plugin as pp_plugin

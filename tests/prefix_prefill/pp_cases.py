@@ -8,9 +8,9 @@ from paged_cases import FP8_E4M3, FP8_E5M2, Case, make_case  # noqa: F401  (re-e
 
 from attn_reference import paged_prefix_attention
 from paged_kv_offsets import describe_kv_cache
-from prefix_prefill import context_attention_fwd, prefix_prefill
+from prefill_runtime import softcap_form
+from prefix_prefill import context_attention_fwd, launch, plan, prefix_prefill
 from prefix_prefill.configs import KernelConfig
-from prefix_prefill.interface import _launch_fwd
 
 
 def reference(case: Case, **kw) -> torch.Tensor:
@@ -107,8 +107,10 @@ def run_vllm(case: Case, o: torch.Tensor | None = None, **kw) -> torch.Tensor:
     return o
 
 
-def run_cfg(case: Case, config: KernelConfig, **kw) -> torch.Tensor:
-    """The shared launcher with an explicit config (tile shapes the table would not pick)."""
+def run_cfg(case: Case, config: KernelConfig | None, consts: dict | None = None, **kw) -> torch.Tensor:
+    """The Triton kernel with an explicit config (tile shapes the table would not pick; None: the
+    table's) and, with ``consts``, constexprs other than the plan's (the other form of a choice the
+    plan makes, e.g. ``WIDE_OFFSETS``)."""
     out = poison(torch.empty(case.q.shape, dtype=case.q.dtype, device=case.q.device))
     k_cache, v_cache = case.k_cache, case.v_cache
     if k_cache.dtype == torch.uint8:
@@ -121,7 +123,7 @@ def run_cfg(case: Case, config: KernelConfig, **kw) -> torch.Tensor:
             "k_scale": torch.tensor([case.k_scale], device=dev),
             "v_scale": torch.tensor([case.v_scale], device=dev),
         }
-    _launch_fwd(
+    launch.forward(
         case.q,
         case.k,
         case.v,
@@ -134,8 +136,42 @@ def run_cfg(case: Case, config: KernelConfig, **kw) -> torch.Tensor:
         case.cu_seqlens_q,
         case.seq_lens,
         case.max_query_len,
-        config=config,
+        config=config if consts is None else None,
+        plan_override=None if consts is None else _triton_plan(case, config, consts, kw),
         **scales,
         **kw,
     )
     return out
+
+
+def _triton_plan(case: Case, config, consts: dict, kw: dict):
+    """The Triton kernel's plan for ``case`` and the launch options ``kw``, with ``consts`` merged in."""
+    window = kw.get("window", (-1, -1))
+    p = problem_of(case, gluon=False, causal=kw.get("causal", True), left=window[0], right=window[1],
+                   scale=kw.get("softmax_scale") or 1.0, alibi=kw.get("alibi_slopes") is not None,
+                   sinks=kw.get("sinks") is not None,
+                   softcap_form=softcap_form(kw.get("softcap", 0.0), case.q),
+                   skip_decode=kw.get("skip_decode", False),
+                   lse=kw.get("lse") is not None)  # fmt: skip
+    return plan.triton_plan(p, config).replace(constexprs=consts)
+
+
+def problem_of(case: Case, out: torch.Tensor | None = None, **opts) -> plan.Problem:
+    """The :class:`prefix_prefill.plan.Problem` of ``case`` as ``prefix_prefill()`` would make it, on the
+    architecture ``opts.pop("arch", None)`` (None: the case's device); ``opts``: causal, left, right,
+    scale, alibi, sinks, softcap_form, skip_decode, lse, gluon."""
+    k_cache, v_cache = case.k_cache, case.v_cache
+    if k_cache.dtype == torch.uint8:
+        k_cache, v_cache = k_cache.view(FP8_E4M3), v_cache.view(FP8_E4M3)
+    kc, vc = describe_kv_cache(k_cache, v_cache, case.layout)
+    arch = opts.pop("arch", None)
+    if arch is None:
+        from prefix_prefill.configs import detect_arch
+
+        arch = detect_arch(case.q.device)
+    kw = dict(causal=True, left=-1, right=-1, scale=1.0, alibi=False, sinks=False, softcap_form=0,
+              skip_decode=False, lse=False, gluon=True)  # fmt: skip
+    kw.update(opts)
+    o = out if out is not None else torch.empty_like(case.q)
+    return plan.make_problem(case.q, case.k, case.v, o, k_cache, v_cache, kc, vc, case.block_table, arch=arch,
+                             **kw)  # fmt: skip

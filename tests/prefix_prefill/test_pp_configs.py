@@ -9,8 +9,8 @@ import torch
 from conftest import DEVICE
 from pp_cases import make_case
 
-import prefix_prefill.interface as interface
-from prefix_prefill import autotune
+from prefix_prefill import autotune, launch
+from prefix_prefill import plan as plan_mod
 from prefix_prefill.configs import (
     ARCHS,
     CONFIGS,
@@ -156,8 +156,8 @@ def test_compiled_variants_do_not_depend_on_lengths_or_batch(monkeypatch):
     """Every constexpr is identical across batches of different sizes and lengths, and every
     integer argument that changes with them is excluded from Triton's specialisation."""
     rec = _Recorder()
-    monkeypatch.setattr(interface, "_fwd_kernel", rec)
-    monkeypatch.setattr(interface, "_GLUON_SPLIT", False)  # the Triton kernel's arguments (sm90 too)
+    monkeypatch.setattr(launch, "_fwd_kernel", rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON", "0")  # the Triton kernel's arguments (sm90 too)
     from prefix_prefill import prefix_prefill
 
     for seqs in ([(10, 5)], [(300, 70), (0, 1)], [(17, 33)] * 9, [(1000, 16), (1, 1), (64, 64)]):
@@ -186,7 +186,34 @@ def _hints(k_cache, v_cache, layout, bn_ctx=64):
     from paged_kv_offsets import describe_kv_cache
 
     kc, vc = describe_kv_cache(k_cache, v_cache, layout)
-    return interface._layout_hints(k_cache, v_cache, kc, vc, bn_ctx)
+    d = kc.head_size
+    q = torch.empty(
+        1, kc.num_kv_heads, d, dtype=k_cache.dtype if k_cache.dtype.itemsize > 1 else torch.float16
+    )
+    bt = torch.zeros(1, 1, dtype=torch.int32)
+    p = plan_mod.make_problem(
+        q,
+        None,
+        None,
+        q,
+        k_cache,
+        v_cache,
+        kc,
+        vc,
+        bt,
+        arch="interpreter",
+        gluon=False,
+        causal=True,
+        left=-1,
+        right=-1,
+        scale=1.0,
+        alibi=False,
+        sinks=False,
+        softcap_form=0,
+        skip_decode=False,
+        lse=False,
+    )
+    return plan_mod._layout_hints(p, bn_ctx)
 
 
 def test_layout_hints_split_layout():

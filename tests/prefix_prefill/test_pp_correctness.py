@@ -111,36 +111,26 @@ def test_gpu_pages(page, dtype, layout):
 @pytest.mark.parametrize("page", [16, 128, 544, 1040, 1056, 2048])
 @pytest.mark.parametrize("head_size", [128, 256])
 @pytest.mark.parametrize("layout", ["split", "nhd"])
-@pytest.mark.parametrize("variant", ["default", "walk", "rest_groups", "granule_flip", "k_chunks"])
-def test_gpu_tile_page_addressing(monkeypatch, page, head_size, layout, variant):
-    """The per-tile addressing path (``_TILE_PAGES``) with the shipped table configs, compiled: the
-    shipped switches; page walks with one rest tile per page (``_PAGE_WALK``) or rest groups
-    (``_REST_GROUP``); granule-masked context edges (``_GRANULE_EDGES``, the split layout) flipped
-    from what ships for this head size (off at 128, on at 256); the q.k dot in feature chunks
-    (``_K_CHUNKS_SPLIT`` / ``_K_CHUNKS_NHD`` at every head size; with granule edges in the split
-    layout)."""
-    import prefix_prefill.interface as itf
-
+@pytest.mark.parametrize("variant", ["default", "granule_flip", "wide"])
+def test_gpu_tile_page_addressing(page, head_size, layout, variant):
+    """The Triton kernel's paged addressing with the shipped table configs, compiled, and the other
+    form of each choice its plan makes: granule-masked context edges (the split layout) flipped from
+    what ships for this head size (off at 128, on at 256), and int64 cache offsets where the plan
+    takes int32."""
     if variant == "granule_flip" and layout != "split":
         pytest.skip("granule edges exist only in token-contiguous-V caches")
-    monkeypatch.setattr(itf, "_TILE_PAGES", True)
-    if variant in ("walk", "rest_groups"):
-        monkeypatch.setattr(itf, "_PAGE_WALK", True)
-        monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", True)
-    monkeypatch.setattr(itf, "_REST_GROUP", variant == "rest_groups")
-    if variant == "granule_flip":
-        monkeypatch.setattr(itf, "_GRANULE_EDGES", True)
-        monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0 if head_size <= 128 else 1 << 30)
-    if variant == "k_chunks":
-        monkeypatch.setattr(itf, "_K_CHUNKS_SPLIT", True)
-        monkeypatch.setattr(itf, "_K_CHUNKS_NHD", True)
-        monkeypatch.setattr(itf, "_K_CHUNKS_NHD_MAX_BLOCK_D", 1 << 30)
     seqs = [*random_seqs(4, 2500, 600), (0, 200), (2 * page + 3, 1), (page, 129)]
     case = make_case(
         seqs, num_heads=8, num_kv_heads=2, head_size=head_size, page=page, dtype=torch.bfloat16,
         device=DEVICE, layout=layout,
     )  # fmt: skip
-    c = compare(run_py(case), reference(case))
+    consts = None
+    if variant == "granule_flip":
+        consts = {"GRANULE": 8 if head_size <= 128 else 0}
+    elif variant == "wide":
+        consts = {"WIDE_OFFSETS": True}
+    out = run_py(case) if consts is None else run_cfg(case, None, consts)
+    c = compare(out, reference(case))
     assert c, c
 
 
@@ -235,17 +225,16 @@ def test_gpu_marker_consistency():
 
 @pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("scale", [0.09, -0.11])
-def test_scale_fold_both_forms(monkeypatch, fold, scale):
-    """Interior tiles fold a positive logit scale into the exp2 FMA; the unfolded form (the bench's
-    A/B switch, and any negative scale) gives the same answer."""
-    import prefix_prefill.interface as itf
-
-    monkeypatch.setattr(itf, "_FOLD_SCALE", fold)
+def test_scale_fold_both_forms(fold, scale):
+    """Interior tiles fold a positive logit scale into the exp2 FMA (``FOLD_SCALE``); the unfolded
+    form (what a negative scale takes) gives the same answer."""
+    if fold and scale < 0:
+        pytest.skip("a negative scale does not commute with the row max")
     seqs = [(70, 45), (33, 64), (0, 31)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=17, dtype=torch.float32, device=DEVICE
     )
-    out = run_cfg(case, KernelConfig(16, 16, 16, 1, 1), softmax_scale=scale)
+    out = run_cfg(case, KernelConfig(16, 16, 16, 1, 1), {"FOLD_SCALE": fold}, softmax_scale=scale)
     c = compare(out, reference(case, softmax_scale=scale))
     assert c, c
 
@@ -254,7 +243,7 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
     ("config", "page", "layout", "window", "kv_from_cache"),
     [
         (KernelConfig(16, 16, 16, 1, 1), 17, "split", (-1, -1), False),  # tiles straddle pages
-        (KernelConfig(16, 16, 16, 1, 1), 64, "nhd", (23, -1), False),  # page = 4 tiles (_WALK_ALIGNED)
+        (KernelConfig(16, 16, 16, 1, 1), 64, "nhd", (23, -1), False),  # page = 4 tiles
         (KernelConfig(16, 16, 16, 1, 1), 16, "nhd", (23, -1), True),  # tile == page; new K/V in the cache
         (KernelConfig(32, 16, 32, 1, 1), 48, "hnd", (-1, -1), True),  # non-pow2 page, k=None
         (KernelConfig(16, 32, 64, 1, 1), 544, "split", (40, -1), False),  # windowed edges
@@ -262,51 +251,18 @@ def test_scale_fold_both_forms(monkeypatch, fold, scale):
         (KernelConfig(16, 32, 32, 1, 1), 3, "nhd", (-1, -1), True),  # tile > page, pages cut tiles
     ],
 )
-@pytest.mark.parametrize(
-    "tile_pages,runtime_page,branch,bases,walk",
-    [(True, False, False, False, True), (True, False, False, False, "aligned"),
-     (True, False, False, False, "grouped"),
-     (True, False, False, False, False), (True, True, False, False, False),
-     (True, False, True, False, False), (True, False, False, True, False),
-     (True, False, False, True, "int32"), (True, False, False, True, "walk_int32"),
-     (False, False, False, False, False)],
-    ids=["per_tile_page_walk", "per_tile_page_walk_aligned_too", "per_tile_page_walk_rest_groups", "per_tile",
-         "per_tile_runtime_page",
-         "per_tile_straddle_branch", "per_tile_two_page_bases", "per_tile_two_page_bases_int32",
-         "per_tile_page_walk_int32", "per_token"],
-)  # fmt: skip
-def test_tile_page_addressing(
-    monkeypatch, config, page, layout, window, kv_from_cache, tile_pages, runtime_page, branch, bases, walk
-):
-    """Every cache-addressing path gives the reference answer: per tile with page walks (the default:
-    pages wider than the context tile and not a multiple of it are walked page by page, with masked
-    (page 17) and unmasked (48, 544) rest tiles; ``_WALK_ALIGNED`` also walks pages that are
-    multiples of the tile, page 64; ``_REST_GROUP`` gathers the rest tiles of several pages into
-    one tile: pages 48 and 544 against tiles of 32 and 64), per tile without them
-    (paged_kv_offsets.tile_blocks: shared table reads, ALIGNED context tiles, unmasked interior tiles),
-    per tile with the page size at runtime (``_RUNTIME_PAGE``), per tile with the one-page form for
-    tiles that do not straddle (``_STRADDLE_BRANCH``), per tile with the two-scalar-bases form
-    (``_TWO_PAGE_BASES``; both with int32 cache offsets too, ``_OFFSETS_32``) and per token
-    (``_TILE_PAGES=False``), the last ones kept for A/B runs:
-    sequences that end at every kind of page offset, block tables exactly as wide as needed, tiles
-    wider and narrower than a page."""
-    import prefix_prefill.interface as itf
-
-    monkeypatch.setattr(itf, "_TILE_PAGES", tile_pages)
-    monkeypatch.setattr(itf, "_RUNTIME_PAGE", runtime_page)
-    monkeypatch.setattr(itf, "_STRADDLE_BRANCH", branch)
-    monkeypatch.setattr(itf, "_TWO_PAGE_BASES", bases)
-    monkeypatch.setattr(itf, "_OFFSETS_32", walk in ("int32", "walk_int32"))
-    walk = {"int32": False, "walk_int32": True}.get(walk, walk)
-    monkeypatch.setattr(itf, "_PAGE_WALK", bool(walk))
-    monkeypatch.setattr(itf, "_WALK_ALIGNED", walk == "aligned")
-    monkeypatch.setattr(itf, "_REST_GROUP", walk == "grouped")
-    monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", bool(walk))  # walk the split layout's caches too
+@pytest.mark.parametrize("wide", [False, True], ids=["int32_offsets", "int64_offsets"])
+def test_tile_page_addressing(config, page, layout, window, kv_from_cache, wide):
+    """Every cache-addressing form gives the reference answer: tiles at multiples of the tile width
+    with shared block-table reads (paged_kv_offsets.tile_blocks), tiles that straddle two pages (the
+    two-scalar-bases form), tiles of whole pages narrower than the tile (one block id per page), with
+    int32 and int64 cache offsets: sequences that end at every kind of page offset, block tables
+    exactly as wide as needed, tiles wider and narrower than a page."""
     seqs = [(70, 45), (page + 1, 19), (0, 31), (2 * page - 1, 1), (3 * page, 17)]
     case = make_case(
         seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=torch.float32, device=DEVICE,
         layout=layout, kv_from_cache=kv_from_cache,
     )  # fmt: skip
-    out = run_cfg(case, config, window=window)
+    out = run_cfg(case, config, {"WIDE_OFFSETS": wide}, window=window)
     c = compare(out, reference(case, window=window))
     assert c, c

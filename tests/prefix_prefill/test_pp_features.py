@@ -11,6 +11,7 @@ from pp_cases import (
     FP8_E5M2,
     alibi_slopes,
     make_case,
+    problem_of,
     random_seqs,
     reference,
     run_cfg,
@@ -19,6 +20,7 @@ from pp_cases import (
 )
 
 from attn_reference import compare, gather_paged, negative_control
+from prefix_prefill import plan
 from prefix_prefill.configs import KernelConfig
 
 SEQS = [(37, 29), (0, 18), (50, 1), (9, 40)]
@@ -97,23 +99,17 @@ def _poison_slot(case, blk: int, slot: int) -> None:
 @pytest.mark.parametrize(
     ("config", "page", "layout"),
     [
-        (KernelConfig(16, 16, 16, 1, 1), 40, "split"),  # rest tile 8 of 16 lanes (masked rest)
-        (KernelConfig(16, 16, 32, 1, 1), 48, "nhd"),  # rest tile 16 of 16 (unmasked rest)
+        (KernelConfig(16, 16, 16, 1, 1), 40, "split"),  # tiles straddle pages
+        (KernelConfig(16, 16, 32, 1, 1), 48, "nhd"),
         (KernelConfig(16, 32, 64, 1, 1), 544, "hnd"),
-        (KernelConfig(16, 16, 64, 1, 1), 80, "split"),  # rest 16: 4 pages per rest group
+        (KernelConfig(16, 16, 64, 1, 1), 80, "split"),
     ],
 )
 @pytest.mark.parametrize("window", [(-1, -1), (30, -1)])
-@pytest.mark.parametrize("group", [False, True], ids=["rest_tiles", "rest_groups"])
-def test_page_walk_edge_tiles_discard_what_they_load(monkeypatch, config, page, layout, window, group):
-    """Page walks (masked edge tiles, masked and unmasked rest tiles) never use a cache slot that no
-    query may see: every such slot (past the context, where the new tokens' copies live, and before
-    the window) is NaN, and the output is still finite and exact. With ``_REST_GROUP`` the padding
-    lanes of a rest group repeat needed keys and must be discarded too."""
-    import prefix_prefill.interface as itf
-
-    monkeypatch.setattr(itf, "_REST_GROUP", group)
-    monkeypatch.setattr(itf, "_WALK_SLOT_CONTIG_V", True)  # walk the split layout's caches too
+def test_edge_tiles_discard_what_they_load(config, page, layout, window):
+    """Masked edge tiles (tiles that straddle pages, the context's last partial tile, the window's
+    first) never use a cache slot that no query may see: every such slot (past the context, where the
+    new tokens' copies live, and before the window) is NaN, and the output is still finite and exact."""
     seqs = [(page + 37, 29), (2 * page - 5, 3), (25, 40), (3 * page, 17)]
     case = _case(seqs=seqs, page=page, layout=layout, dtype=torch.float32, kv_from_cache=False)
     ref = reference(case, window=window)
@@ -144,13 +140,12 @@ def test_page_walk_edge_tiles_discard_what_they_load(monkeypatch, config, page, 
     ],
 )
 @pytest.mark.parametrize("window", [(-1, -1), (30, -1), (13, 5)])
-def test_granule_edges(monkeypatch, config, page, window):
-    """``_GRANULE_EDGES`` (vLLM's split layout, fp16: V runs of 8 tokens): masked context tiles attend to
-    whole 8-key granules with V masked per granule, narrow tiles to the keys of partial granules.
-    Contexts end at every offset modulo 8 and windows start at many; every cache slot no query may see
-    is NaN; the output must be finite and match the reference, and so must the form without it."""
-    import prefix_prefill.interface as itf
-
+def test_granule_edges(config, page, window):
+    """Granule edges (kernel ``GRANULE``; vLLM's split layout, fp16: V runs of 8 tokens; the plan takes
+    them at head buckets of 256): masked context tiles attend to whole 8-key granules with V masked per
+    granule, narrow tiles to the keys of partial granules. Contexts end at every offset modulo 8 and
+    windows start at many; every cache slot no query may see is NaN; the output must be finite and
+    match the reference, and so must the form without them."""
     seqs = [(13, 9), (16, 1), (21, 30), (40, 7), (47, 17), (page + 3, 12), (2 * page + 6, 5)]
     seqs += [(2 * page + 7, 40), (0, 11)]
     case = _case(seqs=seqs, page=page, layout="split", dtype=torch.float16, kv_from_cache=False)
@@ -164,57 +159,11 @@ def test_granule_edges(monkeypatch, config, page, window):
                 blk = int(case.block_table[b, col])
                 if 0 <= blk < case.k_cache.shape[0]:
                     _poison_slot(case, blk, pos % page)
-    monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0)  # every head size (shipped: 256 and up)
-    for granule in (True, False):
-        monkeypatch.setattr(itf, "_GRANULE_EDGES", granule)
-        out = run_cfg(case, config, window=window)
+    for granule in (8, 0):
+        out = run_cfg(case, config, {"GRANULE": granule}, window=window)
         assert torch.isfinite(out).all(), granule
         c = compare(out, ref)
         assert c, (granule, c)
-
-
-# ---------------------------------------------------------------------- chunked q.k dot (K_CHUNK)
-@pytest.mark.parametrize(
-    ("head_size", "chunk", "layout", "extra"),
-    [
-        (64, 32, "split", "granule"),  # 2 chunks, vLLM's layout, granule edges as shipped with chunks
-        (80, 32, "split", "fp8"),  # BLOCK_D 128: chunk 2 half padding, chunk 3 all padding (skipped)
-        (96, 16, "nhd", "alibi_window"),  # 6 of 8 chunks real, NHD, ALiBi + two-sided window
-        (64, 16, "hnd", "kv_from_cache"),  # 4 chunks, new tokens read back from the cache
-        (128, 32, "split", "sinks_noncausal"),
-    ],
-)
-def test_k_chunks(monkeypatch, head_size, chunk, layout, extra):
-    """The q.k dot in feature chunks (``interface._K_CHUNKS_SPLIT`` / ``_K_CHUNKS_NHD``, kernel
-    ``_qk``): query and key tiles split into ``BLOCK_D // K_CHUNK`` chunks whose dots accumulate into
-    one logit tile; chunks wholly past the head size are skipped, a partly padded one is masked.
-    Checked against the reference, and against the unchunked kernel on the same inputs."""
-    import prefix_prefill.interface as itf
-
-    kw_case: dict = {"head_size": head_size, "layout": layout, "page": 24}
-    kw: dict = {}
-    if extra == "fp8":
-        kw_case.update(cache_dtype=FP8_E4M3, k_scale=0.7, v_scale=1.3)
-    if extra == "kv_from_cache":
-        kw_case["kv_from_cache"] = True
-    case = _case(**kw_case)
-    if extra == "alibi_window":
-        kw = {"alibi_slopes": alibi_slopes(4, DEVICE), "window": (9, 4), "causal": False}
-    if extra == "sinks_noncausal":
-        kw = {"sinks": torch.randn(4, device=DEVICE), "causal": False}
-    monkeypatch.setattr(itf, "_K_CHUNK", chunk)
-    monkeypatch.setattr(itf, "_GRANULE_EDGES", extra == "granule")
-    ref = reference(case, **kw)
-    outs = {}
-    for on in (True, False):
-        monkeypatch.setattr(itf, "_K_CHUNKS_SPLIT", on)
-        monkeypatch.setattr(itf, "_K_CHUNKS_NHD", on)
-        monkeypatch.setattr(itf, "_K_CHUNKS_NHD_MAX_BLOCK_D", 1 << 30)
-        outs[on] = run_py(case, **kw)
-        c = compare(outs[on], ref)
-        assert c, (on, c)
-    # same arithmetic up to the summation order of the dot
-    assert (outs[True].float() - outs[False].float()).abs().max() < 2e-2
 
 
 # ------------------------------------------------------------------------------- ALiBi, sinks
@@ -291,28 +240,22 @@ def test_fp8_output():
 
 
 # ------------------------------------------------------------------------ k=None, short, empty
-@pytest.mark.parametrize("one_segment", [False, True])
 @pytest.mark.parametrize(("layout", "dtype"), [("split", torch.float16), ("hnd", torch.float32)])
-def test_kv_from_cache(monkeypatch, layout, dtype, one_segment):
-    import prefix_prefill.interface as itf
-
-    monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", one_segment)
+def test_kv_from_cache(layout, dtype):
     case = _case(kv_from_cache=True, layout=layout, dtype=dtype, page=17)
     kw = {"window": (25, -1)} if layout == "hnd" else {}
     c = compare(run_py(case, **kw), reference(case, **kw))
     assert c, c
 
 
-def _both_forms(monkeypatch, switch: str, case, config, ref, **kw) -> None:
-    """``run_cfg`` with the ``prefix_prefill.interface`` switch on, then off: finite and close to ``ref``."""
-    import prefix_prefill.interface as itf
-
+def _both_forms(name: str, case, config, ref, **kw) -> None:
+    """``run_cfg`` with the Triton kernel's constexpr ``name`` True, then False (both forms of a choice
+    the plan makes per problem): finite and close to ``ref``."""
     for on in (True, False):
-        monkeypatch.setattr(itf, switch, on)
-        out = run_cfg(case, config, **kw)
-        assert torch.isfinite(out).all(), (switch, on)
+        out = run_cfg(case, config, {name: on}, **kw)
+        assert torch.isfinite(out).all(), (name, on)
         c = compare(out, ref)
-        assert c, (switch, on, c)
+        assert c, (name, on, c)
 
 
 @pytest.mark.parametrize(
@@ -324,13 +267,13 @@ def _both_forms(monkeypatch, switch: str, case, config, ref, **kw) -> None:
         (KernelConfig(32, 16, 32, 1, 1), 1, "hnd", False, {}),
     ],
 )
-def test_page_vector(monkeypatch, config, page, layout, kv_from_cache, kw):
-    """``_PAGE_VECTOR``: unmasked context tiles of whole pages narrower than the tile read one block
-    id per page (paged_kv_offsets.tile_blocks ``PAGE_VECTOR``). Contexts of many tiles, k given or
-    read back from the cache; must match the reference and the per-lane form."""
+def test_whole_page_tiles(config, page, layout, kv_from_cache, kw):
+    """Unmasked context tiles of whole pages narrower than the tile read one block id per page
+    (paged_kv_offsets.tile_blocks). Contexts of many tiles, k given or read back from the cache."""
     seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1)]
     case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=kv_from_cache)
-    _both_forms(monkeypatch, "_PAGE_VECTOR", case, config, reference(case, **kw), **kw)
+    c = compare(run_cfg(case, config, **kw), reference(case, **kw))
+    assert c, c
 
 
 @pytest.mark.parametrize(
@@ -343,14 +286,14 @@ def test_page_vector(monkeypatch, config, page, layout, kv_from_cache, kw):
         (KernelConfig(16, 16, 16, 1, 1), 32, "split", True, {}),  # one page per tile, one segment
     ],
 )
-def test_prefetch_ids(monkeypatch, config, page, layout, kv_from_cache, kw):
-    """``_PREFETCH_IDS``: interior context tiles read the next tile's block ids one iteration ahead
+def test_prefetch_ids(config, page, layout, kv_from_cache, kw):
+    """``PREFETCH_IDS``: interior context tiles read the next tile's block ids one iteration ahead
     (paged_kv_offsets.tile_blocks ``IDS``, carried by the loop). Contexts of many tiles in every
     addressing form (one id per page, per lane, one or two pages per tile), k given or read back
     from the cache, sequences with no context; must match the reference and the form without."""
     seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1), (64, 64)]
     case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=kv_from_cache)
-    _both_forms(monkeypatch, "_PREFETCH_IDS", case, config, reference(case, **kw), **kw)
+    _both_forms("PREFETCH_IDS", case, config, reference(case, **kw), **kw)
 
 
 @pytest.mark.parametrize(
@@ -364,12 +307,11 @@ def test_prefetch_ids(monkeypatch, config, page, layout, kv_from_cache, kw):
         (KernelConfig(16, 16, 16, 1, 1), 16, "split", False, None, {}),  # split: never the same strides
     ],
 )
-def test_kv_same_strides(monkeypatch, config, page, layout, kv_from_cache, v_pad, kw):
-    """``_KV_SAME_STRIDES``: with the V cache's block and slot strides equal to the K cache's, one set
-    of per-lane cache offsets serves both. ``v_pad``: the V cache is a view of a padded tensor, so its
-    slot (or block) stride differs from K's and the launcher must keep two sets (the form with one set
-    would read V rows at K's strides: wrong rows, which the reference comparison catches). Must match
-    the reference and the form without."""
+def test_kv_strides_differ(config, page, layout, kv_from_cache, v_pad, kw):
+    """K and V caches with the same strides, and (``v_pad``) a V cache that is a view of a padded tensor,
+    so its slot (or block) stride differs from K's: the kernel addresses each cache with its own
+    strides (one shared set would read V rows at K's strides: wrong rows, which the comparison
+    catches)."""
     seqs = [(5 * 64 + 3, 20), (128, 33), (0, 9), (200, 1)]
     case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=kv_from_cache)
     if v_pad is not None:
@@ -384,7 +326,8 @@ def test_kv_same_strides(monkeypatch, config, page, layout, kv_from_cache, v_pad
             big[:, :, : v.shape[2]] = v
             case.v_cache = big[:, :, : v.shape[2]]
         assert case.v_cache.stride() != case.k_cache.stride() and torch.equal(case.v_cache, v)
-    _both_forms(monkeypatch, "_KV_SAME_STRIDES", case, config, reference(case, **kw), **kw)
+    c = compare(run_cfg(case, config, **kw), reference(case, **kw))
+    assert c, c
 
 
 @pytest.mark.parametrize(
@@ -396,12 +339,10 @@ def test_kv_same_strides(monkeypatch, config, page, layout, kv_from_cache, v_pad
         (KernelConfig(32, 16, 16, 1, 1), 17, "hnd", {"window": (0, -1)}),
     ],
 )
-def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
-    """k=None with ``_ONE_SEGMENT_FROM_CACHE``: keys [0, seq_len) as one cached segment (kernel
-    ``ONE_SEGMENT``), tiles at multiples of the context tile across the context/new-token boundary;
-    every slot past each sequence's end is NaN. Must match the reference and the two-segment form."""
-    import prefix_prefill.interface as itf
-
+def test_one_segment_from_cache(config, page, layout, kw):
+    """k=None: keys [0, seq_len) as one cached segment (kernel ``KV_FROM_CACHE``), tiles at multiples
+    of the context tile across the context/new-token boundary; every slot past each sequence's end is
+    NaN. Must match the reference, with and without granule edges."""
     seqs = [(13, 9), (0, 21), (page - 1, 2), (page, 17), (2 * page + 5, 30), (3 * page + 1, 1)]
     case = _case(seqs=seqs, page=page, layout=layout, kv_from_cache=True)
     ref = reference(case, **kw)
@@ -410,8 +351,10 @@ def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
         for pos in range(ctx + new, -(-(ctx + new) // page) * page):  # the last page's unused slots
             blk = int(case.block_table[b, pos // page])
             _poison_slot(case, blk, pos % page)
-    monkeypatch.setattr(itf, "_GRANULE_EDGES_MIN_BLOCK_D", 0)
-    _both_forms(monkeypatch, "_ONE_SEGMENT_FROM_CACHE", case, config, ref, **kw)
+    for granule in (0, 8) if layout == "split" else (0,):
+        out = run_cfg(case, config, {"GRANULE": granule}, **kw)
+        c = compare(out, ref)
+        assert c, (granule, c)
 
 
 @pytest.mark.parametrize(
@@ -424,79 +367,40 @@ def test_one_segment_from_cache(monkeypatch, config, page, layout, kw):
         (KernelConfig(16, 32, 32, 1, 1), 8, "nhd", torch.float16, {"causal": False}),  # tiles over pages
     ],
 )
-@pytest.mark.parametrize("switch", ["_MERGE_NEW_TOKENS", "_MERGE_MASKED_TILES"])
-def test_merge_new_tokens(monkeypatch, config, page, layout, dtype, kw, switch):
-    """k/v given with ``_MERGE_NEW_TOKENS``: the context and the new tokens in one masked and one
-    interior loop (kernel ``MERGE_NEW``); with ``_MERGE_MASKED_TILES`` in one masked loop and each
-    segment's own interior loop. Every cache slot past each context's end is NaN (the new
-    tokens must come from k/v, not from the cache) and the table is only as wide as the contexts
-    need (its padding entries are out-of-range block ids). Must match the reference and the
-    two-pair-of-loops form, and must really take the merged path."""
-    import prefix_prefill.interface as itf
-
+def test_merge_new_tokens(config, page, layout, dtype, kw):
+    """k/v given with ``MERGE_NEW``: the masked tiles of the context and of the new tokens in one loop,
+    each segment's interior tiles in its own. Every cache slot past each context's end is NaN (the new
+    tokens must come from k/v, not from the cache) and the table is only as wide as the contexts need
+    (its padding entries are out-of-range block ids). Must match the reference and the form with two
+    pairs of loops, and the plan must really take the merged path for these caches."""
     seqs = [(13, 9), (0, 21), (page - 1, 2), (page, 17), (2 * page + 5, 30), (3 * page + 1, 1), (0, 1)]
     case = _case(seqs=seqs, page=page, layout=layout, dtype=dtype)
+    assert plan.triton_plan(problem_of(case), config).consts()["MERGE_NEW"]
     ref = reference(case, **kw)
     case.k_cache, case.v_cache = case.k_cache.clone(), case.v_cache.clone()
     for b, (ctx, _new) in enumerate(seqs):
         for pos in range(ctx, -(-ctx // page) * page):  # the last context page's other slots
             _poison_slot(case, int(case.block_table[b, pos // page]), pos % page)
-    other = "_MERGE_MASKED_TILES" if switch == "_MERGE_NEW_TOKENS" else "_MERGE_NEW_TOKENS"
-    monkeypatch.setattr(itf, other, False)  # off: the switch alone decides between the forms
-    taken = []
-    decide = itf._merge_new_tokens
-    monkeypatch.setattr(itf, "_merge_new_tokens", lambda *a: taken.append(decide(*a)) or taken[-1])
     sinks = torch.randn(case.q.shape[1], device=DEVICE)
-    _both_forms(monkeypatch, switch, case, config, ref, **kw)
+    _both_forms("MERGE_NEW", case, config, ref, **kw)
     # sinks: a different running max from the start
-    _both_forms(monkeypatch, switch, case, config, reference(case, sinks=sinks, **kw), sinks=sinks, **kw)
-    assert taken == [True, False, True, False]
+    _both_forms("MERGE_NEW", case, config, reference(case, sinks=sinks, **kw), sinks=sinks, **kw)
 
 
-def test_merge_new_tokens_refused(monkeypatch):
+def test_merge_new_tokens_refused():
     """Caches whose tiles do not load like the new rows keep two pairs of loops: vLLM's split layout
-    (x groups, token-contiguous V), HND (another token stride), new rows of another dtype, two tile
-    widths, k=None."""
-    import prefix_prefill.interface as itf
-    from paged_kv_offsets import describe_kv_cache
+    (x groups, token-contiguous V), HND (another token stride), two tile widths, k=None, fp8 caches."""
 
-    monkeypatch.setattr(itf, "_MERGE_NEW_TOKENS", True)
-
-    def decide(case, cfg=None, k=True):
+    def decide(case, cfg=None):
         cfg = cfg or KernelConfig(16, 16, 16, 1, 1)
-        kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
-        kk, vv = (case.k, case.v) if k else (None, None)
-        return itf._merge_new_tokens(kk, vv, case.k_cache, case.v_cache, kc, vc, cfg, 64, False, False, 0)
+        return plan.triton_plan(problem_of(case), cfg).consts()["MERGE_NEW"]
 
     assert decide(_case(layout="nhd"))
     assert not decide(_case(layout="hnd"))  # token stride D in the cache, heads * D in k/v
     assert not decide(_case(layout="split"))
     assert not decide(_case(layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
-    assert not decide(_case(layout="nhd"), k=False)
-    case = _case(layout="nhd")
-    case.k = case.k.float()
-    assert not decide(case)
-
-
-@pytest.mark.parametrize("lazy", [1, 8])
-@pytest.mark.parametrize(
-    ("layout", "kw"), [("split", {}), ("nhd", {"window": (40, -1)}), ("nhd", {"causal": False})]
-)
-def test_lazy_rescale(monkeypatch, lazy, layout, kw):
-    """Interior tiles with lazy rescaling (``_LAZY_RESCALE``): cached keys and new keys scaled so the
-    logits jump by far more than the threshold along the sequence (the rescale branch runs) and
-    drop (it does not), with sinks; context and new-token interior tiles both take it."""
-    import prefix_prefill.interface as itf
-
-    monkeypatch.setattr(itf, "_LAZY_RESCALE", lazy)
-    seqs = [(70, 40), (0, 48), (33, 65)]
-    case = _case(seqs=seqs, page=16, layout=layout)
-    case.q = case.q * 3  # larger logits: the max moves by several log2 units per tile
-    case.k = case.k * torch.linspace(0.2, 3.0, case.k.shape[0], device=DEVICE)[:, None, None].to(case.k.dtype)
-    sinks = torch.randn(case.q.shape[1], device=DEVICE)
-    got = run_cfg(case, KernelConfig(16, 16, 16, 1, 1), sinks=sinks, **kw)
-    c = compare(got, reference(case, sinks=sinks, **kw))
-    assert c, (lazy, layout, kw, c)
+    assert not decide(_case(layout="nhd", kv_from_cache=True))
+    assert not decide(_case(layout="nhd", cache_dtype=FP8_E4M3, k_scale=0.5, v_scale=0.5))
 
 
 def test_kv_from_cache_vllm():
@@ -611,21 +515,15 @@ def test_gpu_fp8(cache_dtype, dtype, page):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    "kv_from_cache", [False, True, "one_segment", "merge", "merge_masked", "merge_nhd_split_loops"]
-)
+@pytest.mark.parametrize("kv_from_cache", [False, True, "merge", "no_merge"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
-    """Windows, ALiBi and sinks at page 1056 with k/v given, read back from the cache (k=None), read
-    back as one cached segment (``_ONE_SEGMENT_FROM_CACHE``), or given with an NHD cache, the context
-    and new tokens in one pair of loops (``_MERGE_NEW_TOKENS``) or in two."""
-    import prefix_prefill.interface as itf
-
-    monkeypatch.setattr(itf, "_ONE_SEGMENT_FROM_CACHE", kv_from_cache == "one_segment")
-    monkeypatch.setattr(itf, "_MERGE_NEW_TOKENS", kv_from_cache == "merge")
-    monkeypatch.setattr(itf, "_MERGE_MASKED_TILES", kv_from_cache == "merge_masked")
-    layout = "nhd" if str(kv_from_cache).startswith("merge") else "split"
-    kv_from_cache = kv_from_cache in (True, "one_segment")
+def test_gpu_features(dtype, kv_from_cache, causal):
+    """Windows, ALiBi and sinks at page 1056 with k/v given, read back from the cache (k=None), or given
+    with an NHD cache, the masked tiles of the context and new tokens in one loop (``MERGE_NEW``, what
+    the plan takes there) or in two."""
+    consts = {"no_merge": {"MERGE_NEW": False}}.get(kv_from_cache)
+    layout = "nhd" if kv_from_cache in ("merge", "no_merge") else "split"
+    kv_from_cache = kv_from_cache is True
     seqs = [*random_seqs(6, 3000, 900), (0, 1), (5000, 1)]
     case = make_case(
         seqs,
@@ -641,15 +539,20 @@ def test_gpu_features(monkeypatch, dtype, kv_from_cache, causal):
     slopes = alibi_slopes(16, DEVICE)
     sinks = torch.randn(16, device=DEVICE)
     for kw in ({}, {"window": (511, -1)}, {"alibi_slopes": slopes, "sinks": sinks, "window": (100, -1)}):
-        c = compare(run_py(case, causal=causal, **kw), reference(case, causal=causal, **kw))
+        out = (
+            run_py(case, causal=causal, **kw)
+            if consts is None
+            else run_cfg(case, None, consts, causal=causal, **kw)
+        )
+        c = compare(out, reference(case, causal=causal, **kw))
         assert c, (kw.keys(), c)
 
 
 def test_launch_forwards_ptxas_options(monkeypatch):
-    """The launcher asks ``prefill_runtime.ptxas_launch_options`` with ``_PTXAS_REGISTER_USAGE_LEVEL`` on
-    the architectures of ``_PTXAS_REGISTER_USAGE_ARCHS`` (0 elsewhere) and the query's device, and passes
-    what it answers to the kernel launch untouched (the launch itself is recorded here, not run)."""
-    import prefix_prefill.interface as itf
+    """The launcher asks ``prefill_runtime.ptxas_launch_options`` with the plan's register usage level
+    (``plan.PTXAS_REGISTER_USAGE_LEVEL`` on its architectures, 0 elsewhere) and the query's device, and
+    passes what it answers to the kernel launch untouched (the launch itself is recorded here)."""
+    from prefix_prefill import launch
     from prefix_prefill.configs import detect_arch
 
     asked, launched = [], []
@@ -662,16 +565,18 @@ def test_launch_forwards_ptxas_options(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.append(kwargs)
 
-    monkeypatch.setattr(itf, "ptxas_launch_options", fake_options)
-    monkeypatch.setattr(itf, "_fwd_kernel", FakeKernel())
-    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_LEVEL", 7)
+    monkeypatch.setattr(launch, "ptxas_launch_options", fake_options)
+    monkeypatch.setattr(launch, "_fwd_kernel", FakeKernel())
     case = make_case(
         [(40, 9)], num_heads=4, num_kv_heads=2, head_size=32, page=16, dtype=torch.float16, device=DEVICE
     )
-    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_ARCHS", (detect_arch(case.q.device),))
+    monkeypatch.setitem(plan.PTXAS_REGISTER_USAGE_LEVEL, detect_arch(case.q.device), 7)
+    plan.plan.cache_clear()
     run_py(case)
-    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_ARCHS", ())
+    monkeypatch.delitem(plan.PTXAS_REGISTER_USAGE_LEVEL, detect_arch(case.q.device))
+    plan.plan.cache_clear()
     run_py(case)
+    plan.plan.cache_clear()
     assert asked == [(7, case.q.device), (0, case.q.device)]
     assert [kw["ptx_options"] for kw in launched] == ["--register-usage-level=7", "--register-usage-level=0"]
 
@@ -679,14 +584,12 @@ def test_launch_forwards_ptxas_options(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [16, 512, 1056])
 @pytest.mark.parametrize("kv_from_cache", [False, True])
-def test_gpu_ptxas_register_usage_level(monkeypatch, page, kv_from_cache):
-    """``_PTXAS_REGISTER_USAGE_LEVEL`` (ptxas ``--register-usage-level``, the same kernel source) keeps
-    the answers, NHD cache, k given or read back; the kernel it compiled carries the flag when this
-    Triton and ptxas take it."""
-    import prefix_prefill.interface as itf
+def test_gpu_ptxas_register_usage_level(page, kv_from_cache):
+    """The plan's ptxas ``--register-usage-level`` (the same kernel source) keeps the answers, NHD cache,
+    k given or read back; the kernel it compiled carries the flag when this Triton and ptxas take it."""
     from prefill_runtime import ptxas_launch_options
+    from prefix_prefill import launch
 
-    monkeypatch.setattr(itf, "_PTXAS_REGISTER_USAGE_LEVEL", 3)
     case = make_case(
         [*random_seqs(5, 2500, 700), (0, 1), (3000, 1)],
         num_heads=16,
@@ -702,7 +605,7 @@ def test_gpu_ptxas_register_usage_level(monkeypatch, page, kv_from_cache):
         c = compare(run_py(case, **kw), reference(case, **kw))
         assert c, (kw, c)
     if ptxas_launch_options(3, torch.device(DEVICE)):
-        compiled = [k for cache in itf._fwd_kernel.device_caches.values() for k in cache[0].values()]
+        compiled = [k for cache in launch._fwd_kernel.device_caches.values() for k in cache[0].values()]
         assert any("--register-usage-level=3" in (k.metadata.ptx_options or "") for k in compiled)
 
 

@@ -40,7 +40,7 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
                    READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0,
                    EMPTY_COUNT: gl.constexpr = 2, K_LAYOUT: gl.constexpr = None,
-                   V_STAGES: gl.constexpr = 0):  # fmt: skip
+                   V_STAGES: gl.constexpr = 0, V_LAYOUT: gl.constexpr = None):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
     block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
@@ -53,7 +53,8 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     (keys along the rows' contiguous axis) in ``V_desc``'s layout;
     ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
     with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same); ``V_STAGES``:
-    the V ring's slots (and barriers), when they differ from ``NUM_STAGES`` (0: the same). Returns
+    the V ring's slots (and barriers), when they differ from ``NUM_STAGES`` (0: the same); ``V_LAYOUT``:
+    the V ring's layout when it is not ``V_desc``'s (None: ``V_desc.layout``). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
@@ -63,10 +64,11 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
     else:
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N * HEAD_DIM // 64, 64], K_LAYOUT)
+    V_RING: gl.constexpr = V_desc.layout if V_LAYOUT is None else V_LAYOUT
     if V_T:
-        v_smem = gl.allocate_shared_memory(dtype, [VS, HEAD_DIM, BLOCK_N], V_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [VS, HEAD_DIM, BLOCK_N], V_RING)
     else:
-        v_smem = gl.allocate_shared_memory(dtype, [VS, BLOCK_N, HEAD_DIM], V_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [VS, BLOCK_N, HEAD_DIM], V_RING)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -230,6 +232,32 @@ def _v_operand(v_smem, slot, V_T: gl.constexpr):
 
 
 @gluon.jit
+def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, rows, n0, lo, hi, WG: gl.constexpr,
+             HALF_N: gl.constexpr, V_T: gl.constexpr, WARPGROUPS: gl.constexpr,
+             V_ROWS: gl.constexpr):  # fmt: skip
+    """Issue ``acc += P @ V`` of ring slot ``slot`` (asynchronously) after zeroing its V rows outside
+    ``[lo, hi)`` when the block sticks ``out`` of its segment; ``rows`` (with ``V_ROWS``): the slot holds
+    ``[BLOCK_N, D]`` key rows in that layout rather than ``V_T``'s ``[D, BLOCK_N]``. Returns ``(n_fix,
+    acc)``."""
+    if V_ROWS is not None:
+        if rows:
+            v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2], v_smem.shape[1]],
+                                         V_ROWS).index(slot)  # fmt: skip
+            if out:
+                n_fix = zero_v_rows(v_rows, fix_bar, n_fix, n0, lo, hi, WG, HALF_N, False, WARPGROUPS)
+            pv = warpgroup_mma(b_p, v_rows, acc, is_async=True)  # [BM / 2, D] += P V
+        else:
+            if out:
+                n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, WARPGROUPS)
+            pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)
+    else:
+        if out:
+            n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, WARPGROUPS)
+        pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
+    return n_fix, pv
+
+
+@gluon.jit
 def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
                     b_full_lo, b_full_hi, BLOCK_N: gl.constexpr):  # fmt: skip
     """(n0, lo, hi, shift, masked, sticks_out) of block ``j`` (see the module docstring)."""
@@ -254,7 +282,7 @@ def consumer(
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
-    K_COLS: gl.constexpr = 64,
+    K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -270,7 +298,9 @@ def consumer(
     through this ``[BLOCK_N, K_COLS]`` layout (see :func:`_scores_by_parts`; ``K_COLS == HEAD_DIM``: all
     features in one view). ``V_STAGES``: the V ring's
     slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`).
-    ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there)."""
+    ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there). ``V_ROWS``
+    (with ``V_T``): the V slots of segment B's blocks hold ``[BLOCK_N, D]`` key rows in this layout
+    instead (the slot's memory reinterpreted; the new tokens' V as stored, no transposed copy)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -314,7 +344,9 @@ def consumer(
         BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
     )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
-    p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its V rows
+    # the previous block's, for its V rows (p_rows: it is a block of segment B, with V_ROWS)
+    p_n0, p_lo, p_hi, p_out = n0, lo, hi, out
+    p_rows = n_a == 0 if V_ROWS is not None else False
     n_fix = 0
     for j in range(1, n_blocks):
         slot = j % NUM_STAGES
@@ -335,10 +367,8 @@ def consumer(
         _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
         if CP_FILL:
             fence_async_shared()
-        if p_out:
-            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
-                                BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
-        acc = warpgroup_mma(b_p, _v_operand(v_smem, pslot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
+        n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi, WG,
+                              BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
         b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
         _release(k_empty.index(slot), WARPGROUPS)
         n0, lo, hi, shift, masked, out = _block_geometry(
@@ -354,6 +384,7 @@ def consumer(
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
         b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
         p_n0, p_lo, p_hi, p_out = n0, lo, hi, out
+        p_rows = j >= n_a if V_ROWS is not None else False
 
     # ---- the last block's P @ V ----
     last = n_blocks - 1
@@ -361,10 +392,8 @@ def consumer(
     _wait_ready(v_ready.index(lslot), (last // VS) & 1, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
-    if p_out:
-        n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
-                            BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
-    acc = warpgroup_mma(b_p, _v_operand(v_smem, lslot, V_T), acc, is_async=True)
+    n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi, WG,
+                          BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
     acc = warpgroup_mma_wait(0, deps=[acc])
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----

@@ -71,13 +71,15 @@ def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr = 64,
+    V_ROWS: gl.constexpr = None,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
     ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
     qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``FREE_WAITS``, ``K_COLS``: see the consumer."""
+    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``FREE_WAITS``, ``K_COLS``, ``V_ROWS``: see the
+    consumer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
         tile
@@ -86,7 +88,7 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
         z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, FREE_WAITS, K_COLS,
+        SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, FREE_WAITS, K_COLS, V_ROWS,
     )  # fmt: skip
 
 
@@ -280,7 +282,8 @@ def _split_producer(
     ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
     ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
     q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
-    kv_head, n_a, a_end, n_blocks)``."""
+    kv_head, n_a, a_end, n_blocks)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``, block
+    ``[BLOCK_N, D]`` (V: into the slot seen in its layout)."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
      c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
@@ -303,11 +306,12 @@ def _split_producer(
         else:
             mbarrier.expect(bar, kv_bytes)
             mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
-            tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' row (K) / column (V) in N_desc
+            tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
             if KV == 0:
                 tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
-            else:
-                tma.async_copy_global_to_shared(N_desc, [kv_head * HEAD_DIM, tok], bar, buf)
+            else:  # V as key rows: the slot seen in N_desc's layout
+                rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
 
 
 @gluon.jit
@@ -319,8 +323,9 @@ def _split_v_tma_producer(
     16`` column blocks ``[D, 16]``, each one box: a context run of 16 keys (inside one page: pages are
     multiples of 16) from ``C_desc``, the V cache seen as ``[num_blocks * kv_heads * D, page_size]``
     (row ``(block * kv_heads + kv_head) * D``; runs at or past ``a_end`` from row ``-D``, outside the
-    view: zeros, no block-table read), or 16 new tokens from ``N_desc`` (the transposed ``v``) at column
-    ``n_tok0 + ...``. One expect-tx arrival per slot."""
+    view: zeros, no block-table read). A new-token block is one box ``[BLOCK_N, D]`` of ``N_desc`` (the new
+    tokens' rows, from row ``n_tok0 + ...``) into the slot seen in ``N_desc``'s layout. One expect-tx
+    arrival per slot."""
     NB: gl.constexpr = BLOCK_N // 16
     for j in range(n_blocks):
         slot = j % NUM_STAGES
@@ -338,10 +343,9 @@ def _split_v_tma_producer(
                 tma.async_copy_global_to_shared(C_desc, [row, pos - page * page_size], bar,
                                                 buf.slice(i * 16, 16, dim=1))  # fmt: skip
         else:
+            rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            for i in gl.static_range(NB):
-                tma.async_copy_global_to_shared(N_desc, [kv_head * HEAD_DIM, tok + i * 16], bar,
-                                                buf.slice(i * 16, 16, dim=1))  # fmt: skip
+            tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
 
 
 @gluon.jit
@@ -412,8 +416,9 @@ def _split_k_tma_producer(
     ``R_desc`` (the same view) per run (:func:`_k_run_boxes`). Runs at or past ``a_end`` come from row
     -8 (outside the view: zeros, no block-table read); the keys of a run that straddles ``a_end`` are
     stale slots of its page, which the consumers' mask never lets through (``where``, not a product:
-    NaN-safe). New tokens: boxes ``[8, 64]`` from ``N_desc``, the host's copy of ``k`` as ``[kv_heads *
-    D/8, columns * 8]``, the sequence from column ``n_tok0``. One expect-tx per slot. ``CM``: a
+    NaN-safe). New tokens: boxes ``[8, 8, 8]`` (8 feature groups of 8 keys of 8 features: one chunk) from
+    ``N_desc``, ``k`` seen as ``[kv_heads * D/8, tokens, 8]`` (strides ``[8, token stride, 1]``), the
+    sequence from row ``n_tok0``; rows past ``k``'s end read zeros. One expect-tx per slot. ``CM``: a
     chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature groups (``[8 keys, 8
     features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a one-page block is one
     box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``, ``R_desc`` with those
@@ -425,12 +430,13 @@ def _split_k_tma_producer(
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 64], R_desc.layout)
     else:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
+    # every chunk of the ring as [8 groups, 8 keys, 8 features] (a new-token box)
+    chunks = smem._reinterpret(smem.dtype, [NUM_STAGES * NC * NP, 8, 8, 8], N_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
-        rows = smem.index(slot)  # [BLOCK_N * D / 64, 64]: (part p, chunk c) = rows [(p * NC + c) * 8, +8)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
             if K_WIDE == 1:
@@ -448,13 +454,11 @@ def _split_k_tma_producer(
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
             for c in gl.static_range(NC):
-                for p in gl.static_range(HEAD_DIM // 64):
-                    if CM:  # (chunk c, part p) = rows [(c * NP + p) * 8, +8)
-                        dst_rows = rows.slice((c * NP + p) * 8, 8)
-                    else:
-                        dst_rows = rows.slice((p * NC + c) * 8, 8)
-                    tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, (tok + c * 8) * 8], bar,
-                                                    dst_rows)  # fmt: skip
+                for p in gl.static_range(NP):
+                    # (chunk c, part p) of the slot: chunk-major c * NP + p, part-major p * NC + c
+                    idx = slot * (NC * NP) + (c * NP + p if CM else p * NC + c)
+                    tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, tok + c * 8, 0], bar,
+                                                    chunks.index(idx))  # fmt: skip
 
 
 @gluon.jit
@@ -495,19 +499,20 @@ def _split_v_partition(
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
                               "vc_block", "vc_head", "vc_dim"])  # fmt: skip
 def _gluon_split_kernel(
-    Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, VCol0, SeqLens, qk_scale, group_size,
+    Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
     stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
     K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
-    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
+    V_RING: gl.constexpr, KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
-    ``K_desc``: new tokens' K ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]``; ``V_desc``: their V
-    transposed, ``[kv_heads * D, columns]``, block ``[D, BLOCK_N]``, sequence ``s`` from column
-    ``VCol0[s]`` (a multiple of 64: a TMA box whose inner start is not 16-byte aligned faults), with
-    ``KV_FROM_CACHE`` both only give the rings' layouts. ``kc_*``/``vc_*``: element strides of the
+    ``K_desc``: the new tokens' K, ``[tokens, kv_heads * D]`` with block ``[BLOCK_N, D]`` (K gathered: the
+    K ring's layout too), or with ``K_TMA`` ``[kv_heads * D/8, tokens, 8]`` with block ``[8, 8, 8]``;
+    ``V_desc``: their V ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]`` (the layout segment B's V
+    slots are read in); with ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
+    (``[D, BLOCK_N]`` slots). ``kc_*``/``vc_*``: element strides of the
     caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
     and base is 16-byte aligned. The gathering producers are two warps of 32 registers each (the two
     share one warpgroup's register budget); a TMA producer is one warp (its boxes need no partition
@@ -517,10 +522,10 @@ def _gluon_split_kernel(
     ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``LLVM_O0``, ``FREE_WAITS``: as in
     :func:`_gluon_fwd_kernel`.
     ``K_TMA``: K by TMA boxes (:func:`_split_k_tma_producer`) into a K ring of 64-wide rows (``K_cache``'s
-    layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` and ``K_desc`` are then descriptors
-    (block ``[8, 64]``, no swizzle) over the K cache and over the host's copy of ``k`` (sequence ``s``
-    from column ``VCol0[s]``); ``K_WIDE``: 1 blocks inside one page by ``D/64`` boxes of ``KW_desc``, the
-    others by 16-key runs of ``KR_desc``; 2 (pages shorter than a block) every block by runs. ``K_CM``
+    layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` is then a descriptor (block ``[8,
+    64]``, no swizzle) over the K cache; ``K_WIDE``: 1 blocks inside one page by ``D/64`` boxes of
+    ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter than a block) every block by
+    runs. ``K_CM``
     (with ``K_TMA``): the K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view
     (``CM`` there); its PTX must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the
     package's compile hook does it)."""
@@ -533,6 +538,7 @@ def _gluon_split_kernel(
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
+    V_ROWS: gl.constexpr = V_desc.layout  # segment B's V slots: the new tokens' rows
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -541,15 +547,9 @@ def _gluon_split_kernel(
     )
     kv_head = head // group_size
     HALF_M: gl.constexpr = BLOCK_M // 2
-    if KV_FROM_CACHE:
-        v_tok0 = q_tok0
-    else:
-        v_tok0 = gl.load(VCol0 + seq).to(gl.int32)
     if K_TMA:
-        k_tok0 = v_tok0  # the host's copy of k has v's column layout
-        K_ROWS: gl.constexpr = K_desc.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
+        K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
     else:
-        k_tok0 = q_tok0
         K_ROWS: gl.constexpr = None
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
@@ -565,16 +565,18 @@ def _gluon_split_kernel(
         1 if V_TMA else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
         K_ROWS,
+        0,
+        V_RING,
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
             stride_ot, stride_oh)  # fmt: skip
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
-              kc_block, kc_head, kc_group, q_tok0, k_tok0, m0, head, kv_head, n_a, a_end,
+              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
               n_blocks)  # fmt: skip
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
-              vc_block, vc_head, vc_dim, q_tok0, v_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
+              vc_block, vc_head, vc_dim, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
     kv_heads = gl.num_programs(1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.
@@ -583,7 +585,7 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, FREE_WAITS, K_COLS,
+                    True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM)),
@@ -598,11 +600,11 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, FREE_WAITS, K_COLS,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, FREE_WAITS, K_COLS,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM)),

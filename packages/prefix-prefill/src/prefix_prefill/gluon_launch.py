@@ -1,5 +1,5 @@
-"""Host side of the two Gluon kernels (:mod:`prefix_prefill.gluon_kernel`): TMA descriptors, the
-split kernel's copies of the new tokens, compile tiers, the fallback when a Gluon kernel cannot run.
+"""Host side of the two Gluon kernels (:mod:`prefix_prefill.gluon_kernel`): TMA descriptors, compile
+tiers, the compiled variants launched directly, the fallback when a Gluon kernel cannot run.
 
 :func:`launch` runs a plan of kernel ``"gluon-nhd"`` or ``"gluon-split"`` (see
 :mod:`prefix_prefill.plan` for when they apply); it returns False when the kernel failed to build or
@@ -22,6 +22,7 @@ import torch
 import prefill_runtime as runtime
 from paged_kv_offsets import CacheView
 from prefill_runtime import LaunchPlan
+from prefill_runtime.compiled_launch import CompiledLaunches
 from prefix_prefill.kernel import LOG2E
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
@@ -31,9 +32,10 @@ except Exception:  # pragma: no cover - any import failure means "no Gluon"
 
 # Set when a Gluon kernel failed to build or launch once (another Triton's Gluon): Triton from then on.
 _FAILED = False
+# the full forms' compiled variants, launched directly once compiled and loaded
+_NHD = CompiledLaunches(_gluon_fwd_kernel) if _gluon_fwd_kernel is not None else None
+_SPLIT = CompiledLaunches(_gluon_split_kernel) if _gluon_split_kernel is not None else None
 _TIERS = runtime.CompileTiers()
-# elements: each sequence's new-token K/V starts 128-byte aligned in the split kernel's copies of them
-_V_COL_ALIGN = 64
 
 
 def available() -> bool:
@@ -79,14 +81,14 @@ def _run_tiers(key: tuple, launch) -> None:
         _TIERS.run(key, launch)
 
 
-def launch(plan: LaunchPlan, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-           max_query_len, scale, lse) -> bool:  # fmt: skip
-    """Run ``plan``'s Gluon kernel; False when it failed to build or launch (then :func:`available`
-    answers False for the rest of the process)."""
+def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
+           seq_lens, max_query_len, scale, lse) -> bool:  # fmt: skip
+    """Run ``plan``'s Gluon kernel for ``problem`` (:class:`prefix_prefill.plan.Problem`); False when it
+    failed to build or launch (then :func:`available` answers False for the rest of the process)."""
     global _FAILED
     fn = _launch_nhd if plan.kernel == "gluon-nhd" else _launch_split
-    run = fn(plan, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
-             scale, lse)  # fmt: skip
+    run = fn(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+             max_query_len, scale, lse)  # fmt: skip
     if runtime.gluon_try_launch(run, "prefix_prefill"):
         return True
     _FAILED = True
@@ -100,7 +102,23 @@ def _cache_rows(cache: torch.Tensor, cv: CacheView, rows: int):
     return runtime.gluon_descriptor(cache, [cv.num_blocks * page, hk * d], cv.stride_slot, rows, d)
 
 
-def _launch_nhd(plan, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+def _go(kernel, fast, key, grid, args, params, num_warps, device) -> None:
+    """``kernel[grid](*args, **params, num_warps=...)``, or its compiled variant launched directly
+    (:class:`prefill_runtime.compiled_launch.CompiledLaunches`) for a ``key`` seen before; ``key`` None:
+    through Triton. The key covers the problem, the plan and the tensors' dtypes and alignment outside
+    the problem: with them, every other argument is a descriptor (typed by its block and layout) or an
+    integer the problem fixes or the kernel does not specialise."""
+    if fast is None or kernel is not fast.jit_fn:  # (tests' recorders)
+        kernel[grid](*args, **params, num_warps=num_warps)
+        return
+    fast.launch(key, grid, args, params, {"num_warps": num_warps}, device)
+
+
+def _spec(*tensors) -> tuple:
+    return tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
+
+
+def _launch_nhd(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                 max_query_len, scale, lse):  # fmt: skip
     """The NHD kernel's launch as a thunk (descriptors made here)."""
     consts = plan.consts()
@@ -121,58 +139,19 @@ def _launch_nhd(plan, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seql
                 scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0),
                 kc.page_size, kc.num_blocks * kc.page_size, lse,
                 lse.stride(0) if lse is not None else None)  # fmt: skip
-        kw = dict(consts, ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered(),
-                  num_warps=4 if full else 8)  # fmt: skip
+        kw = dict(consts, ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
+        warps = 4 if full else 8
         if warmup:  # (a background thread: its CUDA device is not the caller's)
             with torch.cuda.device(q.device):
-                _gluon_fwd_kernel.warmup(*args, grid=grid, **kw)
+                _gluon_fwd_kernel.warmup(*args, grid=grid, **kw, num_warps=warps)
         else:
-            _gluon_fwd_kernel[grid](*args, **kw)
+            key = ("nhd", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse)) if full else None
+            _go(_gluon_fwd_kernel, _NHD, key, grid, args, kw, warps, q.device)
 
     return lambda: _run_tiers(("nhd", q.dtype, *plan.constexprs), one)
 
 
 # --------------------------------------------------------------------------- vLLM's split layout
-def _new_token_columns(cu_seqlens_q: torch.Tensor, tokens: int, device) -> tuple:
-    """``(dst, col0, width)`` of the split kernel's per-call copies of the new tokens: token ``t``'s
-    column ``dst[t]`` (int64 ``[tokens]``), each sequence from column ``col0[s]`` (int32 ``[batch]``, a
-    multiple of ``_V_COL_ALIGN``: a TMA box whose inner start is not 16-byte aligned faults), ``width``
-    columns (a multiple of 8). Device ops only (no host sync)."""
-    batch = cu_seqlens_q.shape[0] - 1
-    cu = cu_seqlens_q.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    padded = (lens + _V_COL_ALIGN - 1) // _V_COL_ALIGN * _V_COL_ALIGN
-    col0 = torch.cumsum(padded, 0) - padded  # [batch]
-    tok = torch.arange(tokens, device=device)
-    seq = torch.searchsorted(cu[1:], tok, right=True).clamp_(max=max(batch - 1, 0))  # [tokens]
-    dst = col0[seq] + (tok - cu[seq])  # [tokens] each token's column
-    width = -(-tokens // 8) * 8 + _V_COL_ALIGN * batch
-    return dst, col0.to(torch.int32), width
-
-
-def _transposed_new_v(v: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The new tokens' V ``[tokens, kv_heads, D]`` as ``[kv_heads * D, columns]`` (keys along the rows)
-    for the split kernel's TMA copies, columns as :func:`_new_token_columns` (``col0`` is returned). The
-    columns between sequences are left unwritten (the kernel zeroes V past a sequence's keys)."""
-    tokens, hk, d = v.shape
-    dst, col0, width = _new_token_columns(cu_seqlens_q, tokens, v.device)
-    v_t = v.new_empty(hk, d, width)
-    v_t.index_copy_(2, dst, v.permute(1, 2, 0))
-    return v_t.view(hk * d, width), col0
-
-
-def _split_new_k(k: torch.Tensor, cu_seqlens_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The new tokens' K ``[tokens, kv_heads, D]`` in vLLM's split K layout with one page per KV head,
-    ``[kv_heads, D/8, columns, 8]`` seen as ``[kv_heads * D/8, columns * 8]``, for the split kernel's K
-    boxes; columns as :func:`_new_token_columns` (``col0`` is returned). The columns between sequences
-    are left unwritten (their keys are masked, never multiplied)."""
-    tokens, hk, d = k.shape
-    dst, col0, width = _new_token_columns(cu_seqlens_q, tokens, k.device)
-    k_t = k.new_empty(hk, d // 8, width, 8)
-    k_t.index_copy_(2, dst, k.view(tokens, hk, d // 8, 8).permute(1, 2, 0, 3))
-    return k_t.view(hk * (d // 8), width * 8), col0
-
-
 def _k_view(block_n: int, head: int, cm: bool):
     """How the split kernel's consumers read a K slot filled by TMA: ``[block_n, head]`` (``cm``: the
     chunk-major ring, one view of all features) or ``[block_n, 64]`` (one view per 64 features), stored as
@@ -207,28 +186,44 @@ def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int
     )
 
 
-def _launch_split(plan, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+def _new_k_chunks(t: torch.Tensor):
+    """The split kernel's descriptor of the new tokens' K with K by TMA: ``t`` ``[tokens, kv_heads, D]``
+    (heads adjacent, unit feature stride: the plan checked) seen as ``[kv_heads * D/8, tokens, 8]`` with
+    strides ``[8, token stride, 1]`` (feature groups, tokens, one group's 8 features), block ``[8, 8, 8]``
+    in the no-swizzle layout: a box lands as one dense 8-key chunk of the K ring (8 groups of 8 keys x 8
+    features); rows past the tensor's end read zeros."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    tokens, heads, d = t.shape
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t.element_size() * 8, rank=3)
+    return TensorDescriptor(t, [heads * d // 8, tokens, 8], [8, t.stride(0), 1], [8, 8, 8], layout)
+
+
+def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                   max_query_len, scale, lse):  # fmt: skip
-    """The split kernel's launch as a thunk (descriptors and the new tokens' copies made here)."""
+    """The split kernel's launch as a thunk (descriptors made here; the new tokens' K and V are read
+    where they are)."""
+    from triton.experimental.gluon import language as gl
+
     consts = plan.consts()
     head, hk, page = q.shape[2], kc.num_kv_heads, kc.page_size
     block_m, block_n = consts["BLOCK_M"], consts["BLOCK_N"]
     k_tma, v_tma, k_wide, k_cm = consts["K_TMA"], consts["V_TMA"], consts["K_WIDE"], consts["K_CM"]
     g = head // 8
     strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
-    v_cols = 16 if v_tma else block_n  # V_desc's block: [D, 16] boxes (32-byte swizzle) or [D, BLOCK_N]
+    half = q.dtype == torch.float16
+    # the V ring's [D, BLOCK_N] slots: [D, 16] TMA boxes (32-byte swizzle) or [D, BLOCK_N] gathers
+    v_ring = gl.NVMMASharedLayout.get_default_for(
+        [head, 16 if v_tma else block_n], gl.float16 if half else gl.bfloat16
+    )
     v_cache_arg = v_cache
     if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
         v_cache_arg = runtime.gluon_descriptor(v_cache, [vc.num_blocks * hk * head, page], page, head, 16)
     q_desc = runtime.gluon_token_rows(q, block_m // 2)
-    # with k = None, K_desc/V_desc only give the rings' layouts
-    k_desc = runtime.gluon_token_rows(q[:, :1] if k is None else k, block_n)
-    v_col0 = cu_seqlens_q  # (with k given: each sequence's first column in the transposed V)
-    if k is None:
-        v_desc = runtime.gluon_descriptor(q.new_empty(head, v_cols), [head, v_cols], v_cols, head, v_cols)
-    else:
-        v_t, v_col0 = _transposed_new_v(v, cu_seqlens_q)
-        v_desc = runtime.gluon_descriptor(v_t, list(v_t.shape), v_t.shape[1], head, v_cols)
+    # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
+    k_rows, v_rows = (q, q) if k is None else (k, v)
+    v_desc = runtime.gluon_token_rows(v_rows, block_n)
     k_cache_arg, k_view, kw_desc, kr_desc = k_cache, None, None, None
     if k_tma:  # D/64 (or one, chunk-major) boxes a block inside a page, 16-key runs elsewhere
         groups = g if k_cm else 8  # feature groups a box spans
@@ -239,26 +234,26 @@ def _launch_split(plan, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_se
         k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
                                                swizzle=False)  # fmt: skip
         k_view = _k_view(block_n, head, k_cm)
-        if k is None:
-            k_desc = k_cache_arg  # (the ring's layout; the kernel reads no new tokens)
-        else:
-            k_t, _ = _split_new_k(k, cu_seqlens_q)  # the same columns as v_t's
-            k_desc = runtime.gluon_descriptor(k_t, list(k_t.shape), k_t.shape[1], 8, 64, swizzle=False)
+        k_desc = _new_k_chunks(k_rows)
+    else:
+        k_desc = runtime.gluon_token_rows(k_rows, block_n)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
 
     def one(full: bool, warmup: bool) -> None:
         # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
         q_arg = q_desc if full else runtime.gluon_token_rows(q, block_m)
-        args = (q_arg, k_desc, v_desc, k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, v_col0,
-                seq_lens, scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0),
-                page, *strides, lse, lse.stride(0) if lse is not None else None)  # fmt: skip
-        kw = dict(consts, K_VIEW=k_view, KW_desc=kw_desc, KR_desc=kr_desc, ONE_CONSUMER=not full,
-                  FREE_WAITS=True, LLVM_O0=not full and _tiered(), num_warps=4 if full else 8)  # fmt: skip
+        args = (q_arg, k_desc, v_desc, k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens,
+                scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), page,
+                *strides, lse, lse.stride(0) if lse is not None else None)  # fmt: skip
+        kw = dict(consts, K_VIEW=k_view, V_RING=v_ring, KW_desc=kw_desc, KR_desc=kr_desc,
+                  ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())  # fmt: skip
+        warps = 4 if full else 8
         if warmup:  # (a background thread: its CUDA device is not the caller's)
             with torch.cuda.device(q.device):
-                _gluon_split_kernel.warmup(*args, grid=grid, **kw)
+                _gluon_split_kernel.warmup(*args, grid=grid, **kw, num_warps=warps)
         else:
-            _gluon_split_kernel[grid](*args, **kw)
+            key = ("split", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse)) if full else None
+            _go(_gluon_split_kernel, _SPLIT, key, grid, args, kw, warps, q.device)
 
     key = ("split", q.dtype, kw_desc is None, kr_desc is None, *plan.constexprs)
     return lambda: _run_tiers(key, one)

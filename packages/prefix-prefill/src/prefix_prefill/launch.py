@@ -3,33 +3,35 @@ plan, and the kernel the plan names (the Triton kernel here, the Gluon kernels i
 :mod:`prefix_prefill.gluon_launch`).
 
 :func:`forward` is what both public functions and the custom op (:mod:`prefix_prefill.ops`) call on
-arguments the public functions checked; it allocates nothing but the 1-element default fp8 scales,
-never synchronises with the host and launches one kernel. Tests and sweeps pass ``plan=`` (an
-overridden :class:`prefill_runtime.LaunchPlan`) or ``config=`` (other Triton tiles).
+arguments the public functions checked; it never synchronises with the host and launches one kernel.
+It can hand back a :class:`Prepared`: everything about the call that a later call with the same
+signature (the same tensors' strides, dtypes, devices and alignment, the same options; any lengths)
+repeats, so that :func:`run_prepared` launches it without building the problem or looking the plan
+up again. Tests and sweeps pass ``plan_override=`` (an overridden :class:`prefill_runtime.LaunchPlan`)
+or ``config=`` (other Triton tiles).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
 from paged_kv_offsets import CacheView, describe_kv_cache
 from prefill_runtime import LaunchPlan, hook_compiles, prime_triton, ptxas_launch_options, softcap_form
+from prefill_runtime.compiled_launch import CompiledLaunches
 from prefix_prefill import autotune, gluon_launch
-from prefix_prefill.configs import config_key, detect_arch
+from prefix_prefill.configs import config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
 from prefix_prefill.plan import Problem, make_problem, plan, triton_plan
 
-_FP8_DTYPES = tuple(
-    getattr(torch, n)
-    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, n)
-)
 _MAX_GRID_YZ = 65535
 # Triton's one-time process setup and this package's compile hooks ran (install_hooks)
 _PRIMED = False
+# the Triton kernel's compiled variants, launched directly once compiled
+_TRITON = CompiledLaunches(_fwd_kernel)
 
 
 def install_hooks() -> None:
@@ -48,6 +50,24 @@ def gluon_allowed() -> bool:
     """Whether the Gluon kernels may be planned in this process (see :mod:`prefix_prefill.gluon_launch`;
     the plan checks the architecture); ``PREFIX_PREFILL_GLUON=0`` keeps the Triton kernel."""
     return os.environ.get("PREFIX_PREFILL_GLUON", "1") != "0" and gluon_launch.available()
+
+
+@dataclass
+class Prepared:
+    """A call signature's launch, decided once (see the module docstring): the problem, the plan, and for
+    the Triton kernel the constexprs, launch options, the integer arguments the signature fixes and the
+    key of its compiled variant. ``scale``: the logit scale, ``softcap``: the cap (0: none)."""
+
+    problem: Problem
+    plan: LaunchPlan
+    kc: CacheView
+    vc: CacheView
+    scale: float
+    softcap: float
+    consts: dict | None = None
+    opts: dict | None = None
+    ints: tuple = ()
+    key: tuple | None = None
 
 
 def forward(
@@ -77,22 +97,24 @@ def forward(
     lse: torch.Tensor | None = None,
     plan_override: LaunchPlan | None = None,
     config=None,
+    prepared: list | None = None,
 ) -> None:
     """Launch the planned kernel on already-checked arguments (see :func:`prefix_prefill.prefix_prefill`
     for the tensors). ``kc``/``vc`` describe the caches (``paged_kv_offsets.describe_kv_cache``); scales
-    are 1-element device tensors or None; ``softcap`` > 0: logits ``softcap * tanh(softmax_scale * q.k /
-    softcap)``; ``lse``: a float32 ``[H, total_q]`` buffer (unit token stride) for each row's softmax
-    log-sum-exp (rows skipped by ``skip_decode`` get ``-inf``), or None. ``plan_override``: run this
-    plan instead of :func:`prefix_prefill.plan.plan`'s; ``config``: the Triton kernel with these tiles."""
-    total_q, num_heads, head_size = q.shape
-    batch = seq_lens.shape[0]
-    if batch == 0 or total_q == 0 or max_query_len == 0:
+    are 1-element device tensors (fp8 caches: the defaults of 1 made by the caller); ``softcap`` > 0:
+    logits ``softcap * tanh(softmax_scale * q.k / softcap)``; ``lse``: a float32 ``[H, total_q]`` buffer
+    (unit token stride) for each row's softmax log-sum-exp (rows skipped by ``skip_decode`` get
+    ``-inf``), or None. ``plan_override``: run this plan instead of :func:`prefix_prefill.plan.plan`'s;
+    ``config``: the Triton kernel with these tiles; ``prepared``: a list that receives the call's
+    :class:`Prepared` when later calls of its signature can repeat it."""
+    total_q, _, head_size = q.shape
+    if seq_lens.shape[0] == 0 or total_q == 0 or max_query_len == 0:
         return
     if q.dtype == torch.bfloat16 and detect_arch(q.device) == "interpreter":
         _bf16_in_fp32(locals())  # the interpreter's tl.dot cannot multiply bf16: compute in fp32
         return
     # The kernels read these 1-D tensors as ``ptr + index``: strided views must be made contiguous
-    # (a no-op, without a copy, for the usual contiguous tensors).
+    # (a no-op, without a copy, for the usual contiguous tensors; a call signature keeps its strides).
     cu_seqlens_q, seq_lens = cu_seqlens_q.contiguous(), seq_lens.contiguous()
     sinks = sinks.contiguous() if sinks is not None else None
     alibi_slopes = alibi_slopes.contiguous() if alibi_slopes is not None else None
@@ -121,36 +143,16 @@ def forward(
         lse,
         gluon=config is None,
     )
-    arch = problem.arch
     if plan_override is not None:
         chosen = plan_override
     elif config is not None:
         chosen = triton_plan(problem, config, "tiles given")
     else:
         chosen = plan(problem)
+    prep = Prepared(problem, chosen, kc, vc, scale, softcap)
+    repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
-        ran = gluon_launch.launch(
-            chosen,
-            q,
-            k,
-            v,
-            o,
-            k_cache,
-            v_cache,
-            kc,
-            vc,
-            block_table,
-            cu_seqlens_q,
-            seq_lens,
-            max_query_len,
-            scale,
-            lse,
-        )
-        if ran:
-            return
-        chosen = triton_plan(problem, reason="the Gluon kernel failed to build or launch")
-    if config is None and plan_override is None and autotune.autotune_enabled() and arch != "interpreter":
-        chosen = _tuned(
+        if gluon_launch.launch(
             chosen,
             problem,
             q,
@@ -165,44 +167,130 @@ def forward(
             cu_seqlens_q,
             seq_lens,
             max_query_len,
-            causal,
-            window,
-            softmax_scale,
-            alibi_slopes,
-            sinks,
-            k_scale,
-            v_scale,
-            out_scale,
-            skip_decode,
-            softcap,
+            scale,
             lse,
+        ):
+            if repeatable and prepared is not None:
+                prepared.append(prep)
+            return
+        chosen = prep.plan = triton_plan(problem, reason="the Gluon kernel failed to build or launch")
+    if repeatable and autotune.autotune_enabled() and problem.arch != "interpreter":
+        args = (q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len)
+        opts = dict(
+            causal=causal,
+            window=window,
+            softmax_scale=softmax_scale,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            out_scale=out_scale,
+            skip_decode=skip_decode,
+            softcap=softcap,
+            lse=lse,
         )
+        chosen = prep.plan = _tuned(problem, args, opts)
+        repeatable = False
+    _triton_prepare(
+        prep,
+        left,
+        right,
+        block_table,
+        cu_seqlens_q,
+        seq_lens,
+        sinks,
+        alibi_slopes,
+        k_scale,
+        v_scale,
+        out_scale,
+        lse,
+        q,
+    )
     _launch_triton(
-        chosen,
-        problem,
+        prep,
         q,
         k,
         v,
         o,
         k_cache,
         v_cache,
-        kc,
-        vc,
         block_table,
         cu_seqlens_q,
         seq_lens,
         max_query_len,
-        left,
-        right,
-        scale,
         alibi_slopes,
         sinks,
         k_scale,
         v_scale,
         out_scale,
-        softcap,
         lse,
     )
+    if repeatable and prepared is not None and prep.key is not None:
+        prepared.append(prep)
+
+
+def run_prepared(
+    prep: Prepared,
+    q,
+    k,
+    v,
+    o,
+    k_cache,
+    v_cache,
+    block_table,
+    cu_seqlens_q,
+    seq_lens,
+    max_query_len,
+    alibi,
+    sinks,
+    k_scale,
+    v_scale,
+    out_scale,
+    lse,
+) -> None:
+    """Launch ``prep`` (a call of the same signature as the one that made it) on these tensors."""
+    if seq_lens.shape[0] == 0 or q.shape[0] == 0 or max_query_len == 0:
+        return
+    if prep.plan.kernel == "triton":
+        _launch_triton(
+            prep,
+            q,
+            k,
+            v,
+            o,
+            k_cache,
+            v_cache,
+            block_table,
+            cu_seqlens_q,
+            seq_lens,
+            max_query_len,
+            alibi,
+            sinks,
+            k_scale,
+            v_scale,
+            out_scale,
+            lse,
+        )
+        return
+    if not gluon_launch.launch(
+        prep.plan,
+        prep.problem,
+        q,
+        k,
+        v,
+        o,
+        k_cache,
+        v_cache,
+        prep.kc,
+        prep.vc,
+        block_table,
+        cu_seqlens_q,
+        seq_lens,
+        max_query_len,
+        prep.scale,
+        lse,
+    ):
+        raise RuntimeError("prefix_prefill: the Gluon kernel failed after it had run (see the warning)")
 
 
 def _problem(
@@ -344,163 +432,122 @@ def _bf16_in_fp32(call: dict) -> None:
         call["o"].copy_(up["o"])
 
 
-def _tuned(
-    chosen,
-    problem,
-    q,
-    k,
-    v,
-    o,
-    k_cache,
-    v_cache,
-    kc,
-    vc,
-    block_table,
-    cu,
-    sl,
-    max_query_len,
-    causal,
-    window,
-    softmax_scale,
-    alibi,
-    sinks,
-    k_scale,
-    v_scale,
-    out_scale,
-    skip_decode,
-    softcap,
-    lse,
-):
+def _tuned(problem: Problem, args: tuple, opts: dict) -> LaunchPlan:
     """``PREFIX_PREFILL_AUTOTUNE=1``: the fastest of a few tile candidates for this table key (timed on
     this call's inputs once, then stored; :mod:`prefix_prefill.autotune`)."""
-    from prefix_prefill.configs import get_config
-
+    q, kc = args[0], args[6]
     head = q.shape[2]
     key = config_key(problem.arch, head, q.dtype, kc.page_size)
 
     def run(cfg) -> None:
-        forward(
-            q,
-            k,
-            v,
-            o,
-            k_cache,
-            v_cache,
-            kc,
-            vc,
-            block_table,
-            cu,
-            sl,
-            max_query_len,
-            causal=causal,
-            window=window,
-            softmax_scale=softmax_scale,
-            alibi_slopes=alibi,
-            sinks=sinks,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            out_scale=out_scale,
-            skip_decode=skip_decode,
-            softcap=softcap,
-            lse=lse,
-            config=cfg,
-        )
+        forward(*args, **opts, config=cfg)
 
     default = get_config(problem.arch, head, q.dtype, kc.page_size)
     cands = autotune.candidates(problem.arch, head, q.element_size())
-    cfg = autotune.tuned_config(q.device, key, run, default, cands)
-    return triton_plan(problem, cfg, "autotuned")
+    return triton_plan(problem, autotune.tuned_config(q.device, key, run, default, cands), "autotuned")
+
+
+def _triton_prepare(
+    prep: Prepared, left, right, block_table, cu, sl, sinks, alibi, k_scale, v_scale, out_scale, lse, q
+) -> None:
+    """The Triton launch's constexprs, options, fixed integer arguments and compiled-variant key."""
+    problem, kc, vc = prep.problem, prep.kc, prep.vc
+    prep.consts = prep.plan.consts()
+    opts = prep.plan.opts()
+    level = opts.pop("register_usage_level", 0)
+    opts.update(ptxas_launch_options(level, q.device))
+    prep.opts = opts
+    ks, vs = (k_scale, v_scale) if prep.consts["CACHE_FP8"] else (None, None)
+    os_ = out_scale if prep.consts["OUT_FP8"] else None
+    ksd, vsd = problem.k_strides or (0, 0, 0), problem.v_strides or (0, 0, 0)
+    prep.ints = (
+        (
+            prep.scale * LOG2E,
+            prep.softcap * LOG2E if prep.softcap > 0 else 1.0,
+            left,
+            right,
+        ),
+        (
+            problem.q_strides[0],
+            problem.q_strides[1],
+            ksd[0],
+            ksd[1],
+            vsd[0],
+            vsd[1],
+            problem.o_strides[0],
+            problem.o_strides[1],
+        ),
+        (block_table.stride(1), *kc.kernel_args(), *vc.kernel_args()[:4]),
+    )
+    if problem.arch == "interpreter":
+        return
+    # the compiled variant is a function of the problem (q/k/v/o and cache strides, dtypes, alignment), the
+    # plan, and the dtype and alignment of the other tensors (every other integer is do_not_specialize)
+    others = (block_table, cu, sl, sinks, alibi, ks, vs, os_, lse)
+    prep.key = (
+        problem,
+        prep.plan,
+        tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in others),
+    )
 
 
 def _launch_triton(
-    chosen: LaunchPlan,
-    problem: Problem,
+    prep: Prepared,
     q,
     k,
     v,
     o,
     k_cache,
     v_cache,
-    kc,
-    vc,
     block_table,
     cu,
     sl,
     max_query_len,
-    left,
-    right,
-    scale,
     alibi,
     sinks,
     k_scale,
     v_scale,
     out_scale,
-    softcap,
     lse,
 ) -> None:
-    """:func:`prefix_prefill.kernel._fwd_kernel` as ``chosen`` says."""
-    consts = chosen.consts()
-    opts = chosen.opts()
-    kv_from_cache = k is None
-    cache_fp8 = consts["CACHE_FP8"]
-    out_fp8 = consts["OUT_FP8"]
-    if cache_fp8 and (k_scale is None or v_scale is None):
-        one = torch.ones(1, dtype=torch.float32, device=q.device)
-        k_scale = one if k_scale is None else k_scale
-        v_scale = one if v_scale is None else v_scale
-    if out_fp8 and out_scale is None:
-        out_scale = torch.ones(1, dtype=torch.float32, device=q.device)
-    batch = sl.shape[0]
-    grid = (q.shape[1], -(-max_query_len // chosen.block_m), batch)  # plain ints: triton.cdiv costs ~2 us
+    """:func:`prefix_prefill.kernel._fwd_kernel` as ``prep`` says."""
+    consts = prep.consts
+    grid = (q.shape[1], -(-max_query_len // prep.plan.block_m), sl.shape[0])
     if grid[1] > _MAX_GRID_YZ:
         raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
     dummy = q  # never dereferenced: stands in for absent optional tensors
-    kcs = kc.kernel_args()  # (block, slot, head, dim, x)
-    vcs = vc.kernel_args()
-    level = opts.pop("register_usage_level", 0)
-    _fwd_kernel[grid](
+    if k is None:
+        k = v = dummy
+    if not consts["CACHE_FP8"]:
+        k_scale = v_scale = dummy
+    if not consts["OUT_FP8"]:
+        out_scale = dummy
+    scales, strides, cache_strides = prep.ints
+    args = (
         q,
-        dummy if kv_from_cache else k,
-        dummy if kv_from_cache else v,
+        k,
+        v,
         o,
         k_cache,
         v_cache,
         block_table,
         cu,
         sl,
-        sinks if sinks is not None else dummy,
-        alibi if alibi is not None else dummy,
-        k_scale if cache_fp8 else dummy,
-        v_scale if cache_fp8 else dummy,
-        out_scale if out_fp8 else dummy,
-        scale * LOG2E,
-        softcap * LOG2E if softcap > 0 else 1.0,
-        left,
-        right,
+        dummy if sinks is None else sinks,
+        dummy if alibi is None else alibi,
+        k_scale,
+        v_scale,
+        out_scale,
+        *scales,
         block_table.shape[1],
-        kc.page_size,
-        q.stride(0),
-        q.stride(1),
-        0 if kv_from_cache else k.stride(0),
-        0 if kv_from_cache else k.stride(1),
-        0 if kv_from_cache else v.stride(0),
-        0 if kv_from_cache else v.stride(1),
-        o.stride(0),
-        o.stride(1),
+        prep.kc.page_size,
+        *strides,
         block_table.stride(0),
-        block_table.stride(1),
-        kcs[0],
-        kcs[1],
-        kcs[2],
-        kcs[3],
-        kcs[4],
-        vcs[0],
-        vcs[1],
-        vcs[2],
-        vcs[3],
+        *cache_strides,
         lse,  # None without return_lse: a constexpr, so the kernel keeps its signature
-        lse.stride(0) if lse is not None else None,
-        **consts,
-        **opts,
-        **ptxas_launch_options(level, q.device),
+        None if lse is None else lse.stride(0),
     )
+    if _fwd_kernel is not _TRITON.jit_fn or prep.key is None:  # (tests' recorders; the interpreter)
+        _fwd_kernel[grid](*args, **consts, **prep.opts)
+        return
+    _TRITON.launch(prep.key, grid, args, consts, prep.opts, q.device)

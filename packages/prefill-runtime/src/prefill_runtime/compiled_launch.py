@@ -1,0 +1,102 @@
+"""Launching a kernel's compiled variant directly, without ``JITFunction.run`` on every call.
+
+Triton's ``kernel[grid](*args)`` binds and specialises every argument (the kind of each tensor pointer,
+whether each integer is 1 or a multiple of 16), hashes the result and looks the compiled variant up, on
+every call: tens of microseconds for a kernel of ~40 arguments. A launcher that already knows which
+variant its call needs can skip that: :class:`CompiledLaunches` keeps, per key the caller computes, the
+``CompiledKernel`` the first call compiled (through Triton, so compile hooks and Triton's caches work as
+ever) and launches it directly after that.
+
+The caller's key must determine Triton's specialisation of the call: every argument's dtype, every
+pointer's 16-byte alignment, every specialised integer's value (the kernels here pass strides that are
+part of their plan's problem, and mark the integers that change from call to call ``do_not_specialize``),
+every constexpr and launch option. :meth:`CompiledLaunches.check` compares a key's kernel with the one
+Triton itself would pick (tests, ``PREFILL_VALIDATE=1``).
+
+The direct launch runs only where it is known to be right: NVIDIA CUDA with Triton 3.4 to 3.6 (the
+``CompiledKernel.run`` signature it calls), no launch hooks installed (profilers get Triton's path), not
+under the interpreter. Anywhere else every call goes through ``kernel[grid]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+import torch
+
+_VERIFIED_TRITON = ("3.4", "3.5", "3.6")
+
+
+def _supported() -> bool:
+    try:
+        import triton
+
+        version = ".".join(triton.__version__.split(".")[:2])
+    except Exception:  # pragma: no cover
+        return False
+    return (
+        version in _VERIFIED_TRITON
+        and torch.version.hip is None
+        and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    )
+
+
+_SUPPORTED = _supported()
+
+
+def _hooks_installed() -> bool:
+    from triton import knobs
+
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+class CompiledLaunches:
+    """The compiled variants of one ``@triton.jit`` / ``@gluon.jit`` kernel, by caller key, launched
+    directly (module docstring). At most ``maxsize`` keys (least recently used dropped)."""
+
+    def __init__(self, jit_fn, maxsize: int = 256) -> None:
+        self.jit_fn = jit_fn
+        self.maxsize = maxsize
+        self._names = tuple(jit_fn.arg_names) if hasattr(jit_fn, "arg_names") else ()
+        self._kernels: OrderedDict[Hashable, tuple] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def clear(self) -> None:
+        self._kernels.clear()
+
+    def launch(self, key: Hashable | None, grid: tuple[int, int, int], args: Sequence, params: dict,
+               options: dict, device: torch.device) -> None:  # fmt: skip
+        """Launch ``jit_fn[grid](*args, **params, **options)``; ``params``: the kernel's keyword
+        parameters (constexprs and trailing arguments), ``options``: launch options (``num_warps``,
+        ``num_stages``, ``ptx_options``...). ``key`` None: always through Triton."""
+        entry = self._kernels.get(key) if key is not None else None
+        if entry is not None and not _hooks_installed():
+            kernel, tail = entry
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            stream = torch._C._cuda_getCurrentRawStream(index)
+            kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, None, None,
+                       None, *args, *[params[n] for n in tail])  # fmt: skip
+            self._kernels.move_to_end(key)
+            return
+        kernel = self.jit_fn[grid](*args, **params, **options)
+        if key is None or not _SUPPORTED or kernel is None or not hasattr(kernel, "packed_metadata"):
+            return
+        tail = self._names[len(args) :]
+        if any(n not in params for n in tail):  # a parameter left to its default: keep Triton's path
+            return
+        self._kernels[key] = (kernel, tail)
+        if len(self._kernels) > self.maxsize:
+            self._kernels.popitem(last=False)
+
+    def check(self, key: Hashable, grid, args: Sequence, params: dict, options: dict) -> bool:
+        """Whether ``key``'s kernel (if any) is the variant Triton compiles for this call (it compiles
+        nothing new: a call Triton would compile differently shows as a different kernel)."""
+        entry = self._kernels.get(key)
+        if entry is None:
+            return True
+        kernel = self.jit_fn.warmup(*args, grid=grid, **params, **options)
+        return kernel is entry[0]

@@ -1,0 +1,136 @@
+"""Call signatures seen before, and the launch a repeated one runs without the full checks.
+
+A call signature is what the host-side checks, the problem and the plan depend on: every tensor's
+strides, dtype, device and 16-byte alignment, its shape but for the token count (q/k/v/out/lse), the
+batch (the index tensors) and the block table's size, and every option. A signature's first call runs
+the full checks and leaves its :class:`prefix_prefill.launch.Prepared` in :data:`SEEN`; a later call
+of that signature checks only what the signature leaves open (:func:`repeat`) and launches it
+(:func:`prefix_prefill.launch.run_prepared`). Bounded (least recently used dropped).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from prefix_prefill import checks, launch, ops
+from prefix_prefill.checks import Scale
+
+# call signature -> the launch.Prepared it runs
+SEEN: OrderedDict = OrderedDict()
+SEEN_MAX = 256
+
+
+def rows_key(t: torch.Tensor | None) -> tuple | None:
+    """A ``[tokens, ...]`` tensor's part of a call signature: everything but its token count."""
+    if t is None:
+        return None
+    return (t.shape[1:], t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def whole_key(t) -> tuple | None:
+    """A tensor's part of a call signature, whole (caches, per-head tensors; a float scale as itself)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def table_key(bt: torch.Tensor) -> tuple:
+    """The block table's part: its dtype, device, column stride and alignment (rows and width vary)."""
+    return (bt.dim(), bt.stride(-1), bt.dtype, bt.device, bt.data_ptr() % 16 == 0)
+
+
+def index_key(t: torch.Tensor) -> tuple:
+    """``cu_seqlens_q`` / ``seq_lens``: 1-D, their dtype, device, stride and alignment (the batch varies)."""
+    return (t.dim(), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def repeat(
+    key,
+    q,
+    k,
+    v,
+    o,
+    k_cache,
+    v_cache,
+    block_table,
+    cu,
+    sl,
+    max_query_len,
+    alibi,
+    sinks,
+    ks,
+    vs,
+    os_,
+    lse,
+    names,
+) -> bool:
+    """Launch a call whose signature was seen before (True), after the checks the signature leaves open:
+    every ``[tokens, ...]`` tensor has q's token count, the index tensors agree on the batch, the block
+    table has a row per sequence, ``max_query_len`` is an int >= 0. False: not seen (check it all)."""
+    prep = SEEN.get(key)
+    if prep is None or torch.compiler.is_compiling():
+        return False
+    tokens = q.shape[0]
+    batch = sl.shape[0]
+    if (
+        (k is not None and (k.shape[0] != tokens or v.shape[0] != tokens))
+        or o.shape[0] != tokens
+        or cu.shape[0] != batch + 1
+        or block_table.shape[0] < batch
+        or batch > checks.MAX_GRID_YZ
+        or isinstance(max_query_len, bool)
+        or not isinstance(max_query_len, int)
+        or max_query_len < 0
+        or (lse is not None and lse.shape[1] != tokens)
+        or (
+            k is not None
+            and not prep.problem.new_rows_fit32
+            and (tokens + 256) * max(k.stride(0), 1) >= 2**31
+        )
+    ):
+        return False  # the full checks raise the error (or take the other plan)
+    with ops.on_device(q.device):
+        launch.run_prepared(
+            prep,
+            q,
+            k,
+            v,
+            o,
+            k_cache,
+            v_cache,
+            block_table,
+            cu,
+            sl,
+            max_query_len,
+            alibi,
+            sinks,
+            ks,
+            vs,
+            os_,
+            lse,
+        )
+    SEEN.move_to_end(key)
+    ops.bump_versions(o, lse)
+    return True
+
+
+def scale_of(s: Scale, name: str, device: torch.device) -> torch.Tensor:
+    """An fp8 scale as the kernel reads it: a 1-element device tensor (a tensor given stays itself; a float,
+    or None for 1.0, becomes a float32 tensor made once per value and device, so that a call launches
+    nothing else; during a CUDA-graph capture a new one, recorded into the graph)."""
+    if isinstance(s, torch.Tensor):
+        return checks.scale_tensor(s, name, device)
+    value = 1.0 if s is None else s
+    key = (value, device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    t = None if capturing else _SCALES.get(key)
+    if t is None:
+        t = checks.scale_tensor(value, name, device)
+        if not capturing and len(_SCALES) < 64:
+            _SCALES[key] = t
+    return t
+
+
+_SCALES: dict = {}
