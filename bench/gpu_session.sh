@@ -107,6 +107,13 @@ fi
 if [[ $what == first ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"
 fi
+if [[ $what == engine ]]; then
+  # engine: bench/engine_step.py --quick (L-layer engine steps, ours vs vLLM 0.33; host us per call; launches
+  # per call) into results.tgz; needs .peers for the vLLM rows
+  res=$OUT/res; mkdir -p "$res"
+  timeout ${BENCH_TIMEOUT:-540} python3 bench/engine_step.py --quick --out "$res" "$@" 2>&1 | tee -a "$OUT/bench.log"
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
 if [[ $what == bench || $what == all ]]; then
   res=$OUT/res; mkdir -p "$res"
   for s in ${BENCHES:-window_prefill prefix_prefill}; do

@@ -70,7 +70,7 @@ def main() -> None:
     out = args.out or ROOT / "bench" / "results" / gpu_name().replace(" ", "_") / today()
     extra = [a for a, on in (("--quick", args.quick), ("--sweep", args.sweep)) if on]
     rc = 0
-    for script in ("window_prefill.py", "prefix_prefill.py"):
+    for script in ("window_prefill.py", "prefix_prefill.py", "engine_step.py"):
         print(f"== {script}", flush=True)
         rc |= subprocess.call([sys.executable, str(ROOT / "bench" / script), "--out", str(out), *extra])
     print(combine(out, gpu_name()), flush=True)

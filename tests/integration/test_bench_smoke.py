@@ -99,3 +99,71 @@ def test_fp32_configs_smoke(tmp_path):
     diffs = [float(line.rsplit("=", 1)[1]) for line in proc.stdout.splitlines() if "max|old-new|" in line]
     assert len(diffs) == 2 and all(d < 1e-4 for d in diffs), proc.stdout
     assert (tmp_path / "fp32_configs.csv").exists()
+
+
+def test_engine_step_smoke(tmp_path):
+    """bench/engine_step.py --smoke (L=2, tiny sizes, fp16, no graphs): every scenario, implementation and
+    table runs; our outputs match the float64 reference, and vLLM's where .peers is present."""
+    import csv
+
+    _bench("engine_step.py", "--smoke", "--out", str(tmp_path))
+    vllm = (ROOT / ".peers" / "vllm").is_dir()
+
+    def read(stem):
+        assert (tmp_path / f"{stem}.md").exists()
+        with (tmp_path / f"{stem}.csv").open() as f:
+            return list(csv.DictReader(f))
+
+    steps = read("engine_step")
+    assert len({r["scenario"] for r in steps}) == 10, steps
+    impls = {(r["scenario"], r["impl"]) for r in steps}
+    assert {("decode_mix_skip_decode", "ours_caf"), ("vision_16x1024_d64", "sdpa")} <= impls, impls
+    assert ("decode_mix_skip_decode", "ours_pp_split") not in impls  # prefix_prefill() has no skip_decode
+    assert (("prefix_512_on_4k", "vllm") in impls) == vllm, impls
+    for r in steps:
+        assert not r["note"].startswith(("failed", "skipped")), r
+        assert float(r["wall_ms"]) > 0 and float(r["diff_vs_ref"]) < 1e-2, r
+        if r["impl"] != "vllm" and vllm:
+            assert float(r["diff_vs_vllm"]) < 1e-2, r
+    host = read("engine_host")
+    assert {r["impl"] for r in host} >= {
+        "ours_pp_caf",
+        "ours_pp_split",
+        "ours_pp_nhd",
+        "ours_wp_caf",
+        "ours_wp",
+    }
+    assert all(float(r["host_us"]) > 0 and "failed" not in r["note"] for r in host), host
+    launches = read("engine_launches")
+    assert len(launches) == (21 if vllm else 18), launches
+    assert not any(r["note"] for r in launches), launches
+
+
+def test_engine_step_classify_events():
+    """bench/engine_step.py's kernel counting on made-up torch.profiler events (no GPU needed)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_engine_step", ROOT / "bench" / "engine_step.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # (its dataclasses look their module up)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved  # the script puts bench/ first, whose prefix_prefill.py would shadow the package
+        sys.modules.pop("_bench_engine_step", None)
+
+    def ev(name, dev, act):
+        return SimpleNamespace(name=name, device_type=f"DeviceType.{dev}", activity_type=act)
+
+    res = mod.classify_events([
+        ev("_fwd_kernel", "CUDA", "kernel"), ev("Memcpy DtoD (Device -> Device)", "CUDA", "gpu_memcpy"),
+        ev("Memset (Device)", "CUDA", None), ev("prefix_prefill::fwd", "CUDA", "gpu_user_annotation"),
+        ev("cudaMalloc", "CPU", "cuda_runtime"), ev("cuLaunchKernelEx", "CPU", "cuda_driver"),
+        ev("aten::empty", "CPU", "cpu_op"), ev("triton_poi_fused_0", "CUDA", None),
+    ])  # fmt: skip
+    assert res == {
+        "kernels": 2, "memops": 2, "mallocs": 1, "launch_api_calls": 1,
+        "kernel_names": "_fwd_kernel;triton_poi_fused_0",
+    }  # fmt: skip
