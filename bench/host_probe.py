@@ -1,11 +1,13 @@
-"""Host (Python) time per window_prefill call on the PR shape: the launch path, not the kernel.
+"""Host (Python) time per call of every public entry point on a tiny problem: the launch path, not the
+kernel.
 
 Usage (GPU machine; ``BENCH_PACKAGES=DIR`` times another tree's packages, see ``common.py``)::
 
-    python bench/host_probe.py [--calls 300] [--profile]
+    python bench/host_probe.py [--calls 2000] [--profile ENTRY]
 
-Prints the host time per call of 300 calls queued without a sync (under the GPU time, plain launches
-stay kernel-bound; above it they are host-bound), and with ``--profile`` the top of a cProfile.
+Each entry point is called ``--calls`` times without a sync (the kernel is far shorter than the call, so
+the wall time per call is the host's cost); ``--profile ENTRY`` prints the top of a cProfile of that
+entry point's calls (``pp_caf``, ``pp_split``, ``pp_nhd``, ``wp_caf``, ``wp``).
 """
 
 from __future__ import annotations
@@ -18,45 +20,72 @@ import time
 from common import add_package_paths
 
 
+def _calls(torch):
+    """(name, zero-argument call) of every entry point on a tiny problem (16 new tokens on a 16-token
+    context, 8/2 heads, d128, page 16; bf16)."""
+    import prefix_prefill as pp
+    import window_prefill as wp
+
+    dev, dt = "cuda", torch.bfloat16
+    h, hk, d, page = 8, 2, 128, 16
+    q = torch.randn(16, h, d, device=dev, dtype=dt)
+    k = torch.randn(16, hk, d, device=dev, dtype=dt)
+    v = torch.randn_like(k)
+    o = torch.empty_like(q)
+    kc_split = torch.randn(8, hk, d // 8, page, 8, device=dev, dtype=dt)
+    vc_split = torch.randn(8, hk, d, page, device=dev, dtype=dt)
+    kc_nhd = torch.randn(8, page, hk, d, device=dev, dtype=dt)
+    vc_nhd = torch.randn_like(kc_nhd)
+    bt = torch.tensor([[3, 5, 0, 0]], dtype=torch.int32, device=dev)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=dev)
+    sl = torch.tensor([32], dtype=torch.int32, device=dev)
+    start = torch.tensor([0], dtype=torch.int32, device=dev)
+    lens = torch.tensor([16], dtype=torch.int32, device=dev)
+    one = torch.ones(1, device=dev)
+    return [
+        ("pp_caf", lambda: pp.context_attention_fwd(q, k, v, o, "auto", kc_split, vc_split, bt, cu, sl, 32, 16,
+                                                    one, one)),  # fmt: skip
+        ("pp_split", lambda: pp.prefix_prefill(q, k, v, kc_split, vc_split, bt, cu, sl, 16, out=o)),
+        ("pp_nhd", lambda: pp.prefix_prefill(q, k, v, kc_nhd, vc_nhd, bt, cu, sl, 16, out=o)),
+        ("wp_caf", lambda: wp.context_attention_fwd(q, k, v, o, start, lens, 16)),
+        ("wp", lambda: wp.window_prefill(q, k, v, cu, 16, out=o)),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=300)
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", default="")
     args = ap.parse_args()
     add_package_paths()
     import torch
 
-    import window_prefill
-    from window_prefill import window_prefill as wp
+    import prefix_prefill
 
-    print("package", window_prefill.__file__)
-    n, h, d = 16384, 8, 64
-    q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor([0, n], device="cuda", dtype=torch.int32)
-    out = torch.empty_like(q)
-
-    def call():
-        wp(q, k, v, cu, n, causal=False, window=(64, 64), out=out)
-
-    for _ in range(20):
-        call()
+    calls = _calls(torch)
+    for _, fn in calls:  # compile, and let the compile tiers finish
+        for _ in range(3):
+            fn()
+    prefix_prefill.finish_compiles()
+    for _, fn in calls:
+        fn()
     torch.cuda.synchronize()
-    for _ in range(3):
+    for name, fn in calls:
         t0 = time.perf_counter()
         for _ in range(args.calls):
-            call()
+            fn()
         host = (time.perf_counter() - t0) / args.calls * 1e6
         torch.cuda.synchronize()
-        total = (time.perf_counter() - t0) / args.calls * 1e6
-        print(f"host {host:.1f} us/call, with the final sync {total:.1f} us/call")
-    if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            call()
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+        wall = (time.perf_counter() - t0) / args.calls * 1e6
+        print(f"{name:10s} host {host:7.1f} us/call  wall {wall:7.1f} us/call")
+        if name == args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.calls):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
