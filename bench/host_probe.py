@@ -86,6 +86,11 @@ def main() -> None:
             prof.disable()
             torch.cuda.synchronize()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    from prefix_prefill import gluon_launch, launch
+
+    direct = {n: len(c) for n, c in (("triton", launch._TRITON), ("nhd", gluon_launch._NHD),
+                                     ("split", gluon_launch._SPLIT)) if c is not None}  # fmt: skip
+    print("compiled variants launched directly:", direct)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,6 @@ import os
 _HAS_GPU_NODE = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
 if not _HAS_GPU_NODE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# prefix-prefill's Gluon kernels run their full form from the first call in tests (the quick-compiling
-# form a first call runs by default is _GLUON_ONE_CONSUMER's, tested as a candidate; the tiers have
-# their own tests, which turn them on)
-os.environ.setdefault("PREFIX_PREFILL_GLUON_TIERED", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -750,6 +750,9 @@ def test_gluon_routing(monkeypatch):
 
     monkeypatch.setattr(gluon_launch, "launch", refuse)
     monkeypatch.setattr(launch, "detect_arch", lambda device: "sm90")  # plan as an H200 would
+    from prefix_prefill import checks
+
+    monkeypatch.setattr(checks, "interpreted", lambda: True)  # (CPU tensors stand in for a GPU's)
     monkeypatch.setattr(launch, "gluon_allowed", lambda: True)
     monkeypatch.setattr(launch, "_fwd_kernel", _RecordingKernel())  # the Triton launch, recorded
     case = make_case([(40, 9), (0, 5)], num_heads=2, num_kv_heads=1, head_size=64, page=16,

@@ -95,11 +95,14 @@ def test_tile_bounds_match_brute_force(block_n, causal, use_left, use_right):
                     assert _visible(p, k_base + j, causal, left, right), where
 
 
-def test_prime_triton_runs_once_and_never_raises(monkeypatch):
-    """The first launch's setup overlap (_prime_triton) is a speed hint: it marks itself done and never
-    raises, with or without a GPU driver."""
-    import prefix_prefill.interface as pi
+def test_install_hooks_marks_itself_done_and_hooks_the_kernels(monkeypatch):
+    """The first launch's setup (``launch.install_hooks``: Triton's setup side by side, a speed hint that
+    never raises, with or without a GPU driver) marks itself done and leaves the compile hook on the
+    Triton kernel."""
+    from prefix_prefill import launch
 
-    monkeypatch.setattr(pi, "_TRITON_PRIMED", False)
-    pi._prime_triton()
-    assert pi._TRITON_PRIMED
+    monkeypatch.setattr(launch, "_PRIMED", False)
+    launch.install_hooks()
+    assert launch._PRIMED
+    if hasattr(launch._fwd_kernel, "_do_compile"):  # (compiled JIT functions; not the interpreter's)
+        assert getattr(launch._fwd_kernel._do_compile, "_prefill_hooked", False)

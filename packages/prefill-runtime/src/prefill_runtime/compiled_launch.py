@@ -47,9 +47,13 @@ _SUPPORTED = _supported()
 
 
 def _hooks_installed() -> bool:
+    """A launch hook is installed (Triton 3.6 keeps them in chains that are empty by default)."""
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    return any(
+        h is not None and (not hasattr(h, "calls") or len(h.calls) > 0)
+        for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    )
 
 
 class CompiledLaunches:
@@ -67,6 +71,10 @@ class CompiledLaunches:
 
     def clear(self) -> None:
         self._kernels.clear()
+
+    def has(self, key: Hashable | None) -> bool:
+        """Whether a call with ``key`` launches directly (its variant compiled and no launch hook)."""
+        return key is not None and key in self._kernels and not _hooks_installed()
 
     def launch(self, key: Hashable | None, grid: tuple[int, int, int], args: Sequence, params: dict,
                options: dict, device: torch.device) -> None:  # fmt: skip

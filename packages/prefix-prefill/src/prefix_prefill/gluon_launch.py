@@ -15,6 +15,7 @@ capturing. ``PREFIX_PREFILL_GLUON_TIERED=0``: the full form from the first call.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -95,11 +96,58 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     return False
 
 
-def _cache_rows(cache: torch.Tensor, cv: CacheView, rows: int):
-    """A TMA descriptor over an NHD cache seen as [num_blocks * page_size, kv_heads * head_size] (the plan
-    checked that pages are contiguous with 16-byte rows), block [rows, head_size]."""
+class _Desc:
+    """A TMA descriptor's per-call part for a compiled variant launched directly: what Triton's launcher
+    reads of a ``TensorDescriptor`` (base, shape, strides, padding; the block and layout are the
+    variant's, fixed by its key). Made without ``TensorDescriptor``'s checks, which the first call of the
+    key ran on the same geometry."""
+
+    __slots__ = ("base", "padding", "shape", "strides")
+
+    def __init__(self, base: torch.Tensor, shape: list, strides: list) -> None:
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+
+
+def _tma(base: torch.Tensor, shape: list, strides: list, block: list, layout, light: bool):
+    """A TMA descriptor over ``base`` seen as ``shape``/``strides`` (elements), block ``block`` in
+    ``layout``; ``light``: the per-call part only (:class:`_Desc`)."""
+    if light:
+        return _Desc(base, shape, strides)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(base, shape, strides, block, layout)
+
+
+@functools.cache
+def _swizzled(rows: int, cols: int, half: bool):
+    """The default NVMMA shared layout of a 16-bit ``[rows, cols]`` block (128-byte swizzle for 64+)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float16 if half else gl.bfloat16)
+
+
+@functools.cache
+def _unswizzled(rank: int):
+    """The no-swizzle NVMMA shared layout of a 16-bit block of ``rank`` dimensions (lands dense)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=rank)
+
+
+def _rows(t: torch.Tensor, block: int, light: bool):
+    """``t`` ``[tokens, heads, D]`` (the plan checked TMA can read it) as ``[tokens, heads * D]`` rows,
+    block ``[block, D]``."""
+    d = t.shape[2]
+    layout = None if light else _swizzled(block, d, t.dtype == torch.float16)
+    return _tma(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [block, d], layout, light)
+
+
+def _cache_rows(cache: torch.Tensor, cv: CacheView, rows: int, light: bool):
+    """An NHD cache seen as [num_blocks * page_size, kv_heads * head_size] (the plan checked that pages
+    are contiguous with 16-byte rows), block [rows, head_size]."""
     d, hk, page = cv.head_size, cv.num_kv_heads, cv.page_size
-    return runtime.gluon_descriptor(cache, [cv.num_blocks * page, hk * d], cv.stride_slot, rows, d)
+    layout = None if light else _swizzled(rows, d, cache.dtype == torch.float16)
+    return _tma(cache, [cv.num_blocks * page, hk * d], [cv.stride_slot, 1], [rows, d], layout, light)
 
 
 def _go(kernel, fast, key, grid, args, params, num_warps, device) -> None:
@@ -123,35 +171,35 @@ def _launch_nhd(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table
     """The NHD kernel's launch as a thunk (descriptors made here)."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
-    kcb, vcb = _cache_rows(k_cache, kc, block_n), _cache_rows(v_cache, vc, block_n)
-    q_desc = runtime.gluon_token_rows(q, block_m // 2)
-    kc_desc, vc_desc = _cache_rows(k_cache, kc, box), _cache_rows(v_cache, vc, box)
-    if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
-        k_desc, v_desc = kcb, vcb
-    else:
-        k_desc, v_desc = runtime.gluon_token_rows(k, block_n), runtime.gluon_token_rows(v, block_n)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+    key = ("nhd", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse))
 
     def one(full: bool, warmup: bool) -> None:
         # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
-        q_arg = q_desc if full else runtime.gluon_token_rows(q, block_m)
-        args = (q_arg, k_desc, v_desc, kc_desc, vc_desc, kcb, vcb, o, block_table, cu_seqlens_q, seq_lens,
-                scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0),
-                kc.page_size, kc.num_blocks * kc.page_size, lse,
-                lse.stride(0) if lse is not None else None)  # fmt: skip
+        light = full and not warmup and _NHD is not None and _NHD.has(key)
+        kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
+        if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
+            k_desc, v_desc = kcb, vcb
+        else:
+            k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
+        args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc,
+                _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light), kcb, vcb, o,
+                block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads,
+                o.stride(0), o.stride(1), block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size,
+                lse, lse.stride(0) if lse is not None else None)  # fmt: skip
         kw = dict(consts, ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
         warps = 4 if full else 8
         if warmup:  # (a background thread: its CUDA device is not the caller's)
             with torch.cuda.device(q.device):
                 _gluon_fwd_kernel.warmup(*args, grid=grid, **kw, num_warps=warps)
         else:
-            key = ("nhd", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse)) if full else None
-            _go(_gluon_fwd_kernel, _NHD, key, grid, args, kw, warps, q.device)
+            _go(_gluon_fwd_kernel, _NHD, key if full else None, grid, args, kw, warps, q.device)
 
     return lambda: _run_tiers(("nhd", q.dtype, *plan.constexprs), one)
 
 
 # --------------------------------------------------------------------------- vLLM's split layout
+@functools.cache
 def _k_view(block_n: int, head: int, cm: bool):
     """How the split kernel's consumers read a K slot filled by TMA: ``[block_n, head]`` (``cm``: the
     chunk-major ring, one view of all features) or ``[block_n, 64]`` (one view per 64 features), stored as
@@ -169,7 +217,7 @@ def _k_view(block_n: int, head: int, cm: bool):
     return gl.SharedLinearLayout(offset_bases=bits)
 
 
-def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int, groups: int):
+def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int, groups: int, light: bool):
     """vLLM's contiguous split K cache (``rows`` = num_blocks * kv_heads * D/8 feature groups of ``page * 8``
     elements) seen as ``[page / 8, rows, 64]`` with strides ``[64, page * 8, 1]`` (a page's key groups of 8,
     the feature groups, one group's 8 keys x 8 features), block ``[block_n / 8, groups, 64]`` in the
@@ -177,74 +225,62 @@ def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int
     The strides are not in decreasing order (TMA asks only that they be multiples of 16 bytes); the box
     stays inside its page (the kernel uses it only for blocks that do). ``groups``: feature groups a box
     spans (8: 64 features, one part of the part-major ring; D / 8: every feature, the chunk-major one)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=k_cache.element_size() * 8, rank=3)
-    return TensorDescriptor(
-        k_cache, [page // 8, rows, 64], [64, page * 8, 1], [block_n // 8, groups, 64], layout
-    )
+    return _tma(k_cache, [page // 8, rows, 64], [64, page * 8, 1], [block_n // 8, groups, 64], _unswizzled(3),
+                light)  # fmt: skip
 
 
-def _new_k_chunks(t: torch.Tensor):
+def _new_k_chunks(t: torch.Tensor, light: bool):
     """The split kernel's descriptor of the new tokens' K with K by TMA: ``t`` ``[tokens, kv_heads, D]``
     (heads adjacent, unit feature stride: the plan checked) seen as ``[kv_heads * D/8, tokens, 8]`` with
     strides ``[8, token stride, 1]`` (feature groups, tokens, one group's 8 features), block ``[8, 8, 8]``
     in the no-swizzle layout: a box lands as one dense 8-key chunk of the K ring (8 groups of 8 keys x 8
     features); rows past the tensor's end read zeros."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     tokens, heads, d = t.shape
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t.element_size() * 8, rank=3)
-    return TensorDescriptor(t, [heads * d // 8, tokens, 8], [8, t.stride(0), 1], [8, 8, 8], layout)
+    return _tma(t, [heads * d // 8, tokens, 8], [8, t.stride(0), 1], [8, 8, 8], _unswizzled(3), light)
 
 
 def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                   max_query_len, scale, lse):  # fmt: skip
     """The split kernel's launch as a thunk (descriptors made here; the new tokens' K and V are read
     where they are)."""
-    from triton.experimental.gluon import language as gl
-
     consts = plan.consts()
     head, hk, page = q.shape[2], kc.num_kv_heads, kc.page_size
     block_m, block_n = consts["BLOCK_M"], consts["BLOCK_N"]
     k_tma, v_tma, k_wide, k_cm = consts["K_TMA"], consts["V_TMA"], consts["K_WIDE"], consts["K_CM"]
     g = head // 8
-    strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
     half = q.dtype == torch.float16
+    strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
     # the V ring's [D, BLOCK_N] slots: [D, 16] TMA boxes (32-byte swizzle) or [D, BLOCK_N] gathers
-    v_ring = gl.NVMMASharedLayout.get_default_for(
-        [head, 16 if v_tma else block_n], gl.float16 if half else gl.bfloat16
-    )
-    v_cache_arg = v_cache
-    if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
-        v_cache_arg = runtime.gluon_descriptor(v_cache, [vc.num_blocks * hk * head, page], page, head, 16)
-    q_desc = runtime.gluon_token_rows(q, block_m // 2)
+    v_ring = _swizzled(head, 16 if v_tma else block_n, half)
+    k_view = _k_view(block_n, head, k_cm) if k_tma else None
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
-    v_desc = runtime.gluon_token_rows(v_rows, block_n)
-    k_cache_arg, k_view, kw_desc, kr_desc = k_cache, None, None, None
-    if k_tma:  # D/64 (or one, chunk-major) boxes a block inside a page, 16-key runs elsewhere
-        groups = g if k_cm else 8  # feature groups a box spans
-        kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16, groups)
-        if k_wide == 1:
-            kw_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n, groups)
-        # the K cache as [num_blocks * kv_heads * D/8, page_size * 8] (the ring's 64-wide rows)
-        k_cache_arg = runtime.gluon_descriptor(k_cache, [kc.num_blocks * hk * g, page * 8], page * 8, 8, 64,
-                                               swizzle=False)  # fmt: skip
-        k_view = _k_view(block_n, head, k_cm)
-        k_desc = _new_k_chunks(k_rows)
-    else:
-        k_desc = runtime.gluon_token_rows(k_rows, block_n)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+    key = ("split", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse))
 
     def one(full: bool, warmup: bool) -> None:
         # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
-        q_arg = q_desc if full else runtime.gluon_token_rows(q, block_m)
-        args = (q_arg, k_desc, v_desc, k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens,
-                scale * LOG2E, q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), page,
-                *strides, lse, lse.stride(0) if lse is not None else None)  # fmt: skip
+        light = full and not warmup and _SPLIT is not None and _SPLIT.has(key)
+        v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
+        if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
+            v_cache_arg = _tma(
+                v_cache, [vc.num_blocks * hk * head, page], [page, 1], [head, 16], v_ring, light
+            )
+        if k_tma:  # D/64 (or one, chunk-major) boxes a block inside a page, 16-key runs elsewhere
+            groups = g if k_cm else 8  # feature groups a box spans
+            kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16, groups, light)
+            if k_wide == 1:
+                kw_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n, groups, light)
+            # the K cache as [num_blocks * kv_heads * D/8, page_size * 8] (the ring's 64-wide rows)
+            k_cache_arg = _tma(k_cache, [kc.num_blocks * hk * g, page * 8], [page * 8, 1], [8, 64],
+                               _unswizzled(2), light)  # fmt: skip
+            k_desc = _new_k_chunks(k_rows, light)
+        else:
+            k_desc = _rows(k_rows, block_n, light)
+        args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
+                k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
+                q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
+                lse.stride(0) if lse is not None else None)  # fmt: skip
         kw = dict(consts, K_VIEW=k_view, V_RING=v_ring, KW_desc=kw_desc, KR_desc=kr_desc,
                   ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())  # fmt: skip
         warps = 4 if full else 8
@@ -252,8 +288,6 @@ def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
             with torch.cuda.device(q.device):
                 _gluon_split_kernel.warmup(*args, grid=grid, **kw, num_warps=warps)
         else:
-            key = ("split", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse)) if full else None
-            _go(_gluon_split_kernel, _SPLIT, key, grid, args, kw, warps, q.device)
+            _go(_gluon_split_kernel, _SPLIT, key if full else None, grid, args, kw, warps, q.device)
 
-    key = ("split", q.dtype, kw_desc is None, kr_desc is None, *plan.constexprs)
-    return lambda: _run_tiers(key, one)
+    return lambda: _run_tiers(("split", q.dtype, k_wide, *plan.constexprs), one)
