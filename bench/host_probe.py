@@ -43,8 +43,12 @@ def _calls(torch):
     lens = torch.tensor([16], dtype=torch.int32, device=dev)
     one = torch.ones(1, device=dev)
     return [
-        ("pp_caf", lambda: pp.context_attention_fwd(q, k, v, o, "auto", kc_split, vc_split, bt, cu, sl, 32, 16,
-                                                    one, one)),  # fmt: skip
+        (
+            "pp_caf",
+            lambda: pp.context_attention_fwd(
+                q, k, v, o, "auto", kc_split, vc_split, bt, cu, sl, 32, 16, one, one
+            ),
+        ),
         ("pp_split", lambda: pp.prefix_prefill(q, k, v, kc_split, vc_split, bt, cu, sl, 16, out=o)),
         ("pp_nhd", lambda: pp.prefix_prefill(q, k, v, kc_nhd, vc_nhd, bt, cu, sl, 16, out=o)),
         ("wp_caf", lambda: wp.context_attention_fwd(q, k, v, o, start, lens, 16)),

@@ -248,7 +248,8 @@ def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, rows, n0, lo, hi, WG: 
             pv = warpgroup_mma(b_p, v_rows, acc, is_async=True)  # [BM / 2, D] += P V
         else:
             if out:
-                n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, WARPGROUPS)
+                n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T,
+                                    WARPGROUPS)  # fmt: skip
             pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)
     else:
         if out:
