@@ -1,7 +1,7 @@
-"""A/B timing of prefix-prefill's kernel switches, ours only (no peers), in one process.
+"""A/B timing of one constexpr of prefix-prefill's launch plans, ours only (no peers), in one process.
 
     python bench/ab_prefix.py [--shapes llama,qwen] [--pages 16,512,544,...] [--layouts split,nhd]
-                              [--switch _TILE_PAGES] [--out DIR] [--kv-from-cache]
+                              [--switch PREFETCH_IDS] [--kernel triton] [--out DIR] [--kv-from-cache]
     python bench/ab_prefix.py --smoke      # CPU: tiny shapes under the Triton interpreter
 
 ``--jobs N`` first compiles every (shape, layout, page, setting) in N parallel worker processes
@@ -9,13 +9,14 @@
 cache): 56 compiles take about a minute instead of several. ``--choice FILE`` writes the setting
 with the smaller worst-case page spread (``NAME=0|1``), for the next step of a device call.
 
-For each (shape, page, layout) it times the default table config with the module switch
-``prefix_prefill.interface.<switch>`` off and on (same inputs, interleaved, medians of
+For each (shape, page, layout) it times the plan with the constexpr ``<switch>`` off (0/False) and on
+(True, or ``--on-value``), through ``bench/plan_override.py`` (plans of ``--kernel`` only; same inputs,
+interleaved, medians of
 ``triton.testing.do_bench``) and prints one line per timing plus, per shape and layout, the page
 spread (slowest non-power-of-two page over the fastest power-of-two page, and slowest over fastest
 page) for each setting. ``--rounds N`` times every (page, setting) N times, the pages in a rotated
 order and off/on flipped each round, and reports the median: the H200's clocks drift by a few % over
-a run (session 13 saw one problem at 6.43 and 7.07 ms in one process), which one pass per page takes
+a run (one problem was seen at 6.43 and 7.07 ms in one process), which one pass per page takes
 for a page difference. ``--robin N`` instead launches every (page, setting) once per round, back to
 back with no pause, N rounds (the order rotated and reversed every other round), each launch timed by
 device events: every page then runs under the same mix of clock states (the card sits at its power
@@ -40,20 +41,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
     bench_ms,
     prefix_bench_module,
-    set_switches,
     settle,
     start,
     tflops,
     uniform_prefix_problem,
     write_rows,
 )
+from plan_override import overridden, parse_sets
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
 
 import torch  # noqa: E402
 
-import prefix_prefill.interface as itf  # noqa: E402
 from prefix_prefill import prefix_prefill  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
@@ -95,13 +95,11 @@ def _call(prob: dict, layout: str, out: torch.Tensor, kv_from_cache: bool = Fals
 
 @contextlib.contextmanager
 def _switched(args, on: bool):
-    """The switch under test set to off (0) or on (1, or ``--on-value``) inside the block."""
-    default = getattr(itf, args.switch)
-    setattr(itf, args.switch, on if args.on_value is None else (args.on_value if on else 0))
-    try:
+    """The constexpr under test off (0 / False) or on (True, or ``--on-value``) inside the block, over the
+    run's ``--set`` constexprs."""
+    value = (args.on_value if on else 0) if args.on_value is not None else on
+    with overridden("prefix_prefill", {**args.fixed, args.switch: value}, kernel=args.kernel):
         yield
-    finally:
-        setattr(itf, args.switch, default)
 
 
 def _fmt(key: str, value: object) -> str:
@@ -121,14 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="llama,qwen")
     ap.add_argument("--pages", default="16,512,544,1024,1040,1056,2048")
     ap.add_argument("--layouts", default="split,nhd")
-    ap.add_argument("--switch", default="_TILE_PAGES", help="a boolean in prefix_prefill.interface")
+    ap.add_argument("--switch", default="PREFETCH_IDS", help="a constexpr of the plans")
+    ap.add_argument(
+        "--kernel", default=None, help="override this kernel's plans only (triton, gluon-split...)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--jobs", type=int, default=0, help="compile in this many worker processes first")
     ap.add_argument("--compile-only", action="store_true", help="worker mode: compile, do not time")
     ap.add_argument("--choice", type=Path, default=None, help="write the setting with the smaller spread")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
-                    help="fix another switch for the whole run (e.g. _PAGE_WALK=0)")  # fmt: skip
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="fix another constexpr for the whole run (e.g. K_CM=False)")  # fmt: skip
     ap.add_argument("--kv-from-cache", action="store_true",
                     help="k=v=None: new tokens' K/V from the cache (it holds every token)")  # fmt: skip
     ap.add_argument("--robin", type=int, default=0,
@@ -136,11 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time each (page, setting) N times, pages interleaved: medians")  # fmt: skip
     ap.add_argument("--on-value", type=int, default=None,
-                    help="an int switch: time 0 (off) against this value, e.g. _LAZY_RESCALE")  # fmt: skip
+                    help="an int constexpr: time 0 (off) against this value")  # fmt: skip
     args = ap.parse_args(argv)
-    set_switches(args.set, ap.error)
-    if not hasattr(itf, args.switch):
-        ap.error(f"prefix_prefill.interface has no switch {args.switch}")
+    args.fixed = parse_sets(args.set, ap.error)
     bp = prefix_bench_module()
     shapes = {n: bp.SHAPES[n] for n in args.shapes.split(",")}
     pages = [int(p) for p in args.pages.split(",")]
@@ -272,6 +271,7 @@ def _precompile(args, shapes: dict, layouts: list[str], pages: list[int]) -> Non
         cmd += ["--kv-from-cache"] if args.kv_from_cache else []
         cmd += [f"--on-value={args.on_value}"] if args.on_value is not None else []
         cmd += [f"--set={kv}" for kv in args.set]
+        cmd += [f"--kernel={args.kernel}"] if args.kernel else []
         running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     for proc in running:
         proc.wait()

@@ -76,18 +76,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="pages 16/544/1056 only, fewer repetitions, no flex")
     p.add_argument("--sweep", action="store_true", help="also time our kernel over a config grid")
     p.add_argument("--shapes", default="llama,qwen,chunked", help="comma list of llama, qwen, chunked")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
-                   help="an interface switch for this run, e.g. _TILE_PAGES=1")  # fmt: skip
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a plan constexpr for this run, e.g. PREFETCH_IDS=0 (plan_override.py)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="timing passes over the pages (medians reported)")
     p.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap for ours_nhd (0: off)")
     p.add_argument("--return-lse", action="store_true", help="ours_nhd also returns the softmax LSE")
     p.add_argument("--from-logs", nargs="+", type=Path, default=None, metavar="LOG",
                    help="rebuild the csv/md/png from these runs' printed lines; measure nothing")  # fmt: skip
     args = p.parse_args(argv)
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if not name.startswith("_") or value not in ("0", "1"):
-            p.error(f"--set expects _NAME=0 or _NAME=1, got {item!r}")
+    from plan_override import parse_sets
+
+    args.consts = parse_sets(args.set, p.error)
     shapes = [ALIASES.get(s.strip(), s.strip()) for s in args.shapes.split(",") if s.strip()]
     bad = [s for s in shapes if s not in (*SHAPES, "chunked")]
     if bad:
@@ -406,7 +405,7 @@ def sweep(torch, out_dir: Path, reps: dict) -> list[dict]:
     """Time our kernel over a config grid at pages 544 and 1024 for llama and qwen."""
     from paged_kv_offsets import describe_kv_cache
     from prefix_prefill.configs import KernelConfig
-    from prefix_prefill.interface import _launch_fwd
+    from prefix_prefill.launch import forward
 
     rows = []
     for name in ("llama", "qwen"):
@@ -422,7 +421,7 @@ def sweep(torch, out_dir: Path, reps: dict) -> list[dict]:
                             cfg = KernelConfig(bm, 64, bnc, w, s)
 
                             def fn(cfg=cfg, p=prob, kc=kc, vc=vc):
-                                _launch_fwd(
+                                forward(
                                     p["q"], p["k"], p["v"], p["o"], p["k_cache"], p["v_cache"], kc, vc,
                                     p["block_table"], p["cu"], p["seq_lens"], p["max_q"], config=cfg,
                                 )  # fmt: skip
@@ -538,18 +537,17 @@ def main(argv: list[str] | None = None) -> int:
         print("this benchmark needs a CUDA/ROCm device", file=sys.stderr)
         return 2
     add_package_paths()
-    import prefix_prefill.interface as itf
+    from plan_override import overridden
 
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if not isinstance(getattr(itf, name, None), bool):
-            print(f"prefix_prefill.interface has no boolean switch {name}", file=sys.stderr)
-            return 2
-        setattr(itf, name, value == "1")
     args.out.mkdir(parents=True, exist_ok=True)
+    with overridden("prefix_prefill", args.consts):
+        return _run(torch, args)
+
+
+def _run(torch, args) -> int:
     reps = {"warmup": 10, "rep": 30} if args.quick else {"warmup": 25, "rep": 100}
     pages = QUICK_PAGES if args.quick else PAGES
-    switches = args.set or "default"
+    switches = args.set or "the plans'"
     global SOFTCAP, RETURN_LSE
     SOFTCAP, RETURN_LSE = args.softcap, args.return_lse
     cap = f", ours_nhd softcap {SOFTCAP:g}" if SOFTCAP > 0 else ""
