@@ -34,8 +34,8 @@ os.environ["TRITON_INTERPRET"] = "0"  # compiled JIT functions, not the interpre
 # bench/ holds scripts named like the packages (bench/prefix_prefill.py): import the packages
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-import torch
-from triton.runtime import jit as _jit
+import torch  # noqa: E402 (after the sys.path fix above)
+from triton.runtime import jit as _jit  # noqa: E402
 
 TARGET = None  # GPUTarget("cuda", 90, 32), made on first use
 DEV = 0  # the device-cache slot the offline compiles use
