@@ -6,8 +6,9 @@ heads of ``head_size`` features. Element ``(block, slot, head, d)`` of a cache l
     block * stride_block + slot * stride_slot + head * stride_head
         + (d // x) * stride_dim + (d % x) * stride_x
 
-(all in elements), which :func:`paged_kv_offsets.kernel.token_offsets` and
-:func:`paged_kv_offsets.kernel.dim_offsets` compute on the device. Accepted layouts:
+(all in elements), of which :func:`paged_kv_offsets.kernel.tile_block_offsets` computes the block and
+slot part and :func:`paged_kv_offsets.kernel.dim_offsets` the feature part on the device (the caller
+adds ``head * stride_head``). Accepted layouts:
 
 ========  ===========================================  =============================================
 layout    K cache                                      V cache
