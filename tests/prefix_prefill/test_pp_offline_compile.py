@@ -1,8 +1,12 @@
-"""Compile the real kernel for NVIDIA/AMD targets without a GPU (Triton's bundled toolchains).
+"""Compile the Triton kernel's planned variants for NVIDIA/AMD targets without a GPU (Triton's bundled
+toolchains).
 
 The interpreter accepts things the compiler rejects (a non-constexpr global, a bad constexpr
-expression); this runs ``triton.compile`` in a subprocess without ``TRITON_INTERPRET`` so the CPU
-suite catches them, and checks the shared memory of the compiled binaries against the budgets.
+expression); this compiles, in a subprocess without ``TRITON_INTERPRET``, the constexprs that
+:func:`prefix_prefill.plan.triton_plan` gives a matrix of problems (every table entry's head bucket,
+cache layouts, page classes, fp8 caches and outputs, windows, ALiBi, sinks, soft-capping, k=None, the
+LSE, skip_decode) and the other form of each choice the plan makes, and checks the compiled shared
+memory against each architecture's budget. The problems are meta tensors: no memory, no device.
 """
 
 from __future__ import annotations
@@ -19,185 +23,105 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, sys
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from paged_kv_offsets import describe_kv_cache
+from prefix_prefill.configs import SHARED_MEMORY_BUDGET
 from prefix_prefill.kernel import _fwd_kernel
-from prefix_prefill.configs import CONFIGS, SHARED_MEMORY_BUDGET, head_bucket
+from prefix_prefill.plan import make_problem, triton_plan
 
-PTRS = {"Q", "K", "V", "O", "K_cache", "V_cache", "Block_table", "Cu_seqlens_q", "Seq_lens", "Sinks",
-        "Alibi_slopes", "K_scale", "V_scale", "Out_scale"}
-ONES = {"stride_kc_x", "stride_vc_slot", "stride_bt_col"}  # Triton specialises ints equal to 1
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8e4nv": torch.float8_e4m3fn}
+TT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8e4nv": "fp8e4nv"}
+PTRS = ("Q", "K", "V", "O", "K_cache", "V_cache", "Block_table", "Cu_seqlens_q", "Seq_lens", "Sinks",
+        "Alibi_slopes", "K_scale", "V_scale", "Out_scale", "Lse")
+DNS = ("window_left", "window_right", "n_bt_cols", "page_size", "stride_bt_row", "stride_lse_h")
 
-def build(dtype, cache, out, D, page, x, cfg, **flags):
-    c = dict(QUERIES_PER_KV=4, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), PAGE_SIZE=page, X=x,
-             K_ALIGN16=True, V_ALIGN16_ANY=False, V_ALIGN16_RUNS=True, V_CONTIG=32, BLOCK_M=cfg.BLOCK_M,
-             BLOCK_N=cfg.BLOCK_N, BLOCK_N_CTX=cfg.BLOCK_N_CTX, CAUSAL=True, USE_LEFT=False,
-             USE_RIGHT=False, HAS_ALIBI=False, HAS_SINKS=False, KV_FROM_CACHE=False, CACHE_FP8=False,
-             OUT_FP8=False, FP8_OUT_MAX=0.0, SKIP_DECODE=False, FOLD_SCALE=True, TILE_PAGES=False,
-             STRADDLE_BRANCH=False, TWO_PAGE_BASES=False, PAGE_WALK=False, REST_BLOCK=0, REST_GROUP=1,
-             WIDE_OFFSETS=True, GRANULE_EDGES=False,
-             DOT_PRECISION=None, K_CHUNK=0, ONE_SEGMENT=False, MERGE_NEW=False, MERGE_INTERIOR=True,
-             LAZY_RESCALE=0, SOFTCAP=False, PAGE_VECTOR=False, RETURN_LSE=False, Lse=None, PREFETCH_IDS=False,
-             KV_SAME_STRIDES=False,
-             stride_lse_h=None)
-    c.update(flags)
-    ptrs = set(PTRS)
-    if c["RETURN_LSE"]:  # the LSE output: a float32 pointer and a runtime head stride
-        del c["Lse"], c["stride_lse_h"]
-        ptrs.add("Lse")
-    missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
-    assert not missing, f"constexpr parameters without a value here: {missing}"  # else they compile as i32
-    types = {"Q": dtype, "K": dtype, "V": dtype, "O": out, "K_cache": cache, "V_cache": cache,
-             "Block_table": "i32", "Cu_seqlens_q": "i32", "Seq_lens": "i32"}
-    sig, consts, attrs = {}, {}, {}
+
+def problem(arch, dtype, cache, out, layout, d, page, opts):
+    qd, cd, od = DT[dtype], DT[cache], DT[out]
+    meta = lambda *s, dt=qd: torch.empty(*s, dtype=dt, device="meta")
+    q, o = meta(64, 8, d), meta(64, 8, d, dt=od)
+    k = v = None if opts.get("kv_from_cache") else meta(64, 2, d)
+    x = 16 // cd.itemsize
+    if layout == "split":
+        kc, vc = meta(8, 2, d // x, page, x, dt=cd), meta(8, 2, d, page, dt=cd)
+    elif layout == "nhd":
+        kc = vc = meta(8, page, 2, d, dt=cd)
+    else:
+        kc = vc = meta(8, 2, page, d, dt=cd)
+    kcv, vcv = describe_kv_cache(kc, vc, layout)
+    bt = meta(2, 4, dt=torch.int32)
+    p = make_problem(q, k, v, o, kc, vc, kcv, vcv, bt, arch=arch, gluon=False,
+                     causal=opts.get("causal", True), left=opts.get("left", -1), right=opts.get("right", -1),
+                     scale=0.1, alibi=opts.get("alibi", False), sinks=opts.get("sinks", False),
+                     softcap_form=opts.get("softcap", 0), skip_decode=opts.get("skip_decode", False),
+                     lse=opts.get("lse", False))
+    return p
+
+
+def source(p, consts, dtype, cache, out):
+    c = dict(consts)
+    if not c["RETURN_LSE"]:
+        c.update(Lse=None, stride_lse_h=None)
+    types = {"Q": TT[dtype], "K": TT[dtype], "V": TT[dtype], "O": TT[out], "K_cache": TT[cache],
+             "V_cache": TT[cache], "Block_table": "i32", "Cu_seqlens_q": "i32", "Seq_lens": "i32"}
+    sig, attrs = {}, {}
     for i, n in enumerate(_fwd_kernel.arg_names):
-        if n in ptrs:
+        if n in c:
+            sig[n] = "constexpr"
+        elif n in PTRS:
             sig[n] = "*" + types.get(n, "fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in c or n in ONES:
-            sig[n] = "constexpr"
-            consts[n] = c.get(n, 1)
         elif n in ("qk_scale", "softcap2"):
             sig[n] = "fp32"
         else:
             sig[n] = "i32"
-            if n.startswith("stride_") and n not in ("stride_bt_row", "stride_lse_h"):
+            if n not in DNS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return ASTSource(_fwd_kernel, sig, consts, attrs)
+    missing = [_fwd_kernel.arg_names[i] for i in _fwd_kernel.constexprs if _fwd_kernel.arg_names[i] not in c]
+    assert not missing, f"constexpr parameters the plan leaves out: {missing}"
+    return ASTSource(_fwd_kernel, sig, c, attrs)
+
 
 results = []
-for target, arch, dtype, cache, out, D, page, flags in json.loads(sys.argv[1]):
-    backend, name, warp = target
-    cfg = CONFIGS[(arch, head_bucket(D), "fp32" if dtype == "fp32" else "16bit", "large")]
-    x = 16 // {"fp32": 4, "fp16": 2, "bf16": 2}.get(cache, 1)
-    src = build(dtype, cache, out, D, page, x, cfg, **flags)
-    k = triton.compile(src, target=GPUTarget(backend, name, warp),
-                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-    results.append([arch, D, dtype, k.metadata.shared, SHARED_MEMORY_BUDGET[arch]])
+for target, arch, dtype, cache, out, layout, d, page, opts, forms in json.loads(sys.argv[1]):
+    p = problem(arch, dtype, cache, out, layout, d, page, opts)
+    chosen = triton_plan(p)
+    for form in [{}, *forms]:
+        plan = chosen.replace(constexprs=form) if form else chosen
+        src = source(p, plan.consts(), dtype, cache, out)
+        opt = plan.opts()
+        k = triton.compile(src, target=GPUTarget(*target),
+                           options={"num_warps": opt["num_warps"], "num_stages": opt["num_stages"]})
+        results.append([arch, d, dtype, layout, page, form, k.metadata.shared, SHARED_MEMORY_BUDGET[arch]])
 print(json.dumps(results))
 """
 
-WALK = {"TILE_PAGES": True, "PAGE_WALK": True}  # a context page walk (interface._page_walk)
-TWO_PAGE = {"TILE_PAGES": True, "TWO_PAGE_BASES": True}  # vLLM's split layout: tiles at multiples of the tile
-SM90_BF16 = [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16"]  # target, table arch, q/cache/out dtypes
-GRANULE8 = {"GRANULE_EDGES": True, "V_CONTIG": 8}  # granule-masked context edges, V runs of 8 tokens
-NHD = {"X": 1, "V_CONTIG": 1, "V_ALIGN16_RUNS": False, "V_ALIGN16_ANY": True}  # an NHD/HND cache
+H90 = ["cuda", 90, 32]
+H80 = ["cuda", 80, 32]
+MI300 = ["hip", "gfx942", 64]
 CASES = [
-    # (target, table arch, q dtype, cache dtype, out dtype, head size, page, constexpr flags)
-    [
-        ["cuda", 90, 32],
-        "sm90",
-        "bf16",
-        "bf16",
-        "bf16",
-        128,
-        544,
-        {"USE_LEFT": True, "HAS_ALIBI": True, "HAS_SINKS": True},
-    ],
-    [
-        ["cuda", 90, 32],
-        "sm90",
-        "fp16",
-        "fp8e4nv",
-        "fp8e4nv",
-        256,
-        1056,
-        {
-            "CACHE_FP8": True,
-            "OUT_FP8": True,
-            "FP8_OUT_MAX": 448.0,
-            "KV_FROM_CACHE": True,
-            "CAUSAL": False,
-            "USE_RIGHT": True,
-            "TILE_PAGES": True,
-            "STRADDLE_BRANCH": True,
-            "PAGE_SIZE": 0,  # the launcher's runtime page size (the page is wider than every tile)
-        },
-    ],
-    # every sm90 16-bit table entry, plain flags: the compiled shared memory must fit the card (the
-    # static model in configs.py is conservative; on NVIDIA the compiled number is the authority)
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 64, 544, {}],
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {"TILE_PAGES": True, "PAGE_SIZE": 0}],
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 1056, {}],
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 256, 1040, {}],
-    # page walks (the default for these pages): rest tiles of 32 (544 % 128) and 16 (1040 % 64)
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32}],
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 256, 1040, {**WALK, "REST_BLOCK": 16}],
-    # int32 cache offsets (interface._OFFSETS_32, the default for caches under 2**31 elements)
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False}],
-    # rest groups (interface._REST_GROUP): 4 pages' rests of 32 per tile of 128 (544 % 128)
-    [["cuda", 90, 32], "sm90", "bf16", "bf16", "bf16", 128, 544, {**WALK, "REST_BLOCK": 32, "REST_GROUP": 4}],
-    # k=None as one cached segment (interface._ONE_SEGMENT_FROM_CACHE)
-    [*SM90_BF16, 128, 544, {**TWO_PAGE, "KV_FROM_CACHE": True, "ONE_SEGMENT": True}],
-    # k/v given with an NHD cache: context and new tokens in one pair of loops (interface._MERGE_NEW_TOKENS)
-    [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "MERGE_NEW": True, **NHD}],
-    # ... the masked loops only (interface._MERGE_MASKED_TILES)
-    [
-        *SM90_BF16,
-        128,
-        16,
-        {**TWO_PAGE, "WIDE_OFFSETS": False, "MERGE_NEW": True, "MERGE_INTERIOR": False, **NHD},
-    ],
-    # one block id per page in unmasked context tiles of small pages (interface._PAGE_VECTOR), with
-    # soft-capping through the hardware tanh (SOFTCAP=2: inline PTX tanh.approx.f32)
-    [*SM90_BF16, 128, 16, {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, **NHD, "SOFTCAP": 2}],
-    # the next interior tile's block ids read one iteration ahead (interface._PREFETCH_IDS), one id per
-    # page (16) and the two-page form (544)
-    [
-        *SM90_BF16,
-        128,
-        16,
-        {**TWO_PAGE, "WIDE_OFFSETS": False, "PAGE_VECTOR": True, "PREFETCH_IDS": True, **NHD},
-    ],
-    [*SM90_BF16, 256, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "PREFETCH_IDS": True}],
-    # one set of per-lane offsets for K and V (interface._KV_SAME_STRIDES), NHD
-    [*SM90_BF16, 128, 1056, {**TWO_PAGE, "WIDE_OFFSETS": False, "KV_SAME_STRIDES": True, **NHD}],
-    # the q.k dot in 32-feature chunks (interface._K_CHUNKS_SPLIT) with granule edges, split layout
-    [*SM90_BF16, 128, 544, {**TWO_PAGE, "WIDE_OFFSETS": False, "K_CHUNK": 32, **GRANULE8}],
-    # return_lse=True (kernel RETURN_LSE): the default NHD form, and a skip_decode store of -inf
-    [
-        *SM90_BF16,
-        128,
-        16,
-        {
-            **TWO_PAGE,
-            "WIDE_OFFSETS": False,
-            "MERGE_NEW": True,
-            "MERGE_INTERIOR": False,
-            **NHD,
-            "RETURN_LSE": True,
-        },
-    ],
-    [["cuda", 80, 32], "sm80", "fp16", "fp16", "fp16", 64, 16, {"SKIP_DECODE": True, "RETURN_LSE": True}],
-    [
-        ["cuda", 80, 32],
-        "sm80",
-        "fp32",
-        "fp32",
-        "fp32",
-        80,
-        16,
-        {"DOT_PRECISION": "ieee", "SKIP_DECODE": True},
-    ],
-    [
-        ["hip", "gfx942", 64],
-        "gfx942",
-        "fp16",
-        "fp16",
-        "fp16",
-        128,
-        544,
-        {"USE_LEFT": True, "HAS_ALIBI": True, **WALK, "REST_BLOCK": 32},
-    ],
-]
+    # (target, table arch, q / cache / out dtype, layout, head size, page, options, other forms)
+    [H90, "sm90", "bf16", "bf16", "bf16", "split", 128, 544, {"left": 100, "alibi": True, "sinks": True},
+     [{"WIDE_OFFSETS": True}]],
+    [H90, "sm90", "fp16", "fp8e4nv", "fp8e4nv", "split", 256, 1056,
+     {"kv_from_cache": True, "causal": False, "right": 7}, [{"GRANULE": 0}]],
+    [H90, "sm90", "bf16", "bf16", "bf16", "split", 64, 544, {}, []],
+    [H90, "sm90", "bf16", "bf16", "bf16", "split", 256, 1040, {}, [{"PREFETCH_IDS": True}]],
+    [H90, "sm90", "bf16", "bf16", "bf16", "nhd", 128, 16, {"softcap": 2, "lse": True},
+     [{"MERGE_NEW": False}]],
+    [H90, "sm90", "bf16", "bf16", "bf16", "nhd", 128, 1056, {}, [{"PREFETCH_IDS": False}]],
+    [H90, "sm90", "bf16", "bf16", "bf16", "hnd", 128, 544, {"kv_from_cache": True}, []],
+    [H90, "sm90", "fp32", "fp32", "fp32", "nhd", 80, 16, {"skip_decode": True, "lse": True}, []],
+    [H80, "sm80", "fp16", "fp16", "fp16", "split", 64, 16, {"skip_decode": True, "lse": True}, []],
+    [H80, "sm80", "fp32", "fp32", "fp32", "nhd", 80, 16, {}, []],
+    [MI300, "gfx942", "fp16", "fp16", "fp16", "split", 128, 544, {"left": 31, "alibi": True}, []],
+]  # fmt: skip
 
 
-@pytest.mark.skipif(
-    __import__("torch").cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1",
-    reason="the CPU suite's static check; on the H200 image (triton 3.6) one target failed to compile "
-    "in this test's subprocess while the same triton on a CPU machine compiles all (NOTES, session 4)",
-)
+@pytest.mark.compile_check
 def test_kernel_compiles_for_gpu_targets_offline():
     try:
         import triton.backends.nvidia  # noqa: F401
@@ -205,18 +129,17 @@ def test_kernel_compiles_for_gpu_targets_offline():
         pytest.skip("Triton's NVIDIA backend is not available")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "packages" / p / "src") for p in ("paged-kv-offsets", "prefix-prefill")]
+        [
+            str(ROOT / "packages" / p / "src")
+            for p in ("paged-kv-offsets", "prefill-runtime", "prefix-prefill")
+        ]
         + [env.get("PYTHONPATH", "")]
     )
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(CASES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-c", SCRIPT, json.dumps(CASES)], env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == len(CASES)
-    for arch, d, dtype, shared, budget in results:
-        assert 0 < shared <= budget, (arch, d, dtype, shared, budget)
+    assert len(results) == sum(1 + len(c[-1]) for c in CASES)
+    for arch, d, dtype, layout, page, form, shared, budget in results:
+        assert 0 < shared <= budget, (arch, d, dtype, layout, page, form, shared, budget)
