@@ -47,7 +47,7 @@ class _FakeJit:
     arg_names = ("Q", "N", "FLAG")
 
     def __init__(self, name: str = "ours", body=None):
-        self.name = name
+        self.name = self.__name__ = name
         self.calls: list[object] = []
         self.body = body or _key_or_raise
         self.compile = lambda src, target=None, options=None: self.body(src)
@@ -337,6 +337,40 @@ def test_compile_passes_scope(monkeypatch):
     assert seen == [ptx] and llvm.translate_to_asm(ptx) == ptx
     with hooks.compile_passes(desc_fix=True):
         assert llvm.translate_to_asm(other) != other
+
+
+def test_hook_compiles_options_reach_every_compile_of_the_kernel(monkeypatch, asm_calls):
+    """The options hold for the hooked kernel's compile also when Triton runs it in another thread (its
+    async compile mode: the instance's ``compile`` is wrapped) and when a new device's binder has put
+    the unwrapped ``compile`` back just before the compile (the ``_do_compile`` thread's state)."""
+    got, body = asm_calls
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.delenv("PREFILL_GLUON", raising=False)
+    desc_ptx, b0, _ = _wgmma_ptx()
+    fixed = str(b0 & ~(7 << 49))
+    raw = _FakeJit(body=body).compile  # Triton's compile, as a device's binder sets it
+
+    class _Async(_FakeJit):  # _do_compile hands the compile to an executor thread
+        def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+            src = self.ASTSource(self, signature, constexprs, attrs)
+            src.key = key
+            box = []
+            t = threading.Thread(target=lambda: box.append(self.compile(src, target=None, options={})))
+            t.start()
+            t.join()
+            return box[0]
+
+    class _Rebound(_FakeJit):  # another device's binder resets compile right before the compile
+        def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+            self.compile = raw
+            return super()._do_compile(key, signature, device, constexprs, options, attrs, warmup)
+
+    for cls in (_Async, _Rebound):
+        fake = cls(body=body)
+        assert hook_compiles(fake, lambda: False, desc_fix_flag="FLAG")
+        got.clear()
+        fake._do_compile(desc_ptx, _SIG, 0, {(2,): True}, None, {}, False)
+        assert fixed in got[0] and got[1] == desc_ptx.replace("entry ours", "entry other"), cls.__name__
 
 
 def test_build_launcher_never_raises(monkeypatch):

@@ -12,9 +12,11 @@ Containment (vLLM and others compile many Triton kernels in the same process):
   ``compile``); no other kernel's compile path changes.
 * The two ``llvm`` wrappers are process-wide (Triton's backends look the functions up on each call) and
   installed by the first compile that asks for them. They pass every call through untouched unless the
-  calling thread is inside :func:`compile_passes`, which a hooked kernel's ``compile`` enters for its own
-  ``triton.compile`` only, and the module (``optimize_module``) or the PTX (``translate_to_asm``)
-  defines that kernel's entry point. Output that is not PTX (AMDGCN, object files) is never touched.
+  calling thread is inside :func:`compile_passes`, which only a compile of a hooked kernel enters (its
+  ``_do_compile`` call and its ``compile``), and the module (``optimize_module``) or the PTX
+  (``translate_to_asm``) defines that kernel's entry point, by name. Output that is not PTX (AMDGCN,
+  object files) is never touched. (What would still match: a kernel of the same name compiled by a
+  user's Triton compile hook from inside our compile, in its thread.)
 * The PTX passes apply only on the Triton versions they were verified on
   (:func:`prefill_runtime.gluon_support.ptx_passes_supported`).
 """
@@ -74,15 +76,14 @@ def hook_compiles(
       ``free_waits_flag``: the PTX through :func:`drop_wait_barriers`; ``desc_fix_flag``: the PTX
       through :func:`clear_noswizzle_base_offsets`. The two PTX passes apply only where
       :func:`~prefill_runtime.gluon_support.ptx_passes_supported` (a verified Triton, or forced). The
-      options are set by wrapping the instance's ``compile`` (see :func:`_compile_options`), so they
-      hold in whichever thread compiles this kernel (also Triton's async compiles) and for that compile
-      only (:func:`compile_passes`).
+      options hold for this kernel's compiles only, in whichever thread compiles it (also Triton's
+      async compiles): see :class:`_CompileOptions` and :func:`compile_passes`.
 
     Returns whether the hook is in place (False: this Triton has no such step, e.g. the interpreter)."""
     orig = getattr(jit_fn, "_do_compile", None)
     if orig is None or getattr(orig, "_prefill_hooked", False):
         return orig is not None
-    wrap_compile = _compile_options(jit_fn, llvm_o0_flag, free_waits_flag, desc_fix_flag)
+    options = _CompileOptions.of(jit_fn, llvm_o0_flag, free_waits_flag, desc_fix_flag)
 
     def _do_compile(*args, **kwargs):
         builder = None
@@ -98,10 +99,12 @@ def hook_compiles(
                 builder.start()
         except Exception:
             pass
-        if wrap_compile is not None:
-            wrap_compile()
         try:
-            return orig(*args, **kwargs)
+            if options is None:
+                return orig(*args, **kwargs)
+            options.wrap_compile()
+            with options.passes(args[3] if len(args) > 3 else None, options.name):
+                return orig(*args, **kwargs)
         finally:
             if builder is not None:
                 builder.join()
@@ -114,49 +117,70 @@ def hook_compiles(
     return True
 
 
-def _compile_options(
-    jit_fn: object, llvm_o0: str | None, free_waits: str | None, desc_fix: str | None
-) -> Callable[[], None] | None:
-    """A function that wraps ``jit_fn.compile`` once it is there (None when no option is named, or none
-    is a parameter of the kernel). Triton sets that instance attribute to ``triton.compile`` when it
-    creates a device's binder, before any ``_do_compile`` of that device, and ``_do_compile`` calls
-    ``self.compile`` (Triton 3.6 and 3.8; also inside its async compiles). The wrapper runs a compile
-    whose named constexprs are true inside :func:`compile_passes` with those options for this kernel's
-    entry point, and every other compile as Triton's."""
-    o0_path, free_path, fix_path = (_constexpr_path(jit_fn, n) for n in (llvm_o0, free_waits, desc_fix))
-    if o0_path is None and free_path is None and fix_path is None:
-        return None
+class _CompileOptions:
+    """The compile options :func:`hook_compiles` gives one kernel, and where they are set.
 
-    def with_options(inner: Callable) -> Callable:
+    A compile of the kernel whose named constexprs are true runs inside :func:`compile_passes` with
+    those options for the kernel's entry point, set twice over so that no compile of it misses them:
+    in the thread of its ``_do_compile`` for the whole call, and by a wrapper of the instance's
+    ``compile``, which Triton sets to ``triton.compile`` when it creates a device's binder (before any
+    ``_do_compile`` of that device) and which ``_do_compile`` calls, also from the executor thread of
+    Triton's async compile mode (Triton 3.6 and 3.8). Each ``_do_compile`` puts the wrapper back if a
+    new device's binder replaced it. Nested, the two set the same state."""
+
+    def __init__(self, jit_fn: object, paths: list[tuple[int] | None]) -> None:
+        self.jit_fn = jit_fn
+        self.name = getattr(jit_fn, "__name__", None)
+        self.o0_path, self.free_path, self.fix_path = paths
+
+    @classmethod
+    def of(
+        cls, jit_fn: object, llvm_o0: str | None, free_waits: str | None, desc_fix: str | None
+    ) -> _CompileOptions | None:
+        """The options of ``jit_fn`` (None when no option is named, or none is a parameter of it)."""
+        paths = [_constexpr_path(jit_fn, name) for name in (llvm_o0, free_waits, desc_fix)]
+        if all(p is None for p in paths):
+            return None
+        options = cls(jit_fn, paths)
+        options.wrap_compile()  # a kernel whose binder exists already
+        return options
+
+    def passes(self, constexprs: object, name: object) -> contextlib.AbstractContextManager:
+        """:func:`compile_passes` for a compile with these constexprs (keyed by argument path) of the
+        entry point ``name``; a no-op context when no option is true or the compile is not one this
+        hook knows. The PTX passes only where :func:`ptx_passes_supported`."""
+        try:
+            get = constexprs.get
+            ptx = ptx_passes_supported()
+            options = dict(
+                llvm_o0=self.o0_path is not None and get(self.o0_path) is True,
+                free_waits=ptx and self.free_path is not None and get(self.free_path) is True,
+                desc_fix=ptx and self.fix_path is not None and get(self.fix_path) is True,
+            )
+        except Exception:  # not a compile this hook knows: Triton's compile as it is
+            return contextlib.nullcontext()
+        if not isinstance(name, str) or not any(options.values()):
+            return contextlib.nullcontext()
+        return compile_passes(kernel=name, **options)
+
+    def wrap_compile(self) -> None:
+        """Wrap the instance's ``compile`` if it is there and not wrapped yet."""
+        try:
+            current = self.jit_fn.compile
+            if not callable(current) or getattr(current, "_prefill_hooked", False):
+                return
+        except Exception:  # no compile attribute yet: _do_compile's own thread state covers it
+            return
+
         def compile(src, *args, **kwargs):
-            try:
-                consts, name = src.constants, src.name
-                passes = ptx_passes_supported()
-                options = dict(
-                    llvm_o0=o0_path is not None and consts.get(o0_path) is True,
-                    free_waits=passes and free_path is not None and consts.get(free_path) is True,
-                    desc_fix=passes and fix_path is not None and consts.get(fix_path) is True,
-                )
-            except Exception:  # not a source this hook knows: Triton's compile as it is
-                return inner(src, *args, **kwargs)
-            if not isinstance(name, str) or not any(options.values()):
-                return inner(src, *args, **kwargs)
-            with compile_passes(kernel=name, **options):
-                return inner(src, *args, **kwargs)
+            with self.passes(getattr(src, "constants", None), getattr(src, "name", None)):
+                return current(src, *args, **kwargs)
 
         compile._prefill_hooked = True
-        return compile
-
-    def wrap() -> None:
         try:
-            current = jit_fn.compile
-            if callable(current) and not getattr(current, "_prefill_hooked", False):
-                jit_fn.compile = with_options(current)
-        except Exception:  # no compile attribute (yet): this compile runs as Triton's
+            self.jit_fn.compile = compile
+        except Exception:
             pass
-
-    wrap()  # a kernel whose binder exists already
-    return wrap
 
 
 def _constexpr_path(jit_fn: object, name: str | None) -> tuple[int] | None:
