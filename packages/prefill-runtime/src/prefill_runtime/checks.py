@@ -1,0 +1,55 @@
+"""Per-call argument helpers both kernel packages share: the soft-capping form and the LSE buffer.
+
+Owns :func:`softcap_form` (which ``SOFTCAP`` constexpr a kernel compiles for a device) and
+:func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call, allocated or checked,
+with errors that name the argument).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def softcap_form(softcap: float, q: torch.Tensor, fast: bool = True) -> int:
+    """A kernel's ``SOFTCAP`` constexpr for logits capped at ``softcap`` on ``q``'s device: 0 off, 1
+    tanh through exp2 (any backend, the interpreter), 2 the hardware tanh of
+    :func:`prefill_runtime.device.tanh` (``fast`` and an NVIDIA GPU of compute capability 7.5 or
+    newer, which has PTX ``tanh.approx.f32``; not ROCm, not Volta)."""
+    if softcap <= 0:
+        return 0
+    nvidia = fast and q.is_cuda and torch.version.hip is None
+    return 2 if nvidia and torch.cuda.get_device_capability(q.device) >= (7, 5) else 1
+
+
+def check_lse(
+    return_lse: object, lse: object, q: torch.Tensor, tokens: str = "total_tokens"
+) -> torch.Tensor | None:
+    """The softmax-LSE buffer of a call: None without ``return_lse``; with it ``lse`` checked, or a
+    new float32 ``[num_heads, <tokens>]`` tensor on ``q``'s device (``q`` is ``[<tokens>, num_heads,
+    head_dim]``; ``tokens`` names that dimension in the messages). A non-bool ``return_lse`` is a
+    ``TypeError``; ``lse`` without ``return_lse=True``, or of the wrong shape, device or token stride,
+    a ``ValueError``; a wrong type or dtype a ``TypeError``, each naming the argument."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not return_lse:
+        if lse is not None:
+            raise ValueError("lse is given but return_lse is False: pass return_lse=True to have it written")
+        return None
+    total, heads = q.shape[0], q.shape[1]
+    doc = f"float32 [num_heads, {tokens}] = [{heads}, {total}]"
+    if lse is None:
+        return torch.empty((heads, total), dtype=torch.float32, device=q.device)
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor {doc}, got {type(lse).__name__}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be {doc}, got dtype {lse.dtype}")
+    if tuple(lse.shape) != (heads, total):
+        raise ValueError(f"lse must have shape {doc}, got {tuple(lse.shape)}")
+    if lse.device != q.device:
+        raise ValueError(f"lse is on {lse.device} but q is on {q.device}; all tensors must share a device")
+    if total > 1 and lse.stride(1) != 1:
+        raise ValueError(
+            f"lse must have unit stride in its last ({tokens}) dimension, got strides {tuple(lse.stride())} "
+            "(call .contiguous())"
+        )
+    return lse

@@ -1,0 +1,72 @@
+"""prefill_runtime as a package: its version, its public names, the Gluon module kept apart, and the
+``prefill_runtime.host`` names other code imports."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import prefill_runtime
+
+# what prefill_runtime exported before its modules were split; kernel packages import these
+_PUBLIC = (
+    "CompileTiers", "check_lse", "clear_noswizzle_base_offsets", "drop_wait_barriers", "gluon_applies",
+    "gluon_descriptor", "gluon_token_rows", "gluon_try_launch", "hook_compiles", "prime_triton",
+    "prime_triton_in_background", "ptxas_launch_options", "softcap_form",
+)  # fmt: skip
+
+
+def test_version():
+    assert prefill_runtime.__version__ == "0.11.0"
+
+
+def test_public_names():
+    """Every name exported before the split is still exported (plus the allowlist's two), each from the
+    module that owns it."""
+    owners = {
+        "triton_setup": ("prime_triton", "prime_triton_in_background", "ptxas_launch_options"),
+        "compiler_hooks": ("hook_compiles", "drop_wait_barriers", "clear_noswizzle_base_offsets"),
+        "gluon_support": ("gluon_supported", "VERIFIED_TRITON_VERSIONS"),
+        "tiers": ("CompileTiers",),
+        "checks": ("check_lse", "softcap_form"),
+        "gluon_host": ("gluon_applies", "gluon_descriptor", "gluon_token_rows", "gluon_try_launch"),
+    }
+    assert set(_PUBLIC) | {"gluon_supported", "VERIFIED_TRITON_VERSIONS", "__version__"} == set(
+        prefill_runtime.__all__
+    )
+    for module, names in owners.items():
+        mod = importlib.import_module(f"prefill_runtime.{module}")
+        for name in names:
+            assert getattr(prefill_runtime, name) is getattr(mod, name), name
+
+
+def test_host_module_reexports():
+    """``prefill_runtime.host`` still holds the names tests, bench probes and docstrings use, as the
+    owning modules' own objects (the compile options' thread-locals included)."""
+    import prefill_runtime.compiler_hooks as hooks
+    import prefill_runtime.host as host
+
+    for name in _PUBLIC:
+        assert getattr(host, name) is getattr(prefill_runtime, name), name
+    private = ("_DESC_FIX", "_FREE_WAITS", "_LLVM_LEVEL", "_LLVM_O0", "_PTX_FILE", "_PTX_LOC", "_asm_wrapper",
+               "_build_launcher", "_llvm_level_wrapper", "_same_file", "free_wait_lines")  # fmt: skip
+    for name in private:
+        assert getattr(host, name) is getattr(hooks, name), name
+
+
+def test_gluon_module_is_separate():
+    """``import prefill_runtime`` does not import Gluon; ``prefill_runtime.gluon`` (and paged-kv-offsets'
+    ``gluon`` module) import where this Triton has Gluon and hold the kernels' device functions."""
+    code = "import sys, prefill_runtime, paged_kv_offsets; print('triton.experimental.gluon' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
+    try:
+        importlib.import_module("triton.experimental.gluon.language.nvidia.hopper")
+    except Exception:
+        pytest.skip("this Triton has no Gluon")
+    g = importlib.import_module("prefill_runtime.gluon")
+    assert all(hasattr(g, name) for name in ("consumer", "softmax_step", "zero_v_rows", "free_wait"))
+    assert hasattr(importlib.import_module("paged_kv_offsets.gluon"), "page_row")
