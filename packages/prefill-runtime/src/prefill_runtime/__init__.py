@@ -35,9 +35,9 @@ from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, drop_wait_barriers, hook_compiles
 from prefill_runtime.gluon_host import gluon_applies, gluon_descriptor, gluon_token_rows, gluon_try_launch
 from prefill_runtime.gluon_support import VERIFIED_TRITON_VERSIONS, gluon_supported
+from prefill_runtime.plan import LaunchPlan
 from prefill_runtime.tiers import CompileTiers
 from prefill_runtime.triton_setup import prime_triton, prime_triton_in_background, ptxas_launch_options
-from prefill_runtime.plan import LaunchPlan
 
 __all__ = [
     "VERIFIED_TRITON_VERSIONS",

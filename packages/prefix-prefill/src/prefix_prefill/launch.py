@@ -314,6 +314,7 @@ def _problem(
     lse,
     gluon: bool = True,
 ) -> Problem:
+    arch = detect_arch(q.device)
     return make_problem(
         q,
         k,
@@ -324,8 +325,8 @@ def _problem(
         kc,
         vc,
         block_table,
-        arch=detect_arch(q.device),
-        gluon=gluon and gluon_allowed(),
+        arch=arch,
+        gluon=gluon and arch == "sm90" and gluon_allowed(),  # (asked only where a Gluon kernel may run)
         causal=causal,
         left=left,
         right=right,
