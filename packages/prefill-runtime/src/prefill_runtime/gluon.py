@@ -235,26 +235,20 @@ def _v_operand(v_smem, slot, V_T: gl.constexpr):
 def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, rows, n0, lo, hi, WG: gl.constexpr,
              HALF_N: gl.constexpr, V_T: gl.constexpr, WARPGROUPS: gl.constexpr,
              V_ROWS: gl.constexpr):  # fmt: skip
-    """Issue ``acc += P @ V`` of ring slot ``slot`` (asynchronously) after zeroing its V rows outside
-    ``[lo, hi)`` when the block sticks ``out`` of its segment; ``rows`` (with ``V_ROWS``): the slot holds
-    ``[BLOCK_N, D]`` key rows in that layout rather than ``V_T``'s ``[D, BLOCK_N]``. Returns ``(n_fix,
-    acc)``."""
-    if V_ROWS is not None:
-        if rows:
-            v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2], v_smem.shape[1]],
-                                         V_ROWS).index(slot)  # fmt: skip
-            if out:
-                n_fix = zero_v_rows(v_rows, fix_bar, n_fix, n0, lo, hi, WG, HALF_N, False, WARPGROUPS)
-            pv = warpgroup_mma(b_p, v_rows, acc, is_async=True)  # [BM / 2, D] += P V
-        else:
-            if out:
-                n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T,
-                                    WARPGROUPS)  # fmt: skip
-            pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)
+    """With ``V_ROWS`` (see :func:`consumer`): issue ``acc += P @ V`` of ring slot ``slot`` (asynchronously)
+    after zeroing its V rows outside ``[lo, hi)`` when the block sticks ``out`` of its segment; ``rows``:
+    the slot holds ``[BLOCK_N, D]`` key rows in the ``V_ROWS`` layout rather than ``V_T``'s ``[D,
+    BLOCK_N]``. Returns ``(n_fix, acc)``."""
+    if rows:
+        v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2], v_smem.shape[1]],
+                                     V_ROWS).index(slot)  # fmt: skip
+        if out:
+            n_fix = zero_v_rows(v_rows, fix_bar, n_fix, n0, lo, hi, WG, HALF_N, False, WARPGROUPS)
+        pv = warpgroup_mma(b_p, v_rows, acc, is_async=True)  # [BM / 2, D] += P V
     else:
         if out:
             n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, WARPGROUPS)
-        pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
+        pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)
     return n_fix, pv
 
 
@@ -368,8 +362,14 @@ def consumer(
         _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
         if CP_FILL:
             fence_async_shared()
-        n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi, WG,
-                              BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
+        if V_ROWS is None:
+            if p_out:
+                n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
+                                    BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
+            acc = warpgroup_mma(b_p, _v_operand(v_smem, pslot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
+        else:
+            n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi,
+                                  WG, BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
         b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
         _release(k_empty.index(slot), WARPGROUPS)
         n0, lo, hi, shift, masked, out = _block_geometry(
@@ -393,8 +393,14 @@ def consumer(
     _wait_ready(v_ready.index(lslot), (last // VS) & 1, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
-    n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi, WG,
-                          BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
+    if V_ROWS is None:
+        if p_out:
+            n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
+                                BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
+        acc = warpgroup_mma(b_p, _v_operand(v_smem, lslot, V_T), acc, is_async=True)
+    else:
+        n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi, WG,
+                              BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
     acc = warpgroup_mma_wait(0, deps=[acc])
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----
