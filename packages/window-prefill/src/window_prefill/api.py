@@ -284,53 +284,60 @@ def _validate_requested(validate: bool) -> bool:
     return bool(validate) or os.environ.get("PREFILL_VALIDATE", "0") == "1"
 
 
+_SHAPES = {
+    "q": "[total_tokens, num_heads, head_dim]",
+    "k": "[total_tokens, num_kv_heads, head_dim]",
+    "v": "[total_tokens, num_kv_heads, head_dim]",
+    "out": "[total_tokens, num_heads, head_dim]",
+    "o": "[total_tokens, num_heads, head_dim]",
+}
+
+
 def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str) -> None:
     """Host-only (shape/dtype/device/stride) checks of q, k, v and the output buffer."""
-    for name, t in (("q", q), ("k", k), ("v", v), (out_name, o)):
+    named = (("q", q), ("k", k), ("v", v), (out_name, o))
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
     assert isinstance(v, torch.Tensor) and isinstance(o, torch.Tensor)
-    docs = {
-        "q": "[total_tokens, num_heads, head_dim]",
-        "k": "[total_tokens, num_kv_heads, head_dim]",
-        "v": "[total_tokens, num_kv_heads, head_dim]",
-        out_name: "[total_tokens, num_heads, head_dim]",
-    }
-    for name, t in (("q", q), ("k", k), ("v", v), (out_name, o)):
+    for name, t in named:
         if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D {docs[name]}, got shape {tuple(t.shape)}")
-    if q.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    for name, t in (("k", k), ("v", v), (out_name, o)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    total, heads, head_dim = q.shape
+            raise ValueError(f"{name} must be 3-D {_SHAPES[name]}, got shape {tuple(t.shape)}")
+    dtype, device = q.dtype, q.device
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {dtype}")
+    for name, t in named[1:]:
+        if t.dtype != dtype:
+            raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {dtype}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    q_shape, k_shape = q.shape, k.shape
+    total, heads, head_dim = q_shape
     if head_dim > MAX_HEAD_DIM or head_dim < 1:
         raise ValueError(f"q head_dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
-    if k.shape[0] != total:
+    if k_shape[0] != total:
         raise ValueError(
-            f"k has {k.shape[0]} tokens but q has {total}; expected k {docs['k']} with {total} tokens"
+            f"k has {k_shape[0]} tokens but q has {total}; expected k {_SHAPES['k']} with {total} tokens"
         )
-    if k.shape[2] != head_dim:
-        raise ValueError(f"k head_dim {k.shape[2]} does not match q head_dim {head_dim}")
+    if k_shape[2] != head_dim:
+        raise ValueError(f"k head_dim {k_shape[2]} does not match q head_dim {head_dim}")
     if heads < 1:
-        raise ValueError(f"q must have at least one head {docs['q']}, got num_heads = {heads}")
-    if k.shape[1] < 1 or heads % k.shape[1] != 0:
-        raise ValueError(f"q num_heads {heads} must be a multiple of k num_kv_heads {k.shape[1]}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have k's shape {tuple(k.shape)} {docs['v']}, got {tuple(v.shape)}")
-    if tuple(o.shape) != tuple(q.shape):
+        raise ValueError(f"q must have at least one head {_SHAPES['q']}, got num_heads = {heads}")
+    if k_shape[1] < 1 or heads % k_shape[1] != 0:
+        raise ValueError(f"q num_heads {heads} must be a multiple of k num_kv_heads {k_shape[1]}")
+    if v.shape != k_shape:
+        raise ValueError(f"v must have k's shape {tuple(k_shape)} {_SHAPES['v']}, got {tuple(v.shape)}")
+    if o.shape != q_shape:
         raise ValueError(
-            f"{out_name} must have q's shape {tuple(q.shape)} {docs[out_name]}, got {tuple(o.shape)}"
+            f"{out_name} must have q's shape {tuple(q_shape)} {_SHAPES[out_name]}, got {tuple(o.shape)}"
         )
-    for name, t in (("q", q), ("k", k), ("v", v), (out_name, o)):
-        if t.stride(2) != 1 and t.shape[2] > 1:
-            raise ValueError(
-                f"{name} must have unit stride in its last (head_dim) dimension, got strides {t.stride()}"
-            )
+    if head_dim > 1:  # a last dimension of one element has any stride
+        for name, t in named:
+            if t.stride(2) != 1:
+                raise ValueError(
+                    f"{name} must have unit stride in its last (head_dim) dimension, got strides {t.stride()}"
+                )
 
 
 def _check_index(name: str, t: object, device: torch.device, doc: str) -> torch.Tensor:
@@ -346,6 +353,8 @@ def _check_index(name: str, t: object, device: torch.device, doc: str) -> torch.
 
 
 def _check_max_len(name: str, value: object) -> int:
+    if type(value) is int and value >= 0:  # the common case, without the abstract-class checks
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a Python int (the longest sequence), got {type(value).__name__}")
     if int(value) < 0:
@@ -378,6 +387,8 @@ def _check_scale(softmax_scale: object, head_dim: int) -> float:
 
 
 def _check_softcap(softcap: object) -> float:
+    if type(softcap) is float and 0.0 <= softcap < math.inf:  # the common case (NaN fails it)
+        return softcap
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float (0 = off), got {type(softcap).__name__}")
     if not math.isfinite(float(softcap)) or float(softcap) < 0:
@@ -386,6 +397,10 @@ def _check_softcap(softcap: object) -> float:
 
 
 def _check_window(window: object) -> tuple[int, int]:
+    if type(window) is tuple and len(window) == 2:  # the common case, without the abstract-class checks
+        left, right = window
+        if type(left) is int and type(right) is int and left >= -1 and right >= -1:
+            return left, right
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be a (left, right) pair of ints, got {window!r}")
     out = []

@@ -95,37 +95,45 @@ def describe(
 ) -> Problem:  # fmt: skip
     """The :class:`~window_prefill.plan.Problem` of a checked call (windows inclusive, ``-1`` unbounded,
     already clipped to ``_UNBOUNDED_WINDOW``): tensor metadata and host values only."""
+    return Problem(*_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+                            bias_key0, softcap, return_lse, config))  # fmt: skip
+
+
+def _fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks, bias_key0,
+            softcap, return_lse, config) -> tuple:  # fmt: skip
+    """A problem's fields, in :class:`~window_prefill.plan.Problem`'s order: the plan cache's key (a
+    tuple is cheaper to build and hash than the dataclass, which is made on a cache miss only)."""
     total, heads, head_dim = q.shape
     kv_shape = k.shape
+    kv_heads = kv_shape[1]
     dtype = q.dtype
     elem = _ELEMENT_SIZE[dtype]
     kst, vst = k.stride(), v.stride()
     small = total < 2**31
-    kv_heads = kv_shape[1]
-    return Problem(
-        dtype=dtype,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        arch=detect_arch(q.device),
-        causal=causal,
-        has_left=window_left >= 0,
-        has_right=window_right >= 0,
-        wide_window=wide_window(causal, window_left, window_right, max_len),
-        sinks=sinks is not None,
-        bias_key0=sinks is not None and bias_key0,
-        softcap=softcap_form(softcap, q) if softcap > 0 else 0,
-        scale_positive=softmax_scale > 0,
-        cumulative_starts=lens is None,
-        return_lse=return_lse,
-        wide_offsets=not (_fits_int32(kv_shape, kst) and _fits_int32(kv_shape, vst)),
-        q_tma=small and _tma_rows(q, q.stride(), heads, head_dim, elem),
-        kv_tma=TensorDescriptor is not None
+    return (
+        dtype,
+        heads,
+        kv_heads,
+        head_dim,
+        detect_arch(q.device),
+        causal,
+        window_left >= 0,  # has_left
+        window_right >= 0,  # has_right
+        wide_window(causal, window_left, window_right, max_len),
+        sinks is not None,
+        sinks is not None and bias_key0,
+        softcap_form(softcap, q) if softcap > 0 else 0,
+        softmax_scale > 0,  # scale_positive
+        lens is None,  # cumulative_starts
+        return_lse,
+        not (_fits_int32(kv_shape, kst) and _fits_int32(kv_shape, vst)),  # wide_offsets
+        small and _tma_rows(q, q.stride(), heads, head_dim, elem),  # q_tma
+        TensorDescriptor is not None
         and small
         and _tma_rows(k, kst, kv_heads, head_dim, elem)
-        and _tma_rows(v, vst, kv_heads, head_dim, elem),
-        gluon=_gluon_ok,
-        config=config,
+        and _tma_rows(v, vst, kv_heads, head_dim, elem),  # kv_tma
+        _gluon_ok,  # gluon
+        config,
     )
 
 
@@ -142,21 +150,17 @@ def forward(
         return
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
-    problem = describe(
-        q, k, v, lens, max_len, causal=causal, window_left=window_left, window_right=window_right,
-        softmax_scale=softmax_scale, sinks=sinks, bias_key0=bias_key0, softcap=softcap,
-        return_lse=lse is not None, config=config,
-    )  # fmt: skip
-    p, kw = _planned(problem)
+    p, kw = _planned(_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+                             bias_key0, softcap, lse is not None, config))  # fmt: skip
     _run(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
          softcap, lse)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
-def _planned(problem: Problem) -> tuple[LaunchPlan, dict]:
-    """``plan(problem)`` and its constexprs and launch options as one keyword dict (read only), cached
-    per problem so that a call hashes its problem once."""
-    p = plan(problem)
+def _planned(fields: tuple) -> tuple[LaunchPlan, dict]:
+    """``plan(Problem(*fields))`` and its constexprs and launch options as one keyword dict (read
+    only), cached per problem."""
+    p = plan(Problem(*fields))
     return p, _kwargs(p)
 
 
