@@ -30,8 +30,8 @@ from window_prefill.configs import MAX_HEAD_DIM, Config
 from window_prefill.launch import _UNBOUNDED_WINDOW
 from window_prefill.plan import plan
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes the kernels compute in
+_INDEX_DTYPES = (torch.int32, torch.int64)  # of cu_seqlens, b_start_loc, b_seq_len: read as they are
 _MAX_BATCH = 65535  # the grid's z dimension holds one sequence each: CUDA's limit
 SINKS_MODES = ("denominator", "bias_key0")
 
@@ -284,6 +284,7 @@ def _validate_requested(validate: bool) -> bool:
     return bool(validate) or os.environ.get("PREFILL_VALIDATE", "0") == "1"
 
 
+# the documented shape of each tensor argument, for the messages
 _SHAPES = {
     "q": "[total_tokens, num_heads, head_dim]",
     "k": "[total_tokens, num_kv_heads, head_dim]",

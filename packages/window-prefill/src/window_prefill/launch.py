@@ -47,8 +47,8 @@ except Exception:  # pragma: no cover - any import failure means "no Gluon"
 # Windows at least this wide cover any sequence a launch can hold: treated as unbounded (and never
 # passed to the kernel, whose position arithmetic is int32).
 _UNBOUNDED_WINDOW = 1 << 30
-_LOG2E = math.log2(math.e)
-_ELEMENT_SIZE = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
+_LOG2E = math.log2(math.e)  # the kernels' scores are in log2 units
+_ELEMENT_SIZE = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}  # bytes, without a tensor call
 
 _primed = False  # _prime_triton ran in this process
 _gluon_ok = _gluon_fwd_kernel is not None and os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
@@ -94,7 +94,8 @@ def describe(
     bias_key0: bool, softcap: float, return_lse: bool, config: object = None,
 ) -> Problem:  # fmt: skip
     """The :class:`~window_prefill.plan.Problem` of a checked call (windows inclusive, ``-1`` unbounded,
-    already clipped to ``_UNBOUNDED_WINDOW``): tensor metadata and host values only."""
+    widths of ``_UNBOUNDED_WINDOW`` or more already mapped to ``-1``): tensor metadata and host values
+    only."""
     return Problem(*_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
                             bias_key0, softcap, return_lse, config))  # fmt: skip
 
