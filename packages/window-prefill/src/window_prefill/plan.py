@@ -11,17 +11,17 @@ says, and benchmarks run a changed plan (:meth:`~prefill_runtime.LaunchPlan.repl
 Rules, first match wins (tiles: :data:`window_prefill.configs.CONFIGS`, per architecture, head-size
 bucket, dtype class and causality; an explicit ``config`` replaces the table entry):
 
-=========  ==========================================================================================
-kernel     when
-=========  ==========================================================================================
-``gluon``  the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
-           Gluon, sm90, 16-bit, head 64/128/256, no sinks, no soft-capping, ``softmax_scale > 0``,
-           q/k/v readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys. Tiles
-           128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
-``triton`` every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
-           descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
-           interpreter), 16-bit, an unpadded head size and K/V readable by TMA.
-=========  ==========================================================================================
+==========  =========================================================================================
+kernel      when
+==========  =========================================================================================
+``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
+            Gluon, sm90, 16-bit, head 64/128/256, no sinks, no soft-capping, ``softmax_scale > 0``,
+            q/k/v readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys. Tiles
+            128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
+``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
+            descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
+            interpreter), 16-bit, an unpadded head size and K/V readable by TMA.
+==========  =========================================================================================
 
 A Gluon plan carries its call's Triton plan as ``extra["fallback"]``: the launch runs it if this
 Triton's Gluon cannot build or launch the kernel.
