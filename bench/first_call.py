@@ -47,7 +47,8 @@ def _child(
         raise SystemExit(msg)
 
     if sets:  # the kernel package's switches (--set NAME=0|1), applied before the first call
-        set_switches(sets, bad, module=f"{'window' if kernel == 'window' else 'prefix'}_prefill.interface")
+        module = "window_prefill.plan" if kernel == "window" else "prefix_prefill.interface"
+        set_switches(sets, bad, module=module)
     import torch
 
     dev = "cpu" if smoke else "cuda"
@@ -58,7 +59,7 @@ def _child(
         return torch.randn(*shape, device=dev, generator=gen).to(dt)
 
     if kernel == "window":
-        import window_prefill.interface as wi
+        import window_prefill.launch as wi
         from window_prefill import window_prefill
 
         jits = [wi._fwd_kernel, wi._gluon_fwd_kernel]  # head 128 16-bit causal runs the Gluon kernel on sm90
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", default="64,128,256")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
-                    help="a switch of the kernel's interface module for every child")  # fmt: skip
+                    help="for every child: a switch of prefix_prefill.interface, or a tuning constant of "
+                    "window_prefill.plan (NAME=N)")  # fmt: skip
     ap.add_argument("--layout", default="nhd", choices=("nhd", "split"),
                     help="prefix kernels' cache layout (split: vLLM's)")  # fmt: skip
     ap.add_argument("--prime-early", type=float, default=0.0, metavar="S",

@@ -6,7 +6,9 @@ run on an H200 (``detect_arch`` answers ``"sm90"``), catches every kernel launch
 compiles each caught launch offline for sm_90a through the kernel's own compile step (so the
 package's compiler hooks apply). A record holds the kernel, the grid, the launch options, every
 runtime argument (tensors by shape, strides and dtype; TMA descriptors by shape, strides, block and
-layout; numbers by value) and the SHA-256 of the PTX (without line information) and of the cubin.
+layout; numbers by value) and the SHA-256 of the PTX (without line information), of the cubin and
+of its SASS (``nvdisasm -c``: code sections only). The cubin embeds line tables with source paths,
+so two trees compare by PTX and SASS; the cubin digest is kept for the record.
 
 Two trees whose records are equal launch the same kernels with the same arguments and the same
 machine code: a refactor that keeps them equal changes no output bit and no speed.
@@ -15,8 +17,8 @@ machine code: a refactor that keeps them equal changes no output bit and no spee
     python bench/launch_equivalence.py --out after.json
     python bench/launch_equivalence.py --compare before.json after.json
 
-Needs the Triton the GPU runs (3.6) for PTX that means anything; no GPU. ``--only SUBSTR`` selects
-cases by name; ``--no-compile`` records launches only (seconds instead of minutes).
+Needs the Triton the GPU runs (3.6) for PTX that means anything; no GPU. ``--only SUBSTR[,SUBSTR...]``
+selects cases by name; ``--no-compile`` records launches only (seconds instead of minutes).
 """
 
 from __future__ import annotations
@@ -268,8 +270,7 @@ def _setattr(obj, name, value):
 
 def _install_hooks() -> None:
     """The packages' compile hooks, as their first launch on a GPU installs them."""
-    for modname in ("prefix_prefill.interface", "window_prefill.interface", "prefix_prefill.launch",
-                    "window_prefill.launch"):  # fmt: skip
+    for modname in ("prefix_prefill.launch", "window_prefill.launch"):
         mod = sys.modules.get(modname)
         for attr in ("_prime_triton", "install_hooks"):
             f = getattr(mod, attr, None) if mod is not None else None
@@ -290,7 +291,8 @@ def _ptx_digest(ptx: str) -> str:
 
 
 def compile_call(fn, args, kwargs):
-    """(ptx digest, cubin digest, shared bytes, compile seconds) of one caught launch, for sm_90a."""
+    """(ptx digest, cubin digest, shared bytes, compile seconds, sass digest) of one caught launch,
+    for sm_90a."""
     global TARGET
     from triton.backends.compiler import GPUTarget
     from triton.compiler import CompiledKernel, make_backend
@@ -323,7 +325,26 @@ def compile_call(fn, args, kwargs):
     dt = time.perf_counter() - t0
     ptx = ck.asm["ptx"]
     cubin = ck.asm.get("cubin", b"")
-    return _ptx_digest(ptx), hashlib.sha256(cubin).hexdigest()[:16], ck.metadata.shared, round(dt, 2)
+    cub = hashlib.sha256(cubin).hexdigest()[:16]
+    return _ptx_digest(ptx), cub, ck.metadata.shared, round(dt, 2), _sass_digest(cubin)
+
+
+def _sass_digest(cubin: bytes) -> str | None:
+    """SHA-256 of the cubin's code sections as ``nvdisasm -c`` prints them (no line tables, so no
+    source paths); None without nvdisasm."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia import compiler as nv
+
+    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "nvdisasm")
+    if not cubin or not os.path.exists(tool):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=False).stdout
+    return hashlib.sha256(out.encode()).hexdigest()[:16] if out else None
 
 
 def record(cases, do_compile: bool) -> dict:
@@ -362,9 +383,19 @@ def record(cases, do_compile: bool) -> dict:
     return out
 
 
-def _fields(rec: dict) -> list[tuple]:
+def _fields(rec: dict, sass: bool) -> list[tuple]:
+    """What two trees must share per launch: kernel, grid, runtime arguments, options, and the PTX
+    digest with (``sass``: both records have it) the SASS digest."""
     keys = ("kernel", "grid", "runtime", "options")
-    return [(*(r[k] for k in keys), r.get("ptx", [None])[:2]) for r in rec["launches"]]
+    out = []
+    for r in rec["launches"]:
+        p = r.get("ptx", [None])
+        out.append((*(r[k] for k in keys), [p[0], p[4] if sass and len(p) > 4 else None]))
+    return out
+
+
+def _has_sass(rec: dict) -> bool:
+    return all(len(r.get("ptx", [])) > 4 and r["ptx"][4] for r in rec["launches"])
 
 
 def compare(a_path: str, b_path: str) -> int:
@@ -376,7 +407,8 @@ def compare(a_path: str, b_path: str) -> int:
             print(f"ONLY IN {'B' if ra is None else 'A'}: {name}")
             bad += 1
             continue
-        la, lb = _fields(ra), _fields(rb)
+        sass = _has_sass(ra) and _has_sass(rb)
+        la, lb = _fields(ra, sass), _fields(rb, sass)
         if (ra["error"] is None) != (rb["error"] is None) or la != lb:
             bad += 1
             print(f"DIFF {name}")
@@ -410,7 +442,8 @@ def main() -> None:
     import window_prefill  # noqa: F401
 
     _install_hooks()
-    cases = [c for c in prefix_cases() + window_cases() if args.only in c[0]]
+    only = args.only.split(",")
+    cases = [c for c in prefix_cases() + window_cases() if any(s in c[0] for s in only)]
     t0 = time.time()
     res = record(cases, not args.no_compile)
     print(f"{len(cases)} cases in {time.time() - t0:.0f} s")

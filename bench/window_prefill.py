@@ -503,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer N and window points")
     ap.add_argument("--sweep", action="store_true", help="also sweep launch configs on the pr and llm shapes")
     ap.add_argument("--shapes", default="pr,llm,sweep_n,sweep_w", help="comma list of pr,llm,sweep_n,sweep_w")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
-                    help="window_prefill.interface switch, e.g. _OFFSETS_32=1")  # fmt: skip
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=N",
+                    help="a tuning constant of window_prefill.plan, e.g. _GLUON_MIN_WIDTH=4096")  # fmt: skip
     ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
     ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
     ap.add_argument("--tag", default="", help="appended to the output file names")
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     add_package_paths()
     import torch
 
-    set_switches(args.set, ap.error, module="window_prefill.interface")
+    set_switches(args.set, ap.error, module="window_prefill.plan")
     global SOFTCAP, RETURN_LSE
     SOFTCAP, RETURN_LSE = args.softcap, args.return_lse
     tag = f"_{args.tag}" if args.tag else ""

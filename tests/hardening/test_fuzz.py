@@ -72,12 +72,6 @@ def window_problems(draw) -> dict:
         "scale": draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         "sinks_mode": draw(st.sampled_from([None, "denominator", "bias_key0"])),
         "config": Config(draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])), 1, 1, True),
-        "offsets_32": draw(st.booleans()),  # window_prefill.interface._OFFSETS_32
-        "lazy_rescale": draw(st.sampled_from([0, 1, 8])),  # ... and _LAZY_RESCALE
-        "fold_scale": draw(st.booleans()),  # ... and _FOLD_SCALE
-        "band_mask": draw(st.booleans()),  # ... and _BAND_MASK
-        "tma_kv": draw(st.booleans()),  # ... and _TMA_KV (the config asks for descriptors: where they apply)
-        "interior_first": draw(st.booleans()),  # ... and _INTERIOR_FIRST
         "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
         "return_lse": draw(st.booleans()),  # with the Pythonic form only
@@ -92,17 +86,7 @@ def window_problems(draw) -> dict:
 @FUZZ
 @given(p=window_problems())
 def test_fuzz_window_prefill(p):
-    import window_prefill.interface as wi
-
-    names = ("_OFFSETS_32", "_LAZY_RESCALE", "_FOLD_SCALE", "_BAND_MASK", "_TMA_KV", "_INTERIOR_FIRST")
-    saved = [getattr(wi, n) for n in names]
-    for n in names:
-        setattr(wi, n, p[n[1:].lower()])
-    try:
-        _run_window_problem(p)
-    finally:
-        for n, v in zip(names, saved, strict=True):
-            setattr(wi, n, v)
+    _run_window_problem(p)
 
 
 def _run_window_problem(p: dict) -> None:

@@ -22,7 +22,7 @@ from hd_util import cu_of, dense_case, paged_case
 import prefix_prefill.configs as pp_configs
 import prefix_prefill.launch as pp_iface
 import window_prefill.configs as wp_configs
-import window_prefill.interface as wp_iface
+import window_prefill.launch as wp_iface
 from prefix_prefill import context_attention_fwd as pp_caf
 from prefix_prefill import prefix_prefill
 from window_prefill import context_attention_fwd as wp_caf

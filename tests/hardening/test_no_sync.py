@@ -22,7 +22,7 @@ from conftest import DEVICE, ON_GPU, poison
 from hd_util import dense_case, dense_ref, paged_case, paged_ref
 
 import prefix_prefill.launch as pp_iface
-import window_prefill.interface as wp_iface
+import window_prefill.launch as wp_iface
 from attn_reference import compare
 from prefix_prefill import context_attention_fwd as pp_caf
 from prefix_prefill import prefix_prefill
@@ -130,7 +130,7 @@ def _wcaf(p: Problem, **kw) -> torch.Tensor:
     lens = p.device_tensor(
         "lens", lambda: torch.tensor(c.lens, dtype=o.get("lens_dtype", torch.int32), device=DEVICE)
     )
-    starts = c.cu if o.get("cu_form") else c.cu[:-1]
+    starts = c.cu[:-1]
     left = o.get("window", (-1, -1))[0]
     wp_caf(c.q, c.k, c.v, out, starts, lens, c.max_len, True, None, left if left > 0 else None, None,
            o.get("sinks"), **kw)  # fmt: skip
@@ -187,7 +187,7 @@ CALLS = {
     ),
     "window-context_attention_fwd": (_dense, _wcaf, _wcaf_ref),
     "window-context_attention_fwd-options": (
-        lambda: _dense(window=(4, -1), sinks=_rand(4), cu_form=True, lens_dtype=torch.int64),
+        lambda: _dense(window=(4, -1), sinks=_rand(4), lens_dtype=torch.int64),
         _wcaf,
         _wcaf_ref,
     ),

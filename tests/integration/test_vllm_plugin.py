@@ -26,7 +26,7 @@ from conftest import DEVICE, poison
 from it_cases import Dense, Paged, dense_case, paged_case
 
 import prefix_prefill.launch as pp_iface
-import window_prefill.interface as wp_iface
+import window_prefill.launch as wp_iface
 from attn_reference import compare
 from prefix_prefill import vllm_plugin as pp_plugin
 from window_prefill import vllm_plugin as wp_plugin

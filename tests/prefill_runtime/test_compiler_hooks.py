@@ -553,13 +553,14 @@ _COLD_COMPILE_CHILD = r"""
 import glob, json, os, sys
 import torch
 import prefill_runtime.compiler_hooks as hooks
-import prefix_prefill.interface as pi
-import window_prefill.interface as wi
+import prefix_prefill.gluon_launch as pg
+import prefix_prefill.launch as pi
+import window_prefill.launch as wi
 from prefix_prefill import prefix_prefill
 from window_prefill import window_prefill
 mode = sys.argv[1]
-for mod in (pi, wi):
-    mod._PREBUILD_LAUNCHER = mode != "off"
+if mode == "off":  # no prebuild: Triton builds each launcher itself, after the compile
+    hooks._build_launcher = lambda *args, **kwargs: None
 if mode == "wrong":  # negative control: prebuild for a signature the compile does not have (i32 -> i64)
     build = hooks._build_launcher
     widen = lambda sig: {n: "i64" if t == "i32" else t for n, t in sig.items()}
@@ -583,7 +584,7 @@ o1 = prefix_prefill(q, k, v, kc, vc, bt, cu, sl, max(lens))
 o2 = window_prefill(q, k, v, cu, max(lens), causal=True, window=(7, -1))
 torch.cuda.synchronize()
 # the Triton kernels and (sm90: prefix head 64 runs it) the Gluon ones, whose launchers are prebuilt too
-jits = [mod._fwd_kernel for mod in (pi, wi)] + [m._gluon_fwd_kernel for m in (pi, wi) if m._gluon_fwd_kernel]
+jits = [pi._fwd_kernel, wi._fwd_kernel] + [k for k in (pg._gluon_fwd_kernel, wi._gluon_fwd_kernel) if k]
 caches = [cache for jit in jits for cache in jit.device_caches.values()]
 kernels = [c for cache in caches for c in cache[0].values()]
 root = os.environ["TRITON_CACHE_DIR"]

@@ -36,8 +36,8 @@ def test_forms_agree(sw_q, sw_k, window, causal):
 
 
 def test_context_attention_fwd_start_loc_forms_and_gaps():
-    """b_start_loc of length batch or batch + 1 (cu_seqlens), int32 or int64; sequences need not be packed
-    back to back: tokens in the gaps are never written."""
+    """b_start_loc int32 or int64; sequences need not be packed back to back: tokens in the gaps are
+    never written."""
     lens = [12, 30, 5]
     starts = [3, 20, 55]  # gaps at 0..2, 15..19, 50..54, 60..63
     total = 64
@@ -48,7 +48,7 @@ def test_context_attention_fwd_start_loc_forms_and_gaps():
     outs = []
     for b_start_loc in (
         torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-        torch.tensor([*starts, 60], dtype=torch.int64, device=DEVICE),
+        torch.tensor(starts, dtype=torch.int64, device=DEVICE),
     ):
         o = poison(torch.empty_like(q))
         ret = context_attention_fwd(
@@ -236,7 +236,25 @@ BAD_INPUTS = [
     ("b_seq_len 2-D", _caf(b_seq_len=torch.tensor([[10, 14]], device=DEVICE)), ValueError, "b_seq_len"),
     ("sliding_window_q float", _caf(sliding_window_q=2.5), TypeError, "sliding_window_q"),
     ("max_input_len float", _caf(max_input_len=14.0), TypeError, "max_input_len"),
+    (
+        "batch > 65535",
+        _wp(cu_seqlens=torch.zeros(65537, dtype=torch.int32, device=DEVICE)),
+        ValueError,
+        "batch",
+    ),
 ]
+
+
+@pytest.mark.parametrize("n_starts", [1, 3, 4])
+def test_start_loc_and_seq_len_lengths_must_match(n_starts, monkeypatch):
+    """b_start_loc and b_seq_len of different lengths (also b_start_loc = cu_seqlens, one entry more)
+    are rejected with a message naming both, without validate and without reading device values."""
+    monkeypatch.delenv("PREFILL_VALIDATE", raising=False)
+    fn = _caf(b_start_loc=torch.zeros(n_starts, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError) as info:
+        fn()
+    msg = str(info.value)
+    assert "b_start_loc" in msg and "b_seq_len" in msg and f"got {n_starts} and 2" in msg, msg
 
 
 @pytest.mark.parametrize("fn,exc,needle", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
@@ -351,25 +369,29 @@ def test_matches_vllm_peer(is_causal, sw_q, sw_k, sinks_form):
 
 
 def test_offsets_fit_int32_host_check():
-    """The host check behind int32 token offsets: every element within 2**31 - 1 of the start."""
-    from window_prefill.interface import _offsets_fit_int32
+    """The host check behind int32 token offsets (``Problem.wide_offsets``): every element of a 3-D
+    K/V within 2**31 - 1 elements of its first one, strides >= 0; an empty tensor fits."""
+    from window_prefill.launch import _fits_int32
 
-    meta = {"device": "meta", "dtype": torch.bfloat16}
-    assert _offsets_fit_int32(torch.empty(2**31 - 1, **meta), torch.empty(4, 2, 8, **meta))
-    assert not _offsets_fit_int32(torch.empty(2**20, 2**11 + 1, **meta))
-    assert _offsets_fit_int32(torch.empty(0, 8, **meta))
+    assert _fits_int32((2**20, 2, 8), (16, 8, 1))
+    assert _fits_int32((2**27, 2, 8), (16, 8, 1)) and not _fits_int32((2**27 + 1, 2, 8), (16, 8, 1))
+    assert not _fits_int32((2**20, 1, 8), (2**11 + 8, 8, 1))  # a wide token stride
+    assert not _fits_int32((4, 2, 8), (16, -8, 1))
+    assert _fits_int32((0, 2, 8), (2**40, 8, 1))
 
 
-def test_prime_triton_runs_once_and_never_raises(monkeypatch):
-    """The first launch's setup overlap (_prime_triton) is a speed hint: it marks itself done, never
-    raises (no GPU driver here), and a later launch does not run it again."""
-    import window_prefill.interface as wi
+def test_prime_triton_on_gpu_launches_only(monkeypatch):
+    """Triton's one-time setup (``launch._prime_triton``) runs before a first launch on a GPU only (a
+    CPU launch, in the interpreter, never calls it); it marks itself done and never raises (here
+    perhaps without a GPU driver)."""
+    import window_prefill.launch as wl
 
-    monkeypatch.setattr(wi, "_TRITON_PRIMED", False)
-    wi._prime_triton()
-    assert wi._TRITON_PRIMED
     calls = []
-    monkeypatch.setattr(wi, "_prime_triton", lambda: calls.append(1))
+    monkeypatch.setattr(wl, "_primed", False)
+    real = wl._prime_triton
+    monkeypatch.setattr(wl, "_prime_triton", lambda: calls.append(1))
     q, k, v, cu = make_qkv([5, 3], 2, 1, 16, torch.float32)
     window_prefill(q, k, v, cu, 5, causal=True)
-    assert calls == []
+    assert calls == ([1] if q.is_cuda else []) and wl._primed is False
+    real()
+    assert wl._primed is True

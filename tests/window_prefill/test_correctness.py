@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICE, DTYPES
-from wp_util import cu_of, make_qkv, reference, run
+from wp_util import cu_of, make_qkv, reference, run, run_plan, spy_triton
 
 from attn_reference import compare, negative_control
+from window_prefill import explain
 from window_prefill.configs import Config
 
 LENS = [1, 37, 50, 16]  # ragged; 37 and 50 are not multiples of any tile
@@ -24,21 +25,38 @@ WINDOWS = [(-1, -1), (4, -1), (-1, 5), (9, 9), (3, 17), (20, 0), (0, 0), (200, 3
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"w{w[0]}_{w[1]}")
-@pytest.mark.parametrize("offsets_32", [False, True], ids=["int64", "int32"])
-@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fold_band"])
-def test_windows(monkeypatch, window, causal, offsets_32, fast):
-    """Every window form, with int64 and int32 token offsets (interface._OFFSETS_32), with and without
-    the folded scale and the one-compare band mask (_FOLD_SCALE, _BAND_MASK)."""
-    import window_prefill.interface as wi
-
-    monkeypatch.setattr(wi, "_OFFSETS_32", offsets_32)
-    monkeypatch.setattr(wi, "_FOLD_SCALE", fast)
-    monkeypatch.setattr(wi, "_BAND_MASK", fast)
+def test_windows(window, causal):
+    """Every window form: two-sided bands take the one-compare band mask, one-sided ones the plain
+    masks (kernel ``_attn_block``)."""
     q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
     out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window)
     ref = reference(q, k, v, cu, causal=causal, window=window)
     c = compare(out, ref)
     assert c, f"window={window} causal={causal}: {c}"
+
+
+@pytest.mark.parametrize("causal,window", [(True, (9, -1)), (False, (3, 17)), (False, (-1, 5))])
+def test_int64_offsets(causal, window):
+    """The kernel's int64 token offsets (``WIDE_OFFSETS``, planned for K/V past 2**31 elements; the GPU
+    test builds such views) give the int32 form's bits, run here by plan on small inputs."""
+    q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
+    p = explain(q, k, v, cu, MAX_LEN, causal=causal, window=window)
+    assert p.consts()["WIDE_OFFSETS"] is False
+    wide = run_plan(p.replace(constexprs={"WIDE_OFFSETS": True}), q, k, v, cu, MAX_LEN, window=window)
+    assert torch.equal(wide, run(q, k, v, cu, MAX_LEN, causal=causal, window=window))
+    assert compare(wide, reference(q, k, v, cu, causal=causal, window=window))
+
+
+@pytest.mark.parametrize("window,causal", [((7, -1), True), ((4, 9), False)])
+def test_unfolded_scale(window, causal):
+    """A scale <= 0 keeps the scale out of exp2's FMA (``FOLD_SCALE`` False): negative logits right."""
+    q, k, v, cu = make_qkv(LENS, 2, 1, 32, torch.float16)
+    assert (
+        explain(q, k, v, cu, MAX_LEN, causal=causal, window=window, softmax_scale=-0.2).consts()["FOLD_SCALE"]
+        is False
+    )
+    out = run(q, k, v, cu, MAX_LEN, causal=causal, window=window, softmax_scale=-0.2)
+    assert compare(out, reference(q, k, v, cu, causal=causal, window=window, softmax_scale=-0.2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -129,7 +147,8 @@ TILE_CONFIGS = [Config(32, 16, 1, 1), Config(16, 32, 1, 1), Config(64, 32, 4, 1)
     "causal,window", [(True, (20, -1)), (False, (5, 9)), (True, (-1, -1)), (False, (70, 3)), (True, (100, 0))]
 )
 def test_tile_shapes(config, causal, window):
-    """The shipped (folded-scale, band-mask) form; test_windows runs the plain one too."""
+    """The edge/interior split at the GPU tables' tile shapes, with a key-0 sink bias (the unfolded
+    scale: the bias is added in log2 units)."""
     lens = [1, 37, 150, 16]
     q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
     sinks = torch.randn(2, dtype=torch.float32, device=DEVICE)
@@ -139,28 +158,6 @@ def test_tile_shapes(config, causal, window):
     ref = reference(q, k, v, cu, causal=causal, window=window, sinks=sinks, sinks_mode="bias_key0")
     c = compare(out, ref)
     assert c, f"{config} causal={causal} window={window}: {c}"
-
-
-@pytest.mark.parametrize("lazy", [1, 8])
-@pytest.mark.parametrize("causal,window", [(True, (100, -1)), (False, (40, 60)), (True, (-1, -1))])
-def test_lazy_rescale(monkeypatch, lazy, causal, window):
-    """Interior blocks with lazy rescaling (interface._LAZY_RESCALE): keys whose logits grow along the
-    sequence (the running max jumps by more than the threshold, so the rescale branch runs) and fall
-    (it does not), with sinks; must match the reference."""
-    import window_prefill.interface as wi
-
-    monkeypatch.setattr(wi, "_LAZY_RESCALE", lazy)
-    lens = [150, 37, 96]
-    q, k, v, cu = make_qkv(lens, 2, 1, 32, torch.float16)
-    ramp = torch.linspace(0.2, 3.0, k.shape[0], device=DEVICE)  # logits grow ~15x along the batch
-    k = (k.float() * ramp[:, None, None]).to(k.dtype)
-    k[96:150] = (k[96:150].float() * 0.1).to(k.dtype)  # and fall inside the first sequence
-    sinks = torch.randn(2, dtype=torch.float32, device=DEVICE)
-    cfg = Config(16, 16, 1, 1)
-    out = run(q, k, v, cu, 150, causal=causal, window=window, sinks=sinks, config=cfg)
-    ref = reference(q, k, v, cu, causal=causal, window=window, sinks=sinks)
-    c = compare(out, ref)
-    assert c, f"lazy={lazy} causal={causal} window={window}: {c}"
 
 
 # Head dims: powers of two and not. CPU covers all at tiny lengths (cheap), GPU at real lengths.
@@ -288,20 +285,12 @@ TMA_CONFIGS = [Config(16, 16, 1, 1, True), Config(32, 16, 1, 1, True), Config(16
 
 @pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: f"{c.block_m}x{c.block_n}")
 @pytest.mark.parametrize("causal,window", [(True, (40, -1)), (False, (20, 33)), (True, (-1, -1))])
-@pytest.mark.parametrize("form", ["tma", "interior_first"])
-def test_tma_kv(monkeypatch, config, causal, window, form):
-    """Interior K/V blocks through tensor descriptors (``Config.tma`` with interface._TMA_KV; the
-    interpreter runs them; the interior blocks then come before the edges): K and V as slices of one
-    packed qkv buffer (token stride > kv_heads * head_dim), GQA, sinks; the descriptors must actually
-    be built, and the result match the reference. Form ``interior_first``: the same block order with
-    pointer loads (_TMA_KV off, interface._INTERIOR_FIRST)."""
-    import window_prefill.interface as wi
-
-    monkeypatch.setattr(wi, "_TMA_KV", form == "tma")
-    monkeypatch.setattr(wi, "_INTERIOR_FIRST", form == "interior_first")
-    built = []
-    real = wi._tma_descriptors
-    monkeypatch.setattr(wi, "_tma_descriptors", lambda *a: built.append(real(*a)) or built[-1])
+def test_tma_kv(monkeypatch, config, causal, window):
+    """Interior K/V blocks through tensor descriptors (``Config.tma``; the interpreter runs them; the
+    interior blocks then come before the edges): K and V as slices of one packed qkv buffer (token
+    stride > kv_heads * head_dim), GQA, sinks; the launch must carry descriptors over this call's K
+    and V, and the result match the reference."""
+    spy = spy_triton(monkeypatch)
     lens = [150, 37, 96]
     heads, kv_heads, d = 4, 2, 32
     qkv = torch.randn(sum(lens), heads + 2 * kv_heads, d, dtype=torch.float16, device=DEVICE)
@@ -309,31 +298,38 @@ def test_tma_kv(monkeypatch, config, causal, window, form):
     cu = cu_of(lens)
     sinks = torch.randn(heads, dtype=torch.float32, device=DEVICE)
     out = run(q, k, v, cu, max(lens), causal=causal, window=window, sinks=sinks, config=config)
-    if form == "tma":
-        assert built and built[-1][0] is not None, "the descriptor form was not taken"
-    else:
-        assert not built, "descriptors built with _TMA_KV off"
+    ((_, args, kwargs),) = spy.launches
+    assert kwargs["TMA_KV"] is True, "the descriptor form was not taken"
+    assert args["K_desc"].base is k and args["V_desc"].base is v
+    assert list(args["K_desc"].block_shape) == [config.block_n, d]
     c = compare(out, reference(q, k, v, cu, causal=causal, window=window, sinks=sinks))
     assert c, f"{config} causal={causal} window={window}: {c}"
 
 
-def test_tma_kv_falls_back(monkeypatch):
-    """Where descriptors do not apply (padded head dim, one head's features not contiguous, fp32) the
-    launcher takes the pointer form, and the result still matches."""
-    import window_prefill.interface as wi
+def test_tma_kv_falls_back():
+    """Where descriptors do not apply (padded head dim, one head's features not contiguous, fp32, a
+    base not 16-byte aligned) the plan takes the pointer form, and the result still matches."""
+    cfg = TMA_CONFIGS[0]
 
-    monkeypatch.setattr(wi, "_TMA_KV", True)
-    arch = "interpreter"
+    def tma(q, k, v, cu, n):
+        return explain(q, k, v, cu, n, config=cfg).consts()["TMA_KV"]
+
     q, k, v, cu = make_qkv([40, 9], 2, 1, 80, torch.float16)  # head dim 80 pads to 128
-    assert wi._tma_descriptors(k, v, 80, 16, arch) == (None, None)
-    wide = torch.randn(49, 1, 48, dtype=torch.float16, device=DEVICE)
-    assert wi._tma_descriptors(wide[:, :, :32], wide[:, :, 16:], 32, 16, arch) == (None, None)
-    _, k32, v32, _ = make_qkv([40, 9], 2, 1, 32, torch.float32)
-    assert wi._tma_descriptors(k32, v32, 32, 16, arch) == (None, None)
-    assert wi._tma_descriptors(k32.half(), v32.half(), 32, 16, "sm80") == (None, None)
-    assert wi._tma_descriptors(k32.half(), v32.half(), 32, 16, arch)[0] is not None
-    out = run(q, k, v, cu, 40, causal=True, window=(7, -1), config=TMA_CONFIGS[0])
+    assert not tma(q, k, v, cu, 40)
+    out = run(q, k, v, cu, 40, causal=True, window=(7, -1), config=cfg)
     assert compare(out, reference(q, k, v, cu, causal=True, window=(7, -1)))
+    q32, k32, v32, cu = make_qkv([40, 9], 2, 1, 32, torch.float32)
+    assert not tma(q32, k32, v32, cu, 40)
+    q16, k16, v16 = q32.half(), k32.half(), v32.half()
+    assert tma(q16, k16, v16, cu, 40)  # the control: these take descriptors
+    wide = torch.randn(49, 1, 48, dtype=torch.float16, device=DEVICE)  # heads' features not adjacent
+    assert not tma(q16, wide[:, :, :32], wide[:, :, 16:], cu, 40)
+    flat = torch.randn(49 * 32 + 8, dtype=torch.float16, device=DEVICE)
+    k_al = flat[8 : 8 + 49 * 32].view(49, 1, 32)  # 16-byte aligned base: descriptors
+    k_off = flat[1 : 1 + 49 * 32].view(49, 1, 32)  # 2 bytes past it: pointer loads
+    assert tma(q16, k_al, v16, cu, 40) and not tma(q16, k_off, v16, cu, 40)
+    out = run(q16, k_off, v16, cu, 40, causal=True, window=(7, -1), config=cfg)
+    assert compare(out, reference(q16, k_off, v16, cu, causal=True, window=(7, -1)))
 
 
 @pytest.mark.parametrize(
@@ -345,13 +341,10 @@ def test_tma_kv_falls_back(monkeypatch):
         (True, (40, -1), "denominator", TMA_CONFIGS[0]),
     ],
 )
-def test_softcap(monkeypatch, causal, window, sinks_mode, config):
+def test_softcap(causal, window, sinks_mode, config):
     """Logit soft-capping (``softcap``): logits ``c * tanh(scale * q.k / c)`` large enough that the cap
     bites (|scale * q.k| up to ~4c), with every sink mode and the descriptor form; the reference
     caps independently (torch.tanh), and the uncapped result is far from it (the negative control)."""
-    import window_prefill.interface as wi
-
-    monkeypatch.setattr(wi, "_TMA_KV", True)
     lens = [150, 37, 96]
     q, k, v, cu = make_qkv(lens, 4, 2, 32, torch.float16)
     q = q * 3  # logits of tens: the cap of 10 bends most of them

@@ -1,118 +1,100 @@
-"""The warp-specialised Gluon kernel (window_prefill.gluon_kernel) and when the launcher picks it.
+"""The warp-specialised Gluon kernel (window_prefill.gluon_kernel) and how a planned Gluon launch runs.
 
-On the CPU: which inputs the launcher hands to it (never under the interpreter, never for fp32, padded
-heads, sinks, soft-capping or strides TMA cannot take), the config table's flag, and that the kernel
-compiles for sm90 with the installed Triton (offline, ``GPUTarget("cuda", 90, 32)``) within the shared
-memory of one H100/H200 program. On an sm90 GPU: the kernel against the float64 reference (ragged
-batches, windows, GQA, both 16-bit dtypes, heads 64 and 128, LSE, strided views, the vLLM form,
-CUDA-graph capture) into NaN-poisoned buffers, with a count proving it ran; the skipping proof with
-NaN at every position a tile may not see; a negative control (a wrong mask is caught); no recompiles
-when lengths change; and the Triton kernel where the Gluon one does not apply.
+On the CPU: a call planned for the Gluon kernel (the launcher believing it runs on sm90) is offered
+to it with the call's own window, form and LSE buffer, and its Triton fallback answers when it does
+not launch; a Triton whose Gluon cannot launch the kernel warns once and runs the Triton kernel from
+then on; the kernel compiles for sm90 with the installed Triton (offline, ``GPUTarget("cuda", 90,
+32)``) within the shared memory of one H100/H200 program. Which calls are planned for it is
+test_plan.py's. On an sm90 GPU: the kernel against the float64 reference (ragged batches, windows,
+GQA, both 16-bit dtypes, heads 64, 128 and 256, LSE, strided views, the vLLM form, CUDA-graph
+capture) into NaN-poisoned buffers, with a count proving it ran; the skipping proof with NaN at every
+position a tile may not see; a negative control (a wrong mask is caught); no recompiles when lengths
+change; and the Triton kernel where the Gluon one does not apply.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import (
-    compile_gluon_for_sm90,
-    compiled_variants,
+from conftest import compile_gluon_for_sm90, compiled_variants, needs_sm90, poison
+from wp_util import (
+    any_width_is_wide,
+    check_graph_replay,
     count_gluon_launches,
-    needs_sm90,
-    poison,
+    make_qkv,
+    reference,
     refuse_gluon,
+    run,
+    tile_key_range,
 )
-from wp_util import check_graph_replay, make_qkv, reference, run, tile_key_range
 
-import window_prefill.interface as itf
+import window_prefill.launch as wl
+import window_prefill.plan as wp_plan
 from attn_reference import compare
-from window_prefill import context_attention_fwd, window_prefill
-from window_prefill.configs import CONFIGS, Config
+from window_prefill import context_attention_fwd, explain, window_prefill
+from window_prefill.configs import Config
 
-GLUON_CONFIG = Config(128, 128, 8, 3, True, True)  # routes any head 64/128 problem to the Gluon kernel
+GLUON_CONFIG = Config(128, 128, 8, 3, True, True)  # asks for the Gluon kernel at any head 64/128/256
 
 
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """Launches the Gluon kernel took (``conftest.count_gluon_launches``), forced past the config flag
-    and the width rule (``_GLUON_FORCE``)."""
-    taken = count_gluon_launches(monkeypatch, itf)
-    monkeypatch.setattr(itf, "_GLUON_FORCE", True)
-    return taken
+    """Launches the Gluon kernel took (``wp_util.count_gluon_launches``), every window counting as
+    wide (``wp_util.any_width_is_wide``)."""
+    any_width_is_wide(monkeypatch)
+    return count_gluon_launches(monkeypatch)
 
 
-# ------------------------------------------------------------------------- CPU: dispatch and table
-def _launch_args(q, k, v, **over):
-    starts = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
-    kw = dict(
-        causal=True, window_left=-1, window_right=-1, softmax_scale=0.1, sinks=None, softcap=0.0, lse=None,
-        arch="sm90",
-    )  # fmt: skip
-    kw.update(over)
-    return (q, k, v, torch.empty_like(q), starts, None, q.shape[0], 1), kw
+# ------------------------------------------------------------------------- CPU: the planned launch
+def test_gluon_plan_is_offered_then_falls_back(monkeypatch):
+    """A call whose plan names the Gluon kernel goes to ``launch._launch_gluon`` with that plan (the
+    call's window flags, form and LSE in its constexprs); when it does not launch, the plan's Triton
+    fallback writes the right answer. Narrow windows never reach it."""
+    offered = refuse_gluon(monkeypatch)
+    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 24)  # the test sequences are short
+    q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
+    out = run(q, k, v, cu, 30, causal=True, window=(40, -1))  # 30 keys visible: Gluon planned
+    assert compare(out, reference(q, k, v, cu, causal=True, window=(40, -1)))
+    assert len(offered) == 1 and offered[0].kernel == "gluon"
+    consts = offered[0].consts()
+    assert consts["HAS_LEFT"] and not consts["HAS_RIGHT"] and consts["IS_CAUSAL"] and not consts["RETURN_LSE"]
+    assert offered[0].get("fallback").kernel == "triton"
+    run(q, k, v, cu, 30, causal=True, window=(10, -1))  # 11 keys: Triton planned
+    assert len(offered) == 1
+    res = window_prefill(q, k, v, cu, 30, causal=False, window=(-1, -1), return_lse=True)
+    assert len(offered) == 2 and offered[1].consts()["RETURN_LSE"] and not offered[1].consts()["IS_CAUSAL"]
+    assert compare(res[0], reference(q, k, v, cu, causal=False))
+    o = poison(torch.empty_like(q))
+    context_attention_fwd(q, k, v, o, cu[:-1], cu.diff(), 30, True, sliding_window_q=40)
+    assert len(offered) == 3 and offered[2].consts()["LENS_FROM_STARTS"] is False
+    assert compare(o, reference(q, k, v, cu, causal=True, window=(40, -1)))
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "interpreter_arch",
-        "sm80",
-        "fp32",
-        "head_96",
-        "head_32",
-        "sinks",
-        "softcap",
-        "negative_scale",
-        "k_head_gap",
-    ],
-)
-def test_gluon_not_taken(case):
-    """Inputs the Gluon kernel does not take: ``_gluon_launch`` returns False before any launch."""
-    d = {"head_96": 96, "head_32": 32}.get(case, 128)
-    dtype = torch.float32 if case == "fp32" else torch.float16
-    q = torch.randn(8, 2, d, dtype=dtype)
-    k = torch.randn(8, 1, d, dtype=dtype)
-    v = torch.randn(8, 1, d, dtype=dtype)
-    over = {
-        "interpreter_arch": {"arch": "interpreter"},
-        "sm80": {"arch": "sm80"},
-        "sinks": {"sinks": torch.zeros(2)},
-        "softcap": {"softcap": 30.0},
-        "negative_scale": {"softmax_scale": -0.1},
-    }.get(case, {})
-    if case == "k_head_gap":  # one kv head's features are contiguous but heads are 2 * d apart
-        if itf._gluon_fwd_kernel is None:
-            pytest.skip("this Triton has no Gluon")
-        k = torch.randn(8, 1, 2 * d, dtype=dtype)[:, :, :d]
-    args, kw = _launch_args(q, k, v, **over)
-    assert itf._gluon_launch(*args, **kw) is False
+def test_gluon_launch_failure_falls_back_for_good(monkeypatch):
+    """A Triton whose Gluon cannot launch the kernel: the call warns once and runs the Triton fallback
+    (right answer); later calls plan the Triton kernel directly (``Problem.gluon`` is False)."""
 
+    class Broken:
+        def __getitem__(self, grid):
+            raise RuntimeError("this Triton cannot build the kernel")
 
-def test_gluon_config_flag(monkeypatch):
-    """The table asks for the Gluon kernel at sm90 16-bit heads 64, 128, 256 only (the timed entries), and
-    an explicit config's flag survives the custom op's int encoding."""
-    from window_prefill import ops
-
-    flagged = {key for key, cfg in CONFIGS.items() if cfg.gluon}
-    assert flagged == {("sm90", hd, "16bit", causal) for hd in (64, 128, 256) for causal in (False, True)}
-    assert Config(64, 32, 4, 3).gluon is False  # positional configs keep their meaning
-    seen = []
-    orig = itf._launch_fwd
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["config"])
-        return orig(*args, **kwargs)
-
-    monkeypatch.setattr(itf, "_launch_fwd", spy)
-    q, k, v, cu = make_qkv([20, 9], 2, 1, 32, torch.float16)
-    for cfg in (GLUON_CONFIG, Config(16, 16, 1, 1, True, False), Config(16, 16, 1, 1, False, True)):
-        window_prefill(q, k, v, cu, 20, config=cfg)
-    assert seen == [GLUON_CONFIG, Config(16, 16, 1, 1, True, False), Config(16, 16, 1, 1, False, True)]
-    assert ops.config_ints(GLUON_CONFIG)[-1] == 3
+    monkeypatch.setattr(wl, "detect_arch", lambda device: "sm90")
+    monkeypatch.setattr(wl, "_gluon_ok", True)
+    monkeypatch.setattr(wl, "_gluon_fwd_kernel", Broken())
+    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 24)
+    q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
+    assert explain(q, k, v, cu, 30).kernel == "gluon"
+    with pytest.warns(RuntimeWarning, match="Gluon kernel failed"):
+        out = run(q, k, v, cu, 30)
+    assert compare(out, reference(q, k, v, cu))
+    assert wl._gluon_ok is False
+    p = explain(q, k, v, cu, 30)
+    assert p.kernel == "triton" and "no Gluon kernel" in p.reason
 
 
 _COMPILE_SCRIPT = """
-import window_prefill.interface as itf
+import window_prefill.launch as wl
+import window_prefill.plan as wp_plan
 
 for head_dim, lse in ((128, False), (64, True), (256, False)):
     bn = 64 if head_dim == 256 else 128
@@ -128,48 +110,21 @@ for head_dim, lse in ((128, False), (64, True), (256, False)):
     }
     consts = dict(
         HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False,
-        LENS_FROM_STARTS=True, RETURN_LSE=lse, NUM_STAGES=itf._GLUON_STAGES,
+        LENS_FROM_STARTS=True, RETURN_LSE=lse, NUM_STAGES=wp_plan._GLUON_STAGES,
     )
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    _, plain = compile_sm90(itf._gluon_fwd_kernel, sig, consts)
-    if head_dim == 128:  # candidate FREE_WAITS: no barrier left before a free wait, none added
-        import prefill_runtime.host as host
-
-        _, free = compile_sm90(itf._gluon_fwd_kernel, sig, consts, free_waits=True)
-        n = [p.asm["ptx"].count("bar.sync") + p.asm["ptx"].count("barrier.sync") for p in (plain, free)]
-        assert host.drop_wait_barriers(free.asm["ptx"])[1] == 0 and n[1] <= n[0], n
+    compile_sm90(wl._gluon_fwd_kernel, sig, consts)
 """
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """The kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's shared
-    memory (227 KiB), for both head sizes, with and without the LSE (and the candidate ``FREE_WAITS``
-    at head 128)."""
-    if itf._gluon_fwd_kernel is None:
+    memory (227 KiB), for the three head sizes, with and without the LSE."""
+    if wl._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 4 and max(shared) <= 227 * 1024, out
-
-
-@pytest.mark.parametrize(
-    "causal,window,max_len,wide",
-    [
-        (True, (4095, -1), 32768, True),  # the LLM shape
-        (True, (2046, -1), 32768, False),  # 2047 keys
-        (True, (2047, -1), 32768, True),  # 2048 keys
-        (False, (64, 64), 16384, False),  # the PR shape
-        (False, (1024, 1024), 16384, True),  # 2049 keys
-        (False, (1023, 1023), 16384, False),  # 2047
-        (True, (-1, -1), 2047, False),  # unbounded, but no sequence is long enough
-        (True, (-1, -1), 2048, True),
-        (False, (-1, 0), 4096, True),  # non-causal, right side 0
-        (False, (0, -1), 100000, True),
-    ],
-)
-def test_gluon_width_rule(causal, window, max_len, wide):
-    """Narrow bands (or short sequences) keep the Triton kernel: the rule is host arithmetic only."""
-    assert itf._gluon_wide_enough(causal, window[0], window[1], max_len) is wide
+    assert len(shared) == 3 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -192,11 +147,9 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("free", [False, True])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0][:2]}-h{c[3]}-{str(c[4])[6:]}-w{c[6]}")
-def test_gpu_gluon_matches_reference(case, free, gluon_launches, monkeypatch):
-    """The Gluon kernel against the reference (``free``: the candidate ``_GLUON_FREE_WAITS``)."""
-    monkeypatch.setattr(itf, "_GLUON_FREE_WAITS", free)
+def test_gpu_gluon_matches_reference(case, gluon_launches):
+    """The Gluon kernel against the reference."""
     lens, heads, kv_heads, d, dtype, causal, window, want_lse = case
     q, k, v, cu = make_qkv(lens, heads, kv_heads, d, dtype)
     out = poison(torch.empty_like(q))
@@ -227,10 +180,10 @@ def test_gpu_gluon_matches_reference(case, free, gluon_launches, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_default_route(gluon_launches, monkeypatch):
-    """With no config given (the table) and nothing forced: a wide window takes the Gluon kernel at
-    heads 64 and 128, a narrow one (or short sequences) the Triton kernel; both right."""
-    monkeypatch.setattr(itf, "_GLUON_FORCE", False)
+def test_gpu_gluon_default_route(monkeypatch):
+    """With no config given (the table) and the shipped width rule: a wide window takes the Gluon
+    kernel at heads 64 and 128, a narrow one (or short sequences) the Triton kernel; both right."""
+    gluon_launches = count_gluon_launches(monkeypatch)
     for d in (64, 128):
         q, k, v, cu = make_qkv([2500, 300], 4, 1, d, torch.bfloat16)
         for causal, window, took in ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (255, -1), 0)):
@@ -332,36 +285,9 @@ def test_gpu_gluon_cuda_graph_and_no_recompile(gluon_launches):
     q, k, v, cu = make_qkv([100, 1, 700], 4, 2, 128, torch.bfloat16)
     check_graph_replay(q, k, v, cu, 700, window=(63, -1))
 
-    before = compiled_variants(itf._gluon_fwd_kernel)
+    before = compiled_variants(wl._gluon_fwd_kernel)
     for lens in ([5], [333, 4000, 17], [2048] * 7):
         q, k, v, cu = make_qkv(lens, 4, 2, 128, torch.bfloat16)
         window_prefill(q, k, v, cu, max(lens), window=(63 + len(lens), -1))
-    assert compiled_variants(itf._gluon_fwd_kernel) == before
+    assert compiled_variants(wl._gluon_fwd_kernel) == before
     assert len(gluon_launches) == 5
-
-
-def test_gluon_routing(monkeypatch):
-    """The launcher's glue on the CPU: with a config that asks for the Gluon kernel, ``_gluon_launch`` is
-    offered the call (window already normalised, ``cu_seqlens`` or ``(starts, lens)``, the LSE buffer)
-    only when the width rule holds or ``_GLUON_FORCE`` is set, never with ``_GLUON`` off; returning
-    False leaves the Triton kernel to write the right answer."""
-    seen = refuse_gluon(monkeypatch, itf)
-    monkeypatch.setattr(itf, "_GLUON_MIN_WIDTH", 24)  # the test sequences are short
-    q, k, v, cu = make_qkv([30, 9], 2, 1, 32, torch.float16)
-    cfg = Config(16, 16, 1, 1, False, True)
-    out = run(q, k, v, cu, 30, causal=True, window=(40, -1), config=cfg)  # 30 keys visible: offered
-    assert compare(out, reference(q, k, v, cu, causal=True, window=(40, -1)))
-    assert len(seen) == 1 and seen[0]["window_left"] == 40 and seen[0]["window_right"] == -1
-    assert seen[0]["lse"] is None and seen[0]["causal"] is True
-    run(q, k, v, cu, 30, causal=True, window=(10, -1), config=cfg)  # 11 keys: not offered
-    assert len(seen) == 1
-    window_prefill(q, k, v, cu, 30, causal=False, window=(-1, -1), config=cfg, return_lse=True)
-    assert len(seen) == 2 and seen[1]["lse"] is not None and seen[1]["causal"] is False
-    run(q, k, v, cu, 30, causal=True, window=(40, -1), config=Config(16, 16, 1, 1))  # flag off
-    assert len(seen) == 2
-    monkeypatch.setattr(itf, "_GLUON_FORCE", True)
-    run(q, k, v, cu, 30, causal=True, window=(3, -1), config=Config(16, 16, 1, 1))  # forced
-    assert len(seen) == 3
-    monkeypatch.setattr(itf, "_GLUON", False)
-    run(q, k, v, cu, 30, causal=True, window=(40, -1), config=cfg)
-    assert len(seen) == 3

@@ -6,7 +6,7 @@ shows up), compares ``out`` with :func:`attn_reference.compare` and ``lse`` with
 that tokens outside every sequence stay untouched. The cases cover every path that changes the
 running max/sum the LSE is made of: causal and bidirectional windows, GQA/MQA, an empty sequence,
 softcap, both sink modes (rows emptied by a ``-inf`` key-0 sink get ``-inf``), the folded/unfolded
-scale, lazy rescaling and the descriptor (interior-first) form. Two partial attentions over disjoint
+scale, int64 token offsets and the descriptor (interior-first) form. Two partial attentions over disjoint
 key sets, merged by their LSEs, must give the kernel's full attention.
 
 CPU (interpreter): fp16/fp32, 16x16 tiles. GPU-marked: bf16 at the table's tile sizes.
@@ -19,11 +19,10 @@ import math
 import pytest
 import torch
 from conftest import DEVICE, poison
-from wp_util import cu_of
+from wp_util import cu_of, run_plan, spy_triton
 
-import window_prefill.interface as wi
 from attn_reference import attention_varlen, compare, compare_lse, negative_control
-from window_prefill import window_prefill
+from window_prefill import explain, window_prefill
 from window_prefill.configs import Config
 
 PAD = 3  # tokens after the last sequence belong to none: out and lse stay poisoned there
@@ -119,28 +118,28 @@ def test_lse_matches_reference(lens, heads, kv_heads, head_dim, dtype, opts):
         assert torch.isfinite(lse).all()
 
 
-@pytest.mark.parametrize("form", ["unfolded-int32", "lazy-rescale", "tma-interior-first"])
+@pytest.mark.parametrize("form", ["unfolded", "int64-offsets", "tma-interior-first"])
 def test_lse_kernel_forms(monkeypatch, form):
-    """The forms of the softmax update the launcher can pick: unfolded scale and plain masks with int32
-    offsets, lazy rescaling of interior blocks (a stale running max), descriptor loads (interior blocks
+    """The forms of the softmax update a plan can pick: the unfolded scale (``softmax_scale <= 0``),
+    int64 token offsets (run by plan: small inputs plan int32), descriptor loads (interior blocks
     before the edges)."""
-    config = None
-    if form == "unfolded-int32":
-        monkeypatch.setattr(wi, "_FOLD_SCALE", False)
-        monkeypatch.setattr(wi, "_BAND_MASK", False)
-        monkeypatch.setattr(wi, "_OFFSETS_32", True)
-    elif form == "lazy-rescale":
-        monkeypatch.setattr(wi, "_LAZY_RESCALE", 3)
-    else:
-        config = Config(16, 16, 1, 1, True)
-        built: list = []
-        real = wi._tma_descriptors
-        monkeypatch.setattr(wi, "_tma_descriptors", lambda *a: built.append(real(*a)) or built[-1])
     q, k, v, cu = _problem([50, 23], 2, 1, 32, torch.float16)
-    q = q * 2  # larger logits: the running max moves by more than the lazy threshold
-    _check(q, k, v, cu, 50, config=config, window=(30, -1), sinks=_sinks(2, "denominator"))
-    if form == "tma-interior-first":
-        assert built and built[0][0] is not None, "the descriptor form did not run"
+    q = q * 2  # larger logits: the running max moves
+    kw = dict(window=(30, -1), sinks=_sinks(2, "denominator"))
+    if form == "unfolded":
+        assert explain(q, k, v, cu, 50, softmax_scale=-0.3, **kw).consts()["FOLD_SCALE"] is False
+        _check(q, k, v, cu, 50, softmax_scale=-0.3, **kw)
+    elif form == "int64-offsets":
+        n = int(cu[-1])
+        p = explain(q, k, v, cu, 50, return_lse=True, **kw).replace(constexprs={"WIDE_OFFSETS": True})
+        lse = poison(torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device))
+        out = run_plan(p, q, k, v, cu, 50, lse=lse, **kw)
+        ref_out, ref_lse = _reference(q, k, v, cu, n, **kw)
+        assert compare(out[:n], ref_out) and compare_lse(lse[:, :n], ref_lse)
+    else:
+        spy = spy_triton(monkeypatch)
+        _check(q, k, v, cu, 50, config=Config(16, 16, 1, 1, True), **kw)
+        assert spy.launches[0][2]["TMA_KV"] is True, "the descriptor form did not run"
 
 
 def test_lse_negative_control():

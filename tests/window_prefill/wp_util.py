@@ -1,11 +1,18 @@
-"""Shared helpers of the window_prefill tests: random ragged batches, poisoned runs, the reference."""
+"""Shared helpers of the window_prefill tests: random ragged batches, poisoned runs, the reference,
+plans run as given, and spies on the launches."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from conftest import DEVICE, poison
 
+import window_prefill.launch as wp_launch
+import window_prefill.plan as wp_plan
 from attn_reference import attention_varlen
+from prefill_runtime import LaunchPlan
 from window_prefill import window_prefill
 from window_prefill.configs import Config
 
@@ -110,3 +117,78 @@ def check_graph_replay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: to
     torch.cuda.synchronize()
     c = compare(out, reference(q, k, v, cu, **kwargs))
     assert c, c
+
+
+def run_plan(p: LaunchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+             *, window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None,
+             sinks: torch.Tensor | None = None, softcap: float = 0.0, lse: torch.Tensor | None = None,
+             ) -> torch.Tensor:  # fmt: skip
+    """Launch plan ``p`` (e.g. ``explain(...)`` changed with ``LaunchPlan.replace``) on the ``cu_seqlens``
+    form into a NaN-poisoned output, as benchmarks run a changed plan."""
+    out = poison(torch.empty(q.shape, dtype=q.dtype, device=q.device))
+    scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else softmax_scale
+    wp_launch.run(p, q, k, v, out, cu, None, max_len, cu.shape[0] - 1, window_left=window[0],
+                  window_right=window[1], softmax_scale=scale, sinks=sinks, softcap=softcap,
+                  lse=lse)  # fmt: skip
+    return out
+
+
+class KernelSpy:
+    """Stands in for a ``@triton.jit`` kernel: records each ``kernel[grid](*args, **kwargs)`` launch
+    (grid, arguments by name, keyword arguments), then runs the real kernel."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+        self.launches: list[tuple[tuple, dict, dict]] = []
+
+    def __getitem__(self, grid: tuple):
+        def launch(*args: object, **kwargs: object) -> object:
+            self.launches.append((tuple(grid), dict(zip(self.real.arg_names, args, strict=False)), kwargs))
+            return self.real[grid](*args, **kwargs)
+
+        return launch
+
+
+def spy_triton(monkeypatch: pytest.MonkeyPatch) -> KernelSpy:
+    """Record every launch of the Triton kernel (``window_prefill.launch._fwd_kernel``)."""
+    spy = KernelSpy(wp_launch._fwd_kernel)
+    monkeypatch.setattr(wp_launch, "_fwd_kernel", spy)
+    return spy
+
+
+def count_gluon_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The returned list grows by one for each call the Gluon kernel ran (``launch._launch_gluon``
+    returned True)."""
+    taken: list[int] = []
+    orig = wp_launch._launch_gluon
+
+    def counted(*args, **kwargs):
+        ok = orig(*args, **kwargs)
+        if ok:
+            taken.append(1)
+        return ok
+
+    monkeypatch.setattr(wp_launch, "_launch_gluon", counted)
+    return taken
+
+
+def refuse_gluon(monkeypatch: pytest.MonkeyPatch) -> list[LaunchPlan]:
+    """Plans the CPU tests may route to the Gluon kernel: the launcher believes it runs on sm90 with
+    Gluon, and ``launch._launch_gluon`` refuses every plan it is offered (listed in the returned list),
+    so the plan's Triton fallback answers under the interpreter."""
+    offered: list[LaunchPlan] = []
+
+    def offer(p, *args, **kwargs):
+        offered.append(p)
+        return False
+
+    monkeypatch.setattr(wp_launch, "detect_arch", lambda device: "sm90")
+    monkeypatch.setattr(wp_launch, "_gluon_ok", True)
+    monkeypatch.setattr(wp_launch, "_launch_gluon", offer)
+    return offered
+
+
+def any_width_is_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon width rule (``plan._GLUON_MIN_WIDTH``) holds for every window: short test sequences
+    and narrow windows may take the Gluon kernel."""
+    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 1)

@@ -1,5 +1,7 @@
 """Per-architecture launch configurations: a static table, looked up once per (arch, head dim, dtype,
-causal). No autotuning happens on the call path; the benchmark's ``--sweep`` is how the table is tuned.
+causal), read by :func:`window_prefill.plan.plan`. No autotuning happens on the call path; the
+benchmark's ``--sweep`` is how the table is tuned. Also: the architecture of a device
+(:func:`detect_arch`) and the static shared-memory estimate the tests hold the table to.
 
 Table key: ``(arch, head_dim_bucket, dtype_class, causal)`` with
 
@@ -24,11 +26,11 @@ import torch
 
 class Config(NamedTuple):
     """One launch configuration: query tile rows, key tile rows, warps, software-pipeline stages, and
-    whether interior K/V blocks load through TMA tensor descriptors where the inputs allow it
-    (``interface._tma_descriptors``: sm90, 16-bit, unpadded head dim, 16-byte rows), and whether the
-    warp-specialised Gluon kernel (``window_prefill.gluon_kernel``, its own fixed 128/128 tiles) runs
-    instead where it applies (``interface._gluon_launch``); the other fields then describe the Triton
-    kernel that runs where it does not (sinks, soft-capping, strides TMA cannot take)."""
+    whether interior K/V blocks load through TMA tensor descriptors where the inputs allow it (sm90,
+    16-bit, unpadded head dim, 16-byte rows), and whether the warp-specialised Gluon kernel
+    (``window_prefill.gluon_kernel``, its own fixed 128-row tiles) runs instead where it applies; the
+    other fields then describe the Triton kernel that runs where it does not (sinks, soft-capping,
+    strides TMA cannot take, narrow windows). :func:`window_prefill.plan.plan` applies both flags."""
 
     block_m: int
     block_n: int
@@ -56,22 +58,12 @@ SHARED_MEMORY_LIMIT: dict[str, int] = {
 _C = Config
 # (arch, head_dim_bucket, dtype_class) -> Config, for causal and non-causal alike unless overridden below.
 _BASE: dict[tuple[str, int, str], Config] = {
-    # Hopper: wide query tiles, 3-stage K/V pipeline.
-    # H200 sweep 2026-11-29: 64/32/4/4 0.051 ms vs 0.079 (128/64/4/3); session 7, with one masked loop
-    # (NOTES step 24, CUDA-graph timing): 64/32/4/3 0.0459-0.0463 ms vs 0.0475-0.0479 with 4 stages
-    # gluon=True: the Gluon kernel where it applies and the window is wide (interface._GLUON_MIN_WIDTH);
-    # H200 (NOTES step 53): head 64 causal window 4095 3.01 -> 2.57 ms, head 128 non-causal (2047, 2048)
-    # 4.69 -> 3.88 ms; narrow windows keep these Triton configs (PR shape 0.039 ms against 0.098).
+    # Hopper, 16-bit: the Gluon kernel where it applies and the window is wide (plan._GLUON_MIN_WIDTH);
+    # these Triton tiles for narrow windows, sinks and soft-capping (the fastest of the H200 sweeps).
     ("sm90", 64, "16bit"): _C(64, 32, 4, 3, False, True),
-    ("sm90", 128, "16bit"): _C(
-        128, 128, 8, 2, False, True
-    ),  # H200 sweep 2026-11-29: 4.73 ms vs 4.93 (128/64/8/3)
-    # 64/64/4/2 spilled 300 B (ptxas, sm_90a); 0 here. Gluon (key blocks of 64): llm256 shape 5.19 -> 3.47 ms
-    ("sm90", 256, "16bit"): _C(128, 32, 8, 2, False, True),
-    # fp32 (IEEE dots, FMA loops): the former 64/32/4/2 (heads 64/128) and 32/32/4/2 (256) spill 2-45 KB
-    # per thread offline; 16/16/4/2 spills nothing (NOTES step 19). H200 (bench/fp32_configs.py, NOTES
-    # step 23): 21.6 -> 2.7 ms (head 128), 11.5 -> 5.2 ms (256), first call 9.8/11.8 -> 1.5/3.3 s;
-    # head 64 1.04 -> 1.44 ms but 4.2 -> 1.0 s to compile.
+    ("sm90", 128, "16bit"): _C(128, 128, 8, 2, False, True),
+    ("sm90", 256, "16bit"): _C(128, 32, 8, 2, False, True),  # 64/64 tiles spill at head 256
+    # fp32 (IEEE dots, FMA loops): 16/16 tiles spill nothing; larger ones spill 2-45 KB per thread.
     ("sm90", 64, "fp32"): _C(16, 16, 4, 2),
     ("sm90", 128, "fp32"): _C(16, 16, 4, 2),
     ("sm90", 256, "fp32"): _C(16, 16, 4, 2),
@@ -79,7 +71,7 @@ _BASE: dict[tuple[str, int, str], Config] = {
     ("sm80", 64, "16bit"): _C(128, 64, 4, 3),
     ("sm80", 128, "16bit"): _C(128, 64, 8, 3),
     ("sm80", 256, "16bit"): _C(64, 32, 4, 2),
-    ("sm80", 64, "fp32"): _C(16, 16, 4, 2),  # as sm90 (NOTES step 19)
+    ("sm80", 64, "fp32"): _C(16, 16, 4, 2),  # as sm90: no spills
     ("sm80", 128, "fp32"): _C(16, 16, 4, 2),
     ("sm80", 256, "fp32"): _C(16, 16, 4, 2),
     # MI300 (64 KiB LDS): one or two stages, every entry checked by shared_memory_bytes in the tests.
@@ -109,9 +101,7 @@ _BASE: dict[tuple[str, int, str], Config] = {
 
 # Entries where the causal kernel wants something else than the shared base (tuned with --sweep).
 _CAUSAL_OVERRIDES: dict[tuple[str, int, str, bool], Config] = {
-    # H200 sweep 2026-11-30 (LLM shape, 8d0ffd9): 4.33 ms against 4.52 (128/128/8/2 pointer loads) and
-    # 4.42 (128/128/8/3 pointer loads); NOTES step 32. The Gluon kernel where it applies: LLM shape
-    # 4.50 -> 3.84-3.87 ms under CUDA graphs (NOTES step 53).
+    # Hopper head 128 causal: 3 stages with TMA K/V run the H200's LLM shape fastest (where Gluon does not).
     ("sm90", 128, "16bit", True): _C(128, 128, 8, 3, True, True),
 }
 

@@ -3,7 +3,7 @@
 The same attention as :func:`window_prefill.kernel._fwd_kernel` (conventions there: positions relative
 to the sequence start, key ``j`` visible to row ``i`` by causality and the window, scores in log2
 units with ``qk_scale = scale * log2(e)`` folded into the exponent), written in Gluon so the schedule
-is ours rather than the compiler's. Triton 3.6 cannot express it (NOTES steps 32, 35, 53):
+is ours rather than the compiler's (Triton's own pipelining cannot express it):
 
 * **one producer warp** issues every TMA copy: the two Q halves, then K_j and V_j of each key block
   into a two-slot ring (``NUM_STAGES``), each slot refilled once both consumers released it
@@ -71,15 +71,12 @@ def _gluon_fwd_kernel(
     stride_ot, stride_oh, Lse, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
-    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, LLVM_O0: gl.constexpr = False,
-    FREE_WAITS: gl.constexpr = False,
+    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
-    ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring. ``LLVM_O0``: read by
-    the compile hook only (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel.
-    ``FREE_WAITS`` (candidate): the consumers' waits without Triton's partition-wide barrier before each
-    (``prefill_runtime.gluon.free_wait``; the compile hook drops them)."""
+    ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring. The consumers wait
+    for ready slots with Triton's own ``mbarrier.wait`` (``FREE_WAITS=False``)."""
     pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, False)  # int32
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:
@@ -107,14 +104,14 @@ def _gluon_fwd_kernel(
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, FREE_WAITS,
+                False, False, 1, None, 0, False,
             )),
             (consumer, (
                 1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, tok0,
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, FREE_WAITS,
+                False, False, 1, None, 0, False,
             )),
             (_ws_producer, (
                 Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,

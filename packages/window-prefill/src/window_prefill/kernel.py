@@ -45,17 +45,15 @@ def _attn_block(
     key_lo, key_hi, window_left, window_right, qk_scale, sink2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
-    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LAZY: tl.constexpr = 0, FOLD: tl.constexpr = False,
-    BAND: tl.constexpr = False, k_desc=None, v_desc=None, kv_col=0, TMA: tl.constexpr = False,
-    tanh_scale=1.0, SOFTCAP: tl.constexpr = 0,
+    IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, FOLD: tl.constexpr, k_desc, v_desc, kv_col,
+    TMA: tl.constexpr, tanh_scale, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
-    ``LAZY > 0`` (interior blocks only): rescale ``acc`` only when some row's max grew by more than
-    ``LAZY`` (log2 units); otherwise keep the stale max (it only stabilises exp2: p <= 2**LAZY).
     ``FOLD`` (``qk_scale > 0``, no key-0 bias): the row max is taken on the raw ``q . k`` and scaled
     once per row, and the scale folds into the exponent's FMA (one op per score, not two).
-    ``BAND`` (masked blocks): the window/causal test as one unsigned compare of ``q - k`` against
-    the band's width (one subtract and one compare per score instead of two of each and an and).
+    Masked blocks of a two-sided band (a left window and a causal or right bound) test visibility as
+    one unsigned compare of ``q - k`` against the band's width (one subtract and one compare per score
+    instead of two of each and an and).
     ``TMA`` (interior blocks only): K and V come through the tensor descriptors ``k_desc``/``v_desc``
     ([total_tokens, kv_heads * HEAD_DIM] views, block [BLOCK_N, HEAD_DIM]) at column ``kv_col``: one
     bulk copy per tile, no per-lane address arithmetic.
@@ -93,7 +91,7 @@ def _attn_block(
     if not FOLD:
         b_s = b_s * qk_scale  # [BM, BN] log2 units
     if MASKED:
-        if BAND and (IS_CAUSAL or HAS_RIGHT) and HAS_LEFT:
+        if (IS_CAUSAL or HAS_RIGHT) and HAS_LEFT:
             # visible iff lo <= q - k <= window_left, lo = 0 (causal) or -window_right: one unsigned
             # compare of q - k - lo against window_left - lo (a negative difference wraps to a huge one)
             if IS_CAUSAL:
@@ -136,20 +134,10 @@ def _attn_block(
         s_mul = qk_scale  # exp2(b_s * s_mul - m): one FMA per score
     else:
         s_mul = 1.0
-    if LAZY > 0 and not MASKED:
-        if tl.max(m_new - m_i, 0) > LAZY:  # one tile-wide reduction: a branch uniform over the program
-            alpha = tl.math.exp2(m_i - m_new)  # [BM]
-            acc = acc * alpha[:, None]  # [BM, BD]
-            l_i = l_i * alpha  # [BM]
-            m_i = m_new  # [BM]
-        b_p = tl.math.exp2(b_s * s_mul - m_i[:, None])  # [BM, BN]
-        l_i = l_i + tl.sum(b_p, 1)  # [BM]
-        m_new = m_i  # [BM]
-    else:
-        b_p = tl.math.exp2(b_s * s_mul - m_shift[:, None])  # [BM, BN]
-        alpha = tl.math.exp2(m_i - m_shift)  # [BM]
-        l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
-        acc = acc * alpha[:, None]  # [BM, BD]
+    b_p = tl.math.exp2(b_s * s_mul - m_shift[:, None])  # [BM, BN]
+    alpha = tl.math.exp2(m_i - m_shift)  # [BM]
+    l_i = l_i * alpha + tl.sum(b_p, 1)  # [BM]
+    acc = acc * alpha[:, None]  # [BM, BD]
     if USE_TMA:
         b_v = v_desc.load([row, kv_col])  # [BN, BD]
     else:
@@ -195,16 +183,14 @@ def _attn_blocks(
     BIAS_KEY0: tl.constexpr,
     MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr,
-    WIDE_OFFSETS: tl.constexpr = True,
-    LAZY: tl.constexpr = 0,
-    FOLD: tl.constexpr = False,
-    BAND: tl.constexpr = False,
-    k_desc=None,
-    v_desc=None,
-    kv_col=0,
-    TMA: tl.constexpr = False,
-    tanh_scale=1.0,
-    SOFTCAP: tl.constexpr = 0,
+    WIDE_OFFSETS: tl.constexpr,
+    FOLD: tl.constexpr,
+    k_desc,
+    v_desc,
+    kv_col,
+    TMA: tl.constexpr,
+    tanh_scale,
+    SOFTCAP: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -231,8 +217,8 @@ def _attn_blocks(
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
-            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, LAZY, FOLD, BAND,
-            k_desc, v_desc, kv_col, TMA, tanh_scale, SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, FOLD, k_desc, v_desc, kv_col, TMA,
+            tanh_scale, SOFTCAP,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -332,19 +318,17 @@ def _fwd_kernel(
     LENS_FROM_STARTS: tl.constexpr,
     IEEE_FP32: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,  # int64 token offsets; False: int32 (K/V within 2**31 elements, host-checked)
-    LAZY_RESCALE: tl.constexpr = 0,  # > 0: interior blocks rescale acc only when a max grows by more (_attn_block)
-    FOLD_SCALE: tl.constexpr = False,  # qk_scale > 0 and no key-0 bias: scale folded into exp2's FMA
-    BAND_MASK: tl.constexpr = False,  # masked blocks test the window band with one unsigned compare
-    TMA_KV: tl.constexpr = False,  # interior K/V blocks through the descriptors K_desc/V_desc (else None)
-    INTERIOR_FIRST: tl.constexpr = False,  # the interior blocks before the masked edges (register allocation)
-    SOFTCAP: tl.constexpr = 0,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e); 2: tanh.approx
-    RETURN_LSE: tl.constexpr = False,  # also store each row's softmax log-sum-exp (natural log) in Lse
+    FOLD_SCALE: tl.constexpr,  # qk_scale > 0 and no key-0 bias: scale folded into exp2's FMA
+    TMA_KV: tl.constexpr,  # interior K/V blocks through the descriptors K_desc/V_desc (else None), run first
+    SOFTCAP: tl.constexpr,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e); 2: tanh.approx
+    RETURN_LSE: tl.constexpr,  # also store each row's softmax log-sum-exp (natural log) in Lse
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
     With TMA_KV, K_desc/V_desc are host tensor descriptors over K/V viewed as
     [total_tokens, kv_heads * HEAD_DIM] with block [BLOCK_N, HEAD_DIM] (used by interior blocks only:
-    masked blocks keep lane-masked loads, so no key outside a tile's range is read).
+    masked blocks keep lane-masked loads, so no key outside a tile's range is read), and the interior
+    blocks run before the edges (edges first, ptxas serialises the interior's wgmma).
     With RETURN_LSE, row ``i`` of head ``h`` also writes ``Lse[h * stride_lse_h + token]`` (float32)."""
     pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, True)
     m0 = pid_m * BLOCK_M
@@ -393,25 +377,24 @@ def _fwd_kernel(
 
     # masked edges: leading [n_lo, n_edge_hi) and trailing [n_full_hi, key_hi), one loop (one compiled
     # copy of the masked step: a cold first call compiles less); and the interior [n_full_lo, n_full_hi),
-    # after the edges or, with INTERIOR_FIRST, before them (the online softmax takes blocks in any order)
+    # after the edges or, with TMA_KV, before them (the online softmax takes blocks in any order)
     n_lead = tl.maximum(tl.cdiv(n_edge_hi - n_lo, BLOCK_N), 0)
     n_trail = tl.maximum(tl.cdiv(key_hi - n_full_hi, BLOCK_N), 0)
     n_mid = tl.maximum((n_full_hi - n_full_lo) // BLOCK_N, 0)
     for part in tl.static_range(2):
-        if (part == 0) != INTERIOR_FIRST:
+        if (part == 0) != TMA_KV:
             acc, l_i, m_i = _attn_blocks(
                 acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
                 n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale,
                 sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
-                WIDE_OFFSETS, 0, FOLD_SCALE, BAND_MASK, None, None, 0, False, tanh_scale, SOFTCAP,
+                WIDE_OFFSETS, FOLD_SCALE, None, None, 0, False, tanh_scale, SOFTCAP,
             )  # fmt: skip
         else:
             acc, l_i, m_i = _attn_blocks(
                 acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
                 n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
                 HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
-                WIDE_OFFSETS, LAZY_RESCALE, FOLD_SCALE, BAND_MASK, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV,
-                tanh_scale, SOFTCAP,
+                WIDE_OFFSETS, FOLD_SCALE, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV, tanh_scale, SOFTCAP,
             )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
@@ -426,8 +409,7 @@ def _fwd_kernel(
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_row[:, None] & m_d[None, :])
     if RETURN_LSE:
         # m_i, l_i are log2-domain (scale * log2(e) folded into the logits): ln(sum exp) = ln(2) *
-        # (m + log2(l)); a row that saw no key (l == 0) gets -inf. With LAZY_RESCALE m_i may be a stale
-        # max, but l_i is taken against that same m_i, so the sum is the same.
+        # (m + log2(l)); a row that saw no key (l == 0) gets -inf.
         b_lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BM]
         p_lse = Lse + head.to(tl.int64) * stride_lse_h + (tok0 + offs_m.to(tl.int64))  # [BM]
         tl.store(p_lse, b_lse, mask=m_row)

@@ -1,7 +1,7 @@
 """The kernel launch as a PyTorch custom op: ``torch.ops.window_prefill.fwd``.
 
-Both public functions (:func:`window_prefill.window_prefill`, :func:`window_prefill.context_attention_fwd`)
-check their arguments in Python, allocate the output if needed and then call this op, so
+Both public functions (:mod:`window_prefill.api`) check their arguments in Python, allocate the
+output if needed and then call this op, whose kernel is :func:`window_prefill.launch.forward`, so
 ``torch.compile`` (Dynamo, AOTAutograd, Inductor) sees one opaque operator that mutates ``out``
 instead of tracing into Triton's launcher, and CUDA graphs capture the one kernel launch.
 
@@ -41,7 +41,7 @@ import contextlib
 
 import torch
 
-from window_prefill import interface as _interface  # partially initialised here: used at call time only
+from window_prefill import launch
 from window_prefill.configs import Config
 
 SCHEMA = (
@@ -94,16 +94,16 @@ def _fwd_impl(
     softcap: float = 0.0,
     lse: torch.Tensor | None = None,
 ) -> None:
-    """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``
+    """The op's kernel on every device: the planned kernel launch on checked arguments, writing ``out``
     (and ``lse`` when given)."""
     config = (
         Config(block_m, block_n, num_warps, num_stages, bool(tma & 1), bool(tma & 2)) if block_m > 0 else None
     )
     with _on_device(q.device):
-        _interface._launch_fwd(
+        launch.forward(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
-            window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
-            sinks_bias_key0=sinks_bias_key0, config=config, softcap=softcap, lse=lse,
+            window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, bias_key0=sinks_bias_key0,
+            config=config, softcap=softcap, lse=lse,
         )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
     if lse is not None:

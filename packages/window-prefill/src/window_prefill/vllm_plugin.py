@@ -49,7 +49,7 @@ def context_attention_fwd(
 ) -> None:
     """vLLM 0.33's ``triton_prefill_attention.context_attention_fwd`` signature (positional order
     included), running :func:`window_prefill.context_attention_fwd`; see it for the arguments."""
-    from window_prefill.interface import context_attention_fwd as ours
+    from window_prefill.api import context_attention_fwd as ours
 
     ours(
         q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=is_causal,

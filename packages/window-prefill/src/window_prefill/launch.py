@@ -1,0 +1,262 @@
+"""The launch: a call's :class:`~window_prefill.plan.Problem` from its tensors' metadata
+(:func:`describe`), its cached plan, and the one kernel launch the plan names (:func:`run`): the Triton
+kernel (:mod:`window_prefill.kernel`) or the Gluon one (:mod:`window_prefill.gluon_kernel`).
+
+Arguments arrive checked (:mod:`window_prefill.api`). Per call the host reads tensor metadata only
+(shapes, strides, dtype, device, 16-byte alignment of the base pointers), never device memory, and
+launches one kernel: no copies, no allocations, no helper kernels (dummy pointer arguments reuse
+tensors of the call), so a call is CUDA-graph capturable. TMA descriptors hold pointers: they are
+built for each call, never cached; plans hold none and are cached by problem.
+
+Process state: Triton's one-time setup and this package's compile hooks run before the first launch
+on a GPU (:func:`_prime_triton`); the Gluon kernel runs while ``_gluon_ok`` holds (Triton has Gluon,
+the environment variable ``WINDOW_PREFILL_GLUON`` is not ``0``, and no launch of it failed: a
+Triton whose Gluon cannot build it is warned about once, then its calls run the Triton kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from prefill_runtime import (
+    LaunchPlan,
+    gluon_descriptor,
+    gluon_try_launch,
+    hook_compiles,
+    prime_triton,
+    softcap_form,
+)
+from window_prefill.configs import detect_arch
+from window_prefill.kernel import _fwd_kernel
+from window_prefill.plan import Problem, plan, wide_window
+
+try:  # triton >= 3.4; without it the Triton kernel loads K/V by pointer
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
+    from window_prefill.gluon_kernel import _gluon_fwd_kernel
+except Exception:  # pragma: no cover - any import failure means "no Gluon"
+    _gluon_fwd_kernel = None
+
+# Windows at least this wide cover any sequence a launch can hold: treated as unbounded (and never
+# passed to the kernel, whose position arithmetic is int32).
+_UNBOUNDED_WINDOW = 1 << 30
+_LOG2E = math.log2(math.e)  # the kernels' scores are in log2 units
+_ELEMENT_SIZE = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}  # bytes, without a tensor call
+
+_primed = False  # _prime_triton ran in this process
+_gluon_ok = _gluon_fwd_kernel is not None and os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
+
+
+def _prime_triton() -> None:
+    """Before this package's first launch on a GPU: Triton's one-time process setup, side by side
+    (:func:`prefill_runtime.prime_triton`), and the compile hooks that build each kernel's launcher
+    while the kernel compiles (:func:`prefill_runtime.hook_compiles`; the Gluon kernel lowers every
+    descriptor argument to a TMA descriptor)."""
+    global _primed
+    _primed = True
+    prime_triton()
+    hook_compiles(_fwd_kernel)
+    if _gluon_fwd_kernel is not None:
+        hook_compiles(_gluon_fwd_kernel, tma_descriptors=True)
+
+
+def _fits_int32(shape: torch.Size, st: tuple[int, ...]) -> bool:
+    """Every element of a 3-D tensor of ``shape`` and strides ``st`` lies less than 2**31 elements
+    from its first one (an empty tensor: trivially)."""
+    n0, n1, n2 = shape
+    if n0 == 0 or n1 == 0 or n2 == 0:
+        return True
+    return min(st) >= 0 and (n0 - 1) * st[0] + (n1 - 1) * st[1] + (n2 - 1) * st[2] < 2**31
+
+
+def _tma_rows(t: torch.Tensor, st: tuple[int, ...], heads: int, head_dim: int, elem: int) -> bool:
+    """``t`` ``[tokens, heads, head_dim]`` (strides ``st``) can be a TMA descriptor over ``[tokens,
+    heads * head_dim]``: unit feature stride, heads ``head_dim`` apart, 16-byte base and rows."""
+    return (
+        st[2] == 1
+        and st[1] == head_dim
+        and st[0] >= heads * head_dim
+        and (st[0] * elem) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def describe(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, max_len: int, *,
+    causal: bool, window_left: int, window_right: int, softmax_scale: float, sinks: torch.Tensor | None,
+    bias_key0: bool, softcap: float, return_lse: bool, config: object = None,
+) -> Problem:  # fmt: skip
+    """The :class:`~window_prefill.plan.Problem` of a checked call (windows inclusive, ``-1`` unbounded,
+    widths of ``_UNBOUNDED_WINDOW`` or more already mapped to ``-1``): tensor metadata and host values
+    only."""
+    return Problem(*_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+                            bias_key0, softcap, return_lse, config))  # fmt: skip
+
+
+def _fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks, bias_key0,
+            softcap, return_lse, config) -> tuple:  # fmt: skip
+    """A problem's fields, in :class:`~window_prefill.plan.Problem`'s order: the plan cache's key (a
+    tuple is cheaper to build and hash than the dataclass, which is made on a cache miss only)."""
+    total, heads, head_dim = q.shape
+    kv_shape = k.shape
+    kv_heads = kv_shape[1]
+    dtype = q.dtype
+    elem = _ELEMENT_SIZE[dtype]
+    kst, vst = k.stride(), v.stride()
+    small = total < 2**31
+    return (
+        dtype,
+        heads,
+        kv_heads,
+        head_dim,
+        detect_arch(q.device),
+        causal,
+        window_left >= 0,  # has_left
+        window_right >= 0,  # has_right
+        wide_window(causal, window_left, window_right, max_len),
+        sinks is not None,
+        sinks is not None and bias_key0,
+        softcap_form(softcap, q) if softcap > 0 else 0,
+        softmax_scale > 0,  # scale_positive
+        lens is None,  # cumulative_starts
+        return_lse,
+        not (_fits_int32(kv_shape, kst) and _fits_int32(kv_shape, vst)),  # wide_offsets
+        small and _tma_rows(q, q.stride(), heads, head_dim, elem),  # q_tma
+        TensorDescriptor is not None
+        and small
+        and _tma_rows(k, kst, kv_heads, head_dim, elem)
+        and _tma_rows(v, vst, kv_heads, head_dim, elem),  # kv_tma
+        _gluon_ok,  # gluon
+        config,
+    )
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, starts: torch.Tensor,
+    lens: torch.Tensor | None, max_len: int, *, causal: bool, window_left: int, window_right: int,
+    softmax_scale: float, sinks: torch.Tensor | None, bias_key0: bool, config: object = None,
+    softcap: float = 0.0, lse: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """The custom op's body (:mod:`window_prefill.ops`): describe the call, look up its plan, launch it.
+    A call without sequences, tokens or ``max_len`` launches nothing."""
+    batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
+    if batch <= 0 or max_len <= 0 or q.shape[0] == 0:
+        return
+    window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
+    window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
+    p, kw = _planned(_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+                             bias_key0, softcap, lse is not None, config))  # fmt: skip
+    _run(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
+         softcap, lse)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _planned(fields: tuple) -> tuple[LaunchPlan, dict]:
+    """``plan(Problem(*fields))`` and its constexprs and launch options as one keyword dict (read
+    only), cached per problem."""
+    p = plan(Problem(*fields))
+    return p, _kwargs(p)
+
+
+def _kwargs(p: LaunchPlan) -> dict:
+    return {**p.consts(), **p.opts()}
+
+
+def run(
+    p: LaunchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    starts: torch.Tensor, lens: torch.Tensor | None, max_len: int, batch: int, *, window_left: int,
+    window_right: int, softmax_scale: float, sinks: torch.Tensor | None, softcap: float,
+    lse: torch.Tensor | None,
+) -> None:  # fmt: skip
+    """Launch the kernel ``p`` names on the grid ``(cdiv(max_len, p.block_m), num_heads, batch)``
+    (windows as :func:`describe` takes them). A Gluon plan whose launch fails runs its Triton
+    fallback (and the Gluon kernel is not offered again in this process). Benchmarks and tests run
+    a changed plan through it (:meth:`~prefill_runtime.LaunchPlan.replace`)."""
+    _run(p, _kwargs(p), q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale,
+         sinks, softcap, lse)  # fmt: skip
+
+
+def _run(
+    p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
+    softcap, lse,
+) -> None:  # fmt: skip
+    if not _primed and q.is_cuda:
+        _prime_triton()
+    if p.kernel == "gluon":
+        if _launch_gluon(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
+                         softmax_scale, lse):  # fmt: skip
+            return
+        p = p.get("fallback")
+        kw = _kwargs(p)
+    _launch_triton(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
+                   softmax_scale, sinks, softcap, lse)  # fmt: skip
+
+
+def _launch_triton(
+    p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
+    lse,
+) -> None:  # fmt: skip
+    k_desc = v_desc = None
+    if kw["TMA_KV"]:  # interior K/V blocks: descriptors over [tokens, kv_heads * head_dim]
+        d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
+        k_desc = TensorDescriptor(k, [k.shape[0], k.shape[1] * d], [k.stride(0), 1], [bn, d])
+        v_desc = TensorDescriptor(v, [v.shape[0], v.shape[1] * d], [v.stride(0), 1], [bn, d])
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
+    capped = softcap > 0
+    grid = (-(-max_len // p.block_m), q.shape[1], batch)  # plain ints: triton.cdiv costs ~2 us
+    _fwd_kernel[grid](
+        q,
+        k,
+        v,
+        o,
+        sinks if sinks is not None else q,  # unread without HAS_SINKS
+        starts,
+        lens if lens is not None else starts,  # unread with LENS_FROM_STARTS
+        (softcap if capped else softmax_scale) * _LOG2E,
+        max(window_left, 0),
+        max(window_right, 0),
+        q.shape[1] // k.shape[1],
+        qs[0],
+        qs[1],
+        ks[0],
+        ks[1],
+        vs[0],
+        vs[1],
+        os_[0],
+        os_[1],
+        k_desc,
+        v_desc,
+        softmax_scale / softcap if capped else 1.0,
+        lse,  # None without return_lse: a constexpr, so the kernel compiles without it
+        lse.stride(0) if lse is not None else None,
+        **kw,
+    )
+
+
+def _launch_gluon(
+    p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, lse
+) -> bool:  # fmt: skip
+    """Launch the Gluon kernel; False when this Triton's Gluon could not (``_gluon_ok`` then clears)."""
+    global _gluon_ok
+    d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
+    descs = [
+        gluon_descriptor(t, [t.shape[0], t.shape[1] * d], t.stride(0), rows, d)
+        for t, rows in ((q, p.block_m // 2), (k, bn), (v, bn))
+    ]
+    grid = (-(-max_len // p.block_m), q.shape[1], batch)
+    args = (
+        *descs, o, starts, lens if lens is not None else starts, softmax_scale * _LOG2E, max(window_left, 0),
+        max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
+        lse.stride(0) if lse is not None else None,
+    )  # fmt: skip
+    if gluon_try_launch(lambda: _gluon_fwd_kernel[grid](*args, **kw), "window_prefill"):
+        return True
+    _gluon_ok = False
+    return False

@@ -1,0 +1,181 @@
+"""Which kernel runs a window-prefill call, and how: :class:`Problem` and :func:`plan`, the one place
+a kernel is chosen.
+
+A :class:`Problem` is what the host knows of a call without reading device memory: dtype, head counts
+and size, the options, which tensors TMA can read, the architecture, whether this process has the
+Gluon kernel. It holds no sequence length, batch size or pointer (the Gluon width rule is one flag,
+:attr:`Problem.wide_window`), so one plan serves every step of an engine. :func:`plan` maps it to a
+:class:`prefill_runtime.LaunchPlan` by the rules below; :mod:`window_prefill.launch` runs what the plan
+says, and benchmarks run a changed plan (:meth:`~prefill_runtime.LaunchPlan.replace`).
+
+Rules, first match wins (tiles: :data:`window_prefill.configs.CONFIGS`, per architecture, head-size
+bucket, dtype class and causality; an explicit ``config`` replaces the table entry):
+
+==========  =========================================================================================
+kernel      when
+==========  =========================================================================================
+``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
+            Gluon, sm90, 16-bit, head 64/128/256, no sinks, no soft-capping, ``softmax_scale > 0``,
+            q/k/v readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys. Tiles
+            128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
+``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
+            descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
+            interpreter), 16-bit, an unpadded head size and K/V readable by TMA.
+==========  =========================================================================================
+
+A Gluon plan carries its call's Triton plan as ``extra["fallback"]``: the launch runs it if this
+Triton's Gluon cannot build or launch the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from prefill_runtime import LaunchPlan
+from window_prefill.configs import Config, block_d, get_config
+
+# A row must see at least this many keys (its window, capped by the longest sequence) for the Gluon
+# kernel: its 128-row tiles pay a fixed cost per program that narrow bands do not repay.
+_GLUON_MIN_WIDTH = 2048
+# K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
+_GLUON_STAGES = 2
+# Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+).
+_GLUON_HEADS = (64, 128, 256)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What the host knows of a call without device reads; the key of the plan cache.
+
+    ``config``: an explicit launch config replacing the table entry (None: the table).
+    ``cumulative_starts``: the call gives ``cu_seqlens`` (lengths are differences of successive
+    starts), not starts and lengths (vLLM's form). ``softcap``:
+    the kernel's soft-capping form (0 none, 1 tanh through exp2, 2 the hardware tanh;
+    :func:`prefill_runtime.softcap_form`). ``wide_offsets``: some element of K or V lies 2**31 or more
+    elements from its tensor's start (int64 token offsets). ``q_tma`` / ``kv_tma``: q (k and v) can be
+    TMA descriptors over ``[tokens, heads * head_dim]``: unit feature stride, heads ``head_dim`` apart,
+    16-byte aligned base and token rows, fewer than 2**31 tokens (``kv_tma`` also: this Triton has host
+    tensor descriptors). ``wide_window``: a row may see at least ``_GLUON_MIN_WIDTH`` keys
+    (:func:`wide_window`). ``gluon``: this process runs the Gluon kernel (Triton has Gluon,
+    ``WINDOW_PREFILL_GLUON`` is not 0, no launch of it failed)."""
+
+    dtype: torch.dtype
+    heads: int
+    kv_heads: int
+    head_dim: int
+    arch: str
+    causal: bool
+    has_left: bool
+    has_right: bool
+    wide_window: bool
+    sinks: bool
+    bias_key0: bool
+    softcap: int
+    scale_positive: bool
+    cumulative_starts: bool
+    return_lse: bool
+    wide_offsets: bool
+    q_tma: bool
+    kv_tma: bool
+    gluon: bool
+    config: Config | None = None
+
+
+def wide_window(causal: bool, window_left: int, window_right: int, max_len: int) -> bool:
+    """Whether a row may see at least ``_GLUON_MIN_WIDTH`` keys: the window's width (``-1`` sides
+    unbounded, a causal right side 0), capped by the longest sequence ``max_len``."""
+    left = max_len if window_left < 0 else window_left
+    right = 0 if causal else (max_len if window_right < 0 else window_right)
+    return min(left + right + 1, max_len) >= _GLUON_MIN_WIDTH
+
+
+def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
+    """Why the Gluon kernel does not run this problem, or None when it does."""
+    if not cfg.gluon:
+        return "the config does not ask for it" if p.config is not None else "the table does not ask for it"
+    checks = (
+        (p.gluon, "this process has no Gluon kernel"),
+        (p.arch == "sm90", f"arch {p.arch} is not sm90"),
+        (p.dtype in (torch.float16, torch.bfloat16), "float32"),
+        (p.head_dim in _GLUON_HEADS, f"head size {p.head_dim}"),
+        (not p.sinks, "sinks"),
+        (not p.softcap, "soft-capping"),
+        (p.scale_positive, "softmax_scale <= 0"),
+        (p.q_tma and p.kv_tma, "q/k/v not readable by TMA"),
+        (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH} keys"),
+    )
+    return next((why for ok, why in checks if not ok), None)
+
+
+def _triton_plan(p: Problem, cfg: Config, source: str, why_not_gluon: str) -> LaunchPlan:
+    tma = (
+        cfg.tma
+        and p.kv_tma
+        and p.arch in ("sm90", "interpreter")
+        and p.dtype in (torch.float16, torch.bfloat16)
+        and p.head_dim == block_d(p.head_dim)
+    )
+    consts = dict(
+        HEAD_DIM=p.head_dim,
+        BLOCK_D=block_d(p.head_dim),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        IS_CAUSAL=p.causal,
+        HAS_LEFT=p.has_left,
+        HAS_RIGHT=p.has_right,
+        HAS_SINKS=p.sinks,
+        BIAS_KEY0=p.bias_key0,
+        LENS_FROM_STARTS=p.cumulative_starts,
+        IEEE_FP32=p.dtype == torch.float32,
+        WIDE_OFFSETS=p.wide_offsets,
+        # the scale folds into exp2's FMA unless it is <= 0 or a key-0 bias must be added in log2 units
+        FOLD_SCALE=(p.scale_positive or p.softcap > 0) and not p.bias_key0,
+        TMA_KV=tma,
+        SOFTCAP=p.softcap,
+        RETURN_LSE=p.return_lse,
+    )
+    tiles = f"{cfg.block_m}x{cfg.block_n}, {cfg.num_warps} warps, {cfg.num_stages} stages"
+    return LaunchPlan(
+        kernel="triton",
+        reason=f"triton: {source} ({tiles}{', TMA K/V' if tma else ''}); not gluon: {why_not_gluon}",
+        block_m=cfg.block_m,
+        constexprs=LaunchPlan.items(consts),
+        options=LaunchPlan.items({"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def plan(problem: Problem) -> LaunchPlan:
+    """The launch of ``problem`` (see the module docstring for the rules). Pure and cached."""
+    p = problem
+    if p.config is not None:
+        cfg, source = p.config, "the given config"
+    else:
+        cfg = get_config(p.head_dim, p.dtype, p.causal, p.arch)
+        source = f"the {p.arch} table"
+    why_not = _gluon_refusal(p, cfg)
+    if why_not is not None:
+        return _triton_plan(p, cfg, source, why_not)
+    block_n = 64 if p.head_dim == 256 else 128  # head 256: the [64, 256] output tiles take the registers
+    consts = dict(
+        HEAD_DIM=p.head_dim,
+        BLOCK_M=128,
+        BLOCK_N=block_n,
+        IS_CAUSAL=p.causal,
+        HAS_LEFT=p.has_left,
+        HAS_RIGHT=p.has_right,
+        LENS_FROM_STARTS=p.cumulative_starts,
+        RETURN_LSE=p.return_lse,
+        NUM_STAGES=_GLUON_STAGES,
+    )
+    return LaunchPlan(
+        kernel="gluon",
+        reason=f"gluon: {source} asks for it and it applies (128x{block_n}, {_GLUON_STAGES} stages)",
+        block_m=128,
+        constexprs=LaunchPlan.items(consts),
+        options=LaunchPlan.items({"num_warps": 4}),
+        extra=LaunchPlan.items({"fallback": _triton_plan(p, cfg, source, "its launch failed")}),
+    )
