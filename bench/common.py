@@ -113,8 +113,8 @@ def settle() -> None:
     """Wait for the kernels compiling in the background: prefix-prefill's compile tiers (a first call
     runs a quick-compiling form while the full form compiles in a thread), so timings see the form an
     engine runs after warm-up."""
-    mod = sys.modules.get("prefix_prefill.interface")
-    if mod is not None and hasattr(mod, "finish_compiles"):
+    mod = sys.modules.get("prefix_prefill")
+    if mod is not None:
         mod.finish_compiles()
 
 
@@ -212,21 +212,22 @@ def prefix_bench_module():
     return mod
 
 
-def set_switches(sets: list[str], error, module: str = "prefix_prefill.interface") -> None:
-    """Apply ``--set NAME=0|1`` options (``NAME=N`` for an int setting): booleans of ``module`` (a kernel
-    package's interface, whose ``_NAME`` booleans are its A/B switches; one whose default is None, a
-    per-shape rule such as ``_GLUON_SPLIT_K_TMA``, is forced on or off); ``error(msg)`` reports a bad
-    one (argparse's ``ap.error``)."""
+def set_constants(sets: list[str], error, module: str) -> None:
+    """Apply ``--set NAME=VALUE`` options to a kernel package's plan module (``prefix_prefill.plan``,
+    ``window_prefill.plan``): NAME one of its int tuning constants (``NAME=N``) or booleans
+    (``NAME=0|1``), set before the first call; ``error(msg)`` reports a bad one (argparse's
+    ``ap.error``). Plan overrides of single constexprs are :mod:`plan_override`'s."""
     import importlib
 
-    itf = importlib.import_module(module)
+    mod = importlib.import_module(module)
     for kv in sets:
         name, _, val = kv.partition("=")
-        cur = getattr(itf, name, None) if name.startswith("_") else None
-        if isinstance(cur, int) and not isinstance(cur, bool) and val.isdigit():
-            setattr(itf, name, int(val))  # an integer setting (e.g. _K_CHUNK=64)
-            continue
-        tristate = cur is None and name.startswith("_") and hasattr(itf, name)  # None: the switch's own rule
-        if not (isinstance(cur, bool) or tristate) or val not in ("0", "1"):
-            error(f"--set {kv}: expected NAME=0|1 with NAME a switch of {module} (or NAME=N, an int setting)")
-        setattr(itf, name, val == "1")
+        cur = getattr(mod, name, None)
+        if isinstance(cur, bool) and val in ("0", "1"):
+            setattr(mod, name, val == "1")
+        elif isinstance(cur, int) and not isinstance(cur, bool) and val.isdigit():
+            setattr(mod, name, int(val))
+        else:
+            error(f"--set {kv}: expected NAME=0|1 or NAME=N with NAME a bool or int constant of {module}")
+    if hasattr(getattr(mod, "plan", None), "cache_clear"):
+        mod.plan.cache_clear()  # plans made before the change

@@ -39,16 +39,16 @@ def _child(
     kernel: str, dtype_name: str, head: int, smoke: bool, sets: list[str], layout: str = "nhd",
     prime_early: float = 0.0,
 ) -> dict:  # fmt: skip
-    from common import add_package_paths, set_switches, settle
+    from common import add_package_paths, set_constants, settle
 
     add_package_paths()
 
     def bad(msg):
         raise SystemExit(msg)
 
-    if sets:  # the kernel package's switches (--set NAME=0|1), applied before the first call
-        module = "window_prefill.plan" if kernel == "window" else "prefix_prefill.interface"
-        set_switches(sets, bad, module=module)
+    if sets:  # the kernel package's plan constants (--set NAME=VALUE), applied before the first call
+        module = "window_prefill.plan" if kernel == "window" else "prefix_prefill.plan"
+        set_constants(sets, bad, module=module)
     import torch
 
     dev = "cpu" if smoke else "cuda"
@@ -71,11 +71,12 @@ def _child(
             return lambda: window_prefill(q, k, v, cu, max(lens), causal=True, window=(255, -1))
     else:  # "prefix", or "prefix_kvcache": k=v=None, the new tokens' K/V read from the cache
         kv_from_cache = kernel == "prefix_kvcache"
-        import prefix_prefill.interface as pi
+        import prefix_prefill.gluon_launch as pg
+        import prefix_prefill.launch as pi
         from prefix_prefill import prefix_prefill
 
         # 16-bit on sm90 runs a Gluon kernel: NHD caches _gluon_fwd_kernel, vLLM's split _gluon_split_kernel
-        jits = [pi._fwd_kernel, pi._gluon_fwd_kernel, getattr(pi, "_gluon_split_kernel", None)]
+        jits = [pi._fwd_kernel, pg._gluon_fwd_kernel, pg._gluon_split_kernel]
         page = 16
 
         def make(lens):
@@ -227,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--heads", default="64,128,256")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=0|1",
-                    help="for every child: a switch of prefix_prefill.interface, or a tuning constant of "
-                    "window_prefill.plan (NAME=N)")  # fmt: skip
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="for every child: a bool or int constant of the kernel's plan module "
+                    "(prefix_prefill.plan, window_prefill.plan)")  # fmt: skip
     ap.add_argument("--layout", default="nhd", choices=("nhd", "split"),
                     help="prefix kernels' cache layout (split: vLLM's)")  # fmt: skip
     ap.add_argument("--prime-early", type=float, default=0.0, metavar="S",

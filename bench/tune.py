@@ -98,7 +98,7 @@ def prefix_jobs(quick: bool):
         page_class,
         shared_memory_bytes,
     )
-    from prefix_prefill.interface import _launch_fwd
+    from prefix_prefill.launch import forward as _launch_fwd
 
     arch = detect_arch(torch.device(DEV))
     bms, bncs = ((64, 128), (32, 64, 128)) if not (quick or SMOKE) else ((128,), (32, 64))

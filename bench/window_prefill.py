@@ -56,7 +56,7 @@ from common import (  # noqa: E402
     bench_ms,
     floors_ms,
     gpu_name,
-    set_switches,
+    set_constants,
     tflops,
     write_rows,
 )
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     add_package_paths()
     import torch
 
-    set_switches(args.set, ap.error, module="window_prefill.plan")
+    set_constants(args.set, ap.error, module="window_prefill.plan")
     global SOFTCAP, RETURN_LSE
     SOFTCAP, RETURN_LSE = args.softcap, args.return_lse
     tag = f"_{args.tag}" if args.tag else ""

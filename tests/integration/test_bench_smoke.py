@@ -1,6 +1,5 @@
-"""The A/B bench script runs end to end on the CPU (Triton interpreter, tiny shapes): its code paths
-stay working between GPU sessions, and the per-token and per-tile addressing paths give
-bitwise-equal outputs (with page walks off: a walk visits a page's tiles in another order)."""
+"""The bench scripts run end to end on the CPU (Triton interpreter, tiny shapes), so their code paths
+keep working without a GPU; the A/B scripts' two plans give bitwise-equal outputs."""
 
 from __future__ import annotations
 
@@ -34,10 +33,12 @@ def _bench(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_ab_prefix_smoke():
-    proc = _bench("ab_prefix.py", "--smoke", "--set", "_PAGE_WALK=0")
+    """The prefix A/B tool: one constexpr of the plans off and on (the block-id prefetch, which changes
+    no arithmetic: bitwise-equal outputs), with the page-size spread of each setting."""
+    proc = _bench("ab_prefix.py", "--smoke", "--switch", "PREFETCH_IDS")
     equal = [line for line in proc.stdout.splitlines() if "bitwise equal" in line]
     assert equal and all("bitwise equal off/on: True" in line for line in equal), proc.stdout
-    assert "SPREAD tiny nhd _TILE_PAGES=True" in proc.stdout
+    assert "SPREAD tiny nhd PREFETCH_IDS=True" in proc.stdout, proc.stdout
 
 
 def test_ab_window_smoke():

@@ -442,8 +442,8 @@ def test_launch_switches_to_the_inputs_cuda_device(pkg, monkeypatch):
     import importlib
 
     ops = importlib.import_module(f"{pkg}.ops")
-    assert isinstance(ops._on_device(torch.device("cpu")), contextlib.nullcontext)
+    assert isinstance(ops.on_device(torch.device("cpu")), contextlib.nullcontext)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    assert isinstance(ops._on_device(torch.device("cuda", 0)), contextlib.nullcontext)
-    guard = ops._on_device(torch.device("cuda", 1))
+    assert isinstance(ops.on_device(torch.device("cuda", 0)), contextlib.nullcontext)
+    guard = ops.on_device(torch.device("cuda", 1))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1

@@ -63,9 +63,9 @@ def _run(
     lse,
     key=None,
 ) -> None:
-    """Launch on checked arguments: directly in eager mode (remembering the call's signature ``key``),
-    through the custom op under torch.compile."""
-    if torch.compiler.is_compiling():
+    """Launch on checked arguments: directly where :func:`prefix_prefill.ops.direct` (remembering the
+    call's signature ``key``), else through the custom op (torch.compile, a dispatch mode)."""
+    if not ops.direct():
         torch.ops.prefix_prefill.fwd(
             q,
             k,

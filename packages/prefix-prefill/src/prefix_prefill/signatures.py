@@ -70,7 +70,7 @@ def repeat(
     every ``[tokens, ...]`` tensor has q's token count, the index tensors agree on the batch, the block
     table has a row per sequence, ``max_query_len`` is an int >= 0. False: not seen (check it all)."""
     prep = SEEN.get(key)
-    if prep is None or torch.compiler.is_compiling():
+    if prep is None or not ops.direct():
         return False
     tokens = q.shape[0]
     batch = sl.shape[0]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from prefix_prefill.interface import Scale
+    from prefix_prefill.checks import Scale
 
 ENV_VAR = "PREFILL_KERNELS_VLLM"
 TARGET_MODULE = "vllm.v1.attention.ops.prefix_prefill"
@@ -76,7 +76,7 @@ def context_attention_fwd(
             f"[num_blocks, num_kv_heads, head_size, page] V cache, or unset {ENV_VAR} to use vLLM's "
             "own kernel"
         )
-    from prefix_prefill.interface import context_attention_fwd as ours
+    from prefix_prefill.api import context_attention_fwd as ours
 
     ours(
         q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, max_seq_len,

@@ -64,7 +64,7 @@ def config_ints(config: Config | None) -> tuple[int, int, int, int, int]:
     return int(c.block_m), int(c.block_n), int(c.num_warps), int(c.num_stages), flags
 
 
-def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     """Triton launches on the *current* CUDA device: make it the inputs' device when it is not
     (a multi-GPU process that did not call ``torch.cuda.set_device``). No-op otherwise (no sync)."""
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
@@ -99,7 +99,7 @@ def _fwd_impl(
     config = (
         Config(block_m, block_n, num_warps, num_stages, bool(tma & 1), bool(tma & 2)) if block_m > 0 else None
     )
-    with _on_device(q.device):
+    with on_device(q.device):
         launch.forward(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
             window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, bias_key0=sinks_bias_key0,
