@@ -144,8 +144,8 @@ def tests_rocm(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Benchmarks on the GPU: writes bench/results/<gpu>/<date>.{csv,md,png}. Args go to both scripts
-    (e.g. ``nox -s bench -- --quick``)."""
+    """Benchmarks on the GPU: writes bench/results/<gpu>/<date>-<commit>/ (csv, md, png per kernel and
+    the combined table). Args go to both scripts (e.g. ``nox -s bench -- --quick``)."""
     env = {"PYTHONPATH": _src_path()}
     session.run("python", "bench/run_all.py", *session.posargs, env=env, external=True)
 
