@@ -96,7 +96,7 @@ def gpu_name() -> str:
 
 def commit() -> str:
     """``BENCH_COMMIT`` when set (the device machine's copy of .git can be older than the tree it
-    runs: seen 2026-11-29, results labelled with the session's first commit), else git HEAD."""
+    runs: seen 2026-11-29, results labelled with an older commit), else git HEAD."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:

@@ -7,8 +7,9 @@ Same problem as bench/prefix_prefill.py (its llama/qwen shapes), same cache cont
 each sequence's pages consecutive in memory), ``kv1`` (K and V halves of one ``[nb, 2, page, H, D]``
 tensor, random table), ``pad`` (block stride padded by one token: ``[nb, page + 1, H, D]`` sliced to
 ``page``, so no block starts at a power-of-two offset). Rounds interleave pages and placements; prints
-every timing, then per page the median per placement and the max/min spread over pages. Session 13
-(bench/results/NOTES.md step 46): no placement moved a page by more than the round-to-round spread.
+every timing, then per page the median per placement and the max/min spread over pages. On the H200
+(2026-11-30, 8b17cea; bench/results/NOTES.md): no placement moved a page by more than the
+round-to-round spread.
 """
 
 import os
