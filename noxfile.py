@@ -181,13 +181,16 @@ def demo_gpu(session: nox.Session) -> None:
 
 @nox.session(name="demo-cpu")
 def demo_cpu(session: nox.Session) -> None:
-    """The demo under the Triton interpreter (small sizes) in a venv with the CPU torch, the
-    interpreter's triton, numpy and the local packages."""
-    session.install(CPU_TORCH, CPU_TRITON, "numpy")
-    session.install(*PACKAGES)
+    """The demo under the Triton interpreter (small sizes) in a venv with the CPU torch and the
+    interpreter's triton, the packages installed as the README says (``pip install --find-links dist
+    <name>[cpu]``, wheels built into dist/ first when missing) and run from that install."""
+    session.install(CPU_TORCH, CPU_TRITON)
+    if not all(_wheel(p).is_file() for p in PACKAGES):
+        _build_wheels(session)
+    session.install("--find-links", str(DIST), "window-prefill[cpu]", "prefix-prefill[cpu]", "attn-reference")
     session.run(
         "python", "bench/demo.py", *session.posargs,
-        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
+        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "BENCH_PACKAGES": "installed"},
     )  # fmt: skip
 
 

@@ -26,9 +26,12 @@ def add_package_paths() -> None:
     Also drops bench/ itself from ``sys.path``: the scripts ``bench/prefix_prefill.py`` and
     ``bench/window_prefill.py`` would otherwise shadow the packages of the same name.
     ``BENCH_PACKAGES=DIR`` puts DIR/*/src first instead (an A/B against another tree's packages, e.g.
-    ``git archive OLD packages | tar x -C /tmp/old``, then ``BENCH_PACKAGES=/tmp/old/packages``)."""
+    ``git archive OLD packages | tar x -C /tmp/old``, then ``BENCH_PACKAGES=/tmp/old/packages``);
+    ``BENCH_PACKAGES=installed`` adds nothing: the packages come from the environment's install."""
     bench_dir = os.path.realpath(os.path.dirname(__file__))
     sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != bench_dir]
+    if os.environ.get("BENCH_PACKAGES") == "installed":  # the installed packages (nox -s demo-cpu)
+        return
     packages = Path(os.environ.get("BENCH_PACKAGES") or ROOT / "packages")
     for src in sorted(packages.glob("*/src")):
         if str(src) not in sys.path:
