@@ -185,9 +185,11 @@ def demo_cpu(session: nox.Session) -> None:
     interpreter's triton, the packages installed as the README says (``pip install --find-links dist
     <name>[cpu]``, wheels built into dist/ first when missing) and run from that install."""
     session.install(CPU_TORCH, CPU_TRITON)
-    if not all(_wheel(p).is_file() for p in PACKAGES):
+    if not _wheels_fresh():
         _build_wheels(session)
     session.install("--find-links", str(DIST), "window-prefill[cpu]", "prefix-prefill[cpu]", "attn-reference")
+    # a reused venv may hold an older build of the same version: put these wheels in
+    session.install("--no-deps", "--force-reinstall", *(str(_wheel(p)) for p in PACKAGES))
     session.run(
         "python", "bench/demo.py", *session.posargs,
         env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "BENCH_PACKAGES": "installed"},
@@ -207,6 +209,19 @@ def _version(pkg: str) -> str:
 def _wheel(pkg: str) -> Path:
     module = PACKAGES[pkg][0]
     return DIST / f"{module}-{_version(pkg)}-py3-none-any.whl"
+
+
+def _wheels_fresh() -> bool:
+    """Every package has a wheel of its current version in dist/, newer than each file of its tree."""
+    for pkg in PACKAGES:
+        wheel = _wheel(pkg)
+        if not wheel.is_file():
+            return False
+        files = [f for f in (ROOT / pkg).rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+        newest = max(f.stat().st_mtime for f in files)
+        if newest > wheel.stat().st_mtime:
+            return False
+    return True
 
 
 def _build_wheels(session: nox.Session) -> None:
@@ -251,7 +266,7 @@ def packaging(session: nox.Session, package: str) -> None:
     (the triton-using ones with their ``[cpu]`` extra) must resolve the siblings from dist/ (built
     here if its wheels are missing or stale) and bring only the declared dependencies (attn-reference no
     triton); the package imports and reports the installed version."""
-    if not all(_wheel(p).is_file() for p in PACKAGES):
+    if not _wheels_fresh():
         _build_wheels(session)
     session.install(CPU_TORCH)
     name = package.removeprefix("packages/")
