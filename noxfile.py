@@ -1,6 +1,10 @@
-"""Sessions: lint, tests-cpu (Triton interpreter), tests-cuda / tests-rocm (GPU), bench, demo.
+"""Sessions: lint, tests-cpu (Triton interpreter), tests-cuda / tests-rocm (GPU), demo, bench, tune,
+compile-check, build, packaging, fuzz.
 
-* ``nox -s lint tests-cpu`` is the project's test command (CI runs exactly this).
+* ``nox -s lint tests-cpu`` is the project's test command (``.ci/run`` runs it, then ``nox -s demo``).
+* ``nox -s demo`` needs only Python and pip: with a CUDA/ROCm torch that sees a GPU in the Python
+  running nox it uses that (offline, like tests-cuda); otherwise it makes a venv with the CPU torch and
+  runs on the Triton interpreter at a small size (``demo-cpu``).
 * ``nox -s tests-cpu -- packages/paged-kv-offsets`` tests one package with only its own
   dependencies (plus attn-reference, which every kernel test compares against) installed.
 * GPU sessions reuse the Python, torch and triton already installed for that GPU
@@ -11,7 +15,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -30,9 +38,14 @@ PACKAGES = {
 # The CPU build of torch that lies on the CI/dev machines' disk; never let a CPU session resolve
 # an unpinned torch (that pulls a multi-GB CUDA build).
 CPU_TORCH = os.environ.get("CPU_TORCH", "torch==2.13.0")
-# triton 3.6's interpreter breaks with numpy >= 2.4; 3.8 works.
+# triton 3.6's interpreter breaks with numpy >= 2.4; 3.8 works. The packages declare triton>=3.6,<3.9:
+# 3.6 is what the GPU runs were measured with, 3.8 what the CPU suite runs.
 CPU_TRITON = os.environ.get("CPU_TRITON", "triton==3.8.0")
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pytest-xdist"]
+# Offline compiles for several GPU targets in a subprocess with a wall-clock limit: how long they take
+# depends on the machine's load, so they run in their own session (compile-check), not in tests-cpu.
+COMPILE_CHECK_TESTS = ["tests/prefix_prefill/test_pp_offline_compile.py"]
+DIST = ROOT / "dist"
 # tests-cpu spreads the interpreter tests over this many worker processes (pytest-xdist): the CI
 # machine has 2 cores, and the interpreter runs one test on one core. PYTEST_WORKERS=0 runs in-process.
 CPU_WORKERS = os.environ.get("PYTEST_WORKERS", str(min(4, os.cpu_count() or 1)))
@@ -75,8 +88,31 @@ def tests_cpu(session: nox.Session) -> None:
     session.install(*install)
     tests = [f"tests/{PACKAGES[p][0]}" for p in selected] if pkgs else ["tests"]
     workers = ["-n", CPU_WORKERS] if CPU_WORKERS not in ("0", "1") else []
+    ignore = [f"--ignore={t}" for t in COMPILE_CHECK_TESTS]
     session.run(
-        "python", "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *workers, *pytest_args,
+        "python", "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *workers, *ignore, *pytest_args,
+        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+
+
+def _install_all(session: nox.Session) -> None:
+    """The CPU torch, the interpreter's triton, the test tools and every local package."""
+    session.install(CPU_TORCH, CPU_TRITON, *TEST_DEPS)
+    install: list[str] = []
+    for pkg in PACKAGES:
+        for dep in [*PACKAGES[pkg][1], pkg]:
+            if dep not in install:
+                install.append(dep)
+    session.install(*install)
+
+
+@nox.session(name="compile-check")
+def compile_check(session: nox.Session) -> None:
+    """The kernels compiled for GPU targets without a GPU (Triton's bundled toolchains, in a subprocess
+    with a wall-clock limit); not part of tests-cpu, whose verdicts must not depend on machine load."""
+    _install_all(session)
+    session.run(
+        "python", "-m", "pytest", *COMPILE_CHECK_TESTS, "-q", "-p", "no:cacheprovider", *session.posargs,
         env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
 
@@ -108,50 +144,144 @@ def tests_rocm(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Benchmarks on the GPU: writes bench/results/<gpu>/<date>.{csv,md,png}. Args go to both scripts
-    (e.g. ``nox -s bench -- --quick``)."""
+    """Benchmarks on the GPU: writes bench/results/<gpu>/<date>-<commit>/ (csv, md, png per kernel and
+    the combined table). Args go to both scripts (e.g. ``nox -s bench -- --quick``)."""
     env = {"PYTHONPATH": _src_path()}
     session.run("python", "bench/run_all.py", *session.posargs, env=env, external=True)
 
 
+def _gpu_torch() -> bool:
+    """Whether the Python running nox has a torch that sees a GPU (CUDA, or ROCm exposed as cuda).
+    Asked in a child process so that nox itself never imports torch."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
 @nox.session(venv_backend="none")
 def demo(session: nox.Session) -> None:
-    """A realistic prefill per kernel, checked against the reference (GPU if present, else the
-    interpreter at a small size)."""
-    session.run("python", "bench/demo.py", *session.posargs, env={"PYTHONPATH": _src_path()}, external=True)
+    """A realistic prefill per kernel, checked against the float64 reference: on the GPU of the Python
+    running nox if its torch sees one (``demo-gpu``), else under the Triton interpreter in a venv with
+    the CPU torch (``demo-cpu``)."""
+    if _gpu_torch():
+        session.log(f"{sys.executable} has a torch that sees a GPU: running demo-gpu")
+        demo_gpu(session)
+    else:
+        session.log(f"no GPU torch in {sys.executable}: running demo-cpu (a venv with {CPU_TORCH})")
+        session.notify("demo-cpu", session.posargs)
+
+
+@nox.session(name="demo-gpu", venv_backend="none")
+def demo_gpu(session: nox.Session) -> None:
+    """The demo on the GPU with the Python's own torch/triton; installs nothing, works offline."""
+    env = {"PYTHONPATH": _src_path(), "TRITON_INTERPRET": "0"}
+    session.run(sys.executable, "bench/demo.py", *session.posargs, env=env, external=True)
+
+
+@nox.session(name="demo-cpu")
+def demo_cpu(session: nox.Session) -> None:
+    """The demo under the Triton interpreter (small sizes) in a venv with the CPU torch and the
+    interpreter's triton, the packages installed as the README says (``pip install --find-links dist
+    <name>[cpu]``, wheels built into dist/ first when missing) and run from that install."""
+    session.install(CPU_TORCH, CPU_TRITON)
+    if not _wheels_fresh():
+        _build_wheels(session)
+    session.install("--find-links", str(DIST), "window-prefill[cpu]", "prefix-prefill[cpu]", "attn-reference")
+    # a reused venv may hold an older build of the same version: put these wheels in
+    session.install("--no-deps", "--force-reinstall", *(str(_wheel(p)) for p in PACKAGES))
+    session.run(
+        "python", "bench/demo.py", *session.posargs,
+        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "BENCH_PACKAGES": "installed"},
+    )  # fmt: skip
+
+
+def _version(pkg: str) -> str:
+    """The package's version, as its ``__init__.py`` (hatch's version source) says."""
+    module = PACKAGES[pkg][0]
+    text = (ROOT / pkg / "src" / module / "__init__.py").read_text()
+    found = re.search(r'^__version__ = "([^"]+)"', text, re.M)
+    if not found:
+        raise RuntimeError(f"no __version__ in {pkg}")
+    return found.group(1)
+
+
+def _wheel(pkg: str) -> Path:
+    module = PACKAGES[pkg][0]
+    return DIST / f"{module}-{_version(pkg)}-py3-none-any.whl"
+
+
+def _wheels_fresh() -> bool:
+    """Every package has a wheel of its current version in dist/, newer than each file of its tree."""
+    for pkg in PACKAGES:
+        wheel = _wheel(pkg)
+        if not wheel.is_file():
+            return False
+        files = [f for f in (ROOT / pkg).rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+        newest = max(f.stat().st_mtime for f in files)
+        if newest > wheel.stat().st_mtime:
+            return False
+    return True
+
+
+def _build_wheels(session: nox.Session) -> None:
+    """A wheel of every package into dist/ (older wheels of the same packages removed first)."""
+    DIST.mkdir(exist_ok=True)
+    for pkg, (module, _) in PACKAGES.items():
+        for old in DIST.glob(f"{module}-*.whl"):
+            old.unlink()
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-q", pkg, "-w", str(DIST))
+        if not _wheel(pkg).is_file():
+            session.error(f"pip wheel {pkg} did not write {_wheel(pkg).name}")
 
 
 @nox.session
+def build(session: nox.Session) -> None:
+    """Wheels of every package into dist/: ``pip install --find-links dist window-prefill`` then
+    installs one package with its siblings taken from there."""
+    _build_wheels(session)
+    session.log("wheels: " + " ".join(sorted(p.name for p in DIST.glob("*.whl"))))
+
+
+CHECK_INSTALL = """
+import importlib, importlib.metadata as md, sys
+module, dist, extra = sys.argv[1:4]
+m = importlib.import_module(module)
+assert md.version(dist) == m.__version__, (md.version(dist), m.__version__)
+names = sorted(d.metadata["Name"].lower().replace("_", "-") for d in md.distributions())
+print(m.__name__, m.__version__, "installed:", " ".join(names))
+if module == "attn_reference":
+    assert "triton" not in names and "triton" not in sys.modules, "attn-reference brought triton"
+else:
+    import triton
+    assert "numpy" in names or extra != "cpu", "the [cpu] extra did not bring numpy"
+    print("triton", triton.__version__)
+"""
+
+
+@nox.session(reuse_venv=False)
 @nox.parametrize("package", list(PACKAGES))
 def packaging(session: nox.Session, package: str) -> None:
-    """``pip install packages/<name>`` in a fresh venv installs that package and its declared
-    dependencies only (attn-reference must not bring triton); then the package imports."""
+    """Per package, in a fresh venv: the CPU torch first, then ``pip install --find-links dist <name>``
+    (the triton-using ones with their ``[cpu]`` extra) must resolve the siblings from dist/ (built
+    here if its wheels are missing or stale) and bring only the declared dependencies (attn-reference no
+    triton); the package imports and reports the installed version."""
+    if not _wheels_fresh():
+        _build_wheels(session)
     session.install(CPU_TORCH)
-    local = [d for d in PACKAGES[package][1] if d != "packages/attn-reference"]
-    session.install(*local, package)
-    module = PACKAGES[package][0]
-    code = (
-        "import importlib, importlib.metadata as md, sys;"
-        f"m = importlib.import_module('{module}'); print(m.__name__, m.__version__);"
-        "names = sorted(d.metadata['Name'].lower() for d in md.distributions());"
-        "print('installed:', ' '.join(names));"
-        "bad = 'triton' in names or 'triton' in sys.modules;"
-        f"sys.exit(1 if '{module}' == 'attn_reference' and bad else 0)"
-    )
-    session.run("python", "-c", code)
+    name = package.removeprefix("packages/")
+    extra = "" if name == "attn-reference" else "cpu"
+    session.install("--find-links", str(DIST), f"{name}[{extra}]" if extra else name)
+    # Outside the tree, so the installed copy is imported, not packages/*/src.
+    session.chdir(session.create_tmp())
+    session.run("python", "-c", CHECK_INSTALL, PACKAGES[package][0], name, extra)
 
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
     """Hypothesis fuzzing of both kernels against the reference under the Triton interpreter, 500
     examples per kernel (``tests-cpu`` runs the same tests at 25). Args go to pytest."""
-    session.install(CPU_TORCH, CPU_TRITON, *TEST_DEPS)
-    install: list[str] = []
-    for pkg in PACKAGES:
-        for dep in [*PACKAGES[pkg][1], pkg]:
-            if dep not in install:
-                install.append(dep)
-    session.install(*install)
+    _install_all(session)
     session.run(
         "python", "-m", "pytest", "tests/hardening/test_fuzz.py", "-q", "-p", "no:cacheprovider",
         "--hypothesis-show-statistics", *session.posargs,

@@ -26,9 +26,12 @@ def add_package_paths() -> None:
     Also drops bench/ itself from ``sys.path``: the scripts ``bench/prefix_prefill.py`` and
     ``bench/window_prefill.py`` would otherwise shadow the packages of the same name.
     ``BENCH_PACKAGES=DIR`` puts DIR/*/src first instead (an A/B against another tree's packages, e.g.
-    ``git archive OLD packages | tar x -C /tmp/old``, then ``BENCH_PACKAGES=/tmp/old/packages``)."""
+    ``git archive OLD packages | tar x -C /tmp/old``, then ``BENCH_PACKAGES=/tmp/old/packages``);
+    ``BENCH_PACKAGES=installed`` adds nothing: the packages come from the environment's install."""
     bench_dir = os.path.realpath(os.path.dirname(__file__))
     sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != bench_dir]
+    if os.environ.get("BENCH_PACKAGES") == "installed":  # the installed packages (nox -s demo-cpu)
+        return
     packages = Path(os.environ.get("BENCH_PACKAGES") or ROOT / "packages")
     for src in sorted(packages.glob("*/src")):
         if str(src) not in sys.path:
@@ -96,7 +99,7 @@ def gpu_name() -> str:
 
 def commit() -> str:
     """``BENCH_COMMIT`` when set (the device machine's copy of .git can be older than the tree it
-    runs: seen 2026-11-29, results labelled with the session's first commit), else git HEAD."""
+    runs: seen 2026-11-29, results labelled with an older commit), else git HEAD."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:

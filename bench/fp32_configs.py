@@ -1,6 +1,6 @@
-"""fp32 tile A/B: the fp32 tiles shipped until session 7 ("old") against the table's 16-wide ones.
+"""fp32 tile A/B: the fp32 tiles shipped until ea639c7 ("old") against the table's 16-wide ones.
 
-NOTES.md steps 19 and 23.
+bench/results/NOTES.md 2026-11-29, 378a544 and 2026-11-29, 87e1591.
 
     python bench/fp32_configs.py [--heads 64,128,256] [--out DIR]
     python bench/fp32_configs.py --smoke      # CPU: Triton interpreter, tiny shapes (checks the script)
@@ -40,8 +40,8 @@ from window_prefill import window_prefill  # noqa: E402
 from window_prefill.configs import Config  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
-# "old": the sm90 fp32 entries shipped until session 7; "new": the table as shipped now (16-wide tiles,
-# put there after this script's H200 run of 2026-11-29, NOTES step 23)
+# "old": the sm90 fp32 entries shipped until ea639c7; "new": the table as shipped now (16-wide tiles,
+# put there after this script's H200 run of 2026-11-29, NOTES.md 2026-11-29, 87e1591)
 OLD_PREFIX = {
     64: KernelConfig(64, 32, 32, 4, 2),
     128: KernelConfig(64, 32, 32, 4, 2),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
@@ -12,7 +12,8 @@
 #  bench/fp32_configs.py on an empty cache while the profiled problems precompile; writes ncu.tgz
 #  (reports, details text, per-SASS-instruction csv);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
-#  pytest on TEST_PATHS, then first-call times if FIRST=1)
+#  pytest on TEST_PATHS, then first-call times if FIRST=1;
+#  readme: every Python example of README.md (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
 set -uo pipefail
@@ -27,8 +28,8 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 } 2>&1 | tee "$OUT/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  # work stealing (pytest-xdist >= 3.2) lets idle workers take queued tests: session 13's run ended
-  # with a few workers still holding 30 s random-batch tests when its limit came
+  # work stealing (pytest-xdist >= 3.2) lets idle workers take queued tests: a run with plain load
+  # distribution ended with a few workers still holding 30 s random-batch tests when its limit came
   dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
   timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --dist ${DIST:-$dist} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
@@ -113,6 +114,11 @@ if [[ $what == engine ]]; then
   res=$OUT/res; mkdir -p "$res"
   timeout ${BENCH_TIMEOUT:-540} python3 bench/engine_step.py --quick --out "$res" "$@" 2>&1 | tee -a "$OUT/bench.log"
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == readme ]]; then
+  { timeout ${README_TIMEOUT:-300} python3 bench/readme_examples.py && timeout ${README_TIMEOUT:-300} python3 bench/demo.py; } \
+    2>&1 | tee "$OUT/readme.log" | grep -E "ok$|FAILED|passed|failed|\|"
+  rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
   res=$OUT/res; mkdir -p "$res"

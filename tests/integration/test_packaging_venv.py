@@ -1,12 +1,16 @@
-"""``pip install`` of the kernel packages into a fresh virtual environment gives working custom ops.
+"""``pip install --find-links dist`` of the kernel packages into a fresh virtual environment, as the
+README says, gives working custom ops.
 
-Slow (a venv with torch, triton and the packages built from this tree; a minute or two): runs only
-with ``RUN_SLOW=1``. The CPU build of torch is installed first (``CPU_TORCH``, default
-``torch==2.13.0``, as in the noxfile) so pip never resolves a CUDA build. Then, from outside the
-repository and without ``PYTHONPATH``, the installed ``window_prefill`` / ``prefix_prefill`` must
-register ``torch.ops.<pkg>.fwd`` on import (with nothing but their declared dependencies), ship
-``py.typed`` and declare their ``vllm.general_plugins`` entry points; with numpy added (the Triton
-interpreter needs it), a small problem must match the (also installed) float64 reference.
+Slow (wheels of every package built from this tree, then a venv with torch, triton and the packages; a
+few minutes): runs only with ``RUN_SLOW=1`` (``nox -s packaging`` checks each package alone the same
+way). The CPU build of torch is installed first (``CPU_TORCH``, default ``torch==2.13.0``, as in the
+noxfile) so pip never resolves a CUDA build. Then ``window-prefill`` and ``prefix-prefill`` are
+installed by name from the wheels, their siblings resolved from the same folder; from outside the
+repository and without ``PYTHONPATH``, the installed packages must register ``torch.ops.<pkg>.fwd`` on
+import (with nothing but their declared dependencies: no numpy), ship ``py.typed`` and declare their
+``vllm.general_plugins`` entry points; with the ``[cpu]`` extra added (numpy, which the Triton
+interpreter needs), a small problem must match the (also installed) float64 reference. No wall-clock
+limit: pip's own network timeouts bound the installs.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ RUN = textwrap.dedent(
 
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -85,12 +89,16 @@ def test_pip_install_into_fresh_venv_registers_ops(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _run([*pip, os.environ.get("CPU_TORCH", "torch==2.13.0")], env=env)
-    pkgs = ["paged-kv-offsets", "attn-reference", "window-prefill", "prefix-prefill"]
-    _run([*pip, *(str(ROOT / "packages" / p) for p in pkgs)], env=env)
+    dist = tmp_path / "dist"
+    names = ["paged-kv-offsets", "prefill-runtime", "attn-reference", "window-prefill", "prefix-prefill"]
+    wheel = [py, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "-w", str(dist)]
+    _run([*wheel, *(str(ROOT / "packages" / p) for p in names)], env=env)
+    find = ["--find-links", str(dist)]
+    _run([*pip, *find, "attn-reference", "window-prefill", "prefix-prefill"], env=env)
     # Outside the tree (cwd), so the installed copies are imported; only the packages' own dependencies.
     proc = _run([py, "-c", CHECK], env={**env, "TRITON_INTERPRET": "0"}, cwd=tmp_path)
     assert "install ok" in proc.stdout
-    # Triton's interpreter needs numpy, which triton does not depend on (the GPU path never imports it).
-    _run([*pip, "numpy"], env=env)
+    # The [cpu] extra brings what Triton's interpreter needs (numpy; the GPU path never imports it).
+    _run([*pip, *find, "window-prefill[cpu]"], env=env)
     proc = _run([py, "-c", RUN], env={**env, "TRITON_INTERPRET": "1"}, cwd=tmp_path)
     assert "kernel ok" in proc.stdout

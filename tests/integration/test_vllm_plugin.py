@@ -3,7 +3,8 @@
 vLLM itself is not installed here: the tests import the stand-in ``vllm`` package that
 ``../shared/peers/get-vllm-kernels.sh`` builds (vLLM 0.33's two kernel modules with small stubs), from
 ``.peers`` in the repository or, where that is missing (CI), from a temporary directory the script
-fills (skipped with the reason if that fails, e.g. without network). A fake
+fills (skipped with the reason if that fails, e.g. without network; pip's own network timeouts bound
+it, the test sets no wall-clock limit). A fake
 ``vllm.v1.attention.ops.chunked_prefill_paged_decode`` (and a fake user of the varlen kernel) imports
 vLLM's function by name *before* the plugin runs, as vLLM's backends do. Every test starts from no
 ``vllm`` module imported and restores ``sys.modules``/``sys.path`` afterwards.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import subprocess
 import sys
 import types
@@ -62,7 +64,6 @@ def peers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             check=True,
             capture_output=True,
             text=True,
-            timeout=300,
         )
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or ""
@@ -150,12 +151,12 @@ def test_prefix_plugin_replaces_and_rebinds(vllm_env, monkeypatch, caplog):
     assert user.context_attention_fwd is original
     vllm_out, p = _run_prefix(original)  # vLLM's own kernel, for the drop-in cross-check
     monkeypatch.setenv(pp_plugin.ENV_VAR, "1")
-    caplog.set_level(logging.INFO, logger=pp_plugin.__name__)
+    caplog.set_level(logging.INFO, logger=pp_plugin.LOGGER_NAME)
     pp_plugin.register()
     assert target.context_attention_fwd is pp_plugin.context_attention_fwd
     assert user.context_attention_fwd is pp_plugin.context_attention_fwd
     assert not [n for n in _vllm_names() if vars(sys.modules[n]).get("context_attention_fwd") is original]
-    records = [r for r in caplog.records if r.name == pp_plugin.__name__]
+    records = [r for r in caplog.records if r.name == pp_plugin.LOGGER_NAME]
     assert len(records) == 1 and records[0].levelno == logging.INFO
     assert PP_USER in records[0].getMessage() and PP_MODULE in records[0].getMessage()
 
@@ -173,11 +174,11 @@ def test_varlen_plugin_replaces_and_rebinds(vllm_env, monkeypatch, caplog):
     original = target.context_attention_fwd
     vllm_out, p = _run_varlen(original)
     monkeypatch.setenv(wp_plugin.ENV_VAR, "1")
-    caplog.set_level(logging.INFO, logger=wp_plugin.__name__)
+    caplog.set_level(logging.INFO, logger=wp_plugin.LOGGER_NAME)
     wp_plugin.register()
     assert target.context_attention_fwd is wp_plugin.context_attention_fwd
     assert user.context_attention_fwd is wp_plugin.context_attention_fwd
-    records = [r for r in caplog.records if r.name == wp_plugin.__name__]
+    records = [r for r in caplog.records if r.name == wp_plugin.LOGGER_NAME]
     assert len(records) == 1 and WP_USER in records[0].getMessage()
 
     pp_count, wp_count = _count_our_launches(monkeypatch)
@@ -200,7 +201,7 @@ def test_register_twice_is_harmless(vllm_env, monkeypatch, caplog):
     assert sys.modules[WP_MODULE].context_attention_fwd is wp_plugin.context_attention_fwd
     assert pp_plugin._state["original"] is not pp_plugin.context_attention_fwd  # vLLM's, not ours
     for plugin in (pp_plugin, wp_plugin):
-        assert len([r for r in caplog.records if r.name == plugin.__name__]) == 1
+        assert len([r for r in caplog.records if r.name == plugin.LOGGER_NAME]) == 1
     pp_count, _ = _count_our_launches(monkeypatch)
     out, p = _run_prefix(user.context_attention_fwd)
     assert pp_count.launches == 1
@@ -284,3 +285,106 @@ def test_entry_points_declared():
         assert value == f"{mod}.vllm_plugin:register"
         module_name, _, attr = value.partition(":")
         assert callable(getattr(importlib.import_module(module_name), attr))
+
+
+# ----------------------------------------------------------------------------- the log line in vLLM
+# A minimal vLLM module tree that sets up logging the way vLLM does: `vllm/logger.py` runs a
+# `logging.config.dictConfig` at import that gives the `vllm` logger a stdout handler (INFO) and turns
+# its propagation off (nothing reaches the root logger), and `vllm.plugins.load_general_plugins` (which
+# imports `vllm.logger` first, as vLLM's does) calls each plugin's `register`. The kernel modules hold
+# dummy functions: this is about the log line, not the kernels.
+FAKE_VLLM = {
+    "vllm/__init__.py": "",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/attention/__init__.py": "",
+    "vllm/v1/attention/ops/__init__.py": "",
+    "vllm/v1/attention/ops/prefix_prefill.py": "def context_attention_fwd(*args, **kwargs):\n    pass\n",
+    "vllm/v1/attention/ops/triton_prefill_attention.py": "def context_attention_fwd(*args, **kwargs):\n"
+    "    pass\n",
+    "vllm/v1/attention/ops/chunked_prefill_paged_decode.py": "from vllm.v1.attention.ops.prefix_prefill "
+    "import context_attention_fwd\n",
+    "vllm/logger.py": """
+import logging
+import os
+import logging.config
+import os
+
+DEFAULT_LOGGING_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"vllm": {"format": "%(levelname)s %(name)s] %(message)s"}},
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": "INFO",
+                          "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": os.environ.get("VLLM_LOGGING_LEVEL", "INFO"),
+                         "propagate": False}},
+}
+if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "1":
+    logging.config.dictConfig(DEFAULT_LOGGING_CONFIG)
+
+
+def init_logger(name):
+    return logging.getLogger(name)
+""",
+    "vllm/plugins/__init__.py": """
+import logging
+import os
+
+import vllm.v1.attention.ops.chunked_prefill_paged_decode  # imports vLLM's function by name
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def load_general_plugins():
+    import prefix_prefill.vllm_plugin
+    import window_prefill.vllm_plugin
+
+    for register in (prefix_prefill.vllm_plugin.register, window_prefill.vllm_plugin.register):
+        register()
+    # negative control: a logger outside `vllm` (where the plugins logged before) prints nothing here
+    logging.getLogger("prefix_prefill.vllm_plugin").info("CONTROL: not under vllm")
+    logger.info("plugins loaded")
+""",
+}
+
+
+@pytest.mark.parametrize("with_init_logger", [True, False], ids=["vllm.logger", "no-vllm.logger"])
+def test_log_line_shows_under_vllms_logging_setup(tmp_path, with_init_logger):
+    """In a process set up as vLLM sets up logging, `load_general_plugins()` with the variable set
+    prints each plugin's INFO line on vLLM's handler; no handler of the test's own is attached to
+    any logger. Without a `vllm.logger` module (an old tree) the plugins' plain `vllm.`-named logger
+    still reaches the `vllm` logger's handler, configured here by `vllm/__init__.py`. (With the
+    variable unset nothing is replaced or logged: `test_env_unset_changes_nothing`.)"""
+    for rel, text in FAKE_VLLM.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if not with_init_logger:
+        (tmp_path / "vllm/__init__.py").write_text(
+            FAKE_VLLM["vllm/logger.py"].replace("def init_logger", "def _x")
+        )
+        (tmp_path / "vllm/logger.py").unlink()
+        plugins = tmp_path / "vllm/plugins/__init__.py"
+        plugins.write_text(
+            plugins.read_text().replace(
+                "from vllm.logger import init_logger", "init_logger = logging.getLogger"
+            )
+        )
+    src = [
+        str(ROOT / "packages" / p / "src") for p in ("window-prefill", "prefix-prefill", "prefill-runtime")
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), *src, env.get("PYTHONPATH", "")]))
+    code = "from vllm.plugins import load_general_plugins; load_general_plugins()"
+
+    env["PREFILL_KERNELS_VLLM"] = "1"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = proc.stdout + proc.stderr
+    for plugin, target in ((pp_plugin, PP_MODULE), (wp_plugin, WP_MODULE)):
+        lines = [line for line in shown.splitlines() if line.startswith(f"INFO {plugin.LOGGER_NAME}] ")]
+        assert len(lines) == 1, shown
+        assert f"{target}.context_attention_fwd replaced by" in lines[0], lines
+    assert PP_USER in shown, shown  # the rebinding is reported
+    assert "INFO vllm.plugins] plugins loaded" in shown, shown  # vLLM's own line, for comparison
+    assert "CONTROL" not in shown, shown  # the emulated setup shows only `vllm` loggers' lines

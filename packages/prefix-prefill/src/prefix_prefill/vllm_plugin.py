@@ -9,6 +9,11 @@ below and rebinds the name in every already-imported ``vllm.*`` module that impo
 directly (e.g. ``vllm.v1.attention.ops.chunked_prefill_paged_decode``, used by the ROCm/Triton
 attention backends). Calling it again is harmless. Without the variable, or without vLLM, it returns
 at once and imports nothing.
+
+It logs one INFO line when it replaces the function, under the logger
+``vllm.plugins.prefix_prefill`` (made by vLLM's ``vllm.logger.init_logger`` where that imports). vLLM
+configures only its own ``vllm`` logger (a handler on it, no propagation to the root logger), so a
+child of it prints wherever vLLM's own lines do and obeys ``VLLM_LOGGING_LEVEL``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ ENV_VAR = "PREFILL_KERNELS_VLLM"
 TARGET_MODULE = "vllm.v1.attention.ops.prefix_prefill"
 TARGET_NAME = "context_attention_fwd"
 
-logger = logging.getLogger(__name__)
+# A child of vLLM's "vllm" logger, so that vLLM's logging setup prints our lines (see the docstring).
+LOGGER_NAME = "vllm.plugins.prefix_prefill"
 # "original": vLLM's function once replaced; "logged": the one info line was written.
 _state: dict[str, Any] = {}
 
@@ -86,6 +92,16 @@ def context_attention_fwd(
     )  # fmt: skip
 
 
+def _logger() -> logging.Logger:
+    """vLLM's ``init_logger(LOGGER_NAME)`` where ``vllm.logger`` imports (called only once vLLM is
+    known to be importable), else ``logging.getLogger(LOGGER_NAME)``: the same logger either way."""
+    try:
+        from vllm.logger import init_logger
+    except Exception:  # an old or partial vLLM tree: the plain logger has the same name
+        return logging.getLogger(LOGGER_NAME)
+    return init_logger(LOGGER_NAME)
+
+
 def enabled() -> bool:
     """True when ``PREFILL_KERNELS_VLLM=1`` asks for the replacement."""
     return os.environ.get(ENV_VAR, "0") == "1"
@@ -118,6 +134,7 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point (see the module docstring). Idempotent."""
     if not enabled() or not _vllm_importable():
         return
+    logger = _logger()
     try:
         target = importlib.import_module(TARGET_MODULE)
     except ImportError as e:

@@ -1,0 +1,58 @@
+"""Run the README's Python examples, each ```python block in a fresh interpreter (```py blocks are
+fragments, such as the body of a kernel, and are not run).
+
+    python bench/readme_examples.py            # every block (needs a GPU: the examples use "cuda")
+    python bench/readme_examples.py --cpu      # only the blocks that name no "cuda" device
+
+``bash bench/gpu_session.sh readme`` runs the first form on the GPU machine; the CPU test suite runs the
+second (``tests/integration/test_readme.py``). The packages' ``src/`` directories go on ``PYTHONPATH``
+(no install needed). Exits 1 if a block fails, printing its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """(first line number, code) of every ```python block of ``text``."""
+    out = []
+    for m in re.finditer(r"^```python\n(.*?)^```$", text, re.M | re.S):
+        out.append((text.count("\n", 0, m.start()) + 2, m.group(1)))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="only the blocks without a cuda device")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    args = ap.parse_args()
+    src = [str(p) for p in sorted(ROOT.glob("packages/*/src"))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*src, os.environ.get("PYTHONPATH", "")])}
+    if args.cpu:
+        env["TRITON_INTERPRET"] = "1"
+    failed = ran = 0
+    for line, code in python_blocks(args.readme.read_text()):
+        if args.cpu and "cuda" in code:
+            print(f"{args.readme.name}:{line}: skipped (needs a GPU)")
+            continue
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+        ran += 1
+        if proc.returncode == 0:
+            print(f"{args.readme.name}:{line}: ok")
+        else:
+            failed += 1
+            print(f"{args.readme.name}:{line}: FAILED\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    print(f"{ran - failed} passed, {failed} failed")
+    return 1 if failed or not ran else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The README tells the truth: every version and requirement in it (and in each package README) is the
+package's own, its results block is what ``bench/readme_results.py`` builds from the folder it names,
+its links, the nox sessions and the tests it cites exist, and its CPU examples run.
+
+Its GPU examples run in ``bash bench/gpu_session.sh readme``; its install commands run in CI (``nox -s
+demo`` on a CPU machine installs the packages with ``pip install --find-links dist``, ``tests-cpu``
+installs them from their local paths) and, one package per fresh venv, in ``nox -s packaging``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PACKAGES = ["paged-kv-offsets", "prefill-runtime", "prefix-prefill", "window-prefill", "attn-reference"]
+NAMES = "|".join(re.escape(p) for p in PACKAGES)
+
+
+def _version(pkg: str) -> str:
+    module = pkg.replace("-", "_")
+    text = (ROOT / "packages" / pkg / "src" / module / "__init__.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+def _pyproject(pkg: str) -> dict:
+    tomllib = pytest.importorskip("tomllib")
+    return tomllib.loads((ROOT / "packages" / pkg / "pyproject.toml").read_text())["project"]
+
+
+def _deps(pkg: str) -> list[str]:
+    return _pyproject(pkg)["dependencies"]
+
+
+def _docs() -> list[Path]:
+    return [README, *(ROOT / "packages" / p / "README.md" for p in PACKAGES)]
+
+
+def test_readme_is_short():
+    assert len(README.read_text().splitlines()) <= 250
+
+
+def test_package_table_rows_match_the_packages():
+    text = README.read_text()
+    for pkg in PACKAGES:
+        row = re.search(rf"^\| \[`{pkg}`\]\(packages/{pkg}\) (\S+) \|.*$", text, re.M)
+        assert row, f"README has no package-table row for {pkg}"
+        assert row.group(1) == _version(pkg), (pkg, row.group(1), _version(pkg))
+        depends = row.group(0).rsplit("|", 2)[1]
+        specs = re.findall(r"`([a-z][a-z0-9-]*(?:[<>=!~]=?[0-9][^`]*)?)`", depends)
+        assert sorted(specs) == sorted(_deps(pkg)), (pkg, specs, _deps(pkg))
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_version_mentioned_is_true(doc):
+    """``name 1.2.3``, ``name (1.2.3)``, ``name[cpu] 1.2.3`` and ``Version 1.2.3`` (in a package's own
+    README) name the package's current version; every requirement spec of a sibling (``name>=a,<b``)
+    is one a pyproject declares, and it admits the sibling's current version."""
+    text = doc.read_text()
+    for name, ver in re.findall(rf"\b({NAMES})`?(?:\[cpu\])?`?\)? \(?v?(\d+\.\d+\.\d+)\b", text):
+        assert ver == _version(name), (doc.name, name, ver)
+    if doc.parent.parent.name == "packages":
+        own = doc.parent.name
+        mentioned = re.findall(r"^Version (\d+\.\d+\.\d+)\.", text, re.M)
+        assert mentioned == [_version(own)], (own, mentioned)
+        required = re.search(r"^Version \S+ Requires (.*?)(?:; extra|\.$)", text, re.M | re.S)
+        assert required, own
+        specs = re.findall(r"`([^`]+)`", required.group(1))
+        assert sorted(specs) == sorted(_deps(own)), (own, specs)
+    declared = {str(Requirement(d)) for p in PACKAGES for d in _deps(p)}
+    noxfile = (ROOT / "noxfile.py").read_text()
+    for spec in re.findall(rf"`((?:{NAMES}|triton|torch)[<>=][^`]*)`", text):
+        if re.fullmatch(r"(torch|triton)==[\d.]+", spec):  # the CPU sessions' pins
+            assert f'"{spec}"' in noxfile, (doc.name, spec)
+            continue
+        assert str(Requirement(spec)) in declared, (doc.name, spec)
+        req = Requirement(spec)
+        if req.name in PACKAGES:
+            assert Version(_version(req.name)) in req.specifier, (doc.name, spec, _version(req.name))
+
+
+def test_triton_versions_mentioned_are_in_the_declared_range():
+    ranges = {str(Requirement(d).specifier) for p in PACKAGES for d in _deps(p) if d.startswith("triton")}
+    assert ranges == {"<3.9,>=3.6"}, ranges  # one range for every triton-using package
+    spec = Requirement("triton" + ranges.pop()).specifier
+    for doc in _docs():
+        for ver in re.findall(r"\b[Tt]riton (\d+\.\d+(?:\.\d+)?)\b", doc.read_text()):
+            assert Version(ver) in spec, (doc.name, ver)
+
+
+def test_cpu_extras_declared():
+    for pkg in PACKAGES:
+        extras = _pyproject(pkg).get("optional-dependencies", {})
+        if pkg == "attn-reference":
+            assert not any(d.startswith("triton") for d in _deps(pkg))
+        else:
+            assert extras.get("cpu") == ["numpy"], (pkg, extras)
+
+
+def _results_module():
+    spec = importlib.util.spec_from_file_location("_readme_results", ROOT / "bench" / "readme_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_results_block_is_generated_from_its_folder():
+    mod = _results_module()
+    text = README.read_text()
+    folder = mod.readme_folder(text)
+    assert folder.is_dir(), folder
+    start = mod.BEGIN.search(text).start()
+    end = text.index(mod.END, start) + len(mod.END)
+    assert text[start:end] == mod.block(folder), "run: python bench/readme_results.py <folder> --write"
+    # the newest folder with both main benchmarks (a run of tests only does not replace the table)
+    full = [
+        p.name
+        for p in folder.parent.iterdir()
+        if p.is_dir() and any(p.glob("window_prefill*.csv")) and any(p.glob("prefix_prefill*.csv"))
+    ]
+    newest = max(full, key=lambda name: name[:10])
+    assert folder.name[:10] == newest[:10], f"the README shows {folder.name}; newer benchmarks: {newest}"
+
+
+def test_links_and_cited_tests_exist():
+    for doc in _docs():
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "#")):
+                continue
+            assert (doc.parent / target).exists(), (doc.name, target)
+    text = README.read_text()
+    for cell in re.findall(r"`(tests/[^`]+\.py(?:::[\w\[\]-]+)?)`((?:, `::[\w]+`)*)", text):
+        path, _, name = cell[0].partition("::")
+        source = (ROOT / path).read_text()
+        for test in [name, *re.findall(r"`::(\w+)`", cell[1])]:
+            if test:
+                assert re.search(rf"^(async )?def {re.escape(test)}\(", source, re.M), (path, test)
+
+
+def test_nox_sessions_named_exist():
+    noxfile = (ROOT / "noxfile.py").read_text()
+    sessions = set(re.findall(r'@nox\.session\(name="([\w-]+)"', noxfile))
+    sessions |= {m.replace("_", "-") for m in re.findall(r"^def (\w+)\(session", noxfile, re.M)}
+    for doc in _docs():
+        for line in re.findall(r"nox -s ([\w -]+)", doc.read_text()):
+            for name in line.split():
+                if name in ("&&", "--") or name.startswith("-"):
+                    break
+                assert name in sessions, (doc.name, name)
+
+
+def test_cpu_examples_run():
+    """Every ```python block without a cuda device, of every README, under the interpreter."""
+    for doc in _docs():
+        cmd = [sys.executable, str(ROOT / "bench" / "readme_examples.py"), "--cpu", "--readme", str(doc)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0 or "0 passed, 0 failed" in proc.stdout, proc.stdout[-4000:]
