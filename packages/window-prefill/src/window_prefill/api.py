@@ -313,6 +313,11 @@ def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str) -> No
             raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {dtype}")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    if device.type == "cpu" and not launch.interpreted():
+        raise ValueError(
+            "q is a CPU tensor: the kernels run on a GPU (CUDA or ROCm), or on the CPU under the Triton "
+            "interpreter (set TRITON_INTERPRET=1 in the environment before importing window_prefill)"
+        )
     q_shape, k_shape = q.shape, k.shape
     total, heads, head_dim = q_shape
     if head_dim > MAX_HEAD_DIM or head_dim < 1:

@@ -54,6 +54,12 @@ _primed = False  # _prime_triton ran in this process
 _gluon_ok = _gluon_fwd_kernel is not None and os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
 
 
+def interpreted() -> bool:
+    """Whether this process's kernels run under the Triton interpreter (``TRITON_INTERPRET=1`` was set
+    before the kernels were defined): then they take CPU tensors."""
+    return type(_fwd_kernel).__name__ == "InterpretedFunction"
+
+
 def _prime_triton() -> None:
     """Before this package's first launch on a GPU: Triton's one-time process setup, side by side
     (:func:`prefill_runtime.prime_triton`), and the compile hooks that build each kernel's launcher
@@ -148,6 +154,14 @@ def forward(
     A call without sequences, tokens or ``max_len`` launches nothing."""
     batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
     if batch <= 0 or max_len <= 0 or q.shape[0] == 0:
+        return
+    if q.dtype == torch.bfloat16 and interpreted():
+        # the interpreter's tl.dot multiplies bf16 bit patterns as integers: compute in fp32, write bf16
+        wide = torch.empty(out.shape, dtype=torch.float32)
+        forward(q.float(), k.float(), v.float(), wide, starts, lens, max_len, causal=causal,
+                window_left=window_left, window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
+                bias_key0=bias_key0, config=config, softcap=softcap, lse=lse)  # fmt: skip
+        out.copy_(wide)
         return
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
