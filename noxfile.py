@@ -43,8 +43,8 @@ CPU_TORCH = os.environ.get("CPU_TORCH", "torch==2.13.0")
 CPU_TRITON = os.environ.get("CPU_TRITON", "triton==3.8.0")
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pytest-xdist"]
 # Offline compiles for several GPU targets in a subprocess with a wall-clock limit: how long they take
-# depends on the machine's load, so they run in their own session (compile-check), not in tests-cpu.
-COMPILE_CHECK_TESTS = ["tests/prefix_prefill/test_pp_offline_compile.py"]
+# depends on the machine's load, so they run in their own session (compile-check), not in tests-cpu:
+# the tests marked ``compile_check``.
 DIST = ROOT / "dist"
 # tests-cpu spreads the interpreter tests over this many worker processes (pytest-xdist): the CI
 # machine has 2 cores, and the interpreter runs one test on one core. PYTEST_WORKERS=0 runs in-process.
@@ -87,12 +87,15 @@ def tests_cpu(session: nox.Session) -> None:
     # Local paths first so that pip takes paged-kv-offsets from the tree, not from an index.
     session.install(*install)
     tests = [f"tests/{PACKAGES[p][0]}" for p in selected] if pkgs else ["tests"]
-    workers = ["-n", CPU_WORKERS] if CPU_WORKERS not in ("0", "1") else []
-    ignore = [f"--ignore={t}" for t in COMPILE_CHECK_TESTS]
     session.run(
-        "python", "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *workers, *ignore, *pytest_args,
+        "python", "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *_workers(),
+        "-m", "not compile_check", *pytest_args,
         env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
+
+
+def _workers() -> list[str]:
+    return ["-n", CPU_WORKERS] if CPU_WORKERS not in ("0", "1") else []
 
 
 def _install_all(session: nox.Session) -> None:
@@ -112,7 +115,8 @@ def compile_check(session: nox.Session) -> None:
     with a wall-clock limit); not part of tests-cpu, whose verdicts must not depend on machine load."""
     _install_all(session)
     session.run(
-        "python", "-m", "pytest", *COMPILE_CHECK_TESTS, "-q", "-p", "no:cacheprovider", *session.posargs,
+        "python", "-m", "pytest", "tests", "-m", "compile_check", "-q", "-p", "no:cacheprovider", *_workers(),
+        *session.posargs,
         env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
 

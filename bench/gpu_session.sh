@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
@@ -125,6 +125,31 @@ if [[ $what == bench || $what == all ]]; then
   for s in ${BENCHES:-window_prefill prefix_prefill}; do
     timeout ${BENCH_TIMEOUT:-280} python3 bench/$s.py --out "$res" "$@" 2>&1 | tee -a "$OUT/bench.log"
   done
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == accept ]]; then
+  # accept: the GPU suite with compute-sanitizer racecheck and synccheck over every Gluon form beside it
+  # (bench/sanitize_gluon.py), then on a quiet GPU the host cost per call of every entry point
+  # (bench/host_probe.py, and a profile of PROFILE, default pp_caf), first calls (window and prefix, bf16
+  # head 128: their Gluon kernels) and the engine step vs vLLM (bench/engine_step.py --quick); into
+  # results.tgz beside tests.log
+  res=$OUT/res; mkdir -p "$res"
+  for tool in racecheck synccheck; do
+    timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
+  done
+  dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-14} --dist $dist --durations=15 -v -rfE \
+    -p no:cacheprovider --maxfail=${MAXFAIL:-200} ${PYTEST_ARGS:-} 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
+  rc=${PIPESTATUS[0]}
+  wait
+  grep -HE "SUMMARY|cases OK|FAILED|planned" "$res/racecheck.log" "$res/synccheck.log"
+  timeout 90 python3 bench/host_probe.py 2>&1 | tee "$res/host_probe.txt"
+  timeout 60 python3 bench/host_probe.py --calls 500 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
+  timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
+    2>&1 | tee "$res/first_call.log" | tail -12
+  timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
+    | tee "$res/engine_step.log" | tail -40
+  gzip -f "$res/tests.log"
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 exit $rc

@@ -144,7 +144,7 @@ def test_import_does_not_pull_triton():
     src = os.path.dirname(os.path.dirname(attn_reference.__file__))
     env = {**os.environ, "PYTHONPATH": src}
     code = "import attn_reference, sys; assert 'triton' not in sys.modules, 'triton imported'"
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
 def test_naive_visible_rule():

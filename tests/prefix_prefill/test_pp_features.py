@@ -132,14 +132,14 @@ def test_edge_tiles_discard_what_they_load(config, page, layout, window):
 
 
 @pytest.mark.parametrize(
-    ("config", "page"),
+    ("config", "page", "window"),
     [
-        (KernelConfig(16, 16, 16, 1, 1), 16),
-        (KernelConfig(16, 16, 32, 1, 1), 48),
-        (KernelConfig(16, 32, 64, 1, 1), 544),
+        (KernelConfig(16, 16, 16, 1, 1), 16, (-1, -1)),
+        (KernelConfig(16, 16, 32, 1, 1), 48, (30, -1)),
+        (KernelConfig(16, 32, 64, 1, 1), 544, (13, 5)),
+        (KernelConfig(16, 16, 32, 1, 1), 48, (-1, -1)),
     ],
 )
-@pytest.mark.parametrize("window", [(-1, -1), (30, -1), (13, 5)])
 def test_granule_edges(config, page, window):
     """Granule edges (kernel ``GRANULE``; vLLM's split layout, fp16: V runs of 8 tokens; the plan takes
     them at head buckets of 256): masked context tiles attend to whole 8-key granules with V masked per

@@ -258,12 +258,12 @@ def test_split_launch_tiers(head, monkeypatch):
     after ``finish_compiles`` the calls launch the full form; other lengths keep the key; inside a graph
     capture a full form never launched stays on the quick form; tiers off
     (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at once, no background compile."""
-    import prefill_runtime.host as host
+    import prefill_runtime.tiers as tiers
 
     rec = _record_split(monkeypatch, tiered=True)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     capturing = []
-    monkeypatch.setattr(host, "_capturing", lambda: bool(capturing))
+    monkeypatch.setattr(tiers, "_capturing", lambda: bool(capturing))
 
     def case(seqs):
         return make_case(seqs, num_heads=4, num_kv_heads=2, head_size=head, page=16, dtype=torch.bfloat16,
@@ -543,6 +543,7 @@ for head in (128, 256):
 """
 
 
+@pytest.mark.compile_check
 def test_gluon_free_waits_compile_for_sm90():
     """``FREE_WAITS``: both Gluon prefix kernels, with two consumer warpgroups or one 8-warp consumer
     partition, compile for sm90 with fewer barriers, none left before a wait of
@@ -554,6 +555,7 @@ def test_gluon_free_waits_compile_for_sm90():
     assert len(shared) == 8 and out.count("barriers ") == 4 and max(shared) <= 227 * 1024, out
 
 
+@pytest.mark.compile_check
 def test_gluon_split_kernel_compiles_for_sm90():
     """The split-layout kernel compiles for sm90 (no GPU needed) in every form a plan takes, full and
     quick, with 16-byte ``cp.async`` gathers only (16-byte alignment of every gather proven to the
@@ -564,6 +566,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     assert len(shared) == 16 and max(shared) <= 227 * 1024, out
 
 
+@pytest.mark.compile_check
 def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full and as its quick form (one 8-warp consumer partition: half the wgmma

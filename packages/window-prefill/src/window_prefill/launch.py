@@ -56,8 +56,11 @@ _gluon_ok = _gluon_fwd_kernel is not None and os.environ.get("WINDOW_PREFILL_GLU
 
 def interpreted() -> bool:
     """Whether this process's kernels run under the Triton interpreter (``TRITON_INTERPRET=1`` was set
-    before the kernels were defined): then they take CPU tensors."""
-    return type(_fwd_kernel).__name__ == "InterpretedFunction"
+    before the kernels were defined): then they take CPU tensors. Asks the kernel module's own object,
+    which tests that record launches leave in place."""
+    from window_prefill import kernel
+
+    return type(kernel._fwd_kernel).__name__ == "InterpretedFunction"
 
 
 def _prime_triton() -> None:
