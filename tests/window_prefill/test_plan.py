@@ -321,7 +321,8 @@ def test_explain_matches_the_launch(monkeypatch):
     its arguments like the call and launches nothing."""
     spy = spy_triton(monkeypatch)
     q, k, v, cu = make_qkv([12, 30], 4, 2, 64, torch.float16)
-    kw = dict(causal=False, window=(3, 9), sinks=torch.randn(4), sinks_mode="bias_key0", return_lse=True)
+    kw = dict(causal=False, window=(3, 9), sinks=torch.randn(4, device=DEVICE), sinks_mode="bias_key0",
+              return_lse=True)  # fmt: skip
     p = explain(q, k, v, cu, 30, **kw)
     assert not spy.launches
     window_prefill(q, k, v, cu, 30, **kw)

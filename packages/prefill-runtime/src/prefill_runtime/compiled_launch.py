@@ -16,6 +16,8 @@ Triton itself would pick (tests, ``PREFILL_VALIDATE=1``).
 The direct launch runs only where it is known to be right: NVIDIA CUDA with Triton 3.4 to 3.6 (the
 ``CompiledKernel.run`` signature it calls), no launch hooks installed (profilers get Triton's path), not
 under the interpreter. Anywhere else every call goes through ``kernel[grid]``.
+
+:func:`launch_directly` says where a public function may skip its custom op's dispatch.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ def _supported() -> bool:
 _SUPPORTED = _supported()
 
 
+def launch_directly() -> bool:
+    """Whether a kernel package's public function may launch without going through its custom op
+    (saving the dispatcher's cost): not under ``torch.compile``, and no Python dispatch mode (a
+    ``TorchDispatchMode``, ``FakeTensorMode``, a profiler's or tracer's) is active, since such a mode
+    must see the op itself."""
+    return not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+
+
 def _hooks_installed() -> bool:
     """A launch hook is installed (Triton 3.6 keeps them in chains that are empty by default)."""
     from triton import knobs
@@ -58,7 +68,11 @@ def _hooks_installed() -> bool:
 
 class CompiledLaunches:
     """The compiled variants of one ``@triton.jit`` / ``@gluon.jit`` kernel, by caller key, launched
-    directly (module docstring). At most ``maxsize`` keys (least recently used dropped)."""
+    directly (module docstring). At most ``maxsize`` keys (least recently used dropped). With
+    ``verify`` set (tests), every direct launch first asks :meth:`check` and raises ``AssertionError``
+    where Triton would pick another variant."""
+
+    verify = False
 
     def __init__(self, jit_fn, maxsize: int = 256) -> None:
         self.jit_fn = jit_fn
@@ -84,6 +98,8 @@ class CompiledLaunches:
         entry = self._kernels.get(key) if key is not None else None
         if entry is not None and not _hooks_installed():
             kernel, tail = entry
+            if self.verify and not self.check(key, grid, args, params, options):
+                raise AssertionError(f"{self.jit_fn}: key {key!r} holds another variant than Triton's")
             index = device.index if device.index is not None else torch.cuda.current_device()
             stream = torch._C._cuda_getCurrentRawStream(index)
             kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, None, None,

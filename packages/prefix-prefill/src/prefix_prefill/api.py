@@ -63,8 +63,9 @@ def _run(
     lse,
     key=None,
 ) -> None:
-    """Launch on checked arguments: directly where :func:`prefix_prefill.ops.direct` (remembering the
-    call's signature ``key``), else through the custom op (torch.compile, a dispatch mode)."""
+    """Launch on checked arguments: directly where
+    :func:`prefill_runtime.compiled_launch.launch_directly` (remembering the call's signature
+    ``key``), else through the custom op (torch.compile, a dispatch mode)."""
     if not ops.direct():
         torch.ops.prefix_prefill.fwd(
             q,
@@ -218,7 +219,7 @@ def context_attention_fwd(
         validate: also run the checks that read device values (one host sync); also enabled by
             the environment variable ``PREFILL_VALIDATE=1``.
     """
-    fast = isinstance(q, torch.Tensor) and not checks.validate_enabled(validate)
+    fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
     if fast:
         try:
             key = (
@@ -534,7 +535,7 @@ def prefix_prefill(
         v = torch.randn_like(k)
         out = prefix_prefill(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, 20)
     """
-    fast = isinstance(q, torch.Tensor) and not checks.validate_enabled(validate)
+    fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
     if fast:
         try:
             key = (

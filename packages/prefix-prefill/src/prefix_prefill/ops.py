@@ -3,8 +3,9 @@
 Both public functions (:func:`prefix_prefill.prefix_prefill`, :func:`prefix_prefill.context_attention_fwd`)
 check their arguments in Python, allocate the output if needed and then, under ``torch.compile``, call
 this op, so Dynamo, AOTAutograd and Inductor see one opaque operator that mutates ``out`` instead of
-tracing into Triton's launcher. In eager mode with no Python dispatch mode active (:func:`direct`) they
-launch directly, without the dispatcher's cost; the op does the same launch when called itself.
+tracing into Triton's launcher. In eager mode with no Python dispatch mode active (``direct``,
+:func:`prefill_runtime.compiled_launch.launch_directly`) they launch directly, without the
+dispatcher's cost; the op does the same launch when called itself.
 
 Schema (every argument a tensor, an optional tensor, an int, a float or a bool)::
 
@@ -44,7 +45,11 @@ import contextlib
 import torch
 
 from paged_kv_offsets import LAYOUTS, describe_kv_cache
+from prefill_runtime.compiled_launch import launch_directly
 from prefix_prefill import launch
+
+#: Whether the public functions launch without the op (eager mode, no Python dispatch mode).
+direct = launch_directly
 
 SCHEMA = (
     "fwd(Tensor q, Tensor? k, Tensor? v, Tensor(a!) out, Tensor k_cache, Tensor v_cache, int kv_layout, "
@@ -58,13 +63,6 @@ SCHEMA = (
 def layout_code(layout: str) -> int:
     """The op's ``kv_layout`` int for a layout name of :data:`paged_kv_offsets.LAYOUTS`."""
     return LAYOUTS.index(layout)
-
-
-def direct() -> bool:
-    """Whether a public function may launch without going through the op: not under ``torch.compile``,
-    and no Python dispatch mode (a ``TorchDispatchMode``, ``FakeTensorMode``, a profiler's or tracer's)
-    is active, since such a mode must see the op itself."""
-    return not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
 
 
 def on_device(device: torch.device) -> contextlib.AbstractContextManager:

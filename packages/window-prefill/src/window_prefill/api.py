@@ -9,7 +9,7 @@
   ``vllm/v1/attention/ops/triton_prefill_attention.py::context_attention_fwd`` (writes into ``o``).
 
 Each checks its arguments on the host (types, shapes, dtypes, devices, strides: tensor metadata only)
-and calls the custom op ``torch.ops.window_prefill.fwd`` (:mod:`window_prefill.ops`), which plans
+and calls the custom op ``torch.ops.window_prefill.fwd`` (:func:`window_prefill.ops.call`), which plans
 and launches one kernel (:mod:`window_prefill.launch`). Neither synchronises with the device on the
 default path (CUDA-graph capturable, ``torch.compile(fullgraph=True)``-clean). Checks that need device
 values (lengths against tensors, ``cu_seqlens`` monotonic, ``max_seqlen`` large enough) run only
@@ -133,7 +133,7 @@ def window_prefill(
     cu, max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
         q, cu_seqlens, max_seqlen, window, softmax_scale, sinks, sinks_mode, softcap, validate
     )
-    torch.ops.window_prefill.fwd(
+    ops.call(
         q, k, v, out, cu, None, max_len, bool(causal), left, right, scale, sinks_t, bias_key0,
         *ops.config_ints(config), cap, lse,
     )  # fmt: skip
@@ -266,7 +266,7 @@ def context_attention_fwd(
     scale = _check_scale(softmax_scale, q.shape[2])
     if _validate_requested(validate):
         _validate_starts_lens(starts, lens, max_len, q.shape[0])
-    torch.ops.window_prefill.fwd(
+    ops.call(
         q, k, v, o, starts, lens, max_len, bool(is_causal),
         min(left, _UNBOUNDED_WINDOW),  # the op takes int64: any width past the cap is unbounded
         min(right, _UNBOUNDED_WINDOW), scale, sinks_t, bool(sinks_bias_key0), *ops.config_ints(config),

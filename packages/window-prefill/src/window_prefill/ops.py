@@ -1,9 +1,11 @@
 """The kernel launch as a PyTorch custom op: ``torch.ops.window_prefill.fwd``.
 
 Both public functions (:mod:`window_prefill.api`) check their arguments in Python, allocate the
-output if needed and then call this op, whose kernel is :func:`window_prefill.launch.forward`, so
-``torch.compile`` (Dynamo, AOTAutograd, Inductor) sees one opaque operator that mutates ``out``
-instead of tracing into Triton's launcher, and CUDA graphs capture the one kernel launch.
+output if needed and then call this op (:func:`call`), whose kernel is
+:func:`window_prefill.launch.forward`, so ``torch.compile`` (Dynamo, AOTAutograd, Inductor) sees one
+opaque operator that mutates ``out`` instead of tracing into Triton's launcher, and CUDA graphs capture
+the one kernel launch. In eager mode with no Python dispatch mode active they run the op's kernel
+directly, without the dispatcher's cost.
 
 Schema (every argument a tensor, an optional tensor, an int, a float or a bool)::
 
@@ -41,6 +43,7 @@ import contextlib
 
 import torch
 
+from prefill_runtime.compiled_launch import launch_directly
 from window_prefill import launch
 from window_prefill.configs import Config
 
@@ -122,3 +125,13 @@ torch.library.register_fake("window_prefill::fwd", _fwd_fake, lib=_LIB)
 
 #: The registered operator, ``torch.ops.window_prefill.fwd.default``.
 fwd = torch.ops.window_prefill.fwd.default
+
+
+def call(*args: object) -> None:
+    """The op on checked arguments (its schema's order): its kernel run directly where
+    :func:`~prefill_runtime.compiled_launch.launch_directly` (eager mode, no Python dispatch mode: the
+    dispatcher's cost saved), else the op itself (``torch.compile``, dispatch modes)."""
+    if launch_directly():
+        _fwd_impl(*args)
+    else:
+        fwd(*args)
