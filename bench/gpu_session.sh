@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
@@ -149,6 +149,20 @@ if [[ $what == accept ]]; then
     2>&1 | tee "$res/first_call.log" | tail -12
   timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
     | tee "$res/engine_step.log" | tail -40
+  gzip -f "$res/tests.log"
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == quick ]]; then
+  # quick: the GPU tests of the launch paths (QUICK_TESTS), the host cost per call, the engine's host and
+  # launch tables, then both benchmarks with --quick (pages 16/544/1056; peers beside); into results.tgz
+  res=$OUT/res; mkdir -p "$res"
+  timeout ${TEST_TIMEOUT:-170} python3 -m pytest ${QUICK_TESTS:-tests/hardening tests/window_prefill tests/integration} \
+    -n ${XDIST:-16} -v -rfE -p no:cacheprovider 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  rc=${PIPESTATUS[0]}
+  timeout 60 python3 bench/host_probe.py 2>&1 | tee "$res/host_probe.txt"
+  timeout 70 python3 bench/engine_step.py --quick --tables host,launches --out "$res" 2>&1 | tee "$res/engine_step.log" | tail -12
+  timeout ${PREFIX_TIMEOUT:-150} python3 bench/prefix_prefill.py --quick --out "$res" 2>&1 | tee "$res/prefix_prefill.log" | grep -E "peer=(ours|ours_nhd|vllm) " | tail -30
+  timeout ${WINDOW_TIMEOUT:-120} python3 bench/window_prefill.py --quick --out "$res" 2>&1 | tee "$res/window_prefill.log" | grep -E "peer=(ours|vllm|flex) " | tail -30
   gzip -f "$res/tests.log"
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi

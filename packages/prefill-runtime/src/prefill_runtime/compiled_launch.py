@@ -58,12 +58,23 @@ def launch_directly() -> bool:
 
 def _hooks_installed() -> bool:
     """A launch hook is installed (Triton 3.6 keeps them in chains that are empty by default)."""
-    from triton import knobs
+    runtime = _knobs().runtime
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and (not hasattr(hook, "calls") or len(hook.calls) > 0):
+            return True
+    return False
 
-    return any(
-        h is not None and (not hasattr(h, "calls") or len(h.calls) > 0)
-        for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-    )
+
+def _knobs():
+    global _KNOBS
+    if _KNOBS is None:
+        from triton import knobs
+
+        _KNOBS = knobs
+    return _KNOBS
+
+
+_KNOBS = None
 
 
 class CompiledLaunches:
