@@ -1,8 +1,8 @@
-"""Probe (session 23, NOTES step 74): ``S = Q K^T`` by one wgmma chain from a no-swizzle K slot, read
+"""Probe (NOTES.md 2026-12-01, a03ab6a): ``S = Q K^T`` by one wgmma chain from a no-swizzle K slot, read
 through two views, to find why a chunk-major K ring (one TMA box per 16-key run) faults on the H200.
 
 * ``parts``: the shipped part-major slot (``[D/64][BN/8][8 feature groups][8 keys][8 features]``) read 64
-  features at a time (``prefix_prefill.interface._k_chunk_view``: leading byte offset 128, stride byte
+  features at a time (``prefix_prefill.gluon_launch._k_view``: leading byte offset 128, stride byte
   offset 1024).
 * ``full``: a chunk-major slot (``[BN/8][D/8][8][8]``) read as one ``[BN, D]`` view (stride byte offset
   ``D * 16``); ``runs`` / ``runsneg``: the same slot filled by 16-key run boxes ``[2, D/8, 64]`` of a

@@ -86,16 +86,17 @@ def _c(bm: int, bn: int, bnc: int, w: int, s: int) -> KernelConfig:
 _BASE: dict[tuple[str, int, str], KernelConfig] = {
     # Hopper: 227 KiB shared memory.
     ("sm90", 64, "16bit"): _c(128, 64, 64, 8, 3),
-    # H200, 2026-11-29 (bench/results/NOTES.md step 6), llama page 544 split layout: 10.63 ms vs
-    # 10.90 for 128/64/128/8/3 and 13.43 for 128/64/64/8/3.
+    # H200 (bench/results/NOTES.md 2026-11-29, 5bc0f97), llama page 544 split layout: 10.63 ms vs 10.90
+    # for 128/64/128/8/3 and 13.43 for 128/64/64/8/3.
     ("sm90", 128, "16bit"): _c(128, 128, 128, 8, 3),
     # Same run, qwen-hybrid page 544: 4.86 ms vs 6.55 for the spill-free 128/32/32/8/2 and 9.90 for
     # 64/64/64/8/2 (this one spills ~150 B and is still the fastest).
     ("sm90", 256, "16bit"): _c(128, 64, 64, 8, 2),
     # fp32 (IEEE dots, lowered to FMA loops): the former 64/32/32/4/2 (heads 64/128) and 32/32/32/4/2
-    # (256) spill 4-66 KB per thread and compile in 8-30 s offline; 16/16/16/4/2 spills nothing (NOTES
-    # step 19). H200 (bench/fp32_configs.py, NOTES step 23): 18.1 -> 1.6 ms (head 128), 29.0 -> 3.1 ms
-    # (256), first call 11.6/13.7 -> 1.9/3.5 s; head 64 0.66 -> 0.85 ms but 6.9 -> 1.7 s to compile.
+    # (256) spill 4-66 KB per thread and compile in 8-30 s offline; 16/16/16/4/2 spills nothing
+    # (NOTES.md 2026-11-29, 378a544). H200 (bench/fp32_configs.py, NOTES.md 2026-11-29, 87e1591):
+    # 18.1 -> 1.6 ms (head 128), 29.0 -> 3.1 ms (256), first call 11.6/13.7 -> 1.9/3.5 s; head 64
+    # 0.66 -> 0.85 ms but 6.9 -> 1.7 s to compile.
     ("sm90", 64, "fp32"): _c(16, 16, 16, 4, 2),
     ("sm90", 128, "fp32"): _c(16, 16, 16, 4, 2),
     ("sm90", 256, "fp32"): _c(16, 16, 16, 4, 2),
@@ -103,7 +104,7 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     ("sm80", 64, "16bit"): _c(128, 64, 64, 4, 2),
     ("sm80", 128, "16bit"): _c(128, 64, 64, 4, 2),
     ("sm80", 256, "16bit"): _c(64, 32, 32, 4, 2),
-    # fp32 as sm90 (offline sm_80: 64/32/32/4/2 spills 62 KB, 16/16/16/4/2 none; NOTES step 19)
+    # fp32 as sm90 (offline sm_80: 64/32/32/4/2 spills 62 KB, 16/16/16/4/2 none; NOTES.md 2026-11-29, 378a544)
     ("sm80", 64, "fp32"): _c(16, 16, 16, 4, 2),
     ("sm80", 128, "fp32"): _c(16, 16, 16, 4, 2),
     ("sm80", 256, "fp32"): _c(16, 16, 16, 4, 2),
