@@ -41,7 +41,7 @@ CPU_TORCH = os.environ.get("CPU_TORCH", "torch==2.13.0")
 # triton 3.6's interpreter breaks with numpy >= 2.4; 3.8 works. The packages declare triton>=3.6,<3.9:
 # 3.6 is what the GPU runs were measured with, 3.8 what the CPU suite runs.
 CPU_TRITON = os.environ.get("CPU_TRITON", "triton==3.8.0")
-TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pytest-xdist"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pytest-xdist>=3.2"]
 # Offline compiles for several GPU targets in a subprocess with a wall-clock limit: how long they take
 # depends on the machine's load, so they run in their own session (compile-check), not in tests-cpu:
 # the tests marked ``compile_check``.
@@ -95,7 +95,9 @@ def tests_cpu(session: nox.Session) -> None:
 
 
 def _workers() -> list[str]:
-    return ["-n", CPU_WORKERS] if CPU_WORKERS not in ("0", "1") else []
+    """xdist's worker flags; work stealing lets an idle worker take queued tests from a busy one, so a
+    few long interpreter tests do not leave one core idle at the end."""
+    return ["-n", CPU_WORKERS, "--dist", "worksteal"] if CPU_WORKERS not in ("0", "1") else []
 
 
 def _install_all(session: nox.Session) -> None:

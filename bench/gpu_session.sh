@@ -8,8 +8,7 @@
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
 #  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
 #  _fwd_kernel; _gluon_split_kernel / _gluon_fwd_kernel for the Gluon ones) for each
-#  NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512), with FP32_AB=1 first
-#  bench/fp32_configs.py on an empty cache while the profiled problems precompile; writes ncu.tgz
+#  NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512); writes ncu.tgz
 #  (reports, details text, per-SASS-instruction csv);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
@@ -87,10 +86,6 @@ if [[ $what == ncu ]]; then
     IFS=: read -r sh lay pg <<<"$sp"
     timeout 240 python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg >/dev/null 2>&1 &
   done
-  if [[ ${FP32_AB:-0} == 1 ]]; then
-    TRITON_CACHE_DIR=$(mktemp -d) timeout ${FP32_TIMEOUT:-300} python3 bench/fp32_configs.py --out "$OUT" 2>&1 \
-      | tee "$OUT/fp32_configs.log"
-  fi
   wait
   for sp in $specs; do
     IFS=: read -r sh lay pg <<<"$sp"

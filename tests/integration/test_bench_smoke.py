@@ -93,14 +93,6 @@ def test_prefix_bench_from_logs(tmp_path):
     assert "max\\|a-b\\|=0" in md
 
 
-def test_fp32_configs_smoke(tmp_path):
-    """bench/fp32_configs.py (old vs new fp32 tiles) runs under the interpreter; the two tilings agree."""
-    proc = _bench("fp32_configs.py", "--smoke", "--out", str(tmp_path))
-    diffs = [float(line.rsplit("=", 1)[1]) for line in proc.stdout.splitlines() if "max|old-new|" in line]
-    assert len(diffs) == 2 and all(d < 1e-4 for d in diffs), proc.stdout
-    assert (tmp_path / "fp32_configs.csv").exists()
-
-
 def test_engine_step_smoke(tmp_path):
     """bench/engine_step.py --smoke (L=2, tiny sizes, fp16, no graphs): every scenario, implementation and
     table runs; our outputs match the float64 reference, and vLLM's where .peers is present."""

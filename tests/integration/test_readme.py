@@ -120,11 +120,16 @@ def test_results_block_is_generated_from_its_folder():
     start = mod.BEGIN.search(text).start()
     end = text.index(mod.END, start) + len(mod.END)
     assert text[start:end] == mod.block(folder), "run: python bench/readme_results.py <folder> --write"
-    # the newest folder with both main benchmarks (a run of tests only does not replace the table)
+
+    # the newest folder with both main benchmarks (a run of tests only, or of variants such as the
+    # --quick benchmarks' *_quick files, does not replace the table)
+    def main_run(p, stem):
+        return any(re.fullmatch(rf"{stem}(_[0-9a-f]{{7,}})?", f.stem) for f in p.glob(f"{stem}*.csv"))
+
     full = [
         p.name
         for p in folder.parent.iterdir()
-        if p.is_dir() and any(p.glob("window_prefill*.csv")) and any(p.glob("prefix_prefill*.csv"))
+        if p.is_dir() and main_run(p, "window_prefill") and main_run(p, "prefix_prefill")
     ]
     newest = max(full, key=lambda name: name[:10])
     assert folder.name[:10] == newest[:10], f"the README shows {folder.name}; newer benchmarks: {newest}"

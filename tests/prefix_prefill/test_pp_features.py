@@ -97,15 +97,15 @@ def _poison_slot(case, blk: int, slot: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("config", "page", "layout"),
+    ("config", "page", "layout", "window"),
     [
-        (KernelConfig(16, 16, 16, 1, 1), 40, "split"),  # tiles straddle pages
-        (KernelConfig(16, 16, 32, 1, 1), 48, "nhd"),
-        (KernelConfig(16, 32, 64, 1, 1), 544, "hnd"),
-        (KernelConfig(16, 16, 64, 1, 1), 80, "split"),
+        (KernelConfig(16, 16, 16, 1, 1), 40, "split", (-1, -1)),  # tiles straddle pages
+        (KernelConfig(16, 16, 32, 1, 1), 48, "nhd", (30, -1)),
+        (KernelConfig(16, 32, 64, 1, 1), 544, "hnd", (-1, -1)),
+        (KernelConfig(16, 16, 64, 1, 1), 80, "split", (30, -1)),
+        (KernelConfig(16, 16, 16, 1, 1), 40, "split", (30, -1)),
     ],
 )
-@pytest.mark.parametrize("window", [(-1, -1), (30, -1)])
 def test_edge_tiles_discard_what_they_load(config, page, layout, window):
     """Masked edge tiles (tiles that straddle pages, the context's last partial tile, the window's
     first) never use a cache slot that no query may see: every such slot (past the context, where the

@@ -3,11 +3,10 @@
 
 Both launching functions check their arguments on the host (:mod:`prefix_prefill.checks`: shapes,
 dtypes, devices, strides; no device reads), translate to one convention and launch
-(:func:`prefix_prefill.launch.forward`). In eager mode they launch directly; under ``torch.compile``
-they call the custom op ``torch.ops.prefix_prefill.fwd`` (:mod:`prefix_prefill.ops`), which Dynamo
-sees as one opaque operator. The default path never synchronises with the device and is CUDA-graph
-capturable; checks that read device values (block-table contents, lengths) run only with
-``validate=True`` or the environment variable ``PREFILL_VALIDATE=1``.
+(:func:`prefix_prefill.launch.forward`): directly in eager mode, else through the custom op
+``torch.ops.prefix_prefill.fwd`` (:mod:`prefix_prefill.ops`), one opaque operator for Dynamo. The
+default path never synchronises with the device (CUDA-graph capturable); checks that read device
+values run only with ``validate=True`` or the environment variable ``PREFILL_VALIDATE=1``.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     ("sm90", 256, "16bit"): _c(128, 64, 64, 8, 2),
     # fp32 (IEEE dots, lowered to FMA loops): the former 64/32/32/4/2 (heads 64/128) and 32/32/32/4/2
     # (256) spill 4-66 KB per thread and compile in 8-30 s offline; 16/16/16/4/2 spills nothing
-    # (NOTES.md 2026-11-29, 378a544). H200 (bench/fp32_configs.py, NOTES.md 2026-11-29, 87e1591):
+    # (NOTES.md 2026-11-29, 378a544). H200 (NOTES.md 2026-11-29, 87e1591):
     # 18.1 -> 1.6 ms (head 128), 29.0 -> 3.1 ms (256), first call 11.6/13.7 -> 1.9/3.5 s; head 64
     # 0.66 -> 0.85 ms but 6.9 -> 1.7 s to compile.
     ("sm90", 64, "fp32"): _c(16, 16, 16, 4, 2),
