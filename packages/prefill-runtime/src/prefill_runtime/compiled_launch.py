@@ -77,11 +77,17 @@ def _knobs():
 _KNOBS = None
 
 
+class VariantMismatch(AssertionError):
+    """A key's compiled variant is not the one Triton picks for the call (raised with ``verify``)."""
+
+
 class CompiledLaunches:
     """The compiled variants of one ``@triton.jit`` / ``@gluon.jit`` kernel, by caller key, launched
     directly (module docstring). At most ``maxsize`` keys (least recently used dropped). With
-    ``verify`` set (tests), every direct launch first asks :meth:`check` and raises ``AssertionError``
-    where Triton would pick another variant."""
+    ``verify`` set (tests), every direct launch first asks :meth:`check` and raises
+    :class:`VariantMismatch` where Triton would pick another variant (callers pass it on: it is not a
+    launch failure to fall back from). Callers that launch with per-call descriptor stand-ins pass
+    Triton's own descriptors while ``verify`` is set, so :meth:`check` sees what Triton would."""
 
     verify = False
 
@@ -110,7 +116,7 @@ class CompiledLaunches:
         if entry is not None and not _hooks_installed():
             kernel, tail = entry
             if self.verify and not self.check(key, grid, args, params, options):
-                raise AssertionError(f"{self.jit_fn}: key {key!r} holds another variant than Triton's")
+                raise VariantMismatch(f"{self.jit_fn}: key {key!r} holds another variant than Triton's")
             index = device.index if device.index is not None else torch.cuda.current_device()
             stream = torch._C._cuda_getCurrentRawStream(index)
             kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, None, None,

@@ -77,9 +77,14 @@ def gluon_try_launch(launch: Callable[[], object], package: str) -> bool:
     """Run ``launch`` (a Gluon kernel's launch); True when it ran. A Triton whose Gluon cannot build or
     launch the kernel raises here: warn once on the caller's behalf and return False, so the caller
     runs its Triton kernel (and may stop offering the Gluon one). During a CUDA-graph capture the
-    error is raised: a failed launch there cannot be replaced."""
+    error is raised: a failed launch there cannot be replaced; so is a test's
+    :class:`~prefill_runtime.compiled_launch.VariantMismatch`."""
+    from prefill_runtime.compiled_launch import VariantMismatch
+
     try:
         launch()
+    except VariantMismatch:
+        raise
     except Exception as exc:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise

@@ -176,7 +176,7 @@ def _launch_nhd(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table
 
     def one(full: bool, warmup: bool) -> None:
         # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
-        light = full and not warmup and _NHD is not None and _NHD.has(key)
+        light = full and not warmup and _NHD is not None and _NHD.has(key) and not _NHD.verify
         kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
         if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
             k_desc, v_desc = kcb, vcb
@@ -260,7 +260,7 @@ def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
 
     def one(full: bool, warmup: bool) -> None:
         # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
-        light = full and not warmup and _SPLIT is not None and _SPLIT.has(key)
+        light = full and not warmup and _SPLIT is not None and _SPLIT.has(key) and not _SPLIT.verify
         v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
         if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
             v_cache_arg = _tma(
