@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
@@ -12,6 +12,8 @@
 #  (reports, details text, per-SASS-instruction csv);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
+#  trees: the GPU tests of TEST_PATHS (if set), then bench/ab_trees.py over the package trees of TREES
+#  ("name=dir ...", ratios to the first; extra args go to ab_trees.py) into results.tgz;
 #  readme: every Python example of README.md (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
@@ -99,6 +101,19 @@ if [[ $what == ncu ]]; then
       "$nd/$tag.details.txt" | sed "s/^/$tag /" | head -12
   done
   tar czf "$OUT/ncu.tgz" -C "$nd" . && rm -rf "$nd"
+fi
+if [[ $what == trees ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  if [[ -n ${TEST_PATHS:-} ]]; then
+    timeout ${TEST_TIMEOUT:-220} python3 -m pytest $TEST_PATHS -n ${XDIST:-14} -v -rfE -p no:cacheprovider \
+      -m "not compile_check" 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+    rc=${PIPESTATUS[0]}
+    gzip -f "$res/tests.log"
+  fi
+  trees=$(for t in ${TREES:?TREES=\"name=dir ...\"}; do printf -- '--tree %s ' "$t"; done)
+  timeout ${BENCH_TIMEOUT:-330} python3 bench/ab_trees.py $trees --out "$res" "$@" 2>&1 | tee "$res/ab_trees.log" \
+    | grep -E "^AB|exit"
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == first ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"

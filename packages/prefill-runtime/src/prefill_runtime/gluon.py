@@ -232,14 +232,13 @@ def _v_operand(v_smem, slot, V_T: gl.constexpr):
 
 
 @gluon.jit
-def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, rows, n0, lo, hi, WG: gl.constexpr,
-             HALF_N: gl.constexpr, V_T: gl.constexpr, WARPGROUPS: gl.constexpr,
-             V_ROWS: gl.constexpr):  # fmt: skip
-    """With ``V_ROWS`` (see :func:`consumer`): issue ``acc += P @ V`` of ring slot ``slot`` (asynchronously)
-    after zeroing its V rows outside ``[lo, hi)`` when the block sticks ``out`` of its segment; ``rows``:
-    the slot holds ``[BLOCK_N, D]`` key rows in the ``V_ROWS`` layout rather than ``V_T``'s ``[D,
-    BLOCK_N]``. Returns ``(n_fix, acc)``."""
-    if rows:
+def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.constexpr,
+             V_T: gl.constexpr, WARPGROUPS: gl.constexpr, V_ROWS: gl.constexpr = None):  # fmt: skip
+    """Issue ``acc += P @ V`` of ring slot ``slot`` (asynchronously) after zeroing its V rows outside
+    ``[lo, hi)`` when the block sticks ``out`` of its segment. ``V_ROWS`` (a layout): the slot holds
+    ``[BLOCK_N, D]`` key rows in this layout rather than ``V_T``'s ``[D, BLOCK_N]``. Returns ``(n_fix,
+    acc)``."""
+    if V_ROWS is not None:
         v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2], v_smem.shape[1]],
                                      V_ROWS).index(slot)  # fmt: skip
         if out:
@@ -248,7 +247,7 @@ def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, rows, n0, lo, hi, WG: 
     else:
         if out:
             n_fix = zero_v_rows(v_smem.index(slot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, WARPGROUPS)
-        pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)
+        pv = warpgroup_mma(b_p, _v_operand(v_smem, slot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
     return n_fix, pv
 
 
@@ -265,6 +264,59 @@ def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b
     masked = (n0 < full_lo) | (n0 + BLOCK_N > full_hi)
     out = (n0 < lo) | (n0 + BLOCK_N > hi)
     return n0, lo, hi, shift, masked, out
+
+
+@gluon.jit
+def _block_step(
+    j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty, v_ready,
+    v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi,
+    b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right,
+    WG: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, VS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
+    K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
+    S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+):  # fmt: skip
+    """One step of :func:`consumer`'s loop: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (its V
+    slot in the ``V_ROWS`` form when that is given, see :func:`_pv_step`), wait for ``S_j`` only, the
+    softmax of block ``j`` while ``P @ V`` runs, then wait and rescale. Returns the loop's state: ``(acc,
+    b_p, m_i, l_i, n_fix)`` and block ``j``'s ``(n0, lo, hi, out)`` for its own ``P @ V``."""
+    dtype: gl.constexpr = q_buf.dtype
+    slot = j % NUM_STAGES
+    pslot = (j - 1) % VS
+    _wait_ready(k_ready.index(slot), (j // NUM_STAGES) & 1, FREE_WAITS)
+    if CP_FILL:
+        fence_async_shared()
+    if K_VIEW is None:
+        b_s = warpgroup_mma(
+            q_buf,
+            k_smem.index(slot).permute((1, 0)),
+            gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
+            use_acc=False,
+            is_async=True,
+        )  # [BM / 2, BN] S_j in flight
+    else:
+        b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
+    _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
+    if CP_FILL:
+        fence_async_shared()
+    n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
+                          BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
+    b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
+    _release(k_empty.index(slot), WARPGROUPS)
+    n0, lo, hi, shift, masked, out = _block_geometry(
+        j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
+        b_full_hi, BLOCK_N,
+    )  # fmt: skip
+    b_pf, alpha, m_i, l_i = softmax_step(
+        b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
+    )  # fmt: skip
+    acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
+    _release(v_empty.index(pslot), WARPGROUPS)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
+    b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
+    return acc, b_p, m_i, l_i, n_fix, n0, lo, hi, out
 
 
 @gluon.jit
@@ -334,73 +386,47 @@ def consumer(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
     )  # fmt: skip
-    b_p, alpha, m_i, l_i = softmax_step(
+    b_p, _, m_i, l_i = softmax_step(
         b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
         BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
     )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
-    # the previous block's, for its V rows (p_rows: it is a block of segment B, with V_ROWS)
-    p_n0, p_lo, p_hi, p_out = n0, lo, hi, out
-    p_rows = n_a == 0 if V_ROWS is not None else False
+    p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its P @ V
     n_fix = 0
-    for j in range(1, n_blocks):
-        slot = j % NUM_STAGES
-        pslot = (j - 1) % VS
-        _wait_ready(k_ready.index(slot), (j // NUM_STAGES) & 1, FREE_WAITS)
-        if CP_FILL:
-            fence_async_shared()
-        if K_VIEW is None:
-            b_s = warpgroup_mma(
-                q_buf,
-                k_smem.index(slot).permute((1, 0)),
-                gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
-                use_acc=False,
-                is_async=True,
-            )  # [BM / 2, BN] S_j in flight
-        else:
-            b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
-        _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
-        if CP_FILL:
-            fence_async_shared()
-        if V_ROWS is None:
-            if p_out:
-                n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
-                                    BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
-            acc = warpgroup_mma(b_p, _v_operand(v_smem, pslot, V_T), acc, is_async=True)  # [BM / 2, D] += P V
-        else:
-            n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi,
-                                  WG, BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
-        b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
-        _release(k_empty.index(slot), WARPGROUPS)
-        n0, lo, hi, shift, masked, out = _block_geometry(
-            j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
-            b_full_lo, b_full_hi, BLOCK_N,
+    # Blocks 1 .. n_blocks - 1: S_j, then P_{j-1} V_{j-1}. With V_ROWS segment A's P @ V (V_T slots) and
+    # segment B's (key rows) run in loops of their own, one operand form each: a runtime branch between
+    # two forms of an asynchronous wgmma makes ptxas serialise every wgmma of the kernel (its advisory
+    # C7512). Segment B is never empty there (a tile sees its own new tokens), so blocks n_a.. are B's.
+    if V_ROWS is None:
+        a_stop = n_blocks
+    else:
+        a_stop = n_a + 1
+    for j in range(1, a_stop):
+        acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out = _block_step(
+            j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty,
+            v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
+            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, WG, ROWS, BLOCK_N,
+            HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW,
+            FREE_WAITS, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT,
         )  # fmt: skip
-        b_pf, alpha, m_i, l_i = softmax_step(
-            b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
-        )  # fmt: skip
-        acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
-        _release(v_empty.index(pslot), WARPGROUPS)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
-        b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
-        p_n0, p_lo, p_hi, p_out = n0, lo, hi, out
-        p_rows = j >= n_a if V_ROWS is not None else False
+    if V_ROWS is not None:
+        for j in range(a_stop, n_blocks):
+            acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out = _block_step(
+                j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready,
+                k_empty, v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo,
+                a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left,
+                window_right, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T,
+                CP_FILL, WARPGROUPS, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
+            )  # fmt: skip
 
-    # ---- the last block's P @ V ----
+    # ---- the last block's P @ V (with V_ROWS a block of segment B) ----
     last = n_blocks - 1
     lslot = last % VS
     _wait_ready(v_ready.index(lslot), (last // VS) & 1, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
-    if V_ROWS is None:
-        if p_out:
-            n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG,
-                                BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS)  # fmt: skip
-        acc = warpgroup_mma(b_p, _v_operand(v_smem, lslot, V_T), acc, is_async=True)
-    else:
-        n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_rows, p_n0, p_lo, p_hi, WG,
-                              BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
+    n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
+                          BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
     acc = warpgroup_mma_wait(0, deps=[acc])
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----

@@ -538,7 +538,6 @@ def _gluon_split_kernel(
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
-    V_ROWS: gl.constexpr = V_desc.layout  # segment B's V slots: the new tokens' rows
     head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
     if m0 >= q_len:
         return
@@ -551,6 +550,10 @@ def _gluon_split_kernel(
         K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
     else:
         K_ROWS: gl.constexpr = None
+    if KV_FROM_CACHE:  # one segment, every V slot from the cache
+        V_ROWS: gl.constexpr = None
+    else:  # segment B's V slots: the new tokens' rows
+        V_ROWS: gl.constexpr = V_desc.layout
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc,
