@@ -403,6 +403,7 @@ def no_base_offsets(kernel):
 
 lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # K chunks (K by TMA)
 lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)  # wide boxes / runs
+l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)  # new tokens' full blocks
 # head, from cache, lse, V by TMA, K by TMA, K_WIDE: every form a plan takes (and the gathers at 128 / 256,
 # which a split cache whose strides TMA cannot take runs)
 CASES = ((64, False, True, False, False, 0), (64, True, False, False, False, 0),
@@ -431,6 +432,7 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     }
     if k_tma:
         sig["KR_desc"] = f"tensordesc<bf16[2, {g}, 64],{lw!r}>"
+        sig["KN_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 8, 8],{l4!r}>"
         if k_wide == 1:
             sig["KW_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>"
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
@@ -446,8 +448,9 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     if not (v_tma and k_tma):
         assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
-    if k_tma:  # K by 3-D boxes read by wgmma without re-staging (no-swizzle descriptors)
+    if k_tma:  # K by 3-D boxes (4-D: new tokens' full blocks) read by wgmma without re-staging
         assert "cp.async.bulk.tensor.3d" in ptx
+        assert "cp.async.bulk.tensor.4d" in ptx or from_cache
     if cm:
         no_base_offsets(kernel)
     # the quick form: one 8-warp consumer partition (Q in one box), LLVM at O0

@@ -282,10 +282,10 @@ def _split_producer(
     ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
     ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
     q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
-    kv_head, n_a, a_end, n_blocks)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``, block
-    ``[BLOCK_N, D]`` (V: into the slot seen in its layout)."""
+    kv_head, n_a, a_end, n_blocks, b_end)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``,
+    block ``[BLOCK_N, D]`` (V: into the slot seen in its layout)."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
-     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
+     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -399,9 +399,9 @@ def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, k
 @gluon.jit
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
-    head, kv_head, kv_heads, n_a, a_end, n_blocks, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    head, kv_head, kv_heads, n_a, a_end, n_blocks, b_end, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
-    CM: gl.constexpr = False,
+    CM: gl.constexpr = False, NW_desc=None,
 ):  # fmt: skip
     """The K ring by TMA (one warp; also loads the two Q halves). A slot holds, per 64 features (part
     ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8 features]`` dense (1 KB):
@@ -416,9 +416,15 @@ def _split_k_tma_producer(
     ``R_desc`` (the same view) per run (:func:`_k_run_boxes`). Runs at or past ``a_end`` come from row
     -8 (outside the view: zeros, no block-table read); the keys of a run that straddles ``a_end`` are
     stale slots of its page, which the consumers' mask never lets through (``where``, not a product:
-    NaN-safe). New tokens: boxes ``[8, 8, 8]`` (8 feature groups of 8 keys of 8 features: one chunk) from
-    ``N_desc``, ``k`` seen as ``[kv_heads * D/8, tokens, 8]`` (strides ``[8, token stride, 1]``), the
-    sequence from row ``n_tok0``; rows past ``k``'s end read zeros. One expect-tx per slot. ``CM``: a
+    NaN-safe). New tokens: a block whose keys all lie in the segment (``[0, b_end)``, so in ``k``) is
+    ``D/64`` boxes ``[BLOCK_N/8, 8, 8, 8]`` (one, ``[BLOCK_N/8, D/8, 8, 8]``, chunk-major) of
+    ``NW_desc``, ``k`` seen as ``[BLOCK_N/8, kv_heads * D/8, tokens, 8]`` with strides ``[8 * token
+    stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features: a box at token
+    ``tok`` lands as its chunks; the first dimension overlaps the third, and reads stay inside ``k``
+    because the block does); the last, partial block of a tile by boxes ``[8, 8, 8]`` (8 feature groups
+    of 8 keys of 8 features: one chunk) from ``N_desc``, ``k`` seen as ``[kv_heads * D/8, tokens, 8]``
+    (strides ``[8, token stride, 1]``), rows past ``k``'s end reading zeros. The sequence's new tokens
+    start at row ``n_tok0``. One expect-tx per slot. ``CM``: a
     chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature groups (``[8 keys, 8
     features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a one-page block is one
     box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``, ``R_desc`` with those
@@ -430,8 +436,12 @@ def _split_k_tma_producer(
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 64], R_desc.layout)
     else:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
-    # every chunk of the ring as [8 groups, 8 keys, 8 features] (a new-token box)
+    # every chunk of the ring as [8 groups, 8 keys, 8 features] (a new-token box of a partial block)
     chunks = smem._reinterpret(smem.dtype, [NUM_STAGES * NC * NP, 8, 8, 8], N_desc.layout)
+    if CM:  # every slot as [NC, G, 8, 8] (a full new-token block: one box)
+        news = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 8, 8], NW_desc.layout)
+    else:  # every part of the ring as [NC, 8, 8, 8] (a full new-token block: a box per part)
+        news = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 8, 8], NW_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
@@ -453,29 +463,38 @@ def _split_k_tma_producer(
                              kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            for c in gl.static_range(NC):
-                for p in gl.static_range(NP):
-                    # (chunk c, part p) of the slot: chunk-major c * NP + p, part-major p * NC + c
-                    idx = slot * (NC * NP) + (c * NP + p if CM else p * NC + c)
-                    tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, tok + c * 8, 0], bar,
-                                                    chunks.index(idx))  # fmt: skip
+            if (j - n_a + 1) * BLOCK_N <= b_end:  # every key of the block is a new token of the sequence
+                if CM:
+                    tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G, tok, 0], bar, news.index(slot))
+                else:
+                    for p in gl.static_range(NP):
+                        tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G + p * 8, tok, 0], bar,
+                                                        news.index(slot * NP + p))  # fmt: skip
+            else:
+                for c in gl.static_range(NC):
+                    for p in gl.static_range(NP):
+                        # (chunk c, part p) of the slot: chunk-major c * NP + p, part-major p * NC + c
+                        idx = slot * (NC * NP) + (c * NP + p if CM else p * NC + c)
+                        tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, tok + c * 8, 0], bar,
+                                                        chunks.index(idx))  # fmt: skip
 
 
 @gluon.jit
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, W_desc=None, R_desc=None,
-    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False,
+    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
-    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM`` as
-    there), else :func:`_split_producer`'s gathers."""
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM``,
+    ``NW_desc`` as there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
-         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
+         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, b_end) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
-                              HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM)  # fmt: skip
+                              b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM,
+                              NW_desc)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -489,7 +508,7 @@ def _split_v_partition(
     ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers."""
     if V_TMA:
         (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
-         kv_head, n_a, a_end, n_blocks) = args  # fmt: skip
+         kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
@@ -506,6 +525,7 @@ def _gluon_split_kernel(
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
     K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
     V_RING: gl.constexpr, KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
+    KN_desc=None,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: the new tokens' K, ``[tokens, kv_heads * D]`` with block ``[BLOCK_N, D]`` (K gathered: the
@@ -525,10 +545,11 @@ def _gluon_split_kernel(
     layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` is then a descriptor (block ``[8,
     64]``, no swizzle) over the K cache; ``K_WIDE``: 1 blocks inside one page by ``D/64`` boxes of
     ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter than a block) every block by
-    runs. ``K_CM``
-    (with ``K_TMA``): the K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view
-    (``CM`` there); its PTX must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the
-    package's compile hook does it)."""
+    runs; the new tokens' full blocks by boxes of ``KN_desc`` (``NW_desc`` of
+    :func:`_split_k_tma_producer`), their partial ones by ``K_desc``'s. ``K_CM`` (with ``K_TMA``): the
+    K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX
+    must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook
+    does it)."""
     PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
     V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
@@ -576,10 +597,11 @@ def _gluon_split_kernel(
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
             stride_ot, stride_oh)  # fmt: skip
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
-              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end,
-              n_blocks)  # fmt: skip
+              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+              b_end)  # fmt: skip
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
-              vc_block, vc_head, vc_dim, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks)  # fmt: skip
+              vc_block, vc_head, vc_dim, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+              b_end)  # fmt: skip
     kv_heads = gl.num_programs(1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.
@@ -591,7 +613,7 @@ def _gluon_split_kernel(
                     True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
@@ -610,7 +632,7 @@ def _gluon_split_kernel(
                     True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],

@@ -239,6 +239,20 @@ def _new_k_chunks(t: torch.Tensor, light: bool):
     return _tma(t, [heads * d // 8, tokens, 8], [8, t.stride(0), 1], [8, 8, 8], _unswizzled(3), light)
 
 
+def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
+    """The split kernel's descriptor of the new tokens' full key blocks with K by TMA: ``t`` as
+    :func:`_new_k_chunks` sees it, seen as ``[block_n / 8, kv_heads * D/8, tokens, 8]`` with strides
+    ``[8 * token stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features), block
+    ``[block_n / 8, groups, 8, 8]`` in the no-swizzle layout: a box at token ``tok`` lands as the
+    ``block_n / 8`` dense chunks of keys ``[tok, tok + block_n)`` (``groups``: 8, one 64-feature part of
+    the part-major ring; D / 8, every feature, the chunk-major one). The first dimension overlaps the
+    third (TMA bounds each dimension alone), so only a block that lies inside ``t`` may use it."""
+    tokens, heads, d = t.shape
+    ts, nc = t.stride(0), block_n // 8
+    shape, strides = [nc, heads * d // 8, tokens, 8], [8 * ts, 8, ts, 1]
+    return _tma(t, shape, strides, [nc, groups, 8, 8], _unswizzled(4), light)
+
+
 def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                   max_query_len, scale, lse):  # fmt: skip
     """The split kernel's launch as a thunk (descriptors made here; the new tokens' K and V are read
@@ -275,13 +289,14 @@ def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
             k_cache_arg = _tma(k_cache, [kc.num_blocks * hk * g, page * 8], [page * 8, 1], [8, 64],
                                _unswizzled(2), light)  # fmt: skip
             k_desc = _new_k_chunks(k_rows, light)
+            kn_desc = _new_k_blocks(k_rows, block_n, groups, light)
         else:
-            k_desc = _rows(k_rows, block_n, light)
+            k_desc, kn_desc = _rows(k_rows, block_n, light), None
         args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
                 k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
                 q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
                 lse.stride(0) if lse is not None else None)  # fmt: skip
-        kw = dict(consts, K_VIEW=k_view, V_RING=v_ring, KW_desc=kw_desc, KR_desc=kr_desc,
+        kw = dict(consts, K_VIEW=k_view, V_RING=v_ring, KW_desc=kw_desc, KR_desc=kr_desc, KN_desc=kn_desc,
                   ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())  # fmt: skip
         warps = 4 if full else 8
         if warmup:  # (a background thread: its CUDA device is not the caller's)
