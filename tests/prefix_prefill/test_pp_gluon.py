@@ -523,6 +523,7 @@ for head in (128, 256):
         else:  # the split kernel as shipped at head 256, page 16: K (chunk-major runs) and V by TMA
             lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
             lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
+            l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
             lv = gl.NVMMASharedLayout.get_default_for([head, 16], gl.bfloat16)
             k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
             sig = {
@@ -535,6 +536,7 @@ for head in (128, 256):
                 "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
                 "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32",
                 "KR_desc": f"tensordesc<bf16[2, {head // 8}, 64],{lw!r}>",
+                "KN_desc": f"tensordesc<bf16[{bn // 8}, {head // 8}, 8, 8],{l4!r}>",
             }
             consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False, RETURN_LSE=True,
                           NUM_STAGES=2, V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_WIDE=2,
