@@ -2,15 +2,17 @@
 
     python bench/ab_trees.py --tree cur=packages --tree old=/tmp/old/packages [--shapes llama,qwen]
                              [--layouts split,nhd] [--pages 16,544,1056] [--rounds 3] [--out DIR]
+                             [--kv-from-cache]
 
 Each ``--tree NAME=DIR`` is a ``packages/`` folder (e.g. ``git archive OLD packages | tar x -C /tmp/old``).
 Every round starts one child process per tree (``BENCH_PACKAGES=DIR``, the trees in a rotated order
 each round) that times every (shape, layout, page) of ``bench/prefix_prefill.py``'s problems with
 ``context_attention_fwd`` (split) or ``prefix_prefill(kv_layout="nhd")`` (NHD) by
-:func:`common.bench_ms`, and reports a digest of each output. The parent prints, per case, each
-tree's median over the rounds, its ratio to the first tree, and whether the outputs of the trees are
-bitwise equal; ``--out`` writes ``ab_trees.{csv,md}``. The first round also compiles (Triton's disk
-cache serves the later ones).
+:func:`common.bench_ms`, and reports a digest of each output (``--kv-from-cache``:
+``prefix_prefill(k=None, v=None)`` in both layouts, the benchmark's caches holding the new tokens
+too: one key segment). The parent prints, per case, each tree's median over the rounds, its ratio to
+the first tree, and whether the outputs of the trees are bitwise equal; ``--out`` writes
+``ab_trees.{csv,md}``. The first round also compiles (Triton's disk cache serves the later ones).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, write_rows
 
 
-def child(cases: list[tuple[str, str, int]], reps: dict) -> None:
+def child(cases: list[tuple[str, str, int]], reps: dict, kv_from_cache: bool) -> None:
     """Time ``cases`` with the packages on ``sys.path`` (set by ``BENCH_PACKAGES``); one JSON line each."""
     from common import bench_ms, start
 
@@ -41,7 +43,15 @@ def child(cases: list[tuple[str, str, int]], reps: dict) -> None:
     bench = _bench_module()
     for shape, layout, page in cases:
         prob = bench.make_problem(torch, bench.SHAPES[shape], page)
-        if layout == "split":
+        if kv_from_cache:
+            caches = (prob["k_cache"], prob["v_cache"]) if layout == "split" else bench.to_nhd(prob)
+            out = torch.empty_like(prob["q"])
+            args = (prob["q"], None, None, *caches, prob["block_table"], prob["cu"], prob["seq_lens"],
+                    prob["max_q"])  # fmt: skip
+
+            def fn(args=args, layout=layout, out=out):
+                pp.prefix_prefill(*args, kv_layout=layout, out=out)
+        elif layout == "split":
             fn = bench.call_ours(prob)
             out = prob["o"]
         else:
@@ -78,13 +88,14 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rep", type=int, default=40)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--kv-from-cache", action="store_true", help="k=None, v=None (new tokens cached)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     cases = [(s, lay, int(pg)) for s in a.shapes.split(",") for lay in a.layouts.split(",")
              for pg in a.pages.split(",")]  # fmt: skip
     reps = {"warmup": a.warmup, "rep": a.rep}
     if a.child is not None:
-        child(cases, reps)
+        child(cases, reps, a.kv_from_cache)
         return 0
     trees = [t.split("=", 1) for t in a.tree]
     if len(trees) < 2:
@@ -97,6 +108,7 @@ def main() -> int:
             env = {**os.environ, "BENCH_PACKAGES": str(Path(path).resolve())}
             cmd = [sys.executable, __file__, "--child", name, "--shapes", a.shapes, "--layouts", a.layouts,
                    "--pages", a.pages, "--warmup", str(a.warmup), "--rep", str(a.rep)]  # fmt: skip
+            cmd += ["--kv-from-cache"] if a.kv_from_cache else []
             res = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if res.returncode != 0:
                 print(f"# tree {name} round {r}: exit {res.returncode}\n{res.stderr[-2000:]}", flush=True)
