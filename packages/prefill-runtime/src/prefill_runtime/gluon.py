@@ -347,7 +347,8 @@ def consumer(
     slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`).
     ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there). ``V_ROWS``
     (with ``V_T``): the V slots of segment B's blocks hold ``[BLOCK_N, D]`` key rows in this layout
-    instead (the slot's memory reinterpreted; the new tokens' V as stored, no transposed copy)."""
+    instead (the slot's memory reinterpreted; the new tokens' V as stored, no transposed copy);
+    segment B must then hold at least one block (a one-segment caller passes None)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
