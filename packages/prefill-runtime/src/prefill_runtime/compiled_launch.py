@@ -66,6 +66,7 @@ def _hooks_installed() -> bool:
 
 
 def _knobs():
+    """``triton.knobs``, imported on first use (not at this module's import)."""
     global _KNOBS
     if _KNOBS is None:
         from triton import knobs
@@ -74,6 +75,7 @@ def _knobs():
     return _KNOBS
 
 
+# the cached ``triton.knobs`` module (process state, not a setting)
 _KNOBS = None
 
 

@@ -222,6 +222,24 @@ def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _scores(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+            S_LAYOUT: gl.constexpr, K_VIEW: gl.constexpr, K_COLS: gl.constexpr):  # fmt: skip
+    """``S = Q K^T`` ``[ROWS, BLOCK_N]`` of K ring slot ``slot``, issued asynchronously: one wgmma over a
+    ``[BLOCK_N, D]`` slot, or with ``K_VIEW`` one per view of :func:`_scores_by_parts`."""
+    if K_VIEW is None:
+        b_s = warpgroup_mma(
+            q_buf,
+            k_smem.index(slot).permute((1, 0)),
+            gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
+            use_acc=False,
+            is_async=True,
+        )
+    else:
+        b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
+    return b_s
+
+
+@gluon.jit
 def _v_operand(v_smem, slot, V_T: gl.constexpr):
     """Slot ``slot`` of the V ring as the ``[BLOCK_N, D]`` B operand of ``P @ V``."""
     if V_T:
@@ -287,16 +305,7 @@ def _block_step(
     _wait_ready(k_ready.index(slot), (j // NUM_STAGES) & 1, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
-    if K_VIEW is None:
-        b_s = warpgroup_mma(
-            q_buf,
-            k_smem.index(slot).permute((1, 0)),
-            gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
-            use_acc=False,
-            is_async=True,
-        )  # [BM / 2, BN] S_j in flight
-    else:
-        b_s = _scores_by_parts(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
+    b_s = _scores(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # S_j in flight
     _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
@@ -371,16 +380,7 @@ def consumer(
     _wait_ready(k_ready.index(0), 0, FREE_WAITS)
     if CP_FILL:
         fence_async_shared()
-    if K_VIEW is None:
-        b_s = warpgroup_mma(
-            q_buf,
-            k_smem.index(0).permute((1, 0)),
-            gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT),
-            use_acc=False,
-            is_async=True,
-        )  # [BM / 2, BN]
-    else:
-        b_s = _scores_by_parts(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
+    b_s = _scores(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
     b_s = warpgroup_mma_wait(0, deps=[b_s])
     _release(k_empty.index(0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(

@@ -14,7 +14,7 @@ from typing import Union
 import torch
 
 from paged_kv_offsets import LAYOUTS, CacheView, describe_kv_cache, validate_block_table
-from prefix_prefill.configs import MAX_HEAD_SIZE, detect_arch
+from prefix_prefill.configs import MAX_GRID_YZ, MAX_HEAD_SIZE, detect_arch
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = tuple(
@@ -23,7 +23,6 @@ FP8_DTYPES = tuple(
     if hasattr(torch, n)
 )
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-MAX_GRID_YZ = 65535
 
 Scale = Union[float, torch.Tensor, None]
 

@@ -30,6 +30,8 @@ HEAD_BUCKETS = (64, 128, 256)
 DTYPE_CLASSES = ("16bit", "fp32")
 PAGE_CLASSES = ("1", "small", "large")
 MAX_HEAD_SIZE = 256
+#: CUDA's limit on a launch grid's y and z dimensions (query tiles or heads, sequences).
+MAX_GRID_YZ = 65535
 
 #: Shared memory (NVIDIA, opt-in maximum per block) or LDS (AMD) per architecture, in bytes.
 SHARED_MEMORY_BUDGET = {

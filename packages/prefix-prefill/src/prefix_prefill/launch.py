@@ -23,11 +23,10 @@ from paged_kv_offsets import CacheView, describe_kv_cache
 from prefill_runtime import LaunchPlan, hook_compiles, prime_triton, ptxas_launch_options, softcap_form
 from prefill_runtime.compiled_launch import CompiledLaunches
 from prefix_prefill import autotune, gluon_launch
-from prefix_prefill.configs import config_key, detect_arch, get_config
+from prefix_prefill.configs import MAX_GRID_YZ, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
 from prefix_prefill.plan import Problem, make_problem, plan, triton_plan
 
-_MAX_GRID_YZ = 65535
 # Triton's one-time process setup and this package's compile hooks ran (install_hooks)
 _PRIMED = False
 # the Triton kernel's compiled variants, launched directly once compiled
@@ -514,8 +513,8 @@ def _launch_triton(
     """:func:`prefix_prefill.kernel._fwd_kernel` as ``prep`` says."""
     consts = prep.consts
     grid = (q.shape[1], -(-max_query_len // prep.plan.block_m), sl.shape[0])
-    if grid[1] > _MAX_GRID_YZ:
-        raise ValueError(f"max query length {max_query_len} needs more than {_MAX_GRID_YZ} query tiles")
+    if grid[1] > MAX_GRID_YZ:
+        raise ValueError(f"max query length {max_query_len} needs more than {MAX_GRID_YZ} query tiles")
     dummy = q  # never dereferenced: stands in for absent optional tensors
     if k is None:
         k = v = dummy

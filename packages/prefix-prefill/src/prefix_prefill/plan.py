@@ -33,7 +33,7 @@ import torch
 
 from paged_kv_offsets import CacheView, offsets_fit_int32
 from prefill_runtime import LaunchPlan
-from prefix_prefill.configs import get_config
+from prefix_prefill.configs import MAX_GRID_YZ, get_config
 
 #: Gluon kernels: query rows per program (two consumer warpgroups of 64).
 GLUON_BLOCK_M = 128
@@ -55,7 +55,6 @@ GRANULE_MIN_BLOCK_D = 256
 PREFETCH_IDS_MAX_BLOCK_D = 128
 #: Triton kernel: ptxas ``--register-usage-level`` on these architectures (0: ptxas's default).
 PTXAS_REGISTER_USAGE_LEVEL = {"sm90": 3}
-_MAX_GRID = 65535
 _FP8_DTYPES = tuple(
     getattr(torch, n)
     for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -216,7 +215,7 @@ def _gluon_unmet(p: Problem) -> str | None:
         (not p.skip_decode, "skip_decode"),
         (p.scale_positive, "softmax scale <= 0"),
         (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
-        (p.num_heads <= _MAX_GRID, "more than 65535 heads"),
+        (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
         (p.bt_col_stride == 1, "block table with a non-unit column stride"),
     )
     for ok, why in checks:
