@@ -20,13 +20,13 @@ import time
 from common import add_package_paths
 
 
-def _calls(torch):
+def _calls(torch, dev="cuda"):
     """(name, zero-argument call) of every entry point on a tiny problem (16 new tokens on a 16-token
-    context, 8/2 heads, d128, page 16; bf16)."""
+    context, 8/2 heads, d128, page 16; bf16) on ``dev``: prefix-prefill's three first."""
     import prefix_prefill as pp
     import window_prefill as wp
 
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16
     h, hk, d, page = 8, 2, 128, 16
     q = torch.randn(16, h, d, device=dev, dtype=dt)
     k = torch.randn(16, hk, d, device=dev, dtype=dt)

@@ -17,13 +17,18 @@ The direct launch runs only where it is known to be right: NVIDIA CUDA with Trit
 ``CompiledKernel.run`` signature it calls), no launch hooks installed (profilers get Triton's path), not
 under the interpreter. Anywhere else every call goes through ``kernel[grid]``.
 
+On Triton 3.6 it goes one step further (:class:`RawLauncher`): it calls the variant's C launcher itself,
+expanding each TMA descriptor argument with Triton's own ``make_tensordesc_arg``, and keeps that
+expansion (the filled ``CUtensorMap``) on a :class:`Descriptor` the caller reuses from call to call
+(descriptors over a KV cache: same tensor, same geometry). A descriptor made per call (the new tokens'
+rows) is expanded per call, as Triton does.
+
 :func:`launch_directly` says where a public function may skip its custom op's dispatch.
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -79,13 +84,100 @@ def _knobs():
 _KNOBS = None
 
 
+class Descriptor:
+    """A TMA descriptor's per-call part, as Triton's launcher reads a ``TensorDescriptor`` (base, shape,
+    strides, padding; the block and layout are the compiled variant's): for a variant launched
+    directly, made without ``TensorDescriptor``'s checks (the key's first call ran them through Triton on
+    the same geometry). ``tma``: its expansion for the C launcher, ``(metadata, [CUtensorMap, *shape,
+    *strides])``, filled on its first raw launch (:class:`RawLauncher`); a caller that reuses the object
+    must give it the same tensor memory each time."""
+
+    __slots__ = ("base", "padding", "shape", "strides", "tma")
+
+    def __init__(self, base: torch.Tensor, shape: list, strides: list) -> None:
+        self.base, self.shape, self.strides, self.padding, self.tma = base, shape, strides, "zero", None
+
+
+def _triton_36() -> bool:
+    try:
+        import triton
+
+        return triton.__version__.startswith("3.6.")
+    except Exception:  # pragma: no cover
+        return False
+
+
+class RawLauncher:
+    """A compiled variant's C launcher called directly (Triton 3.6, whose ``CudaLauncher`` wraps it in
+    a closure that expands descriptor arguments and adds the scratch buffers): :meth:`of` returns one
+    only where that structure is the one this code was verified against (the closure's free variables
+    by name, no global or profile scratch), else None (the caller keeps ``kernel.run``)."""
+
+    __slots__ = ("_c", "_descs", "_head", "_last")
+
+    def __init__(self, c_launch, descs: list, head: tuple) -> None:
+        self._c, self._descs, self._head = c_launch, descs, head
+        self._last = descs[-1][0] + 1 if descs else 0
+
+    @classmethod
+    def of(cls, kernel) -> RawLauncher | None:
+        run = getattr(kernel, "run", None)
+        if (
+            not _triton_36()
+            or run is None
+            or getattr(run, "global_scratch_size", 1) != 0
+            or getattr(run, "profile_scratch_size", 1) != 0
+        ):
+            return None
+        launch = getattr(run, "launch", None)
+        code = getattr(launch, "__code__", None)
+        if code is None:  # the C launcher itself: no descriptor argument
+            c_launch, descs = launch, []
+        elif code.co_freevars == ("launcher", "tensordesc_indices", "tensordesc_meta"):
+            cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__), strict=True))
+            metas = cells["tensordesc_meta"]
+            if not metas:  # descriptors lowered without TMA metadata: Triton's expansion differs
+                return None
+            positions = sorted(cells["tensordesc_indices"])
+            c_launch, descs = cells["launcher"], list(zip(positions, metas, strict=True))
+        else:
+            return None
+        if c_launch is None:
+            return None
+        # the C launcher's arguments after the grid, stream and function: Triton 3.6's CudaLauncher.__call__
+        # (no scratch) and JITFunction.run's (no launch metadata, no hooks)
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata, None, None,
+                None)  # fmt: skip
+        return cls(c_launch, descs, head)
+
+    def __call__(self, grid: tuple[int, int, int], stream: int, function: int, args: Sequence) -> None:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        final = [grid[0], grid[1], grid[2], stream, function, *self._head]
+        prev = 0
+        for i, meta in self._descs:
+            final.extend(args[prev:i])
+            d = args[i]
+            tma = getattr(d, "tma", None)
+            if tma is not None and tma[0] is meta:
+                final.extend(tma[1])
+            else:
+                expanded = make_tensordesc_arg(d, meta)
+                if isinstance(d, Descriptor):
+                    d.tma = (meta, expanded)
+                final.extend(expanded)
+            prev = i + 1
+        final.extend(args[prev:])
+        self._c(*final)
+
+
 class VariantMismatch(AssertionError):
     """A key's compiled variant is not the one Triton picks for the call (raised with ``verify``)."""
 
 
 class CompiledLaunches:
     """The compiled variants of one ``@triton.jit`` / ``@gluon.jit`` kernel, by caller key, launched
-    directly (module docstring). At most ``maxsize`` keys (least recently used dropped). With
+    directly (module docstring). At most ``maxsize`` keys (the oldest dropped first). With
     ``verify`` set (tests), every direct launch first asks :meth:`check` and raises
     :class:`VariantMismatch` where Triton would pick another variant (callers pass it on: it is not a
     launch failure to fall back from). Callers that launch with per-call descriptor stand-ins pass
@@ -97,7 +189,7 @@ class CompiledLaunches:
         self.jit_fn = jit_fn
         self.maxsize = maxsize
         self._names = tuple(jit_fn.arg_names) if hasattr(jit_fn, "arg_names") else ()
-        self._kernels: OrderedDict[Hashable, tuple] = OrderedDict()
+        self._kernels: dict[Hashable, tuple] = {}
 
     def __len__(self) -> int:
         return len(self._kernels)
@@ -116,14 +208,16 @@ class CompiledLaunches:
         ``num_stages``, ``ptx_options``...). ``key`` None: always through Triton."""
         entry = self._kernels.get(key) if key is not None else None
         if entry is not None and not _hooks_installed():
-            kernel, tail = entry
+            kernel, tail, raw = entry
             if self.verify and not self.check(key, grid, args, params, options):
                 raise VariantMismatch(f"{self.jit_fn}: key {key!r} holds another variant than Triton's")
             index = device.index if device.index is not None else torch.cuda.current_device()
             stream = torch._C._cuda_getCurrentRawStream(index)
-            kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, None, None,
-                       None, *args, *[params[n] for n in tail])  # fmt: skip
-            self._kernels.move_to_end(key)
+            if raw is not None:
+                raw(grid, stream, kernel.function, (*args, *[params[n] for n in tail]))
+            else:
+                kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata, None,
+                           None, None, *args, *[params[n] for n in tail])  # fmt: skip
             return
         kernel = self.jit_fn[grid](*args, **params, **options)
         if key is None or not _SUPPORTED or kernel is None or not hasattr(kernel, "packed_metadata"):
@@ -131,9 +225,9 @@ class CompiledLaunches:
         tail = self._names[len(args) :]
         if any(n not in params for n in tail):  # a parameter left to its default: keep Triton's path
             return
-        self._kernels[key] = (kernel, tail)
-        if len(self._kernels) > self.maxsize:
-            self._kernels.popitem(last=False)
+        if len(self._kernels) >= self.maxsize:  # bounded: the oldest key goes
+            self._kernels.pop(next(iter(self._kernels)))
+        self._kernels[key] = (kernel, tail, RawLauncher.of(kernel))
 
     def check(self, key: Hashable, grid, args: Sequence, params: dict, options: dict) -> bool:
         """Whether ``key``'s kernel (if any) is the variant Triton compiles for this call (it compiles

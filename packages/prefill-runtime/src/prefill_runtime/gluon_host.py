@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from prefill_runtime.compiled_launch import VariantMismatch
+
 
 @functools.cache
 def _gluon_smem_layout(rows: int, head_dim: int, half: bool):
@@ -79,8 +81,6 @@ def gluon_try_launch(launch: Callable[[], object], package: str) -> bool:
     runs its Triton kernel (and may stop offering the Gluon one). During a CUDA-graph capture the
     error is raised: a failed launch there cannot be replaced; so is a test's
     :class:`~prefill_runtime.compiled_launch.VariantMismatch`."""
-    from prefill_runtime.compiled_launch import VariantMismatch
-
     try:
         launch()
     except VariantMismatch:

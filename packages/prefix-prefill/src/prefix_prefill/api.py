@@ -122,9 +122,7 @@ def _run(
         )
     ops.bump_versions(o, lse)
     if prepared:
-        signatures.SEEN[key] = prepared[0]
-        if len(signatures.SEEN) > signatures.SEEN_MAX:
-            signatures.SEEN.popitem(last=False)
+        signatures.remember(key, prepared[0])
 
 
 def _vllm_caches(kv_cache_dtype: object, q: torch.Tensor, k_cache, v_cache):
@@ -243,17 +241,17 @@ def context_attention_fwd(
                 signatures.whole_key(sinks),
                 causal,
             )
-            hash(key)
         except (AttributeError, TypeError):  # not tensors where tensors belong: the checks say so
             key, fast = None, False
-    if fast and key in signatures.SEEN:
+    prep = signatures.lookup(key) if fast else None
+    if prep is not None:
         kc_, vc_ = _vllm_caches(kv_cache_dtype, q, k_cache, v_cache)
         fp8 = kc_.dtype in FP8_DTYPES
         ks = signatures.scale_of(k_scale, "k_scale", q.device) if fp8 else None
         vs = signatures.scale_of(v_scale, "v_scale", q.device) if fp8 else None
         os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
         if signatures.repeat(
-            key,
+            prep,
             q,
             k,
             v,
@@ -562,10 +560,10 @@ def prefix_prefill(
                 if lse is None
                 else (lse.shape[0], lse.stride(1), lse.dtype, lse.device, lse.data_ptr() % 16 == 0),
             )
-            hash(key)
         except (AttributeError, TypeError, IndexError):  # not the types they must be: the checks say so
             key, fast = None, False
-    if fast and key in signatures.SEEN:
+    prep = signatures.lookup(key) if fast else None
+    if prep is not None:
         kc_, vc_ = k_cache, v_cache
         if kc_.dtype == torch.uint8:
             target = checks.e4m3_dtype(q.device)
@@ -582,7 +580,7 @@ def prefix_prefill(
                 else torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
             )
         if signatures.repeat(
-            key,
+            prep,
             q,
             k,
             v,

@@ -16,6 +16,7 @@ capturing. ``PREFIX_PREFILL_GLUON_TIERED=0``: the full form from the first call.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 
 import torch
@@ -23,7 +24,7 @@ import torch
 import prefill_runtime as runtime
 from paged_kv_offsets import CacheView
 from prefill_runtime import LaunchPlan
-from prefill_runtime.compiled_launch import CompiledLaunches
+from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.kernel import LOG2E
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
@@ -37,6 +38,15 @@ _FAILED = False
 _NHD = CompiledLaunches(_gluon_fwd_kernel) if _gluon_fwd_kernel is not None else None
 _SPLIT = CompiledLaunches(_gluon_split_kernel) if _gluon_split_kernel is not None else None
 _TIERS = runtime.CompileTiers()
+# (kernel, problem, plan, index tensors' spec) -> the int every later lookup of such a call uses (ids are
+# never reused, so a dropped key's id cannot name another problem's variant)
+_KEY_IDS: dict[tuple, int] = {}
+_KEY_IDS_MAX = 4096
+_NEXT_ID = itertools.count()
+# (key id, K cache pointer, V cache pointer) -> the descriptors over the two caches, reused by the calls of
+# a compiled key launched directly (an engine's layers: one entry each)
+_CACHE_DESCS: dict[tuple, tuple] = {}
+_CACHE_DESCS_MAX = 1024
 
 
 def available() -> bool:
@@ -82,37 +92,75 @@ def _run_tiers(key: tuple, launch) -> None:
         _TIERS.run(key, launch)
 
 
+def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, lse) -> int:
+    """The id of a call's key for the compiled variants launched directly: its kernel, problem and plan
+    (which fix every descriptor's geometry and every constexpr) and the dtypes and 16-byte alignment of
+    the index tensors and ``lse`` (the specialisations the problem leaves open). One call signature has
+    one id (:class:`prefix_prefill.launch.Prepared` keeps it). Bounded: past ``_KEY_IDS_MAX`` keys the
+    table starts over, with new ids."""
+    full = (plan.kernel, problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse))
+    key = _KEY_IDS.get(full)
+    if key is None:
+        if len(_KEY_IDS) >= _KEY_IDS_MAX:
+            _KEY_IDS.clear()
+        key = _KEY_IDS[full] = next(_NEXT_ID)
+    return key
+
+
 def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
-           seq_lens, max_query_len, scale, lse) -> bool:  # fmt: skip
+           seq_lens, max_query_len, scale, lse, key: int | None = None) -> bool:  # fmt: skip
     """Run ``plan``'s Gluon kernel for ``problem`` (:class:`prefix_prefill.plan.Problem`); False when it
-    failed to build or launch (then :func:`available` answers False for the rest of the process)."""
+    failed to build or launch (then :func:`available` answers False for the rest of the process).
+    ``key``: :func:`launch_key` of the call (computed here when None)."""
     global _FAILED
-    fn = _launch_nhd if plan.kernel == "gluon-nhd" else _launch_split
-    run = fn(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-             max_query_len, scale, lse)  # fmt: skip
+    if key is None:
+        key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse)
+    nhd = plan.kernel == "gluon-nhd"
+    fast = _NHD if nhd else _SPLIT
+    args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+            max_query_len, scale, lse)  # fmt: skip
+    if fast is not None and not fast.verify and fast.has(key):  # compiled and loaded: straight to it
+        run = functools.partial(_warm, fast, _nhd_call if nhd else _split_call, *args)
+    else:
+        run = _through_tiers(*args)
     if runtime.gluon_try_launch(run, "prefix_prefill"):
         return True
     _FAILED = True
     return False
 
 
-class _Desc:
-    """A TMA descriptor's per-call part for a compiled variant launched directly: what Triton's launcher
-    reads of a ``TensorDescriptor`` (base, shape, strides, padding; the block and layout are the
-    variant's, fixed by its key). Made without ``TensorDescriptor``'s checks, which the first call of the
-    key ran on the same geometry."""
+def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+          max_query_len, scale, lse) -> None:  # fmt: skip
+    """A compiled key's full form, launched directly with the per-call descriptors made light and the
+    caches' ones reused (:data:`_CACHE_DESCS`)."""
+    args, params, grid = call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
+                              seq_lens, max_query_len, scale, lse, True, True)  # fmt: skip
+    fast.launch(key, grid, args, params, _FULL_OPTIONS, q.device)
 
-    __slots__ = ("base", "padding", "shape", "strides")
 
-    def __init__(self, base: torch.Tensor, shape: list, strides: list) -> None:
-        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+# the full forms' launch options (4 warps: one per consumer warpgroup's warp, the partitions add theirs)
+_FULL_OPTIONS = {"num_warps": 4}
+
+
+def _cached_descs(key: int, k_cache: torch.Tensor, v_cache: torch.Tensor, light: bool, make) -> tuple:
+    """The descriptors over the two caches: ``make()``'s, kept per (key, cache pointers) when ``light``
+    (made of :class:`Descriptor` objects, which keep their filled ``CUtensorMap`` too)."""
+    if not light:
+        return make()
+    ck = (key, k_cache.data_ptr(), v_cache.data_ptr())
+    descs = _CACHE_DESCS.get(ck)
+    if descs is None:
+        if len(_CACHE_DESCS) >= _CACHE_DESCS_MAX:
+            _CACHE_DESCS.pop(next(iter(_CACHE_DESCS)))
+        descs = _CACHE_DESCS[ck] = make()
+    return descs
 
 
 def _tma(base: torch.Tensor, shape: list, strides: list, block: list, layout, light: bool):
     """A TMA descriptor over ``base`` seen as ``shape``/``strides`` (elements), block ``block`` in
-    ``layout``; ``light``: the per-call part only (:class:`_Desc`)."""
+    ``layout``; ``light``: the per-call part only (:class:`Descriptor`)."""
     if light:
-        return _Desc(base, shape, strides)
+        return Descriptor(base, shape, strides)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor(base, shape, strides, block, layout)
@@ -166,36 +214,39 @@ def _spec(*tensors) -> tuple:
     return tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
 
 
-def _launch_nhd(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-                max_query_len, scale, lse):  # fmt: skip
-    """The NHD kernel's launch as a thunk (descriptors made here)."""
+def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+              max_query_len, scale, lse, full: bool, light: bool) -> tuple:  # fmt: skip
+    """The NHD kernel's ``(args, params, grid)``: the full form (two consumer warpgroups) or the quick one
+    (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
-    key = ("nhd", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse))
+    kcb, vcb, kbox, vbox = _cached_descs(
+        key, k_cache, v_cache, light,
+        lambda: (_cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light),
+                 _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)),
+    )  # fmt: skip
+    if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
+        k_desc, v_desc = kcb, vcb
+    else:
+        k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
+    args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
+            block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0),
+            o.stride(1), block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
+            lse.stride(0) if lse is not None else None)  # fmt: skip
+    consts.update(ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
+    return args, consts, grid
 
-    def one(full: bool, warmup: bool) -> None:
-        # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
-        light = full and not warmup and _NHD is not None and _NHD.has(key) and not _NHD.verify
-        kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
-        if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
-            k_desc, v_desc = kcb, vcb
-        else:
-            k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
-        args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc,
-                _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light), kcb, vcb, o,
-                block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads,
-                o.stride(0), o.stride(1), block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size,
-                lse, lse.stride(0) if lse is not None else None)  # fmt: skip
-        kw = dict(consts, ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
-        warps = 4 if full else 8
-        if warmup:  # (a background thread: its CUDA device is not the caller's)
-            with torch.cuda.device(q.device):
-                _gluon_fwd_kernel.warmup(*args, grid=grid, **kw, num_warps=warps)
-        else:
-            _go(_gluon_fwd_kernel, _NHD, key if full else None, grid, args, kw, warps, q.device)
 
-    return lambda: _run_tiers(("nhd", q.dtype, *plan.constexprs), one)
+def _start(kernel, fast, key, full, warmup, grid, args, params, device) -> None:
+    """One form's launch (``full``: through ``fast``, the compiled variants launched directly) or, for a
+    background compile (``warmup``), its compile."""
+    warps = 4 if full else 8
+    if warmup:  # (a background thread: its CUDA device is not the caller's)
+        with torch.cuda.device(device):
+            kernel.warmup(*args, grid=grid, **params, num_warps=warps)
+    else:
+        _go(kernel, fast, key if full else None, grid, args, params, warps, device)
 
 
 # --------------------------------------------------------------------------- vLLM's split layout
@@ -253,56 +304,67 @@ def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
     return _tma(t, shape, strides, [nc, groups, 8, 8], _unswizzled(4), light)
 
 
-def _launch_split(plan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-                  max_query_len, scale, lse):  # fmt: skip
-    """The split kernel's launch as a thunk (descriptors made here; the new tokens' K and V are read
-    where they are)."""
+def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+                max_query_len, scale, lse, full: bool, light: bool) -> tuple:  # fmt: skip
+    """The split kernel's ``(args, params, grid)`` (forms and ``light`` as :func:`_nhd_call`); the new
+    tokens' K and V are read where they are."""
     consts = plan.consts()
     head, hk, page = q.shape[2], kc.num_kv_heads, kc.page_size
     block_m, block_n = consts["BLOCK_M"], consts["BLOCK_N"]
     k_tma, v_tma, k_wide, k_cm = consts["K_TMA"], consts["V_TMA"], consts["K_WIDE"], consts["K_CM"]
     g = head // 8
+    groups = g if k_cm else 8  # feature groups a K box spans
     half = q.dtype == torch.float16
     strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
     # the V ring's [D, BLOCK_N] slots: [D, 16] TMA boxes (32-byte swizzle) or [D, BLOCK_N] gathers
     v_ring = _swizzled(head, 16 if v_tma else block_n, half)
-    k_view = _k_view(block_n, head, k_cm) if k_tma else None
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
-    key = ("split", problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse))
 
-    def one(full: bool, warmup: bool) -> None:
-        # the full form: two consumer warpgroups; the quick one: one 8-warp consumer partition, Q in one box
-        light = full and not warmup and _SPLIT is not None and _SPLIT.has(key) and not _SPLIT.verify
+    def caches() -> tuple:
         v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
         if v_tma:  # the V cache as [num_blocks * kv_heads * D, page_size], one box per 16-key run
-            v_cache_arg = _tma(
-                v_cache, [vc.num_blocks * hk * head, page], [page, 1], [head, 16], v_ring, light
-            )
+            v_cache_arg = _tma(v_cache, [vc.num_blocks * hk * head, page], [page, 1], [head, 16], v_ring,
+                               light)  # fmt: skip
         if k_tma:  # D/64 (or one, chunk-major) boxes a block inside a page, 16-key runs elsewhere
-            groups = g if k_cm else 8  # feature groups a box spans
             kr_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, 16, groups, light)
             if k_wide == 1:
                 kw_desc = _k_wide_descriptor(k_cache, kc.num_blocks * hk * g, page, block_n, groups, light)
             # the K cache as [num_blocks * kv_heads * D/8, page_size * 8] (the ring's 64-wide rows)
             k_cache_arg = _tma(k_cache, [kc.num_blocks * hk * g, page * 8], [page * 8, 1], [8, 64],
                                _unswizzled(2), light)  # fmt: skip
-            k_desc = _new_k_chunks(k_rows, light)
-            kn_desc = _new_k_blocks(k_rows, block_n, groups, light)
-        else:
-            k_desc, kn_desc = _rows(k_rows, block_n, light), None
-        args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
-                k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E,
-                q.shape[1] // hk, o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
-                lse.stride(0) if lse is not None else None)  # fmt: skip
-        kw = dict(consts, K_VIEW=k_view, V_RING=v_ring, KW_desc=kw_desc, KR_desc=kr_desc, KN_desc=kn_desc,
-                  ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())  # fmt: skip
-        warps = 4 if full else 8
-        if warmup:  # (a background thread: its CUDA device is not the caller's)
-            with torch.cuda.device(q.device):
-                _gluon_split_kernel.warmup(*args, grid=grid, **kw, num_warps=warps)
-        else:
-            _go(_gluon_split_kernel, _SPLIT, key if full else None, grid, args, kw, warps, q.device)
+        return k_cache_arg, v_cache_arg, kw_desc, kr_desc
 
-    return lambda: _run_tiers(("split", q.dtype, k_wide, *plan.constexprs), one)
+    k_cache_arg, v_cache_arg, kw_desc, kr_desc = _cached_descs(key, k_cache, v_cache, light, caches)
+    if k_tma:
+        k_desc, kn_desc = _new_k_chunks(k_rows, light), _new_k_blocks(k_rows, block_n, groups, light)
+    else:
+        k_desc, kn_desc = _rows(k_rows, block_n, light), None
+    args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
+            k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
+            o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
+            lse.stride(0) if lse is not None else None)  # fmt: skip
+    consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
+                  KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=not full, FREE_WAITS=True,
+                  LLVM_O0=not full and _tiered())  # fmt: skip
+    return args, consts, grid
+
+
+def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+                   max_query_len, scale, lse):  # fmt: skip
+    """``plan``'s kernel launched through the compile tiers (module docstring), as a thunk."""
+    nhd = plan.kernel == "gluon-nhd"
+
+    def one(full: bool, warmup: bool) -> None:
+        kernel, fast = (_gluon_fwd_kernel, _NHD) if nhd else (_gluon_split_kernel, _SPLIT)
+        light = full and not warmup and fast is not None and fast.has(key) and not fast.verify
+        args, params, grid = (_nhd_call if nhd else _split_call)(
+            plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
+            scale, lse, full, light,
+        )  # fmt: skip
+        _start(kernel, fast, key, full, warmup, grid, args, params, q.device)
+
+    # (the tiers' key: one background compile per kernel, dtype and constexprs, whatever the problem)
+    tier_key = ("nhd" if nhd else "split", q.dtype, *plan.constexprs)
+    return lambda: _run_tiers(tier_key, one)

@@ -55,7 +55,9 @@ def gluon_allowed() -> bool:
 class Prepared:
     """A call signature's launch, decided once (see the module docstring): the problem, the plan, and for
     the Triton kernel the constexprs, launch options, the integer arguments the signature fixes and the
-    key of its compiled variant. ``scale``: the logit scale, ``softcap``: the cap (0: none)."""
+    key of its compiled variant (for a Gluon kernel the key's id,
+    :func:`prefix_prefill.gluon_launch.launch_key`). ``scale``: the logit scale, ``softcap``: the cap
+    (0: none)."""
 
     problem: Problem
     plan: LaunchPlan
@@ -66,7 +68,7 @@ class Prepared:
     consts: dict | None = None
     opts: dict | None = None
     ints: tuple = ()
-    key: tuple | None = None
+    key: tuple | int | None = None
 
 
 def forward(
@@ -151,6 +153,7 @@ def forward(
     prep = Prepared(problem, chosen, kc, vc, scale, softcap)
     repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
+        prep.key = gluon_launch.launch_key(chosen, problem, block_table, cu_seqlens_q, seq_lens, lse)
         if gluon_launch.launch(
             chosen,
             problem,
@@ -168,11 +171,13 @@ def forward(
             max_query_len,
             scale,
             lse,
+            prep.key,
         ):
             if repeatable and prepared is not None:
                 prepared.append(prep)
             return
         chosen = prep.plan = triton_plan(problem, reason="the Gluon kernel failed to build or launch")
+        prep.key = None
     if repeatable and autotune.autotune_enabled() and problem.arch != "interpreter":
         args = (q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len)
         opts = dict(
@@ -288,6 +293,7 @@ def run_prepared(
         max_query_len,
         prep.scale,
         lse,
+        prep.key,
     ):
         raise RuntimeError("prefix_prefill: the Gluon kernel failed after it had run (see the warning)")
 

@@ -5,12 +5,10 @@ strides, dtype, device and 16-byte alignment, its shape but for the token count 
 batch (the index tensors) and the block table's size, and every option. A signature's first call runs
 the full checks and leaves its :class:`prefix_prefill.launch.Prepared` in :data:`SEEN`; a later call
 of that signature checks only what the signature leaves open (:func:`repeat`) and launches it
-(:func:`prefix_prefill.launch.run_prepared`). Bounded (least recently used dropped).
+(:func:`prefix_prefill.launch.run_prepared`). Bounded (the oldest signature dropped first).
 """
 
 from __future__ import annotations
-
-from collections import OrderedDict
 
 import torch
 
@@ -18,8 +16,28 @@ from prefix_prefill import checks, launch, ops
 from prefix_prefill.checks import Scale
 
 # call signature -> the launch.Prepared it runs
-SEEN: OrderedDict = OrderedDict()
+SEEN: dict = {}
 SEEN_MAX = 256
+
+
+def lookup(key: tuple) -> launch.Prepared | None:
+    """The :class:`prefix_prefill.launch.Prepared` of a signature seen before (None: not seen, or a key
+    that does not hash, i.e. arguments of the wrong types, which the full checks reject)."""
+    try:
+        return SEEN.get(key)
+    except TypeError:
+        return None
+
+
+def remember(key: tuple, prep: launch.Prepared) -> None:
+    """Keep ``prep`` for the calls of signature ``key`` (the oldest of more than ``SEEN_MAX`` goes; a key
+    that does not hash is not kept)."""
+    try:
+        if key not in SEEN and len(SEEN) >= SEEN_MAX:
+            SEEN.pop(next(iter(SEEN)))
+        SEEN[key] = prep
+    except TypeError:
+        pass
 
 
 def rows_key(t: torch.Tensor | None) -> tuple | None:
@@ -47,7 +65,7 @@ def index_key(t: torch.Tensor) -> tuple:
 
 
 def repeat(
-    key,
+    prep,
     q,
     k,
     v,
@@ -66,12 +84,10 @@ def repeat(
     lse,
     names,
 ) -> bool:
-    """Launch a call whose signature was seen before (True), after the checks the signature leaves open:
-    every ``[tokens, ...]`` tensor has q's token count, the index tensors agree on the batch, the block
-    table has a row per sequence, ``max_query_len`` is an int >= 0. False: not seen (check it all)."""
-    prep = SEEN.get(key)
-    if prep is None or not ops.direct():
-        return False
+    """Launch a call of a signature seen before (``prep``, :func:`lookup`'s answer) and return True,
+    after the checks the signature leaves open: every ``[tokens, ...]`` tensor has q's token count, the
+    index tensors agree on the batch, the block table has a row per sequence, ``max_query_len`` is an
+    int >= 0. False: a check failed (the full checks say why)."""
     tokens = q.shape[0]
     batch = sl.shape[0]
     if (
@@ -111,7 +127,6 @@ def repeat(
             os_,
             lse,
         )
-    SEEN.move_to_end(key)
     ops.bump_versions(o, lse)
     return True
 

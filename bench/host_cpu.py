@@ -1,0 +1,126 @@
+"""Host (Python) cost per call of prefix-prefill's warm Gluon path, measured on the CPU.
+
+The GPU's per-call host time (``host_probe.py``) is mostly Python: the signature key, the checks a
+repeated call still runs, the descriptors and the launch glue. This script runs that path on CPU
+tensors with the machine faked into an sm90 (the plan chooses the Gluon kernels) and the compiled
+kernel replaced by a stand-in whose launcher does nothing, so a change to the Python layers can be timed
+without a GPU. It times our layers down to the launcher's call, not Triton's launcher (which
+``host_probe.py`` times on the GPU with the rest).
+
+Usage (any machine; a Triton with Gluon, e.g. 3.6)::
+
+    python bench/host_cpu.py [--calls 2000] [--repeats 15] [--profile ENTRY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+from common import add_package_paths
+from host_probe import _calls
+
+
+class _Launcher:
+    """Stands in for a compiled kernel's launcher: counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.launch_cooperative_grid = self.launch_pdl = False
+
+    def __call__(self, *args) -> None:
+        self.calls += 1
+
+
+class _Compiled:
+    """Stands in for a ``CompiledKernel``."""
+
+    def __init__(self) -> None:
+        self.run = _Launcher()
+        self.function = 0
+        self.packed_metadata = (4, 1, 0)
+
+
+class _Jit:
+    """Stands in for a ``@gluon.jit`` kernel: ``kernel[grid](...)`` returns one compiled stand-in."""
+
+    def __init__(self, names) -> None:
+        self.arg_names = names
+        self.compiled = _Compiled()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.compiled
+
+    def warmup(self, *args, **kwargs):
+        return self.compiled
+
+
+def _fake_sm90():
+    """Patch the packages so CPU tensors take the sm90 Gluon path with stand-in kernels."""
+    import torch
+
+    import prefill_runtime.compiled_launch as cl
+    from prefix_prefill import checks, configs, gluon_launch, launch
+
+    for mod in (configs, checks, launch):
+        mod.detect_arch = lambda device: "sm90"
+    checks.interpreted = lambda: True  # (CPU tensors are accepted)
+    cl._SUPPORTED = True
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    torch.cuda.current_device = lambda: 0
+    launch_kernels = {}
+    for name in ("_NHD", "_SPLIT"):
+        real = getattr(gluon_launch, name)
+        jit = _Jit(real.jit_fn.arg_names)
+        fast = cl.CompiledLaunches(jit)
+        setattr(gluon_launch, name, fast)
+        kernel_name = "_gluon_fwd_kernel" if name == "_NHD" else "_gluon_split_kernel"
+        setattr(gluon_launch, kernel_name, jit)
+        launch_kernels[name] = jit
+    gluon_launch.available = lambda: True
+    return launch_kernels
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=15, help="timed runs of --calls calls (the best is shown)")
+    ap.add_argument("--profile", default="")
+    args = ap.parse_args()
+    add_package_paths()
+    import os
+
+    os.environ["PREFIX_PREFILL_GLUON_TIERED"] = "0"  # the full form from the first call (no compile thread)
+    import torch
+
+    kernels = _fake_sm90()
+    calls = _calls(torch, "cpu")[:3]  # prefix-prefill's entry points
+    for _, fn in calls:
+        for _ in range(3):
+            fn()
+    for name, fn in calls:
+        before = sum(j.compiled.run.calls for j in kernels.values())
+        best = float("inf")
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / args.calls * 1e6)
+        launched = sum(j.compiled.run.calls for j in kernels.values()) - before
+        per = launched // (args.repeats * args.calls)
+        print(f"{name:10s} {best:7.2f} us/call (python, to the launcher; {per} launch/call)")
+    for name, fn in calls:
+        if name == args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(2000):
+                fn()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()
