@@ -154,7 +154,11 @@ if [[ $what == accept ]]; then
   wait
   grep -HE "SUMMARY|cases OK|FAILED|planned" "$res/racecheck.log" "$res/synccheck.log"
   timeout 90 python3 bench/host_probe.py 2>&1 | tee "$res/host_probe.txt"
-  timeout 60 python3 bench/host_probe.py --calls 500 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
+  timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
+  if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)
+    BENCH_PACKAGES=$HOST_AB timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[HOST_AB] /' | tee -a "$res/host_probe.txt"
+    timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[again] /' | tee -a "$res/host_probe.txt"
+  fi
   timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
     2>&1 | tee "$res/first_call.log" | tail -12
   timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \

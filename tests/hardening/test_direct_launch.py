@@ -62,3 +62,39 @@ def test_prefix_repeat_calls(layout, head, page):
                 assert compare(run_pp(c), want), (seqs, from_cache)
                 if layout == "split":
                     assert compare(run_pcaf(c), want), (seqs, from_cache)
+
+
+@pytest.mark.parametrize(("entry", "layout", "head"), [("pp", "split", 128), ("pp", "nhd", 128),
+                                                       ("pp", "split", 256), ("wp", None, 128)])  # fmt: skip
+def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
+    """The warm path as shipped (no verify: per-call descriptors made light, the caches' descriptors
+    kept per (key, cache pointers), Triton 3.6's C launcher called directly): a signature's first call
+    goes through Triton, and later calls of other tensors (another layer's caches) and of the first
+    tensors again (their kept descriptors) give the reference's answer, the first tensors' bit for bit
+    what Triton's path gave."""
+    from prefix_prefill import gluon_launch, signatures
+    from window_prefill import launch as wp_launch
+
+    monkeypatch.setattr(CompiledLaunches, "verify", False)
+    monkeypatch.setattr(signatures, "SEEN", {})
+    for fast in (gluon_launch._NHD, gluon_launch._SPLIT, wp_launch._GLUON):
+        if fast is not None:
+            fast.clear()
+    window = (4095, -1)
+    if entry == "pp":
+        make = lambda: paged_case([(600, 100), (0, 33), (17, 1)], heads=8, kv_heads=2, head=head, page=16,  # noqa: E731
+                                  dtype=torch.bfloat16, layout=layout)  # fmt: skip
+        run, ref = run_pp, paged_ref
+    else:
+        make = lambda: dense_case([300, 2300, 7], 8, 2, head, torch.bfloat16)  # noqa: E731
+        run, ref = (lambda c: run_wp(c, window=window)), (lambda c: dense_ref(c, window=window))
+    a, b = make(), make()
+    first = run(a).clone()
+    assert compare(first, ref(a))
+    assert gluon_launch.finish_compiles(timeout=300)  # (then the full form's first call: through Triton)
+    assert torch.equal(run(a), first)
+    fast = {"wp": wp_launch._GLUON, "split": gluon_launch._SPLIT, "nhd": gluon_launch._NHD}[layout or entry]
+    assert len(fast) == 1  # compiled: the calls below launch it directly
+    assert torch.equal(run(a), first)
+    assert compare(run(b), ref(b))
+    assert torch.equal(run(a), first)

@@ -360,8 +360,8 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
         kernel, fast = (_gluon_fwd_kernel, _NHD) if nhd else (_gluon_split_kernel, _SPLIT)
         light = full and not warmup and fast is not None and fast.has(key) and not fast.verify
         args, params, grid = (_nhd_call if nhd else _split_call)(
-            plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
-            scale, lse, full, light,
+            plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
+            max_query_len, scale, lse, full, light,
         )  # fmt: skip
         _start(kernel, fast, key, full, warmup, grid, args, params, q.device)
 

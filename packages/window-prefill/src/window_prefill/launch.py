@@ -30,7 +30,7 @@ from prefill_runtime import (
     prime_triton,
     softcap_form,
 )
-from prefill_runtime.compiled_launch import CompiledLaunches
+from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from window_prefill.configs import detect_arch
 from window_prefill.kernel import _fwd_kernel
 from window_prefill.plan import Problem, plan, wide_window
@@ -268,20 +268,24 @@ def _launch_gluon(
     """Launch the Gluon kernel; False when this Triton's Gluon could not (``_gluon_ok`` then clears)."""
     global _gluon_ok
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
-    descs = [
-        gluon_descriptor(t, [t.shape[0], t.shape[1] * d], t.stride(0), rows, d)
-        for t, rows in ((q, p.block_m // 2), (k, bn), (v, bn))
-    ]
+    direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
+    key = _key(p, q, k, v, o, None, starts, lens, lse) if direct else None
+    if direct and not _GLUON.verify and _GLUON.has(key):  # compiled: the descriptors' per-call part only
+        descs = [Descriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1]) for t in (q, k, v)]
+    else:
+        descs = [
+            gluon_descriptor(t, [t.shape[0], t.shape[1] * d], t.stride(0), rows, d)
+            for t, rows in ((q, p.block_m // 2), (k, bn), (v, bn))
+        ]
     grid = (-(-max_len // p.block_m), q.shape[1], batch)
     args = (
         *descs, o, starts, lens if lens is not None else starts, softmax_scale * _LOG2E, max(window_left, 0),
         max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
         lse.stride(0) if lse is not None else None,
     )  # fmt: skip
-    if _GLUON is None or _gluon_fwd_kernel is not _GLUON.jit_fn:  # a test's recorder stands in
+    if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731
     else:
-        key = _key(p, q, k, v, o, None, starts, lens, lse)
         launch = lambda: _GLUON.launch(key, grid, args, kw, {}, q.device)  # noqa: E731
     if gluon_try_launch(launch, "window_prefill"):
         return True
