@@ -157,7 +157,6 @@ if [[ $what == accept ]]; then
   timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
   if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)
     BENCH_PACKAGES=$HOST_AB timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[HOST_AB] /' | tee -a "$res/host_probe.txt"
-    timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[again] /' | tee -a "$res/host_probe.txt"
   fi
   timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
     2>&1 | tee "$res/first_call.log" | tail -12
