@@ -138,7 +138,8 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     fast.launch(key, grid, args, params, _FULL_OPTIONS, q.device)
 
 
-# the full forms' launch options (4 warps: one per consumer warpgroup's warp, the partitions add theirs)
+# the full forms' launch options: 4 warps in the default partition (the first consumer warpgroup); the
+# other partitions bring their own
 _FULL_OPTIONS = {"num_warps": 4}
 
 
