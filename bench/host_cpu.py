@@ -9,7 +9,7 @@ without a GPU. It times our layers down to the launcher's call, not Triton's lau
 
 Usage (any machine; a Triton with Gluon, e.g. 3.6)::
 
-    python bench/host_cpu.py [--calls 2000] [--repeats 15] [--profile ENTRY]
+    python bench/host_cpu.py [--calls 2000] [--rounds 15] [--profile ENTRY]
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _fake_sm90():
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=15, help="timed runs of --calls calls (the best is shown)")
+    ap.add_argument("--rounds", type=int, default=15, help="timed rounds of each entry (best shown)")
     ap.add_argument("--profile", default="")
     args = ap.parse_args()
     add_package_paths()
@@ -104,13 +104,13 @@ def main() -> None:
     for name, fn in calls:
         before = sum(j.compiled.run.calls for j in kernels.values())
         best = float("inf")
-        for _ in range(args.repeats):
+        for _ in range(args.rounds):
             t0 = time.perf_counter()
             for _ in range(args.calls):
                 fn()
             best = min(best, (time.perf_counter() - t0) / args.calls * 1e6)
         launched = sum(j.compiled.run.calls for j in kernels.values()) - before
-        per = launched // (args.repeats * args.calls)
+        per = launched // (args.rounds * args.calls)
         print(f"{name:10s} {best:7.2f} us/call (python, to the launcher; {per} launch/call)")
     for name, fn in calls:
         if name == args.profile:

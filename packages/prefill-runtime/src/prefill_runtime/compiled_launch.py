@@ -113,11 +113,10 @@ class RawLauncher:
     only where that structure is the one this code was verified against (the closure's free variables
     by name, no global or profile scratch), else None (the caller keeps ``kernel.run``)."""
 
-    __slots__ = ("_c", "_descs", "_head", "_last")
+    __slots__ = ("_c", "_descs", "_expand", "_head")
 
-    def __init__(self, c_launch, descs: list, head: tuple) -> None:
-        self._c, self._descs, self._head = c_launch, descs, head
-        self._last = descs[-1][0] + 1 if descs else 0
+    def __init__(self, c_launch, descs: list, head: tuple, expand) -> None:
+        self._c, self._descs, self._head, self._expand = c_launch, descs, head, expand
 
     @classmethod
     def of(cls, kernel) -> RawLauncher | None:
@@ -144,28 +143,26 @@ class RawLauncher:
             return None
         if c_launch is None:
             return None
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
         # the C launcher's arguments after the grid, stream and function: Triton 3.6's CudaLauncher.__call__
         # (no scratch) and JITFunction.run's (no launch metadata, no hooks)
         head = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata, None, None,
                 None)  # fmt: skip
-        return cls(c_launch, descs, head)
+        return cls(c_launch, descs, head, make_tensordesc_arg)
 
     def __call__(self, grid: tuple[int, int, int], stream: int, function: int, args: Sequence) -> None:
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-
         final = [grid[0], grid[1], grid[2], stream, function, *self._head]
         prev = 0
         for i, meta in self._descs:
             final.extend(args[prev:i])
             d = args[i]
-            tma = getattr(d, "tma", None)
-            if tma is not None and tma[0] is meta:
-                final.extend(tma[1])
+            if isinstance(d, Descriptor):  # kept by the caller: expanded once
+                if d.tma is None or d.tma[0] is not meta:
+                    d.tma = (meta, self._expand(d, meta))
+                final.extend(d.tma[1])
             else:
-                expanded = make_tensordesc_arg(d, meta)
-                if isinstance(d, Descriptor):
-                    d.tma = (meta, expanded)
-                final.extend(expanded)
+                final.extend(self._expand(d, meta))
             prev = i + 1
         final.extend(args[prev:])
         self._c(*final)

@@ -242,7 +242,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
 def _start(kernel, fast, key, full, warmup, grid, args, params, device) -> None:
     """One form's launch (``full``: through ``fast``, the compiled variants launched directly) or, for a
     background compile (``warmup``), its compile."""
-    warps = 4 if full else 8
+    warps = _FULL_OPTIONS["num_warps"] if full else 8  # the quick form: one 8-warp consumer partition
     if warmup:  # (a background thread: its CUDA device is not the caller's)
         with torch.cuda.device(device):
             kernel.warmup(*args, grid=grid, **params, num_warps=warps)

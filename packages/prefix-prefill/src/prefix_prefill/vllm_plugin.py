@@ -14,24 +14,21 @@ It logs one INFO line when it replaces the function, under the logger
 ``vllm.plugins.prefix_prefill`` (made by vLLM's ``vllm.logger.init_logger`` where that imports). vLLM
 configures only its own ``vllm`` logger (a handler on it, no propagation to the root logger), so a
 child of it prints wherever vLLM's own lines do and obeys ``VLLM_LOGGING_LEVEL``.
+The replacement itself is :func:`prefill_runtime.vllm_plugin.replace` (shared by both packages).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import logging
-import os
-import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from prefill_runtime import vllm_plugin as _shared
 
 if TYPE_CHECKING:
     import torch
 
     from prefix_prefill.checks import Scale
 
-ENV_VAR = "PREFILL_KERNELS_VLLM"
+ENV_VAR = _shared.ENV_VAR
 TARGET_MODULE = "vllm.v1.attention.ops.prefix_prefill"
 TARGET_NAME = "context_attention_fwd"
 
@@ -92,67 +89,6 @@ def context_attention_fwd(
     )  # fmt: skip
 
 
-def _logger() -> logging.Logger:
-    """vLLM's ``init_logger(LOGGER_NAME)`` where ``vllm.logger`` imports (called only once vLLM is
-    known to be importable), else ``logging.getLogger(LOGGER_NAME)``: the same logger either way."""
-    try:
-        from vllm.logger import init_logger
-    except Exception:  # an old or partial vLLM tree: the plain logger has the same name
-        return logging.getLogger(LOGGER_NAME)
-    return init_logger(LOGGER_NAME)
-
-
-def enabled() -> bool:
-    """True when ``PREFILL_KERNELS_VLLM=1`` asks for the replacement."""
-    return os.environ.get(ENV_VAR, "0") == "1"
-
-
-def _vllm_importable() -> bool:
-    """Whether ``import vllm`` can work, without importing it."""
-    if "vllm" in sys.modules:
-        return sys.modules["vllm"] is not None
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _rebind(original: Callable[..., Any], replacement: Callable[..., Any]) -> list[str]:
-    """Point every imported ``vllm.*`` module attribute that is ``original`` at ``replacement``."""
-    rebound = []
-    for name, module in list(sys.modules.items()):
-        if not (name == "vllm" or name.startswith("vllm.")) or module is None:
-            continue
-        namespace = getattr(module, "__dict__", None)  # no getattr on the module: never trigger lazy imports
-        if isinstance(namespace, dict) and namespace.get(TARGET_NAME) is original:
-            setattr(module, TARGET_NAME, replacement)
-            rebound.append(name)
-    return sorted(rebound)
-
-
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (see the module docstring). Idempotent."""
-    if not enabled() or not _vllm_importable():
-        return
-    logger = _logger()
-    try:
-        target = importlib.import_module(TARGET_MODULE)
-    except ImportError as e:
-        logger.warning("%s=1 but %s cannot be imported (%s): vLLM's kernel stays", ENV_VAR, TARGET_MODULE, e)
-        return
-    current = target.__dict__.get(TARGET_NAME)
-    if current is None:
-        logger.warning("%s=1 but %s has no %s: vLLM's kernel stays", ENV_VAR, TARGET_MODULE, TARGET_NAME)
-        return
-    if current is not context_attention_fwd:
-        _state["original"] = current
-    original = _state.get("original")
-    if original is None:  # already ours, set by hand before any register(): nothing to rebind
-        return
-    rebound = _rebind(original, context_attention_fwd)
-    if not _state.get("logged"):
-        _state["logged"] = True
-        logger.info(
-            "prefix_prefill: %s.%s replaced by prefix_prefill.vllm_plugin.%s (%s=1); rebound in: %s",
-            TARGET_MODULE, TARGET_NAME, TARGET_NAME, ENV_VAR, ", ".join(rebound) or "nothing",
-        )  # fmt: skip
+    _shared.replace("prefix_prefill", TARGET_MODULE, TARGET_NAME, context_attention_fwd, _state, LOGGER_NAME)
