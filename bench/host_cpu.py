@@ -24,14 +24,19 @@ from host_probe import _calls
 
 
 class _Launcher:
-    """Stands in for a compiled kernel's launcher: counts its calls."""
+    """Stands in for a compiled kernel's ``CudaLauncher``: its ``launch`` is Triton 3.6's descriptor
+    expansion (``wrap_handle_tensordesc``) around a C launcher stand-in that counts its calls."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.global_scratch_size = self.profile_scratch_size = 0
         self.launch_cooperative_grid = self.launch_pdl = False
+        self.launch = None
 
-    def __call__(self, *args) -> None:
+    def c_launch(self, *args) -> None:
+        self.calls += 1
+
+    def __call__(self, *args) -> None:  # (``kernel.run``, where no raw launcher applies)
         self.calls += 1
 
 
@@ -45,17 +50,40 @@ class _Compiled:
 
 
 class _Jit:
-    """Stands in for a ``@gluon.jit`` kernel: ``kernel[grid](...)`` returns one compiled stand-in."""
+    """Stands in for a ``@gluon.jit`` kernel: ``kernel[grid](...)`` returns one compiled stand-in, whose
+    launcher expands the descriptor arguments of the first call's kinds."""
 
     def __init__(self, names) -> None:
         self.arg_names = names
         self.compiled = _Compiled()
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.compiled
+        def call(*args, **kwargs):
+            if self.compiled.run.launch is None:
+                from triton.backends.nvidia import driver
+
+                values = [*args, *[kwargs.get(n) for n in self.arg_names[len(args) :]]]
+                signature = {n: "tensordesc<bf16[8, 8]>" if _is_desc(a) else "i32"
+                             for n, a in zip(self.arg_names, values, strict=True)}  # fmt: skip
+                metas = [dict(swizzle=3, elem_size=2, elem_type=10, block_size=[8, 8], fp4_padded=False)
+                         for a in values if _is_desc(a)]  # fmt: skip
+                run = self.compiled.run
+                run.launch = driver.wrap_handle_tensordesc(run.c_launch, signature, metas)
+            return self.compiled
+
+        return call
 
     def warmup(self, *args, **kwargs):
         return self.compiled
+
+
+def _is_desc(a) -> bool:
+    return type(a).__name__ in ("Descriptor", "TensorDescriptor")
+
+
+def _fake_fill(ptr, swizzle, elem, dtype, block, shape, strides, padding):
+    """Stands in for Triton's ``fill_tma_descriptor`` (a CUDA driver call; here a Python object)."""
+    return (ptr, swizzle, block)
 
 
 def _fake_sm90():
@@ -69,8 +97,16 @@ def _fake_sm90():
         mod.detect_arch = lambda device: "sm90"
     checks.interpreted = lambda: True  # (CPU tensors are accepted)
     cl._SUPPORTED = True
+    cl._FILL = (_fake_fill, {i: i for i in range(16)})
+    from triton.backends.nvidia import driver
+
+    driver.make_tensordesc_arg = lambda arg, meta: [
+        _fake_fill(0, 0, 0, 0, 0, 0, 0, 0),
+        *arg.shape,
+        *arg.strides,
+    ]
     torch._C._cuda_getCurrentRawStream = lambda index: 0
-    torch.cuda.current_device = lambda: 0
+    torch.cuda.current_device = lambda: -1  # (a CPU tensor's get_device(): the calls' device is current)
     launch_kernels = {}
     for name in ("_NHD", "_SPLIT"):
         real = getattr(gluon_launch, name)
@@ -81,6 +117,15 @@ def _fake_sm90():
         setattr(gluon_launch, kernel_name, jit)
         launch_kernels[name] = jit
     gluon_launch.available = lambda: True
+    from window_prefill import launch as wp_launch
+
+    wp_launch.detect_arch = lambda device: "sm90"
+    wp_launch.interpreted = lambda: True  # (CPU tensors are accepted; fp16 inputs keep the GPU's path)
+    for name, kernel_name in (("_TRITON", "_fwd_kernel"), ("_GLUON", "_gluon_fwd_kernel")):
+        jit = _Jit(getattr(wp_launch, name).jit_fn.arg_names)
+        setattr(wp_launch, name, cl.CompiledLaunches(jit))
+        setattr(wp_launch, kernel_name, jit)
+        launch_kernels["wp" + name] = jit
     return launch_kernels
 
 
@@ -97,7 +142,7 @@ def main() -> None:
     import torch
 
     kernels = _fake_sm90()
-    calls = _calls(torch, "cpu")[:3]  # prefix-prefill's entry points
+    calls = _calls(torch, "cpu", window_dtype=torch.float16)
     for _, fn in calls:
         for _ in range(3):
             fn()

@@ -21,9 +21,10 @@ import time
 from common import add_package_paths
 
 
-def _calls(torch, dev="cuda"):
+def _calls(torch, dev="cuda", window_dtype=None):
     """(name, zero-argument call) of every entry point on a tiny problem (16 new tokens on a 16-token
-    context, 8/2 heads, d128, page 16; bf16) on ``dev``: prefix-prefill's three first."""
+    context, 8/2 heads, d128, page 16; bf16, or ``window_dtype`` for window-prefill's) on ``dev``:
+    prefix-prefill's three first."""
     import prefix_prefill as pp
     import window_prefill as wp
 
@@ -43,6 +44,7 @@ def _calls(torch, dev="cuda"):
     start = torch.tensor([0], dtype=torch.int32, device=dev)
     lens = torch.tensor([16], dtype=torch.int32, device=dev)
     one = torch.ones(1, device=dev)
+    wq, wk, wv, wo = (t.to(window_dtype or dt) for t in (q, k, v, o))
     return [
         (
             "pp_caf",
@@ -52,8 +54,8 @@ def _calls(torch, dev="cuda"):
         ),
         ("pp_split", lambda: pp.prefix_prefill(q, k, v, kc_split, vc_split, bt, cu, sl, 16, out=o)),
         ("pp_nhd", lambda: pp.prefix_prefill(q, k, v, kc_nhd, vc_nhd, bt, cu, sl, 16, out=o)),
-        ("wp_caf", lambda: wp.context_attention_fwd(q, k, v, o, start, lens, 16)),
-        ("wp", lambda: wp.window_prefill(q, k, v, cu, 16, out=o)),
+        ("wp_caf", lambda: wp.context_attention_fwd(wq, wk, wv, wo, start, lens, 16)),
+        ("wp", lambda: wp.window_prefill(wq, wk, wv, cu, 16, out=wo)),
     ]
 
 

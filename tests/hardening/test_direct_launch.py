@@ -14,6 +14,7 @@ from hd_util import dense_case, dense_ref, paged_case, paged_ref, run_pcaf, run_
 
 from attn_reference import compare
 from prefill_runtime.compiled_launch import CompiledLaunches
+from prefill_runtime.signatures import Seen
 
 pytestmark = pytest.mark.skipif(not ON_GPU, reason="direct launches run on NVIDIA GPUs only")
 
@@ -67,8 +68,8 @@ def test_prefix_repeat_calls(layout, head, page):
 @pytest.mark.parametrize(("entry", "layout", "head"), [("pp", "split", 128), ("pp", "nhd", 128),
                                                        ("pp", "split", 256), ("wp", None, 128)])  # fmt: skip
 def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
-    """The warm path as shipped (no verify: per-call descriptors made light, the caches' descriptors
-    kept per (key, cache pointers), Triton 3.6's C launcher called directly): a signature's first call
+    """The warm path as shipped (no verify: per-call descriptors made light, the caches' descriptors kept
+    in a frame per (key, cache pointers), Triton 3.6's C launcher called directly): a signature's first call
     goes through Triton, and later calls of other tensors (another layer's caches) and of the first
     tensors again (their kept descriptors) give the reference's answer, the first tensors' bit for bit
     what Triton's path gave."""
@@ -76,7 +77,7 @@ def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
     from window_prefill import launch as wp_launch
 
     monkeypatch.setattr(CompiledLaunches, "verify", False)
-    monkeypatch.setattr(signatures, "SEEN", {})
+    monkeypatch.setattr(signatures, "SEEN", Seen())
     for fast in (gluon_launch._NHD, gluon_launch._SPLIT, wp_launch._GLUON):
         if fast is not None:
             fast.clear()

@@ -1,18 +1,23 @@
-"""The warm launch path on the CPU: a compiled key's call straight to its variant, the descriptors over
-the KV caches reused per (key, cache pointers), and the C launcher called directly on Triton 3.6.
+"""The warm launch path on the CPU: a compiled key's calls straight to its variant, then through a
+frame (:class:`prefill_runtime.compiled_launch.Frame`) per (key, cache pointers), and the C launcher
+called directly on Triton 3.6.
 
-The compiled kernel is a stand-in whose launcher records its arguments; the machine is faked into an
-sm90 where a test needs the plan's Gluon kernels. What must hold: a warm call gets descriptors of its
-own tensors (a new cache pointer never reuses another cache's descriptors; the new tokens' rows are
-described per call), the key of a call signature is one small int, the caches' descriptors are the same
-objects while the caches are, and :class:`prefill_runtime.compiled_launch.RawLauncher` hands the C
-launcher exactly what Triton 3.6's own launcher would.
+The compiled kernel is a stand-in whose C launcher records its arguments (the raw launcher built for it
+the way :meth:`RawLauncher.of` builds one on Triton 3.6, so these run on any Triton); the machine is
+faked into an sm90 where a test needs the plan's Gluon kernels. What must hold: a frame's call hands the
+C launcher exactly what the generic direct launch of the same call would (new tokens, batch, lengths,
+block table: all per call), a call over other caches never uses another cache's frame, the key of a call
+signature is one small int, and :class:`RawLauncher` hands the C launcher exactly what Triton 3.6's own
+launcher would.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from launch_stubs import Compiled, Jit, fake_raw_launchers, pointers
 from pp_cases import make_case, problem_of
 
 import prefill_runtime.compiled_launch as cl
@@ -22,106 +27,90 @@ from prefix_prefill import gluon_launch, plan
 HAS_GLUON = gluon_launch._gluon_split_kernel is not None
 
 
-class _Run:
-    """A compiled variant's launcher stand-in (no scratch, no descriptor expansion): records calls."""
-
-    global_scratch_size = profile_scratch_size = 0
-    launch_cooperative_grid = launch_pdl = False
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def __call__(self, *args) -> None:
-        self.calls.append(args)
-
-
-class _Compiled:
-    def __init__(self) -> None:
-        self.run, self.function, self.packed_metadata = _Run(), 7, (4, 1, 0)
-
-
-class _Jit:
-    """A ``@gluon.jit`` stand-in: ``kernel[grid](...)`` records the call and returns one compiled kernel."""
-
-    def __init__(self, names) -> None:
-        self.arg_names, self.compiled, self.triton_calls = names, _Compiled(), []
-
-    def __getitem__(self, grid):
-        def call(*args, **kwargs):
-            self.triton_calls.append((grid, args, kwargs))
-            return self.compiled
-
-        return call
-
-
 @pytest.fixture
 def warm_split(monkeypatch):
-    """The split kernel replaced by a stand-in launched directly (full form from the first call)."""
+    """The split kernel replaced by a stand-in launched directly (full form from the first call), with a
+    raw launcher over the stand-in's C launcher."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
-    jit = _Jit(gluon_launch._gluon_split_kernel.arg_names)
-    monkeypatch.setattr(cl, "_SUPPORTED", True)
+    jit = Jit(gluon_launch._gluon_split_kernel.arg_names)
+    fake_raw_launchers(monkeypatch, jit)
     monkeypatch.setattr(gluon_launch, "_gluon_split_kernel", jit)
     monkeypatch.setattr(gluon_launch, "_SPLIT", cl.CompiledLaunches(jit))
-    monkeypatch.setattr(gluon_launch, "_CACHE_DESCS", {})
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return jit
 
 
-def _split_case(**kw):
-    return make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=128, page=16,
-                     dtype=torch.bfloat16, device="cpu", layout="split", **kw)  # fmt: skip
+_BLOCKS = 48  # every case's cache: one geometry (one call signature)
 
 
-def _call(case, key=None):
+def _split_case(seqs=((40, 5), (0, 19), (70, 130)), **kw):
+    pages = sum(math.ceil((c + n) / 16) for c, n in seqs)
+    return make_case(list(seqs), num_heads=4, num_kv_heads=2, head_size=128, page=16, dtype=torch.bfloat16,
+                     device="cpu", layout="split", spare_blocks=_BLOCKS - pages, **kw)  # fmt: skip
+
+
+def _call(case, key=None, generic=False, o=None, scale=0.1):
+    """Launch ``case`` (its key computed when None) into ``o`` (a new buffer when None); ``generic``:
+    through the direct launch without a frame (what a frame's call must equal). Returns the key."""
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
     chosen = plan.plan(problem)
-    o = torch.empty_like(case.q)
+    o = torch.empty_like(case.q) if o is None else o
     if key is None:
         key = gluon_launch.launch_key(
             chosen, problem, case.block_table, case.cu_seqlens_q, case.seq_lens, None
         )
-    ok = gluon_launch.launch(chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc,
-                             case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1,
-                             None, key)  # fmt: skip
-    assert ok
+    args = (chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
+            case.cu_seqlens_q, case.seq_lens, case.max_query_len, scale, None)  # fmt: skip
+    if generic:
+        gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, key, *args[2:])
+    else:
+        assert gluon_launch.launch(*args, key)
     return key
 
 
-def _descs(args) -> list:
-    return [a for a in args if isinstance(a, cl.Descriptor)]
-
-
-def test_warm_call_describes_its_own_tensors(warm_split):
-    """The first call goes through Triton; the next ones of the key launch the variant directly, with
-    the caches' descriptors reused while the caches are the same and made anew for another cache (same
-    geometry, other memory), and the new tokens' rows described per call."""
+def test_frame_call_is_the_generic_launch(warm_split):
+    """The first call goes through Triton, the second launches the variant directly and keeps a frame over
+    its caches; a frame's call for new tokens, batch, lengths and block table over those caches hands
+    the C launcher exactly the arguments the generic direct launch hands it for that call."""
     a = _split_case()
     key = _call(a)
     assert isinstance(key, int) and len(warm_split.triton_calls) == 1
     _call(a, key)
-    _call(a, key)
-    first, second = warm_split.compiled.run.calls
-    assert len(warm_split.triton_calls) == 1  # the two warm calls did not go through Triton
-    d1, d2 = _descs(first), _descs(second)
-    cache_bases = (a.k_cache, a.v_cache)
-    shared = [d for d in d1 if d.base is a.k_cache or d.base is a.v_cache]
-    assert shared and all(any(d is e for e in d2) for d in shared)  # the caches': the same objects
-    rows = [d for d in d1 if not any(d.base is t for t in cache_bases)]
-    assert rows and all(d.base is a.q or d.base is a.k or d.base is a.v for d in rows)
-    assert not any(d is e for d in rows for e in d2)  # the new tokens' rows: described per call
-    b = _split_case()  # an engine's next layer: other caches and tokens, the same signature
-    _call(b, key)
-    third = warm_split.compiled.run.calls[-1]
+    c_calls = warm_split.compiled.run.c_calls
+    assert len(c_calls) == 1 and len(warm_split.triton_calls) == 1  # direct: the C launcher, not Triton
+    for seqs, scale in (([(40, 5), (0, 19), (70, 130)], 0.1), ([(3, 1)], 0.1),
+                        ([(0, 64), (100, 37), (5, 5), (0, 1)], 0.1), ([(3, 1)], 0.25)):  # fmt: skip
+        b = _split_case(seqs)
+        b.k_cache, b.v_cache = a.k_cache, a.v_cache  # an engine's next step on the same layer
+        o = torch.empty_like(b.q)
+        for _ in range(2):  # (another scale: the same key, another frame, made by the first of the two)
+            _call(b, key, o=o, scale=scale)
+        framed = c_calls[-1]
+        assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
+        _call(b, key, generic=True, o=o, scale=scale)
+        assert framed == pointers(c_calls[-1])
+        assert framed[0] == -(-b.max_query_len // 128) and framed[2] == len(seqs)
+        maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
+        assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
     assert len(warm_split.triton_calls) == 1
-    bases = [d.base for d in _descs(third)] + [t for t in third if isinstance(t, torch.Tensor)]
-    assert not any(t is a.k_cache or t is a.v_cache or t is a.q for t in bases)
-    assert any(t is b.k_cache for t in bases) and any(t is b.v_cache for t in bases)
-    assert any(t is b.q for t in bases)
-    assert third[3] == first[3] and third[4] == 7  # the stream, the variant's function
+
+
+def test_frame_is_per_cache(warm_split):
+    """A call over other caches (an engine's next layer: same signature) gets a frame of its own: its C
+    arguments describe its caches, never the first layer's."""
+    a, b = _split_case(), _split_case()
+    key = _call(a)
+    for _ in range(3):
+        _call(a, key)
+    _call(b, key)
+    _call(b, key)
+    last = warm_split.compiled.run.c_calls[-1]  # (a cache by TMA as its map's base, else as a pointer)
+    ptrs = {x[1] if isinstance(x, tuple) else x for x in last if isinstance(x, (tuple, int))}
+    assert b.k_cache.data_ptr() in ptrs and b.v_cache.data_ptr() in ptrs
+    assert a.k_cache.data_ptr() not in ptrs and a.v_cache.data_ptr() not in ptrs
+    assert len(gluon_launch._SPLIT._frames) == 2
 
 
 def test_launch_key_ids_are_never_reused(monkeypatch):
@@ -171,7 +160,7 @@ def test_raw_launcher_passes_what_triton_passes(monkeypatch):
         launch_cooperative_grid, launch_pdl = False, True
         __call__ = driver.CudaLauncher.__call__
 
-    kernel = _Compiled()
+    kernel = Compiled()
     kernel.run = _Launcher()
     metas = [{"id": 0}, {"id": 1}]
     kernel.run.launch = driver.wrap_handle_tensordesc(lambda *a: got.append(a), signature, metas)
@@ -192,7 +181,7 @@ def test_raw_launcher_passes_what_triton_passes(monkeypatch):
 def test_raw_launcher_only_on_verified_triton(monkeypatch):
     """Outside Triton 3.6, or with scratch buffers, or a launcher of another shape, there is no raw
     launcher (the variant runs through ``kernel.run``)."""
-    kernel = _Compiled()
+    kernel = Compiled()
     monkeypatch.setattr(cl, "_triton_36", lambda: False)
     assert cl.RawLauncher.of(kernel) is None
     monkeypatch.setattr(cl, "_triton_36", lambda: True)

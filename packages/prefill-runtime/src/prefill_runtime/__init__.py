@@ -23,13 +23,16 @@ Modules, each owning one concern (every public name below is importable from ``p
   ``softmax_step``, ``zero_v_rows``, ``free_wait``, ``allocate_rings``.
 * :mod:`~prefill_runtime.plan`: :class:`LaunchPlan` (the plan both kernel packages' ``plan()`` returns).
 * :mod:`~prefill_runtime.compiled_launch`: :class:`~prefill_runtime.compiled_launch.CompiledLaunches` (a
-  kernel's compiled variants launched directly, by the caller's key).
+  kernel's compiled variants launched directly, by the caller's key; their frames, the C-launcher
+  arguments of a warm call with per-call slots).
+* :mod:`~prefill_runtime.signatures`: the call-signature key parts both public APIs build and
+  :class:`~prefill_runtime.signatures.Seen` (the bounded table of signatures seen before).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
 """
 
-__version__ = "0.13.0"
+__version__ = "0.14.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, drop_wait_barriers, hook_compiles

@@ -64,7 +64,10 @@ def launch_directly() -> bool:
 def _hooks_installed() -> bool:
     """A launch hook is installed (Triton 3.6 keeps them in chains that are empty by default)."""
     runtime = _knobs().runtime
-    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if type(enter) is _CHAIN and type(exit_) is _CHAIN:  # the usual case: two chains, read directly
+        return bool(enter.calls or exit_.calls)
+    for hook in (enter, exit_):
         if hook is not None and (not hasattr(hook, "calls") or len(hook.calls) > 0):
             return True
     return False
@@ -72,16 +75,18 @@ def _hooks_installed() -> bool:
 
 def _knobs():
     """``triton.knobs``, imported on first use (not at this module's import)."""
-    global _KNOBS
+    global _KNOBS, _CHAIN
     if _KNOBS is None:
         from triton import knobs
 
+        _CHAIN = getattr(knobs, "HookChain", None)
         _KNOBS = knobs
     return _KNOBS
 
 
-# the cached ``triton.knobs`` module (process state, not a setting)
+# the cached ``triton.knobs`` module and its hook-chain class (process state, not settings)
 _KNOBS = None
+_CHAIN = None
 
 
 class Descriptor:
@@ -168,6 +173,63 @@ class RawLauncher:
         self._c(*final)
 
 
+def _tma_fill():
+    """Triton 3.6's descriptor filler and its device-to-host TMA dtype map, resolved once (a frame's
+    per-call descriptors are filled with them, as ``make_tensordesc_arg`` does)."""
+    global _FILL
+    if _FILL is None:
+        import triton
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        _FILL = (triton.runtime.driver.active.utils.fill_tma_descriptor, TMA_DTYPE_DEVICE_TO_HOST)
+    return _FILL
+
+
+# (fill_tma_descriptor, dtype map), resolved on the first frame (process state, not a setting)
+_FILL = None
+
+
+class Frame:
+    """A compiled variant's C-launcher argument list for the calls of one signature over the same
+    kept tensors (an engine layer's KV cache), with the entries a call changes as slots: made once
+    from one call's arguments (:meth:`CompiledLaunches.make_frame`), then per call the grid, the stream,
+    the per-call descriptors and the per-call plain arguments are written into a copy of it and the C
+    launcher is called. Every other argument (integers the signature fixes, constexprs, descriptors
+    over the kept tensors, filled once) is the one of the call that made it.
+
+    A per-call descriptor is one over a ``[tokens, ...]`` tensor whose geometry the signature fixes
+    but for the token count: per call it is filled for the tensor's pointer and the call's token count
+    (at ``dim`` of the descriptor's shape), with the variant's block, swizzle and dtype, as Triton's
+    ``make_tensordesc_arg`` fills it. Plain per-call arguments are passed as given (an int pointer,
+    a tensor, an int, None)."""
+
+    __slots__ = ("_c", "_descs", "_fill", "_kernel", "_plain", "_template")
+
+    def __init__(self, kernel, c_launch, template: list, descs: list, plain: list, fill) -> None:
+        self._kernel = kernel  # (its module stays loaded while the frame lives)
+        self._c, self._template, self._descs, self._plain, self._fill = c_launch, template, descs, plain, fill
+
+    def __call__(
+        self, grid0: int, grid1: int, grid2: int, stream: int, tokens: int, bases: Sequence, plain: Sequence
+    ) -> None:
+        """Launch on ``grid``: ``bases`` are the data pointers of the per-call descriptors' tensors (at
+        least one a descriptor, in the order the frame was made with; any past them are unused), each of
+        ``tokens`` rows; ``plain`` the per-call plain arguments, in their order."""
+        final = self._template.copy()
+        final[0], final[1], final[2], final[3] = grid0, grid1, grid2, stream
+        fill = self._fill
+        for ptr, (slot, dim, shape, strides, swizzle, elem, dtype, block) in zip(
+            bases, self._descs, strict=False
+        ):
+            shape = shape.copy()
+            shape[dim] = tokens
+            final[slot] = fill(ptr, swizzle, elem, dtype, block, shape, strides, 0)
+            final[slot + 1 + dim] = tokens
+        for slot, value in zip(self._plain, plain, strict=True):
+            final[slot] = value
+        self._c(*final)
+
+
 class VariantMismatch(AssertionError):
     """A key's compiled variant is not the one Triton picks for the call (raised with ``verify``)."""
 
@@ -187,12 +249,14 @@ class CompiledLaunches:
         self.maxsize = maxsize
         self._names = tuple(jit_fn.arg_names) if hasattr(jit_fn, "arg_names") else ()
         self._kernels: dict[Hashable, tuple] = {}
+        self._frames: dict[Hashable, Frame] = {}
 
     def __len__(self) -> int:
         return len(self._kernels)
 
     def clear(self) -> None:
         self._kernels.clear()
+        self._frames.clear()
 
     def has(self, key: Hashable | None) -> bool:
         """Whether a call with ``key`` launches directly (its variant compiled and no launch hook)."""
@@ -225,6 +289,61 @@ class CompiledLaunches:
         if len(self._kernels) >= self.maxsize:  # bounded: the oldest key goes
             self._kernels.pop(next(iter(self._kernels)))
         self._kernels[key] = (kernel, tail, RawLauncher.of(kernel))
+
+    @staticmethod
+    def direct_now() -> bool:
+        """Whether a direct launch may run now (no launch hook installed: a profiler gets Triton's path)."""
+        return not _hooks_installed()
+
+    def frame(self, frame_key: Hashable) -> Frame | None:
+        """The :class:`Frame` kept for ``frame_key`` (None: none, or a launch hook is installed)."""
+        frame = self._frames.get(frame_key)
+        if frame is None or _hooks_installed():
+            return None
+        return frame
+
+    def make_frame(self, key: Hashable, frame_key: Hashable, args: Sequence, params: dict, descs: dict,
+                   plain: Sequence[str]) -> Frame | None:  # fmt: skip
+        """Keep a :class:`Frame` (as ``frame_key``) of ``key``'s variant, made from one call's ``args`` and
+        ``params`` (a call :meth:`launch` just ran): ``descs`` maps the kernel parameters that are per-call
+        descriptors (:class:`Descriptor` objects over a ``[tokens, ...]`` tensor) to the dimension of the
+        descriptor's shape that is the token count; ``plain`` names the per-call plain parameters. None
+        (and nothing kept) where the variant has no raw launcher (:class:`RawLauncher`) or a descriptor
+        argument is not one it can fill. A tensor argument that is not per-call is kept as its pointer (the
+        frame does not keep it alive): ``frame_key`` must name it. Bounded (four frames a variant)."""
+        entry = self._kernels.get(key)
+        if entry is None or entry[2] is None:
+            return None
+        kernel, tail, raw = entry
+        values = (*args, *[params[n] for n in tail])
+        position = {n: i for i, n in enumerate(self._names)}
+        metas = dict(raw._descs)
+        fill, dtypes = _tma_fill()
+        template = [0, 0, 0, 0, kernel.function, *raw._head]
+        slots = {}
+        for i, value in enumerate(values):
+            if i in metas:
+                meta = metas[i]
+                if not isinstance(value, Descriptor) or meta.get("fp4_padded") or value.padding != "zero":
+                    return None
+                if value.tma is None or value.tma[0] is not meta:
+                    value.tma = (meta, raw._expand(value, meta))
+                slots[i] = len(template)
+                template.extend(value.tma[1])
+            else:
+                slots[i] = len(template)
+                template.append(value.data_ptr() if isinstance(value, torch.Tensor) else value)
+        frame_descs = []
+        for name, dim in descs.items():
+            i = position[name]
+            d, meta = values[i], metas[i]
+            fill_args = (meta["swizzle"], meta["elem_size"], dtypes[meta["elem_type"]], meta["block_size"])
+            frame_descs.append((slots[i], dim, list(d.shape), list(d.strides), *fill_args))
+        frame = Frame(kernel, raw._c, template, frame_descs, [slots[position[n]] for n in plain], fill)
+        if len(self._frames) >= self.maxsize * 4:  # bounded: the oldest frame goes
+            self._frames.pop(next(iter(self._frames)))
+        self._frames[frame_key] = frame
+        return frame
 
     def check(self, key: Hashable, grid, args: Sequence, params: dict, options: dict) -> bool:
         """Whether ``key``'s kernel (if any) is the variant Triton compiles for this call (it compiles

@@ -122,7 +122,7 @@ def _run(
         )
     ops.bump_versions(o, lse)
     if prepared:
-        signatures.remember(key, prepared[0])
+        signatures.SEEN.remember(key, prepared[0])
 
 
 def _vllm_caches(kv_cache_dtype: object, q: torch.Tensor, k_cache, v_cache):
@@ -219,6 +219,8 @@ def context_attention_fwd(
     fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
     if fast:
         try:
+            kc_key = signatures.whole_key(k_cache)
+            fp8 = kv_cache_dtype != "auto" or kc_key[2] in FP8_DTYPES  # (else the scales are not read)
             key = (
                 "vllm",
                 kv_cache_dtype,
@@ -226,13 +228,13 @@ def context_attention_fwd(
                 signatures.rows_key(k),
                 signatures.rows_key(v),
                 signatures.rows_key(o),
-                signatures.whole_key(k_cache),
+                kc_key,
                 signatures.whole_key(v_cache),
                 signatures.table_key(b_loc),
                 signatures.index_key(b_start_loc),
                 signatures.index_key(b_seq_len),
-                signatures.whole_key(k_scale),
-                signatures.whole_key(v_scale),
+                signatures.whole_key(k_scale) if fp8 else None,
+                signatures.whole_key(v_scale) if fp8 else None,
                 signatures.whole_key(alibi_slopes),
                 sliding_window,
                 sm_scale,
@@ -241,11 +243,14 @@ def context_attention_fwd(
                 signatures.whole_key(sinks),
                 causal,
             )
-        except (AttributeError, TypeError):  # not tensors where tensors belong: the checks say so
+        except (AttributeError, TypeError, IndexError):  # not tensors where tensors belong: the checks say so
             key, fast = None, False
-    prep = signatures.lookup(key) if fast else None
+    prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
-        kc_, vc_ = _vllm_caches(kv_cache_dtype, q, k_cache, v_cache)
+        # (the signature holds the caches' dtypes, which its first call checked against kv_cache_dtype)
+        kc_, vc_ = k_cache, v_cache
+        if kv_cache_dtype != "auto":
+            kc_, vc_ = _vllm_caches(kv_cache_dtype, q, k_cache, v_cache)
         fp8 = kc_.dtype in FP8_DTYPES
         ks = signatures.scale_of(k_scale, "k_scale", q.device) if fp8 else None
         vs = signatures.scale_of(v_scale, "v_scale", q.device) if fp8 else None
@@ -535,12 +540,14 @@ def prefix_prefill(
     fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
     if fast:
         try:
+            kc_key = signatures.whole_key(k_cache)
+            fp8 = kc_key[2] in FP8_DTYPES or kc_key[2] == torch.uint8  # (else the scales are not read)
             key = (
                 "py",
                 signatures.rows_key(q),
                 signatures.rows_key(k),
                 signatures.rows_key(v),
-                signatures.whole_key(k_cache),
+                kc_key,
                 signatures.whole_key(v_cache),
                 signatures.table_key(block_table),
                 signatures.index_key(cu_seqlens_q),
@@ -550,19 +557,19 @@ def prefix_prefill(
                 softmax_scale,
                 signatures.whole_key(alibi_slopes),
                 signatures.whole_key(sinks),
-                signatures.whole_key(k_scale),
-                signatures.whole_key(v_scale),
+                signatures.whole_key(k_scale) if fp8 else None,
+                signatures.whole_key(v_scale) if fp8 else None,
                 kv_layout,
                 softcap,
                 signatures.rows_key(out),
                 return_lse,
                 None
                 if lse is None
-                else (lse.shape[0], lse.stride(1), lse.dtype, lse.device, lse.data_ptr() % 16 == 0),
+                else (lse.shape[0], lse.stride(1), lse.dtype, lse.device, lse.data_ptr() & 15),
             )
         except (AttributeError, TypeError, IndexError):  # not the types they must be: the checks say so
             key, fast = None, False
-    prep = signatures.lookup(key) if fast else None
+    prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
         kc_, vc_ = k_cache, v_cache
         if kc_.dtype == torch.uint8:

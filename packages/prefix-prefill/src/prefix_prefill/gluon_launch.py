@@ -43,10 +43,6 @@ _TIERS = runtime.CompileTiers()
 _KEY_IDS: dict[tuple, int] = {}
 _KEY_IDS_MAX = 4096
 _NEXT_ID = itertools.count()
-# (key id, K cache pointer, V cache pointer) -> the descriptors over the two caches, reused by the calls of
-# a compiled key launched directly (an engine's layers: one entry each)
-_CACHE_DESCS: dict[tuple, tuple] = {}
-_CACHE_DESCS_MAX = 1024
 
 
 def available() -> bool:
@@ -117,6 +113,31 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse)
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
+    kernel = _gluon_fwd_kernel if nhd else _gluon_split_kernel
+    if fast is not None and fast.jit_fn is kernel and not fast.verify:  # (a test's recorder: not a frame)
+        frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale))
+        if frame is not None:  # a frame of this key over these caches: per-call slots only
+            index = q.get_device()
+            qp = q.data_ptr()
+            if k is None:
+                bases = (qp, qp, qp, qp)
+            else:
+                kp = k.data_ptr()
+                bases = (qp, kp, v.data_ptr(), kp)  # (of _per_call_descs, in its order)
+            stream = torch._C._cuda_getCurrentRawStream(index if index >= 0 else torch.cuda.current_device())
+            plain = (o.data_ptr(), block_table.data_ptr(), cu_seqlens_q.data_ptr(), seq_lens.data_ptr(),
+                     block_table.stride(0), None if lse is None else lse.data_ptr(),
+                     None if lse is None else lse.stride(0))  # fmt: skip
+            frame(
+                -(-max_query_len // plan.block_m),
+                q.shape[1],
+                seq_lens.shape[0],
+                stream,
+                q.shape[0],
+                bases,
+                plain,
+            )
+            return True
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
             max_query_len, scale, lse)  # fmt: skip
     if fast is not None and not fast.verify and fast.has(key):  # compiled and loaded: straight to it
@@ -131,30 +152,37 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
           max_query_len, scale, lse) -> None:  # fmt: skip
-    """A compiled key's full form, launched directly with the per-call descriptors made light and the
-    caches' ones reused (:data:`_CACHE_DESCS`)."""
+    """A compiled key's full form, launched directly with light descriptors, then kept as a frame over
+    these caches (:class:`prefill_runtime.compiled_launch.Frame`): the key's later calls over them fill
+    only the per-call slots (:func:`launch`)."""
     args, params, grid = call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
                               seq_lens, max_query_len, scale, lse, True, True)  # fmt: skip
     fast.launch(key, grid, args, params, _FULL_OPTIONS, q.device)
+    # (the frame holds the caches' descriptors and the logit scale, which the key leaves open)
+    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale)
+    if fast.frame(frame_key) is None:
+        descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
+        fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
+
+
+# A frame's per-call plain arguments (both kernels name them alike), in the order launch() passes them
+_PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h")
+
+
+def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
+    """A frame's per-call descriptors (parameter, the dimension of its shape that is the token count), in
+    the order of the bases launch() passes (q, K rows, V rows, K rows): Q's rows; the new tokens' K and V
+    unless they come from the cache (NHD: the cache's descriptors stand in); the split kernel's K by TMA
+    is ``[kv_heads * D/8, tokens, 8]`` and its full key blocks ``KN_desc`` ``[..., tokens, 8]``."""
+    if nhd:
+        return [("Q_desc", 0)] if k is None else [("Q_desc", 0), ("K_desc", 0), ("V_desc", 0)]
+    k_tma = params["K_TMA"]
+    return [("Q_desc", 0), ("K_desc", 1 if k_tma else 0), ("V_desc", 0)] + ([("KN_desc", 2)] if k_tma else [])
 
 
 # the full forms' launch options: 4 warps in the default partition (the first consumer warpgroup); the
 # other partitions bring their own
 _FULL_OPTIONS = {"num_warps": 4}
-
-
-def _cached_descs(key: int, k_cache: torch.Tensor, v_cache: torch.Tensor, light: bool, make) -> tuple:
-    """The descriptors over the two caches: ``make()``'s, kept per (key, cache pointers) when ``light``
-    (made of :class:`Descriptor` objects, which keep their filled ``CUtensorMap`` too)."""
-    if not light:
-        return make()
-    ck = (key, k_cache.data_ptr(), v_cache.data_ptr())
-    descs = _CACHE_DESCS.get(ck)
-    if descs is None:
-        if len(_CACHE_DESCS) >= _CACHE_DESCS_MAX:
-            _CACHE_DESCS.pop(next(iter(_CACHE_DESCS)))
-        descs = _CACHE_DESCS[ck] = make()
-    return descs
 
 
 def _tma(base: torch.Tensor, shape: list, strides: list, block: list, layout, light: bool):
@@ -222,11 +250,8 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
     grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
-    kcb, vcb, kbox, vbox = _cached_descs(
-        key, k_cache, v_cache, light,
-        lambda: (_cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light),
-                 _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)),
-    )  # fmt: skip
+    kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
+    kbox, vbox = _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
         k_desc, v_desc = kcb, vcb
     else:
@@ -337,7 +362,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
                                _unswizzled(2), light)  # fmt: skip
         return k_cache_arg, v_cache_arg, kw_desc, kr_desc
 
-    k_cache_arg, v_cache_arg, kw_desc, kr_desc = _cached_descs(key, k_cache, v_cache, light, caches)
+    k_cache_arg, v_cache_arg, kw_desc, kr_desc = caches()
     if k_tma:
         k_desc, kn_desc = _new_k_chunks(k_rows, light), _new_k_blocks(k_rows, block_n, groups, light)
     else:

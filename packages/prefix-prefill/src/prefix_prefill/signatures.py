@@ -12,56 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from prefill_runtime.signatures import Seen, index_key, rows_key, table_key, whole_key  # noqa: F401
 from prefix_prefill import checks, launch, ops
 from prefix_prefill.checks import Scale
 
 # call signature -> the launch.Prepared it runs
-SEEN: dict = {}
-SEEN_MAX = 256
-
-
-def lookup(key: tuple) -> launch.Prepared | None:
-    """The :class:`prefix_prefill.launch.Prepared` of a signature seen before (None: not seen, or a key
-    that does not hash, i.e. arguments of the wrong types, which the full checks reject)."""
-    try:
-        return SEEN.get(key)
-    except TypeError:
-        return None
-
-
-def remember(key: tuple, prep: launch.Prepared) -> None:
-    """Keep ``prep`` for the calls of signature ``key`` (the oldest of more than ``SEEN_MAX`` goes; a key
-    that does not hash is not kept)."""
-    try:
-        if key not in SEEN and len(SEEN) >= SEEN_MAX:
-            SEEN.pop(next(iter(SEEN)))
-        SEEN[key] = prep
-    except TypeError:
-        pass
-
-
-def rows_key(t: torch.Tensor | None) -> tuple | None:
-    """A ``[tokens, ...]`` tensor's part of a call signature: everything but its token count."""
-    if t is None:
-        return None
-    return (t.shape[1:], t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-
-
-def whole_key(t) -> tuple | None:
-    """A tensor's part of a call signature, whole (caches, per-head tensors; a float scale as itself)."""
-    if not isinstance(t, torch.Tensor):
-        return t
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-
-
-def table_key(bt: torch.Tensor) -> tuple:
-    """The block table's part: its dtype, device, column stride and alignment (rows and width vary)."""
-    return (bt.dim(), bt.stride(-1), bt.dtype, bt.device, bt.data_ptr() % 16 == 0)
-
-
-def index_key(t: torch.Tensor) -> tuple:
-    """``cu_seqlens_q`` / ``seq_lens``: 1-D, their dtype, device, stride and alignment (the batch varies)."""
-    return (t.dim(), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+SEEN = Seen(256)
 
 
 def repeat(

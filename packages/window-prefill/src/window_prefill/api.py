@@ -25,6 +25,8 @@ import os
 import torch
 
 from prefill_runtime import LaunchPlan, check_lse
+from prefill_runtime.compiled_launch import launch_directly
+from prefill_runtime.signatures import Seen, index_key, rows_key, whole_key
 from window_prefill import launch, ops  # ops registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config
 from window_prefill.launch import _UNBOUNDED_WINDOW
@@ -33,6 +35,11 @@ from window_prefill.plan import plan
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes the kernels compute in
 _INDEX_DTYPES = (torch.int32, torch.int64)  # of cu_seqlens, b_start_loc, b_seq_len: read as they are
 _MAX_BATCH = 65535  # the grid's z dimension holds one sequence each: CUDA's limit
+# call signature (prefill_runtime.signatures) -> the launch.Prepared its later calls repeat: a signature's
+# first call runs every check; a later one checks what the signature leaves open (token count, batch,
+# max length) and launches (launch.repeat). Only calls whose checks pass their tensors on as they are
+# (unit-stride index tensors and sinks) and that take the default config are kept.
+SEEN = Seen(256)
 SINKS_MODES = ("denominator", "bias_key0")
 
 
@@ -124,6 +131,42 @@ def window_prefill(
         out, lse = window_prefill(q, k, v, cu, 5, causal=True, window=(2, -1), return_lse=True)
         assert out.shape == (8, 4, 64) and lse.shape == (4, 8)
     """
+    key = None
+    if (
+        isinstance(q, torch.Tensor)
+        and config is None
+        and launch_directly()
+        and not _validate_requested(validate)
+    ):
+        try:
+            key = ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out),
+                   index_key(cu_seqlens), causal, tuple(window) if isinstance(window, list) else window,
+                   softmax_scale, whole_key(sinks), sinks_mode, softcap, return_lse,
+                   None if lse is None else (lse.shape[0], lse.stride(), lse.dtype, lse.device,
+                                             lse.data_ptr() & 15))  # fmt: skip
+        except (AttributeError, TypeError, IndexError):  # not tensors where tensors belong: the checks say so
+            key = None
+        prep = SEEN.lookup(key) if key is not None else None
+        if prep is not None:
+            tokens, batch = q.shape[0], cu_seqlens.shape[0] - 1
+            if (
+                k.shape[0] == tokens
+                and v.shape[0] == tokens
+                and (out is None or out.shape[0] == tokens)
+                and (lse is None or lse.shape[1] == tokens)
+                and 0 <= batch <= _MAX_BATCH
+                and type(max_seqlen) is int
+                and max_seqlen >= 0
+            ):
+                if out is None:
+                    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                if return_lse and lse is None:
+                    lse = torch.empty((q.shape[1], tokens), dtype=torch.float32, device=q.device)
+                launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse)
+                torch.autograd.graph.increment_version(out)  # (a no-op for inference-mode tensors)
+                if lse is not None:
+                    torch.autograd.graph.increment_version(lse)
+                return (out, lse) if return_lse else out
     if out is None:
         _check_qkvo(q, k, v, q, "out")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -137,6 +180,13 @@ def window_prefill(
         q, k, v, out, cu, None, max_len, bool(causal), left, right, scale, sinks_t, bias_key0,
         *ops.config_ints(config), cap, lse,
     )  # fmt: skip
+    if key is not None and cu is cu_seqlens and sinks_t is sinks and (lse is None or lse.stride(1) == 1):
+        # (a signature whose checks passed its tensors on as they are; lse with a unit token stride)
+        prep = launch.prepare(q, k, v, out, cu, None, max_len, causal=bool(causal),
+                              window_left=left, window_right=right, softmax_scale=scale, sinks=sinks_t,
+                              bias_key0=bias_key0, config=None, softcap=cap, lse=lse)  # fmt: skip
+        if prep is not None:
+            SEEN.remember(key, prep)
     if return_lse:
         return out, lse
     return out
@@ -249,6 +299,34 @@ def context_attention_fwd(
     ``validate=True`` (or env ``PREFILL_VALIDATE=1``) adds device-value checks (one host sync).
     Returns ``o``.
     """
+    key = None
+    if (
+        isinstance(q, torch.Tensor)
+        and config is None
+        and launch_directly()
+        and not _validate_requested(validate)
+    ):
+        try:
+            key = ("caf", rows_key(q), rows_key(k), rows_key(v), rows_key(o),
+                   index_key(b_start_loc), index_key(b_seq_len), is_causal, softmax_scale, sliding_window_q,
+                   sliding_window_k, whole_key(sinks), sinks_bias_key0)  # fmt: skip
+        except (AttributeError, TypeError, IndexError):  # not tensors where tensors belong: the checks say so
+            key = None
+        prep = SEEN.lookup(key) if key is not None else None
+        if prep is not None:
+            tokens, batch = q.shape[0], b_seq_len.shape[0]
+            if (
+                k.shape[0] == tokens
+                and v.shape[0] == tokens
+                and o.shape[0] == tokens
+                and b_start_loc.shape[0] == batch
+                and batch <= _MAX_BATCH
+                and type(max_input_len) is int
+                and max_input_len >= 0
+            ):
+                launch.repeat(prep, q, k, v, o, b_start_loc, b_seq_len, max_input_len, batch, sinks, None)
+                torch.autograd.graph.increment_version(o)  # (a no-op for inference-mode tensors)
+                return o
     _check_qkvo(q, k, v, o, "o")
     lens = _check_index("b_seq_len", b_seq_len, q.device, "[batch]")
     starts = _check_index("b_start_loc", b_start_loc, q.device, "[batch]")
@@ -266,11 +344,19 @@ def context_attention_fwd(
     scale = _check_scale(softmax_scale, q.shape[2])
     if _validate_requested(validate):
         _validate_starts_lens(starts, lens, max_len, q.shape[0])
+    left, right = min(left, _UNBOUNDED_WINDOW), min(right, _UNBOUNDED_WINDOW)  # (the op takes int64: any
+    # width past the cap is unbounded)
     ops.call(
-        q, k, v, o, starts, lens, max_len, bool(is_causal),
-        min(left, _UNBOUNDED_WINDOW),  # the op takes int64: any width past the cap is unbounded
-        min(right, _UNBOUNDED_WINDOW), scale, sinks_t, bool(sinks_bias_key0), *ops.config_ints(config),
+        q, k, v, o, starts, lens, max_len, bool(is_causal), left, right, scale, sinks_t,
+        bool(sinks_bias_key0), *ops.config_ints(config),
     )  # fmt: skip
+    if key is not None and starts is b_start_loc and lens is b_seq_len and sinks_t is sinks:
+        prep = launch.prepare(q, k, v, o, starts, lens, max_len, causal=bool(is_causal), window_left=left,
+                              window_right=right, softmax_scale=scale, sinks=sinks_t,
+                              bias_key0=bool(sinks_bias_key0), config=None, softcap=0.0,
+                              lse=None)  # fmt: skip
+        if prep is not None:
+            SEEN.remember(key, prep)
     return o
 
 

@@ -16,6 +16,7 @@ Triton whose Gluon cannot build it is warned about once, then its calls run the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -179,6 +180,76 @@ def forward(
          softcap, lse)  # fmt: skip
 
 
+@dataclasses.dataclass
+class Prepared:
+    """A call signature's launch, decided by its first call (:func:`prepare`; the signature table is
+    :data:`window_prefill.api.SEEN`): the plan and its keyword arguments, the windows, scale and cap as
+    :func:`forward` takes them, the key of the plan's compiled variant and, once the variant is
+    launched directly, the frame its later calls fill (with the launcher it came from)."""
+
+    plan: LaunchPlan
+    kw: dict
+    window_left: int
+    window_right: int
+    softmax_scale: float
+    softcap: float
+    key: tuple
+    frame: tuple | None = None
+
+
+def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_right, softmax_scale, sinks,
+            bias_key0, config, softcap, lse) -> Prepared | None:  # fmt: skip
+    """What the later calls of a call's signature repeat (the call, :func:`forward`'s arguments, ran);
+    None where they cannot skip :func:`forward` (bf16 under the interpreter, a Gluon plan whose kernel
+    failed)."""
+    if q.dtype == torch.bfloat16 and interpreted():
+        return None
+    window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
+    window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
+    p, kw = _planned(_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+                             bias_key0, softcap, lse is not None, config))  # fmt: skip
+    if p.kernel == "gluon" and not _gluon_ok:
+        return None
+    key = _key(p, q, k, v, out, None if p.kernel == "gluon" else sinks, starts, lens, lse)
+    return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
+
+
+def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse) -> None:
+    """A call of ``prep``'s signature (checked for what the signature leaves open): through the frame of
+    its compiled variant where one is kept (the grid, the stream and the per-call arguments written into
+    it: the kernel's only host work), else as :func:`forward` runs it."""
+    if batch <= 0 or max_len <= 0 or q.shape[0] == 0:
+        return
+    p = prep.plan
+    gluon = p.kernel == "gluon"
+    fast = _GLUON if gluon else _TRITON
+    real = fast is not None and (_gluon_fwd_kernel if gluon else _fwd_kernel) is fast.jit_fn  # (recorders)
+    if real and not fast.verify and (prep.frame is None or prep.frame[0] is not fast):
+        cap = 0.0 if gluon else prep.softcap  # (the Gluon kernel takes no cap)
+        frame = fast.frame(_frame_key(prep.key, prep.window_left, prep.window_right, prep.softmax_scale, cap))
+        prep.frame = (fast, frame) if frame is not None else None
+    index = q.get_device()
+    if not real or prep.frame is None or fast.verify or not fast.direct_now() or (
+        index != torch.cuda.current_device()
+    ):  # fmt: skip
+        if not _primed and q.is_cuda:
+            _prime_triton()
+        _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
+             prep.softmax_scale, sinks, prep.softcap, lse)  # fmt: skip
+        return
+    lens_ = lens if lens is not None else starts
+    tail = (starts.data_ptr(), lens_.data_ptr(), None if lse is None else lse.data_ptr(),
+            None if lse is None else lse.stride(0))  # fmt: skip
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if gluon:
+        bases, plain = (qp, kp, vp), (o.data_ptr(), *tail)
+    else:
+        s = sinks if sinks is not None else q
+        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail)
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    prep.frame[1](-(-max_len // p.block_m), q.shape[1], batch, stream, q.shape[0], bases, plain)
+
+
 @functools.lru_cache(maxsize=256)
 def _planned(fields: tuple) -> tuple[LaunchPlan, dict]:
     """``plan(Problem(*fields))`` and its constexprs and launch options as one keyword dict (read
@@ -226,10 +297,17 @@ def _launch_triton(
     lse,
 ) -> None:  # fmt: skip
     k_desc = v_desc = None
+    direct = _fwd_kernel is _TRITON.jit_fn  # (else a test's recorder stands in for the kernel)
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse) if direct else None
+    warm = direct and not _TRITON.verify and _TRITON.has(key)
     if kw["TMA_KV"]:  # interior K/V blocks: descriptors over [tokens, kv_heads * head_dim]
         d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
-        k_desc = TensorDescriptor(k, [k.shape[0], k.shape[1] * d], [k.stride(0), 1], [bn, d])
-        v_desc = TensorDescriptor(v, [v.shape[0], v.shape[1] * d], [v.stride(0), 1], [bn, d])
+        if warm:  # compiled: the descriptors' per-call part only
+            k_desc = Descriptor(k, [k.shape[0], k.shape[1] * d], [k.stride(0), 1])
+            v_desc = Descriptor(v, [v.shape[0], v.shape[1] * d], [v.stride(0), 1])
+        else:
+            k_desc = TensorDescriptor(k, [k.shape[0], k.shape[1] * d], [k.stride(0), 1], [bn, d])
+            v_desc = TensorDescriptor(v, [v.shape[0], v.shape[1] * d], [v.stride(0), 1], [bn, d])
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
     capped = softcap > 0
     grid = (-(-max_len // p.block_m), q.shape[1], batch)  # plain ints: triton.cdiv costs ~2 us
@@ -244,10 +322,28 @@ def _launch_triton(
         lse,  # None without return_lse: a constexpr, so the kernel compiles without it
         lse.stride(0) if lse is not None else None,
     )  # fmt: skip
-    if _fwd_kernel is not _TRITON.jit_fn:  # a test's recorder stands in for the kernel
+    if not direct:
         _fwd_kernel[grid](*args, **kw)
         return
-    _TRITON.launch(_key(p, q, k, v, o, sinks, starts, lens, lse), grid, args, kw, {}, q.device)
+    _TRITON.launch(key, grid, args, kw, {}, q.device)
+    frame_key = _frame_key(key, window_left, window_right, softmax_scale, softcap) if warm else None
+    if warm and _TRITON.frame(frame_key) is None:  # the key's later calls: through a frame (repeat())
+        _TRITON.make_frame(key, frame_key, args, kw, {"K_desc": 0, "V_desc": 0} if kw["TMA_KV"] else {},
+                           _TRITON_PER_CALL)  # fmt: skip
+
+
+def _frame_key(
+    key: tuple, window_left: int, window_right: int, softmax_scale: float, softcap: float
+) -> tuple:
+    """A frame's key: the variant's and the values a frame holds that the variant's key leaves open (the
+    windows, the logit scale and the cap, which neither kernel specialises on)."""
+    return (key, window_left, window_right, softmax_scale, softcap)
+
+
+# the Triton kernel's per-call plain arguments in a frame, in the order repeat() passes them
+_TRITON_PER_CALL = ("Q", "K", "V", "O", "Sinks", "Starts", "Lens", "Lse", "stride_lse_h")
+# the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
+_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h")
 
 
 def _key(p, q, k, v, o, sinks, starts, lens, lse) -> tuple:
@@ -285,6 +381,15 @@ def _launch_gluon(
     )  # fmt: skip
     if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731
+    elif not _GLUON.verify and _GLUON.has(key):  # then its later calls through a frame (repeat())
+
+        def launch() -> None:
+            _GLUON.launch(key, grid, args, kw, {}, q.device)
+            frame_key = _frame_key(key, window_left, window_right, softmax_scale, 0.0)
+            if _GLUON.frame(frame_key) is None:
+                _GLUON.make_frame(
+                    key, frame_key, args, kw, {"Q_desc": 0, "K_desc": 0, "V_desc": 0}, _GLUON_PER_CALL
+                )
     else:
         launch = lambda: _GLUON.launch(key, grid, args, kw, {}, q.device)  # noqa: E731
     if gluon_try_launch(launch, "window_prefill"):

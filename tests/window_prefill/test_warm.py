@@ -1,0 +1,81 @@
+"""window-prefill's warm calls on the CPU: a call signature seen before skips the full checks and, once
+its variant launches directly, launches through a frame (:class:`prefill_runtime.compiled_launch.Frame`)
+that hands the C launcher exactly what the generic direct launch would; the per-call checks a warm call
+still runs raise as the full checks do. The kernel is a stand-in (``launch_stubs``): these tests check
+the launch arguments, not the attention (the correctness tests do)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from launch_stubs import Jit, fake_raw_launchers, pointers
+from wp_util import make_qkv
+
+import prefill_runtime.compiled_launch as cl
+import window_prefill.api as wp_api
+import window_prefill.launch as wp_launch
+from prefill_runtime.signatures import Seen
+from window_prefill import context_attention_fwd, window_prefill
+
+
+@pytest.fixture
+def stub_triton(monkeypatch):
+    """The Triton kernel replaced by a stand-in launched directly, the signature table empty."""
+    jit = Jit(wp_launch._fwd_kernel.arg_names)
+    fake_raw_launchers(monkeypatch, jit)
+    monkeypatch.setattr(wp_launch, "_fwd_kernel", jit)
+    monkeypatch.setattr(wp_launch, "_TRITON", cl.CompiledLaunches(jit))
+    monkeypatch.setattr(wp_launch, "_gluon_ok", False)
+    monkeypatch.setattr(wp_api, "SEEN", Seen())
+    return jit
+
+
+def _generic(prep, q, k, v, out, cu, max_len) -> None:
+    """``prep``'s call launched as forward() launches it (the direct launch without a frame)."""
+    wp_launch._run(prep.plan, prep.kw, q, k, v, out, cu, None, max_len, cu.shape[0] - 1, prep.window_left,
+                   prep.window_right, prep.softmax_scale, None, prep.softcap, None)  # fmt: skip
+
+
+def test_frame_call_is_the_generic_launch(stub_triton):
+    """Calls of one signature with new lengths, batches and token counts: after the first (through
+    Triton) and the second (direct, making the frame), each is a frame's call whose C arguments are
+    the generic launch's; a signature that differs only in the scale or the window gets its own frame."""
+    c_calls = stub_triton.compiled.run.c_calls
+    for lens, scale, window in (([100], 0.1, (31, -1)), ([7, 1, 200], 0.1, (31, -1)), ([3], 0.2, (31, -1)),
+                                ([50, 60], 0.1, (15, -1)), ([9, 90, 1, 33], 0.1, (31, -1))):  # fmt: skip
+        q, k, v, cu = make_qkv(lens, 4, 2, 64, torch.float16, "cpu")
+        out = torch.empty_like(q)
+        for _ in range(3):
+            window_prefill(q, k, v, cu, max(lens), window=window, softmax_scale=scale, out=out)
+        framed = c_calls[-1]
+        assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
+        (prep,) = [
+            p for p in wp_api.SEEN.entries.values() if (p.softmax_scale, p.window_left) == (scale, window[0])
+        ]
+        _generic(prep, q, k, v, out, cu, max(lens))
+        assert framed == pointers(c_calls[-1]), (lens, scale, window)
+    assert len(stub_triton.triton_calls) == 1  # one compile: every other call launched directly
+    assert len(wp_launch._TRITON._frames) == 3  # one frame per (scale, window)
+
+
+def test_warm_calls_check_what_the_signature_leaves_open(stub_triton):
+    """A warm call (its signature seen before) still rejects what the signature does not fix: token counts
+    that differ, ``b_start_loc`` and ``b_seq_len`` of different lengths, a ``max_input_len`` that is not an
+    int, with the full checks' errors."""
+    q, k, v, cu = make_qkv([20, 12], 4, 2, 64, torch.float16, "cpu")
+    o = torch.empty_like(q)
+    starts, lens = cu[:-1].clone(), (cu[1:] - cu[:-1]).clone()
+    for _ in range(3):
+        context_attention_fwd(q, k, v, o, starts, lens, 20)
+        window_prefill(q, k, v, cu, 20, out=o)
+    assert len(wp_api.SEEN) == 2
+    with pytest.raises(ValueError, match="b_start_loc and b_seq_len"):
+        context_attention_fwd(q, k, v, o, starts[:1].clone(), lens, 20)
+    with pytest.raises(ValueError, match="tokens"):
+        context_attention_fwd(q, k[:5], v[:5], o, starts, lens, 20)
+    with pytest.raises(ValueError, match="tokens"):
+        window_prefill(q, k[:5], v[:5], cu, 20, out=o)
+    with pytest.raises(TypeError, match="max_input_len"):
+        context_attention_fwd(q, k, v, o, starts, lens, 20.0)
+    with pytest.raises(ValueError, match="out"):
+        window_prefill(q, k, v, cu, 20, out=o[:5])
