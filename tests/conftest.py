@@ -41,6 +41,19 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _fresh_signatures():
+    """Each test starts with both packages' tables of call signatures empty, as a new process does: a
+    test that changes what a plan depends on (the architecture, Gluon's availability, a kernel stand-in)
+    gets its own first calls. The calls within a test repeat signatures as an engine does."""
+    from prefix_prefill import signatures
+    from window_prefill import api
+
+    signatures.SEEN.clear()
+    api.SEEN.clear()
+    yield
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill an output buffer with NaN (or the max value for integer/fp8 types) before a kernel run,
     so any element the kernel forgets to write shows up in the comparison."""
@@ -52,23 +65,6 @@ def poison(t: torch.Tensor) -> torch.Tensor:
 # The Gluon kernels (both packages) run on Hopper only.
 IS_SM90 = ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
 needs_sm90 = pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm90 only")
-
-
-def count_gluon_launches(monkeypatch: pytest.MonkeyPatch, iface) -> list[int]:
-    """Turn a package interface's Gluon kernel on (``iface._GLUON``) and wrap its ``_gluon_launch``: the
-    returned list grows by one for each call the Gluon kernel took (``_gluon_launch`` returned True)."""
-    taken: list[int] = []
-    orig = iface._gluon_launch
-
-    def counted(*args, **kwargs):
-        ok = orig(*args, **kwargs)
-        if ok:
-            taken.append(1)
-        return ok
-
-    monkeypatch.setattr(iface, "_gluon_launch", counted)
-    monkeypatch.setattr(iface, "_GLUON", True)
-    return taken
 
 
 # Head of the scripts that compile a Gluon kernel for sm90 in a fresh interpreter (see

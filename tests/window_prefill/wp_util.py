@@ -158,9 +158,9 @@ def spy_triton(monkeypatch: pytest.MonkeyPatch) -> KernelSpy:
 
 def count_gluon_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The returned list grows by one for each call the Gluon kernel ran (``launch._launch_gluon``
-    returned True)."""
+    returned True, or a warm call of a Gluon plan launched through its frame: ``launch.repeat``)."""
     taken: list[int] = []
-    orig = wp_launch._launch_gluon
+    orig, orig_repeat = wp_launch._launch_gluon, wp_launch.repeat
 
     def counted(*args, **kwargs):
         ok = orig(*args, **kwargs)
@@ -168,7 +168,14 @@ def count_gluon_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             taken.append(1)
         return ok
 
+    def counted_repeat(prep, *args, **kwargs):
+        framed = orig_repeat(prep, *args, **kwargs)
+        if framed and prep.plan.kernel == "gluon":
+            taken.append(1)
+        return framed
+
     monkeypatch.setattr(wp_launch, "_launch_gluon", counted)
+    monkeypatch.setattr(wp_launch, "repeat", counted_repeat)
     return taken
 
 

@@ -103,6 +103,45 @@ def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, l
     return key
 
 
+def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
+         max_query_len: int, scale: float, lse) -> bool:  # fmt: skip
+    """A warm call of a Gluon plan (``key``: its :func:`launch_key`) through the frame kept for its caches
+    and scale: True when launched (or nothing to launch), False when there is no usable frame (no direct
+    launch yet over these caches, a launch hook installed, a test's stand-in kernel, another current
+    device): then :func:`launch` runs it."""
+    nhd = plan.kernel == "gluon-nhd"
+    fast = _NHD if nhd else _SPLIT
+    if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
+        return False
+    frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale))
+    if frame is None:
+        return False
+    index = q.get_device()
+    if index != torch.cuda.current_device():  # (Triton launches on the current device: launch() sets it)
+        return False
+    tokens, batch = q.shape[0], seq_lens.shape[0]
+    if batch == 0 or tokens == 0 or max_query_len == 0:
+        return True
+    qp = q.data_ptr()
+    if k is None:
+        bases = (qp, qp, qp, qp)
+    else:
+        kp = k.data_ptr()
+        bases = (qp, kp, v.data_ptr(), kp)  # (the bases of _per_call_descs, in its order)
+    plain = (
+        o.data_ptr(),
+        block_table.data_ptr(),
+        cu_seqlens_q.data_ptr(),
+        seq_lens.data_ptr(),
+        block_table.stride(0),
+        None if lse is None else lse.data_ptr(),
+        None if lse is None else lse.stride(0),
+    )
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    frame(-(-max_query_len // plan.block_m), q.shape[1], batch, stream, tokens, bases, plain)
+    return True
+
+
 def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
            seq_lens, max_query_len, scale, lse, key: int | None = None) -> bool:  # fmt: skip
     """Run ``plan``'s Gluon kernel for ``problem`` (:class:`prefix_prefill.plan.Problem`); False when it
@@ -113,31 +152,6 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse)
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
-    kernel = _gluon_fwd_kernel if nhd else _gluon_split_kernel
-    if fast is not None and fast.jit_fn is kernel and not fast.verify:  # (a test's recorder: not a frame)
-        frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale))
-        if frame is not None:  # a frame of this key over these caches: per-call slots only
-            index = q.get_device()
-            qp = q.data_ptr()
-            if k is None:
-                bases = (qp, qp, qp, qp)
-            else:
-                kp = k.data_ptr()
-                bases = (qp, kp, v.data_ptr(), kp)  # (of _per_call_descs, in its order)
-            stream = torch._C._cuda_getCurrentRawStream(index if index >= 0 else torch.cuda.current_device())
-            plain = (o.data_ptr(), block_table.data_ptr(), cu_seqlens_q.data_ptr(), seq_lens.data_ptr(),
-                     block_table.stride(0), None if lse is None else lse.data_ptr(),
-                     None if lse is None else lse.stride(0))  # fmt: skip
-            frame(
-                -(-max_query_len // plan.block_m),
-                q.shape[1],
-                seq_lens.shape[0],
-                stream,
-                q.shape[0],
-                bases,
-                plain,
-            )
-            return True
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
             max_query_len, scale, lse)  # fmt: skip
     if fast is not None and not fast.verify and fast.has(key):  # compiled and loaded: straight to it

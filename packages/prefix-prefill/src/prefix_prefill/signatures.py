@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from prefill_runtime.signatures import Seen, index_key, rows_key, table_key, whole_key  # noqa: F401
-from prefix_prefill import checks, launch, ops
+from prefix_prefill import checks, gluon_launch, launch, ops
 from prefix_prefill.checks import Scale
 
 # call signature -> the launch.Prepared it runs
@@ -63,6 +63,11 @@ def repeat(
         )
     ):
         return False  # the full checks raise the error (or take the other plan)
+    if prep.plan.kernel != "triton" and gluon_launch.warm(
+        prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale, lse
+    ):
+        ops.bump_versions(o, lse)
+        return True
     with ops.on_device(q.device):
         launch.run_prepared(
             prep,

@@ -157,6 +157,9 @@ def window_prefill(
                 and 0 <= batch <= _MAX_BATCH
                 and type(max_seqlen) is int
                 and max_seqlen >= 0
+                and (
+                    prep.plan.kernel != "gluon" or launch._gluon_ok
+                )  # (else the plan changed: the full path)
             ):
                 if out is None:
                     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -323,6 +326,9 @@ def context_attention_fwd(
                 and batch <= _MAX_BATCH
                 and type(max_input_len) is int
                 and max_input_len >= 0
+                and (
+                    prep.plan.kernel != "gluon" or launch._gluon_ok
+                )  # (else the plan changed: the full path)
             ):
                 launch.repeat(prep, q, k, v, o, b_start_loc, b_seq_len, max_input_len, batch, sinks, None)
                 torch.autograd.graph.increment_version(o)  # (a no-op for inference-mode tensors)

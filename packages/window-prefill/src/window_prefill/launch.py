@@ -214,12 +214,14 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
     return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
 
 
-def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse) -> None:
+def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse) -> bool:
     """A call of ``prep``'s signature (checked for what the signature leaves open): through the frame of
     its compiled variant where one is kept (the grid, the stream and the per-call arguments written into
-    it: the kernel's only host work), else as :func:`forward` runs it."""
+    it: the kernel's only host work; True), else as :func:`forward` runs it (False)."""
     if batch <= 0 or max_len <= 0 or q.shape[0] == 0:
-        return
+        return False
+    if not _primed and q.is_cuda:
+        _prime_triton()
     p = prep.plan
     gluon = p.kernel == "gluon"
     fast = _GLUON if gluon else _TRITON
@@ -232,11 +234,9 @@ def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, s
     if not real or prep.frame is None or fast.verify or not fast.direct_now() or (
         index != torch.cuda.current_device()
     ):  # fmt: skip
-        if not _primed and q.is_cuda:
-            _prime_triton()
         _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
              prep.softmax_scale, sinks, prep.softcap, lse)  # fmt: skip
-        return
+        return False
     lens_ = lens if lens is not None else starts
     tail = (starts.data_ptr(), lens_.data_ptr(), None if lse is None else lse.data_ptr(),
             None if lse is None else lse.stride(0))  # fmt: skip
@@ -248,6 +248,7 @@ def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, s
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail)
     stream = torch._C._cuda_getCurrentRawStream(index)
     prep.frame[1](-(-max_len // p.block_m), q.shape[1], batch, stream, q.shape[0], bases, plain)
+    return True
 
 
 @functools.lru_cache(maxsize=256)
