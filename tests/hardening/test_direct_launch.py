@@ -99,3 +99,51 @@ def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
     assert torch.equal(run(a), first)
     assert compare(run(b), ref(b))
     assert torch.equal(run(a), first)
+
+
+def _fewer_tokens(c, keep: list[int], new: list[int]):
+    """``c``'s sequences ``keep`` over the same caches and block table rows, each with ``new[i]`` new
+    tokens (at most its own; their K/V fresh, or, read from the cache, the first ones written there)."""
+    import dataclasses
+
+    rows = torch.tensor(keep, device=c.q.device)
+    total, heads, head = sum(new), c.q.shape[1], c.q.shape[2]
+    q = torch.randn(total, heads, head, device=c.q.device).to(c.q.dtype)
+    k = v = None
+    if c.k is not None:
+        k = torch.randn(total, c.k.shape[1], head, device=c.q.device).to(c.k.dtype)
+        v = torch.randn_like(k)
+    ctx = [c.ctx_lens[i] for i in keep]
+    ends = torch.tensor(new).cumsum(0).tolist()
+    cu = torch.tensor([0, *ends], dtype=c.cu_seqlens_q.dtype, device=q.device)
+    lens = [a + b for a, b in zip(ctx, new, strict=True)]
+    seq_lens = torch.tensor(lens, dtype=c.seq_lens.dtype, device=q.device)
+    table = c.block_table[rows].contiguous()
+    return dataclasses.replace(c, q=q, k=k, v=v, block_table=table, cu_seqlens_q=cu, seq_lens=seq_lens,
+                               max_query_len=max(new), ctx_lens=ctx, q_lens=list(new))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "head", "from_cache"),
+    [("split", 128, False), ("split", 128, True), ("nhd", 128, False), ("split", 256, False)],
+)
+def test_frames_follow_new_tokens(layout, head, from_cache, monkeypatch):
+    """The shipped warm path (no verify) over one layer's caches, step after step: a frame made by one
+    call serves calls of other token counts, batches, lengths and block tables over the same caches (the
+    per-call slots), and another scale (its own frame); each answer is the reference's."""
+    from prefix_prefill import gluon_launch
+
+    monkeypatch.setattr(CompiledLaunches, "verify", False)
+    a = paged_case([(600, 100), (0, 33), (17, 9)], heads=8, kv_heads=2, head=head, page=16,
+                   dtype=torch.bfloat16, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    for _ in range(3):
+        run_pp(a)
+    assert gluon_launch.finish_compiles(timeout=300)
+    for _ in range(3):  # (the full form: through Triton, then directly, making the frame)
+        assert compare(run_pp(a), paged_ref(a))
+    for keep, new in (([0], [1]), ([2, 0], [9, 57]), ([1, 2, 0], [33, 1, 100]), ([0, 0, 0, 1], [4, 5, 6, 7])):
+        b = _fewer_tokens(a, keep, new)
+        assert compare(run_pp(b), paged_ref(b)), (keep, new)
+        assert compare(run_pp(b, softmax_scale=0.05), paged_ref(b, softmax_scale=0.05)), (keep, new)
+        if layout == "split":
+            assert compare(run_pcaf(b), paged_ref(b)), (keep, new)
