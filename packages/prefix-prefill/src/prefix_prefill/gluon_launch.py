@@ -90,11 +90,17 @@ def _run_tiers(key: tuple, launch) -> None:
 
 def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, lse) -> int:
     """The id of a call's key for the compiled variants launched directly: its kernel, problem and plan
-    (which fix every descriptor's geometry and every constexpr) and the dtypes and 16-byte alignment of
-    the index tensors and ``lse`` (the specialisations the problem leaves open). One call signature has
-    one id (:class:`prefix_prefill.launch.Prepared` keeps it). Bounded: past ``_KEY_IDS_MAX`` keys the
-    table starts over, with new ids."""
-    full = (plan.kernel, problem, plan, _spec(block_table, cu_seqlens_q, seq_lens, lse))
+    (which fix every descriptor's geometry and every constexpr), the dtypes and 16-byte alignment of
+    the index tensors and ``lse`` (the specialisations the problem leaves open) and the device (a
+    variant is loaded on one). One call signature has one id (:class:`prefix_prefill.launch.Prepared`
+    keeps it). Bounded: past ``_KEY_IDS_MAX`` keys the table starts over, with new ids."""
+    full = (
+        plan.kernel,
+        problem,
+        plan,
+        _spec(block_table, cu_seqlens_q, seq_lens, lse),
+        seq_lens.get_device(),
+    )
     key = _KEY_IDS.get(full)
     if key is None:
         if len(_KEY_IDS) >= _KEY_IDS_MAX:

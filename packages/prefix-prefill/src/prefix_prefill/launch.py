@@ -488,12 +488,14 @@ def _triton_prepare(
     if problem.arch == "interpreter":
         return
     # the compiled variant is a function of the problem (q/k/v/o and cache strides, dtypes, alignment), the
-    # plan, and the dtype and alignment of the other tensors (every other integer is do_not_specialize)
+    # plan, and the dtype and alignment of the other tensors (every other integer is do_not_specialize);
+    # it is loaded on one device (its index: another GPU of the process has its own)
     others = (block_table, cu, sl, sinks, alibi, ks, vs, os_, lse)
     prep.key = (
         problem,
         prep.plan,
         tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in others),
+        q.get_device(),
     )
 
 

@@ -351,11 +351,12 @@ def _key(p, q, k, v, o, sinks, starts, lens, lse) -> tuple:
     """What Triton specialises a launch of plan ``p`` on beyond the plan: the exact strides of q/k/v/o
     and the group size (a superset of "1 or a multiple of 16"), the dtypes and 16-byte alignment of
     every tensor argument (the windows and the LSE stride are ``do_not_specialize``; descriptors
-    specialise on the dtype and block shape, both fixed by ``p`` and q's dtype)."""
+    specialise on the dtype and block shape, both fixed by ``p`` and q's dtype), and the device (a
+    variant is loaded on one)."""
     tensors = (q, k, v, o, sinks, starts, lens, lse)
     return (
         p, q.stride(), k.stride(), v.stride(), o.stride(), q.shape[1] // k.shape[1],
-        tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors),
+        tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors), q.get_device(),
     )  # fmt: skip
 
 
