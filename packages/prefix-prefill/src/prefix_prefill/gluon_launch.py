@@ -5,6 +5,12 @@ tiers, the compiled variants launched directly, the fallback when a Gluon kernel
 :mod:`prefix_prefill.plan` for when they apply); it returns False when the kernel failed to build or
 launch (another Triton's Gluon): from then on :func:`available` is False and the Triton kernel runs.
 
+Warm calls: a compiled and loaded key's full form is launched directly (light descriptors, Triton 3.6's
+C launcher), and its first direct launch over a pair of caches keeps a frame of the C-launcher arguments
+(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers and logit scale); a repeated
+call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the new
+tokens' descriptors, the output and index pointers, the block-table stride, the LSE) and launches.
+
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
 daemon thread compiles the full form (two warpgroups ping-ponging over the tensor cores); calls after
