@@ -217,34 +217,12 @@ def context_attention_fwd(
             the environment variable ``PREFILL_VALIDATE=1``.
     """
     fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
-    if fast:
-        try:
-            kc_key = signatures.whole_key(k_cache)
-            fp8 = kv_cache_dtype != "auto" or kc_key[2] in FP8_DTYPES  # (else the scales are not read)
-            key = (
-                "vllm",
-                kv_cache_dtype,
-                signatures.rows_key(q),
-                signatures.rows_key(k),
-                signatures.rows_key(v),
-                signatures.rows_key(o),
-                kc_key,
-                signatures.whole_key(v_cache),
-                signatures.table_key(b_loc),
-                signatures.index_key(b_start_loc),
-                signatures.index_key(b_seq_len),
-                signatures.whole_key(k_scale) if fp8 else None,
-                signatures.whole_key(v_scale) if fp8 else None,
-                signatures.whole_key(alibi_slopes),
-                sliding_window,
-                sm_scale,
-                skip_decode,
-                signatures.whole_key(fp8_out_scale),
-                signatures.whole_key(sinks),
-                causal,
-            )
-        except (AttributeError, TypeError, IndexError):  # not tensors where tensors belong: the checks say so
-            key, fast = None, False
+    key = None
+    if fast:  # (None: not the types they must be; the full checks say so)
+        key = signatures.vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
+                                  k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode,
+                                  fp8_out_scale, sinks, causal)  # fmt: skip
+        fast = key is not None
     prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
         # (the signature holds the caches' dtypes, which its first call checked against kv_cache_dtype)
@@ -538,37 +516,12 @@ def prefix_prefill(
         out = prefix_prefill(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, 20)
     """
     fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
-    if fast:
-        try:
-            kc_key = signatures.whole_key(k_cache)
-            fp8 = kc_key[2] in FP8_DTYPES or kc_key[2] == torch.uint8  # (else the scales are not read)
-            key = (
-                "py",
-                signatures.rows_key(q),
-                signatures.rows_key(k),
-                signatures.rows_key(v),
-                kc_key,
-                signatures.whole_key(v_cache),
-                signatures.table_key(block_table),
-                signatures.index_key(cu_seqlens_q),
-                signatures.index_key(seq_lens),
-                causal,
-                tuple(window) if isinstance(window, list) else window,
-                softmax_scale,
-                signatures.whole_key(alibi_slopes),
-                signatures.whole_key(sinks),
-                signatures.whole_key(k_scale) if fp8 else None,
-                signatures.whole_key(v_scale) if fp8 else None,
-                kv_layout,
-                softcap,
-                signatures.rows_key(out),
-                return_lse,
-                None
-                if lse is None
-                else (lse.shape[0], lse.stride(1), lse.dtype, lse.device, lse.data_ptr() & 15),
-            )
-        except (AttributeError, TypeError, IndexError):  # not the types they must be: the checks say so
-            key, fast = None, False
+    key = None
+    if fast:  # (None: not the types they must be; the full checks say so)
+        key = signatures.py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal,
+                                window, softmax_scale, alibi_slopes, sinks, k_scale, v_scale, kv_layout,
+                                softcap, out, return_lse, lse)  # fmt: skip
+        fast = key is not None
     prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
         kc_, vc_ = k_cache, v_cache

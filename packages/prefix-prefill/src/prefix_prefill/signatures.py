@@ -12,12 +12,48 @@ from __future__ import annotations
 
 import torch
 
-from prefill_runtime.signatures import Seen, index_key, rows_key, table_key, whole_key  # noqa: F401
+from prefill_runtime.signatures import Seen, index_key, rows_key, table_key, whole_key
 from prefix_prefill import checks, gluon_launch, launch, ops
-from prefix_prefill.checks import Scale
+from prefix_prefill.checks import FP8_DTYPES, Scale
 
 # call signature -> the launch.Prepared it runs
 SEEN = Seen(256)
+
+
+def vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, k_scale, v_scale,
+             alibi, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal):  # fmt: skip
+    """The signature of a ``context_attention_fwd`` call (its arguments in order); None where an argument
+    is not of a type the key can read (the full checks reject it). The fp8 scales belong to it only with
+    an fp8 cache (elsewhere they are not read)."""
+    try:
+        kc = whole_key(k_cache)
+        fp8 = kv_cache_dtype != "auto" or kc[2] in FP8_DTYPES
+        return ("vllm", kv_cache_dtype, rows_key(q), rows_key(k), rows_key(v), rows_key(o), kc,
+                whole_key(v_cache), table_key(b_loc), index_key(b_start_loc), index_key(b_seq_len),
+                whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None, whole_key(alibi),
+                sliding_window, sm_scale, skip_decode, whole_key(fp8_out_scale), whole_key(sinks),
+                causal)  # fmt: skip
+    except (AttributeError, TypeError, IndexError):
+        return None
+
+
+def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal, window, softmax_scale,
+           alibi, sinks, k_scale, v_scale, kv_layout, softcap, out, return_lse, lse):  # fmt: skip
+    """The signature of a ``prefix_prefill`` call (its arguments in order); None as :func:`vllm_key`. The
+    fp8 scales belong to it only with an fp8 (or uint8) cache."""
+    try:
+        kc = whole_key(k_cache)
+        fp8 = kc[2] in FP8_DTYPES or kc[2] == torch.uint8
+        lse_key = (
+            None if lse is None else (lse.shape[0], lse.stride(1), lse.dtype, lse.device, lse.data_ptr() & 15)
+        )
+        return ("py", rows_key(q), rows_key(k), rows_key(v), kc, whole_key(v_cache), table_key(block_table),
+                index_key(cu_seqlens_q), index_key(seq_lens), causal,
+                tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(alibi),
+                whole_key(sinks), whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None,
+                kv_layout, softcap, rows_key(out), return_lse, lse_key)  # fmt: skip
+    except (AttributeError, TypeError, IndexError):
+        return None
 
 
 def repeat(
