@@ -180,7 +180,7 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
           max_query_len, scale, lse) -> None:  # fmt: skip
     """A compiled key's full form, launched directly with light descriptors, then kept as a frame over
     these caches (:class:`prefill_runtime.compiled_launch.Frame`): the key's later calls over them fill
-    only the per-call slots (:func:`launch`)."""
+    only the per-call slots (:func:`warm`)."""
     args, params, grid = call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
                               seq_lens, max_query_len, scale, lse, True, True)  # fmt: skip
     fast.launch(key, grid, args, params, _FULL_OPTIONS, q.device)
@@ -191,13 +191,13 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
         fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
 
 
-# A frame's per-call plain arguments (both kernels name them alike), in the order launch() passes them
+# A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
 _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h")
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
     """A frame's per-call descriptors (parameter, the dimension of its shape that is the token count), in
-    the order of the bases launch() passes (q, K rows, V rows, K rows): Q's rows; the new tokens' K and V
+    the order of the bases warm() passes (q, K rows, V rows, K rows): Q's rows; the new tokens' K and V
     unless they come from the cache (NHD: the cache's descriptors stand in); the split kernel's K by TMA
     is ``[kv_heads * D/8, tokens, 8]`` and its full key blocks ``KN_desc`` ``[..., tokens, 8]``."""
     if nhd:

@@ -132,20 +132,9 @@ def window_prefill(
         assert out.shape == (8, 4, 64) and lse.shape == (4, 8)
     """
     key = None
-    if (
-        isinstance(q, torch.Tensor)
-        and config is None
-        and launch_directly()
-        and not _validate_requested(validate)
-    ):
-        try:
-            key = ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out),
-                   index_key(cu_seqlens), causal, tuple(window) if isinstance(window, list) else window,
-                   softmax_scale, whole_key(sinks), sinks_mode, softcap, return_lse,
-                   None if lse is None else (lse.shape[0], lse.stride(), lse.dtype, lse.device,
-                                             lse.data_ptr() & 15))  # fmt: skip
-        except (AttributeError, TypeError, IndexError):  # not tensors where tensors belong: the checks say so
-            key = None
+    if _may_repeat(q, config, validate):
+        key = _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap,
+                      return_lse, lse)  # fmt: skip
         prep = SEEN.lookup(key) if key is not None else None
         if prep is not None:
             tokens, batch = q.shape[0], cu_seqlens.shape[0] - 1
@@ -157,9 +146,7 @@ def window_prefill(
                 and 0 <= batch <= _MAX_BATCH
                 and type(max_seqlen) is int
                 and max_seqlen >= 0
-                and (
-                    prep.plan.kernel != "gluon" or launch._gluon_ok
-                )  # (else the plan changed: the full path)
+                and launch.still_planned(prep)
             ):
                 if out is None:
                     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -303,18 +290,9 @@ def context_attention_fwd(
     Returns ``o``.
     """
     key = None
-    if (
-        isinstance(q, torch.Tensor)
-        and config is None
-        and launch_directly()
-        and not _validate_requested(validate)
-    ):
-        try:
-            key = ("caf", rows_key(q), rows_key(k), rows_key(v), rows_key(o),
-                   index_key(b_start_loc), index_key(b_seq_len), is_causal, softmax_scale, sliding_window_q,
-                   sliding_window_k, whole_key(sinks), sinks_bias_key0)  # fmt: skip
-        except (AttributeError, TypeError, IndexError):  # not tensors where tensors belong: the checks say so
-            key = None
+    if _may_repeat(q, config, validate):
+        key = _caf_key(q, k, v, o, b_start_loc, b_seq_len, is_causal, softmax_scale, sliding_window_q,
+                       sliding_window_k, sinks, sinks_bias_key0)  # fmt: skip
         prep = SEEN.lookup(key) if key is not None else None
         if prep is not None:
             tokens, batch = q.shape[0], b_seq_len.shape[0]
@@ -326,9 +304,7 @@ def context_attention_fwd(
                 and batch <= _MAX_BATCH
                 and type(max_input_len) is int
                 and max_input_len >= 0
-                and (
-                    prep.plan.kernel != "gluon" or launch._gluon_ok
-                )  # (else the plan changed: the full path)
+                and launch.still_planned(prep)
             ):
                 launch.repeat(prep, q, k, v, o, b_start_loc, b_seq_len, max_input_len, batch, sinks, None)
                 torch.autograd.graph.increment_version(o)  # (a no-op for inference-mode tensors)
@@ -364,6 +340,44 @@ def context_attention_fwd(
         if prep is not None:
             SEEN.remember(key, prep)
     return o
+
+
+# ------------------------------------------------------------------------------- call signatures
+def _may_repeat(q: object, config: object, validate: bool) -> bool:
+    """Whether a call may take its signature's warm path (:data:`SEEN`): a tensor q, the default config,
+    no device-value checks, launched directly (not traced by ``torch.compile`` or a dispatch mode)."""
+    return (
+        isinstance(q, torch.Tensor)
+        and config is None
+        and launch_directly()
+        and not _validate_requested(validate)
+    )
+
+
+def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap, return_lse,
+            lse) -> tuple | None:  # fmt: skip
+    """The signature of a :func:`window_prefill` call; None where an argument is not of a type the key
+    can read (the full checks reject it)."""
+    try:
+        lse_key = (
+            None if lse is None else (lse.shape[0], lse.stride(), lse.dtype, lse.device, lse.data_ptr() & 15)
+        )
+        return ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out), index_key(cu_seqlens), causal,
+                tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(sinks),
+                sinks_mode, softcap, return_lse, lse_key)  # fmt: skip
+    except (AttributeError, TypeError, IndexError):
+        return None
+
+
+def _caf_key(q, k, v, o, b_start_loc, b_seq_len, is_causal, softmax_scale, sliding_window_q, sliding_window_k,
+             sinks, sinks_bias_key0) -> tuple | None:  # fmt: skip
+    """The signature of a :func:`context_attention_fwd` call; None as :func:`_py_key`."""
+    try:
+        return ("caf", rows_key(q), rows_key(k), rows_key(v), rows_key(o), index_key(b_start_loc),
+                index_key(b_seq_len), is_causal, softmax_scale, sliding_window_q, sliding_window_k,
+                whole_key(sinks), sinks_bias_key0)  # fmt: skip
+    except (AttributeError, TypeError, IndexError):
+        return None
 
 
 # ------------------------------------------------------------------------------- host-side checks

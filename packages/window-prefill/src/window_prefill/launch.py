@@ -214,6 +214,12 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
     return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
 
 
+def still_planned(prep: Prepared) -> bool:
+    """Whether ``prep``'s plan is still the one :func:`forward` would choose: not a Gluon plan once the
+    Gluon kernel failed in this process (its calls then plan the Triton kernel afresh)."""
+    return prep.plan.kernel != "gluon" or _gluon_ok
+
+
 def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse) -> bool:
     """A call of ``prep``'s signature (checked for what the signature leaves open): through the frame of
     its compiled variant where one is kept (the grid, the stream and the per-call arguments written into
