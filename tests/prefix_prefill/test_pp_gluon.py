@@ -202,8 +202,8 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     constexprs, the V cache as a pointer or (V by TMA) a ``[D, 16]`` descriptor and the V ring's layout,
     the K cache as a pointer or (K by TMA) ``[8, 64]`` chunk boxes with the wide / run views and the
     consumers' K view, and the new tokens read where they are: V as ``[BLOCK_N, D]`` rows of ``v``, K as
-    rows of ``k`` (gathers) or (K by TMA) ``k`` itself with its token stride in 16-byte units, which the
-    kernel gathers; no copy is made."""
+    rows of ``k`` (gathers) or ``[8, 8, 8]`` chunk boxes of ``k`` seen as ``[kv_heads * D/8, tokens, 8]``
+    (K by TMA); no copy is made."""
     rec = _record_split(monkeypatch)
     case = make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
                      dtype=torch.bfloat16, device="cpu", layout="split",
@@ -230,11 +230,12 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     assert list(q_desc.block_shape) == [64, head]
     assert (kw["K_VIEW"] is None) is not k_tma
     k_rows = case.q if from_cache else case.k
-    k_new, stride_k8 = args[-2], args[-1]
-    assert k_new is k_rows and stride_k8 * 8 == k_rows.stride(0)
-    if k_tma:  # K in [8, 64] boxes: the cache as [blocks * kv_heads * D/8, page * 8]; k gathered in-kernel
-        assert list(k_cache_arg.block_shape) == [8, 64] and k_desc is None
+    assert k_desc.base is k_rows
+    if k_tma:  # K in [8, 64] boxes: the cache as [blocks * kv_heads * D/8, page * 8]; k as [8, 8, 8] chunks
+        assert list(k_cache_arg.block_shape) == [8, 64] and list(k_desc.block_shape) == [8, 8, 8]
         assert k_cache_arg.shape == [case.k_cache.shape[0] * 2 * head // 8, page * 8]
+        assert list(k_desc.shape) == [k_rows.shape[1] * head // 8, k_rows.shape[0], 8]
+        assert list(k_desc.strides) == [8, k_rows.stride(0), 1]
         g = head // 8 if c["K_CM"] else 8
         assert kw["K_VIEW"] == gluon_launch._k_view(bn, head, c["K_CM"])
         rows = case.k_cache.shape[0] * 2 * head // 8
@@ -246,7 +247,7 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
         assert (kw["KW_desc"] is None) is (c["K_WIDE"] == 2) and kw["KR_desc"] is not None
     else:
         assert k_cache_arg is case.k_cache and kw["KW_desc"] is None and kw["KR_desc"] is None
-        assert list(k_desc.block_shape) == [bn, head] and k_desc.base is k_rows
+        assert list(k_desc.block_shape) == [bn, head]
 
 
 @pytest.mark.parametrize("head", [128, 256])
@@ -402,6 +403,7 @@ def no_base_offsets(kernel):
 
 lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # K chunks (K by TMA)
 lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)  # wide boxes / runs
+l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)  # new tokens' full blocks
 # head, from cache, lse, V by TMA, K by TMA, K_WIDE: every form a plan takes (and the gathers at 128 / 256,
 # which a split cache whose strides TMA cannot take runs)
 CASES = ((64, False, True, False, False, 0), (64, True, False, False, False, 0),
@@ -419,17 +421,18 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     g = head // 8 if cm else 8
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
-        "K_desc": "constexpr" if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>" if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "K_cache": k_chunk if k_tma else "*bf16",
         "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
         "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32",
         "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
         "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
         "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32" if lse else "constexpr",
-        "stride_lse_h": "i32" if lse else "constexpr", "K_new": "*bf16", "stride_k8": "i32",
+        "stride_lse_h": "i32" if lse else "constexpr",
     }
     if k_tma:
         sig["KR_desc"] = f"tensordesc<bf16[2, {g}, 64],{lw!r}>"
+        sig["KN_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 8, 8],{l4!r}>"
         if k_wide == 1:
             sig["KW_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>"
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
@@ -437,21 +440,17 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
                   K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    if k_tma:
-        consts.update(K_desc=None)
-    aligned = ("K_new",) + tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
+    aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
     src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, free_waits=True)
     check_launcher_guess(itf._gluon_split_kernel, src, kernel)
     ptx = kernel.asm["ptx"]
-    # 16-byte gathers only (the context's, or with K by TMA the new tokens' K), and every gathering
-    # producer thread arrives when its own copies land
-    if not (v_tma and k_tma and from_cache):
-        assert "cp.async.cg.shared.global" in ptx
-    assert "cp.async.ca.shared.global" not in ptx
-    # (with K by TMA, only the new tokens' K is gathered: none when they come from the cache)
-    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - (k_tma and from_cache)
-    if k_tma:  # the context's K by 3-D boxes read by wgmma without re-staging
-        assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.bulk.tensor.4d" not in ptx
+    # 16-byte gathers only, and every gathering producer thread arrives when its own copies land
+    if not (v_tma and k_tma):
+        assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
+    if k_tma:  # K by 3-D boxes (4-D: new tokens' full blocks) read by wgmma without re-staging
+        assert "cp.async.bulk.tensor.3d" in ptx
+        assert "cp.async.bulk.tensor.4d" in ptx or from_cache
     if cm:
         no_base_offsets(kernel)
     # the quick form: one 8-warp consumer partition (Q in one box), LLVM at O0
@@ -524,24 +523,25 @@ for head in (128, 256):
         else:  # the split kernel as shipped at head 256, page 16: K (chunk-major runs) and V by TMA
             lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
             lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
+            l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
             lv = gl.NVMMASharedLayout.get_default_for([head, 16], gl.bfloat16)
             k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
             sig = {
                 "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
-                "K_desc": "constexpr",
+                "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>",
                 "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "K_cache": k_chunk,
                 "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>", "O": "*bf16", "BlockTable": "*i32",
                 "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
                 "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
                 "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
                 "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32",
-                "KR_desc": f"tensordesc<bf16[2, {head // 8}, 64],{lw!r}>", "K_new": "*bf16",
-                "stride_k8": "i32",
+                "KR_desc": f"tensordesc<bf16[2, {head // 8}, 64],{lw!r}>",
+                "KN_desc": f"tensordesc<bf16[{bn // 8}, {head // 8}, 8, 8],{l4!r}>",
             }
-            consts = dict(K_desc=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False,
-                          RETURN_LSE=True, NUM_STAGES=2, V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_WIDE=2,
+            consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False, RETURN_LSE=True,
+                          NUM_STAGES=2, V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_WIDE=2,
                           K_VIEW=itf._k_view(bn, head, True), K_CM=True, V_RING=lv)
-            fn, aligned = itf._gluon_split_kernel, ("K_new",)  # (the plan asks k to be 16-byte aligned)
+            fn, aligned = itf._gluon_split_kernel, ()
         _, plain = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps)
         _, free = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps, free_waits=True)
         check_free(plain.asm["ptx"], free.asm["ptx"])

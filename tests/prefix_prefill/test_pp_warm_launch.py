@@ -93,8 +93,7 @@ def test_frame_call_is_the_generic_launch(warm_split):
         assert framed == pointers(c_calls[-1])
         assert framed[0] == -(-b.max_query_len // 128) and framed[2] == len(seqs)
         maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
-        assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.v.data_ptr() for m in maps)
-        assert b.k.data_ptr() in framed  # (K by TMA at head 128: the kernel gathers the new tokens' K)
+        assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
     assert len(warm_split.triton_calls) == 1
 
 

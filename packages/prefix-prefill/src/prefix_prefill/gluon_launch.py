@@ -136,12 +136,10 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         return True
     qp = q.data_ptr()
     if k is None:
-        kp = vp = qp
+        bases = (qp, qp, qp, qp)
     else:
-        kp, vp = k.data_ptr(), v.data_ptr()
-    # (the bases of _per_call_descs, in its order; the split kernel's per-call plain arguments end with
-    # K_new, the new tokens' K)
-    bases = (qp, kp, vp) if nhd else (qp, vp, kp)
+        kp = k.data_ptr()
+        bases = (qp, kp, v.data_ptr(), kp)  # (the bases of _per_call_descs, in its order)
     plain = (
         o.data_ptr(),
         block_table.data_ptr(),
@@ -151,8 +149,6 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if lse is None else lse.data_ptr(),
         None if lse is None else lse.stride(0),
     )
-    if not nhd:
-        plain += (kp,)
     stream = torch._C._cuda_getCurrentRawStream(index)
     frame(-(-max_query_len // plan.block_m), q.shape[1], batch, stream, tokens, bases, plain)
     return True
@@ -191,25 +187,23 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     # (the frame holds the caches' descriptors and the logit scale, which the key leaves open)
     frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale)
     if fast.frame(frame_key) is None:
-        nhd = call is _nhd_call
-        descs = dict(_per_call_descs(nhd=nhd, k=k, params=params))
-        fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN + (() if nhd else ("K_new",)))
+        descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
+        fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
 
 
-# A frame's per-call plain arguments (both kernels name them alike; the split kernel's add K_new), in
-# the order warm() passes them
+# A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
 _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h")
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
     """A frame's per-call descriptors (parameter, the dimension of its shape that is the token count), in
-    the order of the bases warm() passes (NHD: q, K rows, V rows; split: q, V rows, K rows): Q's rows;
-    the new tokens' K and V unless they come from the cache (NHD: the cache's descriptors stand in); the
-    split kernel's V rows always (q's when ``k`` is None) and its K rows unless K comes by TMA (the
-    kernel then gathers the new tokens' K from ``K_new``)."""
+    the order of the bases warm() passes (q, K rows, V rows, K rows): Q's rows; the new tokens' K and V
+    unless they come from the cache (NHD: the cache's descriptors stand in); the split kernel's K by TMA
+    is ``[kv_heads * D/8, tokens, 8]`` and its full key blocks ``KN_desc`` ``[..., tokens, 8]``."""
     if nhd:
         return [("Q_desc", 0)] if k is None else [("Q_desc", 0), ("K_desc", 0), ("V_desc", 0)]
-    return [("Q_desc", 0), ("V_desc", 0)] + ([] if params["K_TMA"] else [("K_desc", 0)])
+    k_tma = params["K_TMA"]
+    return [("Q_desc", 0), ("K_desc", 1 if k_tma else 0), ("V_desc", 0)] + ([("KN_desc", 2)] if k_tma else [])
 
 
 # the full forms' launch options: 4 warps in the default partition (the first consumer warpgroup); the
@@ -338,6 +332,30 @@ def _k_wide_descriptor(k_cache: torch.Tensor, rows: int, page: int, block_n: int
                 light)  # fmt: skip
 
 
+def _new_k_chunks(t: torch.Tensor, light: bool):
+    """The split kernel's descriptor of the new tokens' K with K by TMA: ``t`` ``[tokens, kv_heads, D]``
+    (heads adjacent, unit feature stride: the plan checked) seen as ``[kv_heads * D/8, tokens, 8]`` with
+    strides ``[8, token stride, 1]`` (feature groups, tokens, one group's 8 features), block ``[8, 8, 8]``
+    in the no-swizzle layout: a box lands as one dense 8-key chunk of the K ring (8 groups of 8 keys x 8
+    features); rows past the tensor's end read zeros."""
+    tokens, heads, d = t.shape
+    return _tma(t, [heads * d // 8, tokens, 8], [8, t.stride(0), 1], [8, 8, 8], _unswizzled(3), light)
+
+
+def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
+    """The split kernel's descriptor of the new tokens' full key blocks with K by TMA: ``t`` as
+    :func:`_new_k_chunks` sees it, seen as ``[block_n / 8, kv_heads * D/8, tokens, 8]`` with strides
+    ``[8 * token stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features), block
+    ``[block_n / 8, groups, 8, 8]`` in the no-swizzle layout: a box at token ``tok`` lands as the
+    ``block_n / 8`` dense chunks of keys ``[tok, tok + block_n)`` (``groups``: 8, one 64-feature part of
+    the part-major ring; D / 8, every feature, the chunk-major one). The first dimension overlaps the
+    third (TMA bounds each dimension alone), so only a block that lies inside ``t`` may use it."""
+    tokens, heads, d = t.shape
+    ts, nc = t.stride(0), block_n // 8
+    shape, strides = [nc, heads * d // 8, tokens, 8], [8 * ts, 8, ts, 1]
+    return _tma(t, shape, strides, [nc, groups, 8, 8], _unswizzled(4), light)
+
+
 def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                 max_query_len, scale, lse, full: bool, light: bool) -> tuple:  # fmt: skip
     """The split kernel's ``(args, params, grid)`` (forms and ``light`` as :func:`_nhd_call`); the new
@@ -371,14 +389,16 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
         return k_cache_arg, v_cache_arg, kw_desc, kr_desc
 
     k_cache_arg, v_cache_arg, kw_desc, kr_desc = caches()
-    # K by TMA: the kernel gathers the new tokens' K itself from k_rows (K_new); else one TMA box a block
-    k_desc = None if k_tma else _rows(k_rows, block_n, light)
+    if k_tma:
+        k_desc, kn_desc = _new_k_chunks(k_rows, light), _new_k_blocks(k_rows, block_n, groups, light)
+    else:
+        k_desc, kn_desc = _rows(k_rows, block_n, light), None
     args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
             k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
-            lse.stride(0) if lse is not None else None, k_rows, k_rows.stride(0) // 8)  # fmt: skip
+            lse.stride(0) if lse is not None else None)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
-                  KR_desc=kr_desc, ONE_CONSUMER=not full, FREE_WAITS=True,
+                  KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=not full, FREE_WAITS=True,
                   LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 
