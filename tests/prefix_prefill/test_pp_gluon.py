@@ -231,20 +231,12 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     assert (kw["K_VIEW"] is None) is not k_tma
     k_rows = case.q if from_cache else case.k
     assert k_desc.base is k_rows
-    k_new, stride_k8 = args[-2], args[-1]  # (the K producer's gathers of the new tokens' K)
-    assert k_new is k_rows and stride_k8 * 8 == k_rows.stride(0)
     if k_tma:  # K in [8, 64] boxes: the cache as [blocks * kv_heads * D/8, page * 8]; k as [8, 8, 8] chunks
         assert list(k_cache_arg.block_shape) == [8, 64] and list(k_desc.block_shape) == [8, 8, 8]
         assert k_cache_arg.shape == [case.k_cache.shape[0] * 2 * head // 8, page * 8]
         assert list(k_desc.shape) == [k_rows.shape[1] * head // 8, k_rows.shape[0], 8]
         assert list(k_desc.strides) == [8, k_rows.stride(0), 1]
         g = head // 8 if c["K_CM"] else 8
-        # the TMA part of a full new-token block: [hc, groups, 8, 8] of k as [block_n/8, ..., tokens, 8]
-        kn = kw["KN_desc"]
-        hc = bn // 8 * gluon_launch._NEW_K_TMA_EIGHTHS // 8
-        assert 0 < hc <= bn // 8 and list(kn.block_shape) == [hc, g, 8, 8] and kn.base is k_rows
-        assert list(kn.shape) == [bn // 8, k_rows.shape[1] * head // 8, k_rows.shape[0], 8]
-        assert list(kn.strides) == [8 * k_rows.stride(0), 8, k_rows.stride(0), 1]
         assert kw["K_VIEW"] == gluon_launch._k_view(bn, head, c["K_CM"])
         rows = case.k_cache.shape[0] * 2 * head // 8
         for d, keys in ((kw["KW_desc"], bn), (kw["KR_desc"], 16)):
@@ -436,11 +428,11 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
         "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
         "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
         "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32" if lse else "constexpr",
-        "stride_lse_h": "i32" if lse else "constexpr", "K_new": "*bf16", "stride_k8": "i32",
+        "stride_lse_h": "i32" if lse else "constexpr",
     }
     if k_tma:
         sig["KR_desc"] = f"tensordesc<bf16[2, {g}, 64],{lw!r}>"
-        sig["KN_desc"] = f"tensordesc<bf16[{bn // 8 * itf._NEW_K_TMA_EIGHTHS // 8}, {g}, 8, 8],{l4!r}>"
+        sig["KN_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 8, 8],{l4!r}>"
         if k_wide == 1:
             sig["KW_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>"
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
@@ -448,15 +440,14 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
                   K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
-    aligned = ("K_new",) + tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
+    aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
     src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, free_waits=True)
     check_launcher_guess(itf._gluon_split_kernel, src, kernel)
     ptx = kernel.asm["ptx"]
     # 16-byte gathers only, and every gathering producer thread arrives when its own copies land
     if not (v_tma and k_tma):
         assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
-    # (with K by TMA, half of each new-token block is gathered: none when the new tokens are in the cache)
-    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - (k_tma and from_cache)
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2 - v_tma - k_tma
     if k_tma:  # K by 3-D boxes (4-D: new tokens' full blocks) read by wgmma without re-staging
         assert "cp.async.bulk.tensor.3d" in ptx
         assert "cp.async.bulk.tensor.4d" in ptx or from_cache
@@ -545,14 +536,12 @@ for head in (128, 256):
                 "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
                 "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32",
                 "KR_desc": f"tensordesc<bf16[2, {head // 8}, 64],{lw!r}>",
-                "KN_desc": f"tensordesc<bf16[{bn * itf._NEW_K_TMA_EIGHTHS // 64}, {head // 8}, 8, 8],{l4!r}>",
-                "K_new": "*bf16",
-                "stride_k8": "i32",
+                "KN_desc": f"tensordesc<bf16[{bn // 8}, {head // 8}, 8, 8],{l4!r}>",
             }
             consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False, RETURN_LSE=True,
                           NUM_STAGES=2, V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_WIDE=2,
                           K_VIEW=itf._k_view(bn, head, True), K_CM=True, V_RING=lv)
-            fn, aligned = itf._gluon_split_kernel, ("K_new",)  # (the plan asks k to be 16-byte aligned)
+            fn, aligned = itf._gluon_split_kernel, ()
         _, plain = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps)
         _, free = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps, free_waits=True)
         check_free(plain.asm["ptx"], free.asm["ptx"])

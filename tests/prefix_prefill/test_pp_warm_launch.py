@@ -94,7 +94,6 @@ def test_frame_call_is_the_generic_launch(warm_split):
         assert framed[0] == -(-b.max_query_len // 128) and framed[2] == len(seqs)
         maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
         assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
-        assert b.k.data_ptr() in framed  # (K_new: the K producer gathers half of each new-token block)
     assert len(warm_split.triton_calls) == 1
 
 

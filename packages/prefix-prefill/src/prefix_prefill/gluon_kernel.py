@@ -210,10 +210,8 @@ def _gluon_fwd_kernel(
 # keys, so a copy never crosses a page), the ``P @ V`` operand read through its transpose. Each of the
 # producer warp's 32 threads then arrives on the slot's ready barrier (count 32) when its own copies
 # have landed (``cp.async.mbarrier.arrive.noinc``), and the consumers fence the generic proxy (where
-# ``cp.async`` writes) against the async proxy (where wgmma reads) after each wait. New tokens are read
-# where they are: V by TMA boxes of ``v``'s key rows (the consumers read those slots as rows), K by TMA
-# boxes of ``k`` (K gathered) or, with K by TMA, half a block by TMA boxes and half by the K producer's
-# own 16-byte gathers (:func:`_k_new_block`).
+# ``cp.async`` writes) against the async proxy (where wgmma reads) after each wait. New tokens come by
+# TMA: K from ``k``, V from a ``[kv_heads * D, tokens]`` transposed copy of ``v`` the host makes.
 
 
 @gluon.jit
@@ -399,49 +397,13 @@ def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, k
 
 
 @gluon.jit
-def _k_new_block(K_new, stride_k8, smem, slot, tok, n_keys, kv_head, C0: gl.constexpr, BLOCK_N: gl.constexpr,
-                 HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CM: gl.constexpr):  # fmt: skip
-    """Chunks ``[C0, BLOCK_N/8)`` of a new-token block (keys ``tok + 8 * c + [0, 8)`` of one KV head's K:
-    ``k`` at ``K_new``, ``8 * stride_k8`` elements a token, heads adjacent) into K ring slot ``slot`` by
-    ``cp.async``, 16 bytes (one key's 8 features) a copy, where the ring's chunks keep them: the slot seen
-    as ``[BLOCK_N * D/64, 64]`` rows, a row one 8-key chunk's feature group (8 keys x 8 features, a core
-    matrix), row ``(p * BLOCK_N/8 + c) * 8 + f`` for chunk ``c`` and group ``f`` of part ``p``
-    (part-major) or ``c * D/8 + g`` for group ``g`` (``CM``). A copy instruction fills 4 rows of one
-    chunk: 8 lanes along its keys (one 128-byte row of shared memory, no bank conflict), 4 along the
-    groups (each key's 64 contiguous bytes of ``k``). Keys ``>= n_keys`` of the block are zero-filled and
-    not read (past the segment, perhaps past ``k``)."""
-    G: gl.constexpr = HEAD_DIM // 8
-    NC: gl.constexpr = BLOCK_N // 8
-    R: gl.constexpr = BLOCK_N * HEAD_DIM // 64
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])  # [4 groups, 8 keys x 8 features]
-    rows = smem._reinterpret(smem.dtype, [NUM_STAGES, R, 64], gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
-    buf = rows.index(slot)  # [R, 64] row-major, as the TMA boxes of the context land
-    e = gl.arange(0, 64, layout=gl.SliceLayout(0, L))  # [64] key of the chunk * 8 + feature
-    g = gl.arange(0, 4, layout=gl.SliceLayout(1, L))  # [4] feature group of the copy
-    key = e // 8  # [64]
-    # [4, 64] pointers into chunk C0 (int64: tok is a row of the whole batch), built from 16-byte units so
-    # that every 8-feature run is provably 16-byte aligned (a raw element stride lets the compiler fold
-    # the chunk offset into the scalar base and lose the alignment); advanced chunk by chunk (a copy's
-    # groups are constant offsets), so the warp keeps one address live, not one per copy
-    off = ((tok + C0 * 8).to(gl.int64) * stride_k8 + kv_head * G) * 8 + (key * stride_k8 * 8 + e % 8)[None, :]
-    src = K_new + (off + (g * 8)[:, None])
-    for c in gl.static_range(C0, NC):
-        ok = (key < n_keys - c * 8)[None, :]  # [1, 64]
-        for q in gl.static_range(G // 4):
-            dst = buf.slice(c * G + q * 4 if CM else ((q // 2) * NC + c) * 8 + (q % 2) * 4, 4)  # [4, 64]
-            async_copy.async_copy_global_to_shared(dst, src + q * 32, mask=ok)
-        src += stride_k8 * 64
-
-
-@gluon.jit
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
     head, kv_head, kv_heads, n_a, a_end, n_blocks, b_end, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
-    CM: gl.constexpr = False, NW_desc=None, K_new=None, stride_k8=0,
+    CM: gl.constexpr = False, NW_desc=None,
 ):  # fmt: skip
-    """The K ring by TMA and, for half of each new-token block, ``cp.async`` (one warp; also loads the
-    two Q halves). A slot holds, per 64 features (part
+    """The K ring by TMA (one warp; also loads the two Q halves). A slot holds, per 64 features (part
     ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8 features]`` dense (1 KB):
     wgmma's no-swizzle K-major core matrices, 128 bytes apart along the features and 1 KB apart along the
     keys (the consumers' ``K_VIEW``). A context block that lies in one page is ``D/64`` boxes
@@ -454,20 +416,15 @@ def _split_k_tma_producer(
     ``R_desc`` (the same view) per run (:func:`_k_run_boxes`). Runs at or past ``a_end`` come from row
     -8 (outside the view: zeros, no block-table read); the keys of a run that straddles ``a_end`` are
     stale slots of its page, which the consumers' mask never lets through (``where``, not a product:
-    NaN-safe). New tokens (the sequence's from row ``n_tok0`` of ``k``): a box of them has 16-byte inner
-    rows (a key's 8 features: the chunks keep feature groups outside keys), which the TMA unit moves one
-    by one, so a block's first ``HC`` chunks (``NW_desc``'s box) come by TMA and the rest by the warp's
-    own 16-byte gathers from ``K_new`` (:func:`_k_new_block`, keys at or past ``b_end`` zero-filled),
-    the two paths moving the block at once. The TMA part of a block whose keys all lie in the segment
-    (``[0, b_end)``, so in ``k``) is ``D/64`` boxes ``[HC, 8, 8, 8]`` (one, ``[HC, D/8, 8, 8]``,
-    chunk-major) of ``NW_desc``, ``k`` seen as ``[BLOCK_N/8, kv_heads * D/8, tokens, 8]`` with strides
-    ``[8 * token stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features: a box at
-    token ``tok`` lands as its chunks; the first dimension overlaps the third, and reads stay inside
-    ``k`` because the block does); that of the last, partial block of a tile by boxes ``[8, 8, 8]`` (8
-    feature groups of 8 keys of 8 features: one chunk) from ``N_desc``, ``k`` seen as ``[kv_heads * D/8,
-    tokens, 8]`` (strides ``[8, token stride, 1]``), rows past ``k``'s end reading zeros. A slot's ready
-    barrier counts 33: a context slot's expect-tx arrival and 32 plain ones, a new-token slot's expect-tx
-    arrival (the TMA part's bytes) and each thread's arrival when its gathers land. ``CM``: a
+    NaN-safe). New tokens: a block whose keys all lie in the segment (``[0, b_end)``, so in ``k``) is
+    ``D/64`` boxes ``[BLOCK_N/8, 8, 8, 8]`` (one, ``[BLOCK_N/8, D/8, 8, 8]``, chunk-major) of
+    ``NW_desc``, ``k`` seen as ``[BLOCK_N/8, kv_heads * D/8, tokens, 8]`` with strides ``[8 * token
+    stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features: a box at token
+    ``tok`` lands as its chunks; the first dimension overlaps the third, and reads stay inside ``k``
+    because the block does); the last, partial block of a tile by boxes ``[8, 8, 8]`` (8 feature groups
+    of 8 keys of 8 features: one chunk) from ``N_desc``, ``k`` seen as ``[kv_heads * D/8, tokens, 8]``
+    (strides ``[8, token stride, 1]``), rows past ``k``'s end reading zeros. The sequence's new tokens
+    start at row ``n_tok0``. One expect-tx per slot. ``CM``: a
     chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature groups (``[8 keys, 8
     features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a one-page block is one
     box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``, ``R_desc`` with those
@@ -481,20 +438,17 @@ def _split_k_tma_producer(
         parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
     # every chunk of the ring as [8 groups, 8 keys, 8 features] (a new-token box of a partial block)
     chunks = smem._reinterpret(smem.dtype, [NUM_STAGES * NC * NP, 8, 8, 8], N_desc.layout)
-    # a new-token block's chunks that come by TMA (NW_desc's box; the rest by the warp's gathers)
-    HC: gl.constexpr = NW_desc.block_shape[0]
-    if CM:  # every slot as [NC, G, 8, 8] (the TMA part of a full new-token block: one box, chunks [0, HC))
+    if CM:  # every slot as [NC, G, 8, 8] (a full new-token block: one box)
         news = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 8, 8], NW_desc.layout)
-    else:  # every part of the ring as [NC, 8, 8, 8] (the TMA part of a full block: a box per part)
+    else:  # every part of the ring as [NC, 8, 8, 8] (a full new-token block: a box per part)
         news = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 8, 8], NW_desc.layout)
     load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
-            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-            mbarrier.arrive(bar, count=32)
             if K_WIDE == 1:
                 page0 = (j * BLOCK_N) // page_size
                 off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
@@ -508,45 +462,39 @@ def _split_k_tma_producer(
                 _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
                              kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
         else:
-            t0 = (j - n_a) * BLOCK_N
-            tok = n_tok0 + t0
-            mbarrier.expect(bar, HC * 16 * HEAD_DIM)  # the TMA part: chunks [0, HC) of 8 keys
+            tok = n_tok0 + (j - n_a) * BLOCK_N
             if (j - n_a + 1) * BLOCK_N <= b_end:  # every key of the block is a new token of the sequence
                 if CM:
-                    tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G, tok, 0], bar,
-                                                    news.index(slot).slice(0, HC))  # fmt: skip
+                    tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G, tok, 0], bar, news.index(slot))
                 else:
                     for p in gl.static_range(NP):
                         tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G + p * 8, tok, 0], bar,
-                                                        news.index(slot * NP + p).slice(0, HC))  # fmt: skip
+                                                        news.index(slot * NP + p))  # fmt: skip
             else:
-                for c in gl.static_range(HC):
+                for c in gl.static_range(NC):
                     for p in gl.static_range(NP):
                         # (chunk c, part p) of the slot: chunk-major c * NP + p, part-major p * NC + c
                         idx = slot * (NC * NP) + (c * NP + p if CM else p * NC + c)
                         tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, tok + c * 8, 0], bar,
                                                         chunks.index(idx))  # fmt: skip
-            _k_new_block(K_new, stride_k8, smem, slot, tok, b_end - t0, kv_head, HC, BLOCK_N, HEAD_DIM,
-                         NUM_STAGES, CM)  # fmt: skip
-            async_copy.mbarrier_arrive(bar, increment_count=False)
 
 
 @gluon.jit
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, W_desc=None, R_desc=None,
-    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None, K_new=None, stride_k8=0,
+    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
     ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM``,
-    ``NW_desc``, ``K_new``, ``stride_k8`` as there), else :func:`_split_producer`'s gathers."""
+    ``NW_desc`` as there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
          n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, b_end) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
                               b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM,
-                              NW_desc, K_new, stride_k8)  # fmt: skip
+                              NW_desc)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -572,7 +520,7 @@ def _split_v_partition(
 def _gluon_split_kernel(
     Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
-    stride_lse_h, K_new, stride_k8,
+    stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
     K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
@@ -583,9 +531,7 @@ def _gluon_split_kernel(
     ``K_desc``: the new tokens' K, ``[tokens, kv_heads * D]`` with block ``[BLOCK_N, D]`` (K gathered: the
     K ring's layout too), or with ``K_TMA`` ``[kv_heads * D/8, tokens, 8]`` with block ``[8, 8, 8]``;
     ``V_desc``: their V ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]`` (the layout segment B's V
-    slots are read in); with ``KV_FROM_CACHE`` neither is read. ``K_new``: ``k``'s first element (q's
-    with ``KV_FROM_CACHE``), ``8 * stride_k8`` elements a token, heads adjacent (the K producer's gathers
-    with ``K_TMA``). ``V_RING``: the V ring's layout
+    slots are read in); with ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
     (``[D, BLOCK_N]`` slots). ``kc_*``/``vc_*``: element strides of the
     caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
     and base is 16-byte aligned. The gathering producers are two warps of 32 registers each (the two
@@ -599,11 +545,11 @@ def _gluon_split_kernel(
     layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` is then a descriptor (block ``[8,
     64]``, no swizzle) over the K cache; ``K_WIDE``: 1 blocks inside one page by ``D/64`` boxes of
     ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter than a block) every block by
-    runs; the new tokens' blocks partly by gathers from ``K_new`` and partly by boxes, of ``KN_desc``
-    (``NW_desc`` of :func:`_split_k_tma_producer`) for full blocks, of ``K_desc`` for partial ones.
-    ``K_CM`` (with ``K_TMA``): the K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]``
-    view (``CM`` there); its PTX must go through ``prefill_runtime.host.clear_noswizzle_base_offsets``
-    (the package's compile hook does it)."""
+    runs; the new tokens' full blocks by boxes of ``KN_desc`` (``NW_desc`` of
+    :func:`_split_k_tma_producer`), their partial ones by ``K_desc``'s. ``K_CM`` (with ``K_TMA``): the
+    K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX
+    must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook
+    does it)."""
     PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
     V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
@@ -639,7 +585,7 @@ def _gluon_split_kernel(
         HEAD_DIM,
         NUM_STAGES,
         True,
-        33 if K_TMA else 32 * K_PW,
+        1 if K_TMA else 32 * K_PW,
         1 if V_TMA else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
         K_ROWS,
@@ -667,7 +613,7 @@ def _gluon_split_kernel(
                     True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, K_new, stride_k8)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],
@@ -686,7 +632,7 @@ def _gluon_split_kernel(
                     True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, K_new, stride_k8)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR)),
             ],

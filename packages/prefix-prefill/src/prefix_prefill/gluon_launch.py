@@ -136,7 +136,6 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         return True
     qp = q.data_ptr()
     if k is None:
-        kp = qp
         bases = (qp, qp, qp, qp)
     else:
         kp = k.data_ptr()
@@ -150,8 +149,6 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if lse is None else lse.data_ptr(),
         None if lse is None else lse.stride(0),
     )
-    if not nhd:  # (the split kernel's K_new: the new tokens' K, q with k = None)
-        plain += (kp,)
     stream = torch._C._cuda_getCurrentRawStream(index)
     frame(-(-max_query_len // plan.block_m), q.shape[1], batch, stream, tokens, bases, plain)
     return True
@@ -190,13 +187,11 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     # (the frame holds the caches' descriptors and the logit scale, which the key leaves open)
     frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale)
     if fast.frame(frame_key) is None:
-        nhd = call is _nhd_call
-        descs = dict(_per_call_descs(nhd=nhd, k=k, params=params))
-        fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN + (() if nhd else ("K_new",)))
+        descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
+        fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
 
 
-# A frame's per-call plain arguments (both kernels name them alike; the split kernel's add K_new), in
-# the order warm() passes them
+# A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
 _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h")
 
 
@@ -347,24 +342,18 @@ def _new_k_chunks(t: torch.Tensor, light: bool):
     return _tma(t, [heads * d // 8, tokens, 8], [8, t.stride(0), 1], [8, 8, 8], _unswizzled(3), light)
 
 
-# eighths of a new-token key block's 8-key chunks that the split kernel's K producer loads by TMA (the
-# rest it gathers with its own cp.async): the two paths move the block's 16-byte rows at once
-_NEW_K_TMA_EIGHTHS = 4
-
-
 def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
     """The split kernel's descriptor of the new tokens' full key blocks with K by TMA: ``t`` as
     :func:`_new_k_chunks` sees it, seen as ``[block_n / 8, kv_heads * D/8, tokens, 8]`` with strides
     ``[8 * token stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features), block
-    ``[hc, groups, 8, 8]`` in the no-swizzle layout (``hc = block_n / 64 * _NEW_K_TMA_EIGHTHS``): a box
-    at token ``tok`` lands as the first ``hc`` dense chunks of keys from ``tok``, the TMA part of a key
-    block (the kernel gathers the rest itself; ``groups``: 8, one 64-feature part of
+    ``[block_n / 8, groups, 8, 8]`` in the no-swizzle layout: a box at token ``tok`` lands as the
+    ``block_n / 8`` dense chunks of keys ``[tok, tok + block_n)`` (``groups``: 8, one 64-feature part of
     the part-major ring; D / 8, every feature, the chunk-major one). The first dimension overlaps the
     third (TMA bounds each dimension alone), so only a block that lies inside ``t`` may use it."""
     tokens, heads, d = t.shape
     ts, nc = t.stride(0), block_n // 8
     shape, strides = [nc, heads * d // 8, tokens, 8], [8 * ts, 8, ts, 1]
-    return _tma(t, shape, strides, [nc * _NEW_K_TMA_EIGHTHS // 8, groups, 8, 8], _unswizzled(4), light)
+    return _tma(t, shape, strides, [nc, groups, 8, 8], _unswizzled(4), light)
 
 
 def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -407,7 +396,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
             k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
-            lse.stride(0) if lse is not None else None, k_rows, k_rows.stride(0) // 8)  # fmt: skip
+            lse.stride(0) if lse is not None else None)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=not full, FREE_WAITS=True,
                   LLVM_O0=not full and _tiered())  # fmt: skip
