@@ -24,7 +24,7 @@ k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_o
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from paged_kv_offsets.gluon import page_row, slot_offset
 from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
@@ -270,26 +270,9 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 
 
 @gluon.jit
-def _transpose_v_block(stage, buf, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """A new-token block's V from ``stage`` ``[BLOCK_N, D]`` (key rows, as the TMA box of ``v`` lands)
-    into ring slot ``buf`` ``[D, BLOCK_N]`` (keys along the rows: the context blocks' form, so every
-    ``P @ V`` of the consumers has one operand form), through registers in pieces ``[32 * warps keys, 16
-    features]``: a thread reads 8 keys x 2 features (4-byte loads) and writes each feature's 8 keys as
-    one 16-byte store."""
-    PW: gl.constexpr = gl.num_warps()
-    KS: gl.constexpr = 32 * PW  # keys a piece
-    L: gl.constexpr = gl.BlockedLayout([8, 2], [4, 8], [PW, 1], [0, 1])  # [KS, 16]: 8 keys x 2 features
-    for kk in gl.static_range(BLOCK_N // KS):
-        for ff in gl.static_range(HEAD_DIM // 16):
-            t = stage.slice(kk * KS, KS, dim=0).slice(ff * 16, 16, dim=1).load(L)  # [KS, 16]
-            buf.slice(ff * 16, 16, dim=0).slice(kk * KS, KS, dim=1).store(gl.permute(t, [1, 0]))  # [16, KS]
-
-
-@gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
-    stage_bar=None,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
     """A partition of two warps filling one ring from vLLM's split cache by gathers: K (``KV == 0``,
     which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
@@ -300,11 +283,7 @@ def _split_producer(
     ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
     q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
     kv_head, n_a, a_end, n_blocks, b_end)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``,
-    block ``[BLOCK_N, D]`` (V: into the slot seen in its layout; with ``STAGE``, into ``stage``, a
-    ``[BLOCK_N, D]`` buffer in ``N_desc``'s layout with its barrier ``stage_bar``, and from there
-    transposed into the slot's ``[D, BLOCK_N]`` form by the partition's threads
-    (:func:`_transpose_v_block`), which then fence their stores against the async proxy and arrive
-    together)."""
+    block ``[BLOCK_N, D]`` (V: into the slot seen in its layout)."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
      c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
@@ -325,23 +304,14 @@ def _split_producer(
                                 head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
             async_copy.mbarrier_arrive(bar, increment_count=False)
         else:
+            mbarrier.expect(bar, kv_bytes)
+            mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
             tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
-            if KV == 1 and STAGE:  # V rows into the stage, then transposed into the slot
-                mbarrier.expect(stage_bar, kv_bytes)
-                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], stage_bar, stage)
-                mbarrier.wait(stage_bar, (j - n_a) & 1)
-                _transpose_v_block(stage, buf, BLOCK_N, HEAD_DIM)
-                # (also orders this block's reads of the stage before the next block's TMA into it)
-                fence_async_shared()
-                mbarrier.arrive(bar, count=32 * gl.num_warps())
-            else:
-                mbarrier.expect(bar, kv_bytes)
-                mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
-                if KV == 0:
-                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
-                else:  # V as key rows: the slot seen in N_desc's layout
-                    rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
-                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+            if KV == 0:
+                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
+            else:  # V as key rows: the slot seen in N_desc's layout
+                rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
 
 
 @gluon.jit
@@ -532,19 +502,17 @@ def _split_k_partition(
 @gluon.jit
 def _split_v_partition(
     V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
-    stage_bar=None,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
 ):  # fmt: skip
     """The V ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_v_tma_producer` with
-    ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers
-    (``STAGE``, ``stage``, ``stage_bar`` as there)."""
+    ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers."""
     if V_TMA:
         (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
          kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
-        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, STAGE, stage, stage_bar)
+        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
@@ -603,12 +571,7 @@ def _gluon_split_kernel(
         K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
     else:
         K_ROWS: gl.constexpr = None
-    # The gathering V producer at head <= 128 transposes the new tokens' V into the context's [D, BLOCK_N]
-    # slot form through a staging buffer (one consumer loop, one P @ V operand form); the TMA producer,
-    # and the gathers at head 256 (no shared memory left for a stage), leave segment B's V slots as key
-    # rows, which the consumers read in a loop of their own.
-    V_STAGE: gl.constexpr = (not KV_FROM_CACHE) and (not V_TMA) and HEAD_DIM <= 128
-    if KV_FROM_CACHE or V_STAGE:  # every V slot in the [D, BLOCK_N] form
+    if KV_FROM_CACHE:  # one segment, every V slot from the cache
         V_ROWS: gl.constexpr = None
     else:  # segment B's V slots: the new tokens' rows
         V_ROWS: gl.constexpr = V_desc.layout
@@ -629,15 +592,6 @@ def _gluon_split_kernel(
         0,
         V_RING,
     )
-    if V_STAGE:
-        v_stage = gl.allocate_shared_memory(V_desc.dtype, [BLOCK_N, HEAD_DIM], V_desc.layout)
-        v_stage_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(v_stage_bar.index(0), count=1)
-        fence_async_shared()
-        v_stage_bar = v_stage_bar.index(0)
-    else:  # (placeholders: a partition's arguments cannot be None; unused without V_STAGE)
-        v_stage = v_smem
-        v_stage_bar = bar_f
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
@@ -661,7 +615,7 @@ def _gluon_split_kernel(
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
-                                       V_TPR, V_STAGE, v_stage, v_stage_bar)),
+                                       V_TPR)),
             ],
             [K_PW, V_PW],
             [PRODUCER_REGS, PRODUCER_REGS],
@@ -680,7 +634,7 @@ def _gluon_split_kernel(
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
-                                       V_TPR, V_STAGE, v_stage, v_stage_bar)),
+                                       V_TPR)),
             ],
             [4, K_PW, V_PW],
             [240, PRODUCER_REGS, PRODUCER_REGS],
