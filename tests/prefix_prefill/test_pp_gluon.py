@@ -129,14 +129,18 @@ def test_split_gather_ok():
 def test_split_plan_by_head(head, page):
     """The split kernel's settings per head size and page: K by TMA at heads 128 / 256 (wide boxes for a
     block inside one page when pages hold a block, ``K_WIDE=1``; 16-key runs only at shorter pages,
-    ``K_WIDE=2``), gathers at 64; V by TMA at 256 only; the chunk-major K ring at 256; a cache with a
-    gap in its block stride keeps the gathers (K and V)."""
+    ``K_WIDE=2``), gathers at 64; V by TMA at 256 only; the chunk-major K ring at 256; one consumer
+    partition at 128 with the new tokens given (two with them in the cache, and at 64 / 256); a cache
+    with a gap in its block stride keeps the gathers (K and V)."""
     case = _split_case(head=head, page=page)
     c = plan.plan(_sm90(case)).consts()
     bn = plan.GLUON_BLOCK_N[head]
     assert c["BLOCK_N"] == bn and c["BLOCK_M"] == 128 and c["NUM_STAGES"] == 2
     assert c["K_TMA"] is (head in (128, 256)) and c["V_TMA"] is (head == 256) and c["K_CM"] is (head == 256)
     assert c["K_WIDE"] == (0 if head == 64 else 1 if page >= bn else 2)
+    assert c["ONE_CONSUMER"] is (head == 128)
+    cached = _split_case(head=head, page=page, kv_from_cache=True)
+    assert plan.plan(_sm90(cached)).consts()["ONE_CONSUMER"] is False
     nb, hk, g, pg, x = case.k_cache.shape  # a block stride with a gap: not one [rows, page * 8] view
     case.k_cache = torch.empty(nb, hk + 1, g, pg, x, dtype=case.k_cache.dtype)[:, :hk].copy_(case.k_cache)
     c = plan.plan(_sm90(case)).consts()
@@ -214,7 +218,8 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     bn = plan.GLUON_BLOCK_N[head]
     assert grid == (-(-case.max_query_len // 128), 4, 3)
     assert {k: kw[k] for k in c} == c and kw["KV_FROM_CACHE"] is from_cache
-    assert kw["ONE_CONSUMER"] is False and kw["num_warps"] == 4 and kw["FREE_WAITS"] is True
+    one = head == 128 and not from_cache  # the plan's one 8-warp consumer partition, Q in one box
+    assert kw["ONE_CONSUMER"] is one and kw["num_warps"] == (8 if one else 4) and kw["FREE_WAITS"] is True
     v_tma, k_tma = c["V_TMA"], c["K_TMA"]
     v_desc, v_cache_arg = args[2], args[4]
     new_rows = case.q if from_cache else case.v  # (k = None: descriptors of q that give the types only)
@@ -227,7 +232,7 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     else:
         assert v_cache_arg is case.v_cache
     q_desc, k_desc, k_cache_arg = args[0], args[1], args[3]
-    assert list(q_desc.block_shape) == [64, head]
+    assert list(q_desc.block_shape) == [128 if one else 64, head]
     assert (kw["K_VIEW"] is None) is not k_tma
     k_rows = case.q if from_cache else case.k
     assert k_desc.base is k_rows
@@ -254,7 +259,8 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
 def test_split_launch_tiers(head, monkeypatch):
     """Compile tiers (the default): a key's first call launches the quick form (one 8-warp consumer
     partition with free waits and LLVM at O0, Q in one 128-row box) and compiles the full form in the
-    background (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device);
+    background (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device; at
+    head 128 the plan's one consumer partition, 8 warps, Q in one box, LLVM at full optimisation);
     after ``finish_compiles`` the calls launch the full form; other lengths keep the key; inside a graph
     capture a full form never launched stays on the quick form; tiers off
     (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at once, no background compile."""
@@ -278,20 +284,27 @@ def test_split_launch_tiers(head, monkeypatch):
             and (list(args[0].block_shape) == [128, head])
         )
 
+    one = head == 128  # the full form's consumer: the plan's one 8-warp partition, or two warpgroups
+
+    def full(kw, args):
+        rows = 128 if one else 64
+        q_box = list(args[0].block_shape)
+        return kw["ONE_CONSUMER"] is one and kw["LLVM_O0"] is False and q_box == [rows, head]
+
     assert _launch(case([(40, 5), (70, 130)])) is True
     assert gluon_launch.finish_compiles(timeout=30) is True
     ((_, args, kw),) = rec.calls
     assert quick(kw, args)
     ((grid, wargs, wkw),) = rec.warmups
-    assert wkw["ONE_CONSUMER"] is False and wkw["num_warps"] == 4 and list(wargs[0].block_shape) == [64, head]
-    assert wkw["FREE_WAITS"] is True and wkw["LLVM_O0"] is False and grid == rec.calls[0][0]
+    assert full(wkw, wargs) and wkw["num_warps"] == (8 if one else 4)
+    assert wkw["FREE_WAITS"] is True and grid == rec.calls[0][0]
     capturing.append(1)  # compiled but never launched: the quick form inside a capture
     assert _launch(case([(7, 300)])) is True and quick(rec.calls[-1][2], rec.calls[-1][1])
     capturing.clear()
     assert _launch(case([(3, 9), (500, 20), (0, 64)])) is True
-    assert rec.calls[-1][2]["ONE_CONSUMER"] is False and list(rec.calls[-1][1][0].block_shape) == [64, head]
+    assert full(rec.calls[-1][2], rec.calls[-1][1])
     capturing.append(1)  # loaded now: the full form inside a capture too
-    assert _launch(case([(7, 300)])) is True and rec.calls[-1][2]["ONE_CONSUMER"] is False
+    assert _launch(case([(7, 300)])) is True and full(rec.calls[-1][2], rec.calls[-1][1])
     assert len(rec.warmups) == 1
     assert _launch(case([(40, 5)]), lse=torch.empty(4, 5)) is True  # another key: quick form again
     assert quick(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["RETURN_LSE"] is True
@@ -299,7 +312,7 @@ def test_split_launch_tiers(head, monkeypatch):
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
     monkeypatch.setattr(gluon_launch, "_TIERS", runtime.CompileTiers())
     n_warm = len(rec.warmups)
-    assert _launch(case([(40, 5), (70, 130)])) is True and rec.calls[-1][2]["ONE_CONSUMER"] is False
+    assert _launch(case([(40, 5), (70, 130)])) is True and full(rec.calls[-1][2], rec.calls[-1][1])
     assert len(rec.warmups) == n_warm
 
 

@@ -11,7 +11,7 @@ point), ``launch`` (the Triton launch), ``gluon_launch`` (the Gluon kernels' hos
 torch custom op), ``kernel`` / ``gluon_kernel`` (device code), ``configs`` (the Triton kernel's tiles).
 """
 
-__version__ = "0.15.0"
+__version__ = "0.16.0"
 
 from prefix_prefill.api import KV_CACHE_DTYPES, context_attention_fwd, explain, prefix_prefill
 from prefix_prefill.configs import CONFIGS, KernelConfig, get_config, shared_memory_bytes

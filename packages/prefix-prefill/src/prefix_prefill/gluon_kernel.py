@@ -549,7 +549,8 @@ def _gluon_split_kernel(
     :func:`_split_k_tma_producer`), their partial ones by ``K_desc``'s. ``K_CM`` (with ``K_TMA``): the
     K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX
     must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook
-    does it)."""
+    does it). ``ONE_CONSUMER`` is also the plan's full form at head 128 with the new tokens given
+    (``prefix_prefill.plan.SPLIT_ONE_CONSUMER_HEADS``): both consumer loops then exist once in the code."""
     PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
     V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers

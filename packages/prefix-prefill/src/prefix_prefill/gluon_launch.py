@@ -13,7 +13,8 @@ tokens' descriptors, the output and index pointers, the block-table stride, the 
 
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
-daemon thread compiles the full form (two warpgroups ping-ponging over the tensor cores); calls after
+daemon thread compiles the full form (two warpgroups ping-ponging over the tensor cores; for a split
+plan with ``ONE_CONSUMER`` the same one partition at full LLVM optimisation); calls after
 that compile finished run the full form. The two compute the same output bit for bit. Inside a CUDA
 graph capture a full form never launched before is not loaded: call :func:`finish_compiles` before
 capturing. ``PREFIX_PREFILL_GLUON_TIERED=0``: the full form from the first call.
@@ -183,7 +184,7 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     only the per-call slots (:func:`warm`)."""
     args, params, grid = call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
                               seq_lens, max_query_len, scale, lse, True, True)  # fmt: skip
-    fast.launch(key, grid, args, params, _FULL_OPTIONS, q.device)
+    fast.launch(key, grid, args, params, _options(params), q.device)
     # (the frame holds the caches' descriptors and the logit scale, which the key leaves open)
     frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale)
     if fast.frame(frame_key) is None:
@@ -206,9 +207,11 @@ def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
     return [("Q_desc", 0), ("K_desc", 1 if k_tma else 0), ("V_desc", 0)] + ([("KN_desc", 2)] if k_tma else [])
 
 
-# the full forms' launch options: 4 warps in the default partition (the first consumer warpgroup); the
-# other partitions bring their own
-_FULL_OPTIONS = {"num_warps": 4}
+def _options(params: dict) -> dict:
+    """A form's launch options: the default partition's warps, 8 when it is the one 8-warp consumer
+    partition (``ONE_CONSUMER``), else 4 (the first consumer warpgroup); the other partitions bring their
+    own."""
+    return {"num_warps": 8 if params["ONE_CONSUMER"] else 4}
 
 
 def _tma(base: torch.Tensor, shape: list, strides: list, block: list, layout, light: bool):
@@ -293,7 +296,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
 def _start(kernel, fast, key, full, warmup, grid, args, params, device) -> None:
     """One form's launch (``full``: through ``fast``, the compiled variants launched directly) or, for a
     background compile (``warmup``), its compile."""
-    warps = _FULL_OPTIONS["num_warps"] if full else 8  # the quick form: one 8-warp consumer partition
+    warps = _options(params)["num_warps"]
     if warmup:  # (a background thread: its CUDA device is not the caller's)
         with torch.cuda.device(device):
             kernel.warmup(*args, grid=grid, **params, num_warps=warps)
@@ -358,8 +361,9 @@ def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
 
 def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                 max_query_len, scale, lse, full: bool, light: bool) -> tuple:  # fmt: skip
-    """The split kernel's ``(args, params, grid)`` (forms and ``light`` as :func:`_nhd_call`); the new
-    tokens' K and V are read where they are."""
+    """The split kernel's ``(args, params, grid)`` (forms and ``light`` as :func:`_nhd_call`, except that
+    a plan with ``ONE_CONSUMER`` has the one-partition consumer in its full form too); the new tokens' K
+    and V are read where they are."""
     consts = plan.consts()
     head, hk, page = q.shape[2], kc.num_kv_heads, kc.page_size
     block_m, block_n = consts["BLOCK_M"], consts["BLOCK_N"]
@@ -393,12 +397,13 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
         k_desc, kn_desc = _new_k_chunks(k_rows, light), _new_k_blocks(k_rows, block_n, groups, light)
     else:
         k_desc, kn_desc = _rows(k_rows, block_n, light), None
-    args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, _rows(v_rows, block_n, light),
+    one = consts["ONE_CONSUMER"] or not full  # one 8-warp consumer partition: the plan's, or the quick form
+    args = (_rows(q, block_m if one else block_m // 2, light), k_desc, _rows(v_rows, block_n, light),
             k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
             lse.stride(0) if lse is not None else None)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
-                  KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=not full, FREE_WAITS=True,
+                  KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one, FREE_WAITS=True,
                   LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 
