@@ -138,7 +138,7 @@ def test_split_plan_by_head(head, page):
     assert c["BLOCK_N"] == bn and c["BLOCK_M"] == 128 and c["NUM_STAGES"] == 2
     assert c["K_TMA"] is (head in (128, 256)) and c["V_TMA"] is (head == 256) and c["K_CM"] is (head == 256)
     assert c["K_WIDE"] == (0 if head == 64 else 1 if page >= bn else 2)
-    assert c["ONE_CONSUMER"] is (head == 128)
+    assert c["ONE_CONSUMER"] is (head in plan.SPLIT_ONE_CONSUMER_HEADS)
     cached = _split_case(head=head, page=page, kv_from_cache=True)
     assert plan.plan(_sm90(cached)).consts()["ONE_CONSUMER"] is False
     nb, hk, g, pg, x = case.k_cache.shape  # a block stride with a gap: not one [rows, page * 8] view
@@ -218,12 +218,13 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     bn = plan.GLUON_BLOCK_N[head]
     assert grid == (-(-case.max_query_len // 128), 4, 3)
     assert {k: kw[k] for k in c} == c and kw["KV_FROM_CACHE"] is from_cache
-    one = head == 128 and not from_cache  # the plan's one 8-warp consumer partition, Q in one box
+    one = head in plan.SPLIT_ONE_CONSUMER_HEADS and not from_cache  # one 8-warp consumer partition
     assert kw["ONE_CONSUMER"] is one and kw["num_warps"] == (8 if one else 4) and kw["FREE_WAITS"] is True
     v_tma, k_tma = c["V_TMA"], c["K_TMA"]
     v_desc, v_cache_arg = args[2], args[4]
     new_rows = case.q if from_cache else case.v  # (k = None: descriptors of q that give the types only)
-    assert list(v_desc.block_shape) == [bn, head] and v_desc.base is new_rows
+    staged = not from_cache and not c["V_TMA"] and head <= 128  # V rows by half blocks, transposed
+    assert list(v_desc.block_shape) == [bn // 2 if staged else bn, head] and v_desc.base is new_rows
     from triton.experimental.gluon import language as gl
 
     assert kw["V_RING"] == gl.NVMMASharedLayout.get_default_for([head, 16 if v_tma else bn], gl.bfloat16)
@@ -284,7 +285,7 @@ def test_split_launch_tiers(head, monkeypatch):
             and (list(args[0].block_shape) == [128, head])
         )
 
-    one = head == 128  # the full form's consumer: the plan's one 8-warp partition, or two warpgroups
+    one = head in plan.SPLIT_ONE_CONSUMER_HEADS  # the full form: the plan's one 8-warp partition, or two
 
     def full(kw, args):
         rows = 128 if one else 64
@@ -432,10 +433,12 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     lv = gl.NVMMASharedLayout.get_default_for([head, v_cols], gl.bfloat16)
     k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
     g = head // 8 if cm else 8
+    vn = bn // 2 if not (from_cache or v_tma) and head <= 128 else bn  # V staged by half blocks, transposed
+    lvn = gl.NVMMASharedLayout.get_default_for([vn, head], gl.bfloat16)
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
         "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>" if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "K_cache": k_chunk if k_tma else "*bf16",
+        "V_desc": f"tensordesc<bf16[{vn}, {head}],{lvn!r}>", "K_cache": k_chunk if k_tma else "*bf16",
         "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
         "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32",
         "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",

@@ -24,7 +24,7 @@ k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_o
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from paged_kv_offsets.gluon import page_row, slot_offset
 from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
@@ -270,9 +270,27 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
 
 
 @gluon.jit
+def _transpose_v_half(stage, buf, h, HALF: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Keys ``[h * HALF, +HALF)`` of a new-token block's V from ``stage`` ``[HALF, D]`` (key rows, as a
+    TMA box of ``v`` lands) into ring slot ``buf`` ``[D, BLOCK_N]`` (keys along the rows: the context
+    blocks' form, so every ``P @ V`` of the consumers has one operand form), 16 features at a time:
+    loaded in the layout of an mma B operand (``ldmatrix.trans``: each register holds two keys of one
+    feature) and stored so into the slot's transposed view (``stmatrix``), 8 registers a thread."""
+    PW: gl.constexpr = gl.num_warps()
+    L: gl.constexpr = gl.DotOperandLayout(
+        operand_index=1, parent=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, PW],
+                                                          instr_shape=[16, 8]), k_width=2,
+    )  # fmt: skip
+    for f in gl.static_range(HEAD_DIM // 16):
+        t = stage.slice(f * 16, 16, dim=1).load(L)  # [HALF, 16]
+        buf.slice(f * 16, 16, dim=0).slice(h * HALF, HALF, dim=1).permute((1, 0)).store(t)
+
+
+@gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
+    stage_bar=None,
 ):  # fmt: skip
     """A partition of two warps filling one ring from vLLM's split cache by gathers: K (``KV == 0``,
     which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
@@ -283,13 +301,23 @@ def _split_producer(
     ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
     q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
     kv_head, n_a, a_end, n_blocks, b_end)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``,
-    block ``[BLOCK_N, D]`` (V: into the slot seen in its layout)."""
+    block ``[BLOCK_N, D]`` (V: into the slot seen in its layout). ``STAGE`` (V): ``N_desc``'s block is
+    half a key block, ``stage`` two ``[BLOCK_N / 2, D]`` buffers in its layout with barriers
+    ``stage_bar`` ``[2, 1]``; each half of a new-token block lands in its stage by one TMA copy (the
+    first block's before the context blocks, each later one as soon as its stage is read), and the
+    partition's threads transpose it into the slot's ``[D, BLOCK_N]`` form (:func:`_transpose_v_half`),
+    fence their stores against the async proxy and arrive together."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
      c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     head_off = kv_head.to(gl.int64) * c_head
+    if KV == 1 and STAGE:  # the first new-token block's halves, while the context blocks go by
+        for h in gl.static_range(2):
+            mbarrier.expect(stage_bar.index(h), kv_bytes // 2)
+            tma.async_copy_global_to_shared(N_desc, [n_tok0 + h * (BLOCK_N // 2), kv_head * HEAD_DIM],
+                                            stage_bar.index(h), stage.index(h))  # fmt: skip
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
@@ -304,14 +332,29 @@ def _split_producer(
                                 head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
             async_copy.mbarrier_arrive(bar, increment_count=False)
         else:
-            mbarrier.expect(bar, kv_bytes)
-            mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
             tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
-            if KV == 0:
-                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
-            else:  # V as key rows: the slot seen in N_desc's layout
-                rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
-                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+            if KV == 1 and STAGE:  # each half from its stage into the slot, the next block's half behind it
+                t = j - n_a
+                for h in gl.static_range(2):
+                    mbarrier.wait(stage_bar.index(h), t & 1)
+                    _transpose_v_half(stage.index(h), buf, h, BLOCK_N // 2, HEAD_DIM)
+                    # (orders the partition's reads of the stage before the async proxy's next write to it)
+                    fence_async_shared()
+                    if t + 1 < n_blocks - n_a:
+                        mbarrier.expect(stage_bar.index(h), kv_bytes // 2)
+                        tma.async_copy_global_to_shared(N_desc, [tok + BLOCK_N + h * (BLOCK_N // 2),
+                                                                 kv_head * HEAD_DIM], stage_bar.index(h),
+                                                        stage.index(h))  # fmt: skip
+                fence_async_shared()  # the slot's stores before the consumers' wgmma reads (async proxy)
+                mbarrier.arrive(bar, count=32 * gl.num_warps())
+            else:
+                mbarrier.expect(bar, kv_bytes)
+                mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
+                if KV == 0:
+                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
+                else:  # V as key rows: the slot seen in N_desc's layout
+                    rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
 
 
 @gluon.jit
@@ -502,17 +545,19 @@ def _split_k_partition(
 @gluon.jit
 def _split_v_partition(
     V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
+    stage_bar=None,
 ):  # fmt: skip
     """The V ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_v_tma_producer` with
-    ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers."""
+    ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers
+    (``STAGE``, ``stage``, ``stage_bar`` as there)."""
     if V_TMA:
         (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
          kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
-        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
+        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, STAGE, stage, stage_bar)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
@@ -531,7 +576,8 @@ def _gluon_split_kernel(
     ``K_desc``: the new tokens' K, ``[tokens, kv_heads * D]`` with block ``[BLOCK_N, D]`` (K gathered: the
     K ring's layout too), or with ``K_TMA`` ``[kv_heads * D/8, tokens, 8]`` with block ``[8, 8, 8]``;
     ``V_desc``: their V ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]`` (the layout segment B's V
-    slots are read in); with ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
+    slots are read in), or ``[BLOCK_N / 2, D]`` where the V producer transposes them (V gathered, head
+    <= 128: its stages' layout); with ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
     (``[D, BLOCK_N]`` slots). ``kc_*``/``vc_*``: element strides of the
     caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
     and base is 16-byte aligned. The gathering producers are two warps of 32 registers each (the two
@@ -572,7 +618,12 @@ def _gluon_split_kernel(
         K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
     else:
         K_ROWS: gl.constexpr = None
-    if KV_FROM_CACHE:  # one segment, every V slot from the cache
+    # The gathering V producer at head <= 128 transposes the new tokens' V into the context's [D, BLOCK_N]
+    # slot form through two half-block stages (one consumer loop, one P @ V operand form); the TMA
+    # producer, and the gathers at head 256 (no shared memory left for the stages), leave segment B's V
+    # slots as key rows, which the consumers read in a loop of their own.
+    V_STAGE: gl.constexpr = (not KV_FROM_CACHE) and (not V_TMA) and HEAD_DIM <= 128
+    if KV_FROM_CACHE or V_STAGE:  # every V slot in the [D, BLOCK_N] form
         V_ROWS: gl.constexpr = None
     else:  # segment B's V slots: the new tokens' rows
         V_ROWS: gl.constexpr = V_desc.layout
@@ -593,6 +644,15 @@ def _gluon_split_kernel(
         0,
         V_RING,
     )
+    if V_STAGE:  # two half-block stages [2, BLOCK_N / 2, D] (V_desc's block is a half block then)
+        v_stage = gl.allocate_shared_memory(V_desc.dtype, [2, BLOCK_N // 2, HEAD_DIM], V_desc.layout)
+        v_stage_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for h in gl.static_range(2):
+            mbarrier.init(v_stage_bar.index(h), count=1)
+        fence_async_shared()
+    else:  # (placeholders: a partition's arguments cannot be None; unused without V_STAGE)
+        v_stage = v_smem
+        v_stage_bar = k_ready
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
@@ -616,7 +676,7 @@ def _gluon_split_kernel(
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
-                                       V_TPR)),
+                                       V_TPR, V_STAGE, v_stage, v_stage_bar)),
             ],
             [K_PW, V_PW],
             [PRODUCER_REGS, PRODUCER_REGS],
@@ -635,7 +695,7 @@ def _gluon_split_kernel(
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
-                                       V_TPR)),
+                                       V_TPR, V_STAGE, v_stage, v_stage_bar)),
             ],
             [4, K_PW, V_PW],
             [240, PRODUCER_REGS, PRODUCER_REGS],

@@ -50,7 +50,7 @@ SPLIT_K_CM_HEADS = frozenset({256})
 #: ... whose consumers run as one 8-warp partition when the new tokens' K/V are given: their two loops
 #: (one per V slot form) then exist once in the code, and the instruction cache holds them; two
 #: consumer partitions (two copies of both loops) miss it on every line (at 256 two partitions are faster).
-SPLIT_ONE_CONSUMER_HEADS = frozenset({128})
+SPLIT_ONE_CONSUMER_HEADS = frozenset()
 #: Triton kernel: head buckets from which masked context tiles of a token-contiguous V load by granule
 #: (at head 256 the element-wise V gather otherwise serialises every wgmma).
 GRANULE_MIN_BLOCK_D = 256
