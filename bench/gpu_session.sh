@@ -152,7 +152,8 @@ if [[ $what == accept ]]; then
     -p no:cacheprovider --maxfail=${MAXFAIL:-200} ${PYTEST_ARGS:-} 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
   wait
-  grep -HE "SUMMARY|cases OK|FAILED|planned" "$res/racecheck.log" "$res/synccheck.log"
+  # (a checker's summary counts only what ran: its log must also say "N cases OK")
+  grep -HE "SUMMARY|cases OK|FAILED|planned|Error|Traceback" "$res/racecheck.log" "$res/synccheck.log"
   timeout 90 python3 bench/host_probe.py 2>&1 | tee "$res/host_probe.txt"
   timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
   if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)

@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_package_paths
 
-import attn_reference as ref
-import prefix_prefill as pp
-import window_prefill as wp
+add_package_paths()  # (and bench/ off sys.path: its prefix_prefill.py would shadow the package)
+
+import torch  # noqa: E402
+
+import attn_reference as ref  # noqa: E402
+import prefix_prefill as pp  # noqa: E402
+import window_prefill as wp  # noqa: E402
 
 DEV, DT = "cuda", torch.bfloat16
 

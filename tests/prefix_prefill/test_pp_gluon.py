@@ -129,18 +129,20 @@ def test_split_gather_ok():
 def test_split_plan_by_head(head, page):
     """The split kernel's settings per head size and page: K by TMA at heads 128 / 256 (wide boxes for a
     block inside one page when pages hold a block, ``K_WIDE=1``; 16-key runs only at shorter pages,
-    ``K_WIDE=2``), gathers at 64; V by TMA at 256 only; the chunk-major K ring at 256; one consumer
-    partition at 128 with the new tokens given (two with them in the cache, and at 64 / 256); a cache
-    with a gap in its block stride keeps the gathers (K and V)."""
+    ``K_WIDE=2``), gathers at 64; V by TMA at 256 only; the chunk-major K ring at 256; with the new
+    tokens given, one consumer partition at 128 on pages holding a key block and the new tokens' V
+    transposed by the V producer at 64 / 128 otherwise (neither with them in the cache); a cache with a
+    gap in its block stride keeps the gathers (K and V)."""
     case = _split_case(head=head, page=page)
     c = plan.plan(_sm90(case)).consts()
     bn = plan.GLUON_BLOCK_N[head]
     assert c["BLOCK_N"] == bn and c["BLOCK_M"] == 128 and c["NUM_STAGES"] == 2
     assert c["K_TMA"] is (head in (128, 256)) and c["V_TMA"] is (head == 256) and c["K_CM"] is (head == 256)
     assert c["K_WIDE"] == (0 if head == 64 else 1 if page >= bn else 2)
-    assert c["ONE_CONSUMER"] is (head in plan.SPLIT_ONE_CONSUMER_HEADS)
-    cached = _split_case(head=head, page=page, kv_from_cache=True)
-    assert plan.plan(_sm90(cached)).consts()["ONE_CONSUMER"] is False
+    one = head in plan.SPLIT_ONE_CONSUMER_HEADS and page >= bn
+    assert c["ONE_CONSUMER"] is one and c["V_STAGE"] is (head <= 128 and not one)
+    cached = plan.plan(_sm90(_split_case(head=head, page=page, kv_from_cache=True))).consts()
+    assert cached["ONE_CONSUMER"] is False and cached["V_STAGE"] is False
     nb, hk, g, pg, x = case.k_cache.shape  # a block stride with a gap: not one [rows, page * 8] view
     case.k_cache = torch.empty(nb, hk + 1, g, pg, x, dtype=case.k_cache.dtype)[:, :hk].copy_(case.k_cache)
     c = plan.plan(_sm90(case)).consts()
@@ -200,7 +202,8 @@ def _launch(case, lse=None, consts=None) -> bool:
 
 
 @pytest.mark.parametrize("head,from_cache,page", [(128, False, 16), (256, False, 16), (64, True, 16),
-                                                  (128, False, 544), (256, True, 544)])  # fmt: skip
+                                                  (64, False, 16), (128, False, 544),
+                                                  (256, True, 544)])  # fmt: skip
 def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     """The split kernel's host glue on the CPU (the kernel replaced by a recorder): the grid, the plan's
     constexprs, the V cache as a pointer or (V by TMA) a ``[D, 16]`` descriptor and the V ring's layout,
@@ -218,13 +221,13 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     bn = plan.GLUON_BLOCK_N[head]
     assert grid == (-(-case.max_query_len // 128), 4, 3)
     assert {k: kw[k] for k in c} == c and kw["KV_FROM_CACHE"] is from_cache
-    one = head in plan.SPLIT_ONE_CONSUMER_HEADS and not from_cache  # one 8-warp consumer partition
+    one = c["ONE_CONSUMER"]  # one 8-warp consumer partition, Q in one box
     assert kw["ONE_CONSUMER"] is one and kw["num_warps"] == (8 if one else 4) and kw["FREE_WAITS"] is True
     v_tma, k_tma = c["V_TMA"], c["K_TMA"]
     v_desc, v_cache_arg = args[2], args[4]
     new_rows = case.q if from_cache else case.v  # (k = None: descriptors of q that give the types only)
-    staged = not from_cache and not c["V_TMA"] and head <= 128  # V rows by half blocks, transposed
-    assert list(v_desc.block_shape) == [bn // 2 if staged else bn, head] and v_desc.base is new_rows
+    assert c["V_STAGE"] is (not from_cache and head <= 128 and not one)  # V by half blocks, transposed
+    assert list(v_desc.block_shape) == [bn // 2 if c["V_STAGE"] else bn, head] and v_desc.base is new_rows
     from triton.experimental.gluon import language as gl
 
     assert kw["V_RING"] == gl.NVMMASharedLayout.get_default_for([head, 16 if v_tma else bn], gl.bfloat16)
@@ -256,12 +259,13 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
         assert list(k_desc.block_shape) == [bn, head]
 
 
-@pytest.mark.parametrize("head", [128, 256])
-def test_split_launch_tiers(head, monkeypatch):
+@pytest.mark.parametrize("head,page", [(128, 16), (128, 128), (256, 16)])
+def test_split_launch_tiers(head, page, monkeypatch):
     """Compile tiers (the default): a key's first call launches the quick form (one 8-warp consumer
     partition with free waits and LLVM at O0, Q in one 128-row box) and compiles the full form in the
     background (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device; at
-    head 128 the plan's one consumer partition, 8 warps, Q in one box, LLVM at full optimisation);
+    head 128 on pages holding a key block the plan's one consumer partition, 8 warps, Q in one box, LLVM
+    at full optimisation);
     after ``finish_compiles`` the calls launch the full form; other lengths keep the key; inside a graph
     capture a full form never launched stays on the quick form; tiers off
     (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at once, no background compile."""
@@ -273,7 +277,7 @@ def test_split_launch_tiers(head, monkeypatch):
     monkeypatch.setattr(tiers, "_capturing", lambda: bool(capturing))
 
     def case(seqs):
-        return make_case(seqs, num_heads=4, num_kv_heads=2, head_size=head, page=16, dtype=torch.bfloat16,
+        return make_case(seqs, num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
                          device="cpu", layout="split")  # fmt: skip
 
     def quick(kw, args):
@@ -285,7 +289,7 @@ def test_split_launch_tiers(head, monkeypatch):
             and (list(args[0].block_shape) == [128, head])
         )
 
-    one = head in plan.SPLIT_ONE_CONSUMER_HEADS  # the full form: the plan's one 8-warp partition, or two
+    one = plan.plan(_sm90(case([(40, 5)]))).consts()["ONE_CONSUMER"]  # the full form's consumer
 
     def full(kw, args):
         rows = 128 if one else 64
@@ -407,6 +411,7 @@ _SPLIT_COMPILE_SCRIPT = (
 import re
 
 import prefix_prefill.gluon_launch as itf
+import prefix_prefill.plan as itf_plan
 
 
 def no_base_offsets(kernel):
@@ -423,7 +428,8 @@ l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)  # 
 CASES = ((64, False, True, False, False, 0), (64, True, False, False, False, 0),
          (128, False, True, False, True, 1), (128, True, False, False, True, 2),
          (256, False, False, True, True, 1), (256, True, True, True, True, 2),
-         (128, False, False, False, False, 0), (256, False, False, False, False, 0))
+         (128, False, False, False, False, 0), (256, False, False, False, False, 0),
+         (128, False, False, False, True, 2))
 for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     bn = 64 if head == 256 else 128
     cm = k_tma and head == 256
@@ -433,7 +439,9 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     lv = gl.NVMMASharedLayout.get_default_for([head, v_cols], gl.bfloat16)
     k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
     g = head // 8 if cm else 8
-    vn = bn // 2 if not (from_cache or v_tma) and head <= 128 else bn  # V staged by half blocks, transposed
+    # the new tokens' V staged by half blocks and transposed (V_STAGE), as the plan sets it
+    one = not from_cache and head in itf_plan.SPLIT_ONE_CONSUMER_HEADS and k_wide == 1
+    vn = bn // 2 if not (from_cache or v_tma or one) and head <= 128 else bn
     lvn = gl.NVMMASharedLayout.get_default_for([vn, head], gl.bfloat16)
     sig = {
         "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
@@ -453,7 +461,7 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
             sig["KW_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>"
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=2, V_TMA=v_tma, ONE_CONSUMER=False, K_TMA=k_tma, K_WIDE=k_wide, K_CM=cm,
-                  K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv)
+                  K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv, V_STAGE=vn != bn)
     if not lse:
         consts.update(Lse=None, stride_lse_h=None)
     aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
@@ -584,7 +592,7 @@ def test_gluon_split_kernel_compiles_for_sm90():
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 16 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 18 and max(shared) <= 227 * 1024, out
 
 
 @pytest.mark.compile_check

@@ -570,14 +570,14 @@ def _gluon_split_kernel(
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
     K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
     V_RING: gl.constexpr, KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
-    KN_desc=None,
+    KN_desc=None, V_STAGE: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel` over vLLM's split cache (see above): same grid, warps and segments.
     ``K_desc``: the new tokens' K, ``[tokens, kv_heads * D]`` with block ``[BLOCK_N, D]`` (K gathered: the
     K ring's layout too), or with ``K_TMA`` ``[kv_heads * D/8, tokens, 8]`` with block ``[8, 8, 8]``;
     ``V_desc``: their V ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]`` (the layout segment B's V
-    slots are read in), or ``[BLOCK_N / 2, D]`` where the V producer transposes them (V gathered, head
-    <= 128: its stages' layout); with ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
+    slots are read in), or with ``V_STAGE`` ``[BLOCK_N / 2, D]`` (the V producer's stages' layout); with
+    ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
     (``[D, BLOCK_N]`` slots). ``kc_*``/``vc_*``: element strides of the
     caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
     and base is 16-byte aligned. The gathering producers are two warps of 32 registers each (the two
@@ -595,8 +595,11 @@ def _gluon_split_kernel(
     :func:`_split_k_tma_producer`), their partial ones by ``K_desc``'s. ``K_CM`` (with ``K_TMA``): the
     K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX
     must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook
-    does it). ``ONE_CONSUMER`` is also the plan's full form at head 128 with the new tokens given
-    (``prefix_prefill.plan.SPLIT_ONE_CONSUMER_HEADS``): both consumer loops then exist once in the code."""
+    does it). ``ONE_CONSUMER`` is also the plan's full form at head 128 with the new tokens given and pages
+    holding a key block (``prefix_prefill.plan.SPLIT_ONE_CONSUMER_HEADS``): both consumer loops then exist
+    once in the code. ``V_STAGE`` (V gathered, the new tokens given, head <= 128): ``V_desc``'s block is
+    half a key block and the V producer transposes those rows into the V ring's slot form
+    (:func:`_split_producer`), so the consumers run one loop."""
     PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
     V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
@@ -618,11 +621,9 @@ def _gluon_split_kernel(
         K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
     else:
         K_ROWS: gl.constexpr = None
-    # The gathering V producer at head <= 128 transposes the new tokens' V into the context's [D, BLOCK_N]
-    # slot form through two half-block stages (one consumer loop, one P @ V operand form); the TMA
-    # producer, and the gathers at head 256 (no shared memory left for the stages), leave segment B's V
-    # slots as key rows, which the consumers read in a loop of their own.
-    V_STAGE: gl.constexpr = (not KV_FROM_CACHE) and (not V_TMA) and HEAD_DIM <= 128
+    # With V_STAGE the gathering V producer transposes the new tokens' V into the context's [D, BLOCK_N]
+    # slot form through two half-block stages (one consumer loop, one P @ V operand form); otherwise
+    # segment B's V slots hold key rows, which the consumers read in a loop of their own.
     if KV_FROM_CACHE or V_STAGE:  # every V slot in the [D, BLOCK_N] form
         V_ROWS: gl.constexpr = None
     else:  # segment B's V slots: the new tokens' rows

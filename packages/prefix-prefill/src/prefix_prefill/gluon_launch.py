@@ -398,8 +398,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     else:
         k_desc, kn_desc = _rows(k_rows, block_n, light), None
     one = consts["ONE_CONSUMER"] or not full  # one 8-warp consumer partition: the plan's, or the quick form
-    # V gathered at head <= 128: the new tokens' V by half-block boxes, which the V producer transposes
-    v_block = block_n // 2 if k is not None and not v_tma and head <= 128 else block_n
+    v_block = block_n // 2 if consts["V_STAGE"] else block_n  # (V_STAGE: half blocks, which it transposes)
     args = (_rows(q, block_m if one else block_m // 2, light), k_desc, _rows(v_rows, v_block, light),
             k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,

@@ -47,10 +47,12 @@ SPLIT_K_TMA_HEADS = frozenset({128, 256})
 SPLIT_V_TMA_HEADS = frozenset({256})
 #: ... whose K ring is chunk-major (one box per 16-key run instead of D / 64).
 SPLIT_K_CM_HEADS = frozenset({256})
-#: ... whose consumers run as one 8-warp partition when the new tokens' K/V are given: their two loops
-#: (one per V slot form) then exist once in the code, and the instruction cache holds them; two
-#: consumer partitions (two copies of both loops) miss it on every line (at 256 two partitions are faster).
-SPLIT_ONE_CONSUMER_HEADS = frozenset()
+#: ... whose consumers run as one 8-warp partition (``ONE_CONSUMER``) when the new tokens' K/V are given
+#: and pages hold a key block: the consumers' two loops (one per V slot form) then exist once in the
+#: code and the instruction cache holds them (two partitions' copies miss it on nearly every line). At
+#: shorter pages, and at head 64, the V producer transposes the new tokens' V into the context's slot
+#: form instead (``V_STAGE``: two consumer partitions, one loop); at 256 V goes by TMA.
+SPLIT_ONE_CONSUMER_HEADS = frozenset({128})
 #: Triton kernel: head buckets from which masked context tiles of a token-contiguous V load by granule
 #: (at head 256 the element-wise V gather otherwise serialises every wgmma).
 GRANULE_MIN_BLOCK_D = 256
@@ -268,16 +270,19 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
         and vc.num_blocks * hk * d < 2**31
     )
     block_n = GLUON_BLOCK_N[d]
+    one = not p.kv_from_cache and d in SPLIT_ONE_CONSUMER_HEADS and page >= block_n
     consts = dict(
         HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse,
         NUM_STAGES=GLUON_STAGES, V_TMA=v_tma, K_TMA=k_tma,
         # K by TMA: blocks inside one page by wide boxes (1), or every block by 16-key runs (2)
         K_WIDE=(1 if page >= block_n else 2) if k_tma else 0, K_CM=k_tma and d in SPLIT_K_CM_HEADS,
-        ONE_CONSUMER=not p.kv_from_cache and d in SPLIT_ONE_CONSUMER_HEADS,
+        ONE_CONSUMER=one,
+        # the new tokens' V transposed by the gathering V producer (head <= 128: shared memory for its stages)
+        V_STAGE=not (p.kv_from_cache or v_tma or one) and d <= 128,
     )  # fmt: skip
     why = (
         f"sm90, vLLM split cache (K by {'TMA' if k_tma else 'gathers'}, V by {'TMA' if v_tma else 'gathers'}"
-        f"{', one consumer partition' if consts['ONE_CONSUMER'] else ''})"
+        f"{', one consumer partition' if one else ''}{', new V transposed' if consts['V_STAGE'] else ''})"
     )
     return LaunchPlan("gluon-split", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
