@@ -287,6 +287,14 @@ def _transpose_v_half(stage, buf, h, HALF: gl.constexpr, HEAD_DIM: gl.constexpr)
 
 
 @gluon.jit
+def _load_v_half(N_desc, stage, stage_bar, h, tok, col, HALF: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Rows ``[tok + h * HALF, +HALF)`` of the new tokens' V (column ``col`` of ``N_desc``, block ``[HALF,
+    D]``) into ``stage.index(h)`` by one TMA copy, announced on ``stage_bar.index(h)``."""
+    mbarrier.expect(stage_bar.index(h), HALF * HEAD_DIM * 2)
+    tma.async_copy_global_to_shared(N_desc, [tok + h * HALF, col], stage_bar.index(h), stage.index(h))
+
+
+@gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
@@ -315,9 +323,7 @@ def _split_producer(
     head_off = kv_head.to(gl.int64) * c_head
     if KV == 1 and STAGE:  # the first new-token block's halves, while the context blocks go by
         for h in gl.static_range(2):
-            mbarrier.expect(stage_bar.index(h), kv_bytes // 2)
-            tma.async_copy_global_to_shared(N_desc, [n_tok0 + h * (BLOCK_N // 2), kv_head * HEAD_DIM],
-                                            stage_bar.index(h), stage.index(h))  # fmt: skip
+            _load_v_half(N_desc, stage, stage_bar, h, n_tok0, kv_head * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
@@ -340,11 +346,9 @@ def _split_producer(
                     _transpose_v_half(stage.index(h), buf, h, BLOCK_N // 2, HEAD_DIM)
                     # (orders the partition's reads of the stage before the async proxy's next write to it)
                     fence_async_shared()
-                    if t + 1 < n_blocks - n_a:
-                        mbarrier.expect(stage_bar.index(h), kv_bytes // 2)
-                        tma.async_copy_global_to_shared(N_desc, [tok + BLOCK_N + h * (BLOCK_N // 2),
-                                                                 kv_head * HEAD_DIM], stage_bar.index(h),
-                                                        stage.index(h))  # fmt: skip
+                    if t + 1 < n_blocks - n_a:  # the next block's half
+                        _load_v_half(N_desc, stage, stage_bar, h, tok + BLOCK_N, kv_head * HEAD_DIM,
+                                     BLOCK_N // 2, HEAD_DIM)  # fmt: skip
                 fence_async_shared()  # the slot's stores before the consumers' wgmma reads (async proxy)
                 mbarrier.arrive(bar, count=32 * gl.num_warps())
             else:

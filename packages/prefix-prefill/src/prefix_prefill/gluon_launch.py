@@ -207,11 +207,14 @@ def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
     return [("Q_desc", 0), ("K_desc", 1 if k_tma else 0), ("V_desc", 0)] + ([("KN_desc", 2)] if k_tma else [])
 
 
+# a form's launch options, by its ONE_CONSUMER: the default partition's warps, 8 for the one 8-warp consumer
+# partition, else 4 (the first consumer warpgroup); the other partitions bring their own
+_OPTIONS = {True: {"num_warps": 8}, False: {"num_warps": 4}}
+
+
 def _options(params: dict) -> dict:
-    """A form's launch options: the default partition's warps, 8 when it is the one 8-warp consumer
-    partition (``ONE_CONSUMER``), else 4 (the first consumer warpgroup); the other partitions bring their
-    own."""
-    return {"num_warps": 8 if params["ONE_CONSUMER"] else 4}
+    """The launch options of the form ``params`` describe (:data:`_OPTIONS`)."""
+    return _OPTIONS[params["ONE_CONSUMER"]]
 
 
 def _tma(base: torch.Tensor, shape: list, strides: list, block: list, layout, light: bool):
