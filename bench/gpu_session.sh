@@ -141,8 +141,8 @@ if [[ $what == accept ]]; then
   # accept: the GPU suite with compute-sanitizer racecheck and synccheck over every Gluon form beside it
   # (bench/sanitize_gluon.py), then on a quiet GPU the host cost per call of every entry point
   # (bench/host_probe.py, and a profile of PROFILE, default pp_caf), first calls (window and prefix, bf16
-  # head 128: their Gluon kernels) and the engine step vs vLLM (bench/engine_step.py --quick); into
-  # results.tgz beside tests.log
+  # head 128: their Gluon kernels; the split form's at FIRST_SPLIT head sizes) and the engine step vs vLLM
+  # (bench/engine_step.py --quick); into results.tgz beside tests.log
   res=$OUT/res; mkdir -p "$res"
   for tool in racecheck synccheck; do
     timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
@@ -161,6 +161,11 @@ if [[ $what == accept ]]; then
   fi
   timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
     2>&1 | tee "$res/first_call.log" | tail -12
+  if [[ -n ${FIRST_SPLIT:-} ]]; then  # the split-cache form's first calls too (FIRST_SPLIT=head sizes, e.g. 64,128)
+    mkdir -p "$res/split"
+    timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels prefix --dtypes bf16 --heads $FIRST_SPLIT \
+      --layout split --out "$res/split" 2>&1 | tee "$res/split/first_call.log" | tail -8
+  fi
   timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
     | tee "$res/engine_step.log" | tail -40
   gzip -f "$res/tests.log"
