@@ -7,8 +7,8 @@ Usage (GPU machine; ``BENCH_PACKAGES=DIR`` times another tree's packages, see ``
 
 Each entry point is called ``--calls`` times without a sync, in ``--rounds`` interleaved rounds (the best
 round shown; the kernel is far shorter than the call, so the wall time per call is the host's cost);
-``--profile ENTRY`` prints the top of a cProfile of that entry point's calls (``pp_caf``, ``pp_split``,
-``pp_nhd``, ``wp_caf``, ``wp``).
+``--profile ENTRY`` prints the top of a cProfile of that entry point's calls (``pp_caf``, ``pp_caf_2buf``
+(``pp_caf`` over two sets of new-token buffers in turn), ``pp_split``, ``pp_nhd``, ``wp_caf``, ``wp``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from common import add_package_paths
 def _calls(torch, dev="cuda", window_dtype=None):
     """(name, zero-argument call) of every entry point on a tiny problem (16 new tokens on a 16-token
     context, 8/2 heads, d128, page 16; bf16, or ``window_dtype`` for window-prefill's) on ``dev``:
-    prefix-prefill's three first."""
+    prefix-prefill's four first."""
     import prefix_prefill as pp
     import window_prefill as wp
 
@@ -45,6 +45,15 @@ def _calls(torch, dev="cuda", window_dtype=None):
     lens = torch.tensor([16], dtype=torch.int32, device=dev)
     one = torch.ones(1, device=dev)
     wq, wk, wv, wo = (t.to(window_dtype or dt) for t in (q, k, v, o))
+    # pp_caf over two sets of new-token buffers in turn (an engine whose activations move between calls)
+    sets = [(q, k, v, o), tuple(torch.empty_like(t).copy_(t) for t in (q, k, v, o))]
+    turn = [0]
+
+    def pp_caf_2buf():
+        turn[0] ^= 1
+        q_, k_, v_, o_ = sets[turn[0]]
+        pp.context_attention_fwd(q_, k_, v_, o_, "auto", kc_split, vc_split, bt, cu, sl, 32, 16, one, one)
+
     return [
         (
             "pp_caf",
@@ -52,6 +61,7 @@ def _calls(torch, dev="cuda", window_dtype=None):
                 q, k, v, o, "auto", kc_split, vc_split, bt, cu, sl, 32, 16, one, one
             ),
         ),
+        ("pp_caf_2buf", pp_caf_2buf),
         ("pp_split", lambda: pp.prefix_prefill(q, k, v, kc_split, vc_split, bt, cu, sl, 16, out=o)),
         ("pp_nhd", lambda: pp.prefix_prefill(q, k, v, kc_nhd, vc_nhd, bt, cu, sl, 16, out=o)),
         ("wp_caf", lambda: wp.context_attention_fwd(wq, wk, wv, wo, start, lens, 16)),
@@ -90,7 +100,7 @@ def main() -> None:
             if name not in best or host < best[name][0]:
                 best[name] = (host, wall)
     for name, (host, wall) in best.items():
-        print(f"{name:10s} host {host:7.1f} us/call  wall {wall:7.1f} us/call  (best of {args.rounds})")
+        print(f"{name:11s} host {host:7.1f} us/call  wall {wall:7.1f} us/call  (best of {args.rounds})")
     for name, fn in calls:
         if name == args.profile:
             prof = cProfile.Profile()

@@ -85,6 +85,7 @@ def fake_raw_launchers(monkeypatch, *jits: Jit) -> None:
     monkeypatch.setattr(cl, "_SUPPORTED", True)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
 
 
 def pointers(c_args: list) -> list:

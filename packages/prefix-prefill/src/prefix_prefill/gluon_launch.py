@@ -130,7 +130,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if frame is None:
         return False
     index = q.get_device()
-    if index != torch.cuda.current_device():  # (Triton launches on the current device: launch() sets it)
+    # (Triton launches on the current device: launch() sets it; CUDA is initialised, q is on it)
+    if index != torch._C._cuda_getDevice():
         return False
     tokens, batch = q.shape[0], seq_lens.shape[0]
     if batch == 0 or tokens == 0 or max_query_len == 0:

@@ -238,7 +238,7 @@ def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, s
         prep.frame = (fast, frame) if frame is not None else None
     index = q.get_device()
     if not real or prep.frame is None or fast.verify or not fast.direct_now() or (
-        index != torch.cuda.current_device()
+        index != torch._C._cuda_getDevice()  # (a frame exists only after a CUDA launch: CUDA is initialised)
     ):  # fmt: skip
         _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
              prep.softmax_scale, sinks, prep.softcap, lse)  # fmt: skip
