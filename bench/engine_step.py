@@ -653,9 +653,11 @@ VLLM_OF = {"ours_pp_caf": "vllm_pp", "ours_pp_split": "vllm_pp", "ours_pp_nhd": 
 
 
 def host_table(env: Env, cfg: dict) -> list[dict]:
-    """Host time per call of the tiny problem: ``calls`` calls without a sync, after warm-up."""
+    """Host time per call of the tiny problem: ``calls`` calls without a sync, after warm-up, every
+    entry timed before any is profiled (a torch.profiler session, which counts the launches, can leave
+    the process's launches slower after it), then each entry's launches and CUDA-graph time."""
     p = tiny_problem(env)
-    rows = []
+    rows, fns = [], []
     for name, entry, layout in HOST_ROWS:
         fn = tiny_call(env, p, entry, layout)
         if fn is None:
@@ -667,7 +669,9 @@ def host_table(env: Env, cfg: dict) -> list[dict]:
             "note": HOST_NOTES[name],
         }
         try:
-            row["launches"] = count_launches(env, fn)[0]["kernels"]  # also the warm-up
+            fn()  # compile, and let the compile tiers finish
+            env.sync()
+            env.finish_compiles()
             for _ in range(cfg["host_warmup"]):
                 fn()
             env.sync()
@@ -684,6 +688,14 @@ def host_table(env: Env, cfg: dict) -> list[dict]:
                 host.append((t1 - t0) / n * 1e6)
                 wall.append((t2 - t0) / n * 1e6)
             row["host_us"], row["wall_us"] = statistics.median(host), statistics.median(wall)
+            fns.append((row, fn))
+        except Exception as e:
+            row["note"] += f"; failed: {type(e).__name__}: {str(e)[:160]}"
+            env.sync()
+        rows.append(row)
+    for row, fn in fns:
+        try:
+            row["launches"] = count_launches(env, fn)[0]["kernels"]
             if env.cuda and not cfg["no_graph"]:
                 try:
                     row["graph_us"] = (
@@ -697,7 +709,6 @@ def host_table(env: Env, cfg: dict) -> list[dict]:
         except Exception as e:
             row["note"] += f"; failed: {type(e).__name__}: {str(e)[:160]}"
             env.sync()
-        rows.append(row)
     by = {r["impl"]: r for r in rows}
     for r in rows:
         peer = by.get(VLLM_OF.get(r["impl"], ""))
@@ -780,7 +791,7 @@ def config(args) -> dict:
                 "host_warmup": 0, "host_rounds": 1, "no_graph": True}  # fmt: skip
     if args.quick:
         return {"warmup": 1, "steps": 8, "min_steps": 3, "budget_ms": 1500.0,
-                "host_calls": args.host_calls or 3000, "host_warmup": 100, "host_rounds": 1,
+                "host_calls": args.host_calls or 3000, "host_warmup": 100, "host_rounds": 3,
                 "no_graph": args.no_graph}  # fmt: skip
     return {"warmup": 2, "steps": 30, "min_steps": 5, "budget_ms": 5000.0,
             "host_calls": args.host_calls or 3000, "host_warmup": 300, "host_rounds": 3,
