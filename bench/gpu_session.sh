@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|hostspread|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
@@ -14,6 +14,8 @@
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
 #  trees: the GPU tests of TEST_PATHS (if set), then bench/ab_trees.py over the package trees of TREES
 #  ("name=dir ...", ratios to the first; extra args go to ab_trees.py) into results.tgz;
+#  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
+#  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
 #  readme: every Python example of README.md (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
@@ -147,6 +149,11 @@ if [[ $what == accept ]]; then
   for tool in racecheck synccheck; do
     timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
   done
+  # the racecheck probe (bench/probe_ws_racecheck.py), one process per kernel, after the suites' checks
+  ( for k in empty handoff handoff_sync handoff_4w; do
+      timeout 120 compute-sanitizer --tool racecheck --racecheck-report all python3 bench/probe_ws_racecheck.py $k \
+        >"$res/probe_racecheck_$k.log" 2>&1
+    done ) &
   dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
   timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-14} --dist $dist --durations=15 -v -rfE \
     -p no:cacheprovider --maxfail=${MAXFAIL:-200} ${PYTEST_ARGS:-} 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
@@ -154,7 +161,8 @@ if [[ $what == accept ]]; then
   wait
   # (a checker's summary counts only what ran: its log must also say "N cases OK")
   grep -HE "SUMMARY|cases OK|FAILED|planned|Error|Traceback" "$res/racecheck.log" "$res/synccheck.log"
-  timeout 90 python3 bench/host_probe.py 2>&1 | tee "$res/host_probe.txt"
+  grep -HE "SUMMARY|^OK|Traceback" "$res"/probe_racecheck_*.log
+  timeout 90 python3 bench/host_probe.py --peers 2>&1 | tee "$res/host_probe.txt"
   timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
   if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)
     BENCH_PACKAGES=$HOST_AB timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[HOST_AB] /' | tee -a "$res/host_probe.txt"
@@ -169,6 +177,22 @@ if [[ $what == accept ]]; then
   timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
     | tee "$res/engine_step.log" | tail -40
   gzip -f "$res/tests.log"
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == hostspread ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  { lscpu | grep -E "Model name|^CPU\(s\)|NUMA|Thread"; nvidia-smi topo -m; cat /proc/loadavg; } >"$res/host_env.txt" 2>&1
+  python3 bench/host_probe.py --rounds 1 --calls 100 >/dev/null 2>&1  # the Triton cache, once
+  for i in $(seq ${SPREAD_RUNS:-6}); do
+    timeout 60 python3 bench/host_probe.py --peers --rounds 3 2>&1 | sed "s/^/[run $i] /" | tee -a "$res/host_spread.txt" | grep -E "pp_caf |vllm_pp|where"
+  done
+  for c in ${SPREAD_CPUS:-0 3 7 11 15}; do
+    timeout 60 taskset -c $c python3 bench/host_probe.py --peers --rounds 3 2>&1 | sed "s/^/[cpu $c] /" | tee -a "$res/host_spread.txt" | grep -E "pp_caf |vllm_pp|where"
+  done
+  for i in 1 2; do
+    mkdir -p "$res/eng$i"
+    timeout 90 python3 bench/engine_step.py --quick --tables host --out "$res/eng$i" 2>&1 | tail -12
+  done
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == quick ]]; then

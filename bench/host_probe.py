@@ -3,22 +3,64 @@ kernel.
 
 Usage (GPU machine; ``BENCH_PACKAGES=DIR`` times another tree's packages, see ``common.py``)::
 
-    python bench/host_probe.py [--calls 1000] [--rounds 5] [--profile ENTRY]
+    python bench/host_probe.py [--calls 1000] [--rounds 5] [--profile ENTRY] [--peers]
 
 Each entry point is called ``--calls`` times without a sync, in ``--rounds`` interleaved rounds (the best
 round shown; the kernel is far shorter than the call, so the wall time per call is the host's cost);
 ``--profile ENTRY`` prints the top of a cProfile of that entry point's calls (``pp_caf``, ``pp_caf_2buf``
-(``pp_caf`` over two sets of new-token buffers in turn), ``pp_split``, ``pp_nhd``, ``wp_caf``, ``wp``).
+(``pp_caf`` over two sets of new-token buffers in turn), ``pp_split``, ``pp_nhd``, ``wp_caf``, ``wp``);
+``--peers`` adds torch SDPA on the same tokens and vLLM 0.33's ``context_attention_fwd`` (``.peers``) as
+rows of the same rounds, so a slow host process shows in their rows too. The last line says where the
+process ran (its CPU affinity, the CPU it ended on, the load average).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import time
 
 from common import add_package_paths
+
+
+def _peer_calls(torch, dev="cuda"):
+    """(name, call) of torch SDPA and, where ``.peers`` is on the path, vLLM 0.33's prefix
+    ``context_attention_fwd``, on :func:`_calls`'s problem sizes."""
+    dt = torch.bfloat16
+    q4, k4, v4 = (torch.randn(1, 8, 16, 128, device=dev, dtype=dt) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = [("sdpa", lambda: sdpa(q4, k4, v4, is_causal=True))]
+    try:
+        from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd as vpp
+    except Exception:
+        return out
+    q = torch.randn(16, 8, 128, device=dev, dtype=dt)
+    k, v = torch.randn(16, 2, 128, device=dev, dtype=dt), torch.randn(16, 2, 128, device=dev, dtype=dt)
+    o = torch.empty_like(q)
+    kc = torch.randn(8, 2, 16, 16, 8, device=dev, dtype=dt)
+    vc = torch.randn(8, 2, 128, 16, device=dev, dtype=dt)
+    bt = torch.tensor([[3, 5, 0, 0]], dtype=torch.int32, device=dev)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=dev)
+    sl = torch.tensor([32], dtype=torch.int32, device=dev)
+    one = torch.ones(1, device=dev)
+    out.append(("vllm_pp", lambda: vpp(q, k, v, o, "auto", kc, vc, bt, cu, sl, 32, 16, one, one)))
+    return out
+
+
+def _where() -> str:
+    """The process's CPU affinity, the CPU it runs on now and the load average (Linux; '?' elsewhere)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        with open("/proc/self/stat") as f:
+            now = f.read().rsplit(")", 1)[1].split()[36]
+        with open("/proc/loadavg") as f:
+            load = " ".join(f.read().split()[:3])
+        span = f"{cpus[0]}-{cpus[-1]}" if len(cpus) == cpus[-1] - cpus[0] + 1 else ",".join(map(str, cpus))
+        return f"affinity {span} ({len(cpus)} cpus), on cpu {now}, loadavg {load}"
+    except Exception:
+        return "?"
 
 
 def _calls(torch, dev="cuda", window_dtype=None):
@@ -74,13 +116,14 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds of each entry (best shown)")
     ap.add_argument("--profile", default="")
+    ap.add_argument("--peers", action="store_true", help="also time torch SDPA and vLLM 0.33 (.peers)")
     args = ap.parse_args()
     add_package_paths()
     import torch
 
     import prefix_prefill
 
-    calls = _calls(torch)
+    calls = _calls(torch) + (_peer_calls(torch) if args.peers else [])
     for _, fn in calls:  # compile, and let the compile tiers finish
         for _ in range(3):
             fn()
@@ -110,6 +153,7 @@ def main() -> None:
             prof.disable()
             torch.cuda.synchronize()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    print("where:", _where())
     from prefix_prefill import gluon_launch, launch
 
     direct = {n: len(c) for n, c in (("triton", launch._TRITON), ("nhd", gluon_launch._NHD),
