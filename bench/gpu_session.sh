@@ -144,8 +144,11 @@ if [[ $what == accept ]]; then
   # (bench/sanitize_gluon.py), then on a quiet GPU the host cost per call of every entry point
   # (bench/host_probe.py, and a profile of PROFILE, default pp_caf), first calls (window and prefix, bf16
   # head 128: their Gluon kernels; the split form's at FIRST_SPLIT head sizes) and the engine step vs vLLM
-  # (bench/engine_step.py --quick); into results.tgz beside tests.log
+  # (bench/engine_step.py --quick); into results.tgz beside tests.log. ACCEPT_PARTS (default
+  # "tests host first engine") picks the parts, so that one accept can span two calls of <= 600 s
   res=$OUT/res; mkdir -p "$res"
+  parts=${ACCEPT_PARTS:-tests host first engine}
+  if [[ $parts == *tests* ]]; then
   for tool in racecheck synccheck; do
     timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
   done
@@ -162,11 +165,16 @@ if [[ $what == accept ]]; then
   # (a checker's summary counts only what ran: its log must also say "N cases OK")
   grep -HE "SUMMARY|cases OK|FAILED|planned|Error|Traceback" "$res/racecheck.log" "$res/synccheck.log"
   grep -HE "SUMMARY|^OK|Traceback" "$res"/probe_racecheck_*.log
+  gzip -f "$res/tests.log"
+  fi
+  if [[ $parts == *host* ]]; then
   timeout 90 python3 bench/host_probe.py --peers 2>&1 | tee "$res/host_probe.txt"
   timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
   if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)
     BENCH_PACKAGES=$HOST_AB timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[HOST_AB] /' | tee -a "$res/host_probe.txt"
   fi
+  fi
+  if [[ $parts == *first* ]]; then
   timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
     2>&1 | tee "$res/first_call.log" | tail -12
   if [[ -n ${FIRST_SPLIT:-} ]]; then  # the split-cache form's first calls too (FIRST_SPLIT=head sizes, e.g. 64,128)
@@ -174,9 +182,11 @@ if [[ $what == accept ]]; then
     timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels prefix --dtypes bf16 --heads $FIRST_SPLIT \
       --layout split --out "$res/split" 2>&1 | tee "$res/split/first_call.log" | tail -8
   fi
+  fi
+  if [[ $parts == *engine* ]]; then
   timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
     | tee "$res/engine_step.log" | tail -40
-  gzip -f "$res/tests.log"
+  fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == hostspread ]]; then
