@@ -1,5 +1,5 @@
-"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and vLLM's
-split layout): their plans, their host side and their answers.
+"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD;
+prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
 fp8 caches, windows, ALiBi, sinks, soft-capping, skip_decode, pages that are not multiples of 16,

@@ -8,7 +8,8 @@ background after a first call: call it before capturing CUDA graphs).
 
 Modules: ``api`` (the public functions), ``checks`` (argument checks), ``plan`` (the one dispatch
 point), ``launch`` (the Triton launch), ``gluon_launch`` (the Gluon kernels' host side), ``ops`` (the
-torch custom op), ``kernel`` / ``gluon_kernel`` (device code), ``configs`` (the Triton kernel's tiles).
+torch custom op), ``kernel`` / ``gluon_kernel`` / ``gluon_split_kernel`` (device code), ``configs`` (the
+Triton kernel's tiles).
 """
 
 __version__ = "0.16.0"

@@ -1,4 +1,5 @@
-"""Host side of the two Gluon kernels (:mod:`prefix_prefill.gluon_kernel`): TMA descriptors, compile
+"""Host side of the two Gluon kernels (:mod:`prefix_prefill.gluon_kernel`, NHD;
+:mod:`prefix_prefill.gluon_split_kernel`, vLLM's split cache): TMA descriptors, compile
 tiers, the compiled variants launched directly, the fallback when a Gluon kernel cannot run.
 
 :func:`launch` runs a plan of kernel ``"gluon-nhd"`` or ``"gluon-split"`` (see
@@ -35,7 +36,8 @@ from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.kernel import LOG2E
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
-    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel, _gluon_split_kernel
+    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
+    from prefix_prefill.gluon_split_kernel import _gluon_split_kernel
 except Exception:  # pragma: no cover - any import failure means "no Gluon"
     _gluon_fwd_kernel = _gluon_split_kernel = None
 

@@ -1,0 +1,518 @@
+"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over vLLM's split cache (``_gluon_split_kernel``),
+warp-specialised like the NHD one (:mod:`prefix_prefill.gluon_kernel`: same grid, consumers and
+segments).
+
+K cache ``[num_blocks, kv_heads, D / 8, page_size, 8]`` (16-bit, x = 8), V cache ``[num_blocks,
+kv_heads, D, page_size]``: there is no 2-D row view for TMA boxes, so a gathering producer copies a
+context block with ``cp.async``, 16 bytes per copy, into the ring's NVMMA layout: K as ``[BLOCK_N, D]``
+(one key's 8 features per copy), V as ``[D, BLOCK_N]`` (8 keys of one feature per copy; a page is a
+multiple of 8 keys, so a copy never crosses a page), the ``P @ V`` operand read through its transpose.
+Each of the producer's threads arrives on the slot's ready barrier when its own copies have landed
+(``cp.async.mbarrier.arrive.noinc``), and the consumers fence the generic proxy (where ``cp.async``
+writes) against the async proxy (where wgmma reads) after each wait. The plan picks TMA producers
+instead where the page size allows (``V_TMA``, ``K_TMA``). The new tokens come by TMA from ``k`` / ``v``
+where they are; with ``V_STAGE`` the V producer transposes their rows into the V ring's slot form.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from paged_kv_offsets.gluon import slot_offset
+from prefill_runtime.gluon import allocate_rings, load_q_halves
+from prefix_prefill.gluon_kernel import _prefix_consumer, _program_rows, _program_segments
+
+
+@gluon.jit
+def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
+    """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
+    ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry."""
+    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread a step
+    PW: gl.constexpr = gl.num_warps()
+    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (head <= 128), else the features
+    L: gl.constexpr = gl.BlockedLayout(
+        [1, 8], [32 // TPD, TPD], [WK, PW // WK], [1, 0]
+    )  # 8 features a thread
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
+    col = (offs_d // 8) * c_group.to(gl.int32) + offs_d % 8  # [D] int32 (the host checks the range), x = 8
+    for i in gl.static_range(BLOCK_N // SUB):
+        pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
+        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, 8) + head_off  # [SUB]
+        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, D]
+        ok = (pos < seq_end)[:, None]  # [SUB, 1]
+        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
+
+
+@gluon.jit
+def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
+                    TPR: gl.constexpr):  # fmt: skip
+    """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
+    features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * 8``-key runs
+    of ``32 / TPR`` features (the kernel passes ``BLOCK_N // 8``: the block's whole key run per
+    feature). Copies are 8-key groups; a group that starts before ``seq_end`` is copied whole (its page
+    holds it; the consumers zero the V columns past the segment), one past it is zero-filled."""
+    PW: gl.constexpr = gl.num_warps()
+    RUN: gl.constexpr = TPR * 8  # keys of one run
+    NR: gl.constexpr = BLOCK_N // RUN  # runs per block
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [PW, 1], [1, 0])  # a thread: 8 keys
+    offs_n = gl.arange(0, RUN, layout=gl.SliceLayout(0, L))  # [RUN]
+    rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
+    step = SUB * c_dim
+    for r in gl.static_range(NR):
+        grp = pos0 + r * RUN + (offs_n // 8) * 8  # [RUN] the key's 8-key group
+        col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1)  # [RUN]
+        col += offs_n % 8 + head_off  # [RUN]
+        ok = grp < seq_end  # [RUN]
+        if RUN == BLOCK_N:
+            dst = buf
+        else:
+            dst = buf.slice(r * RUN, RUN, dim=1)  # [D, RUN]
+        for i in gl.static_range(HEAD_DIM // SUB):
+            # each step's feature offset is added to the run's key offsets in a chain (not to the loop-
+            # invariant rows), so the compiler does not keep every step's offsets live across the block loop
+            off = gl.multiple_of(rows[:, None] + col[None, :], [1, 8])  # [SUB, RUN]
+            off = gl.max_contiguous(off, [1, 8])
+            async_copy.async_copy_global_to_shared(dst.slice(i * SUB, SUB), Cache + off, mask=ok[None, :])
+            col += step
+
+
+@gluon.jit
+def _transpose_v_half(stage, buf, h, HALF: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Keys ``[h * HALF, +HALF)`` of a new-token block's V from ``stage`` ``[HALF, D]`` (key rows, as a
+    TMA box of ``v`` lands) into ring slot ``buf`` ``[D, BLOCK_N]`` (keys along the rows: the context
+    blocks' form, so every ``P @ V`` of the consumers has one operand form), 16 features at a time:
+    loaded in the layout of an mma B operand (``ldmatrix.trans``: each register holds two keys of one
+    feature) and stored so into the slot's transposed view (``stmatrix``), 8 registers a thread."""
+    PW: gl.constexpr = gl.num_warps()
+    L: gl.constexpr = gl.DotOperandLayout(
+        operand_index=1, parent=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, PW],
+                                                          instr_shape=[16, 8]), k_width=2,
+    )  # fmt: skip
+    for f in gl.static_range(HEAD_DIM // 16):
+        t = stage.slice(f * 16, 16, dim=1).load(L)  # [HALF, 16]
+        buf.slice(f * 16, 16, dim=0).slice(h * HALF, HALF, dim=1).permute((1, 0)).store(t)
+
+
+@gluon.jit
+def _load_v_half(N_desc, stage, stage_bar, h, tok, col, HALF: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Rows ``[tok + h * HALF, +HALF)`` of the new tokens' V (column ``col`` of ``N_desc``, block ``[HALF,
+    D]``) into ``stage.index(h)`` by one TMA copy, announced on ``stage_bar.index(h)``."""
+    mbarrier.expect(stage_bar.index(h), HALF * HEAD_DIM * 2)
+    tma.async_copy_global_to_shared(N_desc, [tok + h * HALF, col], stage_bar.index(h), stage.index(h))
+
+
+@gluon.jit
+def _split_producer(
+    KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
+    stage_bar=None,
+):  # fmt: skip
+    """A partition of two warps filling one ring from vLLM's split cache by gathers: K (``KV == 0``,
+    which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
+    (``c_block``/``c_head``/``c_feat``: the cache's block, head and feature-group (K) or feature (V)
+    strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
+    copies land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one), from
+    ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
+    ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
+    q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
+    kv_head, n_a, a_end, n_blocks, b_end)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``,
+    block ``[BLOCK_N, D]`` (V: into the slot seen in its layout). ``STAGE`` (V): ``N_desc``'s block is
+    half a key block, ``stage`` two ``[BLOCK_N / 2, D]`` buffers in its layout with barriers
+    ``stage_bar`` ``[2, 1]``; each half of a new-token block lands in its stage by one TMA copy (the
+    first block's before the context blocks, each later one as soon as its stage is read), and the
+    partition's threads transpose it into the slot's ``[D, BLOCK_N]`` form (:func:`_transpose_v_half`),
+    fence their stores against the async proxy and arrive together."""
+    (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
+     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
+    kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+    if KV == 0:
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+    head_off = kv_head.to(gl.int64) * c_head
+    if KV == 1 and STAGE:  # the first new-token block's halves, while the context blocks go by
+        for h in gl.static_range(2):
+            _load_v_half(N_desc, stage, stage_bar, h, n_tok0, kv_head * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
+        if j < n_a:
+            if KV == 0:
+                _gather_k_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
+                                head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+            else:
+                _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
+                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
+            async_copy.mbarrier_arrive(bar, increment_count=False)
+        else:
+            tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
+            if KV == 1 and STAGE:  # each half from its stage into the slot, the next block's half behind it
+                t = j - n_a
+                for h in gl.static_range(2):
+                    mbarrier.wait(stage_bar.index(h), t & 1)
+                    _transpose_v_half(stage.index(h), buf, h, BLOCK_N // 2, HEAD_DIM)
+                    # (orders the partition's reads of the stage before the async proxy's next write to it)
+                    fence_async_shared()
+                    if t + 1 < n_blocks - n_a:  # the next block's half
+                        _load_v_half(N_desc, stage, stage_bar, h, tok + BLOCK_N, kv_head * HEAD_DIM,
+                                     BLOCK_N // 2, HEAD_DIM)  # fmt: skip
+                fence_async_shared()  # the slot's stores before the consumers' wgmma reads (async proxy)
+                mbarrier.arrive(bar, count=32 * gl.num_warps())
+            else:
+                mbarrier.expect(bar, kv_bytes)
+                mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
+                if KV == 0:
+                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
+                else:  # V as key rows: the slot seen in N_desc's layout
+                    rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+
+
+@gluon.jit
+def _split_v_tma_producer(
+    N_desc, C_desc, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head, kv_heads, n_a, a_end,
+    n_blocks, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+):  # fmt: skip
+    """The V ring by TMA (one warp): a slot ``[D, BLOCK_N]`` in a 32-byte-swizzled layout is ``BLOCK_N /
+    16`` column blocks ``[D, 16]``, each one box: a context run of 16 keys (inside one page: pages are
+    multiples of 16) from ``C_desc``, the V cache seen as ``[num_blocks * kv_heads * D, page_size]``
+    (row ``(block * kv_heads + kv_head) * D``; runs at or past ``a_end`` from row ``-D``, outside the
+    view: zeros, no block-table read). A new-token block is one box ``[BLOCK_N, D]`` of ``N_desc`` (the new
+    tokens' rows, from row ``n_tok0 + ...``) into the slot seen in ``N_desc``'s layout. One expect-tx
+    arrival per slot."""
+    NB: gl.constexpr = BLOCK_N // 16
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        if j < n_a:
+            for i in gl.static_range(NB):
+                pos = j * BLOCK_N + i * 16
+                ok = pos < a_end
+                page = pos // page_size
+                blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+                row = gl.where(ok, (blk * kv_heads + kv_head) * HEAD_DIM, -HEAD_DIM)
+                tma.async_copy_global_to_shared(C_desc, [row, pos - page * page_size], bar,
+                                                buf.slice(i * 16, 16, dim=1))  # fmt: skip
+        else:
+            rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+            tok = n_tok0 + (j - n_a) * BLOCK_N
+            tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+
+
+@gluon.jit
+def _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, kv_heads, kv_head,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CM: gl.constexpr = False):  # fmt: skip
+    """One context block's K as ``BLOCK_N/16`` runs of 16 keys (pages a multiple of 16: a run never
+    crosses a page): per run one block-table read and ``D/64`` boxes ``[2, 8, 64]`` of ``R_desc`` into
+    the run's two chunks of each part of ring slot ``slot`` (``parts``: the ring as ``[slots * D/64,
+    BLOCK_N/8, 8, 64]``); runs at or past ``a_end`` from row -8 (zeros, no block-table read). ``CM``
+    (chunk-major ring; ``parts`` is then ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[2, D/8, 64]`` per
+    run."""
+    G: gl.constexpr = HEAD_DIM // 8
+    NP: gl.constexpr = HEAD_DIM // 64
+    NR: gl.constexpr = BLOCK_N // 16
+    for r in gl.static_range(NR):
+        pos = pos0 + r * 16
+        ok = pos < a_end
+        page = pos // page_size
+        blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
+        row0 = (blk * kv_heads + kv_head) * G
+        kg = (pos - page * page_size) // 8
+        if CM:
+            row = gl.where(ok, row0, -G)
+            tma.async_copy_global_to_shared(R_desc, [kg, row, 0], bar, parts.index(slot).slice(r * 2, 2))
+        else:
+            for p in gl.static_range(NP):
+                row = gl.where(ok, row0 + p * 8, -8)
+                dst = parts.index(slot * NP + p).slice(r * 2, 2)  # [2, 8, 64]
+                tma.async_copy_global_to_shared(R_desc, [kg, row, 0], bar, dst)
+
+
+@gluon.jit
+def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
+                  HEAD_DIM: gl.constexpr, CM: gl.constexpr = False):  # fmt: skip
+    """A context block inside page ``page0`` (its first key at ``off`` in the page) as ``D/64`` boxes
+    ``[BLOCK_N/8, 8, 64]`` of ``W_desc`` into the parts of ring slot ``slot`` (see
+    :func:`_split_k_tma_producer`): one block-table read. ``CM`` (chunk-major ring, ``parts`` then
+    ``[slots, BLOCK_N/8, D/8, 64]``): one box ``[BLOCK_N/8, D/8, 64]``."""
+    G: gl.constexpr = HEAD_DIM // 8
+    NP: gl.constexpr = HEAD_DIM // 64
+    blk0 = gl.load(p_table_row + page0).to(gl.int32)
+    row00 = (blk0 * kv_heads + kv_head) * G
+    if CM:
+        tma.async_copy_global_to_shared(W_desc, [off // 8, row00, 0], bar, parts.index(slot))
+    else:
+        for p in gl.static_range(NP):
+            dst = parts.index(slot * NP + p)  # [BLOCK_N/8, 8, 64]
+            tma.async_copy_global_to_shared(W_desc, [off // 8, row00 + p * 8, 0], bar, dst)
+
+
+@gluon.jit
+def _split_k_tma_producer(
+    Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
+    head, kv_head, kv_heads, n_a, a_end, n_blocks, b_end, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
+    CM: gl.constexpr = False, NW_desc=None,
+):  # fmt: skip
+    """The K ring by TMA (one warp; also loads the two Q halves). A slot holds, per 64 features (part
+    ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8 features]`` dense (1 KB):
+    wgmma's no-swizzle K-major core matrices, 128 bytes apart along the features and 1 KB apart along the
+    keys (the consumers' ``K_VIEW``). A context block that lies in one page is ``D/64`` boxes
+    ``[BLOCK_N/8, 8, 64]`` of ``W_desc``, the K cache seen as ``[page_size/8, num_blocks * kv_heads * D/8,
+    64]`` (strides ``[64, page_size * 8, 1]``: key groups of 8, feature groups, one group's 8 keys x 8
+    features: a feature group's 8 keys are 128 contiguous bytes, one cache line of vLLM's split layout),
+    which land as the chunks: one block-table read per block (:func:`_k_page_boxes`). Any other block
+    (across pages; every block when pages are shorter than a block, ``K_WIDE == 2``, ``W_desc`` then
+    absent) as runs of 16 keys, each inside one page: one read and ``D/64`` boxes ``[2, 8, 64]`` of
+    ``R_desc`` (the same view) per run (:func:`_k_run_boxes`). Runs at or past ``a_end`` come from row
+    -8 (outside the view: zeros, no block-table read); the keys of a run that straddles ``a_end`` are
+    stale slots of its page, which the consumers' mask never lets through (``where``, not a product:
+    NaN-safe). New tokens: a block whose keys all lie in the segment (``[0, b_end)``, so in ``k``) is
+    ``D/64`` boxes ``[BLOCK_N/8, 8, 8, 8]`` (one, ``[BLOCK_N/8, D/8, 8, 8]``, chunk-major) of
+    ``NW_desc``, ``k`` seen as ``[BLOCK_N/8, kv_heads * D/8, tokens, 8]`` with strides ``[8 * token
+    stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features: a box at token
+    ``tok`` lands as its chunks; the first dimension overlaps the third, and reads stay inside ``k``
+    because the block does); the last, partial block of a tile by boxes ``[8, 8, 8]`` (8 feature groups
+    of 8 keys of 8 features: one chunk) from ``N_desc``, ``k`` seen as ``[kv_heads * D/8, tokens, 8]``
+    (strides ``[8, token stride, 1]``), rows past ``k``'s end reading zeros. The sequence's new tokens
+    start at row ``n_tok0``. One expect-tx per slot. ``CM``: a
+    chunk-major ring, a slot ``BLOCK_N/8`` chunks of all ``D/8`` feature groups (``[8 keys, 8
+    features]`` each), which the consumers read as one ``[BLOCK_N, D]`` view: a one-page block is one
+    box ``[BLOCK_N/8, D/8, 64]``, a run one box ``[2, D/8, 64]`` (``W_desc``, ``R_desc`` with those
+    blocks), instead of ``D/64`` of each."""
+    G: gl.constexpr = HEAD_DIM // 8
+    NC: gl.constexpr = BLOCK_N // 8
+    NP: gl.constexpr = HEAD_DIM // 64
+    if CM:  # every slot of the ring as [NC, G, 64] (one box, or NC / 2 runs' boxes)
+        parts = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 64], R_desc.layout)
+    else:  # every part of the ring, [slot][part], as [NC, 8, 64] (one box, or NC / 2 runs' boxes)
+        parts = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 64], R_desc.layout)
+    # every chunk of the ring as [8 groups, 8 keys, 8 features] (a new-token box of a partial block)
+    chunks = smem._reinterpret(smem.dtype, [NUM_STAGES * NC * NP, 8, 8, 8], N_desc.layout)
+    if CM:  # every slot as [NC, G, 8, 8] (a full new-token block: one box)
+        news = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 8, 8], NW_desc.layout)
+    else:  # every part of the ring as [NC, 8, 8, 8] (a full new-token block: a box per part)
+        news = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 8, 8], NW_desc.layout)
+    load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        if j < n_a:
+            if K_WIDE == 1:
+                page0 = (j * BLOCK_N) // page_size
+                off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
+                if off + BLOCK_N <= page_size:  # key groups [off / 8, + NC) of one page: a box per part
+                    _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
+                                  HEAD_DIM, CM)  # fmt: skip
+                else:
+                    _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
+                                 kv_heads, kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
+            else:
+                _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
+                             kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
+        else:
+            tok = n_tok0 + (j - n_a) * BLOCK_N
+            if (j - n_a + 1) * BLOCK_N <= b_end:  # every key of the block is a new token of the sequence
+                if CM:
+                    tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G, tok, 0], bar, news.index(slot))
+                else:
+                    for p in gl.static_range(NP):
+                        tma.async_copy_global_to_shared(NW_desc, [0, kv_head * G + p * 8, tok, 0], bar,
+                                                        news.index(slot * NP + p))  # fmt: skip
+            else:
+                for c in gl.static_range(NC):
+                    for p in gl.static_range(NP):
+                        # (chunk c, part p) of the slot: chunk-major c * NP + p, part-major p * NC + c
+                        idx = slot * (NC * NP) + (c * NP + p if CM else p * NC + c)
+                        tma.async_copy_global_to_shared(N_desc, [kv_head * G + p * 8, tok + c * 8, 0], bar,
+                                                        chunks.index(idx))  # fmt: skip
+
+
+@gluon.jit
+def _split_k_partition(
+    K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, W_desc=None, R_desc=None,
+    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None,
+):  # fmt: skip
+    """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
+    ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM``,
+    ``NW_desc`` as there), else :func:`_split_producer`'s gathers."""
+    if K_TMA:
+        (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
+         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, b_end) = args  # fmt: skip
+        _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
+                              page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
+                              b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM,
+                              NW_desc)  # fmt: skip
+    else:
+        _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
+
+
+@gluon.jit
+def _split_v_partition(
+    V_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
+    stage_bar=None,
+):  # fmt: skip
+    """The V ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_v_tma_producer` with
+    ``V_TMA`` (``Cache`` is then the V cache's descriptor), else :func:`_split_producer`'s gathers
+    (``STAGE``, ``stage``, ``stage_bar`` as there)."""
+    if V_TMA:
+        (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
+         kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
+        _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
+                              kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
+    else:
+        _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, STAGE, stage, stage_bar)
+
+
+@gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
+                              "vc_block", "vc_head", "vc_dim"])  # fmt: skip
+def _gluon_split_kernel(
+    Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
+    stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
+    stride_lse_h,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
+    K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
+    V_RING: gl.constexpr, KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
+    KN_desc=None, V_STAGE: gl.constexpr = False,
+):  # fmt: skip
+    """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
+    docstring): same grid, warps and segments.
+    ``K_desc``: the new tokens' K, ``[tokens, kv_heads * D]`` with block ``[BLOCK_N, D]`` (K gathered: the
+    K ring's layout too), or with ``K_TMA`` ``[kv_heads * D/8, tokens, 8]`` with block ``[8, 8, 8]``;
+    ``V_desc``: their V ``[tokens, kv_heads * D]``, block ``[BLOCK_N, D]`` (the layout segment B's V
+    slots are read in), or with ``V_STAGE`` ``[BLOCK_N / 2, D]`` (the V producer's stages' layout); with
+    ``KV_FROM_CACHE`` neither is read. ``V_RING``: the V ring's layout
+    (``[D, BLOCK_N]`` slots). ``kc_*``/``vc_*``: element strides of the
+    caches' blocks, heads and feature groups of 8 (K) / features (V); the host checks every stride
+    and base is 16-byte aligned. The gathering producers are two warps of 32 registers each (the two
+    share one warpgroup's register budget); a TMA producer is one warp (its boxes need no partition
+    barrier between them).
+    ``V_TMA``: V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V cache's
+    descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s block
+    ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``LLVM_O0``, ``FREE_WAITS``: as in
+    :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel`.
+    ``K_TMA``: K by TMA boxes (:func:`_split_k_tma_producer`) into a K ring of 64-wide rows (``K_cache``'s
+    layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` is then a descriptor (block ``[8,
+    64]``, no swizzle) over the K cache; ``K_WIDE``: 1 blocks inside one page by ``D/64`` boxes of
+    ``KW_desc``, the others by 16-key runs of ``KR_desc``; 2 (pages shorter than a block) every block by
+    runs; the new tokens' full blocks by boxes of ``KN_desc`` (``NW_desc`` of
+    :func:`_split_k_tma_producer`), their partial ones by ``K_desc``'s. ``K_CM`` (with ``K_TMA``): the
+    K ring chunk-major, read through ``K_VIEW`` as one ``[BLOCK_N, D]`` view (``CM`` there); its PTX
+    must go through ``prefill_runtime.host.clear_noswizzle_base_offsets`` (the package's compile hook
+    does it). ``ONE_CONSUMER`` is also the plan's full form at head 128 with the new tokens given and pages
+    holding a key block (``prefix_prefill.plan.SPLIT_ONE_CONSUMER_HEADS``): both consumer loops then exist
+    once in the code. ``V_STAGE`` (V gathered, the new tokens given, head <= 128): ``V_desc``'s block is
+    half a key block and the V producer transposes those rows into the V ring's slot form
+    (:func:`_split_producer`), so the consumers run one loop."""
+    PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
+    PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
+    V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
+    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # the K gathers' threads along the features (_gather_k_block)
+    K_SUB: gl.constexpr = 32 * PRODUCER_WARPS if TPD == 1 else 32 // TPD  # keys per K gather step
+    V_SUB: gl.constexpr = max(16, PRODUCER_WARPS * 32 // V_TPR)  # features per V gather step
+    K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
+    V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
+    K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
+    head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
+    if m0 >= q_len:
+        return
+    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
+        q_len, ctx_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
+    )
+    kv_head = head // group_size
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    if K_TMA:
+        K_ROWS: gl.constexpr = K_cache.layout  # the K ring as 64-wide rows (8-key chunks of [D/8, 64])
+    else:
+        K_ROWS: gl.constexpr = None
+    # With V_STAGE the gathering V producer transposes the new tokens' V into the context's [D, BLOCK_N]
+    # slot form through two half-block stages (one consumer loop, one P @ V operand form); otherwise
+    # segment B's V slots hold key rows, which the consumers read in a loop of their own.
+    if KV_FROM_CACHE or V_STAGE:  # every V slot in the [D, BLOCK_N] form
+        V_ROWS: gl.constexpr = None
+    else:  # segment B's V slots: the new tokens' rows
+        V_ROWS: gl.constexpr = V_desc.layout
+
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
+        Q_desc,
+        K_desc,
+        V_desc,
+        HALF_M,
+        BLOCK_N,
+        HEAD_DIM,
+        NUM_STAGES,
+        True,
+        1 if K_TMA else 32 * K_PW,
+        1 if V_TMA else 32 * PRODUCER_WARPS,
+        256 if ONE_CONSUMER else 2,
+        K_ROWS,
+        0,
+        V_RING,
+    )
+    if V_STAGE:  # two half-block stages [2, BLOCK_N / 2, D] (V_desc's block is a half block then)
+        v_stage = gl.allocate_shared_memory(V_desc.dtype, [2, BLOCK_N // 2, HEAD_DIM], V_desc.layout)
+        v_stage_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for h in gl.static_range(2):
+            mbarrier.init(v_stage_bar.index(h), count=1)
+        fence_async_shared()
+    else:  # (placeholders: a partition's arguments cannot be None; unused without V_STAGE)
+        v_stage = v_smem
+        v_stage_bar = k_ready
+    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
+    rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
+    tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
+            stride_ot, stride_oh)  # fmt: skip
+    k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
+              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+              b_end)  # fmt: skip
+    v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
+              vc_block, vc_head, vc_dim, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
+              b_end)  # fmt: skip
+    kv_heads = gl.num_programs(1) // group_size
+    # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
+    # name, and an argument tuple bound to a name loses its constexprs.
+    if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
+        gl.warp_specialize(
+            [
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
+                )),
+                (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR, V_STAGE, v_stage, v_stage_bar)),
+            ],
+            [K_PW, V_PW],
+            [PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
+                )),
+                (_prefix_consumer, (
+                    1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
+                )),
+                (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
+                (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR, V_STAGE, v_stage, v_stage_bar)),
+            ],
+            [4, K_PW, V_PW],
+            [240, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
