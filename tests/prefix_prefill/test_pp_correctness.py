@@ -28,7 +28,7 @@ CPU_PAGES = [
 def test_ragged_batch_pages_layouts(page, layout, dtype, max_ctx):
     seqs = [*random_seqs(3, max_ctx, 40), (0, 7)]
     case = make_case(
-        seqs, num_heads=4, num_kv_heads=2, head_size=64, page=page, dtype=dtype, device=DEVICE, layout=layout
+        seqs, num_heads=2, num_kv_heads=1, head_size=64, page=page, dtype=dtype, device=DEVICE, layout=layout
     )
     out = run_py(case)
     c = compare(out, reference(case))

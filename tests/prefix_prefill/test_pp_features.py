@@ -26,8 +26,13 @@ from prefix_prefill.configs import KernelConfig
 SEQS = [(37, 29), (0, 18), (50, 1), (9, 40)]
 
 
+# the default case's heads: GQA at the smallest grid the interpreter runs (other group sizes: the
+# explicit cases below and the other test files)
+HEADS, KV_HEADS = 2, 1
+
+
 def _case(**kw):
-    args = {"num_heads": 4, "num_kv_heads": 2, "head_size": 64, "page": 16, "dtype": torch.float16}
+    args = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_size": 64, "page": 16, "dtype": torch.float16}
     args.update(kw)
     seqs = args.pop("seqs", SEQS)
     return make_case(seqs, device=DEVICE, **args)
@@ -169,21 +174,21 @@ def test_granule_edges(config, page, window):
 # ------------------------------------------------------------------------------- ALiBi, sinks
 def test_alibi():
     case = _case()
-    slopes = alibi_slopes(4, DEVICE)
+    slopes = alibi_slopes(HEADS, DEVICE)
     assert compare(run_vllm(case, alibi_slopes=slopes), reference(case, alibi_slopes=slopes))
 
 
 def test_alibi_window_sinks_noncausal():
     case = _case(layout="hnd", dtype=torch.float32, page=17)
-    slopes = alibi_slopes(4, DEVICE)
-    sinks = torch.randn(4, device=DEVICE) * 2
+    slopes = alibi_slopes(HEADS, DEVICE)
+    sinks = torch.randn(HEADS, device=DEVICE) * 2
     kw = {"alibi_slopes": slopes, "sinks": sinks, "window": (13, 6), "causal": False}
     c = compare(run_py(case, **kw), reference(case, **kw))
     assert c, c
 
 
 def test_alibi_window_sinks_vllm():
-    case = _case(num_kv_heads=1)
+    case = _case(num_heads=4, num_kv_heads=1)  # MQA, a group of 4
     slopes = alibi_slopes(4, DEVICE)
     sinks = torch.randn(4, device=DEVICE)
     out = run_vllm(case, alibi_slopes=slopes, sinks=sinks, sliding_window=10)
@@ -192,7 +197,7 @@ def test_alibi_window_sinks_vllm():
 
 def test_sinks():
     case = _case(dtype=torch.float32)
-    sinks = torch.randn(4, device=DEVICE) * 3
+    sinks = torch.randn(HEADS, device=DEVICE) * 3
     assert compare(run_vllm(case, sinks=sinks), reference(case, sinks=sinks))
 
 
@@ -217,7 +222,7 @@ def test_fp8_cache(cache_dtype, api):
 
 def test_fp8_cache_kv_from_cache_alibi_noncausal():
     case = _case(cache_dtype=FP8_E4M3, k_scale=0.8, v_scale=0.6, kv_from_cache=True, layout="nhd")
-    slopes = alibi_slopes(4, DEVICE)
+    slopes = alibi_slopes(HEADS, DEVICE)
     kw = {"alibi_slopes": slopes, "causal": False}
     assert compare(run_py(case, **kw), reference(case, **kw))
 
@@ -395,11 +400,13 @@ def test_merge_new_tokens_refused():
         cfg = cfg or KernelConfig(16, 16, 16, 1, 1)
         return plan.triton_plan(problem_of(case), cfg).consts()["MERGE_NEW"]
 
-    assert decide(_case(layout="nhd"))
-    assert not decide(_case(layout="hnd"))  # token stride D in the cache, heads * D in k/v
-    assert not decide(_case(layout="split"))
-    assert not decide(_case(layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
-    assert not decide(_case(layout="nhd", kv_from_cache=True))
+    assert decide(_case(num_heads=4, num_kv_heads=2, layout="nhd"))
+    assert not decide(
+        _case(num_heads=4, num_kv_heads=2, layout="hnd")
+    )  # token stride D in the cache, heads * D in k/v
+    assert not decide(_case(num_heads=4, num_kv_heads=2, layout="split"))
+    assert not decide(_case(num_heads=4, num_kv_heads=2, layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
+    assert not decide(_case(num_heads=4, num_kv_heads=2, layout="nhd", kv_from_cache=True))
     assert not decide(_case(layout="nhd", cache_dtype=FP8_E4M3, k_scale=0.5, v_scale=0.5))
 
 
@@ -442,7 +449,7 @@ def test_causal_false():
 
 def test_both_api_forms_agree_exactly():
     case = _case(layout="split")
-    slopes = alibi_slopes(4, DEVICE)
+    slopes = alibi_slopes(HEADS, DEVICE)
     a = run_vllm(case, sliding_window=16, alibi_slopes=slopes)
     b = run_py(case, window=(15, -1), alibi_slopes=slopes)
     assert torch.equal(a, b)
@@ -463,7 +470,9 @@ def test_validate_env_variable(monkeypatch):
 def test_negative_control_harness_catches_wrong_kernels():
     """The harness (compare against the float64 reference) rejects plausible wrong answers: a
     kernel run with the window off by one, and attn_reference's own negative controls."""
-    case = _case(dtype=torch.float32, seqs=[(40, 24), (20, 30)])
+    case = _case(
+        dtype=torch.float32, seqs=[(40, 24), (20, 30)], num_heads=4, num_kv_heads=2
+    )  # kv_head control: > 1 kv head
     ref = reference(case, window=(10, -1))
     good = run_py(case, window=(10, -1))
     assert compare(good, ref)
@@ -686,9 +695,9 @@ def test_softcap(layout, extra):
         kw_case.update(cache_dtype=FP8_E4M3, k_scale=0.7, v_scale=1.3)
     if extra == "kv_from_cache_sinks":
         kw_case["kv_from_cache"] = True
-        kw["sinks"] = torch.randn(4, device=DEVICE)
+        kw["sinks"] = torch.randn(HEADS, device=DEVICE)
     if extra == "alibi_window":
-        kw.update(alibi_slopes=alibi_slopes(4, DEVICE), window=(30, -1))
+        kw.update(alibi_slopes=alibi_slopes(HEADS, DEVICE), window=(30, -1))
     case = _case(seqs=[(70, 40), (0, 48), (33, 65)], **kw_case)
     case.q = case.q * 3  # logits of ~10-20: a cap of 6 bends most of them
     got = run_py(case, softcap=6.0, **kw)

@@ -292,7 +292,7 @@ def test_tma_kv(monkeypatch, config, causal, window):
     and V, and the result match the reference."""
     spy = spy_triton(monkeypatch)
     lens = [150, 37, 96]
-    heads, kv_heads, d = 4, 2, 32
+    heads, kv_heads, d = 2, 1, 32
     qkv = torch.randn(sum(lens), heads + 2 * kv_heads, d, dtype=torch.float16, device=DEVICE)
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
     cu = cu_of(lens)
