@@ -149,43 +149,43 @@ if [[ $what == accept ]]; then
   res=$OUT/res; mkdir -p "$res"
   parts=${ACCEPT_PARTS:-tests host first engine}
   if [[ $parts == *tests* ]]; then
-  for tool in racecheck synccheck; do
-    timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
-  done
-  # the racecheck probe (bench/probe_ws_racecheck.py), one process per kernel, after the suites' checks
-  ( for k in empty handoff handoff_sync handoff_4w; do
-      timeout 120 compute-sanitizer --tool racecheck --racecheck-report all python3 bench/probe_ws_racecheck.py $k \
-        >"$res/probe_racecheck_$k.log" 2>&1
-    done ) &
-  dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-14} --dist $dist --durations=15 -v -rfE \
-    -p no:cacheprovider --maxfail=${MAXFAIL:-200} ${PYTEST_ARGS:-} 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
-  rc=${PIPESTATUS[0]}
-  wait
-  # (a checker's summary counts only what ran: its log must also say "N cases OK")
-  grep -HE "SUMMARY|cases OK|FAILED|planned|Error|Traceback" "$res/racecheck.log" "$res/synccheck.log"
-  grep -HE "SUMMARY|^OK|Traceback" "$res"/probe_racecheck_*.log
-  gzip -f "$res/tests.log"
+    for tool in racecheck synccheck; do
+      timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
+    done
+    # the racecheck probe (bench/probe_ws_racecheck.py), one process per kernel, after the suites' checks
+    ( for k in empty handoff handoff_sync handoff_4w; do
+        timeout 120 compute-sanitizer --tool racecheck --racecheck-report all python3 bench/probe_ws_racecheck.py $k \
+          >"$res/probe_racecheck_$k.log" 2>&1
+      done ) &
+    dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
+    timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-14} --dist $dist --durations=15 -v -rfE \
+      -p no:cacheprovider --maxfail=${MAXFAIL:-200} ${PYTEST_ARGS:-} 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
+    rc=${PIPESTATUS[0]}
+    wait
+    # (a checker's summary counts only what ran: its log must also say "N cases OK")
+    grep -HE "SUMMARY|cases OK|FAILED|planned|Error|Traceback" "$res/racecheck.log" "$res/synccheck.log"
+    grep -HE "SUMMARY|^OK|Traceback" "$res"/probe_racecheck_*.log
+    gzip -f "$res/tests.log"
   fi
   if [[ $parts == *host* ]]; then
-  timeout 90 python3 bench/host_probe.py --peers 2>&1 | tee "$res/host_probe.txt"
-  timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
-  if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)
-    BENCH_PACKAGES=$HOST_AB timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[HOST_AB] /' | tee -a "$res/host_probe.txt"
-  fi
+    timeout 90 python3 bench/host_probe.py --peers 2>&1 | tee "$res/host_probe.txt"
+    timeout 60 python3 bench/host_probe.py --calls 500 --rounds 1 --profile ${PROFILE:-pp_caf} >>"$res/host_probe.txt" 2>&1
+    if [[ -n ${HOST_AB:-} ]]; then  # another tree's host cost beside (HOST_AB=DIR of its packages/)
+      BENCH_PACKAGES=$HOST_AB timeout 90 python3 bench/host_probe.py 2>&1 | sed 's/^/[HOST_AB] /' | tee -a "$res/host_probe.txt"
+    fi
   fi
   if [[ $parts == *first* ]]; then
-  timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
-    2>&1 | tee "$res/first_call.log" | tail -12
-  if [[ -n ${FIRST_SPLIT:-} ]]; then  # the split-cache form's first calls too (FIRST_SPLIT=head sizes, e.g. 64,128)
-    mkdir -p "$res/split"
-    timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels prefix --dtypes bf16 --heads $FIRST_SPLIT \
-      --layout split --out "$res/split" 2>&1 | tee "$res/split/first_call.log" | tail -8
-  fi
+    timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels window,prefix --dtypes bf16 --heads 128 --out "$res" \
+      2>&1 | tee "$res/first_call.log" | tail -12
+    if [[ -n ${FIRST_SPLIT:-} ]]; then  # the split-cache form's first calls too (FIRST_SPLIT=head sizes, e.g. 64,128)
+      mkdir -p "$res/split"
+      timeout ${FIRST_TIMEOUT:-100} python3 bench/first_call.py --kernels prefix --dtypes bf16 --heads $FIRST_SPLIT \
+        --layout split --out "$res/split" 2>&1 | tee "$res/split/first_call.log" | tail -8
+    fi
   fi
   if [[ $parts == *engine* ]]; then
-  timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
-    | tee "$res/engine_step.log" | tail -40
+    timeout ${ENGINE_TIMEOUT:-200} python3 bench/engine_step.py --quick --budget-s ${ENGINE_BUDGET_S:-150} --out "$res" 2>&1 \
+      | tee "$res/engine_step.log" | tail -40
   fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi

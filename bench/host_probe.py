@@ -25,30 +25,6 @@ import time
 from common import add_package_paths
 
 
-def _peer_calls(torch, dev="cuda"):
-    """(name, call) of torch SDPA and, where ``.peers`` is on the path, vLLM 0.33's prefix
-    ``context_attention_fwd``, on :func:`_calls`'s problem sizes."""
-    dt = torch.bfloat16
-    q4, k4, v4 = (torch.randn(1, 8, 16, 128, device=dev, dtype=dt) for _ in range(3))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    out = [("sdpa", lambda: sdpa(q4, k4, v4, is_causal=True))]
-    try:
-        from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd as vpp
-    except Exception:
-        return out
-    q = torch.randn(16, 8, 128, device=dev, dtype=dt)
-    k, v = torch.randn(16, 2, 128, device=dev, dtype=dt), torch.randn(16, 2, 128, device=dev, dtype=dt)
-    o = torch.empty_like(q)
-    kc = torch.randn(8, 2, 16, 16, 8, device=dev, dtype=dt)
-    vc = torch.randn(8, 2, 128, 16, device=dev, dtype=dt)
-    bt = torch.tensor([[3, 5, 0, 0]], dtype=torch.int32, device=dev)
-    cu = torch.tensor([0, 16], dtype=torch.int32, device=dev)
-    sl = torch.tensor([32], dtype=torch.int32, device=dev)
-    one = torch.ones(1, device=dev)
-    out.append(("vllm_pp", lambda: vpp(q, k, v, o, "auto", kc, vc, bt, cu, sl, 32, 16, one, one)))
-    return out
-
-
 def _where() -> str:
     """The process's CPU affinity, the CPU it runs on now and the load average (Linux; '?' elsewhere)."""
     try:
@@ -63,10 +39,11 @@ def _where() -> str:
         return "?"
 
 
-def _calls(torch, dev="cuda", window_dtype=None):
+def _calls(torch, dev="cuda", window_dtype=None, peers=False):
     """(name, zero-argument call) of every entry point on a tiny problem (16 new tokens on a 16-token
     context, 8/2 heads, d128, page 16; bf16, or ``window_dtype`` for window-prefill's) on ``dev``:
-    prefix-prefill's four first."""
+    prefix-prefill's four first. ``peers``: then torch SDPA on the same queries (8 kv heads) and, where
+    ``.peers`` is on the path, vLLM 0.33's prefix ``context_attention_fwd`` on the same arguments."""
     import prefix_prefill as pp
     import window_prefill as wp
 
@@ -96,19 +73,30 @@ def _calls(torch, dev="cuda", window_dtype=None):
         q_, k_, v_, o_ = sets[turn[0]]
         pp.context_attention_fwd(q_, k_, v_, o_, "auto", kc_split, vc_split, bt, cu, sl, 32, 16, one, one)
 
-    return [
-        (
-            "pp_caf",
-            lambda: pp.context_attention_fwd(
-                q, k, v, o, "auto", kc_split, vc_split, bt, cu, sl, 32, 16, one, one
-            ),
-        ),
+    caf_args = (q, k, v, o, "auto", kc_split, vc_split, bt, cu, sl, 32, 16, one, one)
+    calls = [
+        ("pp_caf", lambda: pp.context_attention_fwd(*caf_args)),
         ("pp_caf_2buf", pp_caf_2buf),
         ("pp_split", lambda: pp.prefix_prefill(q, k, v, kc_split, vc_split, bt, cu, sl, 16, out=o)),
         ("pp_nhd", lambda: pp.prefix_prefill(q, k, v, kc_nhd, vc_nhd, bt, cu, sl, 16, out=o)),
         ("wp_caf", lambda: wp.context_attention_fwd(wq, wk, wv, wo, start, lens, 16)),
         ("wp", lambda: wp.window_prefill(wq, wk, wv, cu, 16, out=wo)),
     ]
+    return calls + _peer_calls(torch, q, caf_args) if peers else calls
+
+
+def _peer_calls(torch, q, vllm_args: tuple) -> list:
+    """torch SDPA over ``q``'s token count and heads (its own inputs), and vLLM 0.33's
+    ``context_attention_fwd`` of ``vllm_args`` (our ``pp_caf`` row's) where ``.peers`` is on the path."""
+    shape = (1, q.shape[1], q.shape[0], q.shape[2])  # [1, H, S, D], contiguous
+    q4, k4, v4 = (torch.randn(shape, device=q.device, dtype=q.dtype) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = [("sdpa", lambda: sdpa(q4, k4, v4, is_causal=True))]
+    try:
+        from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd as vpp
+    except Exception:
+        return out
+    return [*out, ("vllm_pp", lambda: vpp(*vllm_args))]
 
 
 def main() -> None:
@@ -123,7 +111,7 @@ def main() -> None:
 
     import prefix_prefill
 
-    calls = _calls(torch) + (_peer_calls(torch) if args.peers else [])
+    calls = _calls(torch, peers=args.peers)
     for _, fn in calls:  # compile, and let the compile tiers finish
         for _ in range(3):
             fn()

@@ -1,4 +1,4 @@
-"""Does compute-sanitizer's racecheck flag Gluon's ``warp_specialize`` itself? Two minimal kernels:
+"""Does compute-sanitizer's racecheck flag Gluon's ``warp_specialize`` itself? Four minimal kernels:
 
     compute-sanitizer --tool racecheck python bench/probe_ws_racecheck.py [KERNEL ...]
 

@@ -400,13 +400,14 @@ def test_merge_new_tokens_refused():
         cfg = cfg or KernelConfig(16, 16, 16, 1, 1)
         return plan.triton_plan(problem_of(case), cfg).consts()["MERGE_NEW"]
 
-    assert decide(_case(num_heads=4, num_kv_heads=2, layout="nhd"))
-    assert not decide(
-        _case(num_heads=4, num_kv_heads=2, layout="hnd")
-    )  # token stride D in the cache, heads * D in k/v
-    assert not decide(_case(num_heads=4, num_kv_heads=2, layout="split"))
-    assert not decide(_case(num_heads=4, num_kv_heads=2, layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
-    assert not decide(_case(num_heads=4, num_kv_heads=2, layout="nhd", kv_from_cache=True))
+    def gqa(**kw):  # two kv heads: HND's token stride (D) then differs from k/v's (heads * D)
+        return _case(num_heads=4, num_kv_heads=2, **kw)
+
+    assert decide(gqa(layout="nhd"))
+    assert not decide(gqa(layout="hnd"))  # token stride D in the cache, heads * D in k/v
+    assert not decide(gqa(layout="split"))
+    assert not decide(gqa(layout="nhd"), KernelConfig(16, 16, 32, 1, 1))
+    assert not decide(gqa(layout="nhd", kv_from_cache=True))
     assert not decide(_case(layout="nhd", cache_dtype=FP8_E4M3, k_scale=0.5, v_scale=0.5))
 
 
@@ -470,9 +471,8 @@ def test_validate_env_variable(monkeypatch):
 def test_negative_control_harness_catches_wrong_kernels():
     """The harness (compare against the float64 reference) rejects plausible wrong answers: a
     kernel run with the window off by one, and attn_reference's own negative controls."""
-    case = _case(
-        dtype=torch.float32, seqs=[(40, 24), (20, 30)], num_heads=4, num_kv_heads=2
-    )  # kv_head control: > 1 kv head
+    # (two kv heads: the kv_head control needs more than one)
+    case = _case(dtype=torch.float32, seqs=[(40, 24), (20, 30)], num_heads=4, num_kv_heads=2)
     ref = reference(case, window=(10, -1))
     good = run_py(case, window=(10, -1))
     assert compare(good, ref)
