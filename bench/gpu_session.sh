@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|hostspread|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
@@ -188,6 +188,22 @@ if [[ $what == accept ]]; then
       | tee "$res/engine_step.log" | tail -40
   fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == consan ]]; then
+  # consan: every Gluon form under Triton's concurrency sanitizer (bench/sanitize_gluon.py --consan-all)
+  # for each of CONSAN_VARIANTS (default: the plans as shipped) in CONSAN_JOBS child processes, beside
+  # compute-sanitizer synccheck over the same cases as shipped (SYNCCHECK=0: not); logs, consan.md and
+  # synccheck.log in consan.tgz
+  res=$OUT/consan; mkdir -p "$res"
+  if [[ ${SYNCCHECK:-1} == 1 ]]; then
+    timeout ${SAN_TIMEOUT:-420} compute-sanitizer --tool synccheck python3 bench/sanitize_gluon.py >"$res/synccheck.log" 2>&1 &
+  fi
+  timeout ${CONSAN_TIMEOUT:-480} python3 bench/sanitize_gluon.py --consan-all --variants ${CONSAN_VARIANTS:-default} \
+    --jobs ${CONSAN_JOBS:-12} --timeout ${CONSAN_CHILD_S:-400} --out "$res" 2>&1 | tee "$OUT/consan.log" | tail -45
+  rc=${PIPESTATUS[0]}
+  wait
+  [[ -f $res/synccheck.log ]] && grep -HE "SUMMARY|cases OK|FAILED|Traceback" "$res/synccheck.log"
+  tar czf "$OUT/consan.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == hostspread ]]; then
   res=$OUT/res; mkdir -p "$res"

@@ -1,10 +1,18 @@
-"""The Gluon kernels' forms on small problems, meant to run under NVIDIA's race and sync checkers:
+"""The Gluon kernels' forms on small problems, meant to run under the synchronisation checkers:
 
-    compute-sanitizer --tool racecheck python bench/sanitize_gluon.py
     compute-sanitizer --tool synccheck python bench/sanitize_gluon.py
+    python bench/sanitize_gluon.py --consan-all --jobs 12 --out DIR   # Triton's ConSan, every case
 
 The Gluon kernels share memory between warps through mbarrier-guarded rings (TMA loads, wgmma reads),
-which memcheck does not judge; racecheck reports shared-memory hazards and synccheck misuse of barriers.
+which memcheck does not judge; synccheck reports misuse of barriers. Triton's concurrency sanitizer
+(ConSan: ``TRITON_INSTRUMENTATION_MODE=consan``, global scratch from ``triton.set_allocator``) checks
+the rings themselves: it instruments every shared-memory access, mbarrier, TMA copy and wgmma commit
+group of the kernel and traps on an access that no barrier orders. ``--consan --case I`` runs one case
+instrumented (a trap ends the process, so each case runs in its own); ``--consan-all`` runs every case
+in ``--jobs`` child processes for each ``--variants`` entry (``default``: the plans as shipped;
+``nofree``: ``FREE_WAITS=0``, the PTX barrier pass off; ``o1``: ptxas at ``--opt-level 1``) and writes
+one log per run and ``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
+packages' Gluon plans (``bench/plan_override.py``).
 Each case is one planned Gluon form (``explain()`` must name a Gluon kernel, else the case fails):
 prefix-prefill's NHD kernel (heads 64/128/256, pages 16 and 544, new K/V given or read from the cache)
 and its split-cache kernel (K by gathers, by 16-key TMA runs and by wide boxes; V by gathers and by
@@ -17,13 +25,22 @@ quick-compiling form), and both answers are compared with ``attn_reference``. Pr
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_package_paths
+from plan_override import overridden, parse_sets
 
 add_package_paths()  # (and bench/ off sys.path: its prefix_prefill.py would shadow the package)
+if "--consan" in sys.argv:  # before triton is imported: its compiles read the mode
+    os.environ["TRITON_INSTRUMENTATION_MODE"] = "consan"
+
+import contextlib  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -33,21 +50,28 @@ import window_prefill as wp  # noqa: E402
 
 DEV, DT = "cuda", torch.bfloat16
 
-# prefix: (layout, head, page, kv_from_cache, the Gluon kernel its plan must name)
+# prefix: (layout, head, page, kv_from_cache, return_lse, the Gluon kernel its plan must name)
 PREFIX = [
-    ("nhd", 64, 16, False, "gluon-nhd"),
-    ("nhd", 128, 544, True, "gluon-nhd"),
-    ("nhd", 256, 16, False, "gluon-nhd"),
-    ("split", 64, 32, True, "gluon-split"),  # K and V by gathers
-    ("split", 128, 16, False, "gluon-split"),  # K by 16-key TMA runs, V by gathers
-    ("split", 128, 128, False, "gluon-split"),  # K by wide boxes
-    ("split", 256, 16, False, "gluon-split"),  # K chunk-major and V by TMA
+    ("nhd", 64, 16, False, False, "gluon-nhd"),
+    ("nhd", 128, 544, True, False, "gluon-nhd"),
+    ("nhd", 128, 16, False, True, "gluon-nhd"),
+    ("nhd", 256, 16, False, False, "gluon-nhd"),
+    ("split", 64, 32, True, False, "gluon-split"),  # K and V by gathers
+    ("split", 64, 16, False, True, "gluon-split"),  # the new tokens' V transposed by the V producer
+    ("split", 128, 16, False, False, "gluon-split"),  # K by 16-key TMA runs, V by gathers
+    ("split", 128, 128, False, True, "gluon-split"),  # K by wide boxes, one consumer partition
+    ("split", 128, 544, True, False, "gluon-split"),
+    ("split", 256, 16, False, False, "gluon-split"),  # K chunk-major and V by TMA
 ]
-# window: (head, sequence lengths, window)
-WINDOW = [(64, [2100, 300], (2047, -1)), (128, [2300], (-1, -1)), (256, [2100, 40], (-1, -1))]
+# window: (head, sequence lengths, window, return_lse)
+WINDOW = [
+    (64, [2100, 300], (2047, -1), False),
+    (128, [2300], (-1, -1), True),
+    (256, [2100, 40], (-1, -1), False),
+]
 
 
-def _prefix_case(layout: str, d: int, page: int, from_cache: bool, want_kernel: str) -> list[str]:
+def _prefix_case(layout: str, d: int, page: int, from_cache: bool, lse: bool, want_kernel: str) -> list[str]:
     ctx, new, h, hk = [300, 37], [150, 70], 8, 2
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
@@ -72,13 +96,14 @@ def _prefix_case(layout: str, d: int, page: int, from_cache: bool, want_kernel: 
         k = torch.randn(sum(new), hk, d, device=DEV).to(DT)
         v = torch.randn(sum(new), hk, d, device=DEV).to(DT)
     args = (q, k, v, k_cache, v_cache, table, cu, sl, max(new))
-    kernel = pp.explain(*args, kv_layout=layout).kernel
+    kernel = pp.explain(*args, kv_layout=layout, return_lse=lse).kernel
     if kernel != want_kernel:
         return [f"planned {kernel}, not {want_kernel}"]
     want = ref.paged_prefix_attention(*(t.cpu() if t is not None else None for t in args[:-1]), layout=layout)
     bad = []
     for when in ("first", "full"):
-        out = pp.prefix_prefill(*args, kv_layout=layout)
+        res = pp.prefix_prefill(*args, kv_layout=layout, return_lse=lse)
+        out = res[0] if lse else res
         torch.cuda.synchronize()
         res = ref.compare(out.cpu(), want)
         if not res:
@@ -87,7 +112,7 @@ def _prefix_case(layout: str, d: int, page: int, from_cache: bool, want_kernel: 
     return bad
 
 
-def _window_case(d: int, lens: list[int], window: tuple[int, int]) -> list[str]:
+def _window_case(d: int, lens: list[int], window: tuple[int, int], lse: bool) -> list[str]:
     n, h, hk = sum(lens), 4, 2
     q = torch.randn(n, h, d, device=DEV).to(DT)
     k = torch.randn(n, hk, d, device=DEV).to(DT)
@@ -97,28 +122,110 @@ def _window_case(d: int, lens: list[int], window: tuple[int, int]) -> list[str]:
     if kernel != "gluon":
         return [f"planned {kernel}, not gluon"]
     want = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), cu.cpu(), causal=True, window=window)
-    out = wp.window_prefill(q, k, v, cu, max(lens), causal=True, window=window)
+    res = wp.window_prefill(q, k, v, cu, max(lens), causal=True, window=window, return_lse=lse)
+    out = res[0] if lse else res
     torch.cuda.synchronize()
     res = ref.compare(out.cpu(), want)
     return [] if res else [str(res)]
 
 
+def _cases() -> list[tuple[str, object, tuple]]:
+    cases = [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} from_cache={c[3]} lse={c[4]}", _prefix_case, c) for c in PREFIX
+    ]
+    return cases + [(f"window d{c[0]} lens {c[1]} window {c[2]} lse={c[3]}", _window_case, c) for c in WINDOW]
+
+
+# --consan-all variants: (extra arguments, extra environment) of a child process
+VARIANTS = {
+    "default": ([], {}),
+    "nofree": (["--set", "FREE_WAITS=0"], {}),
+    "o1": ([], {"PTXAS_OPTIONS": "--opt-level 1"}),
+}
+
+
+def _consan_all(args) -> int:
+    """Every (variant, case) in a child process under ConSan; one log each and a table in consan.md."""
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    names = [c[0] for c in _cases()]
+    runs = [(v, i) for v in args.variants.split(",") for i in range(len(names))]
+
+    def one(run):
+        variant, i = run
+        extra, env = VARIANTS[variant]
+        sets = [a for kv in args.set for a in ("--set", kv)]
+        cmd = [sys.executable, __file__, "--consan", "--case", str(i), *extra, *sets]
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                                  timeout=args.timeout)  # fmt: skip
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            raw = (e.stdout, e.stderr)
+            parts = [p.decode(errors="replace") if isinstance(p, bytes) else p or "" for p in raw]
+            rc, text = "timeout", "".join(parts) + f"\nhang guard: no exit after {args.timeout:.0f} s"
+        (out / f"consan_{variant}_{i}.log").write_text(text)
+        return variant, i, rc, time.time() - t0, text
+
+    rows, failed = [], 0
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for variant, i, rc, secs, text in pool.map(one, runs):
+            ok = rc == 0 and " ok" in text
+            failed += not ok
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            why = "" if ok else (lines[-1][:160] if lines else "no output")
+            verdict = "ok" if ok else "FAILED"
+            rows.append(f"| {variant} | {names[i]} | {verdict} | {rc} | {secs:.0f} | {why} |")
+            print(rows[-1], flush=True)
+    head = "| variant | case | verdict | exit | s | last line |\n|---|---|---|---|---|---|\n"
+    table = head + "\n".join(rows)
+    (out / "consan.md").write_text(table + "\n")
+    print(f"consan: {len(runs) - failed} of {len(runs)} runs clean")
+    return 1 if failed else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=["prefix", "window"], help="one package's cases")
+    ap.add_argument("--list", action="store_true", help="print the cases, numbered, and exit")
+    ap.add_argument("--case", type=int, default=None, help="run only case I (see --list)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a constexpr of both packages' Gluon plans, overridden")  # fmt: skip
+    ap.add_argument("--consan", action="store_true", help="run under Triton's ConSan instrumentation")
+    ap.add_argument("--consan-all", action="store_true", help="every case and variant under ConSan")
+    ap.add_argument("--variants", default="default", help=f"--consan-all: comma list of {sorted(VARIANTS)}")
+    ap.add_argument("--jobs", type=int, default=8, help="--consan-all: child processes at once")
+    ap.add_argument("--timeout", type=float, default=420, help="--consan-all: a child's hang guard (s)")
+    ap.add_argument("--out", type=Path, default=Path("consan-out"), help="--consan-all: log folder")
     args = ap.parse_args()
+    cases = _cases()
+    if args.list:
+        for i, (name, _, _) in enumerate(cases):
+            print(i, name)
+        return 0
+    if args.consan_all:
+        return _consan_all(args)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         print("needs an sm90 GPU (the Gluon kernels run there only)")
         return 1
+    if args.consan:
+        import triton
+
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=DEV))
     torch.manual_seed(0)
-    cases = []
-    if args.only != "window":
-        cases += [(f"prefix {c[0]} d{c[1]} page {c[2]} from_cache={c[3]}", _prefix_case, c) for c in PREFIX]
-    if args.only != "prefix":
-        cases += [(f"window d{c[0]} lens {c[1]} window {c[2]}", _window_case, c) for c in WINDOW]
+    if args.case is not None:
+        cases = [cases[args.case]]
+    elif args.only:
+        cases = [c for c in cases if c[0].startswith(args.only)]
+    consts = parse_sets(args.set, ap.error)
     failed = 0
     for name, run, case in cases:
-        bad = run(*case)
+        with contextlib.ExitStack() as stack:
+            if consts:
+                stack.enter_context(overridden("prefix_prefill", consts, kernel="gluon"))
+                stack.enter_context(overridden("window_prefill", consts, kernel="gluon"))
+            bad = run(*case)
         print(name, "ok" if not bad else f"FAILED {bad}", flush=True)
         failed += bool(bad)
     if failed:
