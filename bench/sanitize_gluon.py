@@ -10,7 +10,8 @@ the rings themselves: it instruments every shared-memory access, mbarrier, TMA c
 group of the kernel and traps on an access that no barrier orders. ``--consan --case I`` runs one case
 instrumented (a trap ends the process, so each case runs in its own); ``--consan-all`` runs every case
 in ``--jobs`` child processes for each ``--variants`` entry (``default``: the plans as shipped;
-``nofree``: ``FREE_WAITS=0``, the PTX barrier pass off; ``o1``: ptxas at ``--opt-level 1``) and writes
+``nofree``: ``FREE_WAITS=0``, the PTX barrier pass off; ``o1``: ptxas at ``--opt-level 1``; ``waited``:
+``o1`` with ``--publish-waited``) and writes
 one log per run and ``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
 packages' Gluon plans (``bench/plan_override.py``).
 Each case is one planned Gluon form (``explain()`` must name a Gluon kernel, else the case fails):
@@ -141,7 +142,29 @@ VARIANTS = {
     "default": ([], {}),
     "nofree": (["--set", "FREE_WAITS=0"], {}),
     "o1": ([], {"PTXAS_OPTIONS": "--opt-level 1"}),
+    "waited": (["--publish-waited"], {"PTXAS_OPTIONS": "--opt-level 1"}),
 }
+
+
+def _publish_waited():
+    """The split kernel's gathering threads publish a slot after ``commit_group`` / ``wait_group(0)``
+    (their copies landed) by one arrival of the partition's thread count, instead of
+    ``cp.async.mbarrier.arrive``: the same ordering in the completion path Triton 3.6's ConSan models
+    (triton-lang/triton#11626 adds the other). Installed before the first compile."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+    import prefix_prefill.gluon_split_kernel as split
+
+    @gluon.jit
+    def publish(bar):
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        mbarrier.arrive(bar, count=32 * gl.num_warps())
+
+    split._publish_gathers = publish
 
 
 def _consan_all(args) -> int:
@@ -193,6 +216,8 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a constexpr of both packages' Gluon plans, overridden")  # fmt: skip
     ap.add_argument("--consan", action="store_true", help="run under Triton's ConSan instrumentation")
+    ap.add_argument("--publish-waited", action="store_true",
+                    help="split kernel: gathers published after wait_group")  # fmt: skip
     ap.add_argument("--consan-all", action="store_true", help="every case and variant under ConSan")
     ap.add_argument("--variants", default="default", help=f"--consan-all: comma list of {sorted(VARIANTS)}")
     ap.add_argument("--jobs", type=int, default=8, help="--consan-all: child processes at once")
@@ -213,6 +238,8 @@ def main() -> int:
         import triton
 
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=DEV))
+    if args.publish_waited:
+        _publish_waited()
     torch.manual_seed(0)
     if args.case is not None:
         cases = [cases[args.case]]

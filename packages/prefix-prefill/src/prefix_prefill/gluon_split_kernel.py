@@ -105,6 +105,17 @@ def _load_v_half(N_desc, stage, stage_bar, h, tok, col, HALF: gl.constexpr, HEAD
 
 
 @gluon.jit
+def _publish_gathers(bar):
+    """A gathering thread's arrival on a slot's ready barrier once its own ``cp.async`` copies have landed
+    (``cp.async.mbarrier.arrive.noinc``: the barrier counts one arrival per producer thread); the
+    consumers' wait on that barrier then orders the copies before their reads. (Triton 3.6's ConSan does
+    not model this completion path and reports the copies as pending: triton-lang/triton#11626;
+    ``bench/sanitize_gluon.py --publish-waited`` checks the protocol with the copies completed by
+    ``wait_group`` instead.)"""
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
@@ -146,7 +157,7 @@ def _split_producer(
             else:
                 _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
                                 head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
-            async_copy.mbarrier_arrive(bar, increment_count=False)
+            _publish_gathers(bar)
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
             if KV == 1 and STAGE:  # each half from its stage into the slot, the next block's half behind it
