@@ -191,7 +191,8 @@ if [[ $what == accept ]]; then
 fi
 if [[ $what == consan ]]; then
   # consan: every Gluon form under Triton's concurrency sanitizer (bench/sanitize_gluon.py --consan-all)
-  # for each of CONSAN_VARIANTS (default: the plans as shipped) in CONSAN_JOBS child processes, beside
+  # for each of CONSAN_VARIANTS (default: the plans as shipped) and CONSAN_CASES (numbers of
+  # `sanitize_gluon.py --list`; default all) in CONSAN_JOBS child processes, beside
   # compute-sanitizer synccheck over the same cases as shipped (SYNCCHECK=0: not); logs, consan.md and
   # synccheck.log in consan.tgz
   res=$OUT/consan; mkdir -p "$res"
@@ -199,7 +200,7 @@ if [[ $what == consan ]]; then
     timeout ${SAN_TIMEOUT:-420} compute-sanitizer --tool synccheck python3 bench/sanitize_gluon.py >"$res/synccheck.log" 2>&1 &
   fi
   timeout ${CONSAN_TIMEOUT:-480} python3 bench/sanitize_gluon.py --consan-all --variants ${CONSAN_VARIANTS:-default} \
-    --jobs ${CONSAN_JOBS:-12} --timeout ${CONSAN_CHILD_S:-400} --out "$res" 2>&1 | tee "$OUT/consan.log" | tail -45
+    --jobs ${CONSAN_JOBS:-12} --cases "${CONSAN_CASES:-}" --timeout ${CONSAN_CHILD_S:-400} --out "$res" 2>&1 | tee "$OUT/consan.log" | tail -45
   rc=${PIPESTATUS[0]}
   wait
   [[ -f $res/synccheck.log ]] && grep -HE "SUMMARY|cases OK|FAILED|Traceback" "$res/synccheck.log"

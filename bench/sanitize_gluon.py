@@ -172,7 +172,8 @@ def _consan_all(args) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     names = [c[0] for c in _cases()]
-    runs = [(v, i) for v in args.variants.split(",") for i in range(len(names))]
+    chosen = [int(i) for i in args.cases.split(",")] if args.cases else range(len(names))
+    runs = [(v, i) for v in args.variants.split(",") for i in chosen]
 
     def one(run):
         variant, i = run
@@ -221,6 +222,7 @@ def main() -> int:
     ap.add_argument("--consan-all", action="store_true", help="every case and variant under ConSan")
     ap.add_argument("--variants", default="default", help=f"--consan-all: comma list of {sorted(VARIANTS)}")
     ap.add_argument("--jobs", type=int, default=8, help="--consan-all: child processes at once")
+    ap.add_argument("--cases", default="", help="--consan-all: comma list of case numbers (default all)")
     ap.add_argument("--timeout", type=float, default=420, help="--consan-all: a child's hang guard (s)")
     ap.add_argument("--out", type=Path, default=Path("consan-out"), help="--consan-all: log folder")
     args = ap.parse_args()
