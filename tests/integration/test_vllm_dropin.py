@@ -149,7 +149,7 @@ def _chunked_case(seqs, *, heads, kv_heads, head_size, page, dtype, cache, kv_no
     c = make_case(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size, page=page, dtype=dtype,
                   device=DEVICE, kv_from_cache=True, cache_dtype=fp8, table_pad=0, k_scale=0.5, v_scale=0.25,
                   gen=gen)  # fmt: skip
-    if fp8 is not None:  # vLLM's caches are uint8 (its decode kernel takes nothing else but e4m3)
+    if fp8 is not None:  # as vLLM's: uint8 (its decode kernel asserts uint8 or the platform's e4m3)
         c.k_cache, c.v_cache = c.k_cache.view(torch.uint8), c.v_cache.view(torch.uint8)
     tile = _decode_tile(page)
     width = max(((-(-(ctx + n) // tile) * tile) - 1) // page + 1 for ctx, n in seqs)
@@ -171,11 +171,12 @@ def _chunked_case(seqs, *, heads, kv_heads, head_size, page, dtype, cache, kv_no
     return c, key, value, table, fp8
 
 
-def _run_chunked(vllm_dir, monkeypatch, seqs=((20, 1), (0, 5), (13, 7), (33, 1)), *, heads=2, kv_heads=1,
+def _run_chunked(monkeypatch, seqs=((20, 1), (0, 5), (13, 7), (33, 1)), *, heads=2, kv_heads=1,
                  head_size=32, page=16, dtype=torch.float16, cache="auto", window=None, alibi=False,
                  sinks=False, kv_none=False, causal=True, out_fp8=False):  # fmt: skip
-    """vLLM's ``chunked_prefill_paged_decode`` with ours swapped in by the plugin, on a fresh batch of
-    ``seqs`` (``(context, query)`` lengths; query 1 = a decode row), against the float64 reference."""
+    """vLLM's ``chunked_prefill_paged_decode`` (imported: the ``vllm`` fixture) with ours swapped in by the
+    plugin, on a fresh batch of ``seqs`` (``(context, query)`` lengths; query 1 = a decode row), against
+    the float64 reference."""
     monkeypatch.setenv(pp_plugin.ENV_VAR, "1")
     chunked = importlib.import_module(CHUNKED)
     theirs = importlib.import_module(PP_MODULE)
@@ -224,7 +225,7 @@ def _run_chunked(vllm_dir, monkeypatch, seqs=((20, 1), (0, 5), (13, 7), (33, 1))
     ids=["fp16-page16", "fp32-page6-window-k_none"],
 )
 def test_vllm_chunked_prefill_paged_decode_runs_ours(vllm, monkeypatch, dtype, page, opts):
-    _run_chunked(vllm, monkeypatch, dtype=dtype, page=page, **opts)
+    _run_chunked(monkeypatch, dtype=dtype, page=page, **opts)
 
 
 GPU_SEQS = ((0, 37), (700, 1), (1500, 300), (2100, 1), (90, 129), (5, 1))
@@ -240,7 +241,7 @@ GPU_CASES = {
     "page2048-k_none-alibi": dict(page=2048, kv_none=True, alibi=True),
     "page32-noncausal": dict(page=32, causal=False),
     "page544-fp8-out": dict(page=544, cache="fp8", out_fp8=True),
-    "page16-head80-fp32": dict(page=16, head_size=80, dtype=torch.float32),
+    "page16-head80": dict(page=16, head_size=80),
 }
 
 
@@ -248,4 +249,4 @@ GPU_CASES = {
 @pytest.mark.parametrize("name", list(GPU_CASES))
 def test_gpu_vllm_chunked_prefill_paged_decode_runs_ours(vllm, monkeypatch, name):
     opts = {"heads": 8, "kv_heads": 2, "head_size": 128, "dtype": torch.float16, **GPU_CASES[name]}
-    _run_chunked(vllm, monkeypatch, GPU_SEQS, **opts)
+    _run_chunked(monkeypatch, GPU_SEQS, **opts)
