@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from prefill_runtime import LaunchPlan, check_lse
+from prefill_runtime.vllm_plugin import ENV_VAR as _PLUGIN_ENV
 from prefix_prefill import checks, launch, ops, signatures
 from prefix_prefill.checks import FP8_DTYPES, KV_CACHE_DTYPES, Scale
 
@@ -149,6 +150,24 @@ def _vllm_caches(kv_cache_dtype: object, q: torch.Tensor, k_cache, v_cache):
     return k_cache.view(target), v_cache.view(target)
 
 
+def _block_ids(b_loc: object, k_cache: object) -> torch.Tensor:
+    """The block ids of a table of block addresses (``is_block_table_ptr=True``), computed as vLLM does:
+    ``(address - k_cache.data_ptr()) // (k_cache.stride(0) * k_cache.element_size())`` where the entry is
+    > 0, the entry itself elsewhere (0 pads a row)."""
+    b_loc = checks.is_tensor(b_loc, "b_loc")
+    k_cache = checks.is_tensor(k_cache, "k_cache")
+    if b_loc.dtype != torch.int64:
+        raise TypeError(
+            f"b_loc must be int64 (block addresses) with is_block_table_ptr=True, got {b_loc.dtype}"
+        )
+    if k_cache.dim() < 1 or k_cache.stride(0) < 1:
+        raise ValueError(
+            f"k_cache must have a block dimension with a positive stride, got shape {tuple(k_cache.shape)}"
+        )
+    base, block_bytes = k_cache.data_ptr(), k_cache.stride(0) * k_cache.element_size()
+    return torch.where(b_loc > 0, torch.div(b_loc - base, block_bytes, rounding_mode="floor"), b_loc)
+
+
 def context_attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -170,11 +189,15 @@ def context_attention_fwd(
     skip_decode: bool = False,
     fp8_out_scale: Scale = None,
     sinks: torch.Tensor | None = None,
+    is_block_table_ptr: bool = False,
+    interleaved_v_pack_factor: int = 0,
     causal: bool = True,
     *,
     validate: bool = False,
 ) -> None:
-    """Prefix prefill attention, drop-in for vLLM 0.33's ``context_attention_fwd`` (writes ``o``).
+    """Prefix prefill attention, drop-in for vLLM 0.33's ``context_attention_fwd`` (writes ``o``): the
+    same parameters in the same positional order with the same defaults, then this package's own
+    keyword-only ``validate``.
 
     Each sequence ``b`` has ``ctx_len = b_seq_len[b] - query_len`` cached tokens (positions
     ``[0, ctx_len)``) and ``query_len = b_start_loc[b + 1] - b_start_loc[b]`` new tokens at positions
@@ -198,7 +221,8 @@ def context_attention_fwd(
         v_cache: ``[num_blocks, Hkv, D, page_size]``.
         b_loc: ``[batch, max_pages]`` int32/int64 block table; token ``t`` of sequence ``b`` lives in
             block ``b_loc[b, t // page_size]``, slot ``t % page_size``. Only the pages a sequence
-            reads are ever loaded (entries past them may hold anything).
+            reads are ever loaded (entries past them may hold anything). With
+            ``is_block_table_ptr=True``: int64 byte addresses of the blocks instead (below).
         b_start_loc: ``[batch + 1]`` int32/int64 cumulative query lengths (``cu_seqlens_q``).
         b_seq_len: ``[batch]`` int32/int64 context + query length of each sequence.
         max_seq_len: unused (kept for signature compatibility).
@@ -212,10 +236,27 @@ def context_attention_fwd(
         skip_decode: skip sequences whose query length is 1.
         fp8_out_scale: with an fp8 ``o``: ``o = clamp(out / fp8_out_scale)`` to the fp8 range.
         sinks: ``[H]`` float (fp32): one extra logit ``sinks[h]`` in each row's softmax denominator.
+        is_block_table_ptr: ``b_loc`` holds each block's address, ``k_cache.data_ptr() + id *
+            k_cache.stride(0) * k_cache.element_size()`` (entries <= 0 are taken as block ids), as
+            vLLM's: converted to block ids on the device before the launch (a few elementwise torch
+            operations, no host sync; they take ``k_cache.data_ptr()`` from the host, so a CUDA graph
+            replays them for the captured cache only, as vLLM's does).
+        interleaved_v_pack_factor: 0 only. vLLM's interleaved V cache (``> 0``) splits a token's slot
+            into ``slot // x`` and ``slot % x`` strides, which the cache layouts of
+            :mod:`paged_kv_offsets` (one slot stride) do not describe: ``NotImplementedError``.
         causal: False makes the new tokens attend to each other bidirectionally.
         validate: also run the checks that read device values (one host sync); also enabled by
             the environment variable ``PREFILL_VALIDATE=1``.
     """
+    if interleaved_v_pack_factor != 0:
+        raise NotImplementedError(
+            f"context_attention_fwd: interleaved_v_pack_factor={interleaved_v_pack_factor!r} (vLLM's "
+            f"interleaved V cache) is not supported; pass a [num_blocks, num_kv_heads, head_size, page] "
+            f"V cache with interleaved_v_pack_factor=0 (under vLLM's plugin: unset {_PLUGIN_ENV} to run "
+            f"vLLM's own kernel)"
+        )
+    if is_block_table_ptr:
+        b_loc = _block_ids(b_loc, k_cache)
     fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
     key = None
     if fast:  # (None: not the types they must be; the full checks say so)

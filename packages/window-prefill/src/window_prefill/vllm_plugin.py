@@ -5,9 +5,10 @@ Installed as the ``vllm.general_plugins`` entry point ``window_prefill =
 (API server, engine core, each tensor-/pipeline-parallel worker). It does something only when the
 environment variable ``PREFILL_KERNELS_VLLM=1`` is set and ``vllm`` is importable; then it replaces
 ``vllm.v1.attention.ops.triton_prefill_attention.context_attention_fwd`` with
-:func:`context_attention_fwd` below and rebinds the name in every already-imported ``vllm.*`` module
-that imported vLLM's function directly. Calling it again is harmless. Without the variable, or
-without vLLM, it returns at once and imports nothing.
+:func:`window_prefill.context_attention_fwd` (vLLM 0.33's signature: same parameters, order and
+defaults) and rebinds the name in every already-imported ``vllm.*`` module that imported vLLM's
+function directly. Calling it again is harmless. Without the variable, or without vLLM, it returns at
+once and imports nothing of vLLM.
 
 It logs one INFO line when it replaces the function, under the logger
 ``vllm.plugins.window_prefill`` (made by vLLM's ``vllm.logger.init_logger`` where that imports). vLLM
@@ -18,12 +19,10 @@ The replacement itself is :func:`prefill_runtime.vllm_plugin.replace` (shared by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefill_runtime import vllm_plugin as _shared
-
-if TYPE_CHECKING:
-    import torch
+from window_prefill.api import context_attention_fwd
 
 ENV_VAR = _shared.ENV_VAR
 TARGET_MODULE = "vllm.v1.attention.ops.triton_prefill_attention"
@@ -34,31 +33,7 @@ LOGGER_NAME = "vllm.plugins.window_prefill"
 # "original": vLLM's function once replaced; "logged": the one info line was written.
 _state: dict[str, Any] = {}
 
-
-def context_attention_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    b_start_loc: torch.Tensor,
-    b_seq_len: torch.Tensor,
-    max_input_len: int,
-    is_causal: bool = True,
-    softmax_scale: float | None = None,
-    sliding_window_q: int | None = None,
-    sliding_window_k: int | None = None,
-    sinks: torch.Tensor | None = None,
-    sinks_bias_key0: bool = False,
-) -> None:
-    """vLLM 0.33's ``triton_prefill_attention.context_attention_fwd`` signature (positional order
-    included), running :func:`window_prefill.context_attention_fwd`; see it for the arguments."""
-    from window_prefill.api import context_attention_fwd as ours
-
-    ours(
-        q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=is_causal,
-        softmax_scale=softmax_scale, sliding_window_q=sliding_window_q,
-        sliding_window_k=sliding_window_k, sinks=sinks, sinks_bias_key0=sinks_bias_key0,
-    )  # fmt: skip
+__all__ = ["ENV_VAR", "LOGGER_NAME", "TARGET_MODULE", "TARGET_NAME", "context_attention_fwd", "register"]
 
 
 def register() -> None:
