@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
-# (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
-#  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
-#  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
+#   bash bench/gpu_session.sh [tests|bench|first|safety|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
+# (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml;
+#  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
+#  results.tgz; an A/B of a plan constant is two such runs, e.g. `bench --set PREFETCH_IDS=0`;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
-#  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
-#  _fwd_kernel; _gluon_split_kernel / _gluon_fwd_kernel for the Gluon ones) for each
-#  NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512); writes ncu.tgz
-#  (reports, details text, per-SASS-instruction csv);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
-#  trees: the GPU tests of TEST_PATHS (if set), then bench/ab_trees.py over the package trees of TREES
-#  ("name=dir ...", ratios to the first; extra args go to ab_trees.py) into results.tgz;
+#  engine: bench/engine_step.py --quick (engine steps, ours vs vLLM 0.33);
+#  accept, consan, quick: see their blocks below;
 #  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
 #  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
 #  readme: every Python example of README.md (bench/readme_examples.py) and the demo, into $OUT/readme.log)
@@ -38,31 +34,6 @@ if [[ $what == tests || $what == all ]]; then
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi
-if [[ $what == ab ]]; then
-  timeout ${BENCH_TIMEOUT:-400} python3 bench/ab_prefix.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise"
-fi
-if [[ $what == abbench ]]; then
-  t0=$SECONDS
-  res=$OUT/res; mkdir -p "$res"
-  for sw in ${AB_SWITCHES:-_TILE_PAGES}; do
-    timeout ${AB_TIMEOUT:-300} python3 bench/ab_prefix.py --out "$res" --jobs ${AB_JOBS:-14} --switch $sw \
-      --choice "$res/choice.txt" ${AB_SETS:-} 2>&1 | tee -a "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
-  done
-  sets=$(sed 's/^/--set /' "$res/choice.txt" 2>/dev/null | tr '\n' ' ')
-  timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" $sets 2>&1 | tee -a "$OUT/bench.log"
-  # optional: ncu of our kernel (switch on) for NCU_SHAPE/NCU_LAYOUT at each of NCU_PAGES (clocks left as they are)
-  for pg in ${NCU_PAGES:-}; do
-    timeout 120 ncu --clock-control none -k regex:${NCU_KERNEL:-_fwd_kernel} -s 1 -c 1 --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
-      --section SchedulerStats --section LaunchStats python3 bench/ab_prefix.py --compile-only \
-      --shapes ${NCU_SHAPE:-qwen} --layouts ${NCU_LAYOUT:-nhd} --pages $pg >>"$OUT/ncu.txt" 2>&1
-  done
-  left=$(( ${CALL_BUDGET_S:-540} - (SECONDS - t0) ))
-  if [[ ${WINDOW:-1} == 1 ]] && (( left > 60 )); then
-    timeout $left python3 bench/window_prefill.py --out "$res" 2>&1 | tee -a "$OUT/bench.log"
-  fi
-  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
-fi
 if [[ $what == safety ]]; then
   t0=$SECONDS
   n=${SAN_SHARDS:-6}
@@ -82,40 +53,6 @@ if [[ $what == safety ]]; then
   if [[ ${FIRST:-0} == 1 ]] && (( left > 60 )); then
     timeout $left python3 bench/first_call.py --out "$OUT" ${FIRST_ARGS:-} 2>&1 | tee "$OUT/first_call.log"
   fi
-fi
-if [[ $what == ncu ]]; then
-  nd=$OUT/ncu; mkdir -p "$nd"
-  specs=${NCU_SPECS:-llama:split:512 llama:nhd:512}
-  for sp in $specs; do  # precompile (default cache) in parallel
-    IFS=: read -r sh lay pg <<<"$sp"
-    timeout 240 python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg >/dev/null 2>&1 &
-  done
-  wait
-  for sp in $specs; do
-    IFS=: read -r sh lay pg <<<"$sp"
-    tag=${sh}_${lay}_$pg
-    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --set full --import-source no -k regex:${NCU_KERNEL:-_fwd_kernel} -s 1 -c 1 \
-      -f -o "$nd/$tag" python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg \
-      >"$nd/$tag.run.txt" 2>&1
-    ncu -i "$nd/$tag.ncu-rep" --page details --print-details all >"$nd/$tag.details.txt" 2>&1
-    ncu -i "$nd/$tag.ncu-rep" --page source --print-source sass --csv >"$nd/$tag.sass.csv" 2>&1
-    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit Rate|Registers Per|Achieved Occupancy" \
-      "$nd/$tag.details.txt" | sed "s/^/$tag /" | head -12
-  done
-  tar czf "$OUT/ncu.tgz" -C "$nd" . && rm -rf "$nd"
-fi
-if [[ $what == trees ]]; then
-  res=$OUT/res; mkdir -p "$res"
-  if [[ -n ${TEST_PATHS:-} ]]; then
-    timeout ${TEST_TIMEOUT:-220} python3 -m pytest $TEST_PATHS -n ${XDIST:-14} -v -rfE -p no:cacheprovider \
-      -m "not compile_check" 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -30
-    rc=${PIPESTATUS[0]}
-    gzip -f "$res/tests.log"
-  fi
-  trees=$(for t in ${TREES:?TREES=\"name=dir ...\"}; do printf -- '--tree %s ' "$t"; done)
-  timeout ${BENCH_TIMEOUT:-330} python3 bench/ab_trees.py $trees --out "$res" "$@" 2>&1 | tee "$res/ab_trees.log" \
-    | grep -E "^AB|exit"
-  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == first ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"
@@ -152,11 +89,6 @@ if [[ $what == accept ]]; then
     for tool in racecheck synccheck; do
       timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool $tool python3 bench/sanitize_gluon.py >"$res/$tool.log" 2>&1 &
     done
-    # the racecheck probe (bench/probe_ws_racecheck.py), one process per kernel, after the suites' checks
-    ( for k in empty handoff handoff_sync handoff_4w; do
-        timeout 120 compute-sanitizer --tool racecheck --racecheck-report all python3 bench/probe_ws_racecheck.py $k \
-          >"$res/probe_racecheck_$k.log" 2>&1
-      done ) &
     dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
     timeout ${TEST_TIMEOUT:-330} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-14} --dist $dist --durations=15 -v -rfE \
       -p no:cacheprovider --maxfail=${MAXFAIL:-200} ${PYTEST_ARGS:-} 2>&1 | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
@@ -164,7 +96,6 @@ if [[ $what == accept ]]; then
     wait
     # (a checker's summary counts only what ran: its log must also say "N cases OK")
     grep -HE "SUMMARY|cases OK|FAILED|planned|Error|Traceback" "$res/racecheck.log" "$res/synccheck.log"
-    grep -HE "SUMMARY|^OK|Traceback" "$res"/probe_racecheck_*.log
     gzip -f "$res/tests.log"
   fi
   if [[ $parts == *host* ]]; then

@@ -10,7 +10,7 @@ changed (``--set NAME=VALUE``), never module globals::
 ``kernel``: override only plans of this kernel (``"triton"``, ``"gluon-nhd"``, ``"gluon-split"``,
 ``"gluon"``); None: every plan that has the constexpr. Values are Python literals (``NAME=0``, ``True``,
 ``3``). The packages' caches of call signatures and compiled variants are keyed by the plan, so the two
-settings never share an entry; the signature cache is cleared on entry and exit.
+settings never share an entry; the signature and plan caches are cleared on entry and exit.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import importlib.util
 
 
 def parse_sets(sets: list[str], error) -> dict:
@@ -38,12 +39,16 @@ def _launch_module(package: str):
     return importlib.import_module(f"{package}.launch")
 
 
-def _clear_signatures(package: str) -> None:
-    try:
-        sig = importlib.import_module(f"{package}.signatures")
-    except ImportError:
-        return
-    sig.SEEN.clear()
+def _clear_caches(package: str) -> None:
+    """Forget the package's cached call signatures and plans (made with the other setting)."""
+    cached = getattr(_launch_module(package), "_planned", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+    for name in (f"{package}.signatures", f"{package}.api"):  # (where each package keeps them)
+        if importlib.util.find_spec(name) is not None:
+            seen = getattr(importlib.import_module(name), "SEEN", None)
+            if seen is not None:
+                seen.clear()
 
 
 @contextlib.contextmanager
@@ -63,10 +68,10 @@ def overridden(package: str, consts: dict, kernel: str | None = None):
         change = {n: v for n, v in consts.items() if n in names}
         return chosen.replace(constexprs=change) if change else chosen
 
-    _clear_signatures(package)
+    _clear_caches(package)
     launch.plan = plan
     try:
         yield
     finally:
         launch.plan = real
-        _clear_signatures(package)
+        _clear_caches(package)

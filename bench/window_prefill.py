@@ -60,6 +60,7 @@ from common import (  # noqa: E402
     tflops,
     write_rows,
 )
+from plan_override import overridden, parse_sets  # noqa: E402
 
 # This script's own name would shadow the window_prefill package: keep bench/ off the import path.
 sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != _BENCH_DIR]
@@ -503,8 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer N and window points")
     ap.add_argument("--sweep", action="store_true", help="also sweep launch configs on the pr and llm shapes")
     ap.add_argument("--shapes", default="pr,llm,sweep_n,sweep_w", help="comma list of pr,llm,sweep_n,sweep_w")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=N",
-                    help="a tuning constant of window_prefill.plan, e.g. _GLUON_MIN_WIDTH=4096")  # fmt: skip
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
+                    help="a tuning constant of window_prefill.plan (_GLUON_MIN_WIDTH=4096) or a constexpr "
+                         "of the planned kernel (WIDE_OFFSETS=1, through plan_override.py)")  # fmt: skip
     ap.add_argument("--sweep-shapes", default="pr,llm", help="shapes of --sweep")
     ap.add_argument("--peers", default="", help="comma list: time only these peers (default all)")
     ap.add_argument("--tag", default="", help="appended to the output file names")
@@ -521,7 +523,15 @@ def main(argv: list[str] | None = None) -> int:
     add_package_paths()
     import torch
 
-    set_constants(args.set, ap.error, module="window_prefill.plan")
+    import window_prefill.plan
+
+    constexprs = [kv for kv in args.set if not hasattr(window_prefill.plan, kv.partition("=")[0])]
+    set_constants([kv for kv in args.set if kv not in constexprs], ap.error, module="window_prefill.plan")
+    with overridden("window_prefill", parse_sets(constexprs, ap.error)):
+        return _run(torch, args, shapes)
+
+
+def _run(torch, args, shapes) -> int:
     global SOFTCAP, RETURN_LSE
     SOFTCAP, RETURN_LSE = args.softcap, args.return_lse
     tag = f"_{args.tag}" if args.tag else ""

@@ -151,3 +151,24 @@ def compiled_variants(jit_fn) -> int:
     if not caches:
         pytest.skip("this triton has no device_caches")
     return sum(len(entry[0]) for entry in caches.values())
+
+
+def bench_module(name: str):
+    """``bench/<name>.py`` loaded by path as a private module (``_bench_<name>``). A script that puts
+    bench/ first on ``sys.path`` (whose prefix_prefill.py / window_prefill.py would shadow the packages)
+    leaves it as it was."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    sys.modules[spec.name] = mod  # (dataclasses look their module up while it loads)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop(spec.name, None)
+    return mod

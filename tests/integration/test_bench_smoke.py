@@ -1,5 +1,5 @@
 """The bench scripts run end to end on the CPU (Triton interpreter, tiny shapes), so their code paths
-keep working without a GPU; the A/B scripts' two plans give bitwise-equal outputs."""
+keep working without a GPU; an A/B's two plans (bench/plan_override.py) give bitwise-equal outputs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
-from conftest import ON_GPU
+from conftest import ON_GPU, bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,22 +32,44 @@ def _bench(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_ab_prefix_smoke():
-    """The prefix A/B tool: one constexpr of the plans off and on (the block-id prefetch, which changes
-    no arithmetic: bitwise-equal outputs), with the page-size spread of each setting."""
-    proc = _bench("ab_prefix.py", "--smoke", "--switch", "PREFETCH_IDS")
-    equal = [line for line in proc.stdout.splitlines() if "bitwise equal" in line]
-    assert equal and all("bitwise equal off/on: True" in line for line in equal), proc.stdout
-    assert "SPREAD tiny nhd PREFETCH_IDS=True" in proc.stdout, proc.stdout
+def test_plan_override_changes_one_constexpr():
+    """bench/plan_override.py, the ``--set NAME=V`` A/B of bench/prefix_prefill.py and
+    bench/window_prefill.py: inside the block each package's calls run their plan with the constexpr
+    changed (a switch that changes no arithmetic: bitwise-equal outputs); after it, the plan as shipped."""
+    import torch
 
+    import prefix_prefill
+    import window_prefill
+    import window_prefill.launch as wl
 
-def test_ab_window_smoke():
-    """The window A/B tool: a plan's launch option and a boolean constexpr changed, in interleaved
-    rounds; the outputs of both plans are bitwise equal."""
-    for args in (("--set", "num_warps=2"), ("--set", "WIDE_OFFSETS=1")):
-        proc = _bench("ab_window.py", "--smoke", "--rounds", "2", *args)
-        assert "outputs bitwise equal A/B: True" in proc.stdout, proc.stdout
-        assert proc.stdout.count("shape=tiny") == 2 and "rounds_ms=" in proc.stdout, proc.stdout
+    po = bench_module("plan_override")
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(torch.float16)
+
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    wargs, wkw = (randn(40, 2, 32), randn(40, 1, 32), randn(40, 1, 32), cu, 40), {"window": (10, -1)}
+    plain = window_prefill.window_prefill(*wargs, **wkw)
+    planned = []
+    with po.overridden("window_prefill", {"WIDE_OFFSETS": True}):
+        inner = wl.plan
+        with mock.patch.object(wl, "plan", side_effect=lambda p: planned.append(inner(p)) or planned[-1]):
+            changed = window_prefill.window_prefill(*wargs, **wkw)
+    assert [p.consts()["WIDE_OFFSETS"] for p in planned] == [True], planned
+    assert torch.equal(plain, changed)
+
+    k_cache, v_cache = randn(6, 16, 1, 32), randn(6, 16, 1, 32)
+    block_table = torch.tensor([[3, 1, 4]], dtype=torch.int32)
+    pargs = (randn(8, 2, 32), randn(8, 1, 32), randn(8, 1, 32), k_cache, v_cache, block_table,
+             torch.tensor([0, 8], dtype=torch.int32), torch.tensor([40], dtype=torch.int32))  # fmt: skip
+    shipped = prefix_prefill.explain(*pargs, max_query_len=8).consts()["PREFETCH_IDS"]
+    plain = prefix_prefill.prefix_prefill(*pargs, max_query_len=8)
+    with po.overridden("prefix_prefill", {"PREFETCH_IDS": not shipped}, kernel="triton"):
+        assert prefix_prefill.explain(*pargs, max_query_len=8).consts()["PREFETCH_IDS"] is not shipped
+        changed = prefix_prefill.prefix_prefill(*pargs, max_query_len=8)
+    assert prefix_prefill.explain(*pargs, max_query_len=8).consts()["PREFETCH_IDS"] is shipped
+    assert torch.equal(plain, changed)
 
 
 def test_first_call_smoke(tmp_path):
@@ -133,18 +156,9 @@ def test_engine_step_smoke(tmp_path):
 
 def test_engine_step_classify_events():
     """bench/engine_step.py's kernel counting on made-up torch.profiler events (no GPU needed)."""
-    import importlib.util
     from types import SimpleNamespace
 
-    saved = list(sys.path)
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_engine_step", ROOT / "bench" / "engine_step.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # (its dataclasses look their module up)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved  # the script puts bench/ first, whose prefix_prefill.py would shadow the package
-        sys.modules.pop("_bench_engine_step", None)
+    mod = bench_module("engine_step")
 
     def ev(name, dev, act):
         return SimpleNamespace(name=name, device_type=f"DeviceType.{dev}", activity_type=act)

@@ -9,13 +9,13 @@ installs them from their local paths) and, one package per fresh venv, in ``nox 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_module
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -105,15 +105,8 @@ def test_cpu_extras_declared():
             assert extras.get("cpu") == ["numpy"], (pkg, extras)
 
 
-def _results_module():
-    spec = importlib.util.spec_from_file_location("_readme_results", ROOT / "bench" / "readme_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_results_block_is_generated_from_its_folder():
-    mod = _results_module()
+    mod = bench_module("readme_results")
     text = README.read_text()
     folder = mod.readme_folder(text)
     assert folder.is_dir(), folder

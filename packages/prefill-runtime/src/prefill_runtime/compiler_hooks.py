@@ -402,8 +402,9 @@ def clear_noswizzle_base_offsets(ptx: str) -> tuple[str, int]:
     while PTX defines the field for the swizzled modes only. The H200 honours it anyway: a no-swizzle
     K-major view whose stride byte offset is not 1024 reads nothing (or faults) at the k-steps where it
     is 4 or 6, so a kernel reading such views is correct only with this pass. Verified on Triton 3.6
-    (H200). Upstream: no upstream issue filed yet; the reproducer is ``bench/probe_wgmma_kview.py``
-    (``PROBE_FIX=1`` runs it through this pass). The closest upstream thread, triton-lang/triton#8378
+    (H200). Upstream: no upstream issue filed yet; the reproducer is ``bench/probe_wgmma_kview.py`` of
+    commit 0af21c8 (``git show 0af21c8:bench/probe_wgmma_kview.py``; ``PROBE_FIX=1`` runs it through this
+    pass). The closest upstream thread, triton-lang/triton#8378
     (a merged fix for swizzling=0 matrix descriptors), leaves this field set in Triton 3.6."""
     regs = set()
     for m in _PTX_WGMMA.finditer(ptx):
