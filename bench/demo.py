@@ -2,8 +2,8 @@
 
 On a GPU: a windowed LLM prefill (window-prefill) and a chunked prefill over a paged cache with a
 non-power-of-2 page (prefix-prefill), bf16, timed with CUDA events. Without a GPU: the same calls
-under the Triton interpreter on CPU tensors at a small size (fp16: the interpreter's bf16 dot is not
-trustworthy), with a line saying so. Prints one short table per kernel: shape, which kernel ran (the
+under the Triton interpreter on CPU tensors at a small size in fp16 (the dtype the CPU test suite
+checks), with a line saying so. Prints one short table per kernel: shape, which kernel ran (the
 package's ``explain`` with the call's own arguments, where the package has it), time, TFLOP/s of useful
 work (GPU only), max abs error and relative L2 error against the reference. Exits 1 if an output does
 not match the reference.

@@ -6,7 +6,8 @@ fragments, such as the body of a kernel, and are not run).
 
 ``bash bench/gpu_session.sh readme`` runs the first form on the GPU machine; the CPU test suite runs the
 second (``tests/integration/test_readme.py``). The packages' ``src/`` directories go on ``PYTHONPATH``
-(no install needed). Exits 1 if a block fails, printing its output.
+(no install needed). A block fails if it exits non-zero or prints a failed ``attn_reference.compare``;
+exits 1 if a block fails, printing its output.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# a printed attn_reference.Comparison whose verdict is FAIL
+FAILED_COMPARISON = re.compile(r"rel_l2=\S+.*\) FAIL$", re.M)
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
@@ -45,7 +48,7 @@ def main() -> int:
             continue
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
         ran += 1
-        if proc.returncode == 0:
+        if proc.returncode == 0 and not FAILED_COMPARISON.search(proc.stdout):
             print(f"{args.readme.name}:{line}: ok")
         else:
             failed += 1

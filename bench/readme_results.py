@@ -76,13 +76,13 @@ def table(folder: Path) -> str:
     ]
     pr = win[("pr", "ours")]
     lines.append(
-        f"| window PR: {pr['n']} tokens, {pr['heads']} heads, D {pr['head_dim']}, window ±64, not causal "
+        f"| narrow window: {pr['n']} tokens, {pr['heads']} heads, D {pr['head_dim']}, window ±64, not causal "
         f"| **{_ms(w('pr', 'ours_graph'))} ms** (CUDA graph; {_ms(w('pr', 'ours'))} eager) "
         f"| {_ms(w('pr', 'vllm'))} ms | {_ms(w('pr', 'flex'))} ms | {_ms(float(pr['floor_ms']))} ms |"
     )
     llm = win[("llm", "ours")]
     lines.append(
-        f"| window LLM: {llm['n']} tokens, {llm['heads']}/{llm['kv_heads']} heads, D {llm['head_dim']}, "
+        f"| wide window: {llm['n']} tokens, {llm['heads']}/{llm['kv_heads']} heads, D {llm['head_dim']}, "
         f"causal, left {llm['window'].split('/')[0]} "
         f"| **{_ms(w('llm', 'ours'))} ms** ({wt('llm', 'ours')} TFLOP/s) "
         f"| {_ms(w('llm', 'vllm'))} ms | {_ms(w('llm', 'flex'))} ms | {_ms(float(llm['floor_ms']))} ms |"
