@@ -1,4 +1,4 @@
-"""Benchmark: attention cost per engine step, ours vs vLLM 0.33's Triton kernels (issue 32).
+"""Benchmark: attention cost per engine step, ours vs vLLM 0.33's Triton kernels.
 
     python bench/engine_step.py [--out DIR] [--quick] [--layers 32] [--scenarios a,b] [--no-vllm]
     python bench/engine_step.py --smoke          # CPU: Triton interpreter, L=2, tiny sizes, fp16
@@ -14,7 +14,7 @@ Tables (CSV + Markdown in ``--out``, default bench/results/<gpu>/<date>-<commit>
   warm-up), ``graph_ms`` (the same L calls captured in one CUDA graph and replayed: GPU time only),
   ``wall_over_graph``, ``vs_vllm`` (our wall / vLLM's wall), ``graph_vs_vllm`` (our graph / vLLM's
   graph), ``launches`` (CUDA kernels of one call, torch.profiler), ``diff_vs_vllm`` (max |ours - vLLM|
-  on layer 0: a broken call shows) and ``accept`` (issue 32: wall <= vLLM's wall, and <= 1.15 x our
+  on layer 0: a broken call shows) and ``accept`` (the acceptance rule: wall <= vLLM's wall, and <= 1.15 x our
   graph time where that is >= 2 ms).
 * ``engine_host``: a tiny problem (1 sequence of 16 new tokens on a 16-token context, 8/2 heads, d128,
   page 16) called ``--host-calls`` (3000) times without a sync, in rounds over every entry in turn:
@@ -67,7 +67,7 @@ LAUNCH_KEYS = [
     "entry", "layout", "kv", "return_lse", "kernels", "memops", "mallocs", "launch_api_calls", "kernel_names",
     "note",
 ]  # fmt: skip
-# issue 32's host-time targets per call (us)
+# host-time targets per call (us)
 HOST_TARGET_US = {"ours_pp_caf": 30, "ours_wp_caf": 30, "ours_pp_split": 40, "ours_pp_nhd": 40, "ours_wp": 40}
 GRAPH_CALLS = 50  # calls captured per CUDA graph in the host table
 
@@ -98,7 +98,7 @@ class Scenario:
 
 
 def scenarios(smoke: bool) -> list[Scenario]:
-    """The five scenarios of issue 32's table, then the other steps a server runs. ``smoke``: the same
+    """The five scenarios of the acceptance table, then the other steps a server runs. ``smoke``: the same
     structure at interpreter sizes."""
     rng = random.Random(32)
     if smoke:  # the interpreter's cost grows with programs and tiles: 2/1 heads, a few short sequences
@@ -659,7 +659,7 @@ VLLM_OF = {"ours_pp_caf": "vllm_pp", "ours_pp_split": "vllm_pp", "ours_pp_nhd": 
 
 def host_table(env: Env, cfg: dict) -> list[dict]:
     """Host time per call of the tiny problem: ``calls`` calls without a sync, after warm-up, in rounds
-    that take every entry in turn. The lent H200's host (a virtual machine) runs whole stretches up to
+    that take every entry in turn. The H200 machine's host (a virtual machine) runs whole stretches up to
     1.8x slower, every entry alike (torch SDPA's calls too), so ``host_us`` / ``wall_us`` are the best
     round (noise only adds), ``host_median_us`` the median one, and ``vs_vllm`` / ``vs_sdpa`` the median
     over rounds of the ratio to that peer's time in the same round. Every entry is timed before any is

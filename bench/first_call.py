@@ -8,7 +8,7 @@ sequence lengths and batch size and reports whether that compiled anything (it m
                                [--heads 64,128,256] [--set NAME=0|1 ...] [--layout nhd|split]
 
 (``prefix_kvcache``: prefix-prefill with k=v=None, the new tokens' K/V read from the cache.)
-    python bench/first_call.py --smoke     # CPU: Triton interpreter, tiny shapes (checks the script)
+    python bench/first_call.py --smoke # CPU: Triton interpreter, tiny shapes, cold runs (checks the script)
 
 ``--prime-early S``: each child calls ``prefill_runtime.prime_triton_in_background()`` right after its
 imports, then waits S seconds (an engine's other start-up work, e.g. loading weights) before it builds
@@ -254,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                     env = dict(os.environ, TRITON_CACHE_DIR=cache)
                     if args.smoke:
                         env["TRITON_INTERPRET"] = "1"
-                    for kind in ("cold", "warm"):  # warm: the same cache directory, filled by the cold run
+                    # warm: the same cache directory, filled by the cold run (the interpreter of --smoke
+                    # compiles nothing, so there a warm run would repeat the cold one)
+                    for kind in ("cold",) if args.smoke else ("cold", "warm"):
                         cmd = [sys.executable, __file__, "--child", kernel, dtype_name, str(head)]
                         cmd += ["--layout", args.layout, f"--prime-early={args.prime_early}"]
                         cmd += ["--smoke"] if args.smoke else []

@@ -12,7 +12,7 @@
 #  accept, consan, quick: see their blocks below;
 #  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
 #  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
-#  readme: every Python example of README.md (bench/readme_examples.py) and the demo, into $OUT/readme.log)
+#  readme: every Python example of the READMEs (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
 set -uo pipefail

@@ -73,21 +73,23 @@ def test_plan_override_changes_one_constexpr():
 
 
 def test_first_call_smoke(tmp_path):
-    """bench/first_call.py: cold and warm child processes per kernel, rows written; the children start
-    prefill_runtime's priming early (``--prime-early``, recorded per row) before their timed call."""
+    """bench/first_call.py: a child process per kernel (cold runs: the interpreter compiles nothing to
+    keep warm), rows written; the children start prefill_runtime's priming early (``--prime-early``,
+    recorded per row) before their timed call."""
     _bench("first_call.py", "--smoke", "--prime-early", "0.05", "--out", str(tmp_path))
     text = (tmp_path / "first_call.csv").read_text()
     assert "prime_early_s" in text.splitlines()[0], text
-    for kernel in ("window", "prefix"):
-        for cache in ("cold", "warm"):
-            assert f"{kernel},fp16,64,{cache}," in text and ",0.05," in text, text
+    for kernel in ("window", "prefix", "prefix_kvcache"):
+        assert f"\n{kernel},fp16,64,cold," in text and ",0.05," in text, text
     assert "True" not in text, "a second call with other lengths recompiled"
 
 
 def test_sanitize_edge_smoke():
-    """bench/sanitize_edge.py (the memcheck edge suite) runs its quick subset under the interpreter."""
-    proc = _bench("sanitize_edge.py")
-    assert proc.stdout.strip().splitlines()[-1].endswith("cases OK"), proc.stdout[-2000:]
+    """bench/sanitize_edge.py (the memcheck edge suite) under the interpreter, on cases of its quick
+    subset that take every window sinks mode, every prefix option set (fp8 caches, ALiBi, k=None, both
+    API forms) and all three cache layouts."""
+    proc = _bench("sanitize_edge.py", "--cases", "0,1,2,6,7,8,9,10,11,20")
+    assert proc.stdout.strip().splitlines()[-1] == "13 cases OK", proc.stdout[-2000:]
 
 
 def test_prefix_bench_from_logs(tmp_path):
@@ -116,12 +118,21 @@ def test_prefix_bench_from_logs(tmp_path):
     assert "max\\|a-b\\|=0" in md
 
 
+# one scenario of each kind the script builds: chunks on contexts (and none), a non-power-of-2 page at
+# d256, skip_decode, non-causal varlen (with torch SDPA beside) and causal varlen
+SMOKE_SCENARIOS = [
+    "prefix_4chunks_0-8k", "prefix_2048_on_16k_d256", "decode_mix_skip_decode", "vision_16x1024_d64",
+    "varlen_8prompts_100-500",
+]  # fmt: skip
+
+
 def test_engine_step_smoke(tmp_path):
-    """bench/engine_step.py --smoke (L=2, tiny sizes, fp16, no graphs): every scenario, implementation and
-    table runs; our outputs match the float64 reference, and vLLM's where .peers is present."""
+    """bench/engine_step.py --smoke (L=2, tiny sizes, fp16, no graphs): every implementation and table
+    runs on a scenario of each kind; our outputs match the float64 reference, and vLLM's where .peers is
+    present."""
     import csv
 
-    _bench("engine_step.py", "--smoke", "--out", str(tmp_path))
+    _bench("engine_step.py", "--smoke", "--scenarios", ",".join(SMOKE_SCENARIOS), "--out", str(tmp_path))
     vllm = (ROOT / ".peers" / "vllm").is_dir()
 
     def read(stem):
@@ -130,11 +141,13 @@ def test_engine_step_smoke(tmp_path):
             return list(csv.DictReader(f))
 
     steps = read("engine_step")
-    assert len({r["scenario"] for r in steps}) == 10, steps
+    assert sorted({r["scenario"] for r in steps}) == sorted(SMOKE_SCENARIOS), steps
     impls = {(r["scenario"], r["impl"]) for r in steps}
     assert {("decode_mix_skip_decode", "ours_caf"), ("vision_16x1024_d64", "sdpa")} <= impls, impls
+    assert {("prefix_4chunks_0-8k", i) for i in ("ours_caf", "ours_pp_split", "ours_pp_nhd")} <= impls, impls
+    assert {("varlen_8prompts_100-500", i) for i in ("ours_caf", "ours_wp")} <= impls, impls
     assert ("decode_mix_skip_decode", "ours_pp_split") not in impls  # prefix_prefill() has no skip_decode
-    assert (("prefix_512_on_4k", "vllm") in impls) == vllm, impls
+    assert (("prefix_4chunks_0-8k", "vllm") in impls) == vllm, impls
     for r in steps:
         assert not r["note"].startswith(("failed", "skipped")), r
         assert float(r["wall_ms"]) > 0 and float(r["diff_vs_ref"]) < 1e-2, r

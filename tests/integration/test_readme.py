@@ -12,14 +12,14 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import inspect
+import linecache
+import os
 import pkgutil
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import bench_module
+from conftest import ON_GPU, bench_module
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -252,9 +252,27 @@ def test_no_internal_terms(doc):
     assert not found, (doc.name, found)
 
 
-def test_cpu_examples_run():
-    """Every ```python block without a cuda device, of every README, under the interpreter."""
-    for doc in _docs():
-        cmd = [sys.executable, str(ROOT / "bench" / "readme_examples.py"), "--cpu", "--readme", str(doc)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0 or "0 passed, 0 failed" in proc.stdout, proc.stdout[-4000:]
+@pytest.mark.skipif(ON_GPU, reason="bash bench/gpu_session.sh readme runs every example on the GPU")
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_cpu_examples_run(doc, capsys):
+    """Every ```python block of the doc that names no cuda device, under the interpreter, in this process
+    (fresh globals each, the environment restored after; ``bench/readme_examples.py --cpu`` runs the
+    same blocks in fresh interpreters): it raises nothing, prints no failed comparison, and prints each
+    error message that a ``print(e)  # message`` line shows."""
+    examples = bench_module("readme_examples")
+    for line, code in examples.python_blocks(doc.read_text()):
+        if "cuda" in code:
+            continue
+        name = f"<{doc.relative_to(ROOT)}:{line}>"
+        linecache.cache[name] = (len(code), None, code.splitlines(True), name)  # (@triton.jit reads it)
+        saved = dict(os.environ)
+        try:
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            linecache.cache.pop(name, None)
+        out = capsys.readouterr().out
+        assert not examples.FAILED_COMPARISON.search(out), (name, out)
+        for error in re.findall(r"^\s*print\(e\)  # (.+)$", code, re.M):  # an error the example shows
+            assert error in out, (name, error, out)
