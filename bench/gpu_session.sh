@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|first|safety|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml;
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
-#  results.tgz; an A/B of a plan constant is two such runs, e.g. `bench --set PREFETCH_IDS=0`;
+#  results.tgz; a plan constant against the peers: `bench --set PREFETCH_IDS=0`;
+#  ab: bench/ab_prefix.py, one prefix-prefill constexpr off/on timed against itself over shapes, pages and
+#  layouts (extra args go to it, e.g. --switch NAME), into $OUT/ab.log;
+#  abbench: the A/B of each of AB_SWITCHES (AB_SETS="--set NAME=V ..." fixes other constexprs during
+#  each) with parallel precompiles, then both benchmarks with the settings the A/Bs chose;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
+#  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
+#  _fwd_kernel; _gluon_split_kernel / _gluon_fwd_kernel for the Gluon ones) run by bench/ab_prefix.py
+#  --compile-only for each NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512);
+#  writes ncu.tgz (reports, details text, per-SASS-instruction csv);
 #  engine: bench/engine_step.py --quick (engine steps, ours vs vLLM 0.33);
 #  accept, consan, quick: see their blocks below;
 #  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
@@ -34,6 +42,31 @@ if [[ $what == tests || $what == all ]]; then
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi
+if [[ $what == ab ]]; then
+  timeout ${BENCH_TIMEOUT:-400} python3 bench/ab_prefix.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | grep -E "SPREAD|bitwise"
+fi
+if [[ $what == abbench ]]; then
+  t0=$SECONDS
+  res=$OUT/res; mkdir -p "$res"
+  for sw in ${AB_SWITCHES:-PREFETCH_IDS}; do
+    timeout ${AB_TIMEOUT:-300} python3 bench/ab_prefix.py --out "$res" --jobs ${AB_JOBS:-14} --switch $sw \
+      --choice "$res/choice.txt" ${AB_SETS:-} 2>&1 | tee -a "$OUT/ab.log" | grep -E "SPREAD|bitwise|CHOICE|precompiled"
+  done
+  sets=$(sed 's/^/--set /' "$res/choice.txt" 2>/dev/null | tr '\n' ' ')
+  timeout ${BENCH_TIMEOUT:-280} python3 bench/prefix_prefill.py --out "$res" $sets 2>&1 | tee -a "$OUT/bench.log"
+  # optional: ncu of our kernel (switch on) for NCU_SHAPE/NCU_LAYOUT at each of NCU_PAGES (clocks left as they are)
+  for pg in ${NCU_PAGES:-}; do
+    timeout 120 ncu --clock-control none -k regex:${NCU_KERNEL:-_fwd_kernel} -s 1 -c 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
+      --section SchedulerStats --section LaunchStats python3 bench/ab_prefix.py --compile-only \
+      --shapes ${NCU_SHAPE:-qwen} --layouts ${NCU_LAYOUT:-nhd} --pages $pg >>"$OUT/ncu.txt" 2>&1
+  done
+  left=$(( ${CALL_BUDGET_S:-540} - (SECONDS - t0) ))
+  if [[ ${WINDOW:-1} == 1 ]] && (( left > 60 )); then
+    timeout $left python3 bench/window_prefill.py --out "$res" 2>&1 | tee -a "$OUT/bench.log"
+  fi
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
 if [[ $what == safety ]]; then
   t0=$SECONDS
   n=${SAN_SHARDS:-6}
@@ -53,6 +86,27 @@ if [[ $what == safety ]]; then
   if [[ ${FIRST:-0} == 1 ]] && (( left > 60 )); then
     timeout $left python3 bench/first_call.py --out "$OUT" ${FIRST_ARGS:-} 2>&1 | tee "$OUT/first_call.log"
   fi
+fi
+if [[ $what == ncu ]]; then
+  nd=$OUT/ncu; mkdir -p "$nd"
+  specs=${NCU_SPECS:-llama:split:512 llama:nhd:512}
+  for sp in $specs; do  # precompile (default cache) in parallel
+    IFS=: read -r sh lay pg <<<"$sp"
+    timeout 240 python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg >/dev/null 2>&1 &
+  done
+  wait
+  for sp in $specs; do
+    IFS=: read -r sh lay pg <<<"$sp"
+    tag=${sh}_${lay}_$pg
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --set full --import-source no -k regex:${NCU_KERNEL:-_fwd_kernel} -s 1 -c 1 \
+      -f -o "$nd/$tag" python3 bench/ab_prefix.py --compile-only --shapes $sh --layouts $lay --pages $pg \
+      >"$nd/$tag.run.txt" 2>&1
+    ncu -i "$nd/$tag.ncu-rep" --page details --print-details all >"$nd/$tag.details.txt" 2>&1
+    ncu -i "$nd/$tag.ncu-rep" --page source --print-source sass --csv >"$nd/$tag.sass.csv" 2>&1
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit Rate|Registers Per|Achieved Occupancy" \
+      "$nd/$tag.details.txt" | sed "s/^/$tag /" | head -12
+  done
+  tar czf "$OUT/ncu.tgz" -C "$nd" . && rm -rf "$nd"
 fi
 if [[ $what == first ]]; then
   timeout ${BENCH_TIMEOUT:-400} python3 bench/first_call.py --out "$OUT" "$@" 2>&1 | tee "$OUT/first_call.log"

@@ -32,6 +32,17 @@ def _bench(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def test_ab_prefix_smoke():
+    """bench/ab_prefix.py, the prefix A/B tool: one constexpr of the plans off and on (the block-id
+    prefetch, which changes no arithmetic: bitwise-equal outputs), the page-size spread of each setting
+    and the setting it chooses."""
+    proc = _bench("ab_prefix.py", "--smoke", "--switch", "PREFETCH_IDS")
+    equal = [line for line in proc.stdout.splitlines() if "bitwise equal" in line]
+    assert len(equal) == 2 and all("bitwise equal off/on: True" in line for line in equal), proc.stdout
+    assert "SPREAD tiny nhd PREFETCH_IDS=True" in proc.stdout, proc.stdout
+    assert "CHOICE PREFETCH_IDS=" in proc.stdout, proc.stdout
+
+
 def test_plan_override_changes_one_constexpr():
     """bench/plan_override.py, the ``--set NAME=V`` A/B of bench/prefix_prefill.py and
     bench/window_prefill.py: inside the block each package's calls run their plan with the constexpr
