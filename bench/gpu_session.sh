@@ -2,7 +2,8 @@
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
 #   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
-# (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml;
+# (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
+#  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
 #  results.tgz; a plan constant against the peers: `bench --set PREFETCH_IDS=0`;
 #  ab: bench/ab_prefix.py, one prefix-prefill constexpr off/on timed against itself over shapes, pages and
@@ -38,7 +39,9 @@ if [[ $what == tests || $what == all ]]; then
   # work stealing (pytest-xdist >= 3.2) lets idle workers take queued tests: a run with plain load
   # distribution ended with a few workers still holding 30 s random-batch tests when its limit came
   dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
-  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} -n ${XDIST:-16} --dist ${DIST:-$dist} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
+  resume=(); [[ -n ${PYTEST_DONE:-} ]] && resume=(-p pytest_resume)
+  PYTHONPATH=$PYTHONPATH${PYTEST_DONE:+:$PWD/bench} \
+  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} "${resume[@]}" -n ${XDIST:-16} --dist ${DIST:-$dist} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi

@@ -1,6 +1,7 @@
 """Benchmark: prefix prefill (paged context + new tokens) across page sizes, ours vs peers.
 
     python bench/prefix_prefill.py --out DIR [--quick] [--sweep] [--shapes llama,qwen,chunked]
+    python bench/prefix_prefill.py --out DIR --set PREFETCH_IDS=0   # a plan constexpr changed (A/B)
     python bench/prefix_prefill.py --out DIR --from-logs RUN.log [MORE.log ...]   # no GPU needed
 
 Writes DIR/prefix_prefill.{csv,md,png} (and DIR/prefix_sweep.{csv,md} with --sweep), rewritten after
@@ -9,7 +10,9 @@ Each (page, peer) is timed in ``--rounds`` passes (default 3) over all pages, th
 each pass; rows hold the median and the note lists every pass.
 ``--from-logs`` rebuilds the csv/md/png from the measurement lines of one or more runs' output (a
 device run cut before its files came back, plus a second run of the shapes it missed); set
-``BENCH_GPU`` and ``BENCH_COMMIT`` to label them.
+``BENCH_GPU`` and ``BENCH_COMMIT`` to label them. ``--set NAME=V`` runs every plan of ours with that
+constexpr changed (``bench/plan_override.py``): two runs, with and without, are an A/B beside the peers
+(``bench/ab_prefix.py`` times the two settings against each other in one process).
 
 Everything runs in bf16 with block tables that are a random permutation of the block ids (never the
 identity); the cache is built in vLLM's "split" layout, and ours also runs on an NHD copy of it (same

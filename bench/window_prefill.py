@@ -4,7 +4,11 @@
 Usage::
 
     python bench/window_prefill.py --out DIR [--quick] [--sweep] [--shapes pr,llm,sweep_n,sweep_w]
-                                   [--softcap C]
+                                   [--softcap C] [--set NAME=V ...]
+
+``--set NAME=V``: a tuning constant of ``window_prefill.plan`` (``_GLUON_MIN_WIDTH=4096``) or a
+constexpr of the planned kernel (``WIDE_OFFSETS=1``, through ``bench/plan_override.py``); two runs,
+with and without, are an A/B of that setting beside the peers.
 
 Shapes (all bf16, one sequence of N tokens):
 
