@@ -49,10 +49,11 @@ def _docs() -> list[Path]:
 
 
 def test_readme_is_short():
-    """Room for what a newcomer needs first (install per machine, a CPU quick start with ``validate=True``,
-    the GPU example) beside the package table, support matrix, results and guarantees; the details are
-    in the package READMEs."""
-    assert len(README.read_text().splitlines()) <= 280
+    """Room for what a newcomer needs first (install per machine, a CPU quick start with what
+    ``validate=True`` catches, a GPU example) beside the package table, support matrix, results, vLLM
+    and guarantees, with a few lines to spare for new options and guarantees; the details are in the
+    package READMEs."""
+    assert len(README.read_text().splitlines()) <= 290
 
 
 def test_package_table_rows_match_the_packages():
