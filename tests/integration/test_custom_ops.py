@@ -136,8 +136,12 @@ def test_op_namespaces_exist_after_import():
         assert lse.name == "lse" and str(lse.type) == "Optional[Tensor]" and lse.default_value is None
 
 
-@pytest.mark.parametrize("requires_grad", [False, True])
-@pytest.mark.parametrize("case", list(OP_CASES))
+# every case without grad; with a q that requires grad, the case of each op that passes every argument
+# (the autograd registration is the op's, whatever the arguments)
+OPCHECK_PARAMS = [(c, False) for c in OP_CASES] + [(c, True) for c in OP_CASES if c.endswith("-lse")]
+
+
+@pytest.mark.parametrize(("case", "requires_grad"), OPCHECK_PARAMS)
 def test_opcheck(case, requires_grad):
     make, pkg = OP_CASES[case]
     args = list(make(DEVICE, torch.float16))
