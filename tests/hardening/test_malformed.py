@@ -36,7 +36,7 @@ WP_LENS = [10, 14]  # 24 tokens
 
 # ------------------------------------------------------------------------------------ prefix-prefill
 def _pp_case(layout: str = "nhd"):
-    return paged_case(PP_SEQS, heads=2, kv_heads=1, head=32, page=16, dtype=torch.float16, layout=layout)
+    return paged_case(PP_SEQS, heads=1, kv_heads=1, head=32, page=16, dtype=torch.float16, layout=layout)
 
 
 def _bad_id(c, value):
@@ -87,14 +87,17 @@ def _spans(cu: torch.Tensor, total: int) -> list[tuple[int, int]]:
 
 
 def _check_written(out: torch.Tensor, cu: torch.Tensor, max_len: int, block_m: int) -> None:
-    """Every row of every clamped span finite; rows past the grid (``cdiv(max_len, block_m)`` tiles,
-    at least one) exactly 0."""
+    """Every row of every clamped span finite; rows past a span's grid (``cdiv(max_len, block_m)`` tiles,
+    at least one) exactly 0 where no other span's tiles cover them (malformed spans may overlap)."""
     grid_rows = max(-(-max_len // block_m), 1) * block_m
-    for s, e in _spans(cu, out.shape[0]):
-        rows = out[s:e].float()
-        assert torch.isfinite(rows).all(), f"rows [{s}, {e}) not all written"
-        if e - s > grid_rows:
-            assert (rows[grid_rows:] == 0).all(), "rows past the grid are not 0"
+    spans = _spans(cu, out.shape[0])
+    computed = torch.zeros(out.shape[0], dtype=torch.bool)
+    for s, e in spans:
+        computed[s : min(e, s + grid_rows)] = True
+    for s, e in spans:
+        assert torch.isfinite(out[s:e].float()).all(), f"rows [{s}, {e}) not all written"
+        past = ~computed[s + grid_rows : e].to(out.device)
+        assert (out[s + grid_rows : e][past].float() == 0).all(), "rows past the grid are not 0"
 
 
 def _pp_call(c, args: dict, form: str, **kw) -> torch.Tensor:
@@ -108,8 +111,15 @@ def _pp_call(c, args: dict, form: str, **kw) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("form", ["py", "vllm"])
-@pytest.mark.parametrize(("mutate", "bit", "intact"), [c[1:] for c in PP_CASES], ids=[c[0] for c in PP_CASES])
+# the vLLM form (split cache) for one case of each kind
+VLLM_FORM = ("block-id-negative", "table-too-narrow", "cu-decreasing", "seq-len-short", "max-query-len-small")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "bit", "intact", "form"),
+    [pytest.param(*c[1:], form, id=f"{c[0]}-{form}") for c in PP_CASES for form in ("py", "vllm")
+     if form == "py" or c[0] in VLLM_FORM],
+)  # fmt: skip
 def test_prefix_malformed(mutate, bit, intact, form):
     c = _pp_case("split" if form == "vllm" else "nhd")
     args = {"block_table": c.block_table, "cu_seqlens_q": c.cu_q, "seq_lens": c.seq_lens,
@@ -140,7 +150,7 @@ def test_prefix_empty_cache_and_kv_from_cache():
     prefix_prefill(c.q, c.k, c.v, empty_k, empty_v, c.block_table, c.cu_q, c.seq_lens, c.max_query_len,
                    kv_layout="nhd", out=out, status=st)  # fmt: skip
     assert torch.isfinite(out.float()).all() and int(st) & status.BLOCK_ID
-    kc = paged_case(PP_SEQS, heads=2, kv_heads=1, head=32, page=16, dtype=torch.float16, kv_from_cache=True)
+    kc = paged_case(PP_SEQS, heads=1, kv_heads=1, head=32, page=16, dtype=torch.float16, kv_from_cache=True)
     bt = kc.block_table.clone()
     bt[2, -1] = -1  # sequence 2's last page (its new tokens)
     st.zero_()
@@ -174,7 +184,7 @@ WP_CASES = [
 
 @pytest.mark.parametrize(("change", "bit"), [c[1:] for c in WP_CASES], ids=[c[0] for c in WP_CASES])
 def test_window_malformed(change, bit):
-    d = dense_case(WP_LENS, 2, 1, 32, torch.float16)
+    d = dense_case(WP_LENS, 1, 1, 32, torch.float16)
     cu = torch.tensor(change.get("cu", d.cu.tolist()), dtype=torch.int32, device=DEVICE)
     max_len = change.get("max_len", d.max_len)
     st = new_status(DEVICE)
@@ -199,7 +209,7 @@ WP_VLLM_CASES = [
 @pytest.mark.parametrize(("starts", "lens", "bit"), [c[1:] for c in WP_VLLM_CASES],
                          ids=[c[0] for c in WP_VLLM_CASES])  # fmt: skip
 def test_window_vllm_malformed(starts, lens, bit):
-    d = dense_case(WP_LENS, 2, 1, 32, torch.float16)
+    d = dense_case(WP_LENS, 1, 1, 32, torch.float16)
     s = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
     n = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     max_len = 5 if bit == status.MAX_LEN else 14
@@ -228,7 +238,7 @@ def test_window_vllm_malformed(starts, lens, bit):
 
 def test_status_argument_checked():
     """``status=`` must be an int32 tensor of one element on q's device (host checks, every function)."""
-    d = dense_case(WP_LENS, 2, 1, 32, torch.float16)
+    d = dense_case(WP_LENS, 1, 1, 32, torch.float16)
     for bad, exc in ((torch.zeros(1, dtype=torch.int64, device=DEVICE), TypeError),
                      (torch.zeros(2, dtype=torch.int32, device=DEVICE), ValueError),
                      ([0], TypeError)):  # fmt: skip
@@ -243,3 +253,40 @@ def test_status_argument_checked():
                        c.max_query_len, status=bad)  # fmt: skip
     assert status.status_names(status.ROWS | status.MAX_LEN) == ["ROWS", "MAX_LEN"]
     assert cu_of([1]).tolist() == [0, 1]
+
+
+# ------------------------------------------------------------------- the custom ops and torch.compile
+def test_status_through_the_custom_ops():
+    """``torch.ops.window_prefill.fwd`` / ``torch.ops.prefix_prefill.fwd`` (the path the public functions
+    take under ``torch.compile`` or a dispatch mode) pass the status tensor on to the kernel."""
+    d = dense_case(WP_LENS, 1, 1, 32, torch.float16)
+    st = new_status(DEVICE)
+    out = poison(torch.empty_like(d.q))
+    torch.ops.window_prefill.fwd(d.q, d.k, d.v, out, d.cu, None, 5, True, 5, -1, 0.2, None, False, status=st)
+    assert int(st) == status.MAX_LEN and torch.isfinite(out.float()).all()
+    c = _pp_case()
+    st.zero_()
+    out = poison(torch.empty_like(c.q))
+    bt = c.block_table[:, :1]  # too narrow
+    torch.ops.prefix_prefill.fwd(c.q, c.k, c.v, out, c.k_cache, c.v_cache, 1, bt, c.cu_q, c.seq_lens,
+                                 c.max_query_len, True, -1, -1, None, None, None, None, None, None, False,
+                                 status=st)  # fmt: skip
+    assert int(st) == status.TABLE_WIDTH and torch.isfinite(out.float()).all()
+
+
+def test_status_under_torch_compile():
+    """``torch.compile(fullgraph=True)`` (aot_eager: the op's third mutable argument functionalised):
+    one graph, and the caller's status tensor written in place as in eager mode."""
+    d = dense_case(WP_LENS, 1, 1, 32, torch.float16)
+    bad_cu = torch.tensor([0, 16, 12, 24], dtype=torch.int32, device=DEVICE)
+
+    def call(q, k, v, cu, st):
+        return window_prefill(q, k, v, cu, 14, window=(5, -1), status=st)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    st_c, st_e = new_status(DEVICE), new_status(DEVICE)
+    out_c = compiled(d.q, d.k, d.v, bad_cu, st_c)
+    out_e = call(d.q, d.k, d.v, bad_cu, st_e)
+    assert int(st_c) == int(st_e) == status.ROWS | status.MAX_LEN
+    assert torch.equal(out_c, out_e)
