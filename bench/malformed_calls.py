@@ -38,7 +38,7 @@ import time
 os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
 os.environ.setdefault("PREFIX_PREFILL_GLUON_TIERED", "0")  # the Gluon kernels' full forms from the start
 sys.path.insert(0, os.path.dirname(__file__))
-from common import on_gpu_node, start
+from common import exact_paged_layout, on_gpu_node, start
 
 start(interpret=not on_gpu_node())
 
@@ -110,22 +110,9 @@ def _pp_base(spec) -> dict:
     read = seq_lens if from_cache else [c for c, _ in seqs]
     pages = [-(-n // page) for n in seq_lens]
     width = max(-(-n // page) for n in read)
-    nb = sum(pages)
-    perm = torch.randperm(nb)
-    table = torch.full((len(seqs), width), FAR, dtype=torch.int32)
-    at = 0
-    for b, n in enumerate(pages):
-        m = min(n, width)
-        table[b, :m] = perm[at : at + m].to(torch.int32)
-        at += n
     store = torch.float8_e4m3fn if cache == "fp8" else dt
-    if layout == "split":
-        x = 16 // store.itemsize
-        k_shape, v_shape = (nb, kv, d // x, page, x), (nb, kv, d, page)
-    elif layout == "nhd":
-        k_shape = v_shape = (nb, page, kv, d)
-    else:
-        k_shape = v_shape = (nb, kv, page, d)
+    x = 16 // store.itemsize
+    table, k_shape, v_shape = exact_paged_layout(torch, pages, width, FAR, layout, kv, d, page, x)
     total = sum(q_lens)
     cu = [0]
     for n in q_lens:
@@ -141,7 +128,7 @@ def _pp_base(spec) -> dict:
         "cu": _i32(cu),
         "seq_lens": _i32(seq_lens),
         "max_len": max(q_lens),
-        "nb": nb,
+        "nb": sum(pages),
     }
 
 
