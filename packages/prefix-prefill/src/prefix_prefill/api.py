@@ -252,12 +252,8 @@ def context_attention_fwd(
         causal: False makes the new tokens attend to each other bidirectionally.
         validate: also run the checks that read device values (one host sync); also enabled by
             the environment variable ``PREFILL_VALIDATE=1``.
-        status: optional int32 ``[1]`` device tensor (:func:`prefill_runtime.status.new_status`): the
-            kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed
-            metadata (and writes nothing otherwise), with no host sync; clear it yourself.
-
-    Without ``validate`` malformed device metadata never makes the kernel read or write outside the
-    tensors (see :func:`prefix_prefill`): its rows may be wrong, never unwritten or out of bounds.
+        status: optional int32 ``[1]`` device tensor: malformed metadata is reported there, and
+            never read or written out of bounds without ``validate``, as with :func:`prefix_prefill`.
     """
     if interleaved_v_pack_factor != 0:
         raise NotImplementedError(
@@ -558,11 +554,9 @@ def prefix_prefill(
             ``max_query_len``; ``SEQ_LEN`` 16: ``seq_lens`` shorter than the query), with no host sync
             and nothing written on well-formed calls: read it when convenient, clear it yourself.
 
-    Memory safety without ``validate``: whatever the device metadata holds, every load and store stays
-    inside the tensors (rows clamped into ``[0, total_q)``, block ids into ``[0, num_blocks)``, pages
-    to the table's width) and every query row of ``[cu_seqlens_q[0], cu_seqlens_q[-1])`` is written:
-    rows the kernel cannot compute (past the grid of a too small ``max_query_len``) are 0. A
-    malformed sequence's rows are then wrong but finite; ``status`` says so.
+    Without ``validate`` no device metadata makes a kernel read or write outside the tensors (rows, pages
+    and block ids are clamped) or leave a row of ``[cu_seqlens_q[0], cu_seqlens_q[-1])`` unwritten (rows
+    past the grid of a too small ``max_query_len`` are 0): a malformed sequence's rows are wrong but finite.
 
     On Hopper a warp-specialised Gluon kernel runs where it applies (:func:`explain` says which kernel a
     call runs and why); everything else runs the Triton kernel. CPU tensors run under the Triton

@@ -20,6 +20,15 @@ Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head
 pages contiguous and 16-byte rows, seen as ``[num_blocks * page_size, num_kv_heads * head_size]``; q,
 k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
 ``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
+
+Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows
+clamped into ``Q_desc``'s token count and cached keys to the block table's width
+(:func:`prefix_prefill.sequence.sequence_geometry`), so the O/LSE stores (by pointer) and every
+block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each as
+large as its tensor (a block id outside the cache addresses rows outside the view: zeros), and the
+split kernel's gathers clamp block ids into the cache (:func:`paged_kv_offsets.gluon.slot_offset`).
+Rows past the grid and the status report as in :func:`prefix_prefill.kernel._fwd_kernel`
+(:func:`_program_guard`).
 """
 
 from triton.experimental import gluon

@@ -27,6 +27,18 @@ through exp2), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the runnin
 ``RETURN_LSE`` the epilogue also stores each row's softmax log-sum-exp in natural log: the running max
 ``m_i`` and denominator ``l_i = sum_j exp2(s_j - m_i)`` (sink included) are in those log2 units, so
 ``lse = (m_i + log2(l_i)) * ln(2)``, ``-inf`` where ``l_i == 0``.
+
+Bounds, whatever the device metadata holds (no host sync): each program first clamps its sequence
+(:func:`prefix_prefill.sequence.sequence_geometry`): query rows into ``[0, n_tokens)``, the context
+to at least 0, the cached keys it reads to the ``n_bt_cols * PAGE_SIZE`` the table's width holds
+(``cache_len``); every block id read is clamped into ``[0, num_blocks)`` (``max_block`` of
+:func:`~paged_kv_offsets.kernel.tile_blocks`: two integer ops per id). A sequence longer than the grid
+covers (``max_query_len`` too small) gets its rows past the grid written as 0 (and ``-inf`` LSE) by each
+head's program of its last query tile, in ``BLOCK_M``-row steps. With ``Status`` (the caller's
+``status=``), head 0's program of that tile ORs the sequence's malformations into it
+(:mod:`prefill_runtime.status`; the block ids by :func:`~paged_kv_offsets.kernel.bad_block_ids`, a scan of
+the pages the sequence needs), before any program of the sequence returns; well-formed calls write
+nothing there. The per-tile work is unchanged but for the id clamps.
 """
 
 import triton

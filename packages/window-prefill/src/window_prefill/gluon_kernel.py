@@ -30,6 +30,10 @@ set to 0 in shared memory before its ``P @ V`` (each consumer zeroes half the ro
 ``fix_bar``): ``0 * NaN`` would otherwise poison the row. (The Triton kernel's masked loads never
 read those positions at all; here they are read and discarded.)
 
+Bounds: the Triton kernel's program setup (``program_tile``: spans clamped into ``Q_desc``'s token count,
+the status report) and its rows past the grid, written as 0 here by
+``prefill_runtime.gluon_bounds.zero_rows``; every load is a TMA box bounded by its descriptor.
+
 Tensors (host side): Q, K, V viewed as ``[total_tokens, heads * HEAD_DIM]`` through descriptors of
 block ``[BLOCK_M / 2, HEAD_DIM]`` (Q) and ``[BLOCK_N, HEAD_DIM]`` (K, V); O by pointer with strides
 ``(stride_ot, stride_oh, 1)``; ``Lse`` ``[num_heads, total_tokens]`` float32, token stride 1.

@@ -22,6 +22,11 @@ Conventions (host side documents tensors; here only what the kernel assumes):
 * ``RETURN_LSE``: the epilogue also stores each row's softmax log-sum-exp. The running max ``m_i``
   and sum ``l_i`` are in the log2 domain above (``l_i = sum_j exp2(s2_j - m_i)``, the denominator sink
   included), so the natural-log LSE is ``(m_i + log2(l_i)) * ln(2)``; ``-inf`` where ``l_i == 0``.
+* bounds, whatever the metadata holds (no host sync): each sequence's span is clamped into the
+  ``n_tokens`` rows of the tensors (:func:`program_tile`), so every load and store stays inside them;
+  the rows of a sequence longer than the grid covers (``max_len`` too small) are written as 0 (``-inf``
+  LSE) by each head's program of its last query tile; ``Status`` (the caller's ``status=``) gets the
+  bits of :mod:`prefill_runtime.status` from head 0's program of that tile, on the malformed path only.
 """
 
 import triton
