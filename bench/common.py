@@ -88,6 +88,27 @@ def uniform_prefix_problem(
     }
 
 
+def exact_paged_layout(torch, pages: list[int], width: int, far: int, layout: str, kv: int, d: int,
+                       page: int, x: int) -> tuple:  # fmt: skip
+    """A cache of exactly the pages the sequences hold (``pages[b]`` each, ``nb = sum(pages)`` blocks, no
+    spare) for the memcheck scripts: ``(table, k_shape, v_shape)``, the int32 block table ``[batch,
+    width]`` (shuffled ids; entries past a sequence's ``width`` pages hold ``far``, outside the cache) on
+    the host, and the caches' shapes in ``layout`` (``x``: the split K layout's last dimension)."""
+    nb = sum(pages)
+    perm = torch.randperm(nb)
+    table = torch.full((len(pages), width), far, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        m = min(n, width)
+        table[b, :m] = perm[at : at + m].to(torch.int32)
+        at += n
+    if layout == "split":
+        return table, (nb, kv, d // x, page, x), (nb, kv, d, page)
+    if layout == "nhd":
+        return table, (nb, page, kv, d), (nb, page, kv, d)
+    return table, (nb, kv, page, d), (nb, kv, page, d)
+
+
 def gpu_name() -> str:
     """``BENCH_GPU`` when set (results rebuilt away from the GPU), else the CUDA device's name."""
     if os.environ.get("BENCH_GPU"):

@@ -70,8 +70,10 @@ def _source(kernel, consts: dict, pointer_types: dict, other_types: dict | None 
 
 def _lse_args(lse: bool, consts: dict, ptrs: dict) -> None:
     """The softmax LSE output (kernel ``RETURN_LSE``): a float32 pointer and its head stride, or both
-    None (constexprs, as the launchers pass them without ``return_lse``)."""
+    None (constexprs, as the launchers pass them without ``return_lse``); no ``status=`` (``Status``
+    None, a constexpr too)."""
     consts["RETURN_LSE"] = lse
+    consts["Status"] = None
     if lse:
         ptrs["Lse"] = "fp32"
     else:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
 sys.path.insert(0, os.path.dirname(__file__))
-from common import on_gpu_node, start
+from common import exact_paged_layout, on_gpu_node, start
 
 start(interpret=not on_gpu_node())
 
@@ -232,25 +232,13 @@ def run_prefix(c: dict) -> list[tuple[str, ref.Comparison]]:
     pages_all = [-(-n // page) for n in seq_lens]
     need = [-(-n // page) for n in read]
     width = max(max(need), 1)
-    nb = sum(pages_all)  # no spare block: the cache ends right after the last used page
-    perm = torch.randperm(nb)
-    table = torch.full((len(seqs), width), FAR, dtype=torch.int32)
-    at = 0
-    for b, n in enumerate(pages_all):
-        m = min(n, width)
-        table[b, :m] = perm[at : at + m].to(torch.int32)
-        at += n
     fp8 = {"fp8": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(cache)
     store = fp8 or dt
-    if layout == "split":
-        x = 16 // (1 if fp8 else torch.finfo(dt).bits // 8)
-        while d % x:
-            x //= 2
-        k_shape, v_shape = (nb, kv, d // x, page, x), (nb, kv, d, page)
-    elif layout == "nhd":
-        k_shape = v_shape = (nb, page, kv, d)
-    else:
-        k_shape = v_shape = (nb, kv, page, d)
+    x = 16 // (1 if fp8 else torch.finfo(dt).bits // 8)
+    while d % x:
+        x //= 2
+    # no spare block: the cache ends right after the last used page
+    table, k_shape, v_shape = exact_paged_layout(torch, pages_all, width, FAR, layout, kv, d, page, x)
     total = sum(q_lens)
     q = _exact(torch.randn(total, heads, d).to(dt))
     k = v = None

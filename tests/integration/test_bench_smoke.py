@@ -103,6 +103,13 @@ def test_sanitize_edge_smoke():
     assert proc.stdout.strip().splitlines()[-1] == "13 cases OK", proc.stdout[-2000:]
 
 
+def test_malformed_calls_smoke():
+    """bench/malformed_calls.py (malformed metadata under memcheck) runs one window problem's cases under
+    the interpreter: every row written, status flagged, validate=True raising."""
+    proc = _bench("malformed_calls.py", "--problems", "wp-triton")
+    assert proc.stdout.strip().splitlines()[-1] == "7 cases OK", proc.stdout[-2000:]
+
+
 def test_prefix_bench_from_logs(tmp_path):
     """bench/prefix_prefill.py --from-logs rebuilds the csv/md from printed measurement lines (a later
     line for the same shape, page and peer wins; other lines are ignored); no GPU needed."""

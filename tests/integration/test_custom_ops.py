@@ -131,9 +131,10 @@ def test_op_namespaces_exist_after_import():
         out = next(a for a in schema.arguments if a.name == "out")
         assert out.alias_info is not None and out.alias_info.is_write, schema
         mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        assert mutated == ["out", "lse"], schema  # lse: the optional softmax LSE (return_lse=True)
-        lse = schema.arguments[-1]
-        assert lse.name == "lse" and str(lse.type) == "Optional[Tensor]" and lse.default_value is None
+        # lse: the optional softmax LSE (return_lse=True); status: the optional malformed-metadata report
+        assert mutated == ["out", "lse", "status"], schema
+        for arg, name in zip(schema.arguments[-2:], ("lse", "status"), strict=True):
+            assert arg.name == name and str(arg.type) == "Optional[Tensor]" and arg.default_value is None
 
 
 # every case without grad; with a q that requires grad, the case of each op that passes every argument

@@ -20,12 +20,12 @@ _PUBLIC = (
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.14.1"
+    assert prefill_runtime.__version__ == "0.15.0"
 
 
 def test_public_names():
-    """Every name exported before the split is still exported (plus the allowlist's two and the launch
-    plan record), each from the module that owns it."""
+    """Every name exported before the split is still exported (plus the allowlist's two, the launch
+    plan record and the status helpers), each from the module that owns it."""
     owners = {
         "triton_setup": ("prime_triton", "prime_triton_in_background", "ptxas_launch_options"),
         "compiler_hooks": ("hook_compiles", "drop_wait_barriers", "clear_noswizzle_base_offsets"),
@@ -34,10 +34,10 @@ def test_public_names():
         "checks": ("check_lse", "softcap_form"),
         "plan": ("LaunchPlan",),
         "gluon_host": ("gluon_applies", "gluon_descriptor", "gluon_token_rows", "gluon_try_launch"),
+        "status": ("check_status", "new_status", "status_names"),
     }
-    assert set(_PUBLIC) | {"gluon_supported", "VERIFIED_TRITON_VERSIONS", "LaunchPlan", "__version__"} == set(
-        prefill_runtime.__all__
-    )
+    later = {"gluon_supported", "VERIFIED_TRITON_VERSIONS", "LaunchPlan", "__version__", *owners["status"]}
+    assert set(_PUBLIC) | later == set(prefill_runtime.__all__)
     for module, names in owners.items():
         mod = importlib.import_module(f"prefill_runtime.{module}")
         for name in names:

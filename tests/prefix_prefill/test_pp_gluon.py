@@ -388,10 +388,13 @@ for head, box, from_cache in CASES:
         "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": "*bf16", "BlockTable": "*i32",
         "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
         "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "Lse": "constexpr",
-        "stride_lse_h": "constexpr",
+        "stride_lse_h": "constexpr", "n_bt_cols": "i32", "num_blocks": "i32", "max_query_len": "i32",
+        "Status": "*i32" if from_cache else "constexpr",  # (with and without status=)
     }
     consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box,
                   KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=2, ONE_CONSUMER=False)
+    if not from_cache:
+        consts.update(Status=None)
     src, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, consts, free_waits=True)
     n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
     check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
@@ -452,7 +455,9 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
         "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
         "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
         "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32" if lse else "constexpr",
-        "stride_lse_h": "i32" if lse else "constexpr",
+        "stride_lse_h": "i32" if lse else "constexpr", "n_bt_cols": "i32", "num_blocks": "i32",
+        "max_query_len": "i32",
+        "Status": "*i32" if lse else "constexpr",  # (with and without status=)
     }
     if k_tma:
         sig["KR_desc"] = f"tensordesc<bf16[2, {g}, 64],{lw!r}>"
@@ -463,7 +468,7 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
                   NUM_STAGES=2, V_TMA=v_tma, ONE_CONSUMER=False, K_TMA=k_tma, K_WIDE=k_wide, K_CM=cm,
                   K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv, V_STAGE=vn != bn)
     if not lse:
-        consts.update(Lse=None, stride_lse_h=None)
+        consts.update(Lse=None, stride_lse_h=None, Status=None)
     aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
     src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, free_waits=True)
     check_launcher_guess(itf._gluon_split_kernel, src, kernel)
@@ -539,10 +544,12 @@ for head in (128, 256):
                 "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32",
                 "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32",
                 "oob_row": "i32",
-                "Lse": "constexpr", "stride_lse_h": "constexpr",
+                "Lse": "constexpr", "stride_lse_h": "constexpr", "n_bt_cols": "i32", "num_blocks": "i32",
+                "max_query_len": "i32",
+                "Status": "constexpr",
             }
-            consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=16,
-                          KV_FROM_CACHE=False, RETURN_LSE=False, NUM_STAGES=2, ONE_CONSUMER=one)
+            consts = dict(Lse=None, stride_lse_h=None, Status=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn,
+                          BOX=16, KV_FROM_CACHE=False, RETURN_LSE=False, NUM_STAGES=2, ONE_CONSUMER=one)
             fn, aligned = itf._gluon_fwd_kernel, ()
         else:  # the split kernel as shipped at head 256, page 16: K (chunk-major runs) and V by TMA
             lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
@@ -558,13 +565,14 @@ for head in (128, 256):
                 "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
                 "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
                 "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
-                "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32",
+                "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32", "n_bt_cols": "i32",
+                "num_blocks": "i32", "max_query_len": "i32", "Status": "constexpr",
                 "KR_desc": f"tensordesc<bf16[2, {head // 8}, 64],{lw!r}>",
                 "KN_desc": f"tensordesc<bf16[{bn // 8}, {head // 8}, 8, 8],{l4!r}>",
             }
             consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False, RETURN_LSE=True,
                           NUM_STAGES=2, V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_WIDE=2,
-                          K_VIEW=itf._k_view(bn, head, True), K_CM=True, V_RING=lv)
+                          K_VIEW=itf._k_view(bn, head, True), K_CM=True, V_RING=lv, Status=None)
             fn, aligned = itf._gluon_split_kernel, ()
         _, plain = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps)
         _, free = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps, free_waits=True)

@@ -36,7 +36,8 @@ DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8
 TT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8e4nv": "fp8e4nv"}
 PTRS = ("Q", "K", "V", "O", "K_cache", "V_cache", "Block_table", "Cu_seqlens_q", "Seq_lens", "Sinks",
         "Alibi_slopes", "K_scale", "V_scale", "Out_scale", "Lse")
-DNS = ("window_left", "window_right", "n_bt_cols", "page_size", "stride_bt_row", "stride_lse_h")
+DNS = ("window_left", "window_right", "n_bt_cols", "page_size", "stride_bt_row", "stride_lse_h", "num_blocks",
+       "n_tokens", "max_query_len")
 
 
 def problem(arch, dtype, cache, out, layout, d, page, opts):
@@ -62,7 +63,7 @@ def problem(arch, dtype, cache, out, layout, d, page, opts):
 
 
 def source(p, consts, dtype, cache, out):
-    c = dict(consts)
+    c = dict(consts, Status=None)  # (no status=: a constexpr None)
     if not c["RETURN_LSE"]:
         c.update(Lse=None, stride_lse_h=None)
     types = {"Q": TT[dtype], "K": TT[dtype], "V": TT[dtype], "O": TT[out], "K_cache": TT[cache],

@@ -50,23 +50,24 @@ def _split_case(seqs=((40, 5), (0, 19), (70, 130)), **kw):
                      device="cpu", layout="split", spare_blocks=_BLOCKS - pages, **kw)  # fmt: skip
 
 
-def _call(case, key=None, generic=False, o=None, scale=0.1):
-    """Launch ``case`` (its key computed when None) into ``o`` (a new buffer when None); ``generic``:
-    through the direct launch without a frame (what a frame's call must equal). Returns the key."""
+def _call(case, key=None, generic=False, o=None, scale=0.1, status=None):
+    """Launch ``case`` (its key computed when None) into ``o`` (a new buffer when None), with ``status``;
+    ``generic``: through the direct launch without a frame (what a frame's call must equal). Returns the
+    key."""
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
     chosen = plan.plan(problem)
     o = torch.empty_like(case.q) if o is None else o
     if key is None:
         key = gluon_launch.launch_key(
-            chosen, problem, case.block_table, case.cu_seqlens_q, case.seq_lens, None
+            chosen, problem, case.block_table, case.cu_seqlens_q, case.seq_lens, None, status
         )
     args = (chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
             case.cu_seqlens_q, case.seq_lens, case.max_query_len, scale, None)  # fmt: skip
     if generic:
-        gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, key, *args[2:])
-    elif not gluon_launch.warm(chosen, key, *args[2:8], *args[10:14], scale, None):  # as a repeated call
-        assert gluon_launch.launch(*args, key)
+        gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, key, *args[2:], status)
+    elif not gluon_launch.warm(chosen, key, *args[2:8], *args[10:14], scale, None, status):  # a repeated call
+        assert gluon_launch.launch(*args, key, status)
     return key
 
 
@@ -95,6 +96,18 @@ def test_frame_call_is_the_generic_launch(warm_split):
         maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
         assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
     assert len(warm_split.triton_calls) == 1
+    st = torch.zeros(1, dtype=torch.int32)  # with status=: another variant, whose frame passes each call's
+    skey = _call(a, status=st)
+    for seqs in ([(3, 1)], [(0, 64), (100, 37)]):
+        b = _split_case(seqs)
+        b.k_cache, b.v_cache = a.k_cache, a.v_cache
+        o = torch.empty_like(b.q)
+        for _ in range(2):
+            _call(b, skey, o=o, status=st)
+        framed = c_calls[-1]
+        assert st.data_ptr() in framed
+        _call(b, skey, generic=True, o=o, status=st)
+        assert framed == pointers(c_calls[-1])
 
 
 def test_frame_is_per_cache(warm_split):

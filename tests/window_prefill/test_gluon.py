@@ -107,13 +107,14 @@ for head_dim, lse in ((128, False), (64, True), (256, False)):
         "O": "*bf16", "Starts": "*i32", "Lens": "*i32", "qk_scale": "fp32", "window_left": "i32",
         "window_right": "i32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32",
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
+        "max_len": "i32", "Status": "*i32" if lse else "constexpr",  # (with and without status=)
     }
     consts = dict(
         HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False,
-        LENS_FROM_STARTS=True, RETURN_LSE=lse, NUM_STAGES=wp_plan._GLUON_STAGES,
+        LENS_FROM_STARTS=lse, RETURN_LSE=lse, NUM_STAGES=wp_plan._GLUON_STAGES,
     )
     if not lse:
-        consts.update(Lse=None, stride_lse_h=None)
+        consts.update(Lse=None, stride_lse_h=None, Status=None)
     compile_sm90(wl._gluon_fwd_kernel, sig, consts)
 """
 
@@ -121,7 +122,8 @@ for head_dim, lse in ((128, False), (64, True), (256, False)):
 @pytest.mark.compile_check
 def test_gluon_kernel_compiles_for_sm90():
     """The kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's shared
-    memory (227 KiB), for the three head sizes, with and without the LSE."""
+    memory (227 KiB), for the three head sizes, with and without the LSE and a status tensor, in the
+    ``cu_seqlens`` and ``(starts, lens)`` forms."""
     if wl._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)

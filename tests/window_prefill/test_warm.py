@@ -35,32 +35,39 @@ def stub_triton(monkeypatch):
     return jit
 
 
-def _generic(prep, q, k, v, out, cu, max_len) -> None:
+def _generic(prep, q, k, v, out, cu, max_len, status=None) -> None:
     """``prep``'s call launched as forward() launches it (the direct launch without a frame)."""
     wp_launch._run(prep.plan, prep.kw, q, k, v, out, cu, None, max_len, cu.shape[0] - 1, prep.window_left,
-                   prep.window_right, prep.softmax_scale, None, prep.softcap, None)  # fmt: skip
+                   prep.window_right, prep.softmax_scale, None, prep.softcap, None, status)  # fmt: skip
 
 
 def test_frame_call_is_the_generic_launch(stub_triton):
     """Calls of one signature with new lengths, batches and token counts: after the first (through
     Triton) and the second (direct, making the frame), each is a frame's call whose C arguments are
-    the generic launch's; a signature that differs only in the scale or the window gets its own frame."""
+    the generic launch's; a signature that differs only in the scale or the window gets its own frame, and
+    one with a ``status=`` tensor its own variant (whose frame passes each call's status)."""
     c_calls = stub_triton.compiled.run.c_calls
-    for lens, scale, window in (([100], 0.1, (31, -1)), ([7, 1, 200], 0.1, (31, -1)), ([3], 0.2, (31, -1)),
-                                ([50, 60], 0.1, (15, -1)), ([9, 90, 1, 33], 0.1, (31, -1))):  # fmt: skip
+    for lens, scale, window, st in (([100], 0.1, (31, -1), None), ([7, 1, 200], 0.1, (31, -1), None),
+                                    ([3], 0.2, (31, -1), None), ([50, 60], 0.1, (15, -1), None),
+                                    ([9, 90, 1, 33], 0.1, (31, -1), None),
+                                    ([5, 8], 0.1, (31, -1), torch.zeros(1, dtype=torch.int32)),
+                                    ([40], 0.1, (31, -1), torch.zeros(1, dtype=torch.int32))):  # fmt: skip
         q, k, v, cu = make_qkv(lens, 4, 2, 64, torch.float16, "cpu")
         out = torch.empty_like(q)
         for _ in range(3):
-            window_prefill(q, k, v, cu, max(lens), window=window, softmax_scale=scale, out=out)
+            window_prefill(q, k, v, cu, max(lens), window=window, softmax_scale=scale, out=out, status=st)
         framed = c_calls[-1]
         assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
+        assert st is None or st.data_ptr() in framed
+        signature = (scale, window[0], st is not None)  # (a key's last tensor spec: the status)
         (prep,) = [
-            p for p in wp_api.SEEN.entries.values() if (p.softmax_scale, p.window_left) == (scale, window[0])
-        ]
-        _generic(prep, q, k, v, out, cu, max(lens))
+            p for p in wp_api.SEEN.entries.values()
+            if (p.softmax_scale, p.window_left, p.key[-2][-1] is not None) == signature
+        ]  # fmt: skip
+        _generic(prep, q, k, v, out, cu, max(lens), st)
         assert framed == pointers(c_calls[-1]), (lens, scale, window)
-    assert len(stub_triton.triton_calls) == 1  # one compile: every other call launched directly
-    assert len(wp_launch._TRITON._frames) == 3  # one frame per (scale, window)
+    assert len(stub_triton.triton_calls) == 2  # two compiles (with and without status): the rest direct
+    assert len(wp_launch._TRITON._frames) == 4  # one frame per (variant, scale, window)
 
 
 def test_warm_calls_check_what_the_signature_leaves_open(stub_triton):

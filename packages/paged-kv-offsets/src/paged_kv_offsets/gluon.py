@@ -1,5 +1,6 @@
 """Gluon device functions (Triton >= 3.5, ``triton.experimental.gluon``): paged addressing for TMA
-copies (``page_row``) and for gathers (``slot_offset``).
+copies (``page_row``) and for gathers (``slot_offset``), and the check of a sequence's block ids
+(``bad_block_ids``).
 
 A TMA copy reads a box of rows from a 2-D view of the cache, ``[num_blocks * page_size, kv_heads *
 head_size]`` (pages contiguous, one token's heads contiguous: the host checks the strides). A run of
@@ -26,12 +27,34 @@ def page_row(p_table_row, pos, seq_end, page_size, oob_row):
 
 
 @gluon.jit
-def slot_offset(p_table_row, pos, seq_end, page_size, stride_block, stride_slot):
+def slot_offset(p_table_row, pos, seq_end, page_size, stride_block, stride_slot, max_block=None):
     """int64 element offset of token position ``pos``'s slot in a paged cache, for gathers (``cp.async``)
     rather than TMA boxes: ``block_table[page] * stride_block + (pos % page_size) * stride_slot`` with
     ``page = pos // page_size`` (any layout: add the head's and the feature's offsets). ``pos`` may be a
-    tensor; where ``pos >= seq_end`` no block-table entry is read and the offset is that of block 0."""
+    tensor; where ``pos >= seq_end`` no block-table entry is read and the offset is that of block 0.
+    ``max_block`` (``num_blocks - 1``): block ids clamped to ``[0, max_block]``, so an entry outside the
+    cache gathers from a block inside it (a gather, unlike a TMA box, has no hardware bound); None: as
+    read."""
     ok = pos < seq_end
     page = pos // page_size
     block = gl.load(p_table_row + page, mask=ok, other=0)  # int32 or int64 tables
+    if max_block is not None:
+        block = gl.maximum(gl.minimum(block, max_block), 0)
     return block.to(gl.int64) * stride_block + (pos - page * page_size).to(gl.int64) * stride_slot
+
+
+@gluon.jit
+def bad_block_ids(p_table_row, n_tokens, n_cols, num_blocks, page_size):
+    """1 (int32) when a block id of the first ``n_tokens`` tokens of a sequence (pages ``[0,
+    min(cdiv(n_tokens, page_size), n_cols))`` of its unit-stride block-table row ``p_table_row``) lies
+    outside ``[0, num_blocks)``, else 0: :func:`paged_kv_offsets.kernel.bad_block_ids` for Gluon
+    kernels, 4 entries a thread a step over the partition's warps."""
+    L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    STEP: gl.constexpr = 4 * 32 * gl.num_warps()
+    n_pages = gl.minimum(gl.cdiv(n_tokens, page_size), n_cols)
+    bad = (n_pages * 0).to(gl.int32)
+    for p0 in range(0, n_pages, STEP):
+        pages = p0 + gl.arange(0, STEP, layout=L)  # [STEP]
+        ids = gl.load(p_table_row + pages, mask=pages < n_pages, other=0)  # [STEP]
+        bad = bad | gl.max(((ids < 0) | (ids >= num_blocks)).to(gl.int32), axis=0)
+    return bad

@@ -3,7 +3,8 @@
 Every Triton kernel in this repository that reads a paged KV cache calls :func:`tile_blocks` +
 :func:`tile_block_offsets` (a tile of consecutive positions; one set of block-table reads for K and
 V) for the per-token part of an address and :func:`dim_offsets` for the per-feature part, and adds
-``kv_head * stride_head``. Nothing else in the repository divides a position by a page size (the Gluon
+``kv_head * stride_head``; :func:`bad_block_ids` tells whether a sequence's table row names a block
+outside the cache (a kernel's report of malformed metadata; the reads themselves are clamped). Nothing else in the repository divides a position by a page size (the Gluon
 kernels' TMA rows and gather offsets: :mod:`paged_kv_offsets.gluon`).
 
 Conventions (see :mod:`paged_kv_offsets.layouts` for how a cache tensor maps to these strides):
@@ -42,6 +43,7 @@ def tile_blocks(
     ALIGNED: tl.constexpr,
     WIDE: tl.constexpr = True,
     IDS=None,
+    max_block=None,
 ):
     """The block-table reads of the consecutive positions ``pos0 + [0, BLOCK)`` (``0 <= pos0 < 2**31 -
     BLOCK``, as every position of a sequence with an int32 length), as a tuple ``tile`` for
@@ -69,6 +71,12 @@ def tile_blocks(
     same arguments (a loop reads the next tile's ids one iteration ahead and carries them, so no
     iteration waits on the table right before its copies; the read for the tile after the loop's
     last stays masked, never outside the row): no table read here, the rest of the tuple as without.
+
+    ``max_block`` (a runtime int, ``num_blocks - 1`` of the caches): every block id read is clamped to
+    ``[0, max_block]`` (two integer ops per id read), so a table entry outside the cache (negative, or
+    ``>= num_blocks``) addresses a block inside it instead of memory outside; ``max_block < 0`` (an
+    empty cache) gives block 0, which a caller must then never load. None: ids as read (a caller that
+    trusts the table). Ids passed in ``IDS`` were clamped when they were read.
     """
     offs = tl.arange(0, BLOCK)  # [BLOCK]
     if BLOCK <= PAGE_SIZE:
@@ -81,13 +89,13 @@ def tile_blocks(
             page0_64 = page0.to(tl.int64)
             # each table entry is read only if some lane of its page is a real token inside the row
             m0 = (pos0_32 < n_valid) & (page0 < n_cols)
-            blk0 = _index(tl.load(bt_row + page0_64 * stride_bt_col, mask=m0, other=0), WIDE)
+            blk0 = _read_ids(bt_row + page0_64 * stride_bt_col, m0, WIDE, max_block)
             if ALIGNED and PAGE_SIZE % BLOCK == 0:
                 m1 = m0
                 blk1 = blk0
             else:
                 m1 = ((page0_64 + 1) * PAGE_SIZE < n_valid) & (page0 + 1 < n_cols)
-                blk1 = _index(tl.load(bt_row + (page0_64 + 1) * stride_bt_col, mask=m1, other=0), WIDE)
+                blk1 = _read_ids(bt_row + (page0_64 + 1) * stride_bt_col, m1, WIDE, max_block)
         else:
             tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
             blk0, blk1 = IDS
@@ -102,9 +110,9 @@ def tile_blocks(
             # lanes, not [BLOCK]); tile_block_offsets spreads each page's base over its lanes
             if IDS is None:
                 pages = pos0 // PAGE_SIZE + tl.arange(0, BLOCK // PAGE_SIZE)  # [NP]
-                b_blk = _index(
-                    tl.load(bt_row + pages.to(tl.int64) * stride_bt_col, mask=pages < n_cols, other=0), WIDE
-                )  # [NP]
+                b_blk = _read_ids(
+                    bt_row + pages.to(tl.int64) * stride_bt_col, pages < n_cols, WIDE, max_block
+                )
             else:
                 b_blk = IDS[0]  # [NP]
             p_slot = offs % PAGE_SIZE  # [BLOCK]
@@ -121,9 +129,7 @@ def tile_blocks(
             if MASKED:
                 m_tok = m_tok & ((pos0 + offs) < n_valid)  # [BLOCK]
             if IDS is None:
-                b_blk = _index(
-                    tl.load(bt_row + p_page.to(tl.int64) * stride_bt_col, mask=m_tok, other=0), WIDE
-                )
+                b_blk = _read_ids(bt_row + p_page.to(tl.int64) * stride_bt_col, m_tok, WIDE, max_block)
             else:
                 tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
                 b_blk = IDS[0]  # [BLOCK]
@@ -131,8 +137,12 @@ def tile_blocks(
 
 
 @triton.jit
-def _index(x, WIDE: tl.constexpr):
-    """Block ids as the offsets' integer type: int64, or int32 with ``WIDE=False``."""
+def _read_ids(p_ids, mask, WIDE: tl.constexpr, max_block):
+    """Block-table entries at ``p_ids`` (0 where ``mask`` is off), clamped to ``[0, max_block]`` unless
+    ``max_block`` is None, as the offsets' integer type: int64, or int32 with ``WIDE=False``."""
+    x = tl.load(p_ids, mask=mask, other=0)
+    if max_block is not None:
+        x = tl.maximum(tl.minimum(x, max_block), 0)
     if WIDE:
         return x.to(tl.int64)
     else:
@@ -201,3 +211,20 @@ def dim_offsets(offs_d, stride_dim, stride_x, X: tl.constexpr):
         return offs_d.to(tl.int64) * stride_dim
     else:
         return (offs_d // X).to(tl.int64) * stride_dim + (offs_d % X).to(tl.int64) * stride_x
+
+
+@triton.jit
+def bad_block_ids(bt_row, stride_bt_col, n_tokens, n_cols, num_blocks, page_size, BLOCK: tl.constexpr = 256):
+    """1 (int32) when a block id of the first ``n_tokens`` tokens of a sequence lies outside ``[0,
+    num_blocks)``, else 0: the entries of pages ``[0, min(cdiv(n_tokens, page_size), n_cols))`` of its
+    block-table row ``bt_row`` (``n_tokens >= 0``, ``page_size >= 1``; entries past the row's width
+    ``n_cols`` are never read), ``BLOCK`` entries a step. The check
+    :func:`paged_kv_offsets.validate_block_table` makes on the host, for one sequence on the device
+    (a kernel's status report; :func:`tile_blocks` clamps the ids it reads whatever this says)."""
+    n_pages = tl.minimum(tl.cdiv(n_tokens, page_size), n_cols)
+    bad = (n_pages * 0).to(tl.int32)
+    for p0 in tl.range(0, n_pages, BLOCK):
+        pages = p0 + tl.arange(0, BLOCK)  # [BLOCK]
+        ids = tl.load(bt_row + pages.to(tl.int64) * stride_bt_col, mask=pages < n_pages, other=0)  # [BLOCK]
+        bad = bad | tl.max(((ids < 0) | (ids >= num_blocks)).to(tl.int32), 0)
+    return bad

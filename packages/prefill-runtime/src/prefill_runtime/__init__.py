@@ -17,7 +17,12 @@ Modules, each owning one concern (every public name below is importable from ``p
 * :mod:`~prefill_runtime.gluon_host`: the Gluon kernels' host side: :func:`gluon_applies`,
   :func:`gluon_token_rows` / :func:`gluon_descriptor` (TMA descriptors; Gluon imported on first use),
   :func:`gluon_try_launch` (a launch that falls back on failure).
-* Device side (``@triton.jit``, :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form).
+* :mod:`~prefill_runtime.status`: the status bits a kernel reports on malformed device metadata
+  (``status=``), :func:`status_names`, :func:`new_status`, :func:`check_status`.
+* Device side (``@triton.jit``, :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form);
+  :mod:`prefill_runtime.bounds`: the clamps that keep a kernel inside the tensors whatever the
+  metadata says, its status report and the zeroing of rows no program computes (Gluon twin:
+  :mod:`prefill_runtime.gluon_bounds`).
 * Gluon device code (sm90, :mod:`prefill_runtime.gluon`, imported only by the kernels' Gluon
   modules): ``consumer`` (the compute warpgroup of both packages' warp-specialised kernels),
   ``softmax_step``, ``zero_v_rows``, ``free_wait``, ``allocate_rings``.
@@ -32,13 +37,14 @@ Modules, each owning one concern (every public name below is importable from ``p
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
 """
 
-__version__ = "0.14.1"
+__version__ = "0.15.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, drop_wait_barriers, hook_compiles
 from prefill_runtime.gluon_host import gluon_applies, gluon_descriptor, gluon_token_rows, gluon_try_launch
 from prefill_runtime.gluon_support import VERIFIED_TRITON_VERSIONS, gluon_supported
 from prefill_runtime.plan import LaunchPlan
+from prefill_runtime.status import check_status, new_status, status_names
 from prefill_runtime.tiers import CompileTiers
 from prefill_runtime.triton_setup import prime_triton, prime_triton_in_background, ptxas_launch_options
 
@@ -48,6 +54,7 @@ __all__ = [
     "LaunchPlan",
     "__version__",
     "check_lse",
+    "check_status",
     "clear_noswizzle_base_offsets",
     "drop_wait_barriers",
     "gluon_applies",
@@ -56,8 +63,10 @@ __all__ = [
     "gluon_token_rows",
     "gluon_try_launch",
     "hook_compiles",
+    "new_status",
     "prime_triton",
     "prime_triton_in_background",
     "ptxas_launch_options",
     "softcap_form",
+    "status_names",
 ]

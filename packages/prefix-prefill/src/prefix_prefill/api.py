@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from prefill_runtime import LaunchPlan, check_lse
+from prefill_runtime.status import check_status
 from prefill_runtime.vllm_plugin import ENV_VAR as _PLUGIN_ENV
 from prefix_prefill import checks, launch, ops, signatures
 from prefix_prefill.checks import FP8_DTYPES, KV_CACHE_DTYPES, Scale
@@ -62,6 +63,7 @@ def _run(
     softcap,
     lse,
     key=None,
+    status=None,
 ) -> None:
     """Launch on checked arguments: directly where
     :func:`prefill_runtime.compiled_launch.launch_directly` (remembering the call's signature
@@ -91,6 +93,7 @@ def _run(
             skip_decode,
             softcap,
             lse,
+            status,
         )
         return
     prepared = [] if key is not None else None
@@ -119,9 +122,10 @@ def _run(
             skip_decode=skip_decode,
             softcap=softcap,
             lse=lse,
+            status=status,
             prepared=prepared,
         )
-    ops.bump_versions(o, lse)
+    ops.bump_versions(o, lse, status)
     if prepared:
         signatures.SEEN.remember(key, prepared[0])
 
@@ -194,10 +198,11 @@ def context_attention_fwd(
     causal: bool = True,
     *,
     validate: bool = False,
+    status: torch.Tensor | None = None,
 ) -> None:
     """Prefix prefill attention, drop-in for vLLM 0.33's ``context_attention_fwd`` (writes ``o``): the
     same parameters in the same positional order with the same defaults, then this package's own
-    keyword-only ``validate``.
+    keyword-only ``validate`` and ``status``.
 
     Each sequence ``b`` has ``ctx_len = b_seq_len[b] - query_len`` cached tokens (positions
     ``[0, ctx_len)``) and ``query_len = b_start_loc[b + 1] - b_start_loc[b]`` new tokens at positions
@@ -247,6 +252,8 @@ def context_attention_fwd(
         causal: False makes the new tokens attend to each other bidirectionally.
         validate: also run the checks that read device values (one host sync); also enabled by
             the environment variable ``PREFILL_VALIDATE=1``.
+        status: optional int32 ``[1]`` device tensor: malformed metadata is reported there, and
+            never read or written out of bounds without ``validate``, as with :func:`prefix_prefill`.
     """
     if interleaved_v_pack_factor != 0:
         raise NotImplementedError(
@@ -262,7 +269,7 @@ def context_attention_fwd(
     if fast:  # (None: not the types they must be; the full checks say so)
         key = signatures.vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
                                   k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode,
-                                  fp8_out_scale, sinks, causal)  # fmt: skip
+                                  fp8_out_scale, sinks, causal, status)  # fmt: skip
         fast = key is not None
     prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
@@ -293,9 +300,11 @@ def context_attention_fwd(
             os_,
             None,
             _VLLM_NAMES,
+            status,
         ):
             return
     q = checks.is_tensor(q, "q")
+    status = check_status(status, q.device)
     k_cache, v_cache = _vllm_caches(kv_cache_dtype, q, k_cache, v_cache)
     if sliding_window is not None and (
         isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
@@ -355,6 +364,7 @@ def context_attention_fwd(
         0.0,
         None,
         key if fast else None,
+        status,
     )
 
 
@@ -477,6 +487,7 @@ def prefix_prefill(
     return_lse: bool = False,
     lse: torch.Tensor | None = None,
     validate: bool = False,
+    status: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Prefix prefill attention over a paged KV cache: new query tokens attend to their sequence's
     cached context and (causally) to each other. Returns ``out`` ``[total_q, H, D]``, or ``(out, lse)``
@@ -535,6 +546,17 @@ def prefix_prefill(
         validate: also run the checks that read device values (lengths, block-table entries against
             the cache: one host sync); also enabled by the environment variable ``PREFILL_VALIDATE=1``.
             Bad shapes, dtypes, devices and strides always raise ``ValueError``/``TypeError``.
+        status: optional int32 ``[1]`` device tensor (:func:`prefill_runtime.status.new_status`): the
+            kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed device
+            metadata (``BLOCK_ID`` 1: a block id outside ``[0, num_blocks)``; ``TABLE_WIDTH`` 2: a
+            sequence needs more pages than the table has columns; ``ROWS`` 4: ``cu_seqlens_q``
+            decreasing, negative or past ``total_q``; ``MAX_LEN`` 8: a query longer than
+            ``max_query_len``; ``SEQ_LEN`` 16: ``seq_lens`` shorter than the query), with no host sync
+            and nothing written on well-formed calls: read it when convenient, clear it yourself.
+
+    Without ``validate`` no device metadata makes a kernel read or write outside the tensors (rows, pages
+    and block ids are clamped) or leave a row of ``[cu_seqlens_q[0], cu_seqlens_q[-1])`` unwritten (rows
+    past the grid of a too small ``max_query_len`` are 0): a malformed sequence's rows are wrong but finite.
 
     On Hopper a warp-specialised Gluon kernel runs where it applies (:func:`explain` says which kernel a
     call runs and why); everything else runs the Triton kernel. CPU tensors run under the Triton
@@ -561,7 +583,7 @@ def prefix_prefill(
     if fast:  # (None: not the types they must be; the full checks say so)
         key = signatures.py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal,
                                 window, softmax_scale, alibi_slopes, sinks, k_scale, v_scale, kv_layout,
-                                softcap, out, return_lse, lse)  # fmt: skip
+                                softcap, out, return_lse, lse, status)  # fmt: skip
         fast = key is not None
     prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
@@ -599,6 +621,7 @@ def prefix_prefill(
             None,
             buf,
             _PY_NAMES,
+            status,
         ):
             return (o, buf) if return_lse else o
     args = _py_args(
@@ -625,11 +648,12 @@ def prefix_prefill(
         lse,
     )
     q, k, v, out, k_cache, v_cache, kc = args[:7]
+    status = check_status(status, q.device)
     if checks.validate_enabled(validate):
         checks.check_device_values(
             q, k is None, kc, block_table, cu_seqlens_q, seq_lens, max_query_len, False, _PY_NAMES
         )
-    _run(*args, key if fast else None)
+    _run(*args, key if fast else None, status)
     if return_lse:
         return out, args[-1]
     return out
@@ -651,6 +675,7 @@ def explain(
     launched): ``.kernel`` (``"gluon-nhd"``, ``"gluon-split"`` or ``"triton"``), ``.reason`` (the rule
     that chose it, or why a Gluon kernel did not apply), the tiles and the constexprs."""
     kwargs.pop("validate", None)
+    kwargs.pop("status", None)
     names = (
         "causal",
         "window",

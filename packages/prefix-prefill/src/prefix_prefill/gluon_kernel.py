@@ -20,45 +20,115 @@ Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head
 pages contiguous and 16-byte rows, seen as ``[num_blocks * page_size, num_kv_heads * head_size]``; q,
 k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
 ``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
+
+Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows
+clamped into ``Q_desc``'s token count and cached keys to the block table's width
+(:func:`prefix_prefill.sequence.sequence_geometry`), so the O/LSE stores (by pointer) and every
+block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each as
+large as its tensor (a block id outside the cache addresses rows outside the view: zeros), and the
+split kernel's gathers clamp block ids into the cache (:func:`paged_kv_offsets.gluon.slot_offset`).
+Rows past the grid and the status report as in :func:`prefix_prefill.kernel._fwd_kernel`
+(:func:`_program_guard`).
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from paged_kv_offsets.gluon import page_row
+from paged_kv_offsets.gluon import bad_block_ids, page_row
+from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report
 from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
+from prefill_runtime.gluon_bounds import zero_rows
+from prefix_prefill.sequence import sequence_geometry
 
 
 @gluon.jit
-def _program_rows(CuSeqlensQ, SeqLens, BLOCK_M: gl.constexpr):
-    """``(head, seq, q_tok0, q_len, ctx_len, m0)`` of this program: grid (query tiles, heads, batch), the
-    latest query tiles first (they carry the most keys); rows ``[m0, m0 + BLOCK_M)`` of sequence
-    ``seq``, whose new tokens start at ``q_tok0``."""
+def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
+                  KV_FROM_CACHE: gl.constexpr):  # fmt: skip
+    """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
+    tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
+    BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
+    and status bits of :func:`prefix_prefill.kernel.sequence_geometry` (rows clamped into the
+    ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns)."""
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     head = gl.program_id(1)
     seq = gl.program_id(2)
-    q_tok0 = gl.load(CuSeqlensQ + seq).to(gl.int32)
-    q_len = gl.load(CuSeqlensQ + seq + 1).to(gl.int32) - q_tok0
-    ctx_len = gl.load(SeqLens + seq).to(gl.int32) - q_len
-    return head, seq, q_tok0, q_len, ctx_len, pid_m * BLOCK_M
+    q_tok0, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
+        CuSeqlensQ, SeqLens, seq, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
+    )
+    return head, seq, pid_m, q_tok0.to(gl.int32), q_len, ctx_len, need, cache_len, flags
 
 
 @gluon.jit
-def _program_segments(q_len, ctx_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
+                   num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
+                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+    """Program setup of both Gluon kernels, before any program returns: head 0's program of a sequence's
+    last query tile reports its malformed metadata into ``Status`` (when given: the bits of
+    ``flags``, ``MAX_LEN`` for a query longer than ``max_query_len``, ``BLOCK_ID`` from a scan of the
+    ``need`` cached tokens' block ids), and each head's program of the last tile writes the rows past
+    the grid (a ``max_query_len`` smaller than the sequence) as 0
+    (``prefill_runtime.gluon_bounds.zero_rows``)."""
+    grid_rows = gl.num_programs(0) * BLOCK_M  # query rows the grid covers
+    last = pid_m == gl.num_programs(0) - 1
+    if Status is not None:
+        if (head == 0) & last:
+            flags |= (q_len > max_query_len).to(gl.int32) * MAX_LEN
+            flags |= bad_block_ids(p_table_row, need, n_bt_cols, num_blocks, page_size) * BLOCK_ID
+            report(Status, flags)
+    if last & (q_len > grid_rows):
+        zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head, Lse, stride_lse_h, HEAD_DIM)
+
+
+@gluon.jit
+def _program(
+    O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks, page_size,
+    max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+):  # fmt: skip
+    """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
+    past the grid (:func:`_program_guard`), its key segments (:func:`_program_segments`). Returns
+    ``(skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks,
+    b_full)``; ``skip``: the program has nothing (more) to do: its tile starts past the sequence, or
+    (``KV_FROM_CACHE``) the table holds no key of it, whose rows are then written as 0 here."""
+    head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
+        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE
+    )
+    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
+    _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
+                   num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
+                   HEAD_DIM)  # fmt: skip
+    m0 = pid_m * BLOCK_M
+    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
+        q_len, ctx_len, cache_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
+    )
+    skip = m0 >= q_len
+    if KV_FROM_CACHE:
+        empty = (n_blocks == 0) & (m0 < q_len)
+        if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
+            zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head, Lse,
+                      stride_lse_h, HEAD_DIM)  # fmt: skip
+        skip = skip | empty
+    return skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks, b_full
+
+
+@gluon.jit
+def _program_segments(q_len, ctx_len, cache_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       KV_FROM_CACHE: gl.constexpr):  # fmt: skip
     """``(a_end, a_full, b_end, n_a, n_blocks, b_full)`` of a tile with rows ``[m0, m1)``: segment A
     = cache positions ``[0, a_end)`` (row r sees p iff p <= ctx_len + r; every row sees ``[0,
-    a_full)``), B = new tokens ``[0, b_end)`` (causal; every row sees ``[0, b_full)``); ``n_a`` and
-    ``n_blocks`` key blocks. With ``KV_FROM_CACHE`` the new tokens are part of A."""
+    a_full)``; never past the ``cache_len`` keys the block table holds), B = new tokens ``[0, b_end)``
+    (causal; every row sees ``[0, b_full)``); ``n_a`` and ``n_blocks`` key blocks. With
+    ``KV_FROM_CACHE`` the new tokens are part of A (and ``n_blocks`` is 0 only when the table holds
+    none of the tile's keys, malformed metadata)."""
     m1 = gl.minimum(m0 + BLOCK_M, q_len)
     if KV_FROM_CACHE:
-        a_end = ctx_len + m1
-        a_full = ((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N
+        a_end = gl.minimum(ctx_len + m1, cache_len)
+        a_full = gl.minimum(((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N, a_end)
         b_end = m1 * 0
     else:
-        a_end = ctx_len
-        a_full = (ctx_len // BLOCK_N) * BLOCK_N
+        a_end = cache_len
+        a_full = gl.minimum((ctx_len // BLOCK_N) * BLOCK_N, a_end)
         b_end = m1
     n_a = gl.cdiv(a_end, BLOCK_N)
     n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
@@ -131,10 +201,12 @@ def _producer(
             tma.async_copy_global_to_shared(N_desc, [q_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "stride_lse_h"])
+@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "stride_lse_h", "n_bt_cols", "num_blocks",
+                              "max_query_len"])  # fmt: skip
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc, O, BlockTable, CuSeqlensQ, SeqLens,
-    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h,
+    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h, n_bt_cols,
+    num_blocks, max_query_len, Status,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     ONE_CONSUMER: gl.constexpr,
@@ -149,20 +221,23 @@ def _gluon_fwd_kernel(
     one copy of the consumer code (about half the compile). ``LLVM_O0``: read by the compile hook only
     (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel. ``FREE_WAITS``: the
     consumers' waits for ready slots without Triton's partition-wide barrier before each
-    (``prefill_runtime.gluon.free_wait``; the compile hook drops them)."""
-    head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
-    if m0 >= q_len:
+    (``prefill_runtime.gluon.free_wait``; the compile hook drops them). ``n_bt_cols``: the block table's
+    width; ``num_blocks``: the caches'; ``max_query_len``: the caller's; ``Status``: the caller's
+    ``status=`` tensor or None (see
+    :func:`_program_guard`; rows come clamped into ``Q_desc``'s token count, cached keys into the
+    table)."""
+    (skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks,
+     b_full) = _program(O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt,
+                        n_bt_cols, num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
+                        BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE)  # fmt: skip
+    if skip:
         return
-    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
-        q_len, ctx_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
-    )
     kv_col = (head // group_size) * HEAD_DIM
     HALF_M: gl.constexpr = BLOCK_M // 2
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
     )
-    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
             stride_ot, stride_oh)  # fmt: skip

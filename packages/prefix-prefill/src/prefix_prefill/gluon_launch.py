@@ -10,7 +10,8 @@ Warm calls: a compiled and loaded key's full form is launched directly (light de
 C launcher), and its first direct launch over a pair of caches keeps a frame of the C-launcher arguments
 (:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers and logit scale); a repeated
 call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the new
-tokens' descriptors, the output and index pointers, the block-table stride, the LSE) and launches.
+tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE, the
+status) and launches.
 
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
@@ -97,17 +98,17 @@ def _run_tiers(key: tuple, launch) -> None:
         _TIERS.run(key, launch)
 
 
-def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, lse) -> int:
+def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, lse, status=None) -> int:
     """The id of a call's key for the compiled variants launched directly: its kernel, problem and plan
     (which fix every descriptor's geometry and every constexpr), the dtypes and 16-byte alignment of
-    the index tensors and ``lse`` (the specialisations the problem leaves open) and the device (a
+    the index tensors, ``lse`` and ``status`` (the specialisations the problem leaves open) and the device (a
     variant is loaded on one). One call signature has one id (:class:`prefix_prefill.launch.Prepared`
     keeps it). Bounded: past ``_KEY_IDS_MAX`` keys the table starts over, with new ids."""
     full = (
         plan.kernel,
         problem,
         plan,
-        _spec(block_table, cu_seqlens_q, seq_lens, lse),
+        _spec(block_table, cu_seqlens_q, seq_lens, lse, status),
         seq_lens.get_device(),
     )
     key = _KEY_IDS.get(full)
@@ -119,7 +120,7 @@ def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, l
 
 
 def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
-         max_query_len: int, scale: float, lse) -> bool:  # fmt: skip
+         max_query_len: int, scale: float, lse, status=None) -> bool:  # fmt: skip
     """A warm call of a Gluon plan (``key``: its :func:`launch_key`) through the frame kept for its caches
     and scale: True when launched (or nothing to launch), False when there is no usable frame (no direct
     launch yet over these caches, a launch hook installed, a test's stand-in kernel, another current
@@ -136,7 +137,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if index != torch._C._cuda_getDevice():
         return False
     tokens, batch = q.shape[0], seq_lens.shape[0]
-    if batch == 0 or tokens == 0 or max_query_len == 0:
+    if batch == 0 or tokens == 0:
         return True
     qp = q.data_ptr()
     if k is None:
@@ -152,24 +153,27 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         block_table.stride(0),
         None if lse is None else lse.data_ptr(),
         None if lse is None else lse.stride(0),
+        block_table.shape[1],
+        max_query_len,
+        None if status is None else status.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
-    frame(-(-max_query_len // plan.block_m), q.shape[1], batch, stream, tokens, bases, plain)
+    frame(max(-(-max_query_len // plan.block_m), 1), q.shape[1], batch, stream, tokens, bases, plain)
     return True
 
 
 def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
-           seq_lens, max_query_len, scale, lse, key: int | None = None) -> bool:  # fmt: skip
+           seq_lens, max_query_len, scale, lse, key: int | None = None, status=None) -> bool:  # fmt: skip
     """Run ``plan``'s Gluon kernel for ``problem`` (:class:`prefix_prefill.plan.Problem`); False when it
     failed to build or launch (then :func:`available` answers False for the rest of the process).
     ``key``: :func:`launch_key` of the call (computed here when None)."""
     global _FAILED
     if key is None:
-        key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse)
+        key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status)
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-            max_query_len, scale, lse)  # fmt: skip
+            max_query_len, scale, lse, status)  # fmt: skip
     if fast is not None and not fast.verify and fast.has(key):  # compiled and loaded: straight to it
         run = functools.partial(_warm, fast, _nhd_call if nhd else _split_call, *args)
     else:
@@ -181,12 +185,12 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-          max_query_len, scale, lse) -> None:  # fmt: skip
+          max_query_len, scale, lse, status=None) -> None:  # fmt: skip
     """A compiled key's full form, launched directly with light descriptors, then kept as a frame over
     these caches (:class:`prefill_runtime.compiled_launch.Frame`): the key's later calls over them fill
     only the per-call slots (:func:`warm`)."""
     args, params, grid = call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
-                              seq_lens, max_query_len, scale, lse, True, True)  # fmt: skip
+                              seq_lens, max_query_len, scale, lse, status, True, True)  # fmt: skip
     fast.launch(key, grid, args, params, _options(params), q.device)
     # (the frame holds the caches' descriptors and the logit scale, which the key leaves open)
     frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale)
@@ -196,7 +200,18 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
 
 
 # A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
-_PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h")
+_PER_CALL_PLAIN = (
+    "O",
+    "BlockTable",
+    "CuSeqlensQ",
+    "SeqLens",
+    "stride_bt",
+    "Lse",
+    "stride_lse_h",
+    "n_bt_cols",
+    "max_query_len",
+    "Status",
+)
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
@@ -279,12 +294,12 @@ def _spec(*tensors) -> tuple:
 
 
 def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-              max_query_len, scale, lse, full: bool, light: bool) -> tuple:  # fmt: skip
+              max_query_len, scale, lse, status, full: bool, light: bool) -> tuple:  # fmt: skip
     """The NHD kernel's ``(args, params, grid)``: the full form (two consumer warpgroups) or the quick one
     (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
-    grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+    grid = (max(-(-max_query_len // block_m), 1), q.shape[1], seq_lens.shape[0])
     kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
     kbox, vbox = _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
@@ -294,7 +309,8 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
             block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0),
             o.stride(1), block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
-            lse.stride(0) if lse is not None else None)  # fmt: skip
+            lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
+            status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
     return args, consts, grid
 
@@ -366,7 +382,7 @@ def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
 
 
 def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-                max_query_len, scale, lse, full: bool, light: bool) -> tuple:  # fmt: skip
+                max_query_len, scale, lse, status, full: bool, light: bool) -> tuple:  # fmt: skip
     """The split kernel's ``(args, params, grid)`` (forms and ``light`` as :func:`_nhd_call`, except that
     a plan with ``ONE_CONSUMER`` has the one-partition consumer in its full form too); the new tokens' K
     and V are read where they are."""
@@ -382,7 +398,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     v_ring = _swizzled(head, 16 if v_tma else block_n, half)
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
-    grid = (-(-max_query_len // block_m), q.shape[1], seq_lens.shape[0])
+    grid = (max(-(-max_query_len // block_m), 1), q.shape[1], seq_lens.shape[0])
 
     def caches() -> tuple:
         v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
@@ -408,7 +424,8 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     args = (_rows(q, block_m if one else block_m // 2, light), k_desc, _rows(v_rows, v_block, light),
             k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
-            lse.stride(0) if lse is not None else None)  # fmt: skip
+            lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
+            status)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one, FREE_WAITS=True,
                   LLVM_O0=not full and _tiered())  # fmt: skip
@@ -416,7 +433,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
 
 
 def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-                   max_query_len, scale, lse):  # fmt: skip
+                   max_query_len, scale, lse, status=None):  # fmt: skip
     """``plan``'s kernel launched through the compile tiers (module docstring), as a thunk."""
     nhd = plan.kernel == "gluon-nhd"
 
@@ -425,7 +442,7 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
         light = full and not warmup and fast is not None and fast.has(key) and not fast.verify
         args, params, grid = (_nhd_call if nhd else _split_call)(
             plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-            max_query_len, scale, lse, full, light,
+            max_query_len, scale, lse, status, full, light,
         )  # fmt: skip
         _start(kernel, fast, key, full, warmup, grid, args, params, q.device)
 

@@ -21,14 +21,15 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves
-from prefix_prefill.gluon_kernel import _prefix_consumer, _program_rows, _program_segments
+from prefix_prefill.gluon_kernel import _prefix_consumer, _program
 
 
 @gluon.jit
-def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off,
+def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off, max_block,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
-    ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry."""
+    ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry; block ids
+    clamped to ``[0, max_block]``."""
     TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread a step
     PW: gl.constexpr = gl.num_warps()
     WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (head <= 128), else the features
@@ -39,21 +40,22 @@ def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
     col = (offs_d // 8) * c_group.to(gl.int32) + offs_d % 8  # [D] int32 (the host checks the range), x = 8
     for i in gl.static_range(BLOCK_N // SUB):
         pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
-        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, 8) + head_off  # [SUB]
+        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, 8, max_block) + head_off  # [SUB]
         off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, D]
         ok = (pos < seq_end)[:, None]  # [SUB, 1]
         async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
 
 
 @gluon.jit
-def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off,
+def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_dim, head_off, max_block,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
                     TPR: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
     features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * 8``-key runs
     of ``32 / TPR`` features (the kernel passes ``BLOCK_N // 8``: the block's whole key run per
     feature). Copies are 8-key groups; a group that starts before ``seq_end`` is copied whole (its page
-    holds it; the consumers zero the V columns past the segment), one past it is zero-filled."""
+    holds it; the consumers zero the V columns past the segment), one past it is zero-filled. Block ids
+    clamped to ``[0, max_block]``."""
     PW: gl.constexpr = gl.num_warps()
     RUN: gl.constexpr = TPR * 8  # keys of one run
     NR: gl.constexpr = BLOCK_N // RUN  # runs per block
@@ -63,7 +65,7 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
     step = SUB * c_dim
     for r in gl.static_range(NR):
         grp = pos0 + r * RUN + (offs_n // 8) * 8  # [RUN] the key's 8-key group
-        col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1)  # [RUN]
+        col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1, max_block)  # [RUN]
         col += offs_n % 8 + head_off  # [RUN]
         ok = grp < seq_end  # [RUN]
         if RUN == BLOCK_N:
@@ -129,7 +131,8 @@ def _split_producer(
     ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
     ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
     q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
-    kv_head, n_a, a_end, n_blocks, b_end)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads * D]``,
+    kv_head, n_a, a_end, n_blocks, b_end, max_block)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads *
+    D]``,
     block ``[BLOCK_N, D]`` (V: into the slot seen in its layout). ``STAGE`` (V): ``N_desc``'s block is
     half a key block, ``stage`` two ``[BLOCK_N / 2, D]`` buffers in its layout with barriers
     ``stage_bar`` ``[2, 1]``; each half of a new-token block lands in its stage by one TMA copy (the
@@ -137,7 +140,7 @@ def _split_producer(
     partition's threads transpose it into the slot's ``[D, BLOCK_N]`` form (:func:`_transpose_v_half`),
     fence their stores against the async proxy and arrive together."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
-     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
+     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _, max_block) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -153,10 +156,10 @@ def _split_producer(
         if j < n_a:
             if KV == 0:
                 _gather_k_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+                                head_off, max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
                 _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
+                                head_off, max_block, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
             _publish_gathers(bar)
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
@@ -358,7 +361,7 @@ def _split_k_partition(
     ``NW_desc`` as there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
-         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, b_end) = args  # fmt: skip
+         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, b_end, _) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
                               b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM,
@@ -378,7 +381,7 @@ def _split_v_partition(
     (``STAGE``, ``stage``, ``stage_bar`` as there)."""
     if V_TMA:
         (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
-         kv_head, n_a, a_end, n_blocks, _) = args  # fmt: skip
+         kv_head, n_a, a_end, n_blocks, _, _) = args  # fmt: skip
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
                               kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
     else:
@@ -386,11 +389,12 @@ def _split_v_partition(
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
-                              "vc_block", "vc_head", "vc_dim"])  # fmt: skip
+                              "vc_block", "vc_head", "vc_dim", "n_bt_cols", "num_blocks",
+                              "max_query_len"])  # fmt: skip
 def _gluon_split_kernel(
     Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
-    stride_lse_h,
+    stride_lse_h, n_bt_cols, num_blocks, max_query_len, Status,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
     K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
@@ -425,7 +429,10 @@ def _gluon_split_kernel(
     holding a key block (``prefix_prefill.plan.SPLIT_ONE_CONSUMER_HEADS``): both consumer loops then exist
     once in the code. ``V_STAGE`` (V gathered, the new tokens given, head <= 128): ``V_desc``'s block is
     half a key block and the V producer transposes those rows into the V ring's slot form
-    (:func:`_split_producer`), so the consumers run one loop."""
+    (:func:`_split_producer`), so the consumers run one loop. ``n_bt_cols``, ``num_blocks``,
+    ``max_query_len``, ``Status``: as
+    in :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel`; the gathers clamp every block id into
+    ``[0, num_blocks)`` (a TMA box needs no clamp: coordinates outside the view read zeros)."""
     PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
     V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
@@ -435,12 +442,12 @@ def _gluon_split_kernel(
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
-    head, seq, q_tok0, q_len, ctx_len, m0 = _program_rows(CuSeqlensQ, SeqLens, BLOCK_M)
-    if m0 >= q_len:
+    (skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks,
+     b_full) = _program(O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt,
+                        n_bt_cols, num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
+                        BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE)  # fmt: skip
+    if skip:
         return
-    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
-        q_len, ctx_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
-    )
     kv_head = head // group_size
     HALF_M: gl.constexpr = BLOCK_M // 2
     if K_TMA:
@@ -480,16 +487,15 @@ def _gluon_split_kernel(
     else:  # (placeholders: a partition's arguments cannot be None; unused without V_STAGE)
         v_stage = v_smem
         v_stage_bar = k_ready
-    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
             stride_ot, stride_oh)  # fmt: skip
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
               kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
-              b_end)  # fmt: skip
+              b_end, num_blocks - 1)  # fmt: skip
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
               vc_block, vc_head, vc_dim, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
-              b_end)  # fmt: skip
+              b_end, num_blocks - 1)  # fmt: skip
     kv_heads = gl.num_programs(1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.

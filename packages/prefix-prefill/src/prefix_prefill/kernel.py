@@ -27,13 +27,27 @@ through exp2), ALiBi adds ``-slope * log2(e) * |p - j|``, sinks start the runnin
 ``RETURN_LSE`` the epilogue also stores each row's softmax log-sum-exp in natural log: the running max
 ``m_i`` and denominator ``l_i = sum_j exp2(s_j - m_i)`` (sink included) are in those log2 units, so
 ``lse = (m_i + log2(l_i)) * ln(2)``, ``-inf`` where ``l_i == 0``.
+
+Bounds, whatever the device metadata holds (no host sync): each program first clamps its sequence
+(:func:`prefix_prefill.sequence.sequence_geometry`): query rows into ``[0, n_tokens)``, the context
+to at least 0, the cached keys it reads to the ``n_bt_cols * PAGE_SIZE`` the table's width holds
+(``cache_len``); every block id read is clamped into ``[0, num_blocks)`` (``max_block`` of
+:func:`~paged_kv_offsets.kernel.tile_blocks`: two integer ops per id). A sequence longer than the grid
+covers (``max_query_len`` too small) gets its rows past the grid written as 0 (and ``-inf`` LSE) by each
+head's program of its last query tile, in ``BLOCK_M``-row steps. With ``Status`` (the caller's
+``status=``), head 0's program of that tile ORs the sequence's malformations into it
+(:mod:`prefill_runtime.status`; the block ids by :func:`~paged_kv_offsets.kernel.bad_block_ids`, a scan of
+the pages the sequence needs), before any program of the sequence returns; well-formed calls write
+nothing there. The per-tile work is unchanged but for the id clamps.
 """
 
 import triton
 import triton.language as tl
 
-from paged_kv_offsets.kernel import dim_offsets, tile_block_offsets, tile_blocks
+from paged_kv_offsets.kernel import bad_block_ids, dim_offsets, tile_block_offsets, tile_blocks
+from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report, zero_rows
 from prefill_runtime.device import tanh
+from prefix_prefill.sequence import sequence_geometry
 
 LOG2E = 1.4426950408889634  # host side
 _LOG2E = tl.constexpr(LOG2E)  # device side
@@ -97,8 +111,9 @@ def _tile_bounds(need_lo, need_hi, full_lo, full_hi, BLOCK_N: tl.constexpr, USE_
 #               with USE_LEFT), m_d [BD] valid feature lanes, window_left, window_right, slope_log2
 #               (ALiBi slope in log2 units), softcap2 (softcap * log2(e), with SOFTCAP));
 # * ``cache`` = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
-#               stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd [BD], o_vd [BD]): the paged
-#               cache as paged_kv_offsets describes it, already offset to this program's KV head;
+#               stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd [BD], o_vd [BD], max_block):
+#               the paged cache as paged_kv_offsets describes it, already offset to this program's KV
+#               head; every block id read is clamped to [0, max_block = num_blocks - 1];
 # * ``new``   = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d [BD]): the contiguous new-token K/V
 #               rows of this sequence and KV head;
 # * ``CFG``   = constexpr (PAD_D 0, CAUSAL 1, USE_LEFT 2, USE_RIGHT 3, HAS_ALIBI 4, FOLD_SCALE 5,
@@ -245,7 +260,7 @@ def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED
     # one set of block-table reads for K and V; with BLOCK_N <= PAGE_SIZE one divide and two
     # scalar reads for the whole tile (a non-power-of-two page then costs what 512 costs)
     tile = tile_blocks(bt_row, stride_bt_col, pos0, k_end, n_bt_cols, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED,
-                       CFG[11], IDS)  # fmt: skip
+                       CFG[11], IDS, cache[13])  # fmt: skip
     o_kt = tile_block_offsets(tile, s_kb, s_ks, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED)  # [BN]
     o_vt = tile_block_offsets(tile, s_vb, s_vs, BLOCK_N, PAGE_SIZE, MASKED, ALIGNED)  # [BN]
     return o_kt, o_vt, k_pos
@@ -257,7 +272,18 @@ def _cache_tile_ids(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, CFG: tl.con
     (valid below ``k_end``; a tile past it reads nothing outside the table row and is never attended
     to), for :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
     tile = tile_blocks(
-        cache[2], cache[3], k_base + n0, k_end, cache[4], BLOCK_N, CFG[7], False, True, CFG[11]
+        cache[2],
+        cache[3],
+        k_base + n0,
+        k_end,
+        cache[4],
+        BLOCK_N,
+        CFG[7],
+        False,
+        True,
+        CFG[11],
+        None,
+        cache[13],
     )
     return tile[0], tile[1]
 
@@ -384,11 +410,12 @@ def _segment(m_i, l_i, acc, b_q, q_lo, q_hi, k_base, k_len, k_end, rows, cache, 
 
 
 @triton.jit
-def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, rows, cache, new, s_scale,
-                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, cache_len, seq_len, rows, cache, new,
+                 s_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, V_RUNS: tl.constexpr,
+                 CFG: tl.constexpr):  # fmt: skip
     """One masked tile of :func:`_segments_merged`: the new tokens' tile at ``n0_new`` (positions
     ``ctx_len + n0_new + [0, BLOCK_N)``, contiguous ``new`` rows) when ``is_new``, else the context tile
-    at ``n0_ctx`` (paged ``cache``). The new rows have the cache's token stride and unit feature stride
+    at ``n0_ctx`` (paged ``cache``, keys valid below ``cache_len``). The new rows have the cache's token stride and unit feature stride
     (host-checked), so a new-token tile is addressed as a one-page cache tile of "block 0" at slot
     ``n0_new`` from the new rows' base pointer: with tiles no wider than a page only the scalars of
     :func:`~paged_kv_offsets.kernel.tile_blocks` and the base pointer are selected, and the per-lane
@@ -397,12 +424,23 @@ def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, r
     :func:`_attend` are shared: the softmax step compiles once for the loop."""
     PAGE_SIZE: tl.constexpr = CFG[7]
     p_k_rows, p_v_rows, stride_kt, stride_vt = new[0], new[1], new[2], new[3]
-    c_end = tl.where(is_new, 0, ctx_len)
+    c_end = tl.where(is_new, 0, cache_len)
     pos0 = tl.where(is_new, 0, n0_ctx)
     if BLOCK_N <= PAGE_SIZE:  # a tile within two pages
         bt_row, stride_bt_col, n_bt_cols = cache[2], cache[3], cache[4]
         blk0, blk1, slot0, n_first, m_tok = tile_blocks(
-            bt_row, stride_bt_col, pos0, c_end, n_bt_cols, BLOCK_N, PAGE_SIZE, MASKED, True, CFG[11]
+            bt_row,
+            stride_bt_col,
+            pos0,
+            c_end,
+            n_bt_cols,
+            BLOCK_N,
+            PAGE_SIZE,
+            MASKED,
+            True,
+            CFG[11],
+            None,
+            cache[13],
         )
         zero = blk0 * 0
         tile = (tl.where(is_new, zero, blk0), tl.where(is_new, zero, blk1), tl.where(is_new, n0_new, slot0),
@@ -418,7 +456,7 @@ def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, r
         o_kt = tl.where(is_new, offs_n * stride_kt, o_kc)  # [BN]
         o_vt = tl.where(is_new, offs_n * stride_vt, o_vc)  # [BN]
         k_pos = tl.where(is_new, ctx_len + offs_n.to(tl.int32), c_pos)  # [BN]
-    k_end = tl.where(is_new, seq_len, ctx_len)
+    k_end = tl.where(is_new, seq_len, cache_len)
     base_k = tl.where(is_new, p_k_rows, cache[0] + cache[9])
     base_v = tl.where(is_new, p_v_rows, cache[1] + cache[10])
     p_k = base_k + o_kt[None, :] + cache[11][:, None]  # [BD, BN] (o_kd: offs_d, unit stride)
@@ -431,9 +469,10 @@ def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, seq_len, r
 
 
 @triton.jit
-def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new, s_scale,
-                     BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
-    """The cached context and the new tokens with their masked tiles in one loop (kernel ``MERGE_NEW``):
+def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, cache_len, q_len, seq_len, rows, cache, new,
+                     s_scale, BLOCK_N: tl.constexpr, V_RUNS: tl.constexpr, CFG: tl.constexpr):  # fmt: skip
+    """The cached context (keys ``[0, cache_len)`` of the ``ctx_len`` before the new tokens) and the new
+    tokens with their masked tiles in one loop (kernel ``MERGE_NEW``):
     the tile bounds of both segments as :func:`_segment` computes them, then the masked tiles of the
     context and of the new tokens (an iteration index past the context's count selects a new-token
     tile, :func:`_merged_tile`), then each segment's interior tiles in its own loop. For caches whose
@@ -441,7 +480,7 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
     width): three compiled copies of the tile step instead of four."""
     USE_LEFT: tl.constexpr = CFG[2]
     c_need_lo, c_need_hi, c_full_lo, c_full_hi = _key_bounds(
-        q_lo, q_hi, 0, ctx_len, rows[3], rows[4], CFG[1], USE_LEFT, CFG[3]
+        q_lo, q_hi, 0, cache_len, rows[3], rows[4], CFG[1], USE_LEFT, CFG[3]
     )
     c_lo, c_mid_lo, c_mid_hi, c_hi = _tile_bounds(
         c_need_lo, c_need_hi, c_full_lo, c_full_hi, BLOCK_N, USE_LEFT
@@ -460,10 +499,10 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
         u = t - c_masked  # index among the new tokens' masked tiles
         n0_ctx = tl.where(t < c_edge, c_lo + t * BLOCK_N, c_mid_hi + (t - c_edge) * BLOCK_N)
         n0_new = tl.where(u < n_edge, n_lo + u * BLOCK_N, n_mid_hi + (u - n_edge) * BLOCK_N)
-        acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, n0_ctx, n0_new, ctx_len, seq_len, rows, cache,
-                                     new, s_scale, BLOCK_N, True, V_RUNS, CFG)  # fmt: skip
+        acc, m_i, l_i = _merged_tile(acc, m_i, l_i, b_q, u >= 0, n0_ctx, n0_new, ctx_len, cache_len, seq_len, rows,
+                                     cache, new, s_scale, BLOCK_N, True, V_RUNS, CFG)  # fmt: skip
     # the interior tiles as _segment's loops (the context's: aligned tiles, V runs per V_RUNS)
-    acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, c_mid_lo, c_mid_hi, 0, ctx_len, rows, cache, s_scale,
+    acc, m_i, l_i = _cache_tiles(acc, m_i, l_i, b_q, c_mid_lo, c_mid_hi, 0, cache_len, rows, cache, s_scale,
                                  1.0, BLOCK_N, V_RUNS, CFG)  # fmt: skip
     for n0 in tl.range(n_mid_lo, n_mid_hi, BLOCK_N):
         acc, m_i, l_i = _tile(acc, m_i, l_i, b_q, n0, ctx_len, seq_len, rows, cache, new, s_scale, 1.0,
@@ -479,6 +518,9 @@ def _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, ro
         "page_size",
         "stride_bt_row",
         "stride_lse_h",
+        "num_blocks",
+        "n_tokens",
+        "max_query_len",
     ]
 )
 def _fwd_kernel(
@@ -523,6 +565,10 @@ def _fwd_kernel(
     stride_vc_dim,
     Lse,  # [H, total_q] float32, unit token stride (RETURN_LSE), else None
     stride_lse_h,  # Lse's head stride (RETURN_LSE), else None
+    num_blocks,  # the caches' blocks: every block id read is clamped into [0, num_blocks)
+    n_tokens,  # total_q: every query/new-token row is clamped into [0, n_tokens)
+    max_query_len,  # the caller's (sizes the grid): a longer query is reported
+    Status,  # [1] int32 (the caller's status=): malformed metadata ORs its bits in; else None
     QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -560,10 +606,21 @@ def _fwd_kernel(
     pid_b = tl.program_id(2)
     kv_head = pid_h // QUERIES_PER_KV
 
-    q_start = tl.load(Cu_seqlens_q + pid_b).to(tl.int64)
-    q_len = (tl.load(Cu_seqlens_q + pid_b + 1).to(tl.int64) - q_start).to(tl.int32)
-    seq_len = tl.load(Seq_lens + pid_b).to(tl.int32)
-    ctx_len = seq_len - q_len
+    # the sequence's rows and lengths, clamped into the tensors and the table (sequence_geometry)
+    q_start, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
+        Cu_seqlens_q, Seq_lens, pid_b, n_tokens, n_bt_cols, num_blocks, PAGE_SIZE, KV_FROM_CACHE
+    )
+    seq_len = ctx_len + q_len
+    bt_row = Block_table + pid_b.to(tl.int64) * stride_bt_row
+    grid_rows = tl.num_programs(1) * BLOCK_M  # query rows the grid covers
+    last_tile = tl.program_id(1) == 0
+    if Status is not None:
+        if (pid_h == 0) & last_tile:  # one report per sequence, before any program returns
+            if SKIP_DECODE:
+                need = tl.where(q_len == 1, 0, need)  # (a skipped sequence reads no page)
+            flags |= tl.where(q_len > max_query_len, MAX_LEN, 0)
+            flags |= bad_block_ids(bt_row, stride_bt_col, need, n_bt_cols, num_blocks, PAGE_SIZE) * BLOCK_ID
+            report(Status, flags)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -572,6 +629,9 @@ def _fwd_kernel(
             if RETURN_LSE:  # a skipped row attends to nothing here: its LSE is -inf (its o row untouched)
                 tl.store(Lse + pid_h.to(tl.int64) * stride_lse_h + q_start, float("-inf"))
             return
+    if last_tile & (q_len > grid_rows):  # a max_query_len too small: the rows past the grid are 0
+        zero_rows(O, stride_ot, stride_oh, q_start, grid_rows, q_len, pid_h, Lse, stride_lse_h, BLOCK_M, BLOCK_D,
+                  HEAD_DIM)  # fmt: skip
 
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_m = m0 + tl.arange(0, BLOCK_M)  # [BM] query index in the sequence
@@ -604,7 +664,6 @@ def _fwd_kernel(
         s_scale_cache = qk_scale
         v_scale = 1.0
 
-    bt_row = Block_table + pid_b.to(tl.int64) * stride_bt_row
     o_kc_head = kv_head.to(tl.int64) * stride_kc_head
     o_vc_head = kv_head.to(tl.int64) * stride_vc_head
     o_kd = dim_offsets(offs_d, stride_kc_dim, stride_kc_x, X)  # [BD] int64
@@ -613,16 +672,16 @@ def _fwd_kernel(
     k_start = q_lo - window_left  # first key any row of this tile may see (with USE_LEFT)
     rows = (q_pos, k_start, m_d, window_left, window_right, slope_log2, softcap2)
     cache = (K_cache, V_cache, bt_row, stride_bt_col, n_bt_cols, stride_kc_block, stride_kc_slot,
-             stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd)  # fmt: skip
+             stride_vc_block, stride_vc_slot, o_kc_head, o_vc_head, o_kd, o_vd, num_blocks - 1)  # fmt: skip
     CFG: tl.constexpr = (PAD_D, CAUSAL, USE_LEFT, USE_RIGHT, HAS_ALIBI, FOLD_SCALE, DOT_PRECISION, PAGE_SIZE,
                          K_ALIGN16, V_ALIGN16_ANY, CACHE_FP8, WIDE_OFFSETS, SOFTCAP, PREFETCH_IDS)  # fmt: skip
     V_RUNS: tl.constexpr = (V_ALIGN16_RUNS, V_CONTIG)
 
     if KV_FROM_CACHE:
-        # the new tokens' K/V are in the cache too: keys [0, seq_len) form one paged segment, its tiles
-        # at multiples of BLOCK_N_CTX from position 0 (aligned, run hints valid), one masked and one
-        # interior loop
-        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, seq_len, seq_len, rows, cache, None,
+        # the new tokens' K/V are in the cache too: keys [0, seq_len) form one paged segment (those the
+        # table holds: [0, cache_len)), its tiles at multiples of BLOCK_N_CTX from position 0 (aligned,
+        # run hints valid), one masked and one interior loop
+        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, cache_len, cache_len, rows, cache, None,
                                  s_scale_cache, v_scale, BLOCK_N_CTX, True, V_RUNS, CFG, True, GRANULE)  # fmt: skip
     elif MERGE_NEW:
         # contiguous k/v and a cache of the same form and dtype: the masked tiles of both in one loop
@@ -631,10 +690,10 @@ def _fwd_kernel(
         p_k_rows = K + q_start * stride_kt + kv_head * stride_kh  # new token 0 of this sequence
         p_v_rows = V + q_start * stride_vt + kv_head * stride_vh
         new = (p_k_rows, p_v_rows, stride_kt, stride_vt, offs_d)
-        acc, m_i, l_i = _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, q_len, seq_len, rows, cache, new,
-                                         qk_scale, BLOCK_N, V_RUNS, CFG)  # fmt: skip
+        acc, m_i, l_i = _segments_merged(m_i, l_i, acc, b_q, q_lo, q_hi, ctx_len, cache_len, q_len, seq_len, rows,
+                                         cache, new, qk_scale, BLOCK_N, V_RUNS, CFG)  # fmt: skip
     else:
-        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, ctx_len, ctx_len, rows, cache, None,
+        acc, m_i, l_i = _segment(m_i, l_i, acc, b_q, q_lo, q_hi, 0, cache_len, cache_len, rows, cache, None,
                                  s_scale_cache, v_scale, BLOCK_N_CTX, True, V_RUNS, CFG, True, GRANULE)  # fmt: skip
         # ---- the new tokens, key positions [ctx_len, seq_len): the contiguous k/v rows (new tokens start
         # at ctx_len, not at a page boundary: no run hints) ----

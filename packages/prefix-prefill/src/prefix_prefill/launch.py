@@ -96,6 +96,7 @@ def forward(
     skip_decode: bool = False,
     softcap: float = 0.0,
     lse: torch.Tensor | None = None,
+    status: torch.Tensor | None = None,
     plan_override: LaunchPlan | None = None,
     config=None,
     prepared: list | None = None,
@@ -105,11 +106,15 @@ def forward(
     are 1-element device tensors (fp8 caches: the defaults of 1 made by the caller); ``softcap`` > 0:
     logits ``softcap * tanh(softmax_scale * q.k / softcap)``; ``lse``: a float32 ``[H, total_q]`` buffer
     (unit token stride) for each row's softmax log-sum-exp (rows skipped by ``skip_decode`` get
-    ``-inf``), or None. ``plan_override``: run this plan instead of :func:`prefix_prefill.plan.plan`'s;
-    ``config``: the Triton kernel with these tiles; ``prepared``: a list that receives the call's
-    :class:`Prepared` when later calls of its signature can repeat it."""
+    ``-inf``), or None; ``status``: an int32 ``[1]`` tensor the kernel ORs the bits of
+    :mod:`prefill_runtime.status` into when it meets malformed metadata, or None. ``plan_override``: run
+    this plan instead of :func:`prefix_prefill.plan.plan`'s; ``config``: the Triton kernel with these
+    tiles; ``prepared``: a list that receives the call's :class:`Prepared` when later calls of its
+    signature can repeat it. A call without sequences or query rows launches nothing; ``max_query_len``
+    0 still launches one query tile a sequence (rows a too small ``max_query_len`` leaves out are
+    written as 0 and reported)."""
     total_q, _, head_size = q.shape
-    if seq_lens.shape[0] == 0 or total_q == 0 or max_query_len == 0:
+    if seq_lens.shape[0] == 0 or total_q == 0:
         return
     if q.dtype == torch.bfloat16 and detect_arch(q.device) == "interpreter":
         _bf16_in_fp32(locals())  # the interpreter's tl.dot cannot multiply bf16: compute in fp32
@@ -153,7 +158,7 @@ def forward(
     prep = Prepared(problem, chosen, kc, vc, scale, softcap)
     repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
-        prep.key = gluon_launch.launch_key(chosen, problem, block_table, cu_seqlens_q, seq_lens, lse)
+        prep.key = gluon_launch.launch_key(chosen, problem, block_table, cu_seqlens_q, seq_lens, lse, status)
         if gluon_launch.launch(
             chosen,
             problem,
@@ -172,6 +177,7 @@ def forward(
             scale,
             lse,
             prep.key,
+            status,
         ):
             if repeatable and prepared is not None:
                 prepared.append(prep)
@@ -192,6 +198,7 @@ def forward(
             skip_decode=skip_decode,
             softcap=softcap,
             lse=lse,
+            status=status,
         )
         chosen = prep.plan = _tuned(problem, args, opts)
         repeatable = False
@@ -208,6 +215,7 @@ def forward(
         v_scale,
         out_scale,
         lse,
+        status,
         q,
     )
     _launch_triton(
@@ -228,6 +236,7 @@ def forward(
         v_scale,
         out_scale,
         lse,
+        status,
     )
     if repeatable and prepared is not None and prep.key is not None:
         prepared.append(prep)
@@ -251,9 +260,10 @@ def run_prepared(
     v_scale,
     out_scale,
     lse,
+    status=None,
 ) -> None:
     """Launch ``prep`` (a call of the same signature as the one that made it) on these tensors."""
-    if seq_lens.shape[0] == 0 or q.shape[0] == 0 or max_query_len == 0:
+    if seq_lens.shape[0] == 0 or q.shape[0] == 0:
         return
     if prep.plan.kernel == "triton":
         _launch_triton(
@@ -274,6 +284,7 @@ def run_prepared(
             v_scale,
             out_scale,
             lse,
+            status,
         )
         return
     if not gluon_launch.launch(
@@ -294,6 +305,7 @@ def run_prepared(
         prep.scale,
         lse,
         prep.key,
+        status,
     ):
         raise RuntimeError("prefix_prefill: the Gluon kernel failed after it had run (see the warning)")
 
@@ -431,6 +443,7 @@ def _bf16_in_fp32(call: dict) -> None:
         skip_decode=call["skip_decode"],
         softcap=call["softcap"],
         lse=call["lse"],
+        status=call["status"],
         plan_override=call["plan_override"],
         config=call["config"],
     )
@@ -454,7 +467,20 @@ def _tuned(problem: Problem, args: tuple, opts: dict) -> LaunchPlan:
 
 
 def _triton_prepare(
-    prep: Prepared, left, right, block_table, cu, sl, sinks, alibi, k_scale, v_scale, out_scale, lse, q
+    prep: Prepared,
+    left,
+    right,
+    block_table,
+    cu,
+    sl,
+    sinks,
+    alibi,
+    k_scale,
+    v_scale,
+    out_scale,
+    lse,
+    status,
+    q,
 ) -> None:
     """The Triton launch's constexprs, options, fixed integer arguments and compiled-variant key."""
     problem, kc, vc = prep.problem, prep.kc, prep.vc
@@ -490,7 +516,7 @@ def _triton_prepare(
     # the compiled variant is a function of the problem (q/k/v/o and cache strides, dtypes, alignment), the
     # plan, and the dtype and alignment of the other tensors (every other integer is do_not_specialize);
     # it is loaded on one device (its index: another GPU of the process has its own)
-    others = (block_table, cu, sl, sinks, alibi, ks, vs, os_, lse)
+    others = (block_table, cu, sl, sinks, alibi, ks, vs, os_, lse, status)
     prep.key = (
         problem,
         prep.plan,
@@ -517,10 +543,11 @@ def _launch_triton(
     v_scale,
     out_scale,
     lse,
+    status,
 ) -> None:
-    """:func:`prefix_prefill.kernel._fwd_kernel` as ``prep`` says."""
+    """:func:`prefix_prefill.kernel._fwd_kernel` as ``prep`` says (at least one query tile a sequence)."""
     consts = prep.consts
-    grid = (q.shape[1], -(-max_query_len // prep.plan.block_m), sl.shape[0])
+    grid = (q.shape[1], max(-(-max_query_len // prep.plan.block_m), 1), sl.shape[0])
     if grid[1] > MAX_GRID_YZ:
         raise ValueError(f"max query length {max_query_len} needs more than {MAX_GRID_YZ} query tiles")
     dummy = q  # never dereferenced: stands in for absent optional tensors
@@ -554,6 +581,10 @@ def _launch_triton(
         *cache_strides,
         lse,  # None without return_lse: a constexpr, so the kernel keeps its signature
         None if lse is None else lse.stride(0),
+        prep.kc.num_blocks,
+        q.shape[0],
+        max_query_len,
+        status,  # None without status=: a constexpr, as lse
     )
     if _fwd_kernel is not _TRITON.jit_fn or prep.key is None:  # (tests' recorders; the interpreter)
         _fwd_kernel[grid](*args, **consts, **prep.opts)

@@ -14,7 +14,7 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
                         Tensor seq_lens, SymInt max_query_len, bool causal, SymInt window_left,
                         SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks,
                         Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode,
-                        float softcap=0.0, Tensor(b!)? lse=None) -> ()
+                        float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None) -> ()
 
 Tensors as documented at :func:`prefix_prefill.context_attention_fwd` and
 :func:`prefix_prefill.prefix_prefill`; caches already viewed as their fp8 type (no uint8);
@@ -24,7 +24,9 @@ FlashAttention's inclusive widths, ``-1`` = unbounded; ``softmax_scale`` None = 
 scales: 1-element float tensors or None (= 1); ``lse``: a float32 ``[H, total_q]`` buffer (unit
 token stride) that the op also mutates, writing each row's softmax log-sum-exp (``return_lse=True``
 of :func:`prefix_prefill.prefix_prefill`, which allocates it; rows skipped by ``skip_decode`` get
-``-inf``), or None (the kernel compiles without it). The op does no argument checking (the public
+``-inf``), or None (the kernel compiles without it); ``status``: an int32 ``[1]`` tensor the op also
+mutates (the kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed
+metadata and writes nothing otherwise), or None. The op does no argument checking (the public
 functions do), never synchronises with the host on the default path and allocates at most the
 1-element default scales: it is CUDA-graph capturable. Plan and tile overrides are not on the op path
 (tests and sweeps call :func:`prefix_prefill.launch.forward` directly).
@@ -34,8 +36,9 @@ Registered with the low-level ``torch.library.Library`` API (``define`` + a
 rather than ``torch.library.custom_op``, whose Python-side autograd/in-place wrapper costs well over
 100 us per call with this many arguments (it rebuilds the schema's argument list once per argument),
 against a few us here. Autograd falls back to PyTorch's C++ "not implemented" kernel (the op has no
-backward); the kernel bumps the version counters of ``out`` (and ``lse``) itself. The fake (meta)
-kernel does nothing: the op's only effects are the in-place writes to ``out`` and ``lse``.
+backward); the kernel bumps the version counters of ``out`` (and ``lse``, ``status``) itself. The fake
+(meta) kernel does nothing: the op's only effects are the in-place writes to ``out``, ``lse`` and
+``status``.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ SCHEMA = (
     "Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, SymInt max_query_len, bool causal, "
     "SymInt window_left, SymInt window_right, float? softmax_scale, Tensor? alibi_slopes, Tensor? sinks, "
     "Tensor? k_scale, Tensor? v_scale, Tensor? out_scale, bool skip_decode, float softcap=0.0, "
-    "Tensor(b!)? lse=None) -> ()"
+    "Tensor(b!)? lse=None, Tensor(c!)? status=None) -> ()"
 )
 
 
@@ -97,29 +100,31 @@ def _fwd_impl(
     skip_decode: bool,
     softcap: float = 0.0,
     lse: torch.Tensor | None = None,
+    status: torch.Tensor | None = None,
 ) -> None:
-    """The op's kernel on every device: launch the Triton kernel on checked arguments, writing ``out``
-    (and ``lse`` when given)."""
+    """The op's kernel on every device: launch the planned kernel on checked arguments, writing ``out``
+    (and ``lse``, ``status`` when given)."""
     kc, vc = describe_kv_cache(k_cache, v_cache, LAYOUTS[kv_layout])  # sizes and strides only
     with on_device(q.device):
         launch.forward(
             q, k, v, out, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens, max_query_len,
             causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
             alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out_scale=out_scale,
-            skip_decode=skip_decode, softcap=softcap, lse=lse,
+            skip_decode=skip_decode, softcap=softcap, lse=lse, status=status,
         )  # fmt: skip
-    bump_versions(out, lse)
+    bump_versions(out, lse, status)
 
 
-def bump_versions(out: torch.Tensor, lse: torch.Tensor | None) -> None:
+def bump_versions(out: torch.Tensor, lse: torch.Tensor | None, status: torch.Tensor | None = None) -> None:
     """The autograd version counters of the tensors a launch wrote (a no-op for inference-mode tensors)."""
     torch.autograd.graph.increment_version(out)
-    if lse is not None:
-        torch.autograd.graph.increment_version(lse)
+    for t in (lse, status):
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
 
 
 def _fwd_fake(*args: object, **kwargs: object) -> None:
-    """Nothing to compute: ``out`` (and ``lse``) keep their metadata and are mutated in place."""
+    """Nothing to compute: ``out`` (and ``lse``, ``status``) keep their metadata and are mutated in place."""
     return None
 
 

@@ -21,7 +21,7 @@ SEEN = Seen(256)
 
 
 def vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, k_scale, v_scale,
-             alibi, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal):  # fmt: skip
+             alibi, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal, status):  # fmt: skip
     """The signature of a ``context_attention_fwd`` call (its arguments in order); None where an argument
     is not of a type the key can read (the full checks reject it). The fp8 scales belong to it only with
     an fp8 cache (elsewhere they are not read)."""
@@ -32,13 +32,13 @@ def vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b
                 whole_key(v_cache), table_key(b_loc), index_key(b_start_loc), index_key(b_seq_len),
                 whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None, whole_key(alibi),
                 sliding_window, sm_scale, skip_decode, whole_key(fp8_out_scale), whole_key(sinks),
-                causal)  # fmt: skip
+                causal, whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
 
 def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal, window, softmax_scale,
-           alibi, sinks, k_scale, v_scale, kv_layout, softcap, out, return_lse, lse):  # fmt: skip
+           alibi, sinks, k_scale, v_scale, kv_layout, softcap, out, return_lse, lse, status):  # fmt: skip
     """The signature of a ``prefix_prefill`` call (its arguments in order); None as :func:`vllm_key`. The
     fp8 scales belong to it only with an fp8 (or uint8) cache."""
     try:
@@ -51,7 +51,7 @@ def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causa
                 index_key(cu_seqlens_q), index_key(seq_lens), causal,
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(alibi),
                 whole_key(sinks), whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None,
-                kv_layout, softcap, rows_key(out), return_lse, lse_key)  # fmt: skip
+                kv_layout, softcap, rows_key(out), return_lse, lse_key, whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -75,11 +75,13 @@ def repeat(
     os_,
     lse,
     names,
+    status=None,
 ) -> bool:
     """Launch a call of a signature seen before (``prep``, :func:`lookup`'s answer) and return True,
     after the checks the signature leaves open: every ``[tokens, ...]`` tensor has q's token count, the
     index tensors agree on the batch, the block table has a row per sequence, ``max_query_len`` is an
-    int >= 0. False: a check failed (the full checks say why)."""
+    int >= 0; ``status`` (the signature fixed its type, device and shape) is passed on. False: a check
+    failed (the full checks say why)."""
     tokens = q.shape[0]
     batch = sl.shape[0]
     if (
@@ -100,9 +102,10 @@ def repeat(
     ):
         return False  # the full checks raise the error (or take the other plan)
     if prep.plan.kernel != "triton" and gluon_launch.warm(
-        prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale, lse
-    ):
-        ops.bump_versions(o, lse)
+        prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale,
+        lse, status,
+    ):  # fmt: skip
+        ops.bump_versions(o, lse, status)
         return True
     with ops.on_device(q.device):
         launch.run_prepared(
@@ -123,8 +126,9 @@ def repeat(
             vs,
             os_,
             lse,
+            status,
         )
-    ops.bump_versions(o, lse)
+    ops.bump_versions(o, lse, status)
     return True
 
 

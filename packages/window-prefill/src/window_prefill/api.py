@@ -27,6 +27,7 @@ import torch
 from prefill_runtime import LaunchPlan, check_lse
 from prefill_runtime.compiled_launch import launch_directly
 from prefill_runtime.signatures import Seen, index_key, rows_key, whole_key
+from prefill_runtime.status import check_status
 from window_prefill import launch, ops  # ops registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config
 from window_prefill.launch import _UNBOUNDED_WINDOW
@@ -61,6 +62,7 @@ def window_prefill(
     lse: torch.Tensor | None = None,
     validate: bool = False,
     config: Config | None = None,
+    status: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Varlen (packed) self-attention prefill with a sliding window; cost O(tokens * window).
 
@@ -108,6 +110,16 @@ def window_prefill(
             ``PREFILL_VALIDATE=1`` turns it on for every call. Off, nothing is read from the device.
         config: a :class:`~window_prefill.configs.Config` replacing the per-architecture table entry
             (tests, benchmark sweeps); None: the table (see :func:`explain` for the launch it gives).
+        status: optional int32 ``[1]`` device tensor (:func:`prefill_runtime.status.new_status`): the
+            kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed
+            metadata (``ROWS`` 4: ``cu_seqlens`` decreasing, negative or past the tokens; ``MAX_LEN``
+            8: a sequence longer than ``max_seqlen``), with no host sync and nothing written on
+            well-formed calls: read it when convenient, clear it yourself.
+
+    Memory safety without ``validate``: whatever ``cu_seqlens`` and ``max_seqlen`` hold, every load and
+    store stays inside the tensors (each sequence's span clamped into ``[0, total_tokens)``), and every
+    row of ``[cu_seqlens[0], cu_seqlens[-1])`` is written: rows past the grid of a too small
+    ``max_seqlen`` are 0. A malformed sequence's rows are then wrong but finite; ``status`` says so.
 
     Strides: any, as long as each tensor's last dimension has unit stride (slices of a packed qkv
     projection work as they are, without copies). Every tensor must be on q's device.
@@ -134,7 +146,7 @@ def window_prefill(
     key = None
     if _may_repeat(q, config, validate):
         key = _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap,
-                      return_lse, lse)  # fmt: skip
+                      return_lse, lse, status)  # fmt: skip
         prep = SEEN.lookup(key) if key is not None else None
         if prep is not None:
             tokens, batch = q.shape[0], cu_seqlens.shape[0] - 1
@@ -152,10 +164,8 @@ def window_prefill(
                     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
                 if return_lse and lse is None:
                     lse = torch.empty((q.shape[1], tokens), dtype=torch.float32, device=q.device)
-                launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse)
-                torch.autograd.graph.increment_version(out)  # (a no-op for inference-mode tensors)
-                if lse is not None:
-                    torch.autograd.graph.increment_version(lse)
+                launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse, status)
+                _bump_versions(out, lse, status)
                 return (out, lse) if return_lse else out
     if out is None:
         _check_qkvo(q, k, v, q, "out")
@@ -163,18 +173,20 @@ def window_prefill(
     else:
         _check_qkvo(q, k, v, out, "out")
     lse = check_lse(return_lse, lse, q, "total_tokens")
+    status = check_status(status, q.device)
     cu, max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
         q, cu_seqlens, max_seqlen, window, softmax_scale, sinks, sinks_mode, softcap, validate
     )
     ops.call(
         q, k, v, out, cu, None, max_len, bool(causal), left, right, scale, sinks_t, bias_key0,
-        *ops.config_ints(config), cap, lse,
+        *ops.config_ints(config), cap, lse, status,
     )  # fmt: skip
     if key is not None and cu is cu_seqlens and sinks_t is sinks and (lse is None or lse.stride(1) == 1):
         # (a signature whose checks passed its tensors on as they are; lse with a unit token stride)
         prep = launch.prepare(q, k, v, out, cu, None, max_len, causal=bool(causal),
                               window_left=left, window_right=right, softmax_scale=scale, sinks=sinks_t,
-                              bias_key0=bias_key0, config=None, softcap=cap, lse=lse)  # fmt: skip
+                              bias_key0=bias_key0, config=None, softcap=cap, lse=lse,
+                              status=status)  # fmt: skip
         if prep is not None:
             SEEN.remember(key, prep)
     if return_lse:
@@ -200,13 +212,14 @@ def explain(
     lse: torch.Tensor | None = None,
     validate: bool = False,
     config: Config | None = None,
+    status: torch.Tensor | None = None,
 ) -> LaunchPlan:
     """The launch :func:`window_prefill` makes with these arguments, without making it: a
     :class:`prefill_runtime.LaunchPlan` whose ``kernel`` is ``"triton"`` or ``"gluon"``, ``reason``
     the rule that chose it (and why the Gluon kernel does not apply), ``constexprs`` and ``options``
     what the kernel compiles with (:mod:`window_prefill.plan`). The arguments are checked as
-    :func:`window_prefill` checks them; nothing is allocated or launched. A call without sequences,
-    tokens or ``max_seqlen`` launches nothing at all; its plan is still returned."""
+    :func:`window_prefill` checks them (``status`` plays no part in the plan); nothing is allocated or
+    launched. A call without sequences or tokens launches nothing at all; its plan is still returned."""
     _check_qkvo(q, k, v, q if out is None else out, "out")
     if lse is not None or not return_lse:
         check_lse(return_lse, lse, q, "total_tokens")
@@ -264,6 +277,7 @@ def context_attention_fwd(
     *,
     validate: bool = False,
     config: Config | None = None,
+    status: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Drop-in for vLLM's ``triton_prefill_attention.context_attention_fwd``; writes into ``o``.
 
@@ -287,12 +301,17 @@ def context_attention_fwd(
     :func:`window_prefill` uses FlashAttention's ``-1`` instead, where ``0`` means "diagonal only".)
 
     ``validate=True`` (or env ``PREFILL_VALIDATE=1``) adds device-value checks (one host sync).
-    Returns ``o``.
+    ``status``: optional int32 ``[1]`` device tensor the kernel ORs the bits of
+    :mod:`prefill_runtime.status` into on malformed metadata (``ROWS`` 4: a negative start or length, or
+    a sequence past the tokens; ``MAX_LEN`` 8: a sequence longer than ``max_input_len``), as
+    :func:`window_prefill`'s; without ``validate`` every load and store stays inside the tensors
+    whatever ``b_start_loc``/``b_seq_len`` hold (overlapping sequences are not detected: each is
+    computed, and their common rows written by one of them). Returns ``o``.
     """
     key = None
     if _may_repeat(q, config, validate):
         key = _caf_key(q, k, v, o, b_start_loc, b_seq_len, is_causal, softmax_scale, sliding_window_q,
-                       sliding_window_k, sinks, sinks_bias_key0)  # fmt: skip
+                       sliding_window_k, sinks, sinks_bias_key0, status)  # fmt: skip
         prep = SEEN.lookup(key) if key is not None else None
         if prep is not None:
             tokens, batch = q.shape[0], b_seq_len.shape[0]
@@ -306,10 +325,13 @@ def context_attention_fwd(
                 and max_input_len >= 0
                 and launch.still_planned(prep)
             ):
-                launch.repeat(prep, q, k, v, o, b_start_loc, b_seq_len, max_input_len, batch, sinks, None)
-                torch.autograd.graph.increment_version(o)  # (a no-op for inference-mode tensors)
+                launch.repeat(
+                    prep, q, k, v, o, b_start_loc, b_seq_len, max_input_len, batch, sinks, None, status
+                )
+                _bump_versions(o, None, status)
                 return o
     _check_qkvo(q, k, v, o, "o")
+    status = check_status(status, q.device)
     lens = _check_index("b_seq_len", b_seq_len, q.device, "[batch]")
     starts = _check_index("b_start_loc", b_start_loc, q.device, "[batch]")
     batch = lens.shape[0]
@@ -330,13 +352,13 @@ def context_attention_fwd(
     # width past the cap is unbounded)
     ops.call(
         q, k, v, o, starts, lens, max_len, bool(is_causal), left, right, scale, sinks_t,
-        bool(sinks_bias_key0), *ops.config_ints(config),
+        bool(sinks_bias_key0), *ops.config_ints(config), 0.0, None, status,
     )  # fmt: skip
     if key is not None and starts is b_start_loc and lens is b_seq_len and sinks_t is sinks:
         prep = launch.prepare(q, k, v, o, starts, lens, max_len, causal=bool(is_causal), window_left=left,
                               window_right=right, softmax_scale=scale, sinks=sinks_t,
                               bias_key0=bool(sinks_bias_key0), config=None, softcap=0.0,
-                              lse=None)  # fmt: skip
+                              lse=None, status=status)  # fmt: skip
         if prep is not None:
             SEEN.remember(key, prep)
     return o
@@ -355,7 +377,7 @@ def _may_repeat(q: object, config: object, validate: bool) -> bool:
 
 
 def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap, return_lse,
-            lse) -> tuple | None:  # fmt: skip
+            lse, status) -> tuple | None:  # fmt: skip
     """The signature of a :func:`window_prefill` call; None where an argument is not of a type the key
     can read (the full checks reject it)."""
     try:
@@ -364,20 +386,28 @@ def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sink
         )
         return ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out), index_key(cu_seqlens), causal,
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(sinks),
-                sinks_mode, softcap, return_lse, lse_key)  # fmt: skip
+                sinks_mode, softcap, return_lse, lse_key, whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
 
 def _caf_key(q, k, v, o, b_start_loc, b_seq_len, is_causal, softmax_scale, sliding_window_q, sliding_window_k,
-             sinks, sinks_bias_key0) -> tuple | None:  # fmt: skip
+             sinks, sinks_bias_key0, status) -> tuple | None:  # fmt: skip
     """The signature of a :func:`context_attention_fwd` call; None as :func:`_py_key`."""
     try:
         return ("caf", rows_key(q), rows_key(k), rows_key(v), rows_key(o), index_key(b_start_loc),
                 index_key(b_seq_len), is_causal, softmax_scale, sliding_window_q, sliding_window_k,
-                whole_key(sinks), sinks_bias_key0)  # fmt: skip
+                whole_key(sinks), sinks_bias_key0, whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
+
+
+def _bump_versions(out: torch.Tensor, lse: torch.Tensor | None, status: torch.Tensor | None) -> None:
+    """The autograd version counters of the tensors a warm call wrote (a no-op for inference-mode
+    tensors)."""
+    for t in (out, lse, status):
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
 
 
 # ------------------------------------------------------------------------------- host-side checks

@@ -30,6 +30,10 @@ set to 0 in shared memory before its ``P @ V`` (each consumer zeroes half the ro
 ``fix_bar``): ``0 * NaN`` would otherwise poison the row. (The Triton kernel's masked loads never
 read those positions at all; here they are read and discarded.)
 
+Bounds: the Triton kernel's program setup (``program_tile``: spans clamped into ``Q_desc``'s token count,
+the status report) and its rows past the grid, written as 0 here by
+``prefill_runtime.gluon_bounds.zero_rows``; every load is a TMA box bounded by its descriptor.
+
 Tensors (host side): Q, K, V viewed as ``[total_tokens, heads * HEAD_DIM]`` through descriptors of
 block ``[BLOCK_M / 2, HEAD_DIM]`` (Q) and ``[BLOCK_N, HEAD_DIM]`` (K, V); O by pointer with strides
 ``(stride_ot, stride_oh, 1)``; ``Lse`` ``[num_heads, total_tokens]`` float32, token stride 1.
@@ -40,6 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
+from prefill_runtime.gluon_bounds import zero_rows
 from window_prefill.kernel import program_tile, tile_key_range
 
 
@@ -65,10 +70,10 @@ def _ws_producer(
         tma.async_copy_global_to_shared(V_desc, [row, kv_col], v_ready.index(slot), v_smem.index(slot))
 
 
-@gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h"])
+@gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len"])
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, O, Starts, Lens, qk_scale, window_left, window_right, group_size,
-    stride_ot, stride_oh, Lse, stride_lse_h,
+    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -76,11 +81,19 @@ def _gluon_fwd_kernel(
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
     ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring. The consumers wait
-    for ready slots with Triton's own ``mbarrier.wait`` (``FREE_WAITS=False``)."""
-    pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, False)  # int32
+    for ready slots with Triton's own ``mbarrier.wait`` (``FREE_WAITS=False``). Sequences come clamped
+    into ``Q_desc``'s token count and reported into ``Status`` (None: no report) as in the Triton
+    kernel, whose program setup this is (``program_tile``); the rows past the grid of a sequence longer
+    than ``max_len`` are written as 0 by each head's program of the last query tile."""
+    # (tok0 int32)
+    pid_m, head, tok0, seq_len = program_tile(Starts, Lens, Q_desc.shape[0], max_len, Status, BLOCK_M,
+                                              IS_CAUSAL, LENS_FROM_STARTS, False)  # fmt: skip
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:
         return
+    grid_rows = gl.num_programs(0) * BLOCK_M
+    if (pid_m == gl.num_programs(0) - 1) & (seq_len > grid_rows):  # rows past the grid: 0
+        zero_rows(O, stride_ot, stride_oh, tok0, grid_rows, seq_len, head, Lse, stride_lse_h, HEAD_DIM)
     m1 = gl.minimum(m0 + BLOCK_M, seq_len)
     # the tile's key range and interior: the Triton kernel's own helper (same blocks skipped)
     key_lo, key_hi, full_lo, full_hi = tile_key_range(

@@ -22,11 +22,17 @@ Conventions (host side documents tensors; here only what the kernel assumes):
 * ``RETURN_LSE``: the epilogue also stores each row's softmax log-sum-exp. The running max ``m_i``
   and sum ``l_i`` are in the log2 domain above (``l_i = sum_j exp2(s2_j - m_i)``, the denominator sink
   included), so the natural-log LSE is ``(m_i + log2(l_i)) * ln(2)``; ``-inf`` where ``l_i == 0``.
+* bounds, whatever the metadata holds (no host sync): each sequence's span is clamped into the
+  ``n_tokens`` rows of the tensors (:func:`program_tile`), so every load and store stays inside them;
+  the rows of a sequence longer than the grid covers (``max_len`` too small) are written as 0 (``-inf``
+  LSE) by each head's program of its last query tile; ``Status`` (the caller's ``status=``) gets the
+  bits of :mod:`prefill_runtime.status` from head 0's program of that tile, on the malformed path only.
 """
 
 import triton
 import triton.language as tl
 
+from prefill_runtime.bounds import MAX_LEN, ROWS, clamp_span, report, zero_rows
 from prefill_runtime.device import tanh
 
 
@@ -225,31 +231,37 @@ def _attn_blocks(
 
 @triton.jit
 def program_tile(
-    Starts, Lens, IS_CAUSAL: tl.constexpr, LENS_FROM_STARTS: tl.constexpr, TOK_I64: tl.constexpr
-):
+    Starts, Lens, n_tokens, max_len, Status, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    LENS_FROM_STARTS: tl.constexpr, TOK_I64: tl.constexpr,
+):  # fmt: skip
     """This program's ``(pid_m, head, tok0, seq_len)`` on the grid ``(cdiv(max_len, BLOCK_M), num_heads,
     batch)``: query tile, head, the sequence's first token (int64 with ``TOK_I64``, else int32) and its
-    length (int32; ``Starts[b + 1] - Starts[b]`` with ``LENS_FROM_STARTS``, else ``Lens[b]``). Causal
-    grids run backwards: the latest query tiles carry the most keys, so they start first. Shared by
-    this Triton kernel and the Gluon one (``window_prefill.gluon_kernel``)."""
+    length (int32): the span ``[Starts[b], Starts[b + 1])`` with ``LENS_FROM_STARTS``, else ``[Starts[b],
+    Starts[b] + Lens[b])``, clamped into the ``n_tokens`` rows of the tensors
+    (:func:`prefill_runtime.bounds.clamp_span`: a decreasing span is empty), so no load or store leaves
+    them whatever the metadata says. Head 0's program of the sequence's last query tile reports into
+    ``Status`` (None: no report) ``ROWS`` when the clamp changed the span and ``MAX_LEN`` when the
+    sequence is longer than ``max_len`` (:mod:`prefill_runtime.status`). Causal grids run
+    backwards: the latest query tiles carry the most keys, so they start first. Shared by this Triton
+    kernel and the Gluon one (``window_prefill.gluon_kernel``)."""
     if IS_CAUSAL:
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         pid_m = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
-    if TOK_I64:
-        tok0 = tl.load(Starts + seq).to(tl.int64)
-        if LENS_FROM_STARTS:
-            seq_len = (tl.load(Starts + seq + 1).to(tl.int64) - tok0).to(tl.int32)
-        else:
-            seq_len = tl.load(Lens + seq).to(tl.int32)
+    start = tl.load(Starts + seq).to(tl.int64)
+    if LENS_FROM_STARTS:
+        end = tl.load(Starts + seq + 1).to(tl.int64)
     else:
-        tok0 = tl.load(Starts + seq).to(tl.int32)
-        if LENS_FROM_STARTS:
-            seq_len = tl.load(Starts + seq + 1).to(tl.int32) - tok0
-        else:
-            seq_len = tl.load(Lens + seq).to(tl.int32)
+        end = start + tl.load(Lens + seq).to(tl.int64)
+    tok0, tok_end, moved = clamp_span(start, end, n_tokens.to(tl.int64))
+    seq_len = (tok_end - tok0).to(tl.int32)
+    if Status is not None:
+        if (head == 0) & (pid_m == tl.num_programs(0) - 1):
+            report(Status, tl.where(moved, ROWS, 0) | tl.where(seq_len > max_len, MAX_LEN, 0))
+    if not TOK_I64:
+        tok0 = tok0.to(tl.int32)
     return pid_m, head, tok0, seq_len
 
 
@@ -280,7 +292,7 @@ def tile_key_range(m0, m1, seq_len, window_left, window_right, IS_CAUSAL: tl.con
     return key_lo, key_hi, full_lo, full_hi
 
 
-@triton.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h"])
+@triton.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "n_tokens", "max_len"])
 def _fwd_kernel(
     Q,
     K,
@@ -306,6 +318,9 @@ def _fwd_kernel(
     tanh_scale,
     Lse,  # [num_heads, total_tokens] float32 with RETURN_LSE, else None
     stride_lse_h,  # Lse's head stride (its token stride is 1) with RETURN_LSE, else None
+    n_tokens,  # total_tokens: every sequence's rows are clamped into [0, n_tokens)
+    max_len,  # the caller's (sizes the grid): a longer sequence is reported
+    Status,  # [1] int32 (the caller's status=): malformed metadata ORs its bits in; else None
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -329,11 +344,19 @@ def _fwd_kernel(
     [total_tokens, kv_heads * HEAD_DIM] with block [BLOCK_N, HEAD_DIM] (used by interior blocks only:
     masked blocks keep lane-masked loads, so no key outside a tile's range is read), and the interior
     blocks run before the edges (edges first, ptxas serialises the interior's wgmma).
-    With RETURN_LSE, row ``i`` of head ``h`` also writes ``Lse[h * stride_lse_h + token]`` (float32)."""
-    pid_m, head, tok0, seq_len = program_tile(Starts, Lens, IS_CAUSAL, LENS_FROM_STARTS, True)
+    With RETURN_LSE, row ``i`` of head ``h`` also writes ``Lse[h * stride_lse_h + token]`` (float32).
+    Metadata past the tensors is clamped and reported (:func:`program_tile`); the rows of a sequence
+    longer than the grid covers (``max_len`` too small) are written as 0 by each head's program of the
+    last query tile."""
+    pid_m, head, tok0, seq_len = program_tile(Starts, Lens, n_tokens, max_len, Status, BLOCK_M, IS_CAUSAL,
+                                              LENS_FROM_STARTS, True)  # fmt: skip
     m0 = pid_m * BLOCK_M
     if m0 >= seq_len:
         return
+    grid_rows = tl.num_programs(0) * BLOCK_M
+    if (pid_m == tl.num_programs(0) - 1) & (seq_len > grid_rows):  # rows past the grid: 0
+        zero_rows(O, stride_ot, stride_oh, tok0, grid_rows, seq_len, head, Lse, stride_lse_h, BLOCK_M, BLOCK_D,
+                  HEAD_DIM)  # fmt: skip
     m1 = tl.minimum(m0 + BLOCK_M, seq_len)  # one past the tile's last real row
 
     key_lo, key_hi, full_lo, full_hi = tile_key_range(

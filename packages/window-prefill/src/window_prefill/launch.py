@@ -157,19 +157,22 @@ def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, starts: torch.Tensor,
     lens: torch.Tensor | None, max_len: int, *, causal: bool, window_left: int, window_right: int,
     softmax_scale: float, sinks: torch.Tensor | None, bias_key0: bool, config: object = None,
-    softcap: float = 0.0, lse: torch.Tensor | None = None,
+    softcap: float = 0.0, lse: torch.Tensor | None = None, status: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """The custom op's body (:mod:`window_prefill.ops`): describe the call, look up its plan, launch it.
-    A call without sequences, tokens or ``max_len`` launches nothing."""
+    A call without sequences or tokens launches nothing; ``max_len`` 0 still launches one query tile a
+    sequence (the kernel writes the rows a too small ``max_len`` leaves out as 0). ``status``: an int32
+    ``[1]`` tensor the kernel ORs the bits of :mod:`prefill_runtime.status` into on malformed metadata,
+    or None."""
     batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
-    if batch <= 0 or max_len <= 0 or q.shape[0] == 0:
+    if batch <= 0 or q.shape[0] == 0:
         return
     if q.dtype == torch.bfloat16 and interpreted():
         # the interpreter's tl.dot multiplies bf16 bit patterns as integers: compute in fp32, write bf16
         wide = torch.empty(out.shape, dtype=torch.float32)
         forward(q.float(), k.float(), v.float(), wide, starts, lens, max_len, causal=causal,
                 window_left=window_left, window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
-                bias_key0=bias_key0, config=config, softcap=softcap, lse=lse)  # fmt: skip
+                bias_key0=bias_key0, config=config, softcap=softcap, lse=lse, status=status)  # fmt: skip
         out.copy_(wide)
         return
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
@@ -177,7 +180,7 @@ def forward(
     p, kw = _planned(_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
                              bias_key0, softcap, lse is not None, config))  # fmt: skip
     _run(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
-         softcap, lse)  # fmt: skip
+         softcap, lse, status)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -198,7 +201,7 @@ class Prepared:
 
 
 def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_right, softmax_scale, sinks,
-            bias_key0, config, softcap, lse) -> Prepared | None:  # fmt: skip
+            bias_key0, config, softcap, lse, status=None) -> Prepared | None:  # fmt: skip
     """What the later calls of a call's signature repeat (the call, :func:`forward`'s arguments, ran);
     None where they cannot skip :func:`forward` (bf16 under the interpreter, a Gluon plan whose kernel
     failed)."""
@@ -210,7 +213,7 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
                              bias_key0, softcap, lse is not None, config))  # fmt: skip
     if p.kernel == "gluon" and not _gluon_ok:
         return None
-    key = _key(p, q, k, v, out, None if p.kernel == "gluon" else sinks, starts, lens, lse)
+    key = _key(p, q, k, v, out, None if p.kernel == "gluon" else sinks, starts, lens, lse, status)
     return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
 
 
@@ -220,11 +223,13 @@ def still_planned(prep: Prepared) -> bool:
     return prep.plan.kernel != "gluon" or _gluon_ok
 
 
-def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse) -> bool:
+def repeat(
+    prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse, status=None
+) -> bool:
     """A call of ``prep``'s signature (checked for what the signature leaves open): through the frame of
     its compiled variant where one is kept (the grid, the stream and the per-call arguments written into
     it: the kernel's only host work; True), else as :func:`forward` runs it (False)."""
-    if batch <= 0 or max_len <= 0 or q.shape[0] == 0:
+    if batch <= 0 or q.shape[0] == 0:
         return False
     if not _primed and q.is_cuda:
         _prime_triton()
@@ -241,19 +246,20 @@ def repeat(prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, s
         index != torch._C._cuda_getDevice()  # (a frame exists only after a CUDA launch: CUDA is initialised)
     ):  # fmt: skip
         _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
-             prep.softmax_scale, sinks, prep.softcap, lse)  # fmt: skip
+             prep.softmax_scale, sinks, prep.softcap, lse, status)  # fmt: skip
         return False
     lens_ = lens if lens is not None else starts
     tail = (starts.data_ptr(), lens_.data_ptr(), None if lse is None else lse.data_ptr(),
-            None if lse is None else lse.stride(0))  # fmt: skip
+            None if lse is None else lse.stride(0), None if status is None else status.data_ptr(),
+            max_len)  # fmt: skip
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if gluon:
         bases, plain = (qp, kp, vp), (o.data_ptr(), *tail)
     else:
         s = sinks if sinks is not None else q
-        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail)
+        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, q.shape[0])
     stream = torch._C._cuda_getCurrentRawStream(index)
-    prep.frame[1](-(-max_len // p.block_m), q.shape[1], batch, stream, q.shape[0], bases, plain)
+    prep.frame[1](max(-(-max_len // p.block_m), 1), q.shape[1], batch, stream, q.shape[0], bases, plain)
     return True
 
 
@@ -273,39 +279,39 @@ def run(
     p: LaunchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor | None, max_len: int, batch: int, *, window_left: int,
     window_right: int, softmax_scale: float, sinks: torch.Tensor | None, softcap: float,
-    lse: torch.Tensor | None,
+    lse: torch.Tensor | None, status: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the kernel ``p`` names on the grid ``(cdiv(max_len, p.block_m), num_heads, batch)``
     (windows as :func:`describe` takes them). A Gluon plan whose launch fails runs its Triton
     fallback (and the Gluon kernel is not offered again in this process). Benchmarks and tests run
     a changed plan through it (:meth:`~prefill_runtime.LaunchPlan.replace`)."""
     _run(p, _kwargs(p), q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale,
-         sinks, softcap, lse)  # fmt: skip
+         sinks, softcap, lse, status)  # fmt: skip
 
 
 def _run(
     p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
-    softcap, lse,
+    softcap, lse, status=None,
 ) -> None:  # fmt: skip
     if not _primed and q.is_cuda:
         _prime_triton()
     if p.kernel == "gluon":
         if _launch_gluon(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                         softmax_scale, lse):  # fmt: skip
+                         softmax_scale, lse, status):  # fmt: skip
             return
         p = p.get("fallback")
         kw = _kwargs(p)
     _launch_triton(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                   softmax_scale, sinks, softcap, lse)  # fmt: skip
+                   softmax_scale, sinks, softcap, lse, status)  # fmt: skip
 
 
 def _launch_triton(
     p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
-    lse,
+    lse, status,
 ) -> None:  # fmt: skip
     k_desc = v_desc = None
     direct = _fwd_kernel is _TRITON.jit_fn  # (else a test's recorder stands in for the kernel)
-    key = _key(p, q, k, v, o, sinks, starts, lens, lse) if direct else None
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status) if direct else None
     warm = direct and not _TRITON.verify and _TRITON.has(key)
     if kw["TMA_KV"]:  # interior K/V blocks: descriptors over [tokens, kv_heads * head_dim]
         d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
@@ -317,7 +323,7 @@ def _launch_triton(
             v_desc = TensorDescriptor(v, [v.shape[0], v.shape[1] * d], [v.stride(0), 1], [bn, d])
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
     capped = softcap > 0
-    grid = (-(-max_len // p.block_m), q.shape[1], batch)  # plain ints: triton.cdiv costs ~2 us
+    grid = (max(-(-max_len // p.block_m), 1), q.shape[1], batch)  # plain ints: triton.cdiv costs ~2 us
     args = (
         q, k, v, o,
         sinks if sinks is not None else q,  # unread without HAS_SINKS
@@ -328,6 +334,9 @@ def _launch_triton(
         softmax_scale / softcap if capped else 1.0,
         lse,  # None without return_lse: a constexpr, so the kernel compiles without it
         lse.stride(0) if lse is not None else None,
+        q.shape[0],
+        max_len,
+        status,  # None without status=: a constexpr, as lse
     )  # fmt: skip
     if not direct:
         _fwd_kernel[grid](*args, **kw)
@@ -348,18 +357,31 @@ def _frame_key(
 
 
 # the Triton kernel's per-call plain arguments in a frame, in the order repeat() passes them
-_TRITON_PER_CALL = ("Q", "K", "V", "O", "Sinks", "Starts", "Lens", "Lse", "stride_lse_h")
+_TRITON_PER_CALL = (
+    "Q",
+    "K",
+    "V",
+    "O",
+    "Sinks",
+    "Starts",
+    "Lens",
+    "Lse",
+    "stride_lse_h",
+    "Status",
+    "max_len",
+    "n_tokens",
+)
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
-_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h")
+_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len")
 
 
-def _key(p, q, k, v, o, sinks, starts, lens, lse) -> tuple:
+def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
     """What Triton specialises a launch of plan ``p`` on beyond the plan: the exact strides of q/k/v/o
     and the group size (a superset of "1 or a multiple of 16"), the dtypes and 16-byte alignment of
     every tensor argument (the windows and the LSE stride are ``do_not_specialize``; descriptors
     specialise on the dtype and block shape, both fixed by ``p`` and q's dtype), and the device (a
     variant is loaded on one)."""
-    tensors = (q, k, v, o, sinks, starts, lens, lse)
+    tensors = (q, k, v, o, sinks, starts, lens, lse, status)
     return (
         p, q.stride(), k.stride(), v.stride(), o.stride(), q.shape[1] // k.shape[1],
         tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors), q.get_device(),
@@ -367,13 +389,13 @@ def _key(p, q, k, v, o, sinks, starts, lens, lse) -> tuple:
 
 
 def _launch_gluon(
-    p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, lse
+    p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, lse, status
 ) -> bool:  # fmt: skip
     """Launch the Gluon kernel; False when this Triton's Gluon could not (``_gluon_ok`` then clears)."""
     global _gluon_ok
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
     direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
-    key = _key(p, q, k, v, o, None, starts, lens, lse) if direct else None
+    key = _key(p, q, k, v, o, None, starts, lens, lse, status) if direct else None
     if direct and not _GLUON.verify and _GLUON.has(key):  # compiled: the descriptors' per-call part only
         descs = [Descriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1]) for t in (q, k, v)]
     else:
@@ -381,11 +403,11 @@ def _launch_gluon(
             gluon_descriptor(t, [t.shape[0], t.shape[1] * d], t.stride(0), rows, d)
             for t, rows in ((q, p.block_m // 2), (k, bn), (v, bn))
         ]
-    grid = (-(-max_len // p.block_m), q.shape[1], batch)
+    grid = (max(-(-max_len // p.block_m), 1), q.shape[1], batch)
     args = (
         *descs, o, starts, lens if lens is not None else starts, softmax_scale * _LOG2E, max(window_left, 0),
         max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
-        lse.stride(0) if lse is not None else None,
+        lse.stride(0) if lse is not None else None, max_len, status,
     )  # fmt: skip
     if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731

@@ -13,7 +13,7 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
                         SymInt max_len, bool causal, SymInt window_left, SymInt window_right,
                         float softmax_scale, Tensor? sinks, bool sinks_bias_key0, SymInt block_m=0,
                         SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, SymInt tma=0,
-                        float softcap=0.0, Tensor(b!)? lse=None) -> ()
+                        float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None) -> ()
 
 Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``cu_seqlens`` when
 ``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
@@ -24,7 +24,9 @@ per-architecture table; ``softcap`` > 0: logit
 soft-capping (see :func:`window_prefill.window_prefill`); ``lse``: a float32 ``[num_heads,
 total_tokens]`` buffer (unit token stride) that the op also mutates, writing each row's softmax
 log-sum-exp (``return_lse=True`` of :func:`window_prefill.window_prefill`, which allocates it), or
-None (the kernel compiles without it). The op does no argument
+None (the kernel compiles without it); ``status``: an int32 ``[1]`` tensor the op also mutates (the
+kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed metadata and
+writes nothing otherwise), or None. The op does no argument
 checking (the public functions do), never synchronises with the host and allocates nothing: it is
 CUDA-graph capturable.
 
@@ -33,8 +35,9 @@ Registered with the low-level ``torch.library.Library`` API (``define`` + a
 rather than ``torch.library.custom_op``, whose Python-side autograd/in-place wrapper costs ~130 us per
 call on a loaded CPU (it rebuilds the schema's argument list once per argument) against ~7 us here:
 as much as a whole short prefill. Autograd falls back to PyTorch's C++ "not implemented" kernel (the
-op has no backward); the kernel bumps the version counters of ``out`` (and ``lse``) itself. The fake
-(meta) kernel does nothing: the op's only effects are the in-place writes to ``out`` and ``lse``.
+op has no backward); the kernel bumps the version counters of ``out`` (and ``lse``, ``status``) itself.
+The fake (meta) kernel does nothing: the op's only effects are the in-place writes to ``out``, ``lse``
+and ``status``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens, SymInt max_len, "
     "bool causal, SymInt window_left, SymInt window_right, float softmax_scale, Tensor? sinks, "
     "bool sinks_bias_key0, SymInt block_m=0, SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, "
-    "SymInt tma=0, float softcap=0.0, Tensor(b!)? lse=None) -> ()"
+    "SymInt tma=0, float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None) -> ()"
 )
 #: The config ints meaning "use the per-architecture table".
 NO_CONFIG = (0, 0, 0, 0, 0)
@@ -96,9 +99,10 @@ def _fwd_impl(
     tma: int = 0,
     softcap: float = 0.0,
     lse: torch.Tensor | None = None,
+    status: torch.Tensor | None = None,
 ) -> None:
     """The op's kernel on every device: the planned kernel launch on checked arguments, writing ``out``
-    (and ``lse`` when given)."""
+    (and ``lse``, ``status`` when given)."""
     config = (
         Config(block_m, block_n, num_warps, num_stages, bool(tma & 1), bool(tma & 2)) if block_m > 0 else None
     )
@@ -106,15 +110,16 @@ def _fwd_impl(
         launch.forward(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
             window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, bias_key0=sinks_bias_key0,
-            config=config, softcap=softcap, lse=lse,
+            config=config, softcap=softcap, lse=lse, status=status,
         )  # fmt: skip
     torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
-    if lse is not None:
-        torch.autograd.graph.increment_version(lse)
+    for t in (lse, status):
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
 
 
 def _fwd_fake(*args: object, **kwargs: object) -> None:
-    """Nothing to compute: ``out`` (and ``lse``) keep their metadata and are mutated in place."""
+    """Nothing to compute: ``out`` (and ``lse``, ``status``) keep their metadata and are mutated in place."""
     return None
 
 
