@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|trees|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|all] [extra bench args]
 # (AB_SETS="--set NAME=0|1 ..." fixes other switches during every A/B of abbench;
 #  ab: bench/ab_prefix.py, the prefix-prefill switch A/B over shapes, pages and layouts, into $OUT/ab.log;
 #  abbench: ab with parallel precompiles, then both benchmarks with the prefix switch setting the A/B chose;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
+#  features: bench/feature_cost.py, each model feature's cost against the plain call (issue 46's table;
+#  FEATURE_ARGS, default --quick; the full table: FEATURE_ARGS="--heads 128", then "--heads 256");
 #  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
 #  _fwd_kernel; _gluon_split_kernel / _gluon_fwd_kernel for the Gluon ones) for each
 #  NCU_SPECS entry shape:layout:page (default llama:split:512 llama:nhd:512); writes ncu.tgz
@@ -205,6 +207,13 @@ if [[ $what == consan ]]; then
   wait
   [[ -f $res/synccheck.log ]] && grep -HE "SUMMARY|cases OK|FAILED|Traceback" "$res/synccheck.log"
   tar czf "$OUT/consan.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == features ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  timeout ${BENCH_TIMEOUT:-560} python3 bench/feature_cost.py --out "$res" ${FEATURE_ARGS:---quick} "$@" 2>&1 \
+    | tee "$res/feature_cost.log" | grep -E "feature=|wrote|Error"
+  rc=${PIPESTATUS[0]}
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == hostspread ]]; then
   res=$OUT/res; mkdir -p "$res"
