@@ -226,12 +226,22 @@ def window_entries(head: int, features: list[Feature], device: str, dtype) -> li
 
 # ------------------------------------------------------------------------------------- timing
 def time_group(group: dict, entries: list, rounds: int, reps: dict) -> list[dict]:
-    """Rows of one group: each entry run once (compiles; a non-finite output is noted), then ``rounds``
-    passes timing every entry, the order rotated each pass."""
-    notes = {}
-    for f, fn, _, _ in entries:
-        o = fn()
+    """Rows of one group: each entry run once (compiles; a non-finite output is noted, a failing call
+    printed and left out), then ``rounds`` passes timing every entry, the order rotated each pass. No
+    rows when the plain call fails."""
+    notes, ran = {}, []
+    for entry in entries:
+        f, fn = entry[:2]
+        try:
+            o = fn()
+        except Exception as e:  # one failing feature is reported; the group's others still run
+            print(f"# {group} {f.name}: failed: {type(e).__name__}: {e}", flush=True)
+            continue
         notes[f.name] = "" if bool(torch.isfinite(o.float()).all()) else "NON-FINITE OUTPUT"
+        ran.append(entry)
+    if not ran or ran[0][0] is not PLAIN:
+        return []
+    entries = ran
     if not SMOKE:
         settle()
     times: dict[str, list[float]] = {f.name: [] for f, *_ in entries}
