@@ -143,6 +143,16 @@ def per_head(heads: int, device: str, f: Feature) -> dict:
 
 
 # ------------------------------------------------------------------------------------- prefix
+def fp8_copy(kc, vc, layout: str, fdt) -> tuple:
+    """fp8 (``fdt``) copies of the caches' values times 4 (read back with scales 0.25), as vLLM keeps
+    them: a split K cache re-packed with vLLM's ``x = 16 // element size = 16`` features a slot."""
+    if layout == "split":
+        nb, h, dx, page, x = kc.shape
+        rows = kc.permute(0, 1, 3, 2, 4).reshape(nb, h, page, dx * x // 16, 16)  # [nb, H, page, D/16, 16]
+        kc = rows.permute(0, 1, 3, 2, 4).contiguous()  # [nb, H, D/16, page, 16]
+    return (kc * 4).to(fdt), (vc * 4).to(fdt)
+
+
 def prefix_entries(layout: str, page: int, head: int, features: list[Feature], device: str, dtype) -> list:
     """``(feature, fn, plan, flops)`` of every feature on one prefix problem (see the module docstring);
     ``fn()`` runs the call and returns its output."""
@@ -166,7 +176,7 @@ def prefix_entries(layout: str, page: int, head: int, features: list[Feature], d
         if f.fp8:
             if f.fp8 not in fp8_caches:
                 fdt = torch.float8_e4m3fn if f.fp8 == "e4m3" else torch.float8_e5m2
-                fp8_caches[f.fp8] = ((kc * 4).to(fdt), (vc * 4).to(fdt))  # scales 0.25: values near 1
+                fp8_caches[f.fp8] = fp8_copy(kc, vc, layout, fdt)
             kc, vc = fp8_caches[f.fp8]
             scales = {"k_scale": 0.25, "v_scale": 0.25}
         out = torch.empty_like(q)
