@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compile_gluon_for_sm90, needs_sm90, poison
+from conftest import check_tanh_forms, compile_gluon_for_sm90, needs_sm90, poison
 from wp_util import (
     WP_COMPILE_HEAD,
     any_width_is_wide,
@@ -80,10 +80,7 @@ def test_feature_forms_compile_for_sm90():
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(WP_COMPILE_HEAD + _COMPILE_SCRIPT)
     assert len(shared) == 6 and max(shared) <= 227 * 1024, out
-    for line in out.splitlines():
-        if line.startswith("tanh "):
-            _, form, count = line.split()
-            assert (int(count) > 0) is (form == "2"), line
+    check_tanh_forms(out)
 
 
 # ------------------------------------------------------------------------- GPU (sm90)

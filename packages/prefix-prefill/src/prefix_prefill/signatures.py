@@ -100,8 +100,9 @@ def repeat(
     ):
         return False  # the full checks raise the error (or take the other plan)
     if prep.plan.kernel != "triton" and gluon_launch.warm(
-        prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale, lse
-    ):
+        prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale,
+        lse, prep.options(sinks, alibi),
+    ):  # fmt: skip
         ops.bump_versions(o, lse)
         return True
     with ops.on_device(q.device):
