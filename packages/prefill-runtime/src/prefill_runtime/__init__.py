@@ -20,7 +20,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 * Device side (``@triton.jit``, :mod:`prefill_runtime.device`): ``tanh`` (hardware or exp2 form).
 * Gluon device code (sm90, :mod:`prefill_runtime.gluon`, imported only by the kernels' Gluon
   modules): ``consumer`` (the compute warpgroup of both packages' warp-specialised kernels),
-  ``softmax_step``, ``zero_v_rows``, ``free_wait``, ``allocate_rings``.
+  ``softmax_step``, ``score_terms``, ``zero_v_rows``, ``free_wait``, ``allocate_rings``.
 * :mod:`~prefill_runtime.plan`: :class:`LaunchPlan` (the plan both kernel packages' ``plan()`` returns).
 * :mod:`~prefill_runtime.compiled_launch`: :class:`~prefill_runtime.compiled_launch.CompiledLaunches` (a
   kernel's compiled variants launched directly, by the caller's key; their frames, the C-launcher
@@ -32,7 +32,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
 """
 
-__version__ = "0.14.1"
+__version__ = "0.15.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, drop_wait_barriers, hook_compiles
