@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -11,6 +11,8 @@
 #  abbench: the A/B of each of AB_SWITCHES (AB_SETS="--set NAME=V ..." fixes other constexprs during
 #  each) with parallel precompiles, then both benchmarks with the settings the A/Bs chose;
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
+#  features: bench/feature_cost.py, each model feature's cost against the plain call (FEATURE_ARGS,
+#  default --quick; the full table: FEATURE_ARGS="--heads 128", then "--heads 256");
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
 #  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
@@ -193,6 +195,13 @@ if [[ $what == consan ]]; then
   wait
   [[ -f $res/synccheck.log ]] && grep -HE "SUMMARY|cases OK|FAILED|Traceback" "$res/synccheck.log"
   tar czf "$OUT/consan.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == features ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  timeout ${BENCH_TIMEOUT:-560} python3 bench/feature_cost.py --out "$res" ${FEATURE_ARGS:---quick} "$@" 2>&1 \
+    | tee "$res/feature_cost.log" | grep -E "feature=|wrote|Error"
+  rc=${PIPESTATUS[0]}
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == hostspread ]]; then
   res=$OUT/res; mkdir -p "$res"

@@ -129,6 +129,15 @@ def compile_gluon_for_sm90(script: str) -> tuple[list[int], str]:
     return shared, r.stdout
 
 
+def check_tanh_forms(out: str) -> None:
+    """A compile script's lines ``tanh <SOFTCAP form> <count of tanh.approx.f32 in the PTX>``: the
+    hardware tanh is in the forms that ask for it (2) and in no other."""
+    lines = [line.split() for line in out.splitlines() if line.startswith("tanh ")]
+    assert lines, out
+    for _, form, count in lines:
+        assert (int(count) > 0) is (form == "2"), (form, count)
+
+
 def refuse_gluon(monkeypatch: pytest.MonkeyPatch, iface) -> list[dict]:
     """Turn a package interface's Gluon kernel on (``iface._GLUON``) and replace its ``_gluon_launch`` by
     one that refuses every call: the returned list holds each offered call's keyword arguments, and the

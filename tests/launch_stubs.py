@@ -88,6 +88,20 @@ def fake_raw_launchers(monkeypatch, *jits: Jit) -> None:
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
 
 
+def stub_prefix_gluon(monkeypatch, kernel: str, fast: str) -> Jit:
+    """A prefix-prefill Gluon kernel (``prefix_prefill.gluon_launch.<kernel>``, its compiled variants
+    ``<fast>``) replaced by a stand-in launched directly (full form from the first call: compile tiers
+    off), with a raw launcher over the stand-in's C launcher."""
+    from prefix_prefill import gluon_launch
+
+    jit = Jit(getattr(gluon_launch, kernel).arg_names)
+    fake_raw_launchers(monkeypatch, jit)
+    monkeypatch.setattr(gluon_launch, kernel, jit)
+    monkeypatch.setattr(gluon_launch, fast, cl.CompiledLaunches(jit))
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    return jit
+
+
 def pointers(c_args: list) -> list:
     """The C launcher's arguments with tensors as their pointers (a frame passes pointers)."""
     return [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in c_args]

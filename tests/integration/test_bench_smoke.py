@@ -204,3 +204,38 @@ def test_engine_step_classify_events():
         "kernels": 2, "memops": 2, "mallocs": 1, "launch_api_calls": 1,
         "kernel_names": "_fwd_kernel;triton_poi_fused_0",
     }  # fmt: skip
+
+
+def test_feature_cost_smoke(tmp_path):
+    """bench/feature_cost.py --smoke: rows for every package, layout and chosen feature (``skip_decode``
+    on the split cache only), the plain row first with ratio 1, split rows compared with their NHD
+    twins; and its pair count against a brute-force count of visible (query, key) pairs."""
+    import csv
+    import importlib.util
+
+    feats = "fp8_e4m3,skip_decode,window127+sinks,sinks_bias_key0"
+    _bench("feature_cost.py", "--smoke", "--out", str(tmp_path), "--features", feats)
+    with (tmp_path / "feature_cost.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    got = {(r["package"], r["layout"], r["feature"]) for r in rows}
+    want = {("prefix", lay, f) for lay in ("nhd", "split") for f in ("plain", "fp8_e4m3", "window127+sinks")}
+    want |= {("prefix", "split", "skip_decode")}
+    want |= {("window", "-", f) for f in ("plain", "sinks_bias_key0", "window127+sinks")}
+    assert got == want, got
+    for r in rows:
+        assert float(r["ms"]) > 0 and r["kernel"] and "NON-FINITE" not in r["reason"], r
+        assert (r["feature"] == "plain") == (float(r["ms_ratio"]) == 1.0), r
+        twin = r["layout"] == "split" and r["feature"] != "skip_decode"
+        assert bool(r["vs_nhd"]) == twin, r
+    spec = importlib.util.spec_from_file_location("_bench_feature_cost", ROOT / "bench" / "feature_cost.py")
+    saved = list(sys.path)
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # (its dataclasses look their module up)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved  # (the script takes bench/ off the path and puts the packages on it)
+        sys.modules.pop(spec.name, None)
+    for ctx, new, left in ((0, 50, -1), (0, 50, 7), (30, 20, 7), (5, 40, 12), (40, 9, 100), (3, 1, 0)):
+        brute = sum(1 for p in range(ctx, ctx + new) for j in range(p + 1) if left < 0 or p - j <= left)
+        assert mod.visible_pairs(ctx, new, left) == brute, (ctx, new, left)

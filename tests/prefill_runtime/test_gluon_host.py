@@ -10,8 +10,8 @@ import prefill_runtime
 
 
 def test_gluon_applies():
-    """The conditions both Gluon kernels share: sm90, 16-bit, head 64/128/256, no sinks or soft-capping,
-    a positive scale; each one alone turns the answer to False."""
+    """The conditions both Gluon kernels share: sm90, 16-bit, head 64/128/256, a positive scale or
+    soft-capping; each one alone turns the answer to False. Sinks and soft-capping are taken."""
     q = torch.empty(8, 2, 128, dtype=torch.bfloat16)
     ok = dict(sinks=None, softcap=0.0, scale=0.1)
     assert prefill_runtime.gluon_applies(q, "sm90", **ok)
@@ -19,9 +19,10 @@ def test_gluon_applies():
     assert not prefill_runtime.gluon_applies(q, "interpreter", **ok)
     assert not prefill_runtime.gluon_applies(q.float(), "sm90", **ok)
     assert not prefill_runtime.gluon_applies(torch.empty(8, 2, 96, dtype=torch.float16), "sm90", **ok)
-    assert not prefill_runtime.gluon_applies(q, "sm90", **{**ok, "sinks": torch.zeros(2)})
-    assert not prefill_runtime.gluon_applies(q, "sm90", **{**ok, "softcap": 30.0})
+    assert prefill_runtime.gluon_applies(q, "sm90", **{**ok, "sinks": torch.zeros(2)})
+    assert prefill_runtime.gluon_applies(q, "sm90", **{**ok, "softcap": 30.0})
     assert not prefill_runtime.gluon_applies(q, "sm90", **{**ok, "scale": 0.0})
+    assert prefill_runtime.gluon_applies(q, "sm90", **{**ok, "scale": 0.0, "softcap": 30.0})
 
 
 def test_gluon_token_rows_and_descriptor():

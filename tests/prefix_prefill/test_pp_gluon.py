@@ -2,8 +2,9 @@
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
-fp8 caches, windows, ALiBi, sinks, soft-capping, skip_decode, pages that are not multiples of 16,
-non-contiguous NHD pages, split caches the gathers cannot read) and with which settings (K and V by TMA
+fp8 caches, narrow windows, non-causal calls, pages that are not multiples of 16, non-contiguous NHD
+pages, split caches the gathers cannot read; windows, ALiBi, sinks, soft-capping and skip_decode:
+test_pp_gluon_features.py) and with which settings (K and V by TMA
 or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per head size and page), the split
 kernel's host glue (descriptors, the new tokens' copies, compile tiers) with the kernel replaced by a
 recorder, and that both kernels compile for sm90 with the installed Triton (a subprocess: no GPU
@@ -24,6 +25,7 @@ import pytest
 import torch
 from conftest import DEVICE, compile_gluon_for_sm90, compiled_variants, needs_sm90, poison
 from pp_cases import make_case, problem_of, random_seqs, reference, run_py
+from pp_gluon_compile import PP_COMPILE_HEAD
 
 import prefill_runtime as runtime
 from attn_reference import compare
@@ -58,8 +60,8 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "hnd", "fp32", "page_8", "window", "alibi", "sinks", "softcap", "skip_decode",
-     "non_causal", "head_96", "no_gluon", "bt_stride", "fp8"],
+    ["interpreter", "hnd", "fp32", "page_8", "narrow_window", "non_causal", "head_96", "no_gluon",
+     "bt_stride", "fp8", "scale"],
 )  # fmt: skip
 def test_gluon_not_taken(what):
     """Problems no Gluon kernel takes: the plan names the Triton kernel and says why."""
@@ -74,12 +76,9 @@ def test_gluon_not_taken(what):
         case.block_table = torch.stack([case.block_table, case.block_table], -1)[..., 0]
     over = {
         "interpreter": {"arch": "interpreter"},
-        "window": {"left": 8},
-        "alibi": {"alibi": True},
-        "sinks": {"sinks": True},
-        "softcap": {"softcap_form": 2},
-        "skip_decode": {"skip_decode": True},
+        "narrow_window": {"left": plan.GLUON_MIN_WINDOW - 2},
         "non_causal": {"causal": False},
+        "scale": {"scale": -0.5},
         "no_gluon": {"gluon": False},
     }.get(what, {})
     p = problem_of(case, **{"arch": "sm90", "gluon": True, **over})
@@ -368,41 +367,16 @@ def check_launcher_guess(fn, src, kernel):
 
 _COMPILE_SCRIPT = (
     _LAUNCHER_CHECK
+    + PP_COMPILE_HEAD
     + """
-import prefix_prefill.gluon_launch as itf
-
 # head, box, new tokens from the cache
 CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True))
 for head, box, from_cache in CASES:
-    bn = 64 if head == 256 else 128
-    lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
-    lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
-    lb = gl.NVMMASharedLayout.get_default_for([box, head], gl.bfloat16)
-    sig = {
-        "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
-        "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "KC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
-        "VC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
-        "KCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": "*bf16", "BlockTable": "*i32",
-        "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
-        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "Lse": "constexpr",
-        "stride_lse_h": "constexpr", "n_bt_cols": "i32", "num_blocks": "i32", "max_query_len": "i32",
-        "Status": "*i32" if from_cache else "constexpr",  # (with and without status=)
-    }
-    consts = dict(Lse=None, stride_lse_h=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box,
-                  KV_FROM_CACHE=from_cache, RETURN_LSE=False, NUM_STAGES=2, ONE_CONSUMER=False)
-    if not from_cache:
-        consts.update(Status=None)
-    src, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, consts, free_waits=True)
+    src, kernel = compile_nhd(head, box, from_cache, False)
     n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
     check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
     # the quick form: one 8-warp consumer partition (Q in one box), LLVM at O0
-    lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
-    sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
-    _, kernel = compile_sm90(itf._gluon_fwd_kernel, sig1, dict(consts, ONE_CONSUMER=True), num_warps=8,
-                             llvm_o0=True, free_waits=True)
+    _, kernel = compile_nhd(head, box, from_cache, False, one=True, llvm_o0=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma, "the consumer is not compiled once"
 """
 )
@@ -410,11 +384,9 @@ for head, box, from_cache in CASES:
 
 _SPLIT_COMPILE_SCRIPT = (
     _LAUNCHER_CHECK
+    + PP_COMPILE_HEAD
     + """
 import re
-
-import prefix_prefill.gluon_launch as itf
-import prefix_prefill.plan as itf_plan
 
 
 def no_base_offsets(kernel):
@@ -423,9 +395,6 @@ def no_base_offsets(kernel):
         assert int(c) >> 62 or not (int(c) >> 49) & 7, "a no-swizzle descriptor keeps its base offset"
 
 
-lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # K chunks (K by TMA)
-lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)  # wide boxes / runs
-l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)  # new tokens' full blocks
 # head, from cache, lse, V by TMA, K by TMA, K_WIDE: every form a plan takes (and the gathers at 128 / 256,
 # which a split cache whose strides TMA cannot take runs)
 CASES = ((64, False, True, False, False, 0), (64, True, False, False, False, 0),
@@ -434,43 +403,8 @@ CASES = ((64, False, True, False, False, 0), (64, True, False, False, False, 0),
          (128, False, False, False, False, 0), (256, False, False, False, False, 0),
          (128, False, False, False, True, 2))
 for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
-    bn = 64 if head == 256 else 128
-    cm = k_tma and head == 256
-    lq = gl.NVMMASharedLayout.get_default_for([64, head], gl.bfloat16)
-    lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
-    v_cols = 16 if v_tma else bn
-    lv = gl.NVMMASharedLayout.get_default_for([head, v_cols], gl.bfloat16)
-    k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
-    g = head // 8 if cm else 8
-    # the new tokens' V staged by half blocks and transposed (V_STAGE), as the plan sets it
-    one = not from_cache and head in itf_plan.SPLIT_ONE_CONSUMER_HEADS and k_wide == 1
-    vn = bn // 2 if not (from_cache or v_tma or one) and head <= 128 else bn
-    lvn = gl.NVMMASharedLayout.get_default_for([vn, head], gl.bfloat16)
-    sig = {
-        "Q_desc": f"tensordesc<bf16[64, {head}],{lq!r}>",
-        "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>" if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "V_desc": f"tensordesc<bf16[{vn}, {head}],{lvn!r}>", "K_cache": k_chunk if k_tma else "*bf16",
-        "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
-        "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32",
-        "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
-        "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
-        "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32" if lse else "constexpr",
-        "stride_lse_h": "i32" if lse else "constexpr", "n_bt_cols": "i32", "num_blocks": "i32",
-        "max_query_len": "i32",
-        "Status": "*i32" if lse else "constexpr",  # (with and without status=)
-    }
-    if k_tma:
-        sig["KR_desc"] = f"tensordesc<bf16[2, {g}, 64],{lw!r}>"
-        sig["KN_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 8, 8],{l4!r}>"
-        if k_wide == 1:
-            sig["KW_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>"
-    consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
-                  NUM_STAGES=2, V_TMA=v_tma, ONE_CONSUMER=False, K_TMA=k_tma, K_WIDE=k_wide, K_CM=cm,
-                  K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv, V_STAGE=vn != bn)
-    if not lse:
-        consts.update(Lse=None, stride_lse_h=None, Status=None)
-    aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
-    src, kernel = compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, free_waits=True)
+    cm = k_tma and head in itf_plan.SPLIT_K_CM_HEADS
+    src, kernel = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide)
     check_launcher_guess(itf._gluon_split_kernel, src, kernel)
     ptx = kernel.asm["ptx"]
     # 16-byte gathers only, and every gathering producer thread arrives when its own copies land
@@ -483,20 +417,18 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     if cm:
         no_base_offsets(kernel)
     # the quick form: one 8-warp consumer partition (Q in one box), LLVM at O0
-    lq1 = gl.NVMMASharedLayout.get_default_for([128, head], gl.bfloat16)
-    sig1 = dict(sig, Q_desc=f"tensordesc<bf16[128, {head}],{lq1!r}>")
-    _, quick = compile_sm90(itf._gluon_split_kernel, sig1, dict(consts, ONE_CONSUMER=True), aligned=aligned,
-                            num_warps=8, llvm_o0=True, free_waits=True)
+    _, quick = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=True, llvm_o0=True)
     if cm:
         no_base_offsets(quick)
 """
 )
 
 
-_FREE_WAITS_SCRIPT = """
+_FREE_WAITS_SCRIPT = (
+    PP_COMPILE_HEAD
+    + """
 import ast, re
 import prefill_runtime.host as host
-import prefix_prefill.gluon_launch as itf
 
 path, _ = host.free_wait_lines()
 with open(path) as f:
@@ -525,59 +457,19 @@ def check_free(plain, free):
 
 
 for head in (128, 256):
-    bn = 64 if head == 256 else 128
     for one in (False, True):
-        rows = 128 if one else 64
-        lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
-        lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
-        warps = 8 if one else 4
-        if head == 128:  # the NHD kernel
-            lb = gl.NVMMASharedLayout.get_default_for([16, head], gl.bfloat16)
-            sig = {
-                "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
-                "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-                "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-                "KC_desc": f"tensordesc<bf16[16, {head}],{lb!r}>",
-                "VC_desc": f"tensordesc<bf16[16, {head}],{lb!r}>",
-                "KCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-                "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": "*bf16", "BlockTable": "*i32",
-                "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32",
-                "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32",
-                "oob_row": "i32",
-                "Lse": "constexpr", "stride_lse_h": "constexpr", "n_bt_cols": "i32", "num_blocks": "i32",
-                "max_query_len": "i32",
-                "Status": "constexpr",
-            }
-            consts = dict(Lse=None, stride_lse_h=None, Status=None, HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn,
-                          BOX=16, KV_FROM_CACHE=False, RETURN_LSE=False, NUM_STAGES=2, ONE_CONSUMER=one)
-            fn, aligned = itf._gluon_fwd_kernel, ()
-        else:  # the split kernel as shipped at head 256, page 16: K (chunk-major runs) and V by TMA
-            lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-            lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
-            l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
-            lv = gl.NVMMASharedLayout.get_default_for([head, 16], gl.bfloat16)
-            k_chunk = f"tensordesc<bf16[8, 64],{lc!r}>"
-            sig = {
-                "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
-                "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>",
-                "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "K_cache": k_chunk,
-                "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>", "O": "*bf16", "BlockTable": "*i32",
-                "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
-                "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32",
-                "page_size": "i32", "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64",
-                "vc_head": "i32", "vc_dim": "i32", "Lse": "*fp32", "stride_lse_h": "i32", "n_bt_cols": "i32",
-                "num_blocks": "i32", "max_query_len": "i32", "Status": "constexpr",
-                "KR_desc": f"tensordesc<bf16[2, {head // 8}, 64],{lw!r}>",
-                "KN_desc": f"tensordesc<bf16[{bn // 8}, {head // 8}, 8, 8],{l4!r}>",
-            }
-            consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=False, RETURN_LSE=True,
-                          NUM_STAGES=2, V_TMA=True, ONE_CONSUMER=one, K_TMA=True, K_WIDE=2,
-                          K_VIEW=itf._k_view(bn, head, True), K_CM=True, V_RING=lv, Status=None)
-            fn, aligned = itf._gluon_split_kernel, ()
-        _, plain = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps)
-        _, free = compile_sm90(fn, sig, consts, aligned=aligned, num_warps=warps, free_waits=True)
+        for free_waits in (False, True):
+            if head == 128:  # the NHD kernel
+                _, kernel = compile_nhd(head, 16, False, False, one=one, free_waits=free_waits)
+            else:  # the split kernel as shipped at head 256, page 16: K (chunk-major runs) and V by TMA
+                _, kernel = compile_split(head, False, True, True, True, 2, one=one, free_waits=free_waits)
+            if free_waits:
+                free = kernel
+            else:
+                plain = kernel
         check_free(plain.asm["ptx"], free.asm["ptx"])
 """
+)
 
 
 @pytest.mark.compile_check

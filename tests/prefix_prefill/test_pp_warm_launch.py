@@ -17,7 +17,7 @@ import math
 
 import pytest
 import torch
-from launch_stubs import Compiled, Jit, fake_raw_launchers, pointers
+from launch_stubs import Compiled, pointers, stub_prefix_gluon
 from pp_cases import make_case, problem_of
 
 import prefill_runtime.compiled_launch as cl
@@ -33,12 +33,7 @@ def warm_split(monkeypatch):
     raw launcher over the stand-in's C launcher."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
-    jit = Jit(gluon_launch._gluon_split_kernel.arg_names)
-    fake_raw_launchers(monkeypatch, jit)
-    monkeypatch.setattr(gluon_launch, "_gluon_split_kernel", jit)
-    monkeypatch.setattr(gluon_launch, "_SPLIT", cl.CompiledLaunches(jit))
-    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    return jit
+    return stub_prefix_gluon(monkeypatch, "_gluon_split_kernel", "_SPLIT")
 
 
 _BLOCKS = 48  # every case's cache: one geometry (one call signature)

@@ -9,7 +9,8 @@ test_plan.py's. On an sm90 GPU: the kernel against the float64 reference (ragged
 GQA, both 16-bit dtypes, heads 64, 128 and 256, LSE, strided views, the vLLM form, CUDA-graph
 capture) into NaN-poisoned buffers, with a count proving it ran; the skipping proof with NaN at every
 position a tile may not see; a negative control (a wrong mask is caught); no recompiles when lengths
-change; and the Triton kernel where the Gluon one does not apply.
+change; and the Triton kernel where the Gluon one does not apply. Sinks and soft-capping:
+test_gluon_features.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import torch
 from conftest import compile_gluon_for_sm90, compiled_variants, needs_sm90, poison
 from wp_util import (
+    WP_COMPILE_HEAD,
     any_width_is_wide,
     check_graph_replay,
     count_gluon_launches,
@@ -93,29 +95,8 @@ def test_gluon_launch_failure_falls_back_for_good(monkeypatch):
 
 
 _COMPILE_SCRIPT = """
-import window_prefill.launch as wl
-import window_prefill.plan as wp_plan
-
 for head_dim, lse in ((128, False), (64, True), (256, False)):
-    bn = 64 if head_dim == 256 else 128
-    lay_q = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.bfloat16)
-    lay_k = gl.NVMMASharedLayout.get_default_for([bn, head_dim], gl.bfloat16)
-    sig = {
-        "Q_desc": f"tensordesc<bf16[64, {head_dim}],{lay_q!r}>",
-        "K_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
-        "V_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
-        "O": "*bf16", "Starts": "*i32", "Lens": "*i32", "qk_scale": "fp32", "window_left": "i32",
-        "window_right": "i32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32",
-        "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
-        "max_len": "i32", "Status": "*i32" if lse else "constexpr",  # (with and without status=)
-    }
-    consts = dict(
-        HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False,
-        LENS_FROM_STARTS=lse, RETURN_LSE=lse, NUM_STAGES=wp_plan._GLUON_STAGES,
-    )
-    if not lse:
-        consts.update(Lse=None, stride_lse_h=None, Status=None)
-    compile_sm90(wl._gluon_fwd_kernel, sig, consts)
+    compile_wp(head_dim, lse, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=False)
 """
 
 
@@ -126,7 +107,7 @@ def test_gluon_kernel_compiles_for_sm90():
     ``cu_seqlens`` and ``(starts, lens)`` forms."""
     if wl._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
-    shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
+    shared, out = compile_gluon_for_sm90(WP_COMPILE_HEAD + _COMPILE_SCRIPT)
     assert len(shared) == 3 and max(shared) <= 227 * 1024, out
 
 
@@ -267,18 +248,13 @@ def test_gpu_gluon_strided_views_and_vllm_form(gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("what", ["softcap", "sinks", "fp32"])
-def test_gpu_gluon_falls_back(what, gluon_launches):
-    """Soft-capping, sinks and fp32 run the Triton kernel (right answers, no Gluon launch)."""
-    dtype = torch.float32 if what == "fp32" else torch.bfloat16
-    q, k, v, cu = make_qkv([300, 200], 4, 2, 128, dtype)
-    kw = {"softcap": 20.0} if what == "softcap" else {}
-    if what == "sinks":
-        kw = {"sinks": torch.randn(4, device="cuda")}
-    config = Config(16, 16, 4, 2, False, True) if what == "fp32" else GLUON_CONFIG  # fp32 tiles must fit
-    out = run(q, k, v, cu, 300, causal=True, window=(100, -1), config=config, **kw)
+def test_gpu_gluon_falls_back_for_fp32(gluon_launches):
+    """fp32 runs the Triton kernel (right answer, no Gluon launch); sinks and soft-capping take the Gluon
+    kernel (test_gluon_features.py)."""
+    q, k, v, cu = make_qkv([300, 200], 4, 2, 128, torch.float32)
+    out = run(q, k, v, cu, 300, causal=True, window=(100, -1), config=Config(16, 16, 4, 2, False, True))
     assert not gluon_launches
-    assert compare(out, reference(q, k, v, cu, causal=True, window=(100, -1), **kw))
+    assert compare(out, reference(q, k, v, cu, causal=True, window=(100, -1)))
 
 
 @pytest.mark.gpu

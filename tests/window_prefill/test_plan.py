@@ -49,9 +49,7 @@ def gluon_expected(p: Problem) -> bool:
         and p.arch == "sm90"
         and p.dtype != torch.float32
         and p.head_dim in (64, 128, 256)
-        and not p.sinks
-        and not p.softcap
-        and p.scale_positive
+        and (p.scale_positive or p.softcap > 0)
         and p.q_tma
         and p.kv_tma
         and p.wide_window
@@ -99,9 +97,6 @@ REFUSALS = [
     ("fp32-config", dict(dtype=torch.float32, config=GLUON_CFG), "float32"),
     ("head-96", dict(head_dim=96), "head size 96"),
     ("head-32", dict(head_dim=32), "head size 32"),
-    ("sinks", dict(sinks=True), "sinks"),
-    ("softcap-tanh", dict(softcap=2), "soft-capping"),
-    ("softcap-exp2", dict(softcap=1), "soft-capping"),
     ("scale", dict(scale_positive=False), "softmax_scale"),
     ("q-rows", dict(q_tma=False), "TMA"),
     ("kv-rows", dict(kv_tma=False), "TMA"),
@@ -136,6 +131,29 @@ def test_gluon_options_reach_its_constexprs(head_dim, dtype, opts):
         c = plan_.consts()
         assert (c["IS_CAUSAL"], c["HAS_LEFT"], c["HAS_RIGHT"]) == (p.causal, p.has_left, p.has_right)
         assert c["RETURN_LSE"] is p.return_lse and c["LENS_FROM_STARTS"] is p.cumulative_starts
+    assert lp.consts()["SOFTCAP"] == 0 and lp.consts()["SINKS"] == 0
+
+
+@pytest.mark.parametrize(
+    "over,want",
+    [
+        (dict(sinks=True), dict(SINKS=1, SOFTCAP=0)),
+        (dict(sinks=True, bias_key0=True), dict(SINKS=2)),
+        (dict(softcap=2), dict(SOFTCAP=2, SINKS=0)),
+        (dict(softcap=1, scale_positive=False), dict(SOFTCAP=1)),
+        (dict(softcap=2, sinks=True, has_left=True), dict(SOFTCAP=2, SINKS=1, HAS_LEFT=True)),
+        (dict(sinks=True, bias_key0=True, causal=False, has_left=True, has_right=True), dict(SINKS=2)),
+    ],
+)
+def test_gluon_takes_sinks_and_softcap(over, want):
+    """Sinks (both modes) and soft-capping (either tanh form; with it a scale <= 0 too) run the Gluon
+    kernel, as its ``SINKS`` / ``SOFTCAP`` constexprs; its Triton fallback keeps its own flags."""
+    lp = plan(problem(**over))
+    assert lp.kernel == "gluon", lp.reason
+    c = lp.consts()
+    assert {k: c[k] for k in want} == want
+    fb = lp.get("fallback").consts()
+    assert fb["HAS_SINKS"] is over.get("sinks", False) and fb["SOFTCAP"] == over.get("softcap", 0)
 
 
 @pytest.mark.parametrize(

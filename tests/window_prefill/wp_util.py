@@ -199,3 +199,32 @@ def any_width_is_wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Gluon width rule (``plan._GLUON_MIN_WIDTH``) holds for every window: short test sequences
     and narrow windows may take the Gluon kernel."""
     monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 1)
+
+
+# Head of the scripts that compile the Gluon kernel offline (after conftest's GLUON_COMPILE_PREAMBLE):
+# compile_wp(head_dim, lse, sinks, softcap, **consts) compiles one form (bf16, 128-row tiles, the
+# consumers' key blocks, the plan's ring slots) and returns the compiled kernel.
+WP_COMPILE_HEAD = """
+import window_prefill.launch as wl
+import window_prefill.plan as wp_plan
+
+
+def compile_wp(head_dim, lse, sinks=0, softcap=0, **consts):
+    bn = 64 if head_dim == 256 else 128
+    lay_q = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.bfloat16)
+    lay_k = gl.NVMMASharedLayout.get_default_for([bn, head_dim], gl.bfloat16)
+    sig = {
+        "Q_desc": f"tensordesc<bf16[64, {head_dim}],{lay_q!r}>",
+        "K_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
+        "V_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
+        "O": "*bf16", "Starts": "*i32", "Lens": "*i32", "qk_scale": "fp32", "window_left": "i32",
+        "window_right": "i32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32",
+        "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
+        "Sinks": "*fp32" if sinks else "constexpr", "tanh_scale": "fp32" if softcap else "constexpr",
+        "max_len": "i32", "Status": "*i32" if lse else "constexpr",  # (with and without status=)
+    }
+    consts = dict(HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, LENS_FROM_STARTS=True, RETURN_LSE=lse,
+                  NUM_STAGES=wp_plan._GLUON_STAGES, SOFTCAP=softcap, SINKS=sinks, **consts)
+    consts.update({n: None for n, t in sig.items() if t == "constexpr"})
+    return compile_sm90(wl._gluon_fwd_kernel, sig, consts)[1]
+"""

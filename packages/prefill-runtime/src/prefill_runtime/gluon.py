@@ -9,10 +9,11 @@ Key blocks, in the order the producer fills the K/V rings: ``n_a`` blocks of seg
 ``n_blocks - n_a`` of segment B. Block ``t`` of a segment covers key coordinates ``[n0, n0 +
 BLOCK_N)``, ``n0 = base + t * BLOCK_N``; query row ``r`` (its index in its sequence) sees key ``p`` of
 the segment iff ``lo <= p < hi`` and ``p <= r + shift`` (``CAUSAL``) and the window terms hold
-(``HAS_LEFT``: ``r - p <= window_left``; ``HAS_RIGHT``: ``p - r <= window_right``; positions in the
-same coordinates, i.e. only with ``shift == 0``). Blocks inside ``[full_lo, full_hi)`` are visible to
-every row of the tile: no mask. A block that sticks out of ``[lo, hi)`` has those V rows set to 0 in
-shared memory before its ``P @ V`` (the rows' P is 0, but the memory may hold NaN).
+(``HAS_LEFT``: ``r + shift - p <= window_left``; ``HAS_RIGHT``: ``p - r - shift <= window_right``:
+``r + shift`` is the row's position in the segment's coordinates). Blocks inside ``[full_lo,
+full_hi)`` are visible to every row of the tile: no mask. A block that sticks out of ``[lo, hi)`` has
+those V rows set to 0 in shared memory before its ``P @ V`` (the rows' P is 0, but the memory may
+hold NaN).
 
 * window-prefill: one segment (``n_a == n_blocks``): the tile's key range, ``shift = 0``.
 * prefix-prefill: A = the cached context (``shift`` = context length: every context key is before
@@ -20,7 +21,16 @@ shared memory before its ``P @ V`` (the rows' P is 0, but the memory may hold Na
   one segment over the whole sequence with ``shift`` = context length.
 
 Scores are in log2 units: ``p = exp2(s * qk_scale - m)`` with the scale folded into the exponent and
-the row max taken on raw scores (``qk_scale > 0``).
+the row max taken on raw scores (``qk_scale > 0``). Score options (constexprs of :func:`consumer`, each
+compiled in only where it is on; their values in the ``score`` tuple :func:`score_terms` makes):
+``SOFTCAP`` the raw score becomes ``tanh(s * tanh_scale)`` first (``qk_scale`` is then ``softcap *
+log2(e)``: logits ``softcap * tanh(scale * q.k / softcap)``; 2: the hardware ``tanh.approx.f32``, 1:
+tanh through exp2); ``ALIBI`` the raw score less ``slope * |q_pos - k_pos|`` (``q_pos = r + shift``,
+the slope in raw units: ``slope * log2(e) / qk_scale``); ``SINKS == 1`` the running max and denominator
+start at the sink (``sink * log2(e)``) and 1 (0 for a sink of ``-inf``), ``SINKS == 2`` the sink is a
+bias on the score of key 0 (raw units; the caller masks the block holding key 0). These are the Triton
+kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with the bias terms in raw
+units, so the scale still folds into the exponent.
 """
 
 from triton.experimental import gluon
@@ -104,23 +114,72 @@ def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_D
 
 
 @gluon.jit
+def tanh(x, FAST: gl.constexpr):
+    """tanh of a float32 tensor: ``FAST`` the hardware ``tanh.approx.f32`` (one MUFU op), else through
+    exp2 (``prefill_runtime.device.tanh``'s two forms, for Gluon)."""
+    if FAST:
+        y = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                      pack=1)  # fmt: skip
+    else:
+        y = 1.0 - 2.0 / (gl.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+    return y
+
+
+@gluon.jit
+def score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                SINKS: gl.constexpr):  # fmt: skip
+    """The ``score`` tuple of :func:`consumer` for query head ``head``: ``(tanh_scale, slope, sink)``
+    (module docstring): ``tanh_scale`` with ``SOFTCAP``; ``slope = Slopes[head] * log2(e) / qk_scale``
+    with ``ALIBI``; ``sink = Sinks[head] * log2(e)`` with ``SINKS == 1``, divided by ``qk_scale`` with
+    ``SINKS == 2``. An entry whose option is off is ``qk_scale`` (never read). ``qk_scale``: the
+    multiplier of the (capped) raw score, > 0."""
+    LOG2E: gl.constexpr = 1.4426950408889634
+    if SOFTCAP > 0:
+        cap = tanh_scale
+    else:
+        cap = qk_scale
+    if ALIBI:
+        slope = gl.load(Slopes + head).to(gl.float32) * (LOG2E / qk_scale)
+    else:
+        slope = qk_scale
+    if SINKS == 1:
+        sink = gl.load(Sinks + head).to(gl.float32) * LOG2E
+    elif SINKS == 2:
+        sink = gl.load(Sinks + head).to(gl.float32) * (LOG2E / qk_scale)
+    else:
+        sink = qk_scale
+    return cap, slope, sink
+
+
+@gluon.jit
 def softmax_step(
     b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    S_LAYOUT: gl.constexpr,
+    S_LAYOUT: gl.constexpr, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
+    SINKS: gl.constexpr = 0,
 ):  # fmt: skip
     """Online-softmax step on raw scores ``b_s`` [BM, BN] of the key block at ``n0`` (rows ``offs_r``):
     returns (p, alpha, m_new, l_new), p = exp2(s * qk_scale - m_new) [BM, BN] float32, alpha =
-    exp2(m_i - m_new) [BM]. ``masked`` (runtime, uniform): apply the visibility mask."""
+    exp2(m_i - m_new) [BM]. ``masked`` (runtime, uniform): apply the visibility mask. ``score``,
+    ``SOFTCAP``, ``ALIBI``, ``SINKS``: the score options (module docstring; the key-0 bias of ``SINKS ==
+    2`` only in masked blocks)."""
+    if SOFTCAP > 0:
+        b_s = tanh(b_s * score[0], SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
+    if ALIBI:  # - slope * |q_pos - k_pos|, positions exact in float32 (< 2**24)
+        k_f = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))).to(gl.float32)  # [BN]
+        q_f = (offs_r + shift).to(gl.float32)  # [BM]
+        b_s = b_s - score[1] * gl.abs(q_f[:, None] - k_f[None, :])  # [BM, BN]
     if masked:
         offs_k = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN] key coordinates
         m_vis = ((offs_k >= lo) & (offs_k < hi))[None, :] & (offs_r >= 0)[:, None]  # [BM, BN]
         if CAUSAL:
             m_vis = m_vis & (offs_k[None, :] <= (offs_r + shift)[:, None])  # [BM, BN]
-        if HAS_LEFT:
-            m_vis = m_vis & (offs_r[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
+        if HAS_LEFT:  # (offs_r + shift: the rows' positions in the key coordinates)
+            m_vis = m_vis & ((offs_r + shift)[:, None] - offs_k[None, :] <= window_left)  # [BM, BN]
         if HAS_RIGHT:
-            m_vis = m_vis & (offs_k[None, :] - offs_r[:, None] <= window_right)  # [BM, BN]
+            m_vis = m_vis & (offs_k[None, :] - (offs_r + shift)[:, None] <= window_right)  # [BM, BN]
+        if SINKS == 2:
+            b_s = gl.where(offs_k[None, :] == 0, b_s + score[2], b_s)  # [BM, BN] the bias of key 0
         b_s = gl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
     m_new = gl.maximum(m_i, gl.max(b_s, axis=1) * qk_scale)  # [BM]
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # [BM] a row with nothing visible: exp2 -> 0
@@ -288,17 +347,19 @@ def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b
 def _block_step(
     j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty, v_ready,
     v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi,
-    b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right,
+    b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score,
     WG: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, VS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
     K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
-    S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+    S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, SOFTCAP: gl.constexpr,
+    ALIBI: gl.constexpr, SINKS: gl.constexpr,
 ):  # fmt: skip
     """One step of :func:`consumer`'s loop: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (its V
     slot in the ``V_ROWS`` form when that is given, see :func:`_pv_step`), wait for ``S_j`` only, the
     softmax of block ``j`` while ``P @ V`` runs, then wait and rescale. Returns the loop's state: ``(acc,
-    b_p, m_i, l_i, n_fix)`` and block ``j``'s ``(n0, lo, hi, out)`` for its own ``P @ V``."""
+    b_p, m_i, l_i, n_fix)`` and block ``j``'s ``(n0, lo, hi, out)`` for its own ``P @ V``. ``score``,
+    ``SOFTCAP``, ``ALIBI``, ``SINKS``: :func:`softmax_step`'s."""
     dtype: gl.constexpr = q_buf.dtype
     slot = j % NUM_STAGES
     pslot = (j - 1) % VS
@@ -319,7 +380,7 @@ def _block_step(
     )  # fmt: skip
     b_pf, alpha, m_i, l_i = softmax_step(
         b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
+        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS,
     )  # fmt: skip
     acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
     _release(v_empty.index(pslot), WARPGROUPS)
@@ -338,7 +399,8 @@ def consumer(
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
-    K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
+    K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0,
+    ALIBI: gl.constexpr = False, SINKS: gl.constexpr = 0,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -357,7 +419,8 @@ def consumer(
     ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there). ``V_ROWS``
     (with ``V_T``): the V slots of segment B's blocks hold ``[BLOCK_N, D]`` key rows in this layout
     instead (the slot's memory reinterpreted; the new tokens' V as stored, no transposed copy);
-    segment B must then hold at least one block (a one-segment caller passes None)."""
+    segment B must then hold at least one block (a one-segment caller passes None). ``score``, ``SOFTCAP``,
+    ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -371,8 +434,12 @@ def consumer(
     dtype: gl.constexpr = q_smem.dtype
     q_buf = q_smem.index(WG)  # [ROWS, D] (WARPGROUPS == 2: the whole tile, one buffer)
     offs_r = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
-    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    if SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
+        m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + score[2]  # [BM / 2]
+        l_i = gl.where(m_i == float("-inf"), 0.0, 1.0)  # [BM / 2]
+    else:
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
 
     # ---- block 0: scores and softmax, no P @ V yet ----
@@ -389,7 +456,7 @@ def consumer(
     )  # fmt: skip
     b_p, _, m_i, l_i = softmax_step(
         b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT,
+        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS,
     )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
     p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its P @ V
@@ -406,9 +473,9 @@ def consumer(
         acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out = _block_step(
             j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty,
             v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
-            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, WG, ROWS, BLOCK_N,
-            HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW,
-            FREE_WAITS, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT,
+            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, WG, ROWS,
+            BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW,
+            FREE_WAITS, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS,
         )  # fmt: skip
     if V_ROWS is not None:
         for j in range(a_stop, n_blocks):
@@ -416,8 +483,9 @@ def consumer(
                 j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready,
                 k_empty, v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo,
                 a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left,
-                window_right, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T,
-                CP_FILL, WARPGROUPS, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
+                window_right, score, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                V_T, CP_FILL, WARPGROUPS, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
+                SOFTCAP, ALIBI, SINKS,
             )  # fmt: skip
 
     # ---- the last block's P @ V (with V_ROWS a block of segment B) ----

@@ -63,15 +63,16 @@ def gluon_token_rows(t: torch.Tensor, rows: int):
 def gluon_applies(q: torch.Tensor, arch: str, *, sinks: object, softcap: float, scale: float) -> bool:
     """What both packages' Gluon kernels need of a call: an sm90 launch (``arch`` as the launchers name
     it), 16-bit ``q`` with head size 64, 128 or 256 (``q`` ``[tokens, heads, head]``), fewer than 2**31
-    tokens, no sinks, no soft-capping and a positive softmax scale. Each package adds its own terms."""
+    tokens, and a positive softmax scale or soft-capping (the kernels fold the score's multiplier,
+    ``softcap * log2(e)`` when capped, into the exponent). Sinks are taken (``sinks`` is not read). Each
+    package adds its own terms."""
+    del sinks
     return (
         arch == "sm90"
         and q.dtype in (torch.float16, torch.bfloat16)
         and q.shape[2] in (64, 128, 256)
         and q.shape[0] < 2**31
-        and sinks is None
-        and not softcap > 0
-        and scale > 0
+        and (scale > 0 or softcap > 0)
     )
 
 

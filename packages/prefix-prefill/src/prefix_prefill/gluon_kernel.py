@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from paged_kv_offsets.gluon import bad_block_ids, page_row
 from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report
-from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
+from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves, score_terms
 from prefill_runtime.gluon_bounds import zero_rows
 from prefix_prefill.sequence import sequence_geometry
 
@@ -81,46 +81,22 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
 
 
 @gluon.jit
-def _program(
-    O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks, page_size,
-    max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
-):  # fmt: skip
-    """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
-    past the grid (:func:`_program_guard`), its key segments (:func:`_program_segments`). Returns
-    ``(skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks,
-    b_full)``; ``skip``: the program has nothing (more) to do: its tile starts past the sequence, or
-    (``KV_FROM_CACHE``) the table holds no key of it, whose rows are then written as 0 here."""
-    head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
-        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE
-    )
-    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
-    _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
-                   num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
-                   HEAD_DIM)  # fmt: skip
-    m0 = pid_m * BLOCK_M
-    a_end, a_full, b_end, n_a, n_blocks, b_full = _program_segments(
-        q_len, ctx_len, cache_len, m0, BLOCK_M, BLOCK_N, KV_FROM_CACHE
-    )
-    skip = m0 >= q_len
-    if KV_FROM_CACHE:
-        empty = (n_blocks == 0) & (m0 < q_len)
-        if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
-            zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head, Lse,
-                      stride_lse_h, HEAD_DIM)  # fmt: skip
-        skip = skip | empty
-    return skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks, b_full
-
-
-@gluon.jit
-def _program_segments(q_len, ctx_len, cache_len, m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      KV_FROM_CACHE: gl.constexpr):  # fmt: skip
-    """``(a_end, a_full, b_end, n_a, n_blocks, b_full)`` of a tile with rows ``[m0, m1)``: segment A
-    = cache positions ``[0, a_end)`` (row r sees p iff p <= ctx_len + r; every row sees ``[0,
-    a_full)``; never past the ``cache_len`` keys the block table holds), B = new tokens ``[0, b_end)``
-    (causal; every row sees ``[0, b_full)``); ``n_a`` and ``n_blocks`` key blocks. With
-    ``KV_FROM_CACHE`` the new tokens are part of A (and ``n_blocks`` is 0 only when the table holds
-    none of the tile's keys, malformed metadata)."""
+def _program_segments(q_len, ctx_len, cache_len, m0, window_left, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+                      HAS_LEFT: gl.constexpr = False):  # fmt: skip
+    """The key segments of a tile with rows ``[m0, m1)`` as the tuple ``(n_blocks, n_a, a_base, a_lo,
+    a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full)``: segment A = cache positions
+    ``[a_lo, a_end)`` (row r sees p iff p <= a_shift + r, ``a_shift = ctx_len``; every row sees
+    ``[a_full_lo, a_full)``), B = new tokens
+    ``[0, b_end)`` (causal; every row sees ``[b_full_lo, b_full)``); ``n_a`` blocks of A from
+    ``a_base``, ``n_blocks - n_a`` of B from ``b_base`` (multiples of ``BLOCK_N``). With
+    ``KV_FROM_CACHE`` the new tokens are part of A. ``HAS_LEFT`` (a left window, ``window_left``): a
+    row at position ``p_r`` sees keys from ``p_r - window_left`` on, so each segment starts at the
+    block of the first key some row sees (no block before it is loaded; A's keys before ``a_lo`` are
+    set to 0 in the V slots, K's are masked) and ends its unmasked blocks where every row still sees
+    them; without, the bases, ``a_lo`` and the lower ``full`` bounds are 0. Segment A never reaches past
+    the ``cache_len`` keys the block table holds (with ``KV_FROM_CACHE``, ``n_blocks`` is then 0 only
+    when the table holds none of the tile's keys: malformed metadata)."""
     m1 = gl.minimum(m0 + BLOCK_M, q_len)
     if KV_FROM_CACHE:
         a_end = gl.minimum(ctx_len + m1, cache_len)
@@ -130,10 +106,93 @@ def _program_segments(q_len, ctx_len, cache_len, m0, BLOCK_M: gl.constexpr, BLOC
         a_end = cache_len
         a_full = gl.minimum((ctx_len // BLOCK_N) * BLOCK_N, a_end)
         b_end = m1
-    n_a = gl.cdiv(a_end, BLOCK_N)
-    n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
+    if HAS_LEFT:
+        a_lo = gl.minimum(gl.maximum(ctx_len + m0 - window_left, 0), a_end)  # the first key any row sees
+        a_base = (a_lo // BLOCK_N) * BLOCK_N
+        a_full_lo = ctx_len + m1 - 1 - window_left  # every row sees the keys from here on
+        n_a = gl.where(a_lo < a_end, gl.cdiv(a_end - a_base, BLOCK_N), 0)
+        if KV_FROM_CACHE:
+            b_base = b_end
+        else:
+            b_base = (gl.maximum(m0 - window_left, 0) // BLOCK_N) * BLOCK_N
+        b_full_lo = m1 - 1 - window_left
+        n_blocks = n_a + gl.cdiv(b_end - b_base, BLOCK_N)
+    else:
+        z = m1 * 0
+        a_lo, a_base, a_full_lo, b_base, b_full_lo = z, z, z, z, z
+        n_a = gl.cdiv(a_end, BLOCK_N)
+        n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
     b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
-    return a_end, a_full, b_end, n_a, n_blocks, b_full
+    return n_blocks, n_a, a_base, a_lo, a_end, ctx_len, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full
+
+
+@gluon.jit
+def _program_options(q_len, ctx_len, cache_len, m0, head, window_left, qk_scale, tanh_scale, Sinks, Slopes,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+                     HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+                     HAS_SINKS: gl.constexpr):  # fmt: skip
+    """``(w_left, seg, score)`` of a program: the left window (0 without ``HAS_LEFT``), the segments of
+    :func:`_program_segments`, and the consumers' ``score`` tuple (``prefill_runtime.gluon.score_terms``)
+    of query head ``head``: soft-capping, ALiBi slopes ``Slopes`` and sinks ``Sinks`` (an extra logit of
+    the denominator)."""
+    if HAS_LEFT:
+        w_left = window_left
+    else:
+        w_left = m0 * 0
+    seg = _program_segments(q_len, ctx_len, cache_len, m0, w_left, BLOCK_M, BLOCK_N, KV_FROM_CACHE, HAS_LEFT)
+    score = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
+    return w_left, seg, score
+
+
+@gluon.jit
+def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.constexpr,
+                     SKIP_DECODE: gl.constexpr):  # fmt: skip
+    """Whether this program has nothing to compute: its tile starts past its sequence's new tokens, or
+    (``SKIP_DECODE``) the sequence has one new token, left to a decode kernel: that row's output is left as
+    it is and, with ``RETURN_LSE``, its LSE is ``-inf``."""
+    skip = m0 >= q_len
+    if SKIP_DECODE:
+        decode = (q_len == 1) & (m0 == 0)
+        if RETURN_LSE:
+            gl.store(Lse + head.to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
+        skip = skip | decode
+    return skip
+
+
+@gluon.jit
+def _program(
+    O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks, page_size,
+    max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale, Sinks, Slopes,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+    RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
+    HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr,
+):  # fmt: skip
+    """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
+    past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
+    window, key segments and score terms (:func:`_program_options`). Returns ``(skip, head, q_tok0,
+    q_len, m0, p_table_row, w_left, seg, score)``; ``skip``: the program has nothing (more) to do: its
+    tile starts past the sequence, its sequence is a skipped decode row, or (``KV_FROM_CACHE``) the
+    table holds no key of the tile, whose rows are then written as 0 here."""
+    head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
+        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE
+    )
+    p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
+    _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
+                   num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
+                   HEAD_DIM)  # fmt: skip
+    m0 = pid_m * BLOCK_M
+    skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE)
+    w_left, seg, score = _program_options(
+        q_len, ctx_len, cache_len, m0, head, window_left, qk_scale, tanh_scale, Sinks, Slopes, BLOCK_M,
+        BLOCK_N, KV_FROM_CACHE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+    )  # fmt: skip
+    if KV_FROM_CACHE:
+        empty = (seg[0] == 0) & (m0 < q_len) & (skip == 0)
+        if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
+            zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head, Lse,
+                      stride_lse_h, HEAD_DIM)  # fmt: skip
+        skip = skip | empty
+    return skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score
 
 
 @gluon.jit
@@ -141,24 +200,27 @@ def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr = 64,
-    V_ROWS: gl.constexpr = None,
+    V_ROWS: gl.constexpr = None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
+    HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
-    ``tile``: ``(m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full,
-    qk_scale, zero, stride_ot, stride_oh)``. ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``,
-    filled by ``cp.async``); ``WARPGROUPS``, ``K_VIEW``, ``FREE_WAITS``, ``K_COLS``, ``V_ROWS``: see the
-    consumer."""
+    ``tile``: ``(m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, stride_ot, stride_oh)``
+    (``seg``, ``score``, ``window_left``: :func:`_program_options`').
+    ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
+    ``K_VIEW``, ``FREE_WAITS``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
+    ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
-    m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, z, st_o, sh_o = (
-        tile
-    )
+    m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, st_o, sh_o = tile
+    n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
+    z = m0 * 0
     consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
-        q_len, head, n_blocks, n_a, z, z, a_end, ctx_len, z, a_full, z, z, b_end, z, z, b_full, qk_scale, z,
-        z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, True, False, False, RETURN_LSE,
-        SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, FREE_WAITS, K_COLS, V_ROWS,
+        q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z, b_end, z,
+        b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
+        NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, FREE_WAITS,
+        K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0,
     )  # fmt: skip
 
 
@@ -169,13 +231,13 @@ def _producer(
 ):  # fmt: skip
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)``. Block ``j`` goes to slot ``j %
-    NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[j * BLOCK_N,
-    +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc`` (block
-    [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc`` (block
-    [BOX, D]), one per page run. The rest: new tokens through ``N_desc``."""
+    oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``. Block ``j`` goes to slot
+    ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[a_base
+    + j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc``
+    (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc``
+    (block [BOX, D]), one per page run. The rest: new tokens through ``N_desc`` from row ``n_tok0``."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
-     q_tok0, m0, head, kv_col, n_a, a_end, n_blocks) = args  # fmt: skip
+     q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -186,7 +248,7 @@ def _producer(
         buf = smem.index(slot)
         mbarrier.expect(bar, kv_bytes)
         if j < n_a:
-            pos0 = j * BLOCK_N
+            pos0 = a_base + j * BLOCK_N
             if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
                 row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
                 tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
@@ -198,11 +260,11 @@ def _producer(
                     row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row)
                     tma.async_copy_global_to_shared(C_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
         else:
-            tma.async_copy_global_to_shared(N_desc, [q_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
+            tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "stride_lse_h", "n_bt_cols", "num_blocks",
-                              "max_query_len"])  # fmt: skip
+                              "max_query_len", "window_left"])  # fmt: skip
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc, O, BlockTable, CuSeqlensQ, SeqLens,
     qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h, n_bt_cols,
@@ -210,7 +272,9 @@ def _gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     ONE_CONSUMER: gl.constexpr,
-    LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
+    LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr, Sinks=None, Slopes=None, tanh_scale=None,
+    window_left=None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
+    HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -221,17 +285,24 @@ def _gluon_fwd_kernel(
     one copy of the consumer code (about half the compile). ``LLVM_O0``: read by the compile hook only
     (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel. ``FREE_WAITS``: the
     consumers' waits for ready slots without Triton's partition-wide barrier before each
-    (``prefill_runtime.gluon.free_wait``; the compile hook drops them). ``n_bt_cols``: the block table's
-    width; ``num_blocks``: the caches'; ``max_query_len``: the caller's; ``Status``: the caller's
-    ``status=`` tensor or None (see
-    :func:`_program_guard`; rows come clamped into ``Q_desc``'s token count, cached keys into the
-    table)."""
-    (skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks,
-     b_full) = _program(O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt,
-                        n_bt_cols, num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
-                        BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE)  # fmt: skip
+    (``prefill_runtime.gluon.free_wait``; the compile hook drops them). Options (each argument None, a
+    constexpr, where its option is off): ``HAS_LEFT`` a left window of ``window_left`` keys
+    (:func:`_program_segments`); ``SOFTCAP`` soft-capping (``qk_scale`` = softcap * log2(e),
+    ``tanh_scale`` = softmax scale / softcap); ``HAS_ALIBI`` ALiBi slopes ``Slopes`` ``[num_heads]``;
+    ``HAS_SINKS`` sinks ``Sinks`` ``[num_heads]`` (float32, an extra logit of the denominator);
+    ``SKIP_DECODE`` one-token sequences are left to a decode kernel (:func:`_program_skipped`).
+    ``n_bt_cols``: the block table's width; ``num_blocks``: the caches'; ``max_query_len``: the caller's;
+    ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
+    into ``Q_desc``'s token count, cached keys into the table)."""
+    skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score = _program(
+        O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
+        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
+        Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
+        HAS_ALIBI, HAS_SINKS,
+    )  # fmt: skip
     if skip:
         return
+    n_blocks, n_a, a_base, _, a_end, _, _, _, b_base, _, _, _ = seg
     kv_col = (head // group_size) * HEAD_DIM
     HALF_M: gl.constexpr = BLOCK_M // 2
 
@@ -239,18 +310,18 @@ def _gluon_fwd_kernel(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
     )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
-            stride_ot, stride_oh)  # fmt: skip
+    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, stride_ot, stride_oh)
+    n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-              page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)  # fmt: skip
+              page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
     v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-              page_size, oob_row, q_tok0, m0, head, kv_col, n_a, a_end, n_blocks)  # fmt: skip
+              page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
     if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 2, None, FREE_WAITS,
+                    False, 2, None, FREE_WAITS, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
@@ -263,11 +334,11 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, FREE_WAITS,
+                    False, 1, None, FREE_WAITS, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, FREE_WAITS,
+                    False, 1, None, FREE_WAITS, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),

@@ -6,12 +6,15 @@ tiers, the compiled variants launched directly, the fallback when a Gluon kernel
 :mod:`prefix_prefill.plan` for when they apply); it returns False when the kernel failed to build or
 launch (another Triton's Gluon): from then on :func:`available` is False and the Triton kernel runs.
 
+Options (:class:`Options`: soft-capping, the left window, sinks, ALiBi slopes) become the kernels'
+keyword arguments as :func:`_option_args` says; each is None, a constexpr, where the plan has it off.
+
 Warm calls: a compiled and loaded key's full form is launched directly (light descriptors, Triton 3.6's
 C launcher), and its first direct launch over a pair of caches keeps a frame of the C-launcher arguments
-(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers and logit scale); a repeated
-call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the new
-tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE, the
-status) and launches.
+(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers, logit scale, cap and window); a
+repeated call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the
+new tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE,
+the status, the sinks and ALiBi slopes) and launches.
 
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
@@ -27,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -53,6 +57,36 @@ _TIERS = runtime.CompileTiers()
 _KEY_IDS: dict[tuple, int] = {}
 _KEY_IDS_MAX = 4096
 _NEXT_ID = itertools.count()
+# Left windows at least this wide reach past any position (int32 in the kernels): passed as this
+_WINDOW_CAP = 1 << 30
+
+
+class Options(NamedTuple):
+    """A call's options beyond plain attention, as the Gluon launch takes them: ``softcap`` (0: none),
+    ``left`` (the left window, -1: none), ``sinks`` and ``alibi`` (``[num_heads]`` float32 tensors, or
+    None)."""
+
+    softcap: float = 0.0
+    left: int = -1
+    sinks: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
+
+
+PLAIN = Options()
+
+
+def _option_args(consts: dict, scale: float, opts: Options) -> float:
+    """The kernels' logit multiplier (softmax scale, or with ``SOFTCAP`` the cap, times log2(e)); adds the
+    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``) to ``consts`` (a call's
+    parameters, the plan's constexprs), each None (a constexpr) where its option is off there."""
+    capped = consts.get("SOFTCAP", 0) > 0
+    consts.update(
+        Sinks=opts.sinks if consts.get("HAS_SINKS") else None,
+        Slopes=opts.alibi if consts.get("HAS_ALIBI") else None,
+        tanh_scale=scale / opts.softcap if capped else None,
+        window_left=min(opts.left, _WINDOW_CAP) if consts.get("HAS_LEFT") else None,
+    )
+    return (opts.softcap if capped else scale) * LOG2E
 
 
 def available() -> bool:
@@ -98,17 +132,20 @@ def _run_tiers(key: tuple, launch) -> None:
         _TIERS.run(key, launch)
 
 
-def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, lse, status=None) -> int:
+def launch_key(
+    plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, lse, status=None, opts: Options = PLAIN
+) -> int:
     """The id of a call's key for the compiled variants launched directly: its kernel, problem and plan
     (which fix every descriptor's geometry and every constexpr), the dtypes and 16-byte alignment of
-    the index tensors, ``lse`` and ``status`` (the specialisations the problem leaves open) and the device (a
-    variant is loaded on one). One call signature has one id (:class:`prefix_prefill.launch.Prepared`
-    keeps it). Bounded: past ``_KEY_IDS_MAX`` keys the table starts over, with new ids."""
+    the index tensors, ``lse``, ``status`` and the option tensors (the specialisations the problem leaves
+    open) and the device (a variant is loaded on one). One call signature has one id
+    (:class:`prefix_prefill.launch.Prepared` keeps it). Bounded: past ``_KEY_IDS_MAX`` keys the table
+    starts over, with new ids."""
     full = (
         plan.kernel,
         problem,
         plan,
-        _spec(block_table, cu_seqlens_q, seq_lens, lse, status),
+        _spec(block_table, cu_seqlens_q, seq_lens, lse, status, opts.sinks, opts.alibi),
         seq_lens.get_device(),
     )
     key = _KEY_IDS.get(full)
@@ -120,16 +157,16 @@ def launch_key(plan: LaunchPlan, problem, block_table, cu_seqlens_q, seq_lens, l
 
 
 def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
-         max_query_len: int, scale: float, lse, status=None) -> bool:  # fmt: skip
-    """A warm call of a Gluon plan (``key``: its :func:`launch_key`) through the frame kept for its caches
-    and scale: True when launched (or nothing to launch), False when there is no usable frame (no direct
-    launch yet over these caches, a launch hook installed, a test's stand-in kernel, another current
-    device): then :func:`launch` runs it."""
+         max_query_len: int, scale: float, lse, status=None, opts: Options = PLAIN) -> bool:  # fmt: skip
+    """A warm call of a Gluon plan (``key``: its :func:`launch_key`) through the frame kept for its caches,
+    scale, cap and window: True when launched (or nothing to launch), False when there is no usable
+    frame (no direct launch yet over these caches, a launch hook installed, a test's stand-in kernel,
+    another current device): then :func:`launch` runs it."""
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
-    frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale))
+    frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
     if frame is None:
         return False
     index = q.get_device()
@@ -156,6 +193,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         block_table.shape[1],
         max_query_len,
         None if status is None else status.data_ptr(),
+        None if opts.sinks is None else opts.sinks.data_ptr(),
+        None if opts.alibi is None else opts.alibi.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
     frame(max(-(-max_query_len // plan.block_m), 1), q.shape[1], batch, stream, tokens, bases, plain)
@@ -163,17 +202,18 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
 
 
 def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
-           seq_lens, max_query_len, scale, lse, key: int | None = None, status=None) -> bool:  # fmt: skip
-    """Run ``plan``'s Gluon kernel for ``problem`` (:class:`prefix_prefill.plan.Problem`); False when it
-    failed to build or launch (then :func:`available` answers False for the rest of the process).
-    ``key``: :func:`launch_key` of the call (computed here when None)."""
+           seq_lens, max_query_len, scale, lse, key: int | None = None, status=None,
+           opts: Options = PLAIN) -> bool:  # fmt: skip
+    """Run ``plan``'s Gluon kernel for ``problem`` (:class:`prefix_prefill.plan.Problem`) with the call's
+    options ``opts``; False when it failed to build or launch (then :func:`available` answers False for
+    the rest of the process). ``key``: :func:`launch_key` of the call (computed here when None)."""
     global _FAILED
     if key is None:
-        key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status)
+        key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-            max_query_len, scale, lse, status)  # fmt: skip
+            max_query_len, scale, lse, status, opts)  # fmt: skip
     if fast is not None and not fast.verify and fast.has(key):  # compiled and loaded: straight to it
         run = functools.partial(_warm, fast, _nhd_call if nhd else _split_call, *args)
     else:
@@ -185,33 +225,24 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-          max_query_len, scale, lse, status=None) -> None:  # fmt: skip
+          max_query_len, scale, lse, status=None, opts: Options = PLAIN) -> None:  # fmt: skip
     """A compiled key's full form, launched directly with light descriptors, then kept as a frame over
     these caches (:class:`prefill_runtime.compiled_launch.Frame`): the key's later calls over them fill
     only the per-call slots (:func:`warm`)."""
     args, params, grid = call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q,
-                              seq_lens, max_query_len, scale, lse, status, True, True)  # fmt: skip
+                              seq_lens, max_query_len, scale, lse, status, opts, True, True)  # fmt: skip
     fast.launch(key, grid, args, params, _options(params), q.device)
-    # (the frame holds the caches' descriptors and the logit scale, which the key leaves open)
-    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale)
+    # (the frame holds the caches' descriptors, the logit scale, the cap and the window, which the key
+    # leaves open)
+    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left)
     if fast.frame(frame_key) is None:
         descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
         fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
 
 
 # A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
-_PER_CALL_PLAIN = (
-    "O",
-    "BlockTable",
-    "CuSeqlensQ",
-    "SeqLens",
-    "stride_bt",
-    "Lse",
-    "stride_lse_h",
-    "n_bt_cols",
-    "max_query_len",
-    "Status",
-)
+_PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h",
+                   "n_bt_cols", "max_query_len", "Status", "Sinks", "Slopes")  # fmt: skip
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
@@ -294,7 +325,7 @@ def _spec(*tensors) -> tuple:
 
 
 def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-              max_query_len, scale, lse, status, full: bool, light: bool) -> tuple:  # fmt: skip
+              max_query_len, scale, lse, status, opts, full: bool, light: bool) -> tuple:  # fmt: skip
     """The NHD kernel's ``(args, params, grid)``: the full form (two consumer warpgroups) or the quick one
     (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
     consts = plan.consts()
@@ -307,10 +338,10 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     else:
         k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
     args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
-            block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // kc.num_kv_heads, o.stride(0),
-            o.stride(1), block_table.stride(0), kc.page_size, kc.num_blocks * kc.page_size, lse,
-            lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
-            status)  # fmt: skip
+            block_table, cu_seqlens_q, seq_lens, _option_args(consts, scale, opts),
+            q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
+            kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
+            block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
     return args, consts, grid
 
@@ -382,7 +413,7 @@ def _new_k_blocks(t: torch.Tensor, block_n: int, groups: int, light: bool):
 
 
 def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-                max_query_len, scale, lse, status, full: bool, light: bool) -> tuple:  # fmt: skip
+                max_query_len, scale, lse, status, opts, full: bool, light: bool) -> tuple:  # fmt: skip
     """The split kernel's ``(args, params, grid)`` (forms and ``light`` as :func:`_nhd_call`, except that
     a plan with ``ONE_CONSUMER`` has the one-partition consumer in its full form too); the new tokens' K
     and V are read where they are."""
@@ -421,8 +452,9 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
         k_desc, kn_desc = _rows(k_rows, block_n, light), None
     one = consts["ONE_CONSUMER"] or not full  # one 8-warp consumer partition: the plan's, or the quick form
     v_block = block_n // 2 if consts["V_STAGE"] else block_n  # (V_STAGE: half blocks, which it transposes)
+    qk_scale = _option_args(consts, scale, opts)
     args = (_rows(q, block_m if one else block_m // 2, light), k_desc, _rows(v_rows, v_block, light),
-            k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, scale * LOG2E, q.shape[1] // hk,
+            k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, qk_scale, q.shape[1] // hk,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
             lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
             status)  # fmt: skip
@@ -433,7 +465,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
 
 
 def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-                   max_query_len, scale, lse, status=None):  # fmt: skip
+                   max_query_len, scale, lse, status, opts):  # fmt: skip
     """``plan``'s kernel launched through the compile tiers (module docstring), as a thunk."""
     nhd = plan.kernel == "gluon-nhd"
 
@@ -442,7 +474,7 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
         light = full and not warmup and fast is not None and fast.has(key) and not fast.verify
         args, params, grid = (_nhd_call if nhd else _split_call)(
             plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
-            max_query_len, scale, lse, status, full, light,
+            max_query_len, scale, lse, status, opts, full, light,
         )  # fmt: skip
         _start(kernel, fast, key, full, warmup, grid, args, params, q.device)
 

@@ -131,8 +131,8 @@ def _split_producer(
     ``N_desc`` at token ``n_tok0`` of the sequence's first new token.
     ``SUB``: keys (K) / features (V) per gather step. ``args``: ``(Q_desc, N_desc, Cache, q_smem, smem,
     q_bar, ready, empty, p_table_row, page_size, c_block, c_head, c_feat, q_tok0, n_tok0, m0, head,
-    kv_head, n_a, a_end, n_blocks, b_end, max_block)``; ``N_desc``: the new tokens' rows ``[tokens, kv_heads *
-    D]``,
+    kv_head, n_a, a_base, a_end, n_blocks, b_end, max_block)``; ``N_desc``: the new tokens' rows ``[tokens,
+    kv_heads * D]``,
     block ``[BLOCK_N, D]`` (V: into the slot seen in its layout). ``STAGE`` (V): ``N_desc``'s block is
     half a key block, ``stage`` two ``[BLOCK_N / 2, D]`` buffers in its layout with barriers
     ``stage_bar`` ``[2, 1]``; each half of a new-token block lands in its stage by one TMA copy (the
@@ -140,7 +140,8 @@ def _split_producer(
     partition's threads transpose it into the slot's ``[D, BLOCK_N]`` form (:func:`_transpose_v_half`),
     fence their stores against the async proxy and arrive together."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
-     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, _, max_block) = args  # fmt: skip
+     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, _,
+     max_block) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
@@ -154,12 +155,13 @@ def _split_producer(
         bar = ready.index(slot)
         buf = smem.index(slot)
         if j < n_a:
+            pos0 = a_base + j * BLOCK_N
             if KV == 0:
-                _gather_k_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+                _gather_k_block(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
+                                max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
-                _gather_v_block(Cache, buf, p_table_row, j * BLOCK_N, a_end, page_size, c_block, c_feat,
-                                head_off, max_block, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
+                _gather_v_block(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
+                                max_block, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
             _publish_gathers(bar)
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N  # the new tokens' first row in N_desc
@@ -187,12 +189,13 @@ def _split_producer(
 
 @gluon.jit
 def _split_v_tma_producer(
-    N_desc, C_desc, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head, kv_heads, n_a, a_end,
-    n_blocks, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    N_desc, C_desc, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head, kv_heads, n_a, a_base,
+    a_end, n_blocks, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):  # fmt: skip
     """The V ring by TMA (one warp): a slot ``[D, BLOCK_N]`` in a 32-byte-swizzled layout is ``BLOCK_N /
     16`` column blocks ``[D, 16]``, each one box: a context run of 16 keys (inside one page: pages are
-    multiples of 16) from ``C_desc``, the V cache seen as ``[num_blocks * kv_heads * D, page_size]``
+    multiples of 16; the context's blocks from position ``a_base``) from ``C_desc``, the V cache seen as
+    ``[num_blocks * kv_heads * D, page_size]``
     (row ``(block * kv_heads + kv_head) * D``; runs at or past ``a_end`` from row ``-D``, outside the
     view: zeros, no block-table read). A new-token block is one box ``[BLOCK_N, D]`` of ``N_desc`` (the new
     tokens' rows, from row ``n_tok0 + ...``) into the slot seen in ``N_desc``'s layout. One expect-tx
@@ -206,7 +209,7 @@ def _split_v_tma_producer(
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
             for i in gl.static_range(NB):
-                pos = j * BLOCK_N + i * 16
+                pos = a_base + j * BLOCK_N + i * 16
                 ok = pos < a_end
                 page = pos // page_size
                 blk = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)
@@ -270,7 +273,8 @@ def _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, k
 @gluon.jit
 def _split_k_tma_producer(
     Q_desc, N_desc, C_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, q_tok0, n_tok0, m0,
-    head, kv_head, kv_heads, n_a, a_end, n_blocks, b_end, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    head, kv_head, kv_heads, n_a, a_base, a_end, n_blocks, b_end, HALF_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
     CM: gl.constexpr = False, NW_desc=None,
 ):  # fmt: skip
@@ -287,8 +291,8 @@ def _split_k_tma_producer(
     ``R_desc`` (the same view) per run (:func:`_k_run_boxes`). Runs at or past ``a_end`` come from row
     -8 (outside the view: zeros, no block-table read); the keys of a run that straddles ``a_end`` are
     stale slots of its page, which the consumers' mask never lets through (``where``, not a product:
-    NaN-safe). New tokens: a block whose keys all lie in the segment (``[0, b_end)``, so in ``k``) is
-    ``D/64`` boxes ``[BLOCK_N/8, 8, 8, 8]`` (one, ``[BLOCK_N/8, D/8, 8, 8]``, chunk-major) of
+    NaN-safe). New tokens (``b_end`` of them from row ``n_tok0``): a block whose keys all lie among them
+    (so in ``k``) is ``D/64`` boxes ``[BLOCK_N/8, 8, 8, 8]`` (one, ``[BLOCK_N/8, D/8, 8, 8]``, chunk-major) of
     ``NW_desc``, ``k`` seen as ``[BLOCK_N/8, kv_heads * D/8, tokens, 8]`` with strides ``[8 * token
     stride, 8, token stride, 1]`` (key groups of 8, feature groups, keys, features: a box at token
     ``tok`` lands as its chunks; the first dimension overlaps the third, and reads stay inside ``k``
@@ -320,17 +324,18 @@ def _split_k_tma_producer(
         bar = ready.index(slot)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
+            pos0 = a_base + j * BLOCK_N
             if K_WIDE == 1:
-                page0 = (j * BLOCK_N) // page_size
-                off = j * BLOCK_N - page0 * page_size  # the block's first key in its page
+                page0 = pos0 // page_size
+                off = pos0 - page0 * page_size  # the block's first key in its page
                 if off + BLOCK_N <= page_size:  # key groups [off / 8, + NC) of one page: a box per part
                     _k_page_boxes(W_desc, parts, slot, bar, p_table_row, page0, off, kv_heads, kv_head,
                                   HEAD_DIM, CM)  # fmt: skip
                 else:
-                    _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size,
+                    _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size,
                                  kv_heads, kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
             else:
-                _k_run_boxes(R_desc, parts, slot, bar, p_table_row, j * BLOCK_N, a_end, page_size, kv_heads,
+                _k_run_boxes(R_desc, parts, slot, bar, p_table_row, pos0, a_end, page_size, kv_heads,
                              kv_head, BLOCK_N, HEAD_DIM, CM)  # fmt: skip
         else:
             tok = n_tok0 + (j - n_a) * BLOCK_N
@@ -361,11 +366,11 @@ def _split_k_partition(
     ``NW_desc`` as there), else :func:`_split_producer`'s gathers."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
-         n_tok0, m0, head, kv_head, n_a, a_end, n_blocks, b_end, _) = args  # fmt: skip
+         n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, b_end, _) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
-                              page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_end, n_blocks,
-                              b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE, CM,
-                              NW_desc)  # fmt: skip
+                              page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_base, a_end,
+                              n_blocks, b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE,
+                              CM, NW_desc)  # fmt: skip
     else:
         _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
 
@@ -381,16 +386,17 @@ def _split_v_partition(
     (``STAGE``, ``stage``, ``stage_bar`` as there)."""
     if V_TMA:
         (_, N_desc, Cache, _, smem, _, ready, empty, p_table_row, page_size, _, _, _, _, n_tok0, _, _,
-         kv_head, n_a, a_end, n_blocks, _, _) = args  # fmt: skip
+         kv_head, n_a, a_base, a_end, n_blocks, _, _) = args  # fmt: skip
         _split_v_tma_producer(N_desc, Cache, smem, ready, empty, p_table_row, page_size, n_tok0, kv_head,
-                              kv_heads, n_a, a_end, n_blocks, BLOCK_N, HEAD_DIM, NUM_STAGES)  # fmt: skip
+                              kv_heads, n_a, a_base, a_end, n_blocks, BLOCK_N, HEAD_DIM,
+                              NUM_STAGES)  # fmt: skip
     else:
         _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, STAGE, stage, stage_bar)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
                               "vc_block", "vc_head", "vc_dim", "n_bt_cols", "num_blocks",
-                              "max_query_len"])  # fmt: skip
+                              "max_query_len", "window_left"])  # fmt: skip
 def _gluon_split_kernel(
     Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
@@ -399,7 +405,9 @@ def _gluon_split_kernel(
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
     K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
     V_RING: gl.constexpr, KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
-    KN_desc=None, V_STAGE: gl.constexpr = False,
+    KN_desc=None, V_STAGE: gl.constexpr = False, Sinks=None, Slopes=None, tanh_scale=None, window_left=None,
+    HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
+    HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
     docstring): same grid, warps and segments.
@@ -429,10 +437,12 @@ def _gluon_split_kernel(
     holding a key block (``prefix_prefill.plan.SPLIT_ONE_CONSUMER_HEADS``): both consumer loops then exist
     once in the code. ``V_STAGE`` (V gathered, the new tokens given, head <= 128): ``V_desc``'s block is
     half a key block and the V producer transposes those rows into the V ring's slot form
-    (:func:`_split_producer`), so the consumers run one loop. ``n_bt_cols``, ``num_blocks``,
-    ``max_query_len``, ``Status``: as
-    in :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel`; the gathers clamp every block id into
-    ``[0, num_blocks)`` (a TMA box needs no clamp: coordinates outside the view read zeros)."""
+    (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
+    ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``: the
+    options of :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first
+    visible key are never copied, gathered or boxed). ``n_bt_cols``, ``num_blocks``, ``max_query_len``,
+    ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
+    clamp: coordinates outside the view read zeros)."""
     PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
     V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
@@ -442,12 +452,15 @@ def _gluon_split_kernel(
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
-    (skip, head, q_tok0, q_len, ctx_len, m0, p_table_row, a_end, a_full, b_end, n_a, n_blocks,
-     b_full) = _program(O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt,
-                        n_bt_cols, num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
-                        BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE)  # fmt: skip
+    skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score = _program(
+        O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
+        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
+        Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
+        HAS_ALIBI, HAS_SINKS,
+    )  # fmt: skip
     if skip:
         return
+    n_blocks, n_a, a_base, _, a_end, _, _, _, b_base, b_end, _, _ = seg
     kv_head = head // group_size
     HALF_M: gl.constexpr = BLOCK_M // 2
     if K_TMA:
@@ -488,14 +501,15 @@ def _gluon_split_kernel(
         v_stage = v_smem
         v_stage_bar = k_ready
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    tile = (m0, q_tok0, q_len, head, n_blocks, n_a, a_end, ctx_len, a_full, b_end, b_full, qk_scale, m0 * 0,
-            stride_ot, stride_oh)  # fmt: skip
+    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, stride_ot, stride_oh)
+    # the new tokens from B's first block on: rows from n_tok0, n_new of them
+    n_tok0, n_new = q_tok0 + b_base, b_end - b_base
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
-              kc_block, kc_head, kc_group, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
-              b_end, num_blocks - 1)  # fmt: skip
+              kc_block, kc_head, kc_group, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks,
+              n_new, num_blocks - 1)  # fmt: skip
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
-              vc_block, vc_head, vc_dim, q_tok0, q_tok0, m0, head, kv_head, n_a, a_end, n_blocks,
-              b_end, num_blocks - 1)  # fmt: skip
+              vc_block, vc_head, vc_dim, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks,
+              n_new, num_blocks - 1)  # fmt: skip
     kv_heads = gl.num_programs(1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.
@@ -504,7 +518,7 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
+                    True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
@@ -519,11 +533,11 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS,
+                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),

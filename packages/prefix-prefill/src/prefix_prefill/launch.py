@@ -57,7 +57,7 @@ class Prepared:
     the Triton kernel the constexprs, launch options, the integer arguments the signature fixes and the
     key of its compiled variant (for a Gluon kernel the key's id,
     :func:`prefix_prefill.gluon_launch.launch_key`). ``scale``: the logit scale, ``softcap``: the cap
-    (0: none)."""
+    (0: none), ``left``: the left window (-1: none)."""
 
     problem: Problem
     plan: LaunchPlan
@@ -69,6 +69,18 @@ class Prepared:
     opts: dict | None = None
     ints: tuple = ()
     key: tuple | int | None = None
+    left: int = -1
+    fixed: gluon_launch.Options = gluon_launch.PLAIN
+
+    def __post_init__(self) -> None:
+        self.fixed = gluon_launch.Options(self.softcap, self.left)
+
+    def options(self, sinks, alibi) -> gluon_launch.Options:
+        """A Gluon launch's options for this signature's call with these sinks and ALiBi slopes (without
+        either, one object made once per signature: a warm call builds nothing)."""
+        if sinks is None and alibi is None:
+            return self.fixed
+        return gluon_launch.Options(self.softcap, self.left, sinks, alibi)
 
 
 def forward(
@@ -155,10 +167,13 @@ def forward(
         chosen = triton_plan(problem, config, "tiles given")
     else:
         chosen = plan(problem)
-    prep = Prepared(problem, chosen, kc, vc, scale, softcap)
+    prep = Prepared(problem, chosen, kc, vc, scale, softcap, left=left)
     repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
-        prep.key = gluon_launch.launch_key(chosen, problem, block_table, cu_seqlens_q, seq_lens, lse, status)
+        opts = prep.options(sinks, alibi_slopes)
+        prep.key = gluon_launch.launch_key(
+            chosen, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts
+        )
         if gluon_launch.launch(
             chosen,
             problem,
@@ -178,6 +193,7 @@ def forward(
             lse,
             prep.key,
             status,
+            opts,
         ):
             if repeatable and prepared is not None:
                 prepared.append(prep)
@@ -306,6 +322,7 @@ def run_prepared(
         lse,
         prep.key,
         status,
+        prep.options(sinks, alibi),
     ):
         raise RuntimeError("prefix_prefill: the Gluon kernel failed after it had run (see the warning)")
 

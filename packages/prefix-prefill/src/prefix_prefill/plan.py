@@ -10,10 +10,13 @@ order; the first that applies wins:
 kernel                  when
 ======================  =========================================================================
 ``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
-                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, causal, no
-                        window/ALiBi/sinks/soft-capping/skip_decode, a positive scale, pages a multiple
-                        of 16, an NHD cache whose pages are contiguous with 16-byte rows, and q/k/v
-                        rows TMA can read (unit feature stride, heads adjacent, 16-byte aligned)
+                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, causal, a
+                        positive scale or soft-capping, no left window narrower than
+                        :data:`GLUON_MIN_WINDOW` keys, pages a multiple of 16, an NHD cache whose pages
+                        are contiguous with 16-byte rows, and q/k/v rows TMA can read (unit feature
+                        stride, heads adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, a left
+                        window (a right one is moot under causality) and skip_decode are its
+                        constexprs
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class)
@@ -37,6 +40,10 @@ from prefix_prefill.configs import MAX_GRID_YZ, get_config
 
 #: Gluon kernels: query rows per program (two consumer warpgroups of 64).
 GLUON_BLOCK_M = 128
+#: Gluon kernels: a left window must let a row see at least this many keys (``left + 1``); narrower
+#: windows keep the Triton kernel: a 128-row tile of a narrow band computes mostly masked blocks (the
+#: window-prefill package's width rule, ``window_prefill.plan._GLUON_MIN_WIDTH``, is the same).
+GLUON_MIN_WINDOW = 2048
 #: Key blocks of the Gluon kernels: 64 keys at head 256 (shared memory), else 128.
 GLUON_BLOCK_N = {64: 128, 128: 128, 256: 64}
 #: Ring slots of the Gluon kernels' K and V rings.
@@ -74,7 +81,8 @@ class Problem:
     the tensor's data pointer is a multiple of 16 bytes. ``k_strides``/``v_strides`` are None when the
     new tokens' K/V are read from the cache. ``new_rows_fit32``: every new-token offset a program forms
     from its sequence's first row fits int32. ``softcap``: the kernel's SOFTCAP form (0 off, 1 exp2,
-    2 hardware tanh)."""
+    2 hardware tanh). ``wide_window``: no left window, or one of at least :data:`GLUON_MIN_WINDOW`
+    keys a row."""
 
     arch: str
     gluon: bool
@@ -107,6 +115,7 @@ class Problem:
     scale_positive: bool
     skip_decode: bool
     lse: bool
+    wide_window: bool = True
 
     @property
     def layout(self) -> str:
@@ -157,6 +166,7 @@ def make_problem(
         scale_positive=scale > 0,
         skip_decode=bool(skip_decode),
         lse=lse,
+        wide_window=left < 0 or left + 1 >= GLUON_MIN_WINDOW,
     )
 
 
@@ -214,12 +224,8 @@ def _gluon_unmet(p: Problem) -> str | None:
         (p.head_size in GLUON_BLOCK_N, f"head size {p.head_size} (Gluon kernels: 64/128/256)"),
         (p.cache_dtype == p.q_dtype and p.out_dtype == p.q_dtype, "cache or output dtype differs from q's"),
         (p.causal, "non-causal"),
-        (not (p.use_left or p.use_right), "sliding window"),
-        (not p.alibi, "ALiBi"),
-        (not p.sinks, "sinks"),
-        (not p.softcap, "soft-capping"),
-        (not p.skip_decode, "skip_decode"),
-        (p.scale_positive, "softmax scale <= 0"),
+        (p.wide_window, f"a left window narrower than {GLUON_MIN_WINDOW} keys"),
+        (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
         (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
         (p.bt_col_stride == 1, "block table with a non-unit column stride"),
@@ -228,6 +234,19 @@ def _gluon_unmet(p: Problem) -> str | None:
         if not ok:
             return why
     return None
+
+
+def _gluon_options(p: Problem) -> dict:
+    """The Gluon kernels' option constexprs of ``p`` (a right window is moot: the kernels are causal)."""
+    return dict(HAS_LEFT=p.use_left, SOFTCAP=p.softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
+                SKIP_DECODE=p.skip_decode)  # fmt: skip
+
+
+def _options_note(p: Problem) -> str:
+    """The options a Gluon plan runs, for its reason (empty for plain attention)."""
+    names = [n for n, on in (("left window", p.use_left), ("soft-capping", p.softcap), ("ALiBi", p.alibi),
+                             ("sinks", p.sinks), ("skip_decode", p.skip_decode)) if on]  # fmt: skip
+    return f"; {', '.join(names)}" if names else ""
 
 
 def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
@@ -242,8 +261,10 @@ def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
         return None
     block_n = GLUON_BLOCK_N[d]
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
-                  KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES)  # fmt: skip
-    return LaunchPlan("gluon-nhd", "sm90, NHD cache TMA can read", GLUON_BLOCK_M, LaunchPlan.items(consts))
+                  KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
+                  **_gluon_options(p))  # fmt: skip
+    why = "sm90, NHD cache TMA can read" + _options_note(p)
+    return LaunchPlan("gluon-nhd", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
 
 def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
@@ -278,11 +299,12 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
         K_WIDE=(1 if page >= block_n else 2) if k_tma else 0, K_CM=k_tma and d in SPLIT_K_CM_HEADS,
         ONE_CONSUMER=one,
         # the new tokens' V transposed by the gathering V producer (head <= 128: shared memory for its stages)
-        V_STAGE=not (p.kv_from_cache or v_tma or one) and d <= 128,
+        V_STAGE=not (p.kv_from_cache or v_tma or one) and d <= 128, **_gluon_options(p),
     )  # fmt: skip
     why = (
         f"sm90, vLLM split cache (K by {'TMA' if k_tma else 'gathers'}, V by {'TMA' if v_tma else 'gathers'}"
         f"{', one consumer partition' if one else ''}{', new V transposed' if consts['V_STAGE'] else ''})"
+        + _options_note(p)
     )
     return LaunchPlan("gluon-split", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 

@@ -17,10 +17,12 @@ is ours rather than the compiler's (Triton's own pipelining cannot express it):
   registers (the A operand of the second wgmma).
 
 Scope (the host runs this kernel only there, else the Triton kernel): sm90, float16/bfloat16, head
-size 64, 128 or 256, no sinks, no soft-capping, ``softmax_scale > 0``, Q/K/V each with one head's
-features contiguous and 16-byte rows (TMA); any causal/window combination, the ``cu_seqlens`` or
-``(starts, lens)`` forms, optional LSE. Query tiles of 128 rows, key blocks of 128 (64 at head 256:
-the [64, 256] output tile takes the registers).
+size 64, 128 or 256, ``softmax_scale > 0`` (or soft-capping), Q/K/V each with one head's features
+contiguous and 16-byte rows (TMA); any causal/window combination, the ``cu_seqlens`` or ``(starts,
+lens)`` forms, optional LSE, sinks in both modes (``SINKS`` 1: an extra logit of the denominator; 2: a
+bias on key 0, whose block is then always masked), soft-capping (``SOFTCAP``: the consumer's
+``tanh``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``). Query tiles of 128
+rows, key blocks of 128 (64 at head 256: the [64, 256] output tile takes the registers).
 
 Edge blocks: every key block ``[n, n + BLOCK_N)`` of the tile's range ``[key_lo, key_hi)`` is one TMA
 copy (rows past the tensor's end read as 0); blocks wholly outside the range are never loaded.
@@ -36,14 +38,15 @@ the status report) and its rows past the grid, written as 0 here by
 
 Tensors (host side): Q, K, V viewed as ``[total_tokens, heads * HEAD_DIM]`` through descriptors of
 block ``[BLOCK_M / 2, HEAD_DIM]`` (Q) and ``[BLOCK_N, HEAD_DIM]`` (K, V); O by pointer with strides
-``(stride_ot, stride_oh, 1)``; ``Lse`` ``[num_heads, total_tokens]`` float32, token stride 1.
+``(stride_ot, stride_oh, 1)``; ``Lse`` ``[num_heads, total_tokens]`` float32, token stride 1;
+``Sinks`` ``[num_heads]`` float32.
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves
+from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves, score_terms
 from prefill_runtime.gluon_bounds import zero_rows
 from window_prefill.kernel import program_tile, tile_key_range
 
@@ -73,18 +76,20 @@ def _ws_producer(
 @gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len"])
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, O, Starts, Lens, qk_scale, window_left, window_right, group_size,
-    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status,
+    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status, Sinks, tanh_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
-    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
+    RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, SOFTCAP: gl.constexpr = 0, SINKS: gl.constexpr = 0,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
-    ``qk_scale`` = softmax scale * log2(e) (> 0). Tensors: see the module docstring. The consumers wait
-    for ready slots with Triton's own ``mbarrier.wait`` (``FREE_WAITS=False``). Sequences come clamped
-    into ``Q_desc``'s token count and reported into ``Status`` (None: no report) as in the Triton
-    kernel, whose program setup this is (``program_tile``); the rows past the grid of a sequence longer
-    than ``max_len`` are written as 0 by each head's program of the last query tile."""
+    ``qk_scale`` = softmax scale * log2(e) (> 0), or with ``SOFTCAP`` softcap * log2(e) and
+    ``tanh_scale`` = softmax scale / softcap (else None); ``Sinks``: with ``SINKS`` (1 denominator, 2
+    key-0 bias), else None. Tensors: see the module docstring. The consumers wait for ready slots with
+    Triton's own ``mbarrier.wait`` (``FREE_WAITS=False``). Sequences come clamped into ``Q_desc``'s
+    token count and reported into ``Status`` (None: no report) as in the Triton kernel, whose program
+    setup this is (``program_tile``); the rows past the grid of a sequence longer than ``max_len`` are
+    written as 0 by each head's program of the last query tile."""
     # (tok0 int32)
     pid_m, head, tok0, seq_len = program_tile(Starts, Lens, Q_desc.shape[0], max_len, Status, BLOCK_M,
                                               IS_CAUSAL, LENS_FROM_STARTS, False)  # fmt: skip
@@ -99,6 +104,8 @@ def _gluon_fwd_kernel(
     key_lo, key_hi, full_lo, full_hi = tile_key_range(
         m0, m1, seq_len, window_left, window_right, IS_CAUSAL, HAS_LEFT, HAS_RIGHT
     )
+    if SINKS == 2:
+        full_lo = gl.maximum(full_lo, 1)  # key 0 carries the sink's bias: its block takes the masked path
     n_lo = (key_lo // BLOCK_N) * BLOCK_N
     n_full_lo = gl.cdiv(full_lo, BLOCK_N) * BLOCK_N
     n_full_hi = gl.maximum((full_hi // BLOCK_N) * BLOCK_N, n_full_lo)
@@ -109,6 +116,7 @@ def _gluon_fwd_kernel(
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
+    score = score_terms(qk_scale, tanh_scale, Sinks, Sinks, head, SOFTCAP, False, SINKS)
     z = m0 * 0  # segment B is empty; A is the tile's key range
     gl.warp_specialize(
         [
@@ -117,14 +125,14 @@ def _gluon_fwd_kernel(
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, False,
+                False, False, 1, None, 0, False, 64, None, score, SOFTCAP, False, SINKS,
             )),
             (consumer, (
                 1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, tok0,
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, False,
+                False, False, 1, None, 0, False, 64, None, score, SOFTCAP, False, SINKS,
             )),
             (_ws_producer, (
                 Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,

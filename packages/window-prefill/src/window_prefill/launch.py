@@ -213,7 +213,7 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
                              bias_key0, softcap, lse is not None, config))  # fmt: skip
     if p.kernel == "gluon" and not _gluon_ok:
         return None
-    key = _key(p, q, k, v, out, None if p.kernel == "gluon" else sinks, starts, lens, lse, status)
+    key = _key(p, q, k, v, out, sinks, starts, lens, lse, status)
     return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
 
 
@@ -238,8 +238,9 @@ def repeat(
     fast = _GLUON if gluon else _TRITON
     real = fast is not None and (_gluon_fwd_kernel if gluon else _fwd_kernel) is fast.jit_fn  # (recorders)
     if real and not fast.verify and (prep.frame is None or prep.frame[0] is not fast):
-        cap = 0.0 if gluon else prep.softcap  # (the Gluon kernel takes no cap)
-        frame = fast.frame(_frame_key(prep.key, prep.window_left, prep.window_right, prep.softmax_scale, cap))
+        frame = fast.frame(
+            _frame_key(prep.key, prep.window_left, prep.window_right, prep.softmax_scale, prep.softcap)
+        )
         prep.frame = (fast, frame) if frame is not None else None
     index = q.get_device()
     if not real or prep.frame is None or fast.verify or not fast.direct_now() or (
@@ -254,7 +255,7 @@ def repeat(
             max_len)  # fmt: skip
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if gluon:
-        bases, plain = (qp, kp, vp), (o.data_ptr(), *tail)
+        bases, plain = (qp, kp, vp), (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr())
     else:
         s = sinks if sinks is not None else q
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, q.shape[0])
@@ -297,7 +298,7 @@ def _run(
         _prime_triton()
     if p.kernel == "gluon":
         if _launch_gluon(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                         softmax_scale, lse, status):  # fmt: skip
+                         softmax_scale, sinks, softcap, lse, status):  # fmt: skip
             return
         p = p.get("fallback")
         kw = _kwargs(p)
@@ -372,7 +373,7 @@ _TRITON_PER_CALL = (
     "n_tokens",
 )
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
-_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len")
+_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks")
 
 
 def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
@@ -389,13 +390,14 @@ def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
 
 
 def _launch_gluon(
-    p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, lse, status
+    p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
+    lse, status,
 ) -> bool:  # fmt: skip
     """Launch the Gluon kernel; False when this Triton's Gluon could not (``_gluon_ok`` then clears)."""
     global _gluon_ok
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
     direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
-    key = _key(p, q, k, v, o, None, starts, lens, lse, status) if direct else None
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status) if direct else None
     if direct and not _GLUON.verify and _GLUON.has(key):  # compiled: the descriptors' per-call part only
         descs = [Descriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1]) for t in (q, k, v)]
     else:
@@ -404,10 +406,13 @@ def _launch_gluon(
             for t, rows in ((q, p.block_m // 2), (k, bn), (v, bn))
         ]
     grid = (max(-(-max_len // p.block_m), 1), q.shape[1], batch)
+    capped = softcap > 0  # (the kernel's Sinks and tanh_scale: None, a constexpr, where off)
+    logit = (softcap if capped else softmax_scale) * _LOG2E  # the multiplier of the (capped) score
     args = (
-        *descs, o, starts, lens if lens is not None else starts, softmax_scale * _LOG2E, max(window_left, 0),
+        *descs, o, starts, lens if lens is not None else starts, logit, max(window_left, 0),
         max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
-        lse.stride(0) if lse is not None else None, max_len, status,
+        lse.stride(0) if lse is not None else None, max_len, status, sinks,
+        softmax_scale / softcap if capped else None,
     )  # fmt: skip
     if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731
@@ -415,7 +420,7 @@ def _launch_gluon(
 
         def launch() -> None:
             _GLUON.launch(key, grid, args, kw, {}, q.device)
-            frame_key = _frame_key(key, window_left, window_right, softmax_scale, 0.0)
+            frame_key = _frame_key(key, window_left, window_right, softmax_scale, softcap)
             if _GLUON.frame(frame_key) is None:
                 _GLUON.make_frame(
                     key, frame_key, args, kw, {"Q_desc": 0, "K_desc": 0, "V_desc": 0}, _GLUON_PER_CALL

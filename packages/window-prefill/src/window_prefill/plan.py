@@ -15,9 +15,10 @@ bucket, dtype class and causality; an explicit ``config`` replaces the table ent
 kernel      when
 ==========  =========================================================================================
 ``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
-            Gluon, sm90, 16-bit, head 64/128/256, no sinks, no soft-capping, ``softmax_scale > 0``,
-            q/k/v readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys. Tiles
-            128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
+            Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
+            readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys; sinks (both
+            modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``. Tiles 128 x 128 (128 x
+            64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
             interpreter), 16-bit, an unpadded head size and K/V readable by TMA.
@@ -101,9 +102,7 @@ def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
         (p.arch == "sm90", f"arch {p.arch} is not sm90"),
         (p.dtype in (torch.float16, torch.bfloat16), "float32"),
         (p.head_dim in _GLUON_HEADS, f"head size {p.head_dim}"),
-        (not p.sinks, "sinks"),
-        (not p.softcap, "soft-capping"),
-        (p.scale_positive, "softmax_scale <= 0"),
+        (p.scale_positive or p.softcap > 0, "softmax_scale <= 0"),
         (p.q_tma and p.kv_tma, "q/k/v not readable by TMA"),
         (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH} keys"),
     )
@@ -170,6 +169,9 @@ def plan(problem: Problem) -> LaunchPlan:
         LENS_FROM_STARTS=p.cumulative_starts,
         RETURN_LSE=p.return_lse,
         NUM_STAGES=_GLUON_STAGES,
+        SOFTCAP=p.softcap,
+        # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
+        SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
     )
     return LaunchPlan(
         kernel="gluon",

@@ -1,0 +1,97 @@
+"""Offline sm90 compiles of prefix-prefill's Gluon kernels (the compile_check tests): the head of the
+scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
+
+# compile_nhd(head, box, from_cache, lse, one, llvm_o0, free_waits, **opts) / compile_split(head,
+# from_cache, lse, v_tma, k_tma, k_wide, one, llvm_o0, free_waits, **opts): one form of each kernel (bf16,
+# 128-row tiles, the plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition,
+# Q in one box, 8 warps), its score and window options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI,
+# HAS_SINKS, SKIP_DECODE; each option's argument typed as the launcher passes it, None where off);
+# returns ``(source, compiled kernel)``.
+PP_COMPILE_HEAD = """
+import prefix_prefill.gluon_launch as itf
+import prefix_prefill.plan as itf_plan
+
+
+def option_sig(opts):
+    on = {"Sinks": opts.get("HAS_SINKS"), "Slopes": opts.get("HAS_ALIBI"), "tanh_scale": opts.get("SOFTCAP"),
+          "window_left": opts.get("HAS_LEFT")}
+    types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32"}
+    return {n: types[n] if on[n] else "constexpr" for n in on}
+
+
+def finish(sig, consts, lse):
+    # the bounds' arguments; a status= tensor with the LSE (both forms of Status compiled)
+    sig.update(n_bt_cols="i32", num_blocks="i32", max_query_len="i32", Status="*i32" if lse else "constexpr")
+    if not lse:
+        sig.update(Lse="constexpr", stride_lse_h="constexpr")
+    else:
+        sig.update(Lse="*fp32", stride_lse_h="i32")
+    consts.update({n: None for n, t in sig.items() if t == "constexpr"})
+
+
+def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, free_waits=True, **opts):
+    bn = itf_plan.GLUON_BLOCK_N[head]
+    rows = 128 if one else 64
+    lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
+    lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
+    lb = gl.NVMMASharedLayout.get_default_for([box, head], gl.bfloat16)
+    sig = {
+        "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
+        "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "KC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
+        "VC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
+        "KCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": "*bf16", "BlockTable": "*i32",
+        "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
+        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", **option_sig(opts),
+    }
+    consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
+                  NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)
+    finish(sig, consts, lse)
+    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0,
+                        free_waits=free_waits)
+
+
+def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, free_waits=True,
+                  **opts):
+    lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
+    l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
+    bn = itf_plan.GLUON_BLOCK_N[head]
+    cm = k_tma and head in itf_plan.SPLIT_K_CM_HEADS
+    rows = 128 if one else 64
+    lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
+    lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
+    lv = gl.NVMMASharedLayout.get_default_for([head, 16 if v_tma else bn], gl.bfloat16)
+    g = head // 8 if cm else 8
+    # the new tokens' V staged by half blocks and transposed, as the plan sets it (its one-partition rule)
+    plan_one = not from_cache and head in itf_plan.SPLIT_ONE_CONSUMER_HEADS and k_wide == 1
+    v_stage = not (from_cache or v_tma or plan_one) and head <= 128
+    vn = bn // 2 if v_stage else bn
+    lvn = gl.NVMMASharedLayout.get_default_for([vn, head], gl.bfloat16)
+    sig = {
+        "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
+        "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>" if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
+        "V_desc": f"tensordesc<bf16[{vn}, {head}],{lvn!r}>",
+        "K_cache": f"tensordesc<bf16[8, 64],{lc!r}>" if k_tma else "*bf16",
+        "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
+        "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
+        "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32",
+        "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64", "vc_head": "i32",
+        "vc_dim": "i32", **option_sig(opts),
+    }
+    if k_tma:
+        sig["KR_desc"] = f"tensordesc<bf16[2, {g}, 64],{lw!r}>"
+        sig["KN_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 8, 8],{l4!r}>"
+        if k_wide == 1:
+            sig["KW_desc"] = f"tensordesc<bf16[{bn // 8}, {g}, 64],{lw!r}>"
+    consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
+                  NUM_STAGES=itf_plan.GLUON_STAGES, V_TMA=v_tma, ONE_CONSUMER=one, K_TMA=k_tma, K_WIDE=k_wide,
+                  K_CM=cm, K_VIEW=itf._k_view(bn, head, cm) if k_tma else None, V_RING=lv, V_STAGE=v_stage,
+                  **opts)
+    finish(sig, consts, lse)
+    aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
+    return compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, num_warps=8 if one else 4,
+                        llvm_o0=llvm_o0, free_waits=free_waits)
+"""

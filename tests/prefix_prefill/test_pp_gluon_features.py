@@ -1,0 +1,414 @@
+"""Prefix-prefill's Gluon kernels (NHD and vLLM's split cache) with the model options: a left sliding
+window (whole key blocks before it never loaded, in the cached context too), ALiBi, sinks, soft-capping
+and skip_decode, alone and together.
+
+CPU: the plans (the options as the kernels' constexprs, each in its reason; a window narrower than
+:data:`prefix_prefill.plan.GLUON_MIN_WINDOW` keys keeps the Triton kernel, and so do non-causal calls);
+the host glue with the kernels replaced by recorders (each option's argument, None where off; the logit
+multiplier with soft-capping); warm calls through a frame taking each call's own sinks and slopes and a
+frame per cap and window; the kernels compile for sm90 offline in every option form within one program's
+shared memory. sm90 GPU: against the float64 reference (output and LSE) into NaN-poisoned outputs for the
+page classes 16 / 544 / 1056, heads 64 / 128 / 256, both layouts, ragged batches with empty contexts and
+one-token queries, k given or read from the cache, with NaN in every cache slot no query may read (past
+each context and before each window); ``explain()`` names the Gluon kernel; skip_decode leaves the
+decode rows alone; negative controls; the vLLM form.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import DEVICE, check_tanh_forms, compile_gluon_for_sm90, needs_sm90, poison
+from launch_stubs import pointers, stub_prefix_gluon
+from pp_cases import alibi_slopes, make_case, problem_of, random_seqs, reference, run_vllm
+from pp_gluon_compile import PP_COMPILE_HEAD
+
+from attn_reference import compare
+from paged_kv_offsets import describe_kv_cache
+from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
+
+HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
+WIDE = plan.GLUON_MIN_WINDOW - 1  # the narrowest left window the Gluon kernels take
+OPTION_CONSTS = ("HAS_LEFT", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS", "SKIP_DECODE")
+
+
+def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), device="cpu", **kw):
+    return make_case(list(seqs), num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
+                     device=device, layout=layout, **kw)  # fmt: skip
+
+
+# ------------------------------------------------------------------------- CPU: plans
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize(
+    "opts,want",
+    [
+        (dict(left=WIDE), dict(HAS_LEFT=True)),
+        (dict(left=4095, right=0), dict(HAS_LEFT=True)),  # a right window is moot under causality
+        (dict(alibi=True), dict(HAS_ALIBI=True)),
+        (dict(sinks=True), dict(HAS_SINKS=True)),
+        (dict(softcap_form=2), dict(SOFTCAP=2)),
+        (dict(softcap_form=1, scale=-0.3), dict(SOFTCAP=1)),  # the cap's multiplier is positive
+        (dict(skip_decode=True), dict(SKIP_DECODE=True)),
+        (dict(left=4095, sinks=True), dict(HAS_LEFT=True, HAS_SINKS=True)),
+        (dict(left=4095, softcap_form=2), dict(HAS_LEFT=True, SOFTCAP=2)),
+        (dict(left=WIDE, alibi=True, sinks=True, softcap_form=2, skip_decode=True, lse=True),
+         dict(HAS_LEFT=True, HAS_ALIBI=True, HAS_SINKS=True, SOFTCAP=2, SKIP_DECODE=True, RETURN_LSE=True)),
+    ],
+)  # fmt: skip
+def test_gluon_takes_options(layout, opts, want):
+    """Each option (and the combinations models use) runs the layout's Gluon kernel, as its constexprs,
+    named in the plan's reason; the options it does not have are off."""
+    p = problem_of(_case(layout), arch="sm90", gluon=True, **opts)
+    chosen = plan.plan(p)
+    assert chosen.kernel == f"gluon-{layout}", chosen.reason
+    c = chosen.consts()
+    assert {n: c[n] for n in want} == want
+    assert all(not c[n] for n in OPTION_CONSTS if n not in want)
+    names = {"HAS_LEFT": "left window", "SOFTCAP": "soft-capping", "HAS_ALIBI": "ALiBi", "HAS_SINKS": "sinks",
+             "SKIP_DECODE": "skip_decode"}  # fmt: skip
+    assert all(names[n] in chosen.reason for n in want if n in names)
+
+
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_window_width_rule(layout):
+    """A left window lets the Gluon kernel run from :data:`~prefix_prefill.plan.GLUON_MIN_WINDOW` keys a
+    row on (``left + 1``); one key fewer keeps the Triton kernel, the reason says why; non-causal calls
+    keep it too."""
+    case = _case(layout)
+    assert plan.plan(problem_of(case, arch="sm90", left=WIDE)).kernel == f"gluon-{layout}"
+    narrow = plan.plan(problem_of(case, arch="sm90", left=WIDE - 1))
+    assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
+    assert plan.plan(problem_of(case, arch="sm90", left=127, sinks=True)).kernel == "triton"
+    assert plan.plan(problem_of(case, arch="sm90", causal=False, sinks=True)).kernel == "triton"
+
+
+# ------------------------------------------------------------------------- CPU: host glue
+class _Recorder:
+    """A Gluon kernel stand-in: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self, names):
+        self.arg_names, self.calls = names, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_option_arguments(layout, monkeypatch):
+    """The options reach the kernel as its arguments: ``Sinks`` / ``Slopes`` the call's tensors,
+    ``tanh_scale`` = scale / softcap with the logit multiplier softcap * log2(e), ``window_left`` the
+    window (capped at 2**30); each None where its option is off (plain attention: all None, the
+    multiplier scale * log2(e))."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    name = "_gluon_fwd_kernel" if layout == "nhd" else "_gluon_split_kernel"
+    rec = _Recorder(getattr(gluon_launch, name).arg_names)
+    monkeypatch.setattr(gluon_launch, name, rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = _case(layout, seqs=[(40, 5), (0, 19)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, layout)
+    sinks, slopes = torch.randn(4), alibi_slopes(4, "cpu")
+    qk = rec.arg_names.index("qk_scale")
+    everything = dict(left=5000, softcap_form=2, sinks=True, alibi=True)
+    for opts, popts in (
+        (gluon_launch.Options(), {}),
+        (gluon_launch.Options(30.0, 5000, sinks, slopes), everything),
+        (gluon_launch.Options(0.0, 2**40, sinks, None), dict(left=2**40, sinks=True)),
+    ):
+        problem = problem_of(case, arch="sm90", **popts)
+        chosen = plan.plan(problem)
+        o = torch.empty_like(case.q)
+        assert gluon_launch.launch(chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc,
+                                   vc, case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len,
+                                   0.1, None, opts=opts)  # fmt: skip
+        _, args, kw = rec.calls[-1]
+        capped = opts.softcap > 0
+        assert args[qk] == pytest.approx((30.0 if capped else 0.1) * math.log2(math.e))
+        assert kw["tanh_scale"] == (pytest.approx(0.1 / 30.0) if capped else None)
+        assert kw["Sinks"] is opts.sinks and kw["Slopes"] is opts.alibi
+        assert kw["window_left"] == (None if opts.left < 0 else min(opts.left, 2**30))
+        assert {n: kw[n] for n in OPTION_CONSTS} == {n: chosen.consts()[n] for n in OPTION_CONSTS}
+
+
+@pytest.fixture
+def warm_nhd(monkeypatch):
+    """The NHD kernel replaced by a stand-in launched directly (full form from the first call), with a raw
+    launcher over the stand-in's C launcher."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    return stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
+
+
+def test_warm_frames_take_each_calls_options(warm_nhd):
+    """Warm calls of one signature (same caches): a frame's call hands the C launcher what the generic
+    direct launch hands it, with this call's sinks and slopes (per-call slots); another cap or window
+    (another signature, the same compiled variant) gets a frame of its own."""
+    case = _case("nhd", seqs=[(40, 5), (0, 19), (70, 130)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "nhd")
+    problem = problem_of(case, arch="sm90", left=5000, softcap_form=2, sinks=True, alibi=True)
+    chosen = plan.plan(problem)
+    o = torch.empty_like(case.q)
+    call = (case.q, case.k, case.v, o, case.k_cache, case.v_cache)
+    index = (case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1, None)
+
+    def options(cap=30.0, left=5000):
+        return gluon_launch.Options(cap, left, torch.randn(4), alibi_slopes(4, "cpu"))
+
+    first = options()
+    key = gluon_launch.launch_key(chosen, problem, *index[:3], None, opts=first)
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # through Triton
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # direct: makes a frame
+    c_calls = warm_nhd.compiled.run.c_calls
+    for cap, left, frames in ((30.0, 5000, 1), (30.0, 5000, 1), (20.0, 5000, 2), (30.0, 2047, 3)):
+        opts = options(cap, left)
+        if frames > len(gluon_launch._NHD._frames):  # a new cap or window: the generic launch makes it
+            assert not gluon_launch.warm(chosen, key, *call, *index, opts=opts)
+            gluon_launch._warm(
+                gluon_launch._NHD, gluon_launch._nhd_call, chosen, key, *call, kc, vc, *index, opts=opts
+            )
+        assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
+        framed = c_calls[-1]
+        assert opts.sinks.data_ptr() in framed and opts.alibi.data_ptr() in framed
+        gluon_launch._warm(
+            gluon_launch._NHD, gluon_launch._nhd_call, chosen, key, *call, kc, vc, *index, opts=opts
+        )
+        assert framed == pointers(c_calls[-1])
+        assert len(gluon_launch._NHD._frames) == frames
+
+
+# ------------------------------------------------------------------------- CPU: offline compiles
+_COMPILE_SCRIPT = """
+ALL = dict(HAS_LEFT=True, SOFTCAP=2, HAS_ALIBI=True, HAS_SINKS=True, SKIP_DECODE=True)
+FORMS = [
+    ("nhd", lambda o: compile_nhd(128, 16, False, True, **o)),
+    ("nhd", lambda o: compile_nhd(256, 64, True, True, **o)),
+    ("nhd", lambda o: compile_nhd(64, 128, False, False, **o)),
+    ("nhd-quick", lambda o: compile_nhd(128, 16, False, False, one=True, **o)),
+    ("split", lambda o: compile_split(128, False, True, False, True, 1, True, **o)),
+    ("split", lambda o: compile_split(256, False, True, True, True, 1, **o)),
+    ("split", lambda o: compile_split(64, False, False, False, False, 0, **o)),
+    ("split", lambda o: compile_split(128, True, True, False, True, 2, **o)),
+]
+OPTS = [ALL, dict(HAS_LEFT=True), dict(SOFTCAP=1, HAS_SINKS=True), dict(HAS_ALIBI=True, SKIP_DECODE=True)]
+for i, (name, form) in enumerate(FORMS):
+    for opts in (OPTS if i < 2 else OPTS[:1]):
+        _, kernel = form(opts)
+        print("tanh", opts.get("SOFTCAP", 0), kernel.asm["ptx"].count("tanh.approx.f32"))
+"""
+
+
+@pytest.mark.compile_check
+def test_option_forms_compile_for_sm90():
+    """Both kernels compile for sm90 (no GPU needed) with every option, in every form a plan takes (heads
+    64 / 128 / 256, k given or from the cache, the quick form, K/V by TMA or by gathers) within one
+    program's shared memory (227 KiB); the hardware tanh where ``SOFTCAP`` is 2, none elsewhere."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _COMPILE_SCRIPT)
+    assert len(shared) == 14 and max(shared) <= 227 * 1024, out
+    check_tanh_forms(out)
+
+
+# ------------------------------------------------------------------------- GPU (sm90)
+def _nan_invisible_slots(case, left: int) -> None:
+    """NaN into every cache slot no query may read: past each sequence's cached tokens in its pages, every
+    block no sequence owns, and (``left >= 0``) every slot before the first key the sequence's first query
+    sees (``ctx - left``); the block table still points at those pages."""
+    split = case.layout == "split"
+    cached = [c + (n if case.k is None else 0) for c, n in zip(case.ctx_lens, case.q_lens, strict=True)]
+    table = case.block_table.cpu()
+    used = set()
+    for b, (n, ctx) in enumerate(zip(cached, case.ctx_lens, strict=True)):
+        first = max(0, ctx - left) if left >= 0 else 0
+        for pg in range(math.ceil(n / case.page)):
+            blk = int(table[b, pg])
+            used.add(blk)
+            lo, hi = pg * case.page, (pg + 1) * case.page
+            for a, z in ((max(lo, n), hi), (lo, min(hi, first))):  # past the cached tokens, before the window
+                if a < z:
+                    sl = slice(a - lo, z - lo)
+                    if split:
+                        case.k_cache[blk, :, :, sl] = float("nan")
+                        case.v_cache[blk, :, :, sl] = float("nan")
+                    else:
+                        case.k_cache[blk, sl] = float("nan")
+                        case.v_cache[blk, sl] = float("nan")
+    for blk in range(case.k_cache.shape[0]):
+        if blk not in used:
+            case.k_cache[blk] = float("nan")
+            case.v_cache[blk] = float("nan")
+
+
+def _kw(opts: dict, heads: int) -> dict:
+    """prefix_prefill / reference keyword arguments of a test's options."""
+    kw = {}
+    if "left" in opts:
+        kw["window"] = (opts["left"], -1)
+    if opts.get("alibi"):
+        kw["alibi_slopes"] = alibi_slopes(heads, DEVICE)
+    if opts.get("sinks"):
+        s = torch.randn(heads, device=DEVICE) * 2
+        s[0] = float("-inf")  # a head whose sink is off
+        kw["sinks"] = s
+    if opts.get("softcap"):
+        kw["softcap"] = opts["softcap"]
+    return kw
+
+
+GPU_OPTIONS = {
+    "window": dict(left=300),
+    "window_sinks": dict(left=127, sinks=True),  # gpt-oss sliding layers
+    "softcap_window": dict(left=500, softcap=30.0),  # Gemma 2 local layers
+    "softcap": dict(softcap=50.0),
+    "alibi": dict(alibi=True),
+    "sinks": dict(sinks=True),
+    "all": dict(left=700, alibi=True, sinks=True, softcap=20.0),
+}
+
+
+def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch) -> None:
+    """One option set on a layout's Gluon kernel against the reference (output and LSE): ragged batches
+    with empty contexts and one-token queries, NaN in every slot no query may read; ``explain()`` names
+    the Gluon kernel and one launch ran it (windows of any width: the width rule set aside)."""
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    launches = []
+    orig = gluon_launch.launch
+    monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: launches.append(1) or orig(*a, **k))
+    seqs = [*random_seqs(3, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93), (900, 1)]
+    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
+                     layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    kw = _kw(opts, 8)
+    ref, ref_lse = reference(case, return_lse=True, **kw)
+    _nan_invisible_slots(case, opts.get("left", -1))
+    out = poison(torch.empty_like(case.q))
+    lse = poison(torch.empty(8, case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    assert explain(*args, kv_layout=layout, **kw).kernel == f"gluon-{layout}"
+    prefix_prefill(*args, kv_layout=layout, out=out, return_lse=True, lse=lse, validate=True, **kw)
+    assert len(launches) == 1, "the Gluon kernel did not run"
+    c = compare(out, ref)
+    assert c, c
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 544, 1056])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_all_options_every_form(layout, from_cache, head, dtype, page, monkeypatch):
+    """A window, ALiBi, sinks and a soft cap together on every form the plans take: both layouts, k given
+    or from the cache, heads 64 / 128 / 256, the page classes 16, 544 and 1056."""
+    _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS["all"], monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if o != "all"])
+@pytest.mark.parametrize("page", [16, 544])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_each_option(layout, page, option, monkeypatch):
+    """Each option alone, and the pairs models use (gpt-oss's window and sinks, Gemma 2's window and
+    cap), at head 128 on both layouts."""
+    _check_options(layout, False, 128, torch.bfloat16, page, GPU_OPTIONS[option], monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_default_rule_and_warm_calls(layout):
+    """With the shipped width rule: a 4095-key window with sinks and a soft cap takes the Gluon kernel;
+    repeated calls of the signature (warm, through the frame) take each call's own sinks and lengths and
+    stay right; a 127-key window keeps the Triton kernel, also right."""
+    for step, seqs in enumerate(([(5000, 900), (0, 70)], [(300, 4000)], [(4100, 1), (9000, 300)])):
+        case = _case(layout, head=128, page=16, seqs=seqs, device=DEVICE)
+        kw = dict(window=(4095, -1), softcap=30.0, sinks=torch.randn(4, device=DEVICE) * (step + 1))
+        args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+                case.seq_lens, case.max_query_len)  # fmt: skip
+        assert explain(*args, kv_layout=layout, **kw).kernel == f"gluon-{layout}"
+        out = poison(torch.empty_like(case.q))
+        prefix_prefill(*args, kv_layout=layout, out=out, **kw)
+        c = compare(out, reference(case, **kw))
+        assert c, (step, c)
+    kw = dict(window=(127, -1), sinks=torch.randn(4, device=DEVICE))
+    assert explain(*args, kv_layout=layout, **kw).kernel == "triton"
+    out = poison(torch.empty_like(case.q))
+    prefix_prefill(*args, kv_layout=layout, out=out, **kw)
+    assert compare(out, reference(case, **kw))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_skip_decode(layout, monkeypatch):
+    """skip_decode on the Gluon kernels: the one-token sequences' rows stay as they were (NaN) and their
+    LSE is -inf; every other row matches the reference (the launch as both public functions make it;
+    vLLM's form on the split cache)."""
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    case = _case(layout, seqs=[(300, 1), (120, 200), (0, 1), (400, 90)], device=DEVICE)
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, layout)
+    decode = torch.tensor([0, 201], device=DEVICE)
+    keep = torch.ones(case.q.shape[0], dtype=torch.bool, device=DEVICE)
+    keep[decode] = False
+    for kw, popts in (({}, {}), ({"window": (100, -1), "sinks": torch.randn(4, device=DEVICE)},
+                                 {"left": 100, "sinks": True})):  # fmt: skip
+        chosen = plan.plan(problem_of(case, skip_decode=True, lse=True, **popts))
+        assert chosen.kernel == f"gluon-{layout}" and chosen.consts()["SKIP_DECODE"]
+        out = poison(torch.empty_like(case.q))
+        lse = poison(torch.empty(4, case.q.shape[0], dtype=torch.float32, device=DEVICE))
+        launch.forward(case.q, case.k, case.v, out, case.k_cache, case.v_cache, kc, vc, case.block_table,
+                       case.cu_seqlens_q, case.seq_lens, case.max_query_len, skip_decode=True, lse=lse,
+                       **kw)  # fmt: skip
+        assert torch.isnan(out[decode].float()).all() and (lse[:, decode] == float("-inf")).all()
+        ref = reference(case, **kw)
+        c = compare(out[keep], ref[keep])
+        assert c, c
+        if layout == "split":
+            vllm = {"sliding_window": 101, "sinks": kw["sinks"]} if kw else {}
+            out = run_vllm(case, skip_decode=True, **vllm)
+            assert torch.isnan(out[decode].float()).all() and compare(out[keep], ref[keep])
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_negative_controls(layout, monkeypatch):
+    """The harness catches a wrong kernel: the Gluon answers with a window, ALiBi, sinks or a soft cap each
+    differ from the reference with the window off by one, without ALiBi, without sinks, without the cap."""
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    case = _case(layout, seqs=[(700, 300), (0, 200)], device=DEVICE)
+    for kw, wrong in (
+        (dict(window=(150, -1)), dict(window=(149, -1))),
+        (dict(alibi_slopes=alibi_slopes(4, DEVICE)), {}),
+        (dict(sinks=torch.full((4,), 4.0, device=DEVICE)), {}),
+        (dict(softcap=2.0), {}),
+    ):
+        out = poison(torch.empty_like(case.q))
+        prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table,
+                       case.cu_seqlens_q, case.seq_lens, case.max_query_len, kv_layout=layout, out=out,
+                       **kw)  # fmt: skip
+        assert compare(out, reference(case, **kw))
+        assert not compare(out, reference(case, **wrong)), kw
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_vllm_form(monkeypatch):
+    """vLLM's ``context_attention_fwd`` with a sliding window, sinks and ALiBi on the split cache: the
+    Gluon split kernel runs it, right."""
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    launches = []
+    orig = gluon_launch.launch
+    monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: launches.append(1) or orig(*a, **k))
+    case = _case("split", seqs=[(900, 300), (0, 64), (2000, 1)], device=DEVICE)
+    slopes, sinks = alibi_slopes(4, DEVICE), torch.randn(4, device=DEVICE)
+    out = run_vllm(case, sliding_window=256, alibi_slopes=slopes, sinks=sinks)
+    assert launches
+    c = compare(out, reference(case, window=(255, -1), alibi_slopes=slopes, sinks=sinks))
+    assert c, c

@@ -1,0 +1,168 @@
+"""The window-prefill Gluon kernel's score options: sinks (an extra logit of the denominator, or a bias
+on key 0) and soft-capping, each alone and with windows, the LSE, every head size and both 16-bit dtypes.
+
+CPU: a call with these options is planned for the Gluon kernel (the launcher believing it runs on sm90)
+with the options as its ``SINKS`` / ``SOFTCAP`` constexprs, and its Triton fallback answers right when
+it does not launch; every such form compiles for sm90 offline within one program's shared memory, with
+the hardware ``tanh.approx.f32`` where asked. sm90 GPU: against the float64 reference (ragged batches,
+one-token sequences, GQA) into NaN-poisoned buffers with a count proving the Gluon kernel ran,
+``explain()`` naming it, warm calls of one signature taking each call's own sinks (the frame's per-call
+slot), and negative controls (the options dropped, or the other sinks mode, are caught).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import check_tanh_forms, compile_gluon_for_sm90, needs_sm90, poison
+from wp_util import (
+    WP_COMPILE_HEAD,
+    any_width_is_wide,
+    count_gluon_launches,
+    make_qkv,
+    reference,
+    refuse_gluon,
+    run,
+)
+
+import window_prefill.launch as wl
+import window_prefill.plan as wp_plan
+from attn_reference import attention_varlen, compare
+from window_prefill import explain, window_prefill
+
+
+# ------------------------------------------------------------------------- CPU: the planned launch
+@pytest.mark.parametrize(
+    "opts,want",
+    [
+        (dict(sinks_mode="denominator"), dict(SINKS=1, SOFTCAP=0)),
+        (dict(sinks_mode="bias_key0"), dict(SINKS=2, SOFTCAP=0)),
+        (dict(softcap=7.0), dict(SINKS=0, SOFTCAP=1)),
+        (dict(softcap=7.0, sinks_mode="bias_key0", causal=False, window=(9, 4)), dict(SINKS=2, SOFTCAP=1)),
+    ],
+)
+def test_options_are_offered_to_gluon(opts, want, monkeypatch):
+    """Sinks and soft-capping no longer keep a call off the Gluon kernel: it is offered the plan with them
+    as constexprs (soft-capping through exp2 on the CPU, the hardware tanh on a GPU), and the fallback's
+    answer is right when it refuses."""
+    offered = refuse_gluon(monkeypatch)
+    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 8)
+    q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
+    kw = dict(causal=opts.get("causal", True), window=opts.get("window", (-1, -1)),
+              softcap=opts.get("softcap", 0.0))  # fmt: skip
+    if "sinks_mode" in opts:
+        kw.update(sinks=torch.randn(2), sinks_mode=opts["sinks_mode"])
+    out = run(q, k, v, cu, 30, **kw)
+    assert len(offered) == 1 and offered[0].kernel == "gluon"
+    c = offered[0].consts()
+    assert {n: c[n] for n in want} == want
+    assert explain(q, k, v, cu, 30, **kw).kernel == "gluon"
+    got = compare(out, reference(q, k, v, cu, **kw))
+    assert got, got
+
+
+_COMPILE_SCRIPT = """
+# head, softcap form, sinks mode, left window, causal, lse
+CASES = ((128, 2, 1, True, True, True), (64, 0, 2, False, True, False), (256, 2, 2, True, False, True),
+         (128, 1, 0, False, True, False), (64, 2, 1, True, True, True), (256, 0, 1, False, True, False))
+for head_dim, softcap, sinks, left, causal, lse in CASES:
+    kernel = compile_wp(head_dim, lse, sinks, softcap, IS_CAUSAL=causal, HAS_LEFT=left, HAS_RIGHT=not causal)
+    print("tanh", softcap, kernel.asm["ptx"].count("tanh.approx.f32"))
+"""
+
+
+@pytest.mark.compile_check
+def test_feature_forms_compile_for_sm90():
+    """Every sinks mode and soft-capping form, with and without windows and the LSE, at heads 64 / 128 /
+    256, compiles for sm90 (no GPU needed) within one program's shared memory (227 KiB); the hardware
+    tanh form holds ``tanh.approx.f32``, the others none."""
+    if wl._gluon_fwd_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(WP_COMPILE_HEAD + _COMPILE_SCRIPT)
+    assert len(shared) == 6 and max(shared) <= 227 * 1024, out
+    check_tanh_forms(out)
+
+
+# ------------------------------------------------------------------------- GPU (sm90)
+GPU_CASES = [
+    # lens, heads, kv_heads, head_dim, dtype, causal, window, sinks mode, softcap, lse
+    ([3000, 1, 700], 8, 2, 128, torch.bfloat16, True, (-1, -1), "denominator", 0.0, True),
+    ([2500, 129], 4, 1, 128, torch.float16, True, (1023, -1), "denominator", 0.0, False),
+    ([2000, 5, 300], 4, 2, 128, torch.bfloat16, True, (-1, -1), None, 50.0, True),
+    ([1500, 2100], 4, 2, 128, torch.bfloat16, True, (511, -1), "denominator", 30.0, True),
+    ([1300, 1, 64], 4, 4, 64, torch.bfloat16, False, (200, 60), "bias_key0", 0.0, True),
+    ([900, 640], 4, 2, 64, torch.float16, True, (-1, -1), "bias_key0", 20.0, False),
+    ([1800, 77], 4, 2, 256, torch.bfloat16, True, (700, -1), "denominator", 50.0, True),
+    ([600, 65, 64], 2, 1, 256, torch.float16, False, (-1, -1), "bias_key0", 0.0, False),
+    ([1000, 33], 6, 2, 128, torch.bfloat16, False, (-1, -1), None, 10.0, False),
+    ([127, 128, 129, 1], 3, 1, 128, torch.bfloat16, True, (0, -1), "bias_key0", 5.0, True),
+]
+
+
+def _sinks(heads: int, mode: str | None) -> dict:
+    if mode is None:
+        return {}
+    s = torch.randn(heads, device="cuda") * 2
+    s[0] = float("-inf")  # a head whose sink is off
+    return {"sinks": s, "sinks_mode": mode}
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0][:2]}-h{c[3]}-{c[7]}-cap{c[8]:g}-w{c[6]}")
+def test_gpu_features_match_reference(case, monkeypatch):
+    """Sinks and soft-capping on the Gluon kernel against the reference, output and LSE."""
+    any_width_is_wide(monkeypatch)
+    launches = count_gluon_launches(monkeypatch)
+    lens, heads, kv_heads, d, dtype, causal, window, mode, cap, want_lse = case
+    q, k, v, cu = make_qkv(lens, heads, kv_heads, d, dtype)
+    kw = dict(causal=causal, window=window, softcap=cap, **_sinks(heads, mode))
+    assert explain(q, k, v, cu, max(lens), **kw).kernel == "gluon"
+    out = poison(torch.empty_like(q))
+    res = window_prefill(q, k, v, cu, max(lens), out=out, return_lse=want_lse, **kw)
+    assert len(launches) == 1, "the Gluon kernel did not run"
+    got = res[0] if want_lse else res
+    c = compare(got, reference(q, k, v, cu, **kw))
+    assert c, c
+    if want_lse:
+        _, ref_lse = attention_varlen(q, k, v, cu, cu, return_lse=True, **kw)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(res[1]), finite)
+        assert (res[1].double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_default_route_and_warm_calls(monkeypatch):
+    """With the shipped table and width rule, a wide window with sinks and soft-capping (Gemma 2 / gpt-oss
+    layers) takes the Gluon kernel; warm calls of one signature (the frame) take each call's own sinks
+    and lengths and stay right."""
+    launches = count_gluon_launches(monkeypatch)
+    q, k, v, cu = make_qkv([4096, 300], 8, 2, 128, torch.bfloat16)
+    for step in range(3):
+        sinks = torch.randn(8, device="cuda") * (step + 1)
+        kw = dict(causal=True, window=(2047, -1), softcap=50.0, sinks=sinks)
+        assert explain(q, k, v, cu, 4096, **kw).kernel == "gluon"
+        out = run(q, k, v, cu, 4096, **kw)
+        c = compare(out, reference(q, k, v, cu, **kw))
+        assert c, (step, c)
+    assert len(launches) == 3
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_negative_controls(monkeypatch):
+    """The harness catches a kernel that drops an option: the Gluon answers with sinks, with the other
+    sinks mode and with soft-capping each differ from the reference without them."""
+    any_width_is_wide(monkeypatch)
+    launches = count_gluon_launches(monkeypatch)
+    q, k, v, cu = make_qkv([700, 300], 4, 1, 128, torch.bfloat16)
+    sinks = torch.full((4,), 3.0, device="cuda")
+    plain = reference(q, k, v, cu, window=(200, -1))
+    for kw in (dict(sinks=sinks), dict(sinks=sinks, sinks_mode="bias_key0"), dict(softcap=2.0)):
+        out = run(q, k, v, cu, 700, window=(200, -1), **kw)
+        assert compare(out, reference(q, k, v, cu, window=(200, -1), **kw))
+        assert not compare(out, plain), kw
+    denom = run(q, k, v, cu, 700, window=(200, -1), sinks=sinks)
+    assert not compare(denom, reference(q, k, v, cu, window=(200, -1), sinks=sinks, sinks_mode="bias_key0"))
+    assert len(launches) == 4
