@@ -9,7 +9,9 @@ with a ``status=`` tensor: every row a sequence spans (after clamping into the t
 rows past the grid are exactly 0, sequences the malformation does not touch still match the float64
 reference, and the status holds the case's bit (:mod:`prefill_runtime.status`). Under the interpreter
 an out-of-bounds access raises, so a pass here also says "in bounds"; on the GPU
-``bench/malformed_calls.py`` runs the same kinds of calls under compute-sanitizer.
+``bench/malformed_calls.py`` runs the same kinds of calls on every plan under compute-sanitizer. The
+status also reaches the kernels through the custom ops, under ``torch.compile`` and (GPU) in a CUDA
+graph whose metadata buffers are overwritten between replays.
 """
 
 from __future__ import annotations
@@ -290,3 +292,53 @@ def test_status_under_torch_compile():
     out_e = call(d.q, d.k, d.v, bad_cu, st_e)
     assert int(st_c) == int(st_e) == status.ROWS | status.MAX_LEN
     assert torch.equal(out_c, out_e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pkg", ["window", "prefix"])
+def test_gpu_status_under_cuda_graph(pkg):
+    """A call with ``status=`` captured in a CUDA graph: a replay over well-formed metadata leaves the
+    status 0; after the metadata buffers are overwritten with malformed values (``cu_seqlens`` past the
+    tokens, a block id past the cache), a replay writes every row finite and flags the status."""
+    import prefix_prefill as pp
+
+    st = new_status(DEVICE)
+    if pkg == "window":
+        d = dense_case([300, 17], 4, 2, 128, torch.bfloat16)
+        cu = d.cu.clone()
+
+        def call():
+            return window_prefill(d.q, d.k, d.v, cu, 300, window=(63, -1), status=st)
+
+        def malform():
+            cu[-1] = d.q.shape[0] + 1000
+
+        bit = status.ROWS
+    else:
+        c = paged_case([(40, 9), (0, 200), (130, 17)], heads=4, kv_heads=2, head=128, page=16,
+                       dtype=torch.bfloat16)  # fmt: skip
+        bt = c.block_table.clone()
+
+        def call():
+            return prefix_prefill(c.q, c.k, c.v, c.k_cache, c.v_cache, bt, c.cu_q, c.seq_lens,
+                                  c.max_query_len, status=st)  # fmt: skip
+
+        def malform():
+            bt[0, 1] = c.num_blocks + 5
+
+        bit = status.BLOCK_ID
+    call()  # compile outside the capture
+    pp.finish_compiles()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    st.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(st) == 0
+    malform()
+    poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(st) & bit and torch.isfinite(out.float()).all()

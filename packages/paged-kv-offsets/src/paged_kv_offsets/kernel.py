@@ -4,8 +4,9 @@ Every Triton kernel in this repository that reads a paged KV cache calls :func:`
 :func:`tile_block_offsets` (a tile of consecutive positions; one set of block-table reads for K and
 V) for the per-token part of an address and :func:`dim_offsets` for the per-feature part, and adds
 ``kv_head * stride_head``; :func:`bad_block_ids` tells whether a sequence's table row names a block
-outside the cache (a kernel's report of malformed metadata; the reads themselves are clamped). Nothing else in the repository divides a position by a page size (the Gluon
-kernels' TMA rows and gather offsets: :mod:`paged_kv_offsets.gluon`).
+outside the cache (a kernel's report of malformed metadata; the reads themselves are clamped). Nothing
+else in the repository divides a position by a page size (the Gluon kernels' TMA rows and gather
+offsets: :mod:`paged_kv_offsets.gluon`).
 
 Conventions (see :mod:`paged_kv_offsets.layouts` for how a cache tensor maps to these strides):
 

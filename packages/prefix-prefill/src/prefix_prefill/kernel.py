@@ -271,20 +271,8 @@ def _cache_tile_ids(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, CFG: tl.con
     """The block ids of the unmasked, aligned cache tile at positions ``k_base + n0 + [0, BLOCK_N)``
     (valid below ``k_end``; a tile past it reads nothing outside the table row and is never attended
     to), for :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
-    tile = tile_blocks(
-        cache[2],
-        cache[3],
-        k_base + n0,
-        k_end,
-        cache[4],
-        BLOCK_N,
-        CFG[7],
-        False,
-        True,
-        CFG[11],
-        None,
-        cache[13],
-    )
+    tile = tile_blocks(cache[2], cache[3], k_base + n0, k_end, cache[4], BLOCK_N, CFG[7], False, True, CFG[11],
+                       None, cache[13])  # fmt: skip
     return tile[0], tile[1]
 
 
@@ -415,33 +403,21 @@ def _merged_tile(acc, m_i, l_i, b_q, is_new, n0_ctx, n0_new, ctx_len, cache_len,
                  CFG: tl.constexpr):  # fmt: skip
     """One masked tile of :func:`_segments_merged`: the new tokens' tile at ``n0_new`` (positions
     ``ctx_len + n0_new + [0, BLOCK_N)``, contiguous ``new`` rows) when ``is_new``, else the context tile
-    at ``n0_ctx`` (paged ``cache``, keys valid below ``cache_len``). The new rows have the cache's token stride and unit feature stride
-    (host-checked), so a new-token tile is addressed as a one-page cache tile of "block 0" at slot
-    ``n0_new`` from the new rows' base pointer: with tiles no wider than a page only the scalars of
-    :func:`~paged_kv_offsets.kernel.tile_blocks` and the base pointer are selected, and the per-lane
-    work is the context's; narrower pages select the [BN] offsets. For a new-token tile every
-    block-table read is masked off (position 0 and no valid key). Feature offsets, layout hints and
-    :func:`_attend` are shared: the softmax step compiles once for the loop."""
+    at ``n0_ctx`` (paged ``cache``, keys valid below ``cache_len``). The new rows have the cache's token
+    stride and unit feature stride (host-checked), so a new-token tile is addressed as a one-page cache
+    tile of "block 0" at slot ``n0_new`` from the new rows' base pointer: with tiles no wider than a page
+    only the scalars of :func:`~paged_kv_offsets.kernel.tile_blocks` and the base pointer are selected,
+    and the per-lane work is the context's; narrower pages select the [BN] offsets. For a new-token tile
+    every block-table read is masked off (position 0 and no valid key). Feature offsets, layout hints
+    and :func:`_attend` are shared: the softmax step compiles once for the loop."""
     PAGE_SIZE: tl.constexpr = CFG[7]
     p_k_rows, p_v_rows, stride_kt, stride_vt = new[0], new[1], new[2], new[3]
     c_end = tl.where(is_new, 0, cache_len)
     pos0 = tl.where(is_new, 0, n0_ctx)
     if BLOCK_N <= PAGE_SIZE:  # a tile within two pages
         bt_row, stride_bt_col, n_bt_cols = cache[2], cache[3], cache[4]
-        blk0, blk1, slot0, n_first, m_tok = tile_blocks(
-            bt_row,
-            stride_bt_col,
-            pos0,
-            c_end,
-            n_bt_cols,
-            BLOCK_N,
-            PAGE_SIZE,
-            MASKED,
-            True,
-            CFG[11],
-            None,
-            cache[13],
-        )
+        blk0, blk1, slot0, n_first, m_tok = tile_blocks(bt_row, stride_bt_col, pos0, c_end, n_bt_cols, BLOCK_N,
+                                                        PAGE_SIZE, MASKED, True, CFG[11], None, cache[13])  # fmt: skip
         zero = blk0 * 0
         tile = (tl.where(is_new, zero, blk0), tl.where(is_new, zero, blk1), tl.where(is_new, n0_new, slot0),
                 tl.where(is_new, BLOCK_N, n_first), m_tok | is_new)  # fmt: skip
