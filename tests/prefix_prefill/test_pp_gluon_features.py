@@ -159,7 +159,7 @@ def test_warm_frames_take_each_calls_options(warm_nhd):
     first = options()
     key = gluon_launch.launch_key(chosen, problem, *index[:3], None, opts=first)
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # through Triton
-    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # direct: makes a frame
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # direct: a frame
     c_calls = warm_nhd.compiled.run.c_calls
     for cap, left, frames in ((30.0, 5000, 1), (30.0, 5000, 1), (20.0, 5000, 2), (30.0, 2047, 3)):
         opts = options(cap, left)
