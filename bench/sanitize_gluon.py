@@ -64,6 +64,13 @@ PREFIX = [
     ("split", 128, 544, True, False, "gluon-split"),
     ("split", 256, 16, False, False, "gluon-split"),  # K chunk-major and V by TMA
 ]
+# the model options the Gluon kernels take, all on (a left window wider than the plan's Gluon rule)
+OPTIONS = {"window": (2100, -1), "softcap": 30.0, "sinks": True, "alibi": True}
+PREFIX_OPTIONS = [
+    ("nhd", 128, 16, False, True, "gluon-nhd"),
+    ("split", 128, 16, False, False, "gluon-split"),
+    ("split", 64, 544, True, False, "gluon-split"),
+]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
     (64, [2100, 300], (2047, -1), False),
@@ -72,8 +79,10 @@ WINDOW = [
 ]
 
 
-def _prefix_case(layout: str, d: int, page: int, from_cache: bool, lse: bool, want_kernel: str) -> list[str]:
-    ctx, new, h, hk = [300, 37], [150, 70], 8, 2
+def _prefix_case(
+    layout: str, d: int, page: int, from_cache: bool, lse: bool, want_kernel: str, options: bool = False
+) -> list[str]:
+    ctx, new, h, hk = ([2400, 37], [300, 70], 8, 2) if options else ([300, 37], [150, 70], 8, 2)
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
     nb = sum(pages) + 1
@@ -97,13 +106,19 @@ def _prefix_case(layout: str, d: int, page: int, from_cache: bool, lse: bool, wa
         k = torch.randn(sum(new), hk, d, device=DEV).to(DT)
         v = torch.randn(sum(new), hk, d, device=DEV).to(DT)
     args = (q, k, v, k_cache, v_cache, table, cu, sl, max(new))
-    kernel = pp.explain(*args, kv_layout=layout, return_lse=lse).kernel
+    kw = {}
+    if options:
+        kw = dict(window=OPTIONS["window"], softcap=OPTIONS["softcap"],
+                  sinks=torch.randn(h, device=DEV), alibi_slopes=torch.rand(h, device=DEV) * 0.1)  # fmt: skip
+    kernel = pp.explain(*args, kv_layout=layout, return_lse=lse, **kw).kernel
     if kernel != want_kernel:
         return [f"planned {kernel}, not {want_kernel}"]
-    want = ref.paged_prefix_attention(*(t.cpu() if t is not None else None for t in args[:-1]), layout=layout)
+    ref_kw = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    want = ref.paged_prefix_attention(*(t.cpu() if t is not None else None for t in args[:-1]), layout=layout,
+                                      **ref_kw)  # fmt: skip
     bad = []
     for when in ("first", "full"):
-        res = pp.prefix_prefill(*args, kv_layout=layout, return_lse=lse)
+        res = pp.prefix_prefill(*args, kv_layout=layout, return_lse=lse, **kw)
         out = res[0] if lse else res
         torch.cuda.synchronize()
         res = ref.compare(out.cpu(), want)
@@ -113,17 +128,22 @@ def _prefix_case(layout: str, d: int, page: int, from_cache: bool, lse: bool, wa
     return bad
 
 
-def _window_case(d: int, lens: list[int], window: tuple[int, int], lse: bool) -> list[str]:
+def _window_case(
+    d: int, lens: list[int], window: tuple[int, int], lse: bool, options: bool = False
+) -> list[str]:
     n, h, hk = sum(lens), 4, 2
     q = torch.randn(n, h, d, device=DEV).to(DT)
     k = torch.randn(n, hk, d, device=DEV).to(DT)
     v = torch.randn(n, hk, d, device=DEV).to(DT)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-    kernel = wp.explain(q, k, v, cu, max(lens), causal=True, window=window).kernel
+    kw = dict(sinks=torch.randn(h, device=DEV), softcap=OPTIONS["softcap"]) if options else {}
+    kernel = wp.explain(q, k, v, cu, max(lens), causal=True, window=window, **kw).kernel
     if kernel != "gluon":
         return [f"planned {kernel}, not gluon"]
-    want = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), cu.cpu(), causal=True, window=window)
-    res = wp.window_prefill(q, k, v, cu, max(lens), causal=True, window=window, return_lse=lse)
+    ref_kw = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    want = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), cu.cpu(), causal=True, window=window,
+                                **ref_kw)  # fmt: skip
+    res = wp.window_prefill(q, k, v, cu, max(lens), causal=True, window=window, return_lse=lse, **kw)
     out = res[0] if lse else res
     torch.cuda.synchronize()
     res = ref.compare(out.cpu(), want)
@@ -134,7 +154,14 @@ def _cases() -> list[tuple[str, object, tuple]]:
     cases = [
         (f"prefix {c[0]} d{c[1]} page {c[2]} from_cache={c[3]} lse={c[4]}", _prefix_case, c) for c in PREFIX
     ]
-    return cases + [(f"window d{c[0]} lens {c[1]} window {c[2]} lse={c[3]}", _window_case, c) for c in WINDOW]
+    cases += [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} all options", _prefix_case,
+         (*c, True))
+        for c in PREFIX_OPTIONS
+    ]  # fmt: skip
+    cases += [(f"window d{c[0]} lens {c[1]} window {c[2]} lse={c[3]}", _window_case, c) for c in WINDOW]
+    return cases + [(f"window d{c[0]} lens {c[1]} window {c[2]} sinks softcap", _window_case, (*c, True))
+                    for c in WINDOW[:2]]  # fmt: skip
 
 
 # --consan-all variants: (extra arguments, extra environment) of a child process
