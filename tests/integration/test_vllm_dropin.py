@@ -124,7 +124,8 @@ class _Forbidden:
 
 
 class _Counting:
-    """Wraps our Triton kernel: counts ``kernel[grid](...)`` launches."""
+    """Wraps our Triton kernel: counts ``kernel[grid](...)`` launches (the Gluon kernels' runs are counted
+    by :func:`_count_gluon`)."""
 
     def __init__(self, real: object) -> None:
         self.real, self.launches = real, 0
@@ -132,6 +133,23 @@ class _Counting:
     def __getitem__(self, grid: tuple) -> object:
         self.launches += 1
         return self.real[grid]
+
+
+def _count_gluon(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """A list that gets one entry for each call ``prefix_prefill.gluon_launch.launch`` ran its kernel."""
+    import prefix_prefill.gluon_launch as gluon_launch
+
+    ran: list[bool] = []
+    real = gluon_launch.launch
+
+    def counted(*args, **kwargs):
+        ok = real(*args, **kwargs)
+        if ok:
+            ran.append(True)
+        return ok
+
+    monkeypatch.setattr(gluon_launch, "launch", counted)
+    return ran
 
 
 def _decode_tile(page: int) -> int:
@@ -186,6 +204,7 @@ def _run_chunked(monkeypatch, seqs=((20, 1), (0, 5), (13, 7), (33, 1)), *, heads
     monkeypatch.setattr(theirs, "_fwd_kernel_alibi", _Forbidden())
     ours = _Counting(pp_iface._fwd_kernel)
     monkeypatch.setattr(pp_iface, "_fwd_kernel", ours)
+    gluon_runs = _count_gluon(monkeypatch)
 
     c, key, value, table, fp8 = _chunked_case(
         list(seqs), heads=heads, kv_heads=kv_heads, head_size=head_size, page=page, dtype=dtype, cache=cache,
@@ -205,7 +224,7 @@ def _run_chunked(monkeypatch, seqs=((20, 1), (0, 5), (13, 7), (33, 1)), *, heads
         v_scale=scale(c.v_scale), alibi_slopes=slopes, sliding_window=window, sm_scale=None,
         output_scale=out_scale, sinks=sink, causal=causal,
     )  # fmt: skip
-    assert ours.launches == 1  # the prefill rows: our kernel, once
+    assert ours.launches + len(gluon_runs) == 1  # the prefill rows: our kernel (Triton or Gluon), once
     ref = paged_prefix_attention(
         c.q, None, None, c.k_cache, c.v_cache, table, c.cu_seqlens_q, c.seq_lens, layout="split",
         causal=causal, window=(window - 1, -1) if window else (-1, -1), alibi_slopes=slopes, sinks=sink,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import check_tanh_forms, compile_gluon_for_sm90, needs_sm90, poison
+from conftest import ON_GPU, check_tanh_forms, compile_gluon_for_sm90, needs_sm90, poison
 from wp_util import (
     WP_COMPILE_HEAD,
     any_width_is_wide,
@@ -32,6 +32,7 @@ from window_prefill import explain, window_prefill
 
 
 # ------------------------------------------------------------------------- CPU: the planned launch
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's planned launch (the GPU tests below run the kernel)")
 @pytest.mark.parametrize(
     "opts,want",
     [
