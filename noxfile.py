@@ -42,9 +42,8 @@ CPU_TORCH = os.environ.get("CPU_TORCH", "torch==2.13.0")
 # 3.6 is what the GPU runs were measured with, 3.8 what the CPU suite runs.
 CPU_TRITON = os.environ.get("CPU_TRITON", "triton==3.8.0")
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "numpy", "pytest-xdist>=3.2"]
-# Offline compiles for several GPU targets in a subprocess with a wall-clock limit: how long they take
-# depends on the machine's load, so they run in their own session (compile-check), not in tests-cpu:
-# the tests marked ``compile_check``.
+# Offline compiles for the GPU targets (the tests marked ``compile_check``) take minutes of CPU: they run
+# in their own session (compile-check), not in tests-cpu.
 DIST = ROOT / "dist"
 # tests-cpu spreads the interpreter tests over this many worker processes (pytest-xdist): the CI
 # machine has 2 cores, and the interpreter runs one test on one core. PYTEST_WORKERS=0 runs in-process.
@@ -113,14 +112,33 @@ def _install_all(session: nox.Session) -> None:
 
 @nox.session(name="compile-check")
 def compile_check(session: nox.Session) -> None:
-    """The kernels compiled for GPU targets without a GPU (Triton's bundled toolchains, in a subprocess
-    with a wall-clock limit); not part of tests-cpu, whose verdicts must not depend on machine load."""
+    """Portability, shown: every launch the two packages' plans pick (each table entry, head-size class,
+    cache layout, dtype class and option) compiled without a GPU by Triton's bundled toolchains for
+    sm80, sm90, sm100, gfx942 and gfx950, and held to each target's shared-memory/LDS budget, no
+    spills or scratch, and an occupancy floor (tests/compile_check/: the matrix in cc_matrix.py, the
+    budgets and rules in cc_targets.py), plus the Gluon kernels' own sm90 compile tests: the tests
+    marked ``compile_check``, which tests-cpu leaves out. Files the table (compile-check.md and .csv) under
+    bench/results/compile-check/<date>-<commit>/ (``COMPILE_CHECK_OUT`` names another directory).
+    Under 10 minutes on 2 cores: the matrix compiles on two worker processes, the rest one at a time;
+    no verdict depends on time."""
     _install_all(session)
+    out = os.environ.get("COMPILE_CHECK_OUT") or str(_results_dir("compile-check"))
     session.run(
-        "python", "-m", "pytest", "tests", "-m", "compile_check", "-q", "-p", "no:cacheprovider", *_workers(),
+        "python", "-m", "pytest", "tests", "-m", "compile_check", "-q", "-p", "no:cacheprovider",
         *session.posargs,
-        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
+        env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "COMPILE_CHECK_OUT": out},
     )  # fmt: skip
+    session.log(f"compile-check table: {out}")
+
+
+def _results_dir(kind: str) -> Path:
+    """bench/results/<kind>/<date>-<short commit>[-dirty] (dirty: tracked files changed since the commit)."""
+    import datetime
+
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":!bench/results"], cwd=ROOT)
+    name = f"{datetime.date.today().isoformat()}-{sha.stdout.strip() or 'nogit'}"
+    return ROOT / "bench" / "results" / kind / (name + ("-dirty" if dirty.returncode else ""))
 
 
 def _gpu_tests(session: nox.Session) -> None:

@@ -72,8 +72,8 @@ def test_amd_configs_fit_lds(arch):
 
 
 def test_nvidia_configs_fit_shared_memory():
-    # sm90 entries are checked against the compiled kernels' shared memory instead
-    # (test_pp_offline_compile.py): this static model over-counts (e.g. 262144 B modelled vs 164864 B
+    # sm90 and sm100 entries are checked against the compiled kernels' shared memory instead
+    # (tests/compile_check): this static model over-counts (e.g. 262144 B modelled vs 164864 B
     # compiled for 128/64/128/8/3 at head size 128, which ran on the H200).
     for (a, hb, dc, _), cfg in CONFIGS.items():
         if a in ("sm80", "default"):
@@ -246,3 +246,28 @@ def test_layout_hints_nhd_and_misaligned_views():
     # head size 36 (72 B per token) breaks the 16-byte stride rule
     k36 = torch.empty(4, 16, 2, 36, dtype=torch.float16)
     assert _hints(k36, k36, "hnd")[:2] == (False, False)
+
+
+def test_narrow_heads_take_a_16_wide_feature_tile():
+    """Heads narrower than one dot's K of 16 are padded to a 16-wide feature tile on every architecture
+    (a narrower tile does not compile: ``tl.dot`` needs K >= 16)."""
+    from pp_cases import problem_of
+
+    for head in (1, 8, 12, 16):
+        case = make_case([(5, 3)], num_heads=2, num_kv_heads=1, head_size=head, page=16, dtype=torch.float16,
+                         device="cpu")  # fmt: skip
+        for arch in ("sm90", "sm100", "sm80", "gfx942", "interpreter"):
+            c = plan_mod.triton_plan(problem_of(case, arch=arch)).consts()
+            assert (c["HEAD_DIM"], c["BLOCK_D"]) == (head, 16), (head, arch)
+
+
+def test_granule_edges_only_where_the_mma_reads_shared_memory():
+    """Head 256 over vLLM's split cache loads masked V tiles by granule on sm90 (wgmma), sm100 and AMD,
+    not on sm80 and unknown GPUs (mma.sync: the granules only add registers there)."""
+    from pp_cases import problem_of
+
+    case = make_case([(40, 9)], num_heads=2, num_kv_heads=1, head_size=256, page=16, dtype=torch.float16,
+                     device="cpu", layout="split")  # fmt: skip
+    granule = {a: plan_mod.triton_plan(problem_of(case, arch=a)).consts()["GRANULE"] for a in ARCHS}
+    assert granule == {"sm90": 8, "sm100": 8, "gfx942": 8, "gfx950": 8, "interpreter": 8, "sm80": 0,
+                       "default": 0}  # fmt: skip

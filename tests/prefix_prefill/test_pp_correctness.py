@@ -41,6 +41,7 @@ def test_ragged_batch_pages_layouts(page, layout, dtype, max_ctx):
         (64, 4, 4, torch.float16, [(33, 17), (0, 20), (5, 1)]),  # MHA
         (80, 4, 1, torch.float32, [(19, 21), (40, 3)]),  # MQA, padded head size
         (256, 2, 1, torch.float16, [(20, 9), (3, 2)]),  # largest head size, tiny
+        (8, 2, 1, torch.float16, [(20, 9), (0, 5)]),  # narrower than one dot's K: a padded 16-wide tile
     ],
 )
 def test_head_sizes_gqa(head_size, num_heads, num_kv_heads, dtype, seqs):
@@ -91,7 +92,7 @@ def test_seed_shape_tiny():
 
 # ----------------------------------------------------------------------------------------- GPU
 GPU_PAGES = [1, 16, 128, 512, 544, 1040, 1056, 2048]
-GPU_HEADS = [64, 80, 96, 112, 128, 192, 256]
+GPU_HEADS = [8, 32, 64, 80, 96, 112, 128, 192, 256]
 
 
 @pytest.mark.gpu

@@ -2,7 +2,8 @@
 
 Key: ``(arch, head-size bucket, dtype class, page-size class)``
 
-* ``arch``: ``"sm90"`` (Hopper), ``"sm80"`` (Ampere/Ada, ~100-164 KiB shared memory), ``"gfx942"``
+* ``arch``: ``"sm90"`` (Hopper), ``"sm100"`` (Blackwell, compute capability 10.x), ``"sm80"`` (A100,
+  164 KiB shared memory), ``"gfx942"``
   (MI300, 64 KiB LDS), ``"gfx950"`` (MI350, 160 KiB LDS), ``"interpreter"`` (``TRITON_INTERPRET=1``),
   ``"default"`` (anything else: conservative, fits 99 KiB).
 * head-size bucket: 64 (``D <= 64``), 128 (``D <= 128``), 256 (``D <= 256``); the kernel pads ``D``
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-ARCHS = ("sm90", "sm80", "gfx942", "gfx950", "interpreter", "default")
+ARCHS = ("sm90", "sm100", "sm80", "gfx942", "gfx950", "interpreter", "default")
 HEAD_BUCKETS = (64, 128, 256)
 DTYPE_CLASSES = ("16bit", "fp32")
 PAGE_CLASSES = ("1", "small", "large")
@@ -36,6 +37,7 @@ MAX_GRID_YZ = 65535
 #: Shared memory (NVIDIA, opt-in maximum per block) or LDS (AMD) per architecture, in bytes.
 SHARED_MEMORY_BUDGET = {
     "sm90": 227 * 1024,
+    "sm100": 227 * 1024,
     "sm80": 163 * 1024,
     "gfx942": 64 * 1024,
     "gfx950": 160 * 1024,
@@ -86,28 +88,42 @@ def _c(bm: int, bn: int, bnc: int, w: int, s: int) -> KernelConfig:
 
 # (arch, head bucket, dtype class) -> config shared by every page class.
 _BASE: dict[tuple[str, int, str], KernelConfig] = {
-    # Hopper: 227 KiB shared memory.
+    # Hopper: 227 KiB shared memory. On a Triton that runs the Gluon kernels (plan.py) they take the
+    # plain causal calls at heads 64/128/256; this kernel runs the rest (windows, ALiBi, sinks,
+    # soft-capping, fp8 caches, HND caches, other head sizes), and every call on other Tritons. The
+    # entries are the largest tiles that compile for sm_90a without spills in every form of the
+    # compile check (tests/compile_check). H200 timings of the plain llama/qwen calls (split cache,
+    # page 544; bench/results/NOTES.md 2026-11-29, 5bc0f97) favour wider tiles that spill: head 128
+    # 128/128/128/8/3 10.63 ms vs 13.43 for 128/64/64/8/3; head 256 128/64/64/8/2 4.86 ms vs 9.90 for
+    # 64/64/64/8/2. Those tiles spill 100-800 B per thread in the option forms this kernel serves.
     ("sm90", 64, "16bit"): _c(128, 64, 64, 8, 3),
-    # H200 (bench/results/NOTES.md 2026-11-29, 5bc0f97), llama page 544 split layout: 10.63 ms vs 10.90
-    # for 128/64/128/8/3 and 13.43 for 128/64/64/8/3.
-    ("sm90", 128, "16bit"): _c(128, 128, 128, 8, 3),
-    # Same run, qwen-hybrid page 544: 4.86 ms vs 6.55 for the spill-free 128/32/32/8/2 and 9.90 for
-    # 64/64/64/8/2 (this one spills ~150 B and is still the fastest).
-    ("sm90", 256, "16bit"): _c(128, 64, 64, 8, 2),
-    # fp32 (IEEE dots, lowered to FMA loops): the former 64/32/32/4/2 (heads 64/128) and 32/32/32/4/2
-    # (256) spill 4-66 KB per thread and compile in 8-30 s offline; 16/16/16/4/2 spills nothing
-    # (NOTES.md 2026-11-29, 378a544). H200 (NOTES.md 2026-11-29, 87e1591):
-    # 18.1 -> 1.6 ms (head 128), 29.0 -> 3.1 ms (256), first call 11.6/13.7 -> 1.9/3.5 s; head 64
-    # 0.66 -> 0.85 ms but 6.9 -> 1.7 s to compile.
-    ("sm90", 64, "fp32"): _c(16, 16, 16, 4, 2),
-    ("sm90", 128, "fp32"): _c(16, 16, 16, 4, 2),
-    ("sm90", 256, "fp32"): _c(16, 16, 16, 4, 2),
-    # Ampere A100 (163 KiB); Ada/consumer parts map to "default".
-    ("sm80", 64, "16bit"): _c(128, 64, 64, 4, 2),
-    ("sm80", 128, "16bit"): _c(128, 64, 64, 4, 2),
-    ("sm80", 256, "16bit"): _c(64, 32, 32, 4, 2),
-    # fp32 as sm90 (offline sm_80: 64/32/32/4/2 spills 62 KB, 16/16/16/4/2 none; NOTES.md 2026-11-29, 378a544)
-    ("sm80", 64, "fp32"): _c(16, 16, 16, 4, 2),
+    ("sm90", 128, "16bit"): _c(128, 64, 64, 8, 3),
+    ("sm90", 256, "16bit"): _c(64, 32, 32, 8, 2),
+    # fp32 (IEEE dots, lowered to FMA loops): 16/16/16 tiles (H200, NOTES.md 2026-11-29, 87e1591: 18.1 ->
+    # 1.6 ms at head 128 against 64/32/32/4/2, which spills KBs). With 2 stages 4 warps spill 16-24 B
+    # at heads 64-128 and 8 warps 8 B at head 64: 8 warps at 128/256, one stage at 64.
+    ("sm90", 64, "fp32"): _c(16, 16, 16, 4, 1),
+    ("sm90", 128, "fp32"): _c(16, 16, 16, 8, 2),
+    ("sm90", 256, "fp32"): _c(16, 16, 16, 8, 2),
+    # Blackwell (B200/B300, compute capability 10.x; 227 KiB): the Triton kernel (the Gluon kernels are
+    # Hopper-only). Untimed: the largest tiles that compile without spills for sm_100a in every form of
+    # the compile check (tests/compile_check); 4 warps spill at 128 query rows. Tune on a B200.
+    ("sm100", 64, "16bit"): _c(128, 64, 64, 8, 2),
+    ("sm100", 128, "16bit"): _c(128, 32, 32, 8, 2),
+    ("sm100", 256, "16bit"): _c(64, 32, 32, 8, 2),
+    # fp32: two stages spill 16 B at head 80 (new tokens read from an NHD cache); one stage none.
+    ("sm100", 64, "fp32"): _c(16, 16, 16, 4, 1),
+    ("sm100", 128, "fp32"): _c(16, 16, 16, 4, 1),
+    ("sm100", 256, "fp32"): _c(16, 16, 16, 4, 1),
+    # Ampere A100 (163 KiB); Ada/consumer parts map to "default". Untimed: the largest query tile that
+    # compiles for sm_80 without spills in every form of the compile check, with two stages; mma.sync
+    # keeps the accumulator in registers, so 8 warps share it (4 warps spill 0.1-3 KB per thread).
+    ("sm80", 64, "16bit"): _c(128, 32, 32, 8, 2),
+    ("sm80", 128, "16bit"): _c(64, 32, 32, 8, 2),
+    ("sm80", 256, "16bit"): _c(64, 16, 16, 8, 2),
+    # fp32 as sm90 (offline sm_80: 64/32/32/4/2 spills 62 KB, 16/16/16/4/2 none; NOTES.md 2026-11-29,
+    # 378a544); 8 warps at head 64, where 4 spill 24 B in the compile check.
+    ("sm80", 64, "fp32"): _c(16, 16, 16, 8, 2),
     ("sm80", 128, "fp32"): _c(16, 16, 16, 4, 2),
     ("sm80", 256, "fp32"): _c(16, 16, 16, 4, 2),
     # MI300 (gfx942): 64 KiB LDS, 64-lane wavefronts.
@@ -122,7 +138,7 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     ("gfx950", 128, "16bit"): _c(128, 64, 64, 4, 2),
     ("gfx950", 256, "16bit"): _c(64, 64, 64, 4, 1),
     ("gfx950", 64, "fp32"): _c(64, 64, 64, 4, 1),
-    ("gfx950", 128, "fp32"): _c(64, 32, 32, 4, 2),
+    ("gfx950", 128, "fp32"): _c(64, 32, 32, 4, 1),  # two stages spill VGPRs
     ("gfx950", 256, "fp32"): _c(32, 32, 32, 4, 1),
     # Triton interpreter (CPU tests): small tiles so short sequences still cross tile edges.
     ("interpreter", 64, "16bit"): _c(16, 16, 16, 1, 1),
@@ -131,7 +147,7 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
     ("interpreter", 64, "fp32"): _c(16, 16, 16, 1, 1),
     ("interpreter", 128, "fp32"): _c(16, 16, 16, 1, 1),
     ("interpreter", 256, "fp32"): _c(16, 16, 16, 1, 1),
-    # Unknown GPUs (sm75, sm86/89, sm100, sm120, other AMD): fits 99 KiB with one stage.
+    # Unknown GPUs (sm75, sm86/89, sm120, other AMD): fits 99 KiB with one stage.
     ("default", 64, "16bit"): _c(128, 64, 64, 4, 1),
     ("default", 128, "16bit"): _c(128, 64, 64, 4, 1),
     ("default", 256, "16bit"): _c(64, 32, 32, 4, 1),
@@ -158,9 +174,10 @@ def shared_memory_bytes(cfg: KernelConfig, head_size: int, dtype_bytes: int) -> 
 
     Model: the Q tile ``[BLOCK_M, D]`` once, the K and V tiles ``[max(BLOCK_N, BLOCK_N_CTX), D]``
     once per pipeline stage (``max(1, num_stages)`` buffers), and the ``[BLOCK_M, BLOCK_N]``
-    probability tile for its layout conversion before the PV dot; ``D`` padded to a power of two.
+    probability tile for its layout conversion before the PV dot; ``D`` padded to a power of two
+    (at least 16, the kernel's narrowest feature tile).
     """
-    d = 1 << max(0, (int(head_size) - 1).bit_length())
+    d = max(16, 1 << max(0, (int(head_size) - 1).bit_length()))
     bn = max(cfg.BLOCK_N, cfg.BLOCK_N_CTX)
     q_tile = cfg.BLOCK_M * d * dtype_bytes
     kv_tiles = max(1, cfg.num_stages) * 2 * bn * d * dtype_bytes
@@ -195,6 +212,8 @@ def _arch_of(device_type: str, index: int | None) -> str:
     major, minor = torch.cuda.get_device_capability(index)
     if (major, minor) == (9, 0):
         return "sm90"
+    if major == 10:
+        return "sm100"
     if (major, minor) == (8, 0):
         return "sm80"
     return "default"

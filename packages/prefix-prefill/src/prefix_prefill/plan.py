@@ -60,9 +60,14 @@ SPLIT_K_CM_HEADS = frozenset({256})
 #: shorter pages, and at head 64, the V producer transposes the new tokens' V into the context's slot
 #: form instead (``V_STAGE``: two consumer partitions, one loop); at 256 V goes by TMA.
 SPLIT_ONE_CONSUMER_HEADS = frozenset({128})
+#: Triton kernel: the narrowest feature tile (``tl.dot`` takes K >= 16); narrower heads are padded to it.
+MIN_BLOCK_D = 16
 #: Triton kernel: head buckets from which masked context tiles of a token-contiguous V load by granule
 #: (at head 256 the element-wise V gather otherwise serialises every wgmma).
 GRANULE_MIN_BLOCK_D = 256
+#: ... except on these architectures, whose MMA (mma.sync) reads its operands from registers: there the
+#: granule loads only add live registers (sm80 at head 256: 1.5 KB of spills per thread at 64/16/16/8/2).
+GRANULE_OFF_ARCHS = frozenset({"sm80", "default"})
 #: Triton kernel: head buckets up to which interior context tiles read the next tile's block ids ahead
 #: (wider heads only for pages narrower than the tile).
 PREFETCH_IDS_MAX_BLOCK_D = 128
@@ -364,9 +369,10 @@ def triton_plan(p: Problem, config=None, reason: str = "") -> LaunchPlan:
     """The Triton kernel's plan for ``p`` (``config``: tiles other than the table's, for sweeps)."""
     if config is None:
         config = get_config(p.arch, p.head_size, p.q_dtype, p.kc.page_size)
-    block_d = 1 << (p.head_size - 1).bit_length()  # next power of two (head_size >= 1)
+    block_d = max(MIN_BLOCK_D, 1 << (p.head_size - 1).bit_length())  # next power of two (head_size >= 1)
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(p, config.BLOCK_N_CTX)
     granule = v_contig if block_d >= GRANULE_MIN_BLOCK_D and v_align_runs and v_contig >= 8 else 0
+    granule = 0 if p.arch in GRANULE_OFF_ARCHS else granule
     wide = not p.fits_int32
     merge = _merge_new(p, config.BLOCK_N, config.BLOCK_N_CTX, wide)
     if merge:  # the layout hints now cover the new rows too

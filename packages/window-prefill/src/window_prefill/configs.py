@@ -5,9 +5,9 @@ benchmark's ``--sweep`` is how the table is tuned. Also: the architecture of a d
 
 Table key: ``(arch, head_dim_bucket, dtype_class, causal)`` with
 
-* ``arch`` in :data:`ARCHS`: ``"sm90"`` (H100/H200), ``"sm80"`` (A100), ``"gfx942"`` (MI300),
-  ``"gfx950"`` (MI350), ``"interpreter"`` (``TRITON_INTERPRET=1`` / CPU tensors) and ``"default"``
-  (any other GPU; sized to fit 64 KiB of shared memory);
+* ``arch`` in :data:`ARCHS`: ``"sm90"`` (H100/H200), ``"sm100"`` (B200/B300), ``"sm80"`` (A100),
+  ``"gfx942"`` (MI300), ``"gfx950"`` (MI350), ``"interpreter"`` (``TRITON_INTERPRET=1`` / CPU
+  tensors) and ``"default"`` (any other GPU; sized to fit 64 KiB of shared memory);
 * ``head_dim_bucket`` in :data:`HEAD_DIM_BUCKETS`: the smallest bucket >= the head dim (64, 128, 256);
 * ``dtype_class``: ``"16bit"`` (fp16, bf16) or ``"fp32"``;
 * ``causal``: bool.
@@ -40,7 +40,7 @@ class Config(NamedTuple):
     gluon: bool = False
 
 
-ARCHS = ("sm90", "sm80", "gfx942", "gfx950", "interpreter", "default")
+ARCHS = ("sm90", "sm100", "sm80", "gfx942", "gfx950", "interpreter", "default")
 HEAD_DIM_BUCKETS = (64, 128, 256)
 DTYPE_CLASSES = ("16bit", "fp32")
 MAX_HEAD_DIM = 256
@@ -49,6 +49,7 @@ MAX_HEAD_DIM = 256
 # (Turing's 64 KiB); the interpreter has no limit.
 SHARED_MEMORY_LIMIT: dict[str, int] = {
     "sm90": 227 * 1024,
+    "sm100": 227 * 1024,
     "sm80": 163 * 1024,
     "gfx942": 64 * 1024,
     "gfx950": 160 * 1024,
@@ -59,18 +60,30 @@ _C = Config
 # (arch, head_dim_bucket, dtype_class) -> Config, for causal and non-causal alike unless overridden below.
 _BASE: dict[tuple[str, int, str], Config] = {
     # Hopper, 16-bit: the Gluon kernel where it applies and the window is wide (plan._GLUON_MIN_WIDTH);
-    # these Triton tiles for narrow windows, sinks and soft-capping (the fastest of the H200 sweeps).
+    # these Triton tiles for narrow windows, sinks and soft-capping: the largest that compile for sm_90a
+    # without spills in every form of the compile check (tests/compile_check; 128x128 tiles spill 28-48 B
+    # at head 128, two stages at head 256 24-48 B).
     ("sm90", 64, "16bit"): _C(64, 32, 4, 3, False, True),
-    ("sm90", 128, "16bit"): _C(128, 128, 8, 2, False, True),
-    ("sm90", 256, "16bit"): _C(128, 32, 8, 2, False, True),  # 64/64 tiles spill at head 256
+    ("sm90", 128, "16bit"): _C(128, 64, 8, 2, False, True),
+    ("sm90", 256, "16bit"): _C(128, 32, 8, 1, False, True),
     # fp32 (IEEE dots, FMA loops): 16/16 tiles spill nothing; larger ones spill 2-45 KB per thread.
     ("sm90", 64, "fp32"): _C(16, 16, 4, 2),
     ("sm90", 128, "fp32"): _C(16, 16, 4, 2),
     ("sm90", 256, "fp32"): _C(16, 16, 4, 2),
-    # Ampere (163 KiB).
-    ("sm80", 64, "16bit"): _C(128, 64, 4, 3),
-    ("sm80", 128, "16bit"): _C(128, 64, 8, 3),
-    ("sm80", 256, "16bit"): _C(64, 32, 4, 2),
+    # Blackwell (B200/B300, compute capability 10.x; 227 KiB): the Triton kernel. Untimed: the largest
+    # tiles that compile without spills for sm_100a in every form of the compile check
+    # (tests/compile_check; 4 warps spill at 64+ query rows).
+    ("sm100", 64, "16bit"): _C(128, 64, 8, 2),
+    ("sm100", 128, "16bit"): _C(128, 64, 8, 2),
+    ("sm100", 256, "16bit"): _C(64, 32, 8, 2),
+    ("sm100", 64, "fp32"): _C(16, 16, 4, 1),
+    ("sm100", 128, "fp32"): _C(16, 16, 4, 1),
+    ("sm100", 256, "fp32"): _C(16, 16, 8, 2),  # 4 warps spill 40 B with sinks
+    # Ampere (163 KiB). Untimed: the largest query tile that compiles for sm_80 without spills in every
+    # form of the compile check (mma.sync keeps the accumulator in registers: 8 warps share it).
+    ("sm80", 64, "16bit"): _C(128, 64, 8, 2),
+    ("sm80", 128, "16bit"): _C(128, 32, 8, 2),
+    ("sm80", 256, "16bit"): _C(64, 32, 8, 2),
     ("sm80", 64, "fp32"): _C(16, 16, 4, 2),  # as sm90: no spills
     ("sm80", 128, "fp32"): _C(16, 16, 4, 2),
     ("sm80", 256, "fp32"): _C(16, 16, 4, 2),
@@ -83,14 +96,15 @@ _BASE: dict[tuple[str, int, str], Config] = {
     ("gfx942", 256, "fp32"): _C(32, 16, 4, 1),
     # MI350 (160 KiB LDS).
     ("gfx950", 64, "16bit"): _C(128, 64, 4, 2),
-    ("gfx950", 128, "16bit"): _C(128, 64, 8, 2),
-    ("gfx950", 256, "16bit"): _C(128, 32, 8, 2),
+    # 4 warps: each keeps more of its 512 VGPRs per lane; 8 spill at heads 80-256 in the compile check.
+    ("gfx950", 128, "16bit"): _C(128, 64, 4, 2),
+    ("gfx950", 256, "16bit"): _C(128, 32, 4, 2),
     ("gfx950", 64, "fp32"): _C(64, 32, 4, 2),
     ("gfx950", 128, "fp32"): _C(64, 32, 4, 2),
     ("gfx950", 256, "fp32"): _C(32, 32, 4, 1),
     # Interpreter: tiny tiles so short test sequences cross many query and key tiles.
     **{("interpreter", hd, dc): _C(16, 16, 1, 1) for hd in HEAD_DIM_BUCKETS for dc in DTYPE_CLASSES},
-    # Any other GPU (sm75, sm86, sm89, sm100, sm120, gfx90a, ...): fits 64 KiB.
+    # Any other GPU (sm75, sm86, sm89, sm120, gfx90a, ...): fits 64 KiB.
     ("default", 64, "16bit"): _C(64, 64, 4, 2),
     ("default", 128, "16bit"): _C(64, 32, 4, 2),
     ("default", 256, "16bit"): _C(32, 32, 4, 1),
@@ -101,8 +115,8 @@ _BASE: dict[tuple[str, int, str], Config] = {
 
 # Entries where the causal kernel wants something else than the shared base (tuned with --sweep).
 _CAUSAL_OVERRIDES: dict[tuple[str, int, str, bool], Config] = {
-    # Hopper head 128 causal: 3 stages with TMA K/V run the H200's LLM shape fastest (where Gluon does not).
-    ("sm90", 128, "16bit", True): _C(128, 128, 8, 3, True, True),
+    # Hopper head 128 causal: 3 stages with TMA K/V (the H200's LLM shape ran fastest so at 128x128 tiles).
+    ("sm90", 128, "16bit", True): _C(128, 64, 8, 3, True, True),
 }
 
 CONFIGS: dict[tuple[str, int, str, bool], Config] = {
@@ -151,6 +165,8 @@ def _arch_of(device_type: str, index: int | None) -> str:
     major, minor = torch.cuda.get_device_capability(index)
     if major == 9:
         return "sm90"
+    if major == 10:
+        return "sm100"
     if (major, minor) == (8, 0):
         return "sm80"
     return "default"
