@@ -9,10 +9,9 @@ which memcheck does not judge; synccheck reports misuse of barriers. Triton's co
 the rings themselves: it instruments every shared-memory access, mbarrier, TMA copy and wgmma commit
 group of the kernel and traps on an access that no barrier orders. ``--consan --case I`` runs one case
 instrumented (a trap ends the process, so each case runs in its own); ``--consan-all`` runs every case
-in ``--jobs`` child processes for each ``--variants`` entry (``default``: the plans as shipped;
-``nofree``: ``FREE_WAITS=0``, the PTX barrier pass off; ``o1``: ptxas at ``--opt-level 1``; ``waited``:
-``o1`` with ``--publish-waited``) and writes
-one log per run and ``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
+in ``--jobs`` child processes for each ``--variants`` entry (``default``: the plans as shipped; ``o1``:
+ptxas at ``--opt-level 1``; ``waited``: ``o1`` with ``--publish-waited``) and writes one log per run and
+``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
 packages' Gluon plans (``bench/plan_override.py``).
 Each case is one planned Gluon form (``explain()`` must name a Gluon kernel, else the case fails):
 prefix-prefill's NHD kernel (heads 64/128/256, pages 16 and 544, new K/V given or read from the cache)
@@ -167,7 +166,6 @@ def _cases() -> list[tuple[str, object, tuple]]:
 # --consan-all variants: (extra arguments, extra environment) of a child process
 VARIANTS = {
     "default": ([], {}),
-    "nofree": (["--set", "FREE_WAITS=0"], {}),
     "o1": ([], {"PTXAS_OPTIONS": "--opt-level 1"}),
     "waited": (["--publish-waited"], {"PTXAS_OPTIONS": "--opt-level 1"}),
 }

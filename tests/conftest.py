@@ -76,17 +76,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 
-def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False, free_waits=False):
+def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False):
     # aligned: pointer arguments the launcher would specialise as 16-byte aligned (tt.divisibility 16);
-    # llvm_o0: the kernel's LLVM_O0 constexpr (shipped: off), and LLVM at O0 as hook_compiles runs it;
-    # free_waits: the kernel's FREE_WAITS constexpr, and the PTX through drop_wait_barriers as
-    # hook_compiles runs it (prints "dropped N")
+    # llvm_o0: the kernel's LLVM_O0 constexpr (shipped: off), and LLVM at O0 as hook_compiles runs it
     import prefill_runtime.host as host
 
     if "LLVM_O0" in fn.arg_names:
         consts = {**consts, "LLVM_O0": llvm_o0}
-    if "FREE_WAITS" in fn.arg_names:
-        consts = {**consts, "FREE_WAITS": free_waits}
     # parameters left out keep their defaults (the candidates' constexprs, absent descriptors)
     consts = {**{p.name: p.default for p in fn.params if p.has_default and p.name not in sig}, **consts}
     sig = {**sig, **{name: "constexpr" for name in consts if name not in sig}}
@@ -94,8 +90,6 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False, free_w
     src = GluonASTSource(fn, sig, consts, attrs)
     o0 = consts.get("LLVM_O0") is True and host._llvm_level_wrapper()
     host._LLVM_LEVEL.value = host._LLVM_O0 if o0 else None
-    host._FREE_WAITS.value = consts.get("FREE_WAITS") is True and host._asm_wrapper()
-    host._FREE_WAITS.dropped = 0
     # K_CM (the split kernel's chunk-major K ring): the PTX through clear_noswizzle_base_offsets, as
     # hook_compiles runs it (prints "cleared N")
     host._DESC_FIX.value = consts.get("K_CM") is True and host._asm_wrapper()
@@ -104,9 +98,7 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False, free_w
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     finally:
         host._LLVM_LEVEL.value = None
-        host._FREE_WAITS.value = False
         host._DESC_FIX.value = False
-    print("dropped", host._FREE_WAITS.dropped)
     print("cleared", host._DESC_FIX.cleared)
     assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
     print("shared", kernel.metadata.shared)

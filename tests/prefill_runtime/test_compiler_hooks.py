@@ -1,5 +1,5 @@
 """prefill_runtime.compiler_hooks: hook_compiles (launcher prebuild, compile options), the llvm wrappers,
-the PTX passes, and that none of it reaches a Triton kernel that is not hooked."""
+the PTX pass, and that none of it reaches a Triton kernel that is not hooked."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import triton
 
 import prefill_runtime.compiler_hooks as hooks
-from prefill_runtime import clear_noswizzle_base_offsets, drop_wait_barriers, hook_compiles
+from prefill_runtime import clear_noswizzle_base_offsets, hook_compiles
 
 
 class _Fn:
@@ -155,42 +155,6 @@ def test_hook_compiles_llvm_o0(monkeypatch):
     assert [lv for lv, _, _ in seen[-2:]] == [o3, o3]
 
 
-def _free_wait_ptx(path: str, line: int, entry: str = "ours") -> str:
-    """PTX in Triton 3.6's form, entry ``entry``: a barrier Triton put before a free wait (line info
-    ``line`` of ``path``), one before a wait at another line, one before a store, one before the free
-    wait's line that is no wait."""
-    wait = """	// begin inline asm
-	{
-	.reg .pred complete;
-	waitLoop:
-	mbarrier.try_wait.parity.shared.b64 complete, [%r1], %r2;
-	@!complete bra.uni waitLoop;
-	}
-	// end inline asm
-"""
-    return f"""//
-.target sm_90a
-.visible .entry {entry}(
-	.param .u64 {entry}_param_0
-)
-{{
-	.loc	3 {line} 5                         // gluon.py:{line}:5
-	bar.sync 	0, 256;
-{wait}	.loc	3 {line + 40} 5
-	bar.sync 	0, 256;
-{wait}	.loc	3 {line} 5
-	bar.sync 	1, 128;
-	st.shared.b32 	[%r3], %r4;
-	.loc	3 {line} 5
-	barrier.sync 	2;
-
-{wait}	ret;
-}}
-	.file	1 "/elsewhere/kernel.py"
-	.file	3 "{path}"
-"""
-
-
 def _desc(base, lbo, sbo, mbo, swz):
     """A wgmma matrix descriptor with these fields (byte offsets, base offset, swizzle mode)."""
     return base | (lbo >> 4) << 16 | (sbo >> 4) << 32 | mbo << 49 | swz << 62
@@ -229,28 +193,6 @@ def test_clear_noswizzle_base_offsets():
     assert clear_noswizzle_base_offsets(no_mma) == (no_mma, 0)
 
 
-def test_drop_wait_barriers(tmp_path):
-    """``drop_wait_barriers`` drops exactly the barriers whose line info is a free-wait line of the
-    given file and whose next instruction is that wait's poll (any barrier form); barriers before other
-    lines' waits or before other instructions stay; no line info or no such file: unchanged. The
-    package's own ``free_wait`` has exactly one wait line."""
-    path = str(tmp_path / "gluon.py")
-    (tmp_path / "gluon.py").write_text("")
-    ptx = _free_wait_ptx(path, 200)
-    out, n = drop_wait_barriers(ptx, path, frozenset({200}))
-    assert n == 2
-    assert out.count("bar.sync \t0, 256;") == 1 and "bar.sync \t1, 128;" in out and "barrier.sync" not in out
-    assert out.count("mbarrier.try_wait") == 3 and "st.shared" in out
-    assert drop_wait_barriers(ptx, path, frozenset({201})) == (ptx, 0)
-    assert drop_wait_barriers(ptx, str(tmp_path / "other.py"), frozenset({200})) == (ptx, 0)
-    no_info = "\n".join(line for line in ptx.splitlines() if ".loc" not in line)
-    assert drop_wait_barriers(no_info, path, frozenset({200}))[1] == 0
-    own_path, own_lines = hooks.free_wait_lines()
-    assert own_path.endswith("gluon.py") and len(own_lines) == 1
-    with open(own_path) as f:
-        assert "mbarrier.wait(" in f.read().splitlines()[next(iter(own_lines)) - 1]
-
-
 @pytest.fixture
 def asm_calls(monkeypatch):
     """Triton's ``llvm.translate_to_asm`` replaced by the identity (its input is the PTX), and the
@@ -273,13 +215,12 @@ _PASS_CASES = [("3.6.0", None, True), ("3.8.0", None, False), ("3.8.0", "1", Tru
 
 
 @pytest.mark.parametrize("version, forced, applies", _PASS_CASES)
-def test_hook_compiles_ptx_passes(monkeypatch, asm_calls, version, forced, applies):
-    """``free_waits_flag`` / ``desc_fix_flag``: the PTX of the hooked kernel's compile whose named
-    constexpr is true goes through ``drop_wait_barriers`` / ``clear_noswizzle_base_offsets`` (counts in
-    ``_FREE_WAITS.dropped`` / ``_DESC_FIX.cleared``) on an allowlisted Triton or with PREFILL_GLUON=1,
-    never on another version; PREFILL_GLUON=0 leaves them on (it only stops the Gluon kernels from being
-    offered). Another kernel's PTX in the same compile window, a compile whose flag is false or absent,
-    AMDGCN, and calls outside a hooked compile get Triton's output untouched."""
+def test_hook_compiles_ptx_pass(monkeypatch, asm_calls, version, forced, applies):
+    """``desc_fix_flag``: the PTX of the hooked kernel's compile whose named constexpr is true goes
+    through ``clear_noswizzle_base_offsets`` (count in ``_DESC_FIX.cleared``) on an allowlisted Triton or
+    with PREFILL_GLUON=1, never on another version; PREFILL_GLUON=0 leaves it on (it only stops the
+    Gluon kernels from being offered). Another kernel's PTX in the same compile window, a compile whose
+    flag is false or absent, AMDGCN, and calls outside a hooked compile get Triton's output untouched."""
     from triton._C.libtriton import llvm
 
     got, body = asm_calls
@@ -288,32 +229,25 @@ def test_hook_compiles_ptx_passes(monkeypatch, asm_calls, version, forced, appli
         monkeypatch.delenv("PREFILL_GLUON", raising=False)
     else:
         monkeypatch.setenv("PREFILL_GLUON", forced)
-    path, lines = hooks.free_wait_lines()
-    free_ptx = _free_wait_ptx(path, next(iter(lines)))
-    desc_ptx, b0, _ = _wgmma_ptx()
-    free, fix = _FakeJit(body=body), _FakeJit(body=body)
-    assert hook_compiles(free, lambda: False, free_waits_flag="FLAG")
+    desc_ptx, b0, b1 = _wgmma_ptx()
+    fix = _FakeJit(body=body)
     assert hook_compiles(fix, lambda: False, desc_fix_flag="FLAG")
-    hooks._FREE_WAITS.dropped = hooks._DESC_FIX.cleared = None
-    free._do_compile(free_ptx, _SIG, 0, {(2,): True}, None, {}, False)
+    hooks._DESC_FIX.cleared = None
     fix._do_compile(desc_ptx, _SIG, 0, {(2,): True}, None, {}, False)
     if applies:
-        assert hooks._FREE_WAITS.dropped == 2 and got[0].count("bar.sync") == 2
-        assert hooks._DESC_FIX.cleared == 2 and str(b0 & ~(7 << 49)) in got[2]
+        assert hooks._DESC_FIX.cleared == 2 and got[0] != desc_ptx
+        assert str(b0 & ~(7 << 49)) in got[0] and str(b1 & ~(7 << 49)) in got[0]
     else:
-        assert got[0] == free_ptx and got[2] == desc_ptx
-        assert hooks._FREE_WAITS.dropped is None and hooks._DESC_FIX.cleared is None
-    other = [ptx.replace("entry ours", "entry other") for ptx in (free_ptx, desc_ptx)]
-    assert got[1] == other[0] and got[3] == other[1]
+        assert got[0] == desc_ptx and hooks._DESC_FIX.cleared is None
+    assert got[1] == desc_ptx.replace("entry ours", "entry other")
     got.clear()
     for flags in ({(2,): False}, {}):
-        free._do_compile(free_ptx, _SIG, 0, flags, None, {}, False)
         fix._do_compile(desc_ptx, _SIG, 0, flags, None, {}, False)
-    assert got[0::2] == [free_ptx, desc_ptx] * 2
-    amdgcn = free_ptx.replace(".target sm_90a", ".amdgcn_target")
-    free._do_compile(amdgcn, _SIG, 0, {(2,): True}, None, {}, False)
+    assert got[0::2] == [desc_ptx] * 2
+    amdgcn = desc_ptx.replace(".target sm_90a", ".amdgcn_target")
+    fix._do_compile(amdgcn, _SIG, 0, {(2,): True}, None, {}, False)
     assert got[-2] == amdgcn
-    assert llvm.translate_to_asm(free_ptx) == free_ptx and not getattr(hooks._FREE_WAITS, "value", False)
+    assert llvm.translate_to_asm(desc_ptx) == desc_ptx and not getattr(hooks._DESC_FIX, "value", False)
 
 
 def test_compile_passes_scope(monkeypatch):
@@ -452,15 +386,13 @@ else:
     from prefill_runtime import compiler_hooks as hooks
 
     @triton.jit
-    def ours(X, Y, n, BLOCK: tl.constexpr, LLVM_O0: tl.constexpr, FREE: tl.constexpr, FIX: tl.constexpr):
+    def ours(X, Y, n, BLOCK: tl.constexpr, LLVM_O0: tl.constexpr, FIX: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         x = tl.load(X + offs, mask=m, other=0.0)
         tl.store(Y + offs, tl.exp(x) * 2.0 + x * x, mask=m)
 
-    ok = prefill_runtime.hook_compiles(
-        ours, lambda: False, llvm_o0_flag="LLVM_O0", free_waits_flag="FREE", desc_fix_flag="FIX"
-    )
+    ok = prefill_runtime.hook_compiles(ours, lambda: False, llvm_o0_flag="LLVM_O0", desc_fix_flag="FIX")
     assert ok
     backend = make_backend(TARGET)
     # what Triton's create_binder gives a device and sets on the kernel (it needs a driver)
@@ -468,9 +400,9 @@ else:
     ours.compile, ours.ASTSource = triton.compile, ASTSource
 
     def ptx_of_ours(o0):
-        named = dict(BLOCK=256, LLVM_O0=o0, FREE=True, FIX=True)
+        named = dict(BLOCK=256, LLVM_O0=o0, FIX=True)
         consts = {(ours.arg_names.index(k),): v for k, v in named.items()}
-        sig = {**SIG, "LLVM_O0": "constexpr", "FREE": "constexpr", "FIX": "constexpr"}
+        sig = {**SIG, "LLVM_O0": "constexpr", "FIX": "constexpr"}
         kernel = ours._do_compile(("key", o0), sig, 0, consts, backend.parse_options({}), {}, True)
         return kernel.asm["ptx"]
 
@@ -489,7 +421,7 @@ else:
     llvm.optimize_module = counted("optimize_module", wrapped[0])
     llvm.translate_to_asm = counted("translate_to_asm", wrapped[1])
     out["after"] = ptx_of_unrelated()
-    with hooks.compile_passes(llvm_o0=True, free_waits=True, desc_fix=True, kernel="ours"):
+    with hooks.compile_passes(llvm_o0=True, desc_fix=True, kernel="ours"):
         out["inside"] = ptx_of_unrelated()
         box = []
         t = threading.Thread(target=lambda: box.append(ptx_of_unrelated()))
@@ -514,7 +446,7 @@ def _containment_child(mode: str, tmp_path) -> subprocess.Popen:
         "TRITON_INTERPRET": "0",
         "TRITON_ALWAYS_COMPILE": "1",  # every compile runs every stage (no cache hit)
         "TRITON_CACHE_DIR": str(tmp_path / mode),
-        "PREFILL_GLUON": "1",  # the PTX passes on whatever this Triton's version is
+        "PREFILL_GLUON": "1",  # the PTX pass on whatever this Triton's version is
     }
     args = [sys.executable, str(script), mode]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -527,7 +459,7 @@ def _result(proc: subprocess.Popen) -> tuple[int, dict | None, str]:
 
 
 def test_hooks_leave_unrelated_kernels_untouched(tmp_path):
-    """With hook_compiles on a kernel of ours (LLVM O0 and both PTX passes) and both llvm wrappers in
+    """With hook_compiles on a kernel of ours (LLVM O0 and the PTX pass) and both llvm wrappers in
     place, an unrelated ``@triton.jit`` kernel compiled offline for sm_90a gets PTX byte-identical to its
     PTX from a process that never imported prefill_runtime: after the hooks are in, and in the state of
     one of our compiles, in the same thread and in another; its compiles did go through the wrappers.
@@ -615,86 +547,3 @@ def test_gpu_launcher_prebuild(tmp_path, mode):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["finite"] and got["kernels"] == 2, got
     assert got["launchers"] == (2 * got["kernels"] if mode == "wrong" else got["kernels"]), got
-
-
-# A Gluon kernel whose loop waits on a two-slot ring, compiled offline for sm_90a through Triton's own
-# JITFunction._do_compile with the hook's free_waits_flag, without and with the flag.
-_GLUON_WAITS_CHILD = r"""
-import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import make_backend
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
-
-import prefill_runtime
-from prefill_runtime import compiler_hooks as hooks
-from prefill_runtime.gluon import free_wait
-
-TARGET = GPUTarget("cuda", 90, 32)
-
-
-@gluon.jit
-def waits(Out, n, FREE_WAITS: gl.constexpr):
-    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()
-    acc = 0
-    for i in range(n):
-        if FREE_WAITS:
-            free_wait(bars.index(i % 2), (i // 2) & 1)
-        else:
-            mbarrier.wait(bars.index(i % 2), (i // 2) & 1)
-        acc += i
-    gl.store(Out, acc)
-
-
-assert prefill_runtime.hook_compiles(waits, lambda: False, free_waits_flag="FREE_WAITS")
-backend = make_backend(TARGET)
-waits.device_caches[0] = ({}, {}, TARGET, backend, None)  # what create_binder gives a device
-waits.compile, waits.ASTSource = triton.compile, GluonASTSource
-out = {}
-for free in (False, True):
-    hooks._FREE_WAITS.dropped = None
-    sig = {"Out": "*i32", "n": "i32", "FREE_WAITS": "constexpr"}
-    options = backend.parse_options({"num_warps": 4})
-    ptx = waits._do_compile(("k", free), sig, 0, {(2,): free}, options, {}, True).asm["ptx"]
-    out[str(free)] = {"barriers": ptx.count("bar.sync") + ptx.count("barrier.sync"),
-                      "dropped": hooks._FREE_WAITS.dropped}
-print("RESULT " + json.dumps(out))
-"""
-
-
-@pytest.mark.parametrize("forced", [False, True])
-def test_hook_compiles_gluon_free_waits_offline(tmp_path, forced):
-    """A Gluon kernel of free waits, hooked with ``free_waits_flag`` and compiled for sm_90a offline
-    through Triton's own ``_do_compile`` (the hook finds the Gluon kernel's entry point): on Triton 3.6
-    (allowlisted) the flag's compile loses the barrier Triton put before the waits and no other; the
-    compile without the flag keeps its PTX as Triton made it. Outside the allowlist the pass does not
-    run unless PREFILL_GLUON=1 forces it (then it drops what it finds)."""
-    try:
-        import triton.experimental.gluon.language.nvidia.hopper
-    except Exception:
-        pytest.skip("this Triton has no Gluon")
-    script = tmp_path / "gluon_waits_child.py"
-    script.write_text(_GLUON_WAITS_CHILD)
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_ALWAYS_COMPILE": "1",
-           "TRITON_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
-    env.pop("PREFILL_GLUON", None)
-    if forced:
-        env["PREFILL_GLUON"] = "1"
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, r.stderr[-3000:]
-    got = json.loads(lines[-1][7:])
-    plain, free = got["False"], got["True"]
-    assert plain["dropped"] is None
-    if triton.__version__.startswith("3.6."):
-        assert free["dropped"] == 1 and free["barriers"] == plain["barriers"] - 1, got
-    elif forced:
-        assert free["dropped"] is not None and free["barriers"] == plain["barriers"] - free["dropped"], got
-    else:
-        assert free["dropped"] is None and free["barriers"] == plain["barriers"], got

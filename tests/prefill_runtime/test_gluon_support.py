@@ -1,4 +1,4 @@
-"""prefill_runtime.gluon_support: the Triton-version allowlist of the Gluon kernels and the PTX passes,
+"""prefill_runtime.gluon_support: the Triton-version allowlist of the Gluon kernels and the PTX pass,
 PREFILL_GLUON, and the one log line when the portable kernels run because of the allowlist."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_verified_version(fresh):
 def test_outside_allowlist_logs_once(fresh, caplog):
     """Triton 3.8: not supported, with a reason naming the version, the allowlist and how to force; the
     first such answer logs one WARNING line on logger ``prefill_runtime`` and later answers log
-    nothing; the PTX passes are off too."""
+    nothing; the PTX pass is off too."""
     fresh.setattr(triton, "__version__", "3.8.0")
     caplog.set_level(logging.INFO, logger="prefill_runtime")
     ok, reason = prefill_runtime.gluon_supported()
@@ -59,7 +59,7 @@ def test_outside_allowlist_logs_once(fresh, caplog):
 
 
 def test_forced_on(fresh, caplog):
-    """PREFILL_GLUON=1 outside the allowlist: supported, the reason says forced; PTX passes on; no log
+    """PREFILL_GLUON=1 outside the allowlist: supported, the reason says forced; PTX pass on; no log
     line (nothing falls back)."""
     fresh.setattr(triton, "__version__", "3.8.0")
     fresh.setenv("PREFILL_GLUON", "1")
@@ -72,7 +72,7 @@ def test_forced_on(fresh, caplog):
 
 def test_forced_off(fresh, caplog):
     """PREFILL_GLUON=0 on an allowlisted Triton: not supported (the user's choice: no log line); the PTX
-    passes stay on for a Gluon kernel that compiles anyway."""
+    pass stays on for a Gluon kernel that compiles anyway."""
     fresh.setattr(triton, "__version__", "3.6.0")
     fresh.setenv("PREFILL_GLUON", "0")
     caplog.set_level(logging.INFO, logger="prefill_runtime")

@@ -11,24 +11,24 @@ import pytest
 
 import prefill_runtime
 
-# what prefill_runtime exported before its modules were split; kernel packages import these
+# public names of prefill_runtime that the kernel packages, tests and bench probes import
 _PUBLIC = (
-    "CompileTiers", "check_lse", "clear_noswizzle_base_offsets", "drop_wait_barriers", "gluon_applies",
-    "gluon_descriptor", "gluon_token_rows", "gluon_try_launch", "hook_compiles", "prime_triton",
-    "prime_triton_in_background", "ptxas_launch_options", "softcap_form",
+    "CompileTiers", "check_lse", "clear_noswizzle_base_offsets", "gluon_applies", "gluon_descriptor",
+    "gluon_token_rows", "gluon_try_launch", "hook_compiles", "prime_triton", "prime_triton_in_background",
+    "ptxas_launch_options", "softcap_form",
 )  # fmt: skip
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.15.0"
+    assert prefill_runtime.__version__ == "0.16.0"
 
 
 def test_public_names():
-    """Every name exported before the split is still exported (plus the allowlist's two, the launch
-    plan record and the status helpers), each from the module that owns it."""
+    """Exactly these names are exported: :data:`_PUBLIC` plus the allowlist's two, the launch plan record
+    and the status helpers, each from the module that owns it."""
     owners = {
         "triton_setup": ("prime_triton", "prime_triton_in_background", "ptxas_launch_options"),
-        "compiler_hooks": ("hook_compiles", "drop_wait_barriers", "clear_noswizzle_base_offsets"),
+        "compiler_hooks": ("hook_compiles", "clear_noswizzle_base_offsets"),
         "gluon_support": ("gluon_supported", "VERIFIED_TRITON_VERSIONS"),
         "tiers": ("CompileTiers",),
         "checks": ("check_lse", "softcap_form"),
@@ -45,15 +45,15 @@ def test_public_names():
 
 
 def test_host_module_reexports():
-    """``prefill_runtime.host`` still holds the names tests, bench probes and docstrings use, as the
+    """``prefill_runtime.host`` holds the names tests, bench probes and docstrings use, as the
     owning modules' own objects (the compile options' thread-locals included)."""
     import prefill_runtime.compiler_hooks as hooks
     import prefill_runtime.host as host
 
     for name in _PUBLIC:
         assert getattr(host, name) is getattr(prefill_runtime, name), name
-    private = ("_DESC_FIX", "_FREE_WAITS", "_LLVM_LEVEL", "_LLVM_O0", "_PTX_FILE", "_PTX_LOC", "_asm_wrapper",
-               "_build_launcher", "_llvm_level_wrapper", "_same_file", "free_wait_lines")  # fmt: skip
+    private = ("_DESC_FIX", "_LLVM_LEVEL", "_LLVM_O0", "_asm_wrapper", "_build_launcher",
+               "_llvm_level_wrapper")  # fmt: skip
     for name in private:
         assert getattr(host, name) is getattr(hooks, name), name
 
@@ -69,5 +69,5 @@ def test_gluon_module_is_separate():
     except Exception:
         pytest.skip("this Triton has no Gluon")
     g = importlib.import_module("prefill_runtime.gluon")
-    assert all(hasattr(g, name) for name in ("consumer", "softmax_step", "zero_v_rows", "free_wait"))
+    assert all(hasattr(g, name) for name in ("consumer", "softmax_step", "zero_v_rows", "allocate_rings"))
     assert hasattr(importlib.import_module("paged_kv_offsets.gluon"), "page_row")

@@ -1,12 +1,12 @@
 """Offline sm90 compiles of prefix-prefill's Gluon kernels (the compile_check tests): the head of the
 scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 
-# compile_nhd(head, box, from_cache, lse, one, llvm_o0, free_waits, **opts) / compile_split(head,
-# from_cache, lse, v_tma, k_tma, k_wide, one, llvm_o0, free_waits, **opts): one form of each kernel (bf16,
-# 128-row tiles, the plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition,
-# Q in one box, 8 warps), its score and window options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI,
-# HAS_SINKS, SKIP_DECODE; each option's argument typed as the launcher passes it, None where off);
-# returns ``(source, compiled kernel)``.
+# compile_nhd(head, box, from_cache, lse, one, llvm_o0, **opts) / compile_split(head, from_cache, lse,
+# v_tma, k_tma, k_wide, one, llvm_o0, **opts): one form of each kernel (bf16, 128-row tiles, the plan's
+# key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8 warps),
+# its score and window options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE; each
+# option's argument typed as the launcher passes it, None where off); returns ``(source, compiled
+# kernel)``.
 PP_COMPILE_HEAD = """
 import prefix_prefill.gluon_launch as itf
 import prefix_prefill.plan as itf_plan
@@ -29,7 +29,7 @@ def finish(sig, consts, lse):
     consts.update({n: None for n, t in sig.items() if t == "constexpr"})
 
 
-def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, free_waits=True, **opts):
+def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, **opts):
     bn = itf_plan.GLUON_BLOCK_N[head]
     rows = 128 if one else 64
     lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
@@ -49,12 +49,10 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, free_waits
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)
     finish(sig, consts, lse)
-    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0,
-                        free_waits=free_waits)
+    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 
 
-def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, free_waits=True,
-                  **opts):
+def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, **opts):
     lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
     l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
@@ -93,5 +91,5 @@ def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o
     finish(sig, consts, lse)
     aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
     return compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, num_warps=8 if one else 4,
-                        llvm_o0=llvm_o0, free_waits=free_waits)
+                        llvm_o0=llvm_o0)
 """

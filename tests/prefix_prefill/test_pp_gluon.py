@@ -187,6 +187,21 @@ def _record_split(monkeypatch, tiered=False) -> _RecordingKernel:
     return rec
 
 
+def _binds_split_kernel(args: tuple, kw: dict) -> bool:
+    """A call recorded in the split kernel's place binds to the kernel's own parameters: no more
+    positional arguments than it has, each keyword (the launch option ``num_warps`` aside) one of its
+    parameters and not one given positionally, every parameter without a default given."""
+    from prefix_prefill.gluon_split_kernel import _gluon_split_kernel as kernel
+
+    names = [p.name for p in kernel.params]
+    keywords = set(kw) - {"num_warps"}
+    given = set(names[: len(args)]) | keywords
+    required = {p.name for p in kernel.params if not p.has_default}
+    ok = len(args) <= len(names) and keywords <= set(names) and not keywords & set(names[: len(args)])
+    assert ok and required <= given, (len(args), sorted(keywords - set(names)), sorted(required - given))
+    return True
+
+
 def _launch(case, lse=None, consts=None) -> bool:
     """``gluon_launch.launch`` of ``case``'s sm90 plan (``consts`` merged into it), scale 0.1."""
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
@@ -209,7 +224,7 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     the K cache as a pointer or (K by TMA) ``[8, 64]`` chunk boxes with the wide / run views and the
     consumers' K view, and the new tokens read where they are: V as ``[BLOCK_N, D]`` rows of ``v``, K as
     rows of ``k`` (gathers) or ``[8, 8, 8]`` chunk boxes of ``k`` seen as ``[kv_heads * D/8, tokens, 8]``
-    (K by TMA); no copy is made."""
+    (K by TMA); no copy is made; the call binds to the kernel's parameters."""
     rec = _record_split(monkeypatch)
     case = make_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
                      dtype=torch.bfloat16, device="cpu", layout="split",
@@ -221,7 +236,8 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
     assert grid == (-(-case.max_query_len // 128), 4, 3)
     assert {k: kw[k] for k in c} == c and kw["KV_FROM_CACHE"] is from_cache
     one = c["ONE_CONSUMER"]  # one 8-warp consumer partition, Q in one box
-    assert kw["ONE_CONSUMER"] is one and kw["num_warps"] == (8 if one else 4) and kw["FREE_WAITS"] is True
+    assert kw["ONE_CONSUMER"] is one and kw["num_warps"] == (8 if one else 4)
+    assert _binds_split_kernel(args, kw)
     v_tma, k_tma = c["V_TMA"], c["K_TMA"]
     v_desc, v_cache_arg = args[2], args[4]
     new_rows = case.q if from_cache else case.v  # (k = None: descriptors of q that give the types only)
@@ -261,13 +277,13 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
 @pytest.mark.parametrize("head,page", [(128, 16), (128, 128), (256, 16)])
 def test_split_launch_tiers(head, page, monkeypatch):
     """Compile tiers (the default): a key's first call launches the quick form (one 8-warp consumer
-    partition with free waits and LLVM at O0, Q in one 128-row box) and compiles the full form in the
-    background (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device; at
-    head 128 on pages holding a key block the plan's one consumer partition, 8 warps, Q in one box, LLVM
-    at full optimisation);
-    after ``finish_compiles`` the calls launch the full form; other lengths keep the key; inside a graph
-    capture a full form never launched stays on the quick form; tiers off
-    (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at once, no background compile."""
+    partition with LLVM at O0, Q in one 128-row box) and compiles the full form in the background
+    (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device; at head 128 on
+    pages holding a key block the plan's one consumer partition, 8 warps, Q in one box, LLVM at full
+    optimisation), both with arguments that bind to the kernel's parameters; after ``finish_compiles``
+    the calls launch the full form; other lengths keep the key; inside a graph capture a full form never
+    launched stays on the quick form; tiers off (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at
+    once, no background compile."""
     import prefill_runtime.tiers as tiers
 
     rec = _record_split(monkeypatch, tiered=True)
@@ -283,7 +299,6 @@ def test_split_launch_tiers(head, page, monkeypatch):
         return (
             kw["ONE_CONSUMER"] is True
             and kw["num_warps"] == 8
-            and kw["FREE_WAITS"] is True
             and kw["LLVM_O0"] is True
             and (list(args[0].block_shape) == [128, head])
         )
@@ -301,7 +316,7 @@ def test_split_launch_tiers(head, page, monkeypatch):
     assert quick(kw, args)
     ((grid, wargs, wkw),) = rec.warmups
     assert full(wkw, wargs) and wkw["num_warps"] == (8 if one else 4)
-    assert wkw["FREE_WAITS"] is True and grid == rec.calls[0][0]
+    assert _binds_split_kernel(args, kw) and _binds_split_kernel(wargs, wkw) and grid == rec.calls[0][0]
     capturing.append(1)  # compiled but never launched: the quick form inside a capture
     assert _launch(case([(7, 300)])) is True and quick(rec.calls[-1][2], rec.calls[-1][1])
     capturing.clear()
@@ -422,66 +437,6 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
         no_base_offsets(quick)
 """
 )
-
-
-_FREE_WAITS_SCRIPT = (
-    PP_COMPILE_HEAD
-    + """
-import ast, re
-import prefill_runtime.host as host
-
-path, _ = host.free_wait_lines()
-with open(path) as f:
-    tree = ast.parse(f.read())
-spans = {n.name: (n.lineno, n.end_lineno) for n in tree.body if isinstance(n, ast.FunctionDef)}
-BARRIER = re.compile(r"^\\s*(?:bar|barrier)\\.sync", re.M)
-STORE = re.compile(r"^\\s*(?:st\\.shared|stmatrix|atom\\.shared|red\\.shared)")
-
-
-def check_free(plain, free):
-    # fewer barriers, none left before a free wait, and the soundness condition of free_wait: the
-    # runtime's device code writes shared memory only in zero_v_rows (no layout conversion through
-    # shared memory in the consumer)
-    n_plain, n_free = len(BARRIER.findall(plain)), len(BARRIER.findall(free))
-    # (Triton 3.6 puts a barrier before each; 3.8 before none of them)
-    assert n_free <= n_plain and host.drop_wait_barriers(free)[1] == 0, (n_plain, n_free)
-    files = {int(m.group(1)) for m in host._PTX_FILE.finditer(free) if host._same_file(m.group(2), path)}
-    loc, lo, hi = None, *spans["zero_v_rows"]
-    for line in free.splitlines():
-        m = host._PTX_LOC.match(line)
-        if m:
-            loc = (int(m.group(1)), int(m.group(2)))
-        elif STORE.match(line) and loc is not None and loc[0] in files:
-            assert lo <= loc[1] <= hi, (line, loc)
-    print("barriers", n_plain, "->", n_free)
-
-
-for head in (128, 256):
-    for one in (False, True):
-        for free_waits in (False, True):
-            if head == 128:  # the NHD kernel
-                _, kernel = compile_nhd(head, 16, False, False, one=one, free_waits=free_waits)
-            else:  # the split kernel as shipped at head 256, page 16: K (chunk-major runs) and V by TMA
-                _, kernel = compile_split(head, False, True, True, True, 2, one=one, free_waits=free_waits)
-            if free_waits:
-                free = kernel
-            else:
-                plain = kernel
-        check_free(plain.asm["ptx"], free.asm["ptx"])
-"""
-)
-
-
-@pytest.mark.compile_check
-def test_gluon_free_waits_compile_for_sm90():
-    """``FREE_WAITS``: both Gluon prefix kernels, with two consumer warpgroups or one 8-warp consumer
-    partition, compile for sm90 with fewer barriers, none left before a wait of
-    ``prefill_runtime.gluon.free_wait``, and with no shared-memory store in the runtime's device code
-    outside ``zero_v_rows`` (the condition under which those barriers are not needed)."""
-    if not HAS_GLUON:
-        pytest.skip("this Triton has no Gluon")
-    shared, out = compile_gluon_for_sm90(_FREE_WAITS_SCRIPT)
-    assert len(shared) == 8 and out.count("barriers ") == 4 and max(shared) <= 227 * 1024, out
 
 
 @pytest.mark.compile_check

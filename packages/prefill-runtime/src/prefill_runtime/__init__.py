@@ -6,7 +6,7 @@ Modules, each owning one concern (every public name below is importable from ``p
   side, before a first launch), :func:`prime_triton_in_background` (the same started early by an
   engine, opt-in), :func:`ptxas_launch_options` (a ptxas flag for one kernel's launches).
 * :mod:`~prefill_runtime.compiler_hooks`: :func:`hook_compiles` (a kernel's compile with its launcher
-  built alongside, and its compile options: LLVM at O0, the PTX passes :func:`drop_wait_barriers` and
+  built alongside, and its compile options: LLVM at O0, the PTX pass
   :func:`clear_noswizzle_base_offsets`), contained to the hooked kernels.
 * :mod:`~prefill_runtime.gluon_support`: :func:`gluon_supported` (may the Gluon kernels run on this
   Triton: the allowlist :data:`VERIFIED_TRITON_VERSIONS`, env ``PREFILL_GLUON``).
@@ -25,7 +25,7 @@ Modules, each owning one concern (every public name below is importable from ``p
   :mod:`prefill_runtime.gluon_bounds`).
 * Gluon device code (sm90, :mod:`prefill_runtime.gluon`, imported only by the kernels' Gluon
   modules): ``consumer`` (the compute warpgroup of both packages' warp-specialised kernels),
-  ``softmax_step``, ``score_terms``, ``zero_v_rows``, ``free_wait``, ``allocate_rings``.
+  ``softmax_step``, ``score_terms``, ``zero_v_rows``, ``allocate_rings``.
 * :mod:`~prefill_runtime.plan`: :class:`LaunchPlan` (the plan both kernel packages' ``plan()`` returns).
 * :mod:`~prefill_runtime.compiled_launch`: :class:`~prefill_runtime.compiled_launch.CompiledLaunches` (a
   kernel's compiled variants launched directly, by the caller's key; their frames, the C-launcher
@@ -34,13 +34,13 @@ Modules, each owning one concern (every public name below is importable from ``p
   :class:`~prefill_runtime.signatures.Seen` (the bounded table of signatures seen before).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
-Versioned on its own: the kernel packages pin ``prefill-runtime>=0.4,<1``.
+Versioned on its own: the kernel packages pin ``prefill-runtime>=0.16,<1``.
 """
 
-__version__ = "0.15.0"
+__version__ = "0.16.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
-from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, drop_wait_barriers, hook_compiles
+from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles
 from prefill_runtime.gluon_host import gluon_applies, gluon_descriptor, gluon_token_rows, gluon_try_launch
 from prefill_runtime.gluon_support import VERIFIED_TRITON_VERSIONS, gluon_supported
 from prefill_runtime.plan import LaunchPlan
@@ -56,7 +56,6 @@ __all__ = [
     "check_lse",
     "check_status",
     "clear_noswizzle_base_offsets",
-    "drop_wait_barriers",
     "gluon_applies",
     "gluon_descriptor",
     "gluon_supported",

@@ -3,8 +3,8 @@
 Owns :func:`hook_compiles` (per kernel: its launcher built beside its compile, and the compile's
 options below), :func:`compile_passes` (the state those options set for one compile), the launcher
 prebuild, the two process-wide wrappers around ``triton._C.libtriton.llvm`` functions
-(``optimize_module``: LLVM at O0; ``translate_to_asm``: the PTX passes) and the PTX passes
-:func:`drop_wait_barriers` and :func:`clear_noswizzle_base_offsets`.
+(``optimize_module``: LLVM at O0; ``translate_to_asm``: the PTX pass) and the PTX pass
+:func:`clear_noswizzle_base_offsets`.
 
 Containment (vLLM and others compile many Triton kernels in the same process):
 
@@ -17,16 +17,13 @@ Containment (vLLM and others compile many Triton kernels in the same process):
   (``translate_to_asm``) defines that kernel's entry point, by name. Output that is not PTX (AMDGCN,
   object files) is never touched. (What would still match: a kernel of the same name compiled by a
   user's Triton compile hook from inside our compile, in its thread.)
-* The PTX passes apply only on the Triton versions they were verified on
+* The PTX pass applies only on the Triton versions it was verified on
   (:func:`prefill_runtime.gluon_support.ptx_passes_supported`).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
-import os
 import re
 import threading
 import types
@@ -39,9 +36,6 @@ from prefill_runtime.gluon_support import ptx_passes_supported
 # The LLVM optimisation level the compiles of this thread run at (None: Triton's own) and O0's value
 _LLVM_LEVEL = threading.local()
 _LLVM_O0 = "O0"
-# Whether the compiles of this thread drop the barriers before free waits (drop_wait_barriers), and
-# how many the last PTX of this thread lost (tests, diagnostics)
-_FREE_WAITS = threading.local()
 # Whether the compiles of this thread clear no-swizzle wgmma descriptors' base offsets
 # (clear_noswizzle_base_offsets), and how many constants the last PTX of this thread had changed
 _DESC_FIX = threading.local()
@@ -55,7 +49,6 @@ def hook_compiles(
     prebuild_launcher: Callable[[], bool] = lambda: True,
     tma_descriptors: bool = False,
     llvm_o0_flag: str | None = None,
-    free_waits_flag: str | None = None,
     desc_fix_flag: str | None = None,
 ) -> bool:
     """Once per ``@triton.jit`` kernel (idempotent): hook that kernel's compiles, and only its.
@@ -73,8 +66,7 @@ def hook_compiles(
     * Compile options (each the name of one of the kernel's boolean constexprs; a compile where it is
       true gets the option; the constexpr is part of Triton's cache key, so the forms never share a
       cache entry): ``llvm_o0_flag``: LLVM's module optimisation at O0 (:func:`_llvm_level_wrapper`);
-      ``free_waits_flag``: the PTX through :func:`drop_wait_barriers`; ``desc_fix_flag``: the PTX
-      through :func:`clear_noswizzle_base_offsets`. The two PTX passes apply only where
+      ``desc_fix_flag``: the PTX through :func:`clear_noswizzle_base_offsets`, which applies only where
       :func:`~prefill_runtime.gluon_support.ptx_passes_supported` (a verified Triton, or forced). The
       options hold for this kernel's compiles only, in whichever thread compiles it (also Triton's
       async compiles): see :class:`_CompileOptions` and :func:`compile_passes`.
@@ -83,7 +75,7 @@ def hook_compiles(
     orig = getattr(jit_fn, "_do_compile", None)
     if orig is None or getattr(orig, "_prefill_hooked", False):
         return orig is not None
-    options = _CompileOptions.of(jit_fn, llvm_o0_flag, free_waits_flag, desc_fix_flag)
+    options = _CompileOptions.of(jit_fn, llvm_o0_flag, desc_fix_flag)
 
     def _do_compile(*args, **kwargs):
         builder = None
@@ -131,14 +123,12 @@ class _CompileOptions:
     def __init__(self, jit_fn: object, paths: list[tuple[int] | None]) -> None:
         self.jit_fn = jit_fn
         self.name = getattr(jit_fn, "__name__", None)
-        self.o0_path, self.free_path, self.fix_path = paths
+        self.o0_path, self.fix_path = paths
 
     @classmethod
-    def of(
-        cls, jit_fn: object, llvm_o0: str | None, free_waits: str | None, desc_fix: str | None
-    ) -> _CompileOptions | None:
+    def of(cls, jit_fn: object, llvm_o0: str | None, desc_fix: str | None) -> _CompileOptions | None:
         """The options of ``jit_fn`` (None when no option is named, or none is a parameter of it)."""
-        paths = [_constexpr_path(jit_fn, name) for name in (llvm_o0, free_waits, desc_fix)]
+        paths = [_constexpr_path(jit_fn, name) for name in (llvm_o0, desc_fix)]
         if all(p is None for p in paths):
             return None
         options = cls(jit_fn, paths)
@@ -148,14 +138,12 @@ class _CompileOptions:
     def passes(self, constexprs: object, name: object) -> contextlib.AbstractContextManager:
         """:func:`compile_passes` for a compile with these constexprs (keyed by argument path) of the
         entry point ``name``; a no-op context when no option is true or the compile is not one this
-        hook knows. The PTX passes only where :func:`ptx_passes_supported`."""
+        hook knows. The PTX pass only where :func:`ptx_passes_supported`."""
         try:
             get = constexprs.get
-            ptx = ptx_passes_supported()
             options = dict(
                 llvm_o0=self.o0_path is not None and get(self.o0_path) is True,
-                free_waits=ptx and self.free_path is not None and get(self.free_path) is True,
-                desc_fix=ptx and self.fix_path is not None and get(self.fix_path) is True,
+                desc_fix=self.fix_path is not None and get(self.fix_path) is True and ptx_passes_supported(),
             )
         except Exception:  # not a compile this hook knows: Triton's compile as it is
             return contextlib.nullcontext()
@@ -195,29 +183,26 @@ def _constexpr_path(jit_fn: object, name: str | None) -> tuple[int] | None:
 
 @contextlib.contextmanager
 def compile_passes(
-    *, llvm_o0: bool = False, free_waits: bool = False, desc_fix: bool = False, kernel: str | None = None
+    *, llvm_o0: bool = False, desc_fix: bool = False, kernel: str | None = None
 ) -> Iterator[None]:
     """While active, the compiles of this thread whose entry point is ``kernel`` (None: any) run LLVM
-    at O0 (``llvm_o0``) and have their PTX pass through :func:`drop_wait_barriers` (``free_waits``) and
-    :func:`clear_noswizzle_base_offsets` (``desc_fix``), as :func:`hook_compiles` runs them; the
-    wrappers that do it are installed on first use. Other threads, and other entry points, are not
-    affected. Counts of the last PTX rewritten in this thread: ``_FREE_WAITS.dropped``,
-    ``_DESC_FIX.cleared``. For tools that call ``triton.compile`` themselves (tests, probes), this does
-    not consult the version allowlist; :func:`hook_compiles` does."""
+    at O0 (``llvm_o0``) and have their PTX pass through :func:`clear_noswizzle_base_offsets`
+    (``desc_fix``), as :func:`hook_compiles` runs them; the wrappers that do it are installed on first
+    use. Other threads, and other entry points, are not affected. Count of the last PTX rewritten in
+    this thread: ``_DESC_FIX.cleared``. For tools that call ``triton.compile`` themselves (tests,
+    probes), this does not consult the version allowlist; :func:`hook_compiles` does."""
     level = _LLVM_O0 if llvm_o0 and _llvm_level_wrapper() else None
-    free = bool(free_waits) and _asm_wrapper()
     fix = bool(desc_fix) and _asm_wrapper()
     prior = (
         getattr(_LLVM_LEVEL, "value", None),
-        getattr(_FREE_WAITS, "value", False),
         getattr(_DESC_FIX, "value", False),
         getattr(_KERNEL, "value", None),
     )
-    _LLVM_LEVEL.value, _FREE_WAITS.value, _DESC_FIX.value, _KERNEL.value = level, free, fix, kernel
+    _LLVM_LEVEL.value, _DESC_FIX.value, _KERNEL.value = level, fix, kernel
     try:
         yield
     finally:
-        _LLVM_LEVEL.value, _FREE_WAITS.value, _DESC_FIX.value, _KERNEL.value = prior
+        _LLVM_LEVEL.value, _DESC_FIX.value, _KERNEL.value = prior
 
 
 def _defines_kernel(mod: object) -> bool:
@@ -275,10 +260,10 @@ def _asm_wrapper() -> bool:
     AMDGCN / object code).
 
     Rewrites: the PTX it returns, for the entry point of this thread's kernel only, while
-    :func:`compile_passes` asks for a pass: through :func:`drop_wait_barriers` (``free_waits``) and
-    :func:`clear_noswizzle_base_offsets` (``desc_fix``); each pass's docstring says what it changes,
-    why, and the upstream issue. Every other call (other threads, other kernels, AMDGCN, objects)
-    returns Triton's output untouched. Verified on Triton 3.6 (GPU) and 3.8 (offline).
+    :func:`compile_passes` asks for the pass: through :func:`clear_noswizzle_base_offsets`
+    (``desc_fix``), whose docstring says what it changes, why, and the upstream issue. Every other call
+    (other threads, other kernels, AMDGCN, objects) returns Triton's output untouched. Verified on
+    Triton 3.6 (GPU) and 3.8 (offline).
     Returns whether the wrapper is in place (False: this Triton has no such function)."""
     try:
         from triton._C.libtriton import llvm
@@ -289,13 +274,9 @@ def _asm_wrapper() -> bool:
 
         def translate_to_asm(*args, **kwargs):
             out = current(*args, **kwargs)
-            free = getattr(_FREE_WAITS, "value", False)
             fix = getattr(_DESC_FIX, "value", False)
-            if (free or fix) and isinstance(out, str) and ".target sm_" in out and _ptx_defines_kernel(out):
-                if free:
-                    out, _FREE_WAITS.dropped = drop_wait_barriers(out)
-                if fix:
-                    out, _DESC_FIX.cleared = clear_noswizzle_base_offsets(out)
+            if fix and isinstance(out, str) and ".target sm_" in out and _ptx_defines_kernel(out):
+                out, _DESC_FIX.cleared = clear_noswizzle_base_offsets(out)
             return out
 
         translate_to_asm._prefill_wrapped = True
@@ -305,85 +286,7 @@ def _asm_wrapper() -> bool:
         return False
 
 
-# ------------------------------------------------------------------------------- PTX passes
-_PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', re.M)
-_PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s")
-_PTX_BAR = re.compile(r"^\s*(?:bar|barrier)\.sync(?:\.aligned)?\s+[^;]*;\s*$")
-# what may sit between a barrier and the wait's poll loop: blank lines, comments, line info, the
-# inline-asm block's brace, predicate declaration and loop label
-_PTX_FILLER = re.compile(r"^\s*(?://.*|\.loc\s.*|\{|\.reg\s+\.pred\s+\w+;|\w+:)?\s*$")
-
-
-@functools.lru_cache(maxsize=1)
-def free_wait_lines() -> tuple[str, frozenset[int]]:
-    """``(path, lines)``: ``prefill_runtime/gluon.py`` and the source lines of the ``mbarrier.wait``
-    call(s) in its ``free_wait`` (found by parsing the file, so they follow edits)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gluon.py")
-    lines: set[int] = set()
-    try:
-        with open(path) as f:
-            tree = ast.parse(f.read())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == "free_wait":
-                for sub in ast.walk(node):
-                    if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "wait":
-                        lines.add(sub.lineno)
-    except (OSError, SyntaxError):
-        pass
-    return path, frozenset(lines)
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.realpath(a) == os.path.realpath(b)
-    except (OSError, ValueError):
-        return False
-
-
-def drop_wait_barriers(
-    ptx: str, path: str | None = None, lines: frozenset[int] | None = None
-) -> tuple[str, int]:
-    """``(ptx', n)``: ``ptx`` without the ``n`` barrier instructions (``bar.sync`` / ``barrier.sync``)
-    that Triton emitted for an ``mbarrier.wait`` at one of ``lines`` of ``path`` (default: the
-    ``free_wait`` of :func:`free_wait_lines`).
-
-    Rewrites: a barrier whose line info (the last ``.loc`` before it) is such a line and whose next
-    instruction is that wait's ``mbarrier.try_wait`` poll is deleted; nothing else changes. Without
-    line info (``TRITON_DISABLE_LINE_INFO``) nothing matches and the PTX is returned unchanged.
-    Why: Triton 3.6's shared-memory analysis counts an ``mbarrier.wait`` as a write to its barrier, so
-    it separates two waits on one ring by a barrier of the whole partition, which holds the consumer
-    warps in lockstep; ``prefill_runtime.gluon.free_wait`` says why the consumer does not need them.
-    Verified on Triton 3.6 (H200). Not verified on Triton 3.8: there the barrier before such a wait
-    can be the only one between the ring's ``mbarrier.init`` and its first wait (offline, sm_90a, a
-    one-partition loop of waits), one reason the pass runs only on the allowlist. Upstream: no issue
-    filed for the barrier before a wait. Related: triton-lang/triton#10035 (merged) emits a partition
-    barrier before every mbarrier arrive, since a leader warp's early arrive can deadlock a ring whose
-    other warps still wait (the consumer releases a slot only after every thread passed its wait), and
-    triton-lang/triton#11556 (open) skips barriers between mbarrier signals and waits."""
-    if path is None or lines is None:
-        path, lines = free_wait_lines()
-    files = {int(m.group(1)) for m in _PTX_FILE.finditer(ptx) if _same_file(m.group(2), path)}
-    if not files or not lines:
-        return ptx, 0
-    src = ptx.splitlines(keepends=True)
-    out: list[str] = []
-    loc: tuple[int, int] | None = None
-    dropped = 0
-    for i, line in enumerate(src):
-        m = _PTX_LOC.match(line)
-        if m:
-            loc = (int(m.group(1)), int(m.group(2)))
-        elif loc is not None and loc[0] in files and loc[1] in lines and _PTX_BAR.match(line):
-            j = i + 1
-            while j < len(src) and _PTX_FILLER.match(src[j]):
-                j += 1
-            if j < len(src) and "mbarrier.try_wait" in src[j]:
-                dropped += 1
-                continue
-        out.append(line)
-    return "".join(out), dropped
-
-
+# -------------------------------------------------------------------------------- PTX pass
 _PTX_WGMMA = re.compile(r"\bwgmma\.mma_async\.[^;]*;")
 _PTX_RD = re.compile(r"%rd\d+")
 _PTX_DESC_CONST = re.compile(r"^(\s*(?:add|or)\.[bsu]64\s+(%rd\d+),\s*%rd\d+,\s*)(\d+)(;.*)$")

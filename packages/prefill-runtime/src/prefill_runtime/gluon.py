@@ -234,31 +234,6 @@ def _release(bar, WARPGROUPS: gl.constexpr):
 
 
 @gluon.jit
-def free_wait(bar, phase):
-    """``mbarrier.wait`` on a ready barrier, without the partition-wide barrier Triton (3.6-3.8) puts
-    before it: its shared-memory analysis treats a wait as a write to the barrier, so two waits on one
-    ring in a loop get a ``bar.sync`` of the whole partition between them. This function's source line
-    is what ``prefill_runtime.hook_compiles`` (kernel constexpr ``FREE_WAITS``) finds in the PTX to drop
-    those barriers; the PTX is unchanged where the hook is not active (another compile path, no line
-    info), which is only slower. Sound in :func:`consumer` because, between its waits, its partition
-    writes shared memory only in :func:`zero_v_rows` (whose stores Triton fences with its own barriers
-    before the handshake) and every thread passes a slot's ready wait before its warpgroup (or, in one
-    8-warp partition, the thread itself) releases the slot: no phase of a ready barrier can move on
-    while a thread still waits for the one before (the producer refills a slot only after every
-    release)."""
-    mbarrier.wait(bar, phase)
-
-
-@gluon.jit
-def _wait_ready(bar, phase, FREE: gl.constexpr):
-    """The consumer's wait for a ready slot (or Q): :func:`free_wait` with ``FREE``, else Triton's."""
-    if FREE:
-        free_wait(bar, phase)
-    else:
-        mbarrier.wait(bar, phase)
-
-
-@gluon.jit
 def _scores_by_parts(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      S_LAYOUT: gl.constexpr, K_VIEW: gl.constexpr, COLS: gl.constexpr = 64):  # fmt: skip
     """``S = Q K^T`` ``[ROWS, BLOCK_N]`` of ring slot ``slot``, issued asynchronously, when the K ring is
@@ -351,7 +326,7 @@ def _block_step(
     WG: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, VS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
-    K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
+    K_VIEW: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
     S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, SOFTCAP: gl.constexpr,
     ALIBI: gl.constexpr, SINKS: gl.constexpr,
 ):  # fmt: skip
@@ -363,11 +338,11 @@ def _block_step(
     dtype: gl.constexpr = q_buf.dtype
     slot = j % NUM_STAGES
     pslot = (j - 1) % VS
-    _wait_ready(k_ready.index(slot), (j // NUM_STAGES) & 1, FREE_WAITS)
+    mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
     if CP_FILL:
         fence_async_shared()
     b_s = _scores(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # S_j in flight
-    _wait_ready(v_ready.index(pslot), ((j - 1) // VS) & 1, FREE_WAITS)
+    mbarrier.wait(v_ready.index(pslot), ((j - 1) // VS) & 1)
     if CP_FILL:
         fence_async_shared()
     n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
@@ -398,9 +373,9 @@ def consumer(
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
-    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, FREE_WAITS: gl.constexpr = False,
-    K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0,
-    ALIBI: gl.constexpr = False, SINKS: gl.constexpr = 0,
+    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
+    V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
+    SINKS: gl.constexpr = 0,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -414,11 +389,10 @@ def consumer(
     warpgroup still issues its own 64-row wgmma) from one copy of this code, every thread releasing
     each slot (``*_empty`` count 256). ``K_VIEW``: K slots are 64-wide rows read 64 features at a time
     through this ``[BLOCK_N, K_COLS]`` layout (see :func:`_scores_by_parts`; ``K_COLS == HEAD_DIM``: all
-    features in one view). ``V_STAGES``: the V ring's
-    slots when they differ from the K ring's ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`).
-    ``FREE_WAITS``: the waits for Q and ready slots through :func:`free_wait` (see there). ``V_ROWS``
-    (with ``V_T``): the V slots of segment B's blocks hold ``[BLOCK_N, D]`` key rows in this layout
-    instead (the slot's memory reinterpreted; the new tokens' V as stored, no transposed copy);
+    features in one view). ``V_STAGES``: the V ring's slots when they differ from the K ring's
+    ``NUM_STAGES`` (0: the same; see :func:`allocate_rings`). ``V_ROWS`` (with ``V_T``): the V slots of
+    segment B's blocks hold ``[BLOCK_N, D]`` key rows in this layout instead (the slot's memory
+    reinterpreted; the new tokens' V as stored, no transposed copy);
     segment B must then hold at least one block (a one-segment caller passes None). ``score``, ``SOFTCAP``,
     ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`)."""
     NW: gl.constexpr = 4 * WARPGROUPS
@@ -443,8 +417,8 @@ def consumer(
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
 
     # ---- block 0: scores and softmax, no P @ V yet ----
-    _wait_ready(q_bar.index(WG), 0, FREE_WAITS)
-    _wait_ready(k_ready.index(0), 0, FREE_WAITS)
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(k_ready.index(0), 0)
     if CP_FILL:
         fence_async_shared()
     b_s = _scores(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
@@ -475,7 +449,7 @@ def consumer(
             v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
             b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, WG, ROWS,
             BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW,
-            FREE_WAITS, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS,
+            K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS,
         )  # fmt: skip
     if V_ROWS is not None:
         for j in range(a_stop, n_blocks):
@@ -484,14 +458,14 @@ def consumer(
                 k_empty, v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo,
                 a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left,
                 window_right, score, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                V_T, CP_FILL, WARPGROUPS, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-                SOFTCAP, ALIBI, SINKS,
+                V_T, CP_FILL, WARPGROUPS, K_VIEW, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP,
+                ALIBI, SINKS,
             )  # fmt: skip
 
     # ---- the last block's P @ V (with V_ROWS a block of segment B) ----
     last = n_blocks - 1
     lslot = last % VS
-    _wait_ready(v_ready.index(lslot), (last // VS) & 1, FREE_WAITS)
+    mbarrier.wait(v_ready.index(lslot), (last // VS) & 1)
     if CP_FILL:
         fence_async_shared()
     n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,

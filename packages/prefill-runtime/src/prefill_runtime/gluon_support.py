@@ -1,13 +1,13 @@
-"""Which Triton versions the Gluon kernels and the PTX passes run on.
+"""Which Triton versions the Gluon kernels and the PTX pass run on.
 
 Owns the allowlist :data:`VERIFIED_TRITON_VERSIONS` (the Triton versions, as ``"major.minor"``, on
-which the Gluon kernels of both kernel packages and the compiler hooks' PTX passes were verified on
+which the Gluon kernels of both kernel packages and the compiler hooks' PTX pass were verified on
 a GPU), :func:`gluon_supported` (the one answer both kernel packages ask before they offer a Gluon
 kernel) and :func:`ptx_passes_supported` (the gate of :mod:`prefill_runtime.compiler_hooks`' PTX
-rewrites). Why an allowlist: the Gluon API is experimental and changes between Triton releases, and
-the PTX passes match the exact form of the PTX one Triton version emits; on any other version the
+rewrite). Why an allowlist: the Gluon API is experimental and changes between Triton releases, and
+the PTX pass matches the exact form of the PTX one Triton version emits; on any other version the
 portable Triton kernels run. Env ``PREFILL_GLUON``: ``0`` turns the Gluon kernels off, ``1`` forces
-them (and the PTX passes) on outside the allowlist.
+them (and the PTX pass) on outside the allowlist.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import re
 import threading
 
-# Triton versions ("major.minor") the Gluon kernels and the PTX passes were verified on a GPU with
+# Triton versions ("major.minor") the Gluon kernels and the PTX pass were verified on a GPU with
 VERIFIED_TRITON_VERSIONS: tuple[str, ...] = ("3.6",)
 # the env variable that turns the Gluon kernels off ("0") or forces them on ("1")
 ENV = "PREFILL_GLUON"
@@ -86,11 +86,10 @@ def gluon_supported() -> tuple[bool, str]:
 
 
 def ptx_passes_supported() -> bool:
-    """May the compiler hooks rewrite a compile's PTX (``drop_wait_barriers``,
-    ``clear_noswizzle_base_offsets``)? True on a version of :data:`VERIFIED_TRITON_VERSIONS` or with
-    ``PREFILL_GLUON=1``. ``PREFILL_GLUON=0`` does not turn them off: it keeps the Gluon kernels from
-    being offered, and a Gluon kernel that compiles anyway on a verified Triton keeps the passes its
-    correctness was verified with."""
+    """May the compiler hooks rewrite a compile's PTX (``clear_noswizzle_base_offsets``)? True on a
+    version of :data:`VERIFIED_TRITON_VERSIONS` or with ``PREFILL_GLUON=1``. ``PREFILL_GLUON=0`` does
+    not turn it off: it keeps the Gluon kernels from being offered, and a Gluon kernel that compiles
+    anyway on a verified Triton keeps the pass its correctness was verified with."""
     return _verified()[0]
 
 

@@ -1,4 +1,4 @@
-"""The names ``prefill_runtime.host`` has always held, re-exported from the modules that own them.
+"""The names ``prefill_runtime.host`` holds, re-exported from the modules that own them.
 
 Kept so that code written against this module (tests, bench probes, docstrings of the kernel packages)
 keeps working; new code imports from :mod:`prefill_runtime` or the owning module:
@@ -14,16 +14,11 @@ from prefill_runtime import __all__ as _public
 # the private names tests and bench probes use when they compile with triton.compile themselves
 from prefill_runtime.compiler_hooks import (  # noqa: F401
     _DESC_FIX,
-    _FREE_WAITS,
     _LLVM_LEVEL,
     _LLVM_O0,
-    _PTX_FILE,
-    _PTX_LOC,
     _asm_wrapper,
     _build_launcher,
     _llvm_level_wrapper,
-    _same_file,
-    free_wait_lines,
 )
 
-__all__ = [name for name in _public if name != "__version__"] + ["free_wait_lines"]
+__all__ = [name for name in _public if name != "__version__"]

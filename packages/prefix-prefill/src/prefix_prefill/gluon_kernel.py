@@ -199,9 +199,9 @@ def _program(
 def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
-    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, FREE_WAITS: gl.constexpr, K_COLS: gl.constexpr = 64,
-    V_ROWS: gl.constexpr = None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
-    HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False,
+    WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
+    HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
+    HAS_SINKS: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -209,7 +209,7 @@ def _prefix_consumer(
     ``tile``: ``(m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, stride_ot, stride_oh)``
     (``seg``, ``score``, ``window_left``: :func:`_program_options`').
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
-    ``K_VIEW``, ``FREE_WAITS``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
+    ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
     ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, st_o, sh_o = tile
@@ -219,8 +219,8 @@ def _prefix_consumer(
         WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
         q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z, b_end, z,
         b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-        NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, FREE_WAITS,
-        K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0,
+        NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, K_COLS, V_ROWS,
+        score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0,
     )  # fmt: skip
 
 
@@ -272,7 +272,7 @@ def _gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     ONE_CONSUMER: gl.constexpr,
-    LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr, Sinks=None, Slopes=None, tanh_scale=None,
+    LLVM_O0: gl.constexpr, Sinks=None, Slopes=None, tanh_scale=None,
     window_left=None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
 ):  # fmt: skip
@@ -283,9 +283,7 @@ def _gluon_fwd_kernel(
     the rings' shared layout). ``ONE_CONSUMER`` (the quick-compiling form of the compile tiers; launch
     with 8 warps, ``Q_desc`` block ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition,
     one copy of the consumer code (about half the compile). ``LLVM_O0``: read by the compile hook only
-    (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel. ``FREE_WAITS``: the
-    consumers' waits for ready slots without Triton's partition-wide barrier before each
-    (``prefill_runtime.gluon.free_wait``; the compile hook drops them). Options (each argument None, a
+    (LLVM at O0, see ``prefill_runtime.hook_compiles``), not by the kernel. Options (each argument None, a
     constexpr, where its option is off): ``HAS_LEFT`` a left window of ``window_left`` keys
     (:func:`_program_segments`); ``SOFTCAP`` soft-capping (``qk_scale`` = softcap * log2(e),
     ``tanh_scale`` = softmax scale / softcap); ``HAS_ALIBI`` ALiBi slopes ``Slopes`` ``[num_heads]``;
@@ -321,7 +319,7 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 2, None, FREE_WAITS, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
@@ -334,11 +332,11 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, FREE_WAITS, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, FREE_WAITS, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),

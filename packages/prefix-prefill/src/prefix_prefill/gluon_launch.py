@@ -101,15 +101,14 @@ def available() -> bool:
 def install_hooks() -> None:
     """The Gluon kernels' compile hooks (:func:`prefill_runtime.hook_compiles`): their launchers built
     beside a cold compile (every descriptor argument is a TMA descriptor), LLVM at O0 where ``LLVM_O0``
-    (the quick form), the consumers' free waits where ``FREE_WAITS``, and for the split kernel the
-    no-swizzle descriptor fix where ``K_CM`` (the chunk-major K ring)."""
+    (the quick form), and for the split kernel the no-swizzle descriptor fix where ``K_CM`` (the
+    chunk-major K ring)."""
     for kernel in (_gluon_fwd_kernel, _gluon_split_kernel):
         if kernel is not None:
             runtime.hook_compiles(
                 kernel,
                 tma_descriptors=True,
                 llvm_o0_flag="LLVM_O0",
-                free_waits_flag="FREE_WAITS",
                 desc_fix_flag="K_CM" if kernel is _gluon_split_kernel else None,
             )
 
@@ -342,7 +341,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
-    consts.update(ONE_CONSUMER=not full, FREE_WAITS=True, LLVM_O0=not full and _tiered())
+    consts.update(ONE_CONSUMER=not full, LLVM_O0=not full and _tiered())
     return args, consts, grid
 
 
@@ -459,7 +458,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
             lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
             status)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
-                  KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one, FREE_WAITS=True,
+                  KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one,
                   LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 

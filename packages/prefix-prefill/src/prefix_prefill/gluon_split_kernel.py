@@ -403,8 +403,8 @@ def _gluon_split_kernel(
     stride_lse_h, n_bt_cols, num_blocks, max_query_len, Status,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, V_TMA: gl.constexpr, ONE_CONSUMER: gl.constexpr,
-    K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, FREE_WAITS: gl.constexpr,
-    V_RING: gl.constexpr, KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
+    K_TMA: gl.constexpr, K_VIEW: gl.constexpr, LLVM_O0: gl.constexpr, V_RING: gl.constexpr,
+    KW_desc=None, KR_desc=None, K_WIDE: gl.constexpr = 0, K_CM: gl.constexpr = False,
     KN_desc=None, V_STAGE: gl.constexpr = False, Sinks=None, Slopes=None, tanh_scale=None, window_left=None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
@@ -423,7 +423,7 @@ def _gluon_split_kernel(
     barrier between them).
     ``V_TMA``: V by TMA boxes (:func:`_split_v_tma_producer`); ``V_cache`` is then the V cache's
     descriptor (``[num_blocks * kv_heads * D, page_size]``, block ``[D, 16]``) and ``V_desc``'s block
-    ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``LLVM_O0``, ``FREE_WAITS``: as in
+    ``[D, 16]`` too (32-byte swizzle). ``ONE_CONSUMER``, ``LLVM_O0``: as in
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel`.
     ``K_TMA``: K by TMA boxes (:func:`_split_k_tma_producer`) into a K ring of 64-wide rows (``K_cache``'s
     layout) read as ``[BLOCK_N, D]`` through ``K_VIEW``; ``K_cache`` is then a descriptor (block ``[8,
@@ -518,7 +518,7 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    True, 2, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
@@ -533,11 +533,11 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, FREE_WAITS, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),

@@ -36,8 +36,8 @@ _TRITON = CompiledLaunches(_fwd_kernel)
 def install_hooks() -> None:
     """Triton's one-time process setup side by side (:func:`prefill_runtime.prime_triton`) and the compile
     hooks of this package's kernels (:func:`prefill_runtime.hook_compiles`: the launcher built beside a
-    cold compile; for the Gluon kernels LLVM at O0 for the quick form, the consumers' free waits and the
-    chunk-major K ring's descriptor fix), before the first GPU launch."""
+    cold compile; for the Gluon kernels LLVM at O0 for the quick form and the chunk-major K ring's
+    descriptor fix), before the first GPU launch."""
     global _PRIMED
     _PRIMED = True
     prime_triton()

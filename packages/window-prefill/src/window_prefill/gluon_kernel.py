@@ -85,8 +85,7 @@ def _gluon_fwd_kernel(
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
     ``qk_scale`` = softmax scale * log2(e) (> 0), or with ``SOFTCAP`` softcap * log2(e) and
     ``tanh_scale`` = softmax scale / softcap (else None); ``Sinks``: with ``SINKS`` (1 denominator, 2
-    key-0 bias), else None. Tensors: see the module docstring. The consumers wait for ready slots with
-    Triton's own ``mbarrier.wait`` (``FREE_WAITS=False``). Sequences come clamped into ``Q_desc``'s
+    key-0 bias), else None. Tensors: see the module docstring. Sequences come clamped into ``Q_desc``'s
     token count and reported into ``Status`` (None: no report) as in the Triton kernel, whose program
     setup this is (``program_tile``); the rows past the grid of a sequence longer than ``max_len`` are
     written as 0 by each head's program of the last query tile."""
@@ -125,14 +124,14 @@ def _gluon_fwd_kernel(
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, False, 64, None, score, SOFTCAP, False, SINKS,
+                False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS,
             )),
             (consumer, (
                 1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, tok0,
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, False, 64, None, score, SOFTCAP, False, SINKS,
+                False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS,
             )),
             (_ws_producer, (
                 Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
