@@ -10,7 +10,7 @@ the rings themselves: it instruments every shared-memory access, mbarrier, TMA c
 group of the kernel and traps on an access that no barrier orders. ``--consan --case I`` runs one case
 instrumented (a trap ends the process, so each case runs in its own); ``--consan-all`` runs every case
 in ``--jobs`` child processes for each ``--variants`` entry (``default``: the plans as shipped; ``o1``:
-ptxas at ``--opt-level 1``; ``waited``: ``o1`` with ``--publish-waited``) and writes one log per run and
+ptxas at ``--opt-level 1``; ``modeled``: with ``--modeled-arrivals``) and writes one log per run and
 ``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
 packages' Gluon plans (``bench/plan_override.py``).
 Each case is one planned Gluon form (``explain()`` must name a Gluon kernel, else the case fails):
@@ -167,20 +167,32 @@ def _cases() -> list[tuple[str, object, tuple]]:
 VARIANTS = {
     "default": ([], {}),
     "o1": ([], {"PTXAS_OPTIONS": "--opt-level 1"}),
-    "waited": (["--publish-waited"], {"PTXAS_OPTIONS": "--opt-level 1"}),
+    "modeled": (["--modeled-arrivals"], {}),
 }
 
 
-def _publish_waited():
-    """The split kernel's gathering threads publish a slot after ``commit_group`` / ``wait_group(0)``
-    (their copies landed) by one arrival of the partition's thread count, instead of
-    ``cp.async.mbarrier.arrive``: the same ordering in the completion path Triton 3.6's ConSan models
-    (triton-lang/triton#11626 adds the other). Installed before the first compile."""
+def _modeled_arrivals():
+    """Both per-thread ``cp.async.mbarrier.arrive.noinc`` arrivals of the Gluon kernels replaced by the
+    form Triton 3.6's ConSan models, with the same ordering (installed before the first compile):
+
+    * the split kernel's gathering threads publish a slot after ``commit_group`` / ``wait_group(0)``
+      (their copies landed) by one elected arrival of the partition's thread count;
+    * a consumer partition of 8 warps (``WARPGROUPS == 2``: the NHD kernel's quick form, the split
+      kernel's one-consumer forms) releases a slot by one elected arrival of its 256 threads' count
+      (Triton puts a barrier of the partition before an elected arrival, so every thread's wgmma wait
+      precedes it).
+
+    Triton 3.6's ConSan does not take ``cp.async.mbarrier.arrive`` as an arrival
+    (triton-lang/triton#11626 adds it), so with the shipped arrivals it reports the slot's accesses as
+    unordered: the gathers as pending at the consumers' reads, and the consumers' reads as outstanding at
+    the producers' next write (where the report's own text is lost: ``__assertfail`` faults as an
+    illegal instruction in the producer warp)."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+    import prefill_runtime.gluon as rt_gluon
     import prefix_prefill.gluon_split_kernel as split
 
     @gluon.jit
@@ -189,7 +201,15 @@ def _publish_waited():
         async_copy.wait_group(0)
         mbarrier.arrive(bar, count=32 * gl.num_warps())
 
+    @gluon.jit
+    def release(bar, WARPGROUPS: gl.constexpr):
+        if WARPGROUPS == 2:
+            mbarrier.arrive(bar, count=256)
+        else:
+            mbarrier.arrive(bar, count=1)
+
     split._publish_gathers = publish
+    rt_gluon._release = release
 
 
 def _consan_all(args) -> int:
@@ -242,8 +262,8 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a constexpr of both packages' Gluon plans, overridden")  # fmt: skip
     ap.add_argument("--consan", action="store_true", help="run under Triton's ConSan instrumentation")
-    ap.add_argument("--publish-waited", action="store_true",
-                    help="split kernel: gathers published after wait_group")  # fmt: skip
+    ap.add_argument("--modeled-arrivals", action="store_true",
+                    help="the per-thread cp.async arrivals in the form ConSan 3.6 models")  # fmt: skip
     ap.add_argument("--consan-all", action="store_true", help="every case and variant under ConSan")
     ap.add_argument("--variants", default="default", help=f"--consan-all: comma list of {sorted(VARIANTS)}")
     ap.add_argument("--jobs", type=int, default=8, help="--consan-all: child processes at once")
@@ -265,8 +285,8 @@ def main() -> int:
         import triton
 
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=DEV))
-    if args.publish_waited:
-        _publish_waited()
+    if args.modeled_arrivals:
+        _modeled_arrivals()
     torch.manual_seed(0)
     if args.case is not None:
         cases = [cases[args.case]]

@@ -226,7 +226,9 @@ def _release(bar, WARPGROUPS: gl.constexpr):
     """A consumer's release of a ring slot (its reads of it done): one elected arrival of its
     warpgroup, or with ``WARPGROUPS == 2`` (one 8-warp partition) one arrival per thread, so the two
     warpgroups do not meet at a partition-wide barrier before each release (Triton synchronises a
-    partition's warps before an elected arrival)."""
+    partition's warps before an elected arrival). (Triton 3.6's ConSan does not take
+    ``cp.async.mbarrier.arrive`` as an arrival, triton-lang/triton#11626: ``bench/sanitize_gluon.py
+    --modeled-arrivals`` checks the protocol with an elected arrival instead.)"""
     if WARPGROUPS == 2:
         async_copy.mbarrier_arrive(bar, increment_count=False)  # no cp.async pending: arrives at once
     else:

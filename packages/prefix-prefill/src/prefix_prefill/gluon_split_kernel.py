@@ -112,7 +112,7 @@ def _publish_gathers(bar):
     (``cp.async.mbarrier.arrive.noinc``: the barrier counts one arrival per producer thread); the
     consumers' wait on that barrier then orders the copies before their reads. (Triton 3.6's ConSan does
     not model this completion path and reports the copies as pending: triton-lang/triton#11626;
-    ``bench/sanitize_gluon.py --publish-waited`` checks the protocol with the copies completed by
+    ``bench/sanitize_gluon.py --modeled-arrivals`` checks the protocol with the copies completed by
     ``wait_group`` instead.)"""
     async_copy.mbarrier_arrive(bar, increment_count=False)
 
