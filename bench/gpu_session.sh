@@ -181,7 +181,8 @@ if [[ $what == accept ]]; then
 fi
 if [[ $what == consan ]]; then
   # consan: every Gluon form under Triton's concurrency sanitizer (bench/sanitize_gluon.py --consan-all)
-  # for each of CONSAN_VARIANTS (default: the plans as shipped) and CONSAN_CASES (numbers of
+  # for each of CONSAN_VARIANTS (default: the plans as shipped; modeled: the per-thread cp.async arrivals
+  # in the form Triton 3.6's ConSan models, see sanitize_gluon.py) and CONSAN_CASES (numbers of
   # `sanitize_gluon.py --list`; default all) in CONSAN_JOBS child processes, beside
   # compute-sanitizer synccheck over the same cases as shipped (SYNCCHECK=0: not); logs, consan.md and
   # synccheck.log in consan.tgz
