@@ -116,11 +116,12 @@ def _fwd_impl(
 
 
 def bump_versions(out: torch.Tensor, lse: torch.Tensor | None, status: torch.Tensor | None = None) -> None:
-    """The autograd version counters of the tensors a launch wrote (a no-op for inference-mode tensors)."""
-    torch.autograd.graph.increment_version(out)
-    for t in (lse, status):
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
+    """The autograd version counters of the tensors a launch wrote (a no-op for inference-mode tensors),
+    in one call."""
+    if lse is None and status is None:
+        torch.autograd.graph.increment_version(out)
+    else:
+        torch.autograd.graph.increment_version([t for t in (out, lse, status) if t is not None])
 
 
 def _fwd_fake(*args: object, **kwargs: object) -> None:

@@ -32,7 +32,7 @@ def vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b
                 whole_key(v_cache), table_key(b_loc), index_key(b_start_loc), index_key(b_seq_len),
                 whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None, whole_key(alibi),
                 sliding_window, sm_scale, skip_decode, whole_key(fp8_out_scale), whole_key(sinks),
-                causal, whole_key(status))  # fmt: skip
+                causal, None if status is None else whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -51,7 +51,8 @@ def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causa
                 index_key(cu_seqlens_q), index_key(seq_lens), causal,
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(alibi),
                 whole_key(sinks), whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None,
-                kv_layout, softcap, rows_key(out), return_lse, lse_key, whole_key(status))  # fmt: skip
+                kv_layout, softcap, rows_key(out), return_lse, lse_key,
+                None if status is None else whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
