@@ -13,8 +13,10 @@ fp32, fp8 caches and fp8 output (prefix), page sizes 1, 16, 544 and 1056 (prefix
 or not, left/right windows, ALiBi, sinks of both modes, soft-capping, skip_decode, k=None, the LSE) in
 the combinations models use (:data:`PREFIX_FORMS`, :data:`WINDOW_FORMS`), 64-bit offsets, and every
 head-size class (the exact bucket sizes 64/128/256, the padded 80/192, the narrow 32 and 8). On
-sm90 every case is planned twice: with the Gluon kernels available (the plan picks them where they
-apply) and without (the Triton kernel, as on a Triton outside ``prefill_runtime``'s Gluon allowlist).
+sm90 every case is planned twice: with the Gluon kernels available, whatever this Triton is (the plan
+picks them where they apply; :func:`gluon_offered` says whether the packages offer them here, which
+decides whether their spill verdict binds, cc_targets) and without (the Triton kernel, as on a
+Triton outside ``prefill_runtime``'s Gluon allowlist).
 Rather than the full product of the axes (tens of thousands of compiles), each axis value is crossed
 with every table entry and layout at least once;
 identical launches (the same specialisation, constexprs and options) are compiled once (cc_run).
@@ -313,6 +315,27 @@ def launches(case: Case) -> list[Launch]:
     if kernel != expected:
         raise RuntimeError(f"{case.label()}: plan {planned!r} but {kernel} was launched")
     return got
+
+
+def gluon_offered(package: str) -> tuple[bool, str]:
+    """``(offered, why)``: does ``package``'s launcher let its plan pick its Gluon kernel(s) in this
+    process (the ``gluon`` input it gives the plan on an sm90 GPU)? prefix-prefill asks
+    ``prefill_runtime.gluon_supported`` (the Triton allowlist, ``PREFILL_GLUON``) and its own
+    ``PREFIX_PREFILL_GLUON``; window-prefill offers its kernel wherever this Triton has Gluon (unless
+    ``WINDOW_PREFILL_GLUON=0``)."""
+    if package == "prefix":
+        from prefill_runtime import gluon_supported
+        from prefix_prefill import launch
+
+        return launch.gluon_allowed(), gluon_supported()[1]
+    from window_prefill import launch
+
+    if launch._gluon_ok:
+        return True, "window-prefill offers its Gluon kernel on any Triton with Gluon"
+    return (
+        False,
+        "window-prefill runs no Gluon kernel here (this Triton has no Gluon, or WINDOW_PREFILL_GLUON=0)",
+    )
 
 
 def prepare_process() -> None:

@@ -62,6 +62,29 @@ def test_verdicts():
     assert verdict(sm80, spilled, gluon=True)[1] == []
     many = Resources(shared=100 * KIB, threads=384, regs=168, spills=GLUON_SPILL_BYTES + 8, scratch=64)
     assert verdict(sm80, many, gluon=True)[1] == [f"spills {GLUON_SPILL_BYTES + 8} B > {GLUON_SPILL_BYTES} B"]
+    # ... where the plan offers the kernel; elsewhere its spills are informational, the other rules hold
+    assert verdict(sm80, many, gluon=True, offered=False)[1] == []
+    too_big = Resources(shared=170 * KIB, threads=384, regs=168, spills=GLUON_SPILL_BYTES + 8, scratch=64)
+    assert "budget" in verdict(sm80, too_big, gluon=True, offered=False)[1][0]
+    # a Triton kernel's spills always fail
+    assert verdict(sm80, spilled, offered=False)[1] == ["spills 8, scratch 8 B"]
     # two warps on one SM leave two of its four schedulers idle
     thin = Resources(shared=100 * KIB, threads=64, regs=255, spills=0, scratch=0)
     assert verdict(sm80, thin)[1] == ["2 warps per SM/CU < 4"]
+
+
+def test_gluon_offered_follows_the_packages_gates(monkeypatch):
+    """prefix-prefill's Gluon kernels are offered where prefill_runtime's allowlist (or PREFILL_GLUON=1)
+    lets its launcher plan them; window-prefill's wherever its kernel imported."""
+    import cc_matrix
+
+    import prefill_runtime
+    from prefix_prefill import launch as prefix_launch
+
+    offered, why = cc_matrix.gluon_offered("prefix")
+    assert offered == prefix_launch.gluon_allowed() and why == prefill_runtime.gluon_supported()[1]
+    monkeypatch.setenv("PREFILL_GLUON", "0")
+    assert cc_matrix.gluon_offered("prefix")[0] is False
+    from window_prefill import launch as window_launch
+
+    assert cc_matrix.gluon_offered("window")[0] is window_launch._gluon_ok

@@ -95,6 +95,26 @@ def test_buckets_and_classes():
     assert [page_class(p) for p in (1, 2, 16, 17, 544)] == ["1", "small", "small", "large", "large"]
 
 
+def test_narrow_heads_and_fp8_caches_change_only_their_fields():
+    """Heads below the 16-wide feature tile (sm80, 16-bit) run one stage, fp8 caches at head 256 on
+    sm90 16-key tiles; every other field, and every other class, keeps the table's entry."""
+    for dtype in (torch.float16, torch.bfloat16):
+        base = get_config("sm80", 32, dtype, 16)
+        assert get_config("sm80", 8, dtype, 16) == KernelConfig(**{**base.as_dict(), "num_stages": 1})
+        assert get_config("sm80", 16, dtype, 16) == base  # 16 fills the tile
+        for arch in ("sm90", "sm100", "gfx942", "gfx950", "default"):
+            assert get_config(arch, 8, dtype, 16) == get_config(arch, 32, dtype, 16)
+    assert get_config("sm80", 8, torch.float32, 16) == get_config("sm80", 32, torch.float32, 16)
+    for head in (192, 256):
+        plain = get_config("sm90", head, torch.float16, 16)
+        fp8 = get_config("sm90", head, torch.float16, 16, cache_fp8=True)
+        assert fp8 == KernelConfig(plain.BLOCK_M, 16, 16, plain.num_warps, plain.num_stages)
+    for arch, head in (("sm90", 128), ("sm90", 64), ("sm80", 256), ("sm100", 256), ("gfx950", 256)):
+        assert get_config(arch, head, torch.float16, 16, cache_fp8=True) == get_config(
+            arch, head, torch.float16, 16
+        )
+
+
 def test_unknown_arch_falls_back_to_default():
     assert get_config("sm75", 128, torch.float16, 16) == CONFIGS[("default", 128, "16bit", "small")]
 

@@ -75,3 +75,15 @@ def test_lookup():
     assert get_config.cache_info().hits == before + 1
     assert configs.detect_arch("cpu") == "interpreter"
     assert configs.block_d(80) == 128 and configs.block_d(8) == 16
+
+
+def test_wide_offsets_change_only_their_class():
+    """64-bit token offsets at head 256 on sm90 (16-bit) run 64 query rows; every other field, and every
+    other class, keeps the table's entry (the Gluon flag included)."""
+    for causal in (False, True):
+        for head in (192, 256):
+            base = get_config(head, torch.bfloat16, causal, "sm90")
+            assert get_config(head, torch.bfloat16, causal, "sm90", True) == base._replace(block_m=64)
+        for head, dtype, arch in ((128, torch.float16, "sm90"), (256, torch.float32, "sm90"),
+                                  (256, torch.float16, "sm100"), (256, torch.float16, "sm80")):  # fmt: skip
+            assert get_config(head, dtype, causal, arch, True) == get_config(head, dtype, causal, arch)

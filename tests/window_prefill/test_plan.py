@@ -88,6 +88,17 @@ def test_plan_every_head_dtype_arch(arch, dtype, head_dim, causal):
         assert "not gluon:" in lp.reason
 
 
+def test_wide_offsets_plan_64_rows_at_head_256():
+    """64-bit offsets at head 256: the Triton plan (and a Gluon plan's fallback) takes 64 query rows."""
+    entry = CONFIGS[("sm90", 256, "16bit", True)]
+    narrow = plan(problem(head_dim=256, has_left=True, wide_window=False, wide_offsets=True))
+    assert narrow.kernel == "triton" and narrow.block_m == 64 and narrow.consts()["WIDE_OFFSETS"]
+    assert narrow.consts()["BLOCK_N"] == entry.block_n
+    assert plan(problem(head_dim=256, has_left=True, wide_window=False)).block_m == entry.block_m
+    wide = plan(problem(head_dim=256, wide_offsets=True))
+    assert wide.kernel == "gluon" and wide.get("fallback").block_m == 64
+
+
 GLUON_CFG = Config(128, 128, 8, 3, True, True)
 REFUSALS = [
     ("no-gluon", dict(gluon=False), "no Gluon kernel"),

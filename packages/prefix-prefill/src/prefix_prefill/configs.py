@@ -13,6 +13,10 @@ Key: ``(arch, head-size bucket, dtype class, page-size class)``
   context tile ``BLOCK_N_CTX`` or the pipeline depth, never ``BLOCK_M``/``BLOCK_N`` (tested): any
   page size, 544 or 1056 included, runs the same tiles as a power of two.
 
+Two classes inside a key change a few fields of its entry (:func:`get_config`): heads narrower than
+:data:`NARROW_HEAD` (padded to the 16-wide feature tile, their feature loads masked;
+``_NARROW_HEAD_OVERRIDES``) and fp8 KV caches (``_FP8_CACHE_OVERRIDES``).
+
 The entries are starting points (sm90 to be tuned on the GPU); ``python bench/prefix_prefill.py
 --sweep`` times a grid. :func:`shared_memory_bytes` is a conservative static model of the shared
 memory (LDS) a config needs; the AMD entries are checked against the LDS size by a CPU test.
@@ -161,6 +165,27 @@ _BASE: dict[tuple[str, int, str], KernelConfig] = {
 # a page class that wants something else.
 _PAGE_OVERRIDES: dict[tuple[str, str], dict[str, int]] = {}
 
+#: Heads narrower than this run in the 16-wide feature tile (``tl.dot`` takes K >= 16) with masked
+#: feature loads: :data:`_NARROW_HEAD_OVERRIDES` applies to them.
+NARROW_HEAD = 16
+
+# (arch, dtype class) -> fields to change for heads narrower than NARROW_HEAD.
+_NARROW_HEAD_OVERRIDES: dict[tuple[str, str], dict[str, int]] = {
+    # sm80, 16-bit: ptxas (Triton 3.8) gives the padded head's kernel 128 registers (two programs per
+    # SM), and with two stages it spills 24 B (bidirectional window, new tokens in the context loop,
+    # head 8); one stage needs 102 registers and spills nothing (Triton 3.6: 98).
+    ("sm80", "16bit"): dict(num_stages=1),
+}
+
+# (arch, head bucket) -> fields to change when the KV cache is fp8 (its tiles are converted to q's
+# dtype in registers).
+_FP8_CACHE_OVERRIDES: dict[tuple[str, int], dict[str, int]] = {
+    # sm90 head 256: 64/32/32/8/2 sits at 250-255 registers with an fp8 cache and spills 48-96 B with
+    # sinks and a left window (Triton 3.8; 3.6: 72-144 B, and 8 B for plain causal calls); 16-key
+    # tiles need 181-231 registers and spill nothing in every fp8 form of the compile check.
+    ("sm90", 256): dict(BLOCK_N=16, BLOCK_N_CTX=16),
+}
+
 #: The full table: (arch, head bucket, dtype class, page class) -> KernelConfig.
 CONFIGS: dict[tuple[str, int, str, str], KernelConfig] = {
     (arch, hb, dc, pc): KernelConfig(**{**cfg.as_dict(), **_PAGE_OVERRIDES.get((arch, pc), {})})
@@ -186,10 +211,19 @@ def shared_memory_bytes(cfg: KernelConfig, head_size: int, dtype_bytes: int) -> 
 
 
 @functools.cache
-def get_config(arch: str, head_size: int, dtype: torch.dtype, page_size: int) -> KernelConfig:
-    """The table entry for a call; unknown archs fall back to ``"default"``."""
+def get_config(
+    arch: str, head_size: int, dtype: torch.dtype, page_size: int, cache_fp8: bool = False
+) -> KernelConfig:
+    """The table entry for a call (``cache_fp8``: the KV cache is fp8), with the narrow-head and
+    fp8-cache fields of its class; unknown archs fall back to ``"default"``."""
     key_arch = arch if arch in ARCHS else "default"
-    return CONFIGS[(key_arch, head_bucket(head_size), dtype_class(dtype), page_class(page_size))]
+    cfg = CONFIGS[(key_arch, head_bucket(head_size), dtype_class(dtype), page_class(page_size))]
+    fields: dict[str, int] = {}
+    if head_size < NARROW_HEAD:
+        fields.update(_NARROW_HEAD_OVERRIDES.get((key_arch, dtype_class(dtype)), {}))
+    if cache_fp8:
+        fields.update(_FP8_CACHE_OVERRIDES.get((key_arch, head_bucket(head_size)), {}))
+    return KernelConfig(**{**cfg.as_dict(), **fields}) if fields else cfg
 
 
 def config_key(arch: str, head_size: int, dtype: torch.dtype, page_size: int) -> tuple[str, int, str, str]:

@@ -19,7 +19,8 @@ kernel                  when
                         constexprs
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
-                        :mod:`prefix_prefill.configs` (per architecture, head size, dtype class)
+                        :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
+                        class; narrow heads and fp8 caches change a few fields)
 ======================  =========================================================================
 
 The Triton kernel's constexprs are derived here too (layout hints, int32 or int64 offsets, granule
@@ -368,7 +369,7 @@ def _merge_new(p: Problem, block_n: int, block_n_ctx: int, wide: bool) -> bool:
 def triton_plan(p: Problem, config=None, reason: str = "") -> LaunchPlan:
     """The Triton kernel's plan for ``p`` (``config``: tiles other than the table's, for sweeps)."""
     if config is None:
-        config = get_config(p.arch, p.head_size, p.q_dtype, p.kc.page_size)
+        config = get_config(p.arch, p.head_size, p.q_dtype, p.kc.page_size, p.cache_dtype in _FP8_DTYPES)
     block_d = max(MIN_BLOCK_D, 1 << (p.head_size - 1).bit_length())  # next power of two (head_size >= 1)
     k_align, v_align_any, v_align_runs, v_contig = _layout_hints(p, config.BLOCK_N_CTX)
     granule = v_contig if block_d >= GRANULE_MIN_BLOCK_D and v_align_runs and v_contig >= 8 else 0

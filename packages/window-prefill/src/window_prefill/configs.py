@@ -12,7 +12,8 @@ Table key: ``(arch, head_dim_bucket, dtype_class, causal)`` with
 * ``dtype_class``: ``"16bit"`` (fp16, bf16) or ``"fp32"``;
 * ``causal``: bool.
 
-Value: :class:`Config` ``(block_m, block_n, num_warps, num_stages)``.
+Value: :class:`Config` ``(block_m, block_n, num_warps, num_stages)``. Calls with 64-bit token
+offsets (K or V past 2**31 elements) change a few fields of their entry (``_WIDE_OFFSETS_OVERRIDES``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,15 @@ _CAUSAL_OVERRIDES: dict[tuple[str, int, str, bool], Config] = {
     ("sm90", 128, "16bit", True): _C(128, 64, 8, 3, True, True),
 }
 
+# (arch, head_dim_bucket, dtype_class) -> fields to change for calls with 64-bit token offsets
+# (``WIDE_OFFSETS``), causal and non-causal alike.
+_WIDE_OFFSETS_OVERRIDES: dict[tuple[str, int, str], dict[str, int]] = {
+    # Hopper head 256, 16-bit: the 128x32 tile sits at 253-255 registers with 64-bit offsets and
+    # spills 16 B with the LSE (Triton 3.8; 3.6: 64-104 B in each of the six wide forms compiled); 64
+    # query rows need 229-246 registers and spill nothing.
+    ("sm90", 256, "16bit"): dict(block_m=64),
+}
+
 CONFIGS: dict[tuple[str, int, str, bool], Config] = {
     **{(a, hd, dc, causal): cfg for (a, hd, dc), cfg in _BASE.items() for causal in (False, True)},
     **_CAUSAL_OVERRIDES,
@@ -179,7 +189,12 @@ def detect_arch(device: torch.device | str | None = None) -> str:
 
 
 @functools.cache
-def get_config(head_dim: int, dtype: torch.dtype, causal: bool, arch: str) -> Config:
-    """The shipped :class:`Config` for this problem class on ``arch`` (unknown archs use "default")."""
+def get_config(
+    head_dim: int, dtype: torch.dtype, causal: bool, arch: str, wide_offsets: bool = False
+) -> Config:
+    """The shipped :class:`Config` for this problem class on ``arch`` (unknown archs use "default");
+    ``wide_offsets``: the call runs 64-bit token offsets (the fields of ``_WIDE_OFFSETS_OVERRIDES``)."""
     key = (arch if arch in ARCHS else "default", head_dim_bucket(head_dim), dtype_class(dtype), bool(causal))
-    return CONFIGS[key]
+    cfg = CONFIGS[key]
+    fields = _WIDE_OFFSETS_OVERRIDES.get(key[:3], {}) if wide_offsets else {}
+    return cfg._replace(**fields) if fields else cfg

@@ -9,7 +9,8 @@ Gluon kernel. It holds no sequence length, batch size or pointer (the Gluon widt
 says, and benchmarks run a changed plan (:meth:`~prefill_runtime.LaunchPlan.replace`).
 
 Rules, first match wins (tiles: :data:`window_prefill.configs.CONFIGS`, per architecture, head-size
-bucket, dtype class and causality; an explicit ``config`` replaces the table entry):
+bucket, dtype class and causality, with a few fields changed for 64-bit offsets
+(:func:`window_prefill.configs.get_config`); an explicit ``config`` replaces the table entry):
 
 ==========  =========================================================================================
 kernel      when
@@ -153,7 +154,7 @@ def plan(problem: Problem) -> LaunchPlan:
     if p.config is not None:
         cfg, source = p.config, "the given config"
     else:
-        cfg = get_config(p.head_dim, p.dtype, p.causal, p.arch)
+        cfg = get_config(p.head_dim, p.dtype, p.causal, p.arch, p.wide_offsets)
         source = f"the {p.arch} table"
     why_not = _gluon_refusal(p, cfg)
     if why_not is not None:
