@@ -43,7 +43,7 @@ if [[ $what == tests || $what == all ]]; then
   dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
   resume=(); [[ -n ${PYTEST_DONE:-} ]] && resume=(-p pytest_resume)
   PYTHONPATH=$PYTHONPATH${PYTEST_DONE:+:$PWD/bench} \
-  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} "${resume[@]}" -n ${XDIST:-16} --dist ${DIST:-$dist} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
+  timeout ${TEST_TIMEOUT:-540} python3 -m pytest ${TEST_PATHS:-tests} -m "not compile_check" "${resume[@]}" -n ${XDIST:-16} --dist ${DIST:-$dist} --durations=15 -v -rfE -p no:cacheprovider --maxfail=${MAXFAIL:-200} \
     --junitxml "$OUT/junit.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
   rc=${PIPESTATUS[0]}
 fi
