@@ -319,23 +319,18 @@ def launches(case: Case) -> list[Launch]:
 
 def gluon_offered(package: str) -> tuple[bool, str]:
     """``(offered, why)``: does ``package``'s launcher let its plan pick its Gluon kernel(s) in this
-    process (the ``gluon`` input it gives the plan on an sm90 GPU)? prefix-prefill asks
-    ``prefill_runtime.gluon_supported`` (the Triton allowlist, ``PREFILL_GLUON``) and its own
-    ``PREFIX_PREFILL_GLUON``; window-prefill offers its kernel wherever this Triton has Gluon (unless
-    ``WINDOW_PREFILL_GLUON=0``)."""
+    process (the ``gluon`` input it gives the plan on an sm90 GPU)? Both packages ask
+    ``prefill_runtime.gluon_supported`` (the Triton allowlist, ``PREFILL_GLUON``) and their own switch
+    (``PREFIX_PREFILL_GLUON``, ``WINDOW_PREFILL_GLUON``)."""
+    from prefill_runtime import gluon_supported
+
     if package == "prefix":
-        from prefill_runtime import gluon_supported
         from prefix_prefill import launch
 
         return launch.gluon_allowed(), gluon_supported()[1]
     from window_prefill import launch
 
-    if launch._gluon_ok:
-        return True, "window-prefill offers its Gluon kernel on any Triton with Gluon"
-    return (
-        False,
-        "window-prefill runs no Gluon kernel here (this Triton has no Gluon, or WINDOW_PREFILL_GLUON=0)",
-    )
+    return launch.gluon_offered(), gluon_supported()[1]
 
 
 def prepare_process() -> None:

@@ -28,17 +28,16 @@ Verdict of one compiled kernel (:func:`verdict`), each rule independent of the m
   consumer warpgroups, K/V rings) whose forms H200 timings chose, and some forms spill a little: for
   them the spills are reported and fail above :data:`GLUON_SPILL_BYTES` (making them spill-free is
   tuning work on the GPU, not a table choice). That spill verdict binds on a Triton where the
-  package's plan offers the kernel (``cc_matrix.gluon_offered``). prefix-prefill offers its Gluon
+  package's plan offers the kernel (``cc_matrix.gluon_offered``). Both packages offer their Gluon
   kernels only on the Tritons of ``prefill_runtime.gluon_support.VERIFIED_TRITON_VERSIONS`` (3.6,
-  what the H200 runs) or with ``PREFILL_GLUON=1``; on another Triton its plan runs the Triton kernel
-  for those calls. The matrix still compiles and reports the Gluon forms there (their cases are
+  what the H200 runs) or with ``PREFILL_GLUON=1``; on another Triton their plans run the Triton
+  kernels for those calls. The matrix still compiles and reports the Gluon forms there (their cases are
   planned with the Gluon kernels forced available), but their spills are informational: ptxas
   allocates the same kernel differently under the PTX another Triton emits (the split kernel at head
   256, page 16: 252 B on Triton 3.6, 316 B on 3.8), and a verdict there would judge code that no
   plan runs. On the verified Triton the verdict binds: ``CPU_TRITON=triton==3.6.0 nox -s
   compile-check``, or ``cc_run.py --targets sm90`` under that Triton (its other targets' verdicts
   are those of an older toolchain than the tiles were sized with).
-  window-prefill offers its Gluon kernel on any Triton with Gluon, so its verdict binds everywhere;
 * occupancy floor: at least one program per SM / CU (the launch can run at all) and at least one warp
   per SM sub-partition (4 per SM) / one wave per SIMD (4 per CU), so that no scheduler is left without
   a warp to issue. Attention kernels of this shape run big tiles at low occupancy on purpose (the

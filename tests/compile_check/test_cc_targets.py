@@ -74,8 +74,8 @@ def test_verdicts():
 
 
 def test_gluon_offered_follows_the_packages_gates(monkeypatch):
-    """prefix-prefill's Gluon kernels are offered where prefill_runtime's allowlist (or PREFILL_GLUON=1)
-    lets its launcher plan them; window-prefill's wherever its kernel imported."""
+    """Both packages' Gluon kernels are offered where prefill_runtime's allowlist (or PREFILL_GLUON=1)
+    lets their launchers plan them."""
     import cc_matrix
 
     import prefill_runtime
@@ -87,4 +87,7 @@ def test_gluon_offered_follows_the_packages_gates(monkeypatch):
     assert cc_matrix.gluon_offered("prefix")[0] is False
     from window_prefill import launch as window_launch
 
-    assert cc_matrix.gluon_offered("window")[0] is window_launch._gluon_ok
+    assert cc_matrix.gluon_offered("window")[0] is False  # PREFILL_GLUON=0 turns window-prefill's off too
+    monkeypatch.setattr(window_launch, "_gluon_ok", True)
+    monkeypatch.setenv("PREFILL_GLUON", "1")  # forced: offered on any Triton
+    assert cc_matrix.gluon_offered("window")[0] is True and window_launch.gluon_offered()

@@ -82,6 +82,7 @@ def test_gluon_launch_failure_falls_back_for_good(monkeypatch):
 
     monkeypatch.setattr(wl, "detect_arch", lambda device: "sm90")
     monkeypatch.setattr(wl, "_gluon_ok", True)
+    monkeypatch.setenv("PREFILL_GLUON", "1")  # (offered outside the Triton allowlist too)
     monkeypatch.setattr(wl, "_gluon_fwd_kernel", Broken())
     monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 24)
     q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)

@@ -259,7 +259,7 @@ def test_describe_reads_metadata_only():
     p = wl.describe(q, k, v, None, 20, **kw)
     assert (p.heads, p.kv_heads, p.head_dim, p.dtype) == (4, 2, 64, torch.float16)
     assert p.has_left and not p.has_right and p.cumulative_starts and not p.wide_window
-    assert p.q_tma and p.kv_tma and not p.wide_offsets and p.gluon is wl._gluon_ok
+    assert p.q_tma and p.kv_tma and not p.wide_offsets and p.gluon is wl.gluon_offered()
     qkv = torch.randn(29, 8, 64, dtype=torch.float16, device=DEVICE)
     assert wl.describe(qkv[:, :4], qkv[:, 4:6], qkv[:, 6:], None, 20, **kw).kv_tma
     gap = torch.randn(29, 2, 128, dtype=torch.float16, device=DEVICE)[:, :, :64]

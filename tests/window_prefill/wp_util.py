@@ -191,6 +191,7 @@ def refuse_gluon(monkeypatch: pytest.MonkeyPatch) -> list[LaunchPlan]:
 
     monkeypatch.setattr(wp_launch, "detect_arch", lambda device: "sm90")
     monkeypatch.setattr(wp_launch, "_gluon_ok", True)
+    monkeypatch.setenv("PREFILL_GLUON", "1")  # (offered outside the Triton allowlist too)
     monkeypatch.setattr(wp_launch, "_launch_gluon", offer)
     return offered
 

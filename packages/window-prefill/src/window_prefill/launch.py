@@ -9,9 +9,11 @@ tensors of the call), so a call is CUDA-graph capturable. TMA descriptors hold p
 built for each call, never cached; plans hold none and are cached by problem.
 
 Process state: Triton's one-time setup and this package's compile hooks run before the first launch
-on a GPU (:func:`_prime_triton`); the Gluon kernel runs while ``_gluon_ok`` holds (Triton has Gluon,
-the environment variable ``WINDOW_PREFILL_GLUON`` is not ``0``, and no launch of it failed: a
-Triton whose Gluon cannot build it is warned about once, then its calls run the Triton kernel).
+on a GPU (:func:`_prime_triton`); calls plan the Gluon kernel while :func:`gluon_offered` holds (it
+imported, the environment variable ``WINDOW_PREFILL_GLUON`` is not ``0``, no launch of it failed: a
+Triton whose Gluon cannot build it is warned about once, then its calls run the Triton kernel; and
+``prefill_runtime.gluon_supported()``: this Triton is on the Gluon kernels' allowlist, or
+``PREFILL_GLUON=1`` forces them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from prefill_runtime import (
     LaunchPlan,
     gluon_descriptor,
+    gluon_supported,
     gluon_try_launch,
     hook_compiles,
     prime_triton,
@@ -58,6 +61,13 @@ _GLUON = CompiledLaunches(_gluon_fwd_kernel) if _gluon_fwd_kernel is not None el
 
 _primed = False  # _prime_triton ran in this process
 _gluon_ok = _gluon_fwd_kernel is not None and os.environ.get("WINDOW_PREFILL_GLUON", "1") != "0"
+
+
+def gluon_offered() -> bool:
+    """May a call plan the Gluon kernel? ``_gluon_ok`` (above) and ``prefill_runtime.gluon_supported()``
+    (the Triton allowlist and ``PREFILL_GLUON``, read per call; outside the allowlist it logs one line
+    per process and the Triton kernel runs), as prefix-prefill asks before it offers its Gluon kernels."""
+    return _gluon_ok and gluon_supported()[0]
 
 
 def interpreted() -> bool:
@@ -148,7 +158,7 @@ def _fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_s
         and small
         and _tma_rows(k, kst, kv_heads, head_dim, elem)
         and _tma_rows(v, vst, kv_heads, head_dim, elem),  # kv_tma
-        _gluon_ok,  # gluon
+        gluon_offered(),  # gluon
         config,
     )
 
