@@ -36,7 +36,7 @@ LENGTH_WORDS = ("len", "batch", "seq", "token", "max", "num_q", "total")
     ("fn", "allowed"),
     [
         (wp_configs.get_config, {"head_dim", "dtype", "causal", "arch"}),
-        (pp_configs.get_config, {"arch", "head_size", "dtype", "page_size"}),
+        (pp_configs.get_config, {"arch", "head_size", "dtype", "page_size", "cache_fp8"}),
         (pp_configs.config_key, {"arch", "head_size", "dtype", "page_size"}),  # also the autotune cache key
     ],
     ids=["window_prefill.get_config", "prefix_prefill.get_config", "prefix_prefill.config_key"],

@@ -83,7 +83,9 @@ def test_wide_offsets_change_only_their_class():
     for causal in (False, True):
         for head in (192, 256):
             base = get_config(head, torch.bfloat16, causal, "sm90")
-            assert get_config(head, torch.bfloat16, causal, "sm90", True) == base._replace(block_m=64)
+            wide = configs.wide_offsets_config(base, head, torch.bfloat16, "sm90")
+            assert wide == base._replace(block_m=64)
         for head, dtype, arch in ((128, torch.float16, "sm90"), (256, torch.float32, "sm90"),
                                   (256, torch.float16, "sm100"), (256, torch.float16, "sm80")):  # fmt: skip
-            assert get_config(head, dtype, causal, arch, True) == get_config(head, dtype, causal, arch)
+            base = get_config(head, dtype, causal, arch)
+            assert configs.wide_offsets_config(base, head, dtype, arch) == base

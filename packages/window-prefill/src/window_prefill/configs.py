@@ -12,8 +12,8 @@ Table key: ``(arch, head_dim_bucket, dtype_class, causal)`` with
 * ``dtype_class``: ``"16bit"`` (fp16, bf16) or ``"fp32"``;
 * ``causal``: bool.
 
-Value: :class:`Config` ``(block_m, block_n, num_warps, num_stages)``. Calls with 64-bit token
-offsets (K or V past 2**31 elements) change a few fields of their entry (``_WIDE_OFFSETS_OVERRIDES``).
+Value: :class:`Config` ``(block_m, block_n, num_warps, num_stages)``. The plan changes a few fields
+of an entry for calls with 64-bit token offsets (K or V past 2**31 elements): :func:`wide_offsets_config`.
 """
 
 from __future__ import annotations
@@ -189,12 +189,18 @@ def detect_arch(device: torch.device | str | None = None) -> str:
 
 
 @functools.cache
-def get_config(
-    head_dim: int, dtype: torch.dtype, causal: bool, arch: str, wide_offsets: bool = False
-) -> Config:
-    """The shipped :class:`Config` for this problem class on ``arch`` (unknown archs use "default");
-    ``wide_offsets``: the call runs 64-bit token offsets (the fields of ``_WIDE_OFFSETS_OVERRIDES``)."""
+def get_config(head_dim: int, dtype: torch.dtype, causal: bool, arch: str) -> Config:
+    """The shipped :class:`Config` for this problem class on ``arch`` (unknown archs use "default")."""
     key = (arch if arch in ARCHS else "default", head_dim_bucket(head_dim), dtype_class(dtype), bool(causal))
-    cfg = CONFIGS[key]
-    fields = _WIDE_OFFSETS_OVERRIDES.get(key[:3], {}) if wide_offsets else {}
+    return CONFIGS[key]
+
+
+def wide_offsets_config(cfg: Config, head_dim: int, dtype: torch.dtype, arch: str) -> Config:
+    """``cfg`` with the fields ``_WIDE_OFFSETS_OVERRIDES`` changes for a call with 64-bit token offsets
+    (the plan's choice: the 128-row tile spills there). The query tile changes the rows' rounding, so
+    at head 256 on sm90 a call whose K or V passes 2**31 elements is not bitwise the same as a smaller
+    one (as the plan's Gluon / Triton choice by window width already makes rows depend on the width a
+    call's ``max_len`` allows)."""
+    key = (arch if arch in ARCHS else "default", head_dim_bucket(head_dim), dtype_class(dtype))
+    fields = _WIDE_OFFSETS_OVERRIDES.get(key, {})
     return cfg._replace(**fields) if fields else cfg

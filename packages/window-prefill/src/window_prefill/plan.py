@@ -10,7 +10,7 @@ says, and benchmarks run a changed plan (:meth:`~prefill_runtime.LaunchPlan.repl
 
 Rules, first match wins (tiles: :data:`window_prefill.configs.CONFIGS`, per architecture, head-size
 bucket, dtype class and causality, with a few fields changed for 64-bit offsets
-(:func:`window_prefill.configs.get_config`); an explicit ``config`` replaces the table entry):
+(:func:`window_prefill.configs.wide_offsets_config`); an explicit ``config`` replaces the table entry):
 
 ==========  =========================================================================================
 kernel      when
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill_runtime import LaunchPlan
-from window_prefill.configs import Config, block_d, get_config
+from window_prefill.configs import Config, block_d, get_config, wide_offsets_config
 
 # A row must see at least this many keys (its window, capped by the longest sequence) for the Gluon
 # kernel: its 128-row tiles pay a fixed cost per program that narrow bands do not repay.
@@ -154,7 +154,9 @@ def plan(problem: Problem) -> LaunchPlan:
     if p.config is not None:
         cfg, source = p.config, "the given config"
     else:
-        cfg = get_config(p.head_dim, p.dtype, p.causal, p.arch, p.wide_offsets)
+        cfg = get_config(p.head_dim, p.dtype, p.causal, p.arch)
+        if p.wide_offsets:
+            cfg = wide_offsets_config(cfg, p.head_dim, p.dtype, p.arch)
         source = f"the {p.arch} table"
     why_not = _gluon_refusal(p, cfg)
     if why_not is not None:
