@@ -30,8 +30,9 @@ Modules, each owning one concern (every public name below is importable from ``p
 * :mod:`~prefill_runtime.compiled_launch`: :class:`~prefill_runtime.compiled_launch.CompiledLaunches` (a
   kernel's compiled variants launched directly, by the caller's key; their frames, the C-launcher
   arguments of a warm call with per-call slots).
-* :mod:`~prefill_runtime.signatures`: the call-signature key parts both public APIs build and
-  :class:`~prefill_runtime.signatures.Seen` (the bounded table of signatures seen before).
+* :mod:`~prefill_runtime.signatures`: the call-signature key parts both public APIs build,
+  :class:`~prefill_runtime.signatures.Seen` (the bounded table of signatures seen before) and
+  :func:`~prefill_runtime.signatures.bump_versions` (the version counters of a launch's outputs).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.16,<1``.

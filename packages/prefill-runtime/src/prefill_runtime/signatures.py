@@ -81,3 +81,14 @@ class Seen:
             self.entries[key] = prepared
         except TypeError:
             pass
+
+
+def bump_versions(
+    out: torch.Tensor, lse: torch.Tensor | None = None, status: torch.Tensor | None = None
+) -> None:
+    """The autograd version counters of the tensors a launch wrote (``lse``, ``status`` where given), in
+    one call (a no-op for inference-mode tensors)."""
+    if lse is None and status is None:
+        torch.autograd.graph.increment_version(out)
+    else:
+        torch.autograd.graph.increment_version([t for t in (out, lse, status) if t is not None])

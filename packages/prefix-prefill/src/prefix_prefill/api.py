@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from prefill_runtime import LaunchPlan, check_lse
+from prefill_runtime.signatures import bump_versions
 from prefill_runtime.status import check_status
 from prefill_runtime.vllm_plugin import ENV_VAR as _PLUGIN_ENV
 from prefix_prefill import checks, launch, ops, signatures
@@ -125,7 +126,7 @@ def _run(
             status=status,
             prepared=prepared,
         )
-    ops.bump_versions(o, lse, status)
+    bump_versions(o, lse, status)
     if prepared:
         signatures.SEEN.remember(key, prepared[0])
 

@@ -49,6 +49,7 @@ import torch
 
 from paged_kv_offsets import LAYOUTS, describe_kv_cache
 from prefill_runtime.compiled_launch import launch_directly
+from prefill_runtime.signatures import bump_versions
 from prefix_prefill import launch
 
 #: Whether the public functions launch without the op (eager mode, no Python dispatch mode).
@@ -113,15 +114,6 @@ def _fwd_impl(
             skip_decode=skip_decode, softcap=softcap, lse=lse, status=status,
         )  # fmt: skip
     bump_versions(out, lse, status)
-
-
-def bump_versions(out: torch.Tensor, lse: torch.Tensor | None, status: torch.Tensor | None = None) -> None:
-    """The autograd version counters of the tensors a launch wrote (a no-op for inference-mode tensors),
-    in one call."""
-    if lse is None and status is None:
-        torch.autograd.graph.increment_version(out)
-    else:
-        torch.autograd.graph.increment_version([t for t in (out, lse, status) if t is not None])
 
 
 def _fwd_fake(*args: object, **kwargs: object) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_runtime.signatures import Seen, index_key, rows_key, table_key, whole_key
+from prefill_runtime.signatures import Seen, bump_versions, index_key, rows_key, table_key, whole_key
 from prefix_prefill import checks, gluon_launch, launch, ops
 from prefix_prefill.checks import FP8_DTYPES, Scale
 
@@ -32,7 +32,7 @@ def vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b
                 whole_key(v_cache), table_key(b_loc), index_key(b_start_loc), index_key(b_seq_len),
                 whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None, whole_key(alibi),
                 sliding_window, sm_scale, skip_decode, whole_key(fp8_out_scale), whole_key(sinks),
-                causal, None if status is None else whole_key(status))  # fmt: skip
+                causal, whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -52,7 +52,7 @@ def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causa
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(alibi),
                 whole_key(sinks), whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None,
                 kv_layout, softcap, rows_key(out), return_lse, lse_key,
-                None if status is None else whole_key(status))  # fmt: skip
+                whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -106,7 +106,7 @@ def repeat(
         prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale,
         lse, status, prep.options(sinks, alibi),
     ):  # fmt: skip
-        ops.bump_versions(o, lse, status)
+        bump_versions(o, lse, status)
         return True
     with ops.on_device(q.device):
         launch.run_prepared(
@@ -129,7 +129,7 @@ def repeat(
             lse,
             status,
         )
-    ops.bump_versions(o, lse, status)
+    bump_versions(o, lse, status)
     return True
 
 

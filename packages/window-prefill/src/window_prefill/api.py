@@ -26,7 +26,7 @@ import torch
 
 from prefill_runtime import LaunchPlan, check_lse
 from prefill_runtime.compiled_launch import launch_directly
-from prefill_runtime.signatures import Seen, index_key, rows_key, whole_key
+from prefill_runtime.signatures import Seen, bump_versions, index_key, rows_key, whole_key
 from prefill_runtime.status import check_status
 from window_prefill import launch, ops  # ops registers torch.ops.window_prefill.fwd
 from window_prefill.configs import MAX_HEAD_DIM, Config
@@ -165,7 +165,7 @@ def window_prefill(
                 if return_lse and lse is None:
                     lse = torch.empty((q.shape[1], tokens), dtype=torch.float32, device=q.device)
                 launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse, status)
-                _bump_versions(out, lse, status)
+                bump_versions(out, lse, status)
                 return (out, lse) if return_lse else out
     if out is None:
         _check_qkvo(q, k, v, q, "out")
@@ -328,7 +328,7 @@ def context_attention_fwd(
                 launch.repeat(
                     prep, q, k, v, o, b_start_loc, b_seq_len, max_input_len, batch, sinks, None, status
                 )
-                torch.autograd.graph.increment_version(o if status is None else (o, status))
+                bump_versions(o, None, status)
                 return o
     _check_qkvo(q, k, v, o, "o")
     status = check_status(status, q.device)
@@ -387,7 +387,7 @@ def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sink
         return ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out), index_key(cu_seqlens), causal,
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(sinks),
                 sinks_mode, softcap, return_lse, lse_key,
-                None if status is None else whole_key(status))  # fmt: skip
+                whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -398,18 +398,9 @@ def _caf_key(q, k, v, o, b_start_loc, b_seq_len, is_causal, softmax_scale, slidi
     try:
         return ("caf", rows_key(q), rows_key(k), rows_key(v), rows_key(o), index_key(b_start_loc),
                 index_key(b_seq_len), is_causal, softmax_scale, sliding_window_q, sliding_window_k,
-                whole_key(sinks), sinks_bias_key0, None if status is None else whole_key(status))  # fmt: skip
+                whole_key(sinks), sinks_bias_key0, whole_key(status))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
-
-
-def _bump_versions(out: torch.Tensor, lse: torch.Tensor | None, status: torch.Tensor | None) -> None:
-    """The autograd version counters of the tensors a warm call wrote (a no-op for inference-mode
-    tensors), in one call."""
-    if lse is None and status is None:
-        torch.autograd.graph.increment_version(out)
-    else:
-        torch.autograd.graph.increment_version([t for t in (out, lse, status) if t is not None])
 
 
 # ------------------------------------------------------------------------------- host-side checks

@@ -47,6 +47,7 @@ import contextlib
 import torch
 
 from prefill_runtime.compiled_launch import launch_directly
+from prefill_runtime.signatures import bump_versions
 from window_prefill import launch
 from window_prefill.configs import Config
 
@@ -112,10 +113,7 @@ def _fwd_impl(
             window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, bias_key0=sinks_bias_key0,
             config=config, softcap=softcap, lse=lse, status=status,
         )  # fmt: skip
-    torch.autograd.graph.increment_version(out)  # a no-op for inference-mode tensors
-    for t in (lse, status):
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
+    bump_versions(out, lse, status)
 
 
 def _fwd_fake(*args: object, **kwargs: object) -> None:
