@@ -107,6 +107,7 @@ def _fake_sm90():
     ]
     torch._C._cuda_getCurrentRawStream = lambda index: 0
     torch.cuda.current_device = lambda: -1  # (a CPU tensor's get_device(): the calls' device is current)
+    torch._C._cuda_getDevice = lambda: -1  # (the same, as the warm paths ask it; absent from CPU builds)
     launch_kernels = {}
     for name in ("_NHD", "_SPLIT"):
         real = getattr(gluon_launch, name)

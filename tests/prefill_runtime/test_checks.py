@@ -1,14 +1,16 @@
-"""prefill_runtime.checks: the soft-capping form a kernel compiles for a device, and the LSE buffer of a
-``return_lse=True`` call."""
+"""prefill_runtime.checks: the soft-capping form a kernel compiles for a device, the LSE buffer of a
+``return_lse=True`` call and the validation switch."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
 import torch
 
 from prefill_runtime import check_lse, softcap_form
+from prefill_runtime.checks import _environ_reader, validate_requested
 
 
 def test_softcap_form(monkeypatch):
@@ -57,3 +59,30 @@ def test_check_lse():
         check_lse(True, torch.empty(3, 5, device="meta"), q)
     with pytest.raises(ValueError, match="unit stride"):
         check_lse(True, torch.empty(5, 3).t(), q)
+
+
+def test_validate_requested_reads_the_environment_per_call(monkeypatch):
+    """``validate`` true, or ``PREFILL_VALIDATE`` exactly "1" when the call is made (set, changed and
+    removed after import)."""
+    for value, expected in ((None, False), ("1", True), ("0", False), ("true", False), ("1", True)):
+        if value is None:
+            monkeypatch.delenv("PREFILL_VALIDATE", raising=False)
+        else:
+            monkeypatch.setenv("PREFILL_VALIDATE", value)
+        assert validate_requested(False) is expected, value
+        assert validate_requested(True) is True
+    monkeypatch.delenv("PREFILL_VALIDATE")
+    assert validate_requested(0) is False and validate_requested(1) is True
+
+
+def test_environ_reader_forms():
+    """The reader over CPython's ``os.environ`` (its encoded store) and over a plain mapping (the
+    ``get`` form) answer alike as the mapping changes."""
+    plain: dict = {}
+    read = _environ_reader(plain)
+    assert read() is False
+    plain["PREFILL_VALIDATE"] = "1"
+    assert read() is True
+    plain["PREFILL_VALIDATE"] = "0"
+    assert read() is False
+    assert _environ_reader(os.environ).__code__ is not read.__code__  # (the encoded-store form here)

@@ -35,7 +35,8 @@ def test_frame_writes_the_per_call_slots():
     assert got[5] == ("map", 1000, (37, 128), 1) and got[6] == 37
     assert got[10] == ("map", 2000, (8, 37), 2) and got[12] == 37
     assert got[15:] == [7, 8] and len(fills) == 2
-    assert frame._template[5] is None and frame._template[6] == 64  # the template itself is untouched
+    template = frame._state[0]  # (the first entry of the state a call reads)
+    assert template[5] is None and template[6] == 64  # the template itself is untouched
 
 
 def test_frame_fills_again_only_when_pointer_or_tokens_change():

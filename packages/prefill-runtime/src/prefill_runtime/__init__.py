@@ -13,7 +13,8 @@ Modules, each owning one concern (every public name below is importable from ``p
 * :mod:`~prefill_runtime.tiers`: :class:`CompileTiers` (a quick-compiling form of a kernel for first
   calls, the full form compiled in the background).
 * :mod:`~prefill_runtime.checks`: :func:`softcap_form` (which soft-capping form a kernel compiles for a
-  device), :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call).
+  device), :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call),
+  :func:`~prefill_runtime.checks.validate_requested` (``validate=True`` or ``PREFILL_VALIDATE=1``).
 * :mod:`~prefill_runtime.gluon_host`: the Gluon kernels' host side: :func:`gluon_applies`,
   :func:`gluon_token_rows` / :func:`gluon_descriptor` (TMA descriptors; Gluon imported on first use),
   :func:`gluon_try_launch` (a launch that falls back on failure).
@@ -35,10 +36,10 @@ Modules, each owning one concern (every public name below is importable from ``p
   :func:`~prefill_runtime.signatures.bump_versions` (the version counters of a launch's outputs).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
-Versioned on its own: the kernel packages pin ``prefill-runtime>=0.16,<1``.
+Versioned on its own: the kernel packages pin ``prefill-runtime>=0.17,<1``.
 """
 
-__version__ = "0.16.0"
+__version__ = "0.17.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles

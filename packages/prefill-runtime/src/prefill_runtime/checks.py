@@ -1,13 +1,44 @@
-"""Per-call argument helpers both kernel packages share: the soft-capping form and the LSE buffer.
+"""Per-call argument helpers both kernel packages share: the soft-capping form, the LSE buffer and the
+validation switch.
 
-Owns :func:`softcap_form` (which ``SOFTCAP`` constexpr a kernel compiles for a device) and
+Owns :func:`softcap_form` (which ``SOFTCAP`` constexpr a kernel compiles for a device),
 :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call, allocated or checked,
-with errors that name the argument).
+with errors that name the argument) and :func:`validate_requested` (``validate=True`` or the
+environment variable ``PREFILL_VALIDATE=1``, read on every call).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+ENV_VALIDATE = "PREFILL_VALIDATE"
+
+
+def _environ_reader(env=os.environ):
+    """A zero-argument function answering whether ``PREFILL_VALIDATE`` is ``"1"`` in ``env`` now.
+    ``os.environ.get`` encodes the key and decodes the value on every call (about a microsecond, a few
+    percent of a warm call); CPython's ``os._Environ`` keeps the encoded mapping it updates on every
+    assignment and deletion in ``_data``, so where that structure is present the reader looks the
+    encoded key up there (the same value, a dict lookup). Anywhere else it calls ``env.get``."""
+    data = getattr(env, "_data", None)
+    encodekey = getattr(env, "encodekey", None)
+    encodevalue = getattr(env, "encodevalue", None)
+    if isinstance(data, dict) and callable(encodekey) and callable(encodevalue):
+        key, one = encodekey(ENV_VALIDATE), encodevalue("1")
+        if (data.get(key) == one) == (env.get(ENV_VALIDATE) == "1"):  # (the structure as described)
+            return lambda: data.get(key) == one
+    return lambda: env.get(ENV_VALIDATE, "0") == "1"
+
+
+_ENV_SET = _environ_reader()
+
+
+def validate_requested(validate: object) -> bool:
+    """Whether a call runs the checks that read device values: ``validate`` true, or the environment
+    variable ``PREFILL_VALIDATE`` is ``"1"`` at the time of the call."""
+    return bool(validate) or _ENV_SET()
 
 
 def softcap_form(softcap: float, q: torch.Tensor, fast: bool = True) -> int:

@@ -204,13 +204,17 @@ class Frame:
     previous fill reuses that fill (an engine layer called again over the same buffers fills nothing).
     Plain per-call arguments are passed as given (an int pointer, a tensor, an int, None)."""
 
-    __slots__ = ("_c", "_descs", "_fill", "_kernel", "_last", "_plain", "_template")
+    __slots__ = ("_descs", "_fill", "_kernel", "_state")
 
     def __init__(self, kernel, c_launch, template: list, descs: list, plain: list, fill) -> None:
         self._kernel = kernel  # (its module stays loaded while the frame lives)
-        self._c, self._template, self._descs, self._plain, self._fill = c_launch, template, descs, plain, fill
-        # per descriptor: its last fill as (pointer, tokens, filled CUtensorMap), or None
-        self._last: list = [None] * len(descs)
+        self._descs, self._fill = descs, fill
+        # what a call reads, in one tuple (one attribute read): the template, the C launcher, the
+        # plain slots, and per descriptor its slot, the slot of its token-count dimension and its last
+        # fill as the key (pointer, tokens) and the filled CUtensorMap (None before the first)
+        n = len(descs)
+        slots, token_slots = [d[0] for d in descs], [d[0] + 1 + d[1] for d in descs]
+        self._state = (template, c_launch, plain, range(n), slots, token_slots, [None] * n, [None] * n)
 
     def __call__(
         self, grid0: int, grid1: int, grid2: int, stream: int, tokens: int, bases: Sequence, plain: Sequence
@@ -218,25 +222,25 @@ class Frame:
         """Launch on ``grid``: ``bases`` are the data pointers of the per-call descriptors' tensors (at
         least one a descriptor, in the order the frame was made with; any past them are unused), each of
         ``tokens`` rows; ``plain`` the per-call plain arguments, in their order."""
-        final = self._template.copy()
-        final[0], final[1], final[2], final[3] = grid0, grid1, grid2, stream
-        last = self._last
-        for j, ptr, (slot, dim, shape, strides, swizzle, elem, dtype, block) in zip(
-            range(len(last)), bases, self._descs, strict=False
-        ):
-            seen = last[j]
-            if seen is not None and seen[0] == ptr and seen[1] == tokens:
-                final[slot] = seen[2]
-            else:
+        template, c_launch, plain_slots, descs, slots, token_slots, keys, fills = self._state
+        final = template.copy()
+        final[0] = grid0
+        final[1] = grid1
+        final[2] = grid2
+        final[3] = stream
+        for j in descs:
+            ptr = bases[j]
+            if keys[j] != (ptr, tokens):  # (a new pointer or token count: fill it again)
+                _, dim, shape, strides, swizzle, elem, dtype, block = self._descs[j]
                 shape = shape.copy()
                 shape[dim] = tokens
-                filled = self._fill(ptr, swizzle, elem, dtype, block, shape, strides, 0)
-                last[j] = (ptr, tokens, filled)
-                final[slot] = filled
-            final[slot + 1 + dim] = tokens
-        for slot, value in zip(self._plain, plain, strict=True):
+                fills[j] = self._fill(ptr, swizzle, elem, dtype, block, shape, strides, 0)
+                keys[j] = (ptr, tokens)
+            final[slots[j]] = fills[j]
+            final[token_slots[j]] = tokens
+        for slot, value in zip(plain_slots, plain, strict=True):
             final[slot] = value
-        self._c(*final)
+        c_launch(*final)
 
 
 class VariantMismatch(AssertionError):

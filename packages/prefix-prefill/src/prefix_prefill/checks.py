@@ -8,12 +8,12 @@ or value) naming the argument and what was expected, before anything is launched
 from __future__ import annotations
 
 import math
-import os
 from typing import Union
 
 import torch
 
 from paged_kv_offsets import LAYOUTS, CacheView, describe_kv_cache, validate_block_table
+from prefill_runtime.checks import validate_requested
 from prefix_prefill.configs import MAX_GRID_YZ, MAX_HEAD_SIZE, detect_arch
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -129,8 +129,7 @@ def _layout_hint(k_cache: torch.Tensor, v_cache: torch.Tensor, layout: str, head
     return ""
 
 
-def validate_enabled(validate: bool) -> bool:
-    return bool(validate) or os.environ.get("PREFILL_VALIDATE", "0") == "1"
+validate_enabled = validate_requested  # (``validate=True`` or ``PREFILL_VALIDATE=1``, per call)
 
 
 def check_inputs(

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 import torch
 
 from prefill_runtime import LaunchPlan, check_lse
+from prefill_runtime.checks import validate_requested
 from prefill_runtime.compiled_launch import launch_directly
 from prefill_runtime.signatures import Seen, bump_versions, index_key, rows_key, whole_key
 from prefill_runtime.status import check_status
@@ -253,7 +253,7 @@ def _window_args(q, cu_seqlens, max_seqlen, window, softmax_scale, sinks, sinks_
     sinks_t = _check_sinks(sinks, q.shape[1], q.device)
     scale = _check_scale(softmax_scale, q.shape[2])
     cap = _check_softcap(softcap)
-    if _validate_requested(validate):
+    if validate_requested(validate):
         _validate_cu_seqlens(cu, max_len, q.shape[0])
     # the op takes int64 windows: any width past the cap is unbounded
     left, right = min(left, _UNBOUNDED_WINDOW), min(right, _UNBOUNDED_WINDOW)
@@ -346,7 +346,7 @@ def context_attention_fwd(
     right = _vllm_window("sliding_window_k", sliding_window_k)
     sinks_t = _check_sinks(sinks, q.shape[1], q.device)
     scale = _check_scale(softmax_scale, q.shape[2])
-    if _validate_requested(validate):
+    if validate_requested(validate):
         _validate_starts_lens(starts, lens, max_len, q.shape[0])
     left, right = min(left, _UNBOUNDED_WINDOW), min(right, _UNBOUNDED_WINDOW)  # (the op takes int64: any
     # width past the cap is unbounded)
@@ -372,7 +372,7 @@ def _may_repeat(q: object, config: object, validate: bool) -> bool:
         isinstance(q, torch.Tensor)
         and config is None
         and launch_directly()
-        and not _validate_requested(validate)
+        and not validate_requested(validate)
     )
 
 
@@ -407,10 +407,6 @@ def _caf_key(q, k, v, o, b_start_loc, b_seq_len, is_causal, softmax_scale, slidi
 def _check_batch(batch: int) -> None:
     if batch > _MAX_BATCH:
         raise ValueError(f"batch must be <= {_MAX_BATCH} sequences, got {batch}")
-
-
-def _validate_requested(validate: bool) -> bool:
-    return bool(validate) or os.environ.get("PREFILL_VALIDATE", "0") == "1"
 
 
 # the documented shape of each tensor argument, for the messages
