@@ -104,6 +104,7 @@ def _prefix_rows(target: str) -> list[Case]:
             c(exact, "bf16", "hnd", 1056, "k_none", wide=True),
             c(exact, "bf16", "split", 544, "sliding_sinks", wide=True),
             c(exact, "fp16", "split", 16, "sliding_sinks", cache="fp8", out="fp8"),
+            c(exact, "bf16", "nhd", 16, "causal", cache="fp8"),  # the usual fp8-cache call
             c(small, "fp16", "hnd", 1, "causal"),
             c(small, "bf16", "nhd", 544, "alibi"),
             c(small, "fp16", "split", 16, "bidirectional"),

@@ -81,7 +81,7 @@ def _work(item: tuple[int, object]) -> tuple[int, dict]:
     """Compile the launch of one job's case (in a worker): its row without the grouping columns."""
     import cc_compile
     import cc_matrix
-    from cc_targets import GLUON_SPILL_BYTES, TARGETS, verdict
+    from cc_targets import GLUON_SPILL_BYTES, TARGETS, triton_spill_budget, verdict
 
     index, case = item
     target = TARGETS[case.target]
@@ -99,8 +99,11 @@ def _work(item: tuple[int, object]) -> tuple[int, dict]:
         return index, {**row, "verdict": f"FAIL: compile error: {type(exc).__name__}: {msg}"}
     gluon = launch.plan.kernel.startswith("gluon")
     offered, why = cc_matrix.gluon_offered(case.package) if gluon else (True, "")
-    programs, bad = verdict(target, res, gluon=gluon, offered=offered)
+    budget = 0 if gluon else triton_spill_budget(case.target, case.package, case.head, case.dtype, case.cache)
+    programs, bad = verdict(target, res, gluon=gluon, offered=offered, spill_budget=budget)
     ok = "pass (Gluon spills reported)" if gluon and res.spills else "pass"
+    if budget and res.spills:
+        ok = f"pass (timed tile: spills {res.spills} B <= {budget} B)"
     if gluon and res.spills and not offered:  # (cc_targets: the spill verdict binds where the plan picks it)
         over = f" > {GLUON_SPILL_BYTES} B" if res.spills > GLUON_SPILL_BYTES else ""
         ok = f"pass (Gluon spills {res.spills} B{over}, informational: not planned on this Triton: {why})"

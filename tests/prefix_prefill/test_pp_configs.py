@@ -97,7 +97,8 @@ def test_buckets_and_classes():
 
 def test_narrow_heads_and_fp8_caches_change_only_their_fields():
     """Heads below the 16-wide feature tile (sm80, 16-bit) run one stage, fp8 caches at head 256 on
-    sm90 16-key tiles; every other field, and every other class, keeps the table's entry."""
+    sm90 with 16-bit q 128/64/64 tiles (fp32 q keeps its own); every other field, and every other
+    class, keeps the table's entry."""
     for dtype in (torch.float16, torch.bfloat16):
         base = get_config("sm80", 32, dtype, 16)
         assert get_config("sm80", 8, dtype, 16) == KernelConfig(**{**base.as_dict(), "num_stages": 1})
@@ -106,9 +107,13 @@ def test_narrow_heads_and_fp8_caches_change_only_their_fields():
             assert get_config(arch, 8, dtype, 16) == get_config(arch, 32, dtype, 16)
     assert get_config("sm80", 8, torch.float32, 16) == get_config("sm80", 32, torch.float32, 16)
     for head in (192, 256):
-        plain = get_config("sm90", head, torch.float16, 16)
-        fp8 = get_config("sm90", head, torch.float16, 16, cache_fp8=True)
-        assert fp8 == KernelConfig(plain.BLOCK_M, 16, 16, plain.num_warps, plain.num_stages)
+        for dtype in (torch.float16, torch.bfloat16):
+            plain = get_config("sm90", head, dtype, 16)
+            fp8 = get_config("sm90", head, dtype, 16, cache_fp8=True)
+            assert fp8 == KernelConfig(128, 64, 64, plain.num_warps, plain.num_stages)
+        assert get_config("sm90", head, torch.float32, 16, cache_fp8=True) == get_config(
+            "sm90", head, torch.float32, 16
+        )
     for arch, head in (("sm90", 128), ("sm90", 64), ("sm80", 256), ("sm100", 256), ("gfx950", 256)):
         assert get_config(arch, head, torch.float16, 16, cache_fp8=True) == get_config(
             arch, head, torch.float16, 16

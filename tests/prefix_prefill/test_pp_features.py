@@ -501,12 +501,27 @@ def test_negative_control_harness_catches_wrong_kernels():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page", [16, 544, 1056])
 def test_gpu_fp8(cache_dtype, dtype, page):
+    _check_fp8(cache_dtype, dtype, page, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_dtype", [FP8_E4M3, FP8_E5M2, torch.uint8])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page", [16, 544, 1056])
+def test_gpu_fp8_head256(cache_dtype, dtype, page):
+    """The fp8-cache tile of 16-bit q at head 256 (sm90: ``configs._FP8_CACHE_OVERRIDES``, 128/64/64;
+    fp32 q keeps its table entry, the tile of its other head-256 calls)."""
+    _check_fp8(cache_dtype, dtype, page, 256)
+
+
+def _check_fp8(cache_dtype, dtype, page, head_size):
+    """fp8 caches (e4m3, e5m2, vLLM's uint8) against the reference, plain and with ALiBi and a window."""
     seqs = random_seqs(4, 2000, 400)
     case = make_case(
         seqs,
         num_heads=8,
         num_kv_heads=2,
-        head_size=128,
+        head_size=head_size,
         page=page,
         dtype=dtype,
         device=DEVICE,
