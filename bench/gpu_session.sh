@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -13,6 +13,9 @@
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
 #  features: bench/feature_cost.py, each model feature's cost against the plain call (FEATURE_ARGS,
 #  default --quick; the full table: FEATURE_ARGS="--heads 128", then "--heads 256");
+#  anchors: bench/anchors.py, ours beside FlashAttention-3 and FlashInfer (issue 47's rows; the peer
+#  wheels installed from WHEELS, default .wheels/, a git-ignored copy of ../shared/peers/wheels/ named in
+#  the call's carry; without them the peers' rows are notes);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside
 #  pytest on TEST_PATHS, then first-call times if FIRST=1;
 #  ncu: Nsight Compute (--set full, clocks as they are) of the prefix kernel (NCU_KERNEL regex, default
@@ -201,6 +204,17 @@ if [[ $what == features ]]; then
   res=$OUT/res; mkdir -p "$res"
   timeout ${BENCH_TIMEOUT:-560} python3 bench/feature_cost.py --out "$res" ${FEATURE_ARGS:---quick} "$@" 2>&1 \
     | tee "$res/feature_cost.log" | grep -E "feature=|wrote|Error"
+  rc=${PIPESTATUS[0]}
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == anchors ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  if ls "${WHEELS:-.wheels}"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers-site "${WHEELS:-.wheels}"/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/peers-site" FLASHINFER_WORKSPACE_BASE="$PWD/.flashinfer"
+  fi
+  timeout ${BENCH_TIMEOUT:-560} python3 bench/anchors.py --out "$res" "$@" 2>&1 | tee "$res/anchors.log" \
+    | grep -vE "Warning|warn\("
   rc=${PIPESTATUS[0]}
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi

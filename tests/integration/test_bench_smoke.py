@@ -239,3 +239,13 @@ def test_feature_cost_smoke(tmp_path):
     for ctx, new, left in ((0, 50, -1), (0, 50, 7), (30, 20, 7), (5, 40, 12), (40, 9, 100), (3, 1, 0)):
         brute = sum(1 for p in range(ctx, ctx + new) for j in range(p + 1) if left < 0 or p - j <= left)
         assert mod.visible_pairs(ctx, new, left) == brute, (ctx, new, left)
+
+
+def test_anchors_smoke(tmp_path):
+    """bench/anchors.py, ours beside FlashAttention-3 and FlashInfer: on the CPU ours alone, one row per
+    implementation and problem, the peers named as a note."""
+    proc = _bench("anchors.py", "--smoke", "--out", str(tmp_path))
+    md = (tmp_path / "anchors.md").read_text()
+    for row, impl in (("causal8k", "ours"), ("window32k", "ours"), ("llama", "ours"), ("llama", "ours_kv")):
+        assert f"| {row} | {impl} |" in md, md
+    assert "peers: no CUDA device" in md and "wrote" in proc.stdout

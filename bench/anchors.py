@@ -1,0 +1,304 @@
+"""Our kernels beside the Hopper anchors, FlashAttention-3 and FlashInfer, in one process (issue 47's table).
+
+    python bench/anchors.py --out DIR [--rounds 3] [--rows causal8k,short1k,...]
+    python bench/anchors.py --smoke --out DIR      # CPU: Triton interpreter, tiny shapes, ours only
+
+Writes DIR/anchors.{csv,md} (rewritten after each row, so a run cut by its time limit keeps what it
+measured) and prints one line per implementation.
+
+Rows (bf16; ``useful`` FLOPs = visible (query, key) pairs * heads * 4 * head size):
+  causal8k    one 8192-token causal sequence, 32 q / 8 kv heads, head 128 (``window_prefill``)
+  short1k     16 causal sequences of 1024 tokens, 32/8, head 128 (``window_prefill``)
+  short2k     16 causal sequences of 2048 tokens, 32/8, head 128 (``window_prefill``)
+  window32k   one 32768-token causal sequence, left window 4095, 32/8, head 128 (``window_prefill``)
+  llama       8 x (4096 cached + 4096 new) tokens, 32/8, head 128, NHD cache, page 16 (``prefix_prefill``)
+  qwen        4 x (8192 cached + 2048 new) tokens, 16/2, head 256, NHD cache, page 16 (``prefix_prefill``)
+
+Implementations, each timed by ``triton.testing.do_bench`` medians in ``--rounds`` passes (the
+implementations' order rotated each pass; the median pass reported):
+  ours        the row's function, after ``finish_compiles()`` (prefix rows: ``k=None``, every token's
+              K/V read from the paged cache, the same data the peers read)
+  ours_kv     prefix rows: the new tokens' K/V given as tensors (an engine's usual call)
+  fa3         ``fa3_fwd_interface.flash_attn_varlen_func`` (FlashAttention-3's Hopper forward, wheel
+              0.0.3): contiguous K/V (the wheel has no paged KV and no local attention: prefix rows run
+              on the gathered cache, an upper bound for paging; no window row)
+  flashinfer  FlashInfer 0.7.2, FA3 backend: ``BatchPrefillWithRaggedKVCacheWrapper`` (varlen rows),
+              ``BatchPrefillWithPagedKVCacheWrapper`` over our NHD cache and block table (prefix rows);
+              planned once per row, the run timed
+A peer that cannot be imported or fails is a row note, not an error. ``x_fa3`` / ``x_flashinfer``: the
+peer's time over ours (> 1: ours is faster); ``diff_vs_ours``: max |peer - ours| on the row (a peer
+called wrongly shows here). The peers come from ``../shared/peers/wheels/`` (install them into a folder
+on ``PYTHONPATH``, see that folder's README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import attn_flops, settle, start, tflops, uniform_prefix_problem, write_rows
+
+SMOKE = "--smoke" in sys.argv
+start(interpret=SMOKE)
+
+import torch  # noqa: E402
+
+PEERS = ("fa3", "flashinfer")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One problem: ``kind`` "varlen" (``seqs`` sequences of ``tokens``, ``left`` window or -1) or
+    "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), NHD cache of ``page``)."""
+
+    name: str
+    kind: str
+    seqs: int
+    tokens: int
+    heads: int
+    kv_heads: int
+    head: int
+    left: int = -1
+    ctx: int = 0
+    page: int = 16
+
+
+ROWS = [
+    Row("causal8k", "varlen", 1, 8192, 32, 8, 128),
+    Row("short1k", "varlen", 16, 1024, 32, 8, 128),
+    Row("short2k", "varlen", 16, 2048, 32, 8, 128),
+    Row("window32k", "varlen", 1, 32768, 32, 8, 128, left=4095),
+    Row("llama", "prefix", 8, 4096, 32, 8, 128, ctx=4096),
+    Row("qwen", "prefix", 4, 2048, 16, 2, 256, ctx=8192),
+]
+SMOKE_ROWS = [
+    Row("causal8k", "varlen", 1, 48, 2, 1, 64),
+    Row("window32k", "varlen", 2, 40, 2, 1, 64, left=7),
+    Row("llama", "prefix", 2, 16, 2, 1, 64, ctx=24),
+]
+
+
+def visible_pairs(row: Row) -> int:
+    """Visible (query, key) pairs of the row, all sequences: causal over ``ctx + tokens`` keys for the
+    ``tokens`` last queries, within ``left`` keys behind each query where a window is set."""
+    total = 0
+    for i in range(row.tokens):
+        seen = row.ctx + i + 1
+        total += seen if row.left < 0 else min(seen, row.left + 1)
+    return total * row.seqs
+
+
+# ------------------------------------------------------------------------------------- the calls
+def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
+    """``{impl: fn}`` (each ``fn()`` returns its output ``[tokens, heads, head]``) and notes."""
+    from window_prefill import window_prefill
+
+    n = row.seqs * row.tokens
+    q = torch.randn(n, row.heads, row.head, device=device, dtype=dtype)
+    k = torch.randn(n, row.kv_heads, row.head, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    cu = torch.arange(0, n + 1, row.tokens, dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+    calls = {"ours": lambda: window_prefill(q, k, v, cu, row.tokens, window=(row.left, -1), out=out)}
+    notes: list[str] = []
+    if device != "cuda":
+        return calls, ["peers: no CUDA device"]
+    if row.left < 0:
+        fa3 = _fa3(notes)
+        if fa3 is not None:
+            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, row.tokens, row.tokens, causal=True)
+    else:
+        notes.append("fa3: the wheel is built without local attention")
+    fi = _flashinfer(notes)
+    if fi is not None:
+        try:
+            w = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="fa3")
+            w.plan(cu, cu, row.heads, row.kv_heads, row.head, causal=True, window_left=row.left,
+                   q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
+            calls["flashinfer"] = lambda: w.run(q, k, v)
+        except Exception as e:  # a peer's failure is a note
+            notes.append(f"flashinfer: {type(e).__name__}: {str(e)[:120]}")
+    return calls, notes
+
+
+def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
+    """As :func:`varlen_calls` for a prefix row: every sequence's ``ctx + tokens`` keys are in the NHD
+    cache (block table a random permutation), read through it by ours and FlashInfer, and gathered into
+    contiguous K/V for FA3."""
+    from prefix_prefill import prefix_prefill
+
+    gen = torch.Generator().manual_seed(0)
+    p = uniform_prefix_problem(
+        torch, batch=row.seqs, heads=row.heads, kv_heads=row.kv_heads, head_dim=row.head, ctx=row.ctx,
+        new=row.tokens, page=row.page, layout="nhd", device=device, dtype=dtype, gen=gen,
+    )  # fmt: skip
+    q, kc, vc, bt, cu, sl = p["q"], p["k_cache"], p["v_cache"], p["block_table"], p["cu"], p["seq_lens"]
+    out, out_kv = torch.empty_like(q), torch.empty_like(q)
+    calls = {
+        "ours": lambda: prefix_prefill(q, None, None, kc, vc, bt, cu, sl, row.tokens, out=out),
+        "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, row.tokens, out=out_kv),
+    }
+    notes = ["ours_kv: other new-token K/V than the cache's (no diff)"]
+    if device != "cuda":
+        return calls, [*notes, "peers: no CUDA device"]
+    keys = row.ctx + row.tokens
+    pages = bt.shape[1]
+    fa3 = _fa3(notes)
+    if fa3 is not None:
+        # [seqs * keys, kv_heads, head]: each sequence's pages in order, cut to its keys
+        k_all = kc[bt.long()].reshape(row.seqs, pages * row.page, row.kv_heads, row.head)[:, :keys]
+        v_all = vc[bt.long()].reshape(row.seqs, pages * row.page, row.kv_heads, row.head)[:, :keys]
+        k_all, v_all = (
+            t.reshape(row.seqs * keys, row.kv_heads, row.head).contiguous() for t in (k_all, v_all)
+        )
+        cu_k = torch.arange(0, row.seqs * keys + 1, keys, dtype=torch.int32, device=device)
+        # (causal with more keys than queries: FlashAttention aligns the mask to the bottom right)
+        calls["fa3"] = lambda: fa3(q, k_all, v_all, cu, cu_k, row.tokens, keys, causal=True)
+    fi = _flashinfer(notes)
+    if fi is not None:
+        try:
+            w = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa3")
+            indptr = torch.arange(0, row.seqs * pages + 1, pages, dtype=torch.int32, device=device)
+            last = torch.full((row.seqs,), keys - (pages - 1) * row.page, dtype=torch.int32, device=device)
+            w.plan(cu, indptr, bt.reshape(-1).contiguous(), last, row.heads, row.kv_heads, row.head, row.page,
+                   causal=True, q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
+            calls["flashinfer"] = lambda: w.run(q, (kc, vc))
+        except Exception as e:
+            notes.append(f"flashinfer: {type(e).__name__}: {str(e)[:120]}")
+    return calls, notes
+
+
+def _fa3(notes: list[str]):
+    try:
+        from fa3_fwd_interface import flash_attn_varlen_func
+    except Exception as e:
+        notes.append(f"fa3: not importable ({type(e).__name__})")
+        return None
+    return flash_attn_varlen_func
+
+
+def _flashinfer(notes: list[str]):
+    try:
+        import flashinfer
+    except Exception as e:
+        notes.append(f"flashinfer: not importable ({type(e).__name__})")
+        return None
+    return flashinfer
+
+
+_WORKSPACE: dict = {}
+
+
+def _workspace(device: str) -> torch.Tensor:
+    """FlashInfer's float workspace (128 MB, its recommended size), one per process."""
+    if device not in _WORKSPACE:
+        _WORKSPACE[device] = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    return _WORKSPACE[device]
+
+
+# ------------------------------------------------------------------------------------- timing
+def time_row(row: Row, calls: dict, notes: list[str], rounds: int, device: str) -> list[dict]:
+    """One result row per implementation that ran (its first call checked against ours)."""
+    ref = calls["ours"]().float()
+    if device == "cuda":
+        from prefix_prefill import finish_compiles
+
+        torch.cuda.synchronize()
+        finish_compiles()
+    diffs, live = {}, {}
+    for impl, fn in calls.items():
+        try:
+            got = fn()
+            got = got[0] if isinstance(got, tuple) else got
+            diffs[impl] = float((got.float() - ref).abs().max()) if impl not in ("ours", "ours_kv") else None
+            live[impl] = fn
+        except Exception as e:
+            notes.append(f"{impl}: {type(e).__name__}: {str(e)[:120]}")
+    passes: dict[str, list[float]] = {impl: [] for impl in live}
+    order = list(live)
+    for r in range(rounds):
+        for impl in order[r % len(order) :] + order[: r % len(order)]:
+            passes[impl].append(_ms(live[impl], device))
+    flops = attn_flops(visible_pairs(row), row.head, row.heads)
+    ours_ms = statistics.median(passes["ours"])
+    rows = []
+    for impl, ms_all in passes.items():
+        ms = statistics.median(ms_all)
+        rows.append({
+            "row": row.name, "impl": impl, "ms": ms, "tflops": tflops(flops, ms),
+            "diff_vs_ours": "" if diffs[impl] is None else diffs[impl],
+            "passes_ms": "/".join(f"{m:.4g}" for m in ms_all), "note": "; ".join(notes),
+        })  # fmt: skip
+    peer_ms = {x["impl"]: x["ms"] for x in rows if x["impl"] in PEERS}
+    for x in rows:  # (every row has the columns; the ours row holds the ratios)
+        for peer in PEERS:
+            x[f"x_{peer}"] = peer_ms[peer] / ours_ms if x["impl"] == "ours" and peer in peer_ms else ""
+    return rows
+
+
+def print_row(r: dict) -> None:
+    """One line per implementation: ms, useful TFLOP/s, the difference from ours and the ratios."""
+    ratios = "  ".join(f"{k}={r[k]:.3g}" for k in ("x_fa3", "x_flashinfer") if isinstance(r.get(k), float))
+    diff = f"  diff={r['diff_vs_ours']:.3g}" if isinstance(r["diff_vs_ours"], float) else ""
+    line = f"{r['row']:10s} {r['impl']:11s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{diff}  {ratios}"
+    print(line, flush=True)
+
+
+def _ms(fn, device: str) -> float:
+    if device != "cuda":  # (smoke: one call, wall time; the interpreter's time means nothing)
+        import time
+
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton
+
+    settle()
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="directory for anchors.{csv,md}")
+    ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes, ours only")
+    ap.add_argument("--rounds", type=int, default=3, help="timing passes (>= 3; medians reported)")
+    ap.add_argument("--rows", default="", help=f"comma list of {', '.join(r.name for r in ROWS)}")
+    args = ap.parse_args(argv)
+    if args.rounds < 3 and not args.smoke:
+        ap.error("--rounds must be >= 3 (issue 47: medians of at least 3 rounds)")
+    table = SMOKE_ROWS if args.smoke else ROWS
+    wanted = set(args.rows.split(",")) if args.rows else None
+    if wanted and not wanted <= {r.name for r in table}:
+        ap.error(f"unknown rows {sorted(wanted - {r.name for r in table})}")
+    if args.smoke:
+        device, dtype, rounds = "cpu", torch.float16, 1
+    else:
+        if not torch.cuda.is_available():
+            print("this benchmark needs a CUDA device (or --smoke)", file=sys.stderr)
+            return 2
+        device, dtype, rounds = "cuda", torch.bfloat16, args.rounds
+    rows: list[dict] = []
+    for row in table:
+        if wanted and row.name not in wanted:
+            continue
+        build = varlen_calls if row.kind == "varlen" else prefix_calls
+        calls, notes = build(row, device, dtype)
+        new = time_row(row, calls, notes, rounds, device)
+        for r in new:
+            print_row(r)
+        rows += new
+        write_rows(args.out, "anchors", rows)  # after every row: a cut run keeps what it measured
+        del calls
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    print(f"# wrote {args.out / 'anchors.csv'} and .md", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
