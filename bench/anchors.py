@@ -34,6 +34,7 @@ on ``PYTHONPATH``, see that folder's README).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -173,22 +174,22 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     return calls, notes
 
 
-def _fa3(notes: list[str]):
+def _peer(peer: str, module: str, notes: list[str], attr: str | None = None):
+    """``module`` (or its ``attr``) for ``peer``, or None with a note where it cannot be imported."""
     try:
-        from fa3_fwd_interface import flash_attn_varlen_func
+        found = importlib.import_module(module)
     except Exception as e:
-        notes.append(f"fa3: not importable ({type(e).__name__})")
+        notes.append(f"{peer}: not importable ({type(e).__name__})")
         return None
-    return flash_attn_varlen_func
+    return getattr(found, attr) if attr else found
+
+
+def _fa3(notes: list[str]):
+    return _peer("fa3", "fa3_fwd_interface", notes, "flash_attn_varlen_func")
 
 
 def _flashinfer(notes: list[str]):
-    try:
-        import flashinfer
-    except Exception as e:
-        notes.append(f"flashinfer: not importable ({type(e).__name__})")
-        return None
-    return flashinfer
+    return _peer("flashinfer", "flashinfer", notes)
 
 
 _WORKSPACE: dict = {}
