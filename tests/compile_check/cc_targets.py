@@ -121,11 +121,13 @@ TIMED_SPILL_BYTES = {("sm90", "prefix", 256, "16bit", "fp8"): 384}
 
 def triton_spill_budget(target: str, package: str, head: int, dtype: str, cache: str | None) -> int:
     """The spill bytes a Triton kernel's form of this case may have (0 but for :data:`TIMED_SPILL_BYTES`);
-    ``dtype`` is q's (``fp16``, ``bf16``, ``fp32``), ``head`` the case's head size (its bucket: 64, 128,
-    256)."""
-    bucket = next((b for b in (64, 128, 256) if head <= b), head)
-    dtype_class = "fp32" if dtype == "fp32" else "16bit"
-    return TIMED_SPILL_BYTES.get((target, package, bucket, dtype_class, cache), 0)
+    ``dtype`` is q's as the matrix names it (``fp16``, ``bf16``, ``fp32``), ``head`` the case's head size
+    (its bucket and dtype class as prefix-prefill's config table keys them)."""
+    from cc_matrix import DTYPES  # (cc_matrix imports this module)
+
+    from prefix_prefill.configs import dtype_class, head_bucket
+
+    return TIMED_SPILL_BYTES.get((target, package, head_bucket(head), dtype_class(DTYPES[dtype]), cache), 0)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from prefill_runtime import LaunchPlan, check_lse
+from prefill_runtime.checks import validate_requested
 from prefill_runtime.signatures import bump_versions
 from prefill_runtime.status import check_status
 from prefill_runtime.vllm_plugin import ENV_VAR as _PLUGIN_ENV
@@ -265,7 +266,7 @@ def context_attention_fwd(
         )
     if is_block_table_ptr:
         b_loc = _block_ids(b_loc, k_cache)
-    fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
+    fast = isinstance(q, torch.Tensor) and ops.direct() and not validate_requested(validate)
     key = None
     if fast:  # (None: not the types they must be; the full checks say so)
         key = signatures.vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
@@ -335,7 +336,7 @@ def context_attention_fwd(
     ks = signatures.scale_of(k_scale, "k_scale", q.device) if cache_fp8 else None
     vs = signatures.scale_of(v_scale, "v_scale", q.device) if cache_fp8 else None
     os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
-    if checks.validate_enabled(validate):
+    if validate_requested(validate):
         checks.check_device_values(
             q, k is None, kc, b_loc, b_start_loc, b_seq_len, max_input_len, skip_decode, _VLLM_NAMES
         )
@@ -579,7 +580,7 @@ def prefix_prefill(
         v = torch.randn_like(k)
         out = prefix_prefill(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, 20)
     """
-    fast = isinstance(q, torch.Tensor) and ops.direct() and not checks.validate_enabled(validate)
+    fast = isinstance(q, torch.Tensor) and ops.direct() and not validate_requested(validate)
     key = None
     if fast:  # (None: not the types they must be; the full checks say so)
         key = signatures.py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal,
@@ -650,7 +651,7 @@ def prefix_prefill(
     )
     q, k, v, out, k_cache, v_cache, kc = args[:7]
     status = check_status(status, q.device)
-    if checks.validate_enabled(validate):
+    if validate_requested(validate):
         checks.check_device_values(
             q, k is None, kc, block_table, cu_seqlens_q, seq_lens, max_query_len, False, _PY_NAMES
         )

@@ -13,7 +13,6 @@ from typing import Union
 import torch
 
 from paged_kv_offsets import LAYOUTS, CacheView, describe_kv_cache, validate_block_table
-from prefill_runtime.checks import validate_requested
 from prefix_prefill.configs import MAX_GRID_YZ, MAX_HEAD_SIZE, detect_arch
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -127,9 +126,6 @@ def _layout_hint(k_cache: torch.Tensor, v_cache: torch.Tensor, layout: str, head
         if kc.head_size == head_size and num_kv_heads in (None, kc.num_kv_heads):
             return f"; the caches' shapes fit kv_layout={other!r}"
     return ""
-
-
-validate_enabled = validate_requested  # (``validate=True`` or ``PREFILL_VALIDATE=1``, per call)
 
 
 def check_inputs(
