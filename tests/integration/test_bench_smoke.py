@@ -249,3 +249,42 @@ def test_anchors_smoke(tmp_path):
     for row, impl in (("causal8k", "ours"), ("window32k", "ours"), ("llama", "ours"), ("llama", "ours_kv")):
         assert f"| {row} | {impl} |" in md, md
     assert "peers: no CUDA device" in md and "wrote" in proc.stdout
+
+
+def test_engine_ab_smoke(tmp_path):
+    """bench/engine_ab.py --smoke: two trees (this checkout's packages, named twice: once empty, once
+    by path), one round each, interleaved; its summary has both trees' times for each implementation
+    of the scenario."""
+    _bench("engine_ab.py", "--smoke", "--tree", "base=", "--tree", f"same={ROOT / 'packages'}",
+           "--rounds", "1", "--scenarios", "varlen_8prompts_100-500", "--out", str(tmp_path))  # fmt: skip
+    md = (tmp_path / "engine_ab.md").read_text()
+    for impl in ("ours_caf", "ours_wp"):
+        row = next(
+            line for line in md.splitlines() if line.startswith(f"| varlen_8prompts_100-500 | {impl} |")
+        )
+        assert row.count("%") == 1, row  # the second tree's cell against the first
+    assert (tmp_path / "base_1" / "engine_step.csv").exists() and (tmp_path / "same_1" / "log.txt").exists()
+
+
+def test_engine_ab_summary(tmp_path):
+    """bench/engine_ab.py's summary on made-up runs: medians over rounds, % against the first tree, sums;
+    a row one tree lacks and a column no run took are left out; bad --tree values are refused."""
+    mod = bench_module("engine_ab")
+    walls = {"a": [10.0, 12.0, 11.0], "b": [9.0, 13.0, 9.9]}
+    for tree, values in walls.items():
+        for r, wall in enumerate(values, 1):
+            d = tmp_path / f"{tree}_{r}"
+            d.mkdir()
+            rows = ["scenario,impl,wall_ms,graph_ms", f"s1,ours,{wall},", f"s2,ours,{2 * wall},"]
+            if tree == "a":
+                rows.append("only_a,ours,1.0,")
+            (d / "engine_step.csv").write_text("\n".join(rows) + "\n")
+    text = mod.summary(mod.read_runs(tmp_path, ["a", "b"], 3), ["a", "b"])
+    assert "| s1 | ours | 11.000 | 9.900 (-10.00%) |" in text, text
+    assert "| s2 | ours | 22.000 | 19.800 (-10.00%) |" in text, text
+    assert "| sum | | 33.000 | 29.700 (-10.00%) |" in text, text
+    assert "only_a" not in text, text
+    assert "GPU time" not in text, text
+    for bad in ("noequals", "=dir", "a b=", f"x={tmp_path / 'missing'}"):
+        with pytest.raises(Exception, match="--tree"):
+            mod.parse_tree(bad)
