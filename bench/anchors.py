@@ -13,6 +13,10 @@ Rows (bf16; ``useful`` FLOPs = visible (query, key) pairs * heads * 4 * head siz
   window32k   one 32768-token causal sequence, left window 4095, 32/8, head 128 (``window_prefill``)
   llama       8 x (4096 cached + 4096 new) tokens, 32/8, head 128, NHD cache, page 16 (``prefix_prefill``)
   qwen        4 x (8192 cached + 2048 new) tokens, 16/2, head 256, NHD cache, page 16 (``prefix_prefill``)
+  (one layer of bench/engine_step.py's scenarios, 32/8 heads, head 128, NHD page 16 where paged:)
+  prompts8    8 causal prompts of 100-500 tokens (``window_prefill``; varlen_8prompts_100-500)
+  chunks4     chunks of 1024/768/512/256 new tokens on contexts 0/2600/5300/8000 (prefix_4chunks_0-8k)
+  specdec     32 x 4 new tokens on contexts of 2048-8192 (specdec_32x4)
 
 Implementations, each timed by ``triton.testing.do_bench`` medians in ``--rounds`` passes (the
 implementations' order rotated each pass; the median pass reported):
@@ -35,14 +39,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
+import random
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import attn_flops, settle, start, tflops, uniform_prefix_problem, write_rows
+from common import attn_flops, prefix_problem, settle, start, tflops, write_rows
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -55,7 +61,8 @@ PEERS = ("fa3", "flashinfer")
 @dataclass(frozen=True)
 class Row:
     """One problem: ``kind`` "varlen" (``seqs`` sequences of ``tokens``, ``left`` window or -1) or
-    "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), NHD cache of ``page``)."""
+    "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), NHD cache of ``page``); ``lens`` (``(ctx,
+    new)`` per sequence, ctx 0 for varlen) replaces ``seqs``, ``ctx`` and ``tokens`` for a ragged batch."""
 
     name: str
     kind: str
@@ -67,6 +74,18 @@ class Row:
     left: int = -1
     ctx: int = 0
     page: int = 16
+    lens: tuple[tuple[int, int], ...] = ()
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """``(ctx, new)`` of each sequence."""
+        return list(self.lens) if self.lens else [(self.ctx, self.tokens)] * self.seqs
+
+
+# engine_step.py's draws: 64 decode contexts, then the 32 speculative-decoding contexts
+_RNG = random.Random(32)
+_DECODE_CTX = [_RNG.randint(1024, 4096) for _ in range(64)]
+_SPEC = tuple((_RNG.randint(2048, 8192), 4) for _ in range(32))
+_PROMPTS8 = tuple((0, n) for n in (100, 500, 230, 370, 150, 440, 280, 330))
 
 
 ROWS = [
@@ -76,22 +95,28 @@ ROWS = [
     Row("window32k", "varlen", 1, 32768, 32, 8, 128, left=4095),
     Row("llama", "prefix", 8, 4096, 32, 8, 128, ctx=4096),
     Row("qwen", "prefix", 4, 2048, 16, 2, 256, ctx=8192),
+    Row("prompts8", "varlen", 0, 0, 32, 8, 128, lens=_PROMPTS8),
+    Row("chunks4", "prefix", 0, 0, 32, 8, 128, lens=((0, 1024), (2600, 768), (5300, 512), (8000, 256))),
+    Row("specdec", "prefix", 0, 0, 32, 8, 128, lens=_SPEC),
 ]
 SMOKE_ROWS = [
     Row("causal8k", "varlen", 1, 48, 2, 1, 64),
     Row("window32k", "varlen", 2, 40, 2, 1, 64, left=7),
     Row("llama", "prefix", 2, 16, 2, 1, 64, ctx=24),
+    Row("prompts8", "varlen", 0, 0, 2, 1, 64, lens=((0, 9), (0, 30))),
+    Row("specdec", "prefix", 0, 0, 2, 1, 64, lens=((40, 4), (17, 4), (0, 6))),
 ]
 
 
 def visible_pairs(row: Row) -> int:
-    """Visible (query, key) pairs of the row, all sequences: causal over ``ctx + tokens`` keys for the
-    ``tokens`` last queries, within ``left`` keys behind each query where a window is set."""
+    """Visible (query, key) pairs of the row, all sequences: causal over ``ctx + new`` keys for the
+    ``new`` last queries, within ``left`` keys behind each query where a window is set."""
     total = 0
-    for i in range(row.tokens):
-        seen = row.ctx + i + 1
-        total += seen if row.left < 0 else min(seen, row.left + 1)
-    return total * row.seqs
+    for ctx, new in row.pairs():
+        for i in range(new):
+            seen = ctx + i + 1
+            total += seen if row.left < 0 else min(seen, row.left + 1)
+    return total
 
 
 # ------------------------------------------------------------------------------------- the calls
@@ -99,20 +124,24 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     """``{impl: fn}`` (each ``fn()`` returns its output ``[tokens, heads, head]``) and notes."""
     from window_prefill import window_prefill
 
-    n = row.seqs * row.tokens
+    lens = [new for _, new in row.pairs()]
+    n, longest = sum(lens), max(lens)
     q = torch.randn(n, row.heads, row.head, device=device, dtype=dtype)
     k = torch.randn(n, row.kv_heads, row.head, device=device, dtype=dtype)
     v = torch.randn_like(k)
-    cu = torch.arange(0, n + 1, row.tokens, dtype=torch.int32, device=device)
+    starts = [0]
+    for length in lens:
+        starts.append(starts[-1] + length)
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
-    calls = {"ours": lambda: window_prefill(q, k, v, cu, row.tokens, window=(row.left, -1), out=out)}
+    calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, window=(row.left, -1), out=out)}
     notes: list[str] = []
     if device != "cuda":
         return calls, ["peers: no CUDA device"]
     if row.left < 0:
         fa3 = _fa3(notes)
         if fa3 is not None:
-            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, row.tokens, row.tokens, causal=True)
+            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, longest, longest, causal=True)
     else:
         notes.append("fa3: the wheel is built without local attention")
     fi = _flashinfer(notes)
@@ -134,44 +163,55 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     from prefix_prefill import prefix_prefill
 
     gen = torch.Generator().manual_seed(0)
-    p = uniform_prefix_problem(
-        torch, batch=row.seqs, heads=row.heads, kv_heads=row.kv_heads, head_dim=row.head, ctx=row.ctx,
-        new=row.tokens, page=row.page, layout="nhd", device=device, dtype=dtype, gen=gen,
-    )  # fmt: skip
+    pairs = row.pairs()
+    p = prefix_problem(torch, seqs=pairs, heads=row.heads, kv_heads=row.kv_heads, head_dim=row.head,
+                       page=row.page, layout="nhd", device=device, dtype=dtype, gen=gen)  # fmt: skip
     q, kc, vc, bt, cu, sl = p["q"], p["k_cache"], p["v_cache"], p["block_table"], p["cu"], p["seq_lens"]
+    longest = max(new for _, new in pairs)
     out, out_kv = torch.empty_like(q), torch.empty_like(q)
     calls = {
-        "ours": lambda: prefix_prefill(q, None, None, kc, vc, bt, cu, sl, row.tokens, out=out),
-        "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, row.tokens, out=out_kv),
+        "ours": lambda: prefix_prefill(q, None, None, kc, vc, bt, cu, sl, longest, out=out),
+        "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, longest, out=out_kv),
     }
     notes = ["ours_kv: other new-token K/V than the cache's (no diff)"]
     if device != "cuda":
         return calls, [*notes, "peers: no CUDA device"]
-    keys = row.ctx + row.tokens
-    pages = bt.shape[1]
+    keys = [c + n for c, n in pairs]
+    pages = p["pages"]
     fa3 = _fa3(notes)
     if fa3 is not None:
-        # [seqs * keys, kv_heads, head]: each sequence's pages in order, cut to its keys
-        k_all = kc[bt.long()].reshape(row.seqs, pages * row.page, row.kv_heads, row.head)[:, :keys]
-        v_all = vc[bt.long()].reshape(row.seqs, pages * row.page, row.kv_heads, row.head)[:, :keys]
-        k_all, v_all = (
-            t.reshape(row.seqs * keys, row.kv_heads, row.head).contiguous() for t in (k_all, v_all)
-        )
-        cu_k = torch.arange(0, row.seqs * keys + 1, keys, dtype=torch.int32, device=device)
+        k_all, v_all, cu_k = gathered_kv(p, row.kv_heads, row.head)
         # (causal with more keys than queries: FlashAttention aligns the mask to the bottom right)
-        calls["fa3"] = lambda: fa3(q, k_all, v_all, cu, cu_k, row.tokens, keys, causal=True)
+        calls["fa3"] = lambda: fa3(q, k_all, v_all, cu, cu_k, longest, max(keys), causal=True)
     fi = _flashinfer(notes)
     if fi is not None:
         try:
             w = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD", backend="fa3")
-            indptr = torch.arange(0, row.seqs * pages + 1, pages, dtype=torch.int32, device=device)
-            last = torch.full((row.seqs,), keys - (pages - 1) * row.page, dtype=torch.int32, device=device)
-            w.plan(cu, indptr, bt.reshape(-1).contiguous(), last, row.heads, row.kv_heads, row.head, row.page,
+            indptr = torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32, device=device)
+            ids = torch.cat([bt[b, : pages[b]] for b in range(len(pairs))]).contiguous()
+            last = torch.tensor([k - (n - 1) * row.page for k, n in zip(keys, pages, strict=True)],
+                                dtype=torch.int32, device=device)  # fmt: skip
+            w.plan(cu, indptr, ids, last, row.heads, row.kv_heads, row.head, row.page,
                    causal=True, q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
             calls["flashinfer"] = lambda: w.run(q, (kc, vc))
         except Exception as e:
             notes.append(f"flashinfer: {type(e).__name__}: {str(e)[:120]}")
     return calls, notes
+
+
+def gathered_kv(p: dict, kv_heads: int, head: int) -> tuple:
+    """``(k, v, cu_k)`` of a :func:`common.prefix_problem` NHD cache for a peer without paged KV: each
+    sequence's pages in order, cut to its ``seq_lens`` keys, packed ``[sum(keys), kv_heads, head]``, and
+    the int32 ``[batch + 1]`` starts of each sequence's keys."""
+    kc, vc, bt, pages = p["k_cache"], p["v_cache"], p["block_table"], p["pages"]
+    keys = p["seq_lens"].tolist()
+    parts_k, parts_v = [], []
+    for b, n in enumerate(pages):
+        ids = bt[b, :n].long()
+        parts_k.append(kc[ids].reshape(-1, kv_heads, head)[: keys[b]])
+        parts_v.append(vc[ids].reshape(-1, kv_heads, head)[: keys[b]])
+    cu_k = torch.tensor([0, *itertools.accumulate(keys)], dtype=torch.int32, device=kc.device)
+    return torch.cat(parts_k).contiguous(), torch.cat(parts_v).contiguous(), cu_k
 
 
 def _peer(peer: str, module: str, notes: list[str], attr: str | None = None):

@@ -58,12 +58,25 @@ def uniform_prefix_problem(
     torch, *, batch: int, heads: int, kv_heads: int, head_dim: int, ctx: int, new: int, page: int,
     layout: str, device: str, dtype, spare: int = 1, gen=None,
 ) -> dict:  # fmt: skip
-    """``batch`` sequences of ``ctx`` cached + ``new`` query tokens in a paged cache ("split": vLLM's
-    ``[blocks, H, D/8, page, 8]`` / ``[blocks, H, D, page]``; "nhd": ``[blocks, page, H, D]``) with
-    shuffled block ids and ``spare`` unused blocks. Keys: q, k, v, k_cache, v_cache, block_table, cu,
-    seq_lens (int32 tensors on ``device``)."""
-    pages = -(-(ctx + new) // page)
-    nb = batch * pages + spare
+    """``batch`` sequences of ``ctx`` cached + ``new`` query tokens: :func:`prefix_problem` with one
+    length pair for all."""
+    return prefix_problem(torch, seqs=[(ctx, new)] * batch, heads=heads, kv_heads=kv_heads,
+                          head_dim=head_dim, page=page, layout=layout, device=device, dtype=dtype,
+                          spare=spare, gen=gen)  # fmt: skip
+
+
+def prefix_problem(
+    torch, *, seqs: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, page: int, layout: str,
+    device: str, dtype, spare: int = 1, gen=None,
+) -> dict:  # fmt: skip
+    """Sequences of ``(ctx, new)`` tokens (``ctx`` cached + ``new`` query tokens each) in a paged cache
+    ("split": vLLM's ``[blocks, H, D/8, page, 8]`` / ``[blocks, H, D, page]``; "nhd": ``[blocks, page,
+    H, D]``) with shuffled block ids and ``spare`` unused blocks; a block-table row past its sequence's
+    pages holds 0 (never read). Keys: q, k, v (the new tokens, packed), k_cache, v_cache, block_table,
+    cu, seq_lens (int32 tensors on ``device``), pages (per sequence, a list)."""
+    pages = [-(-(c + n) // page) for c, n in seqs]
+    nb = sum(pages) + spare
+    total = sum(n for _, n in seqs)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype) if gen is not None else (
@@ -76,15 +89,24 @@ def uniform_prefix_problem(
     else:
         raise ValueError(f"layout must be 'split' or 'nhd', got {layout!r}")
     perm = torch.randperm(nb, generator=gen) if gen is not None else torch.randperm(nb)
+    table = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[at : at + n].to(torch.int32)
+        at += n
+    starts = [0]
+    for _, n in seqs:
+        starts.append(starts[-1] + n)
     return {
-        "q": randn(batch * new, heads, head_dim),
-        "k": randn(batch * new, kv_heads, head_dim),
-        "v": randn(batch * new, kv_heads, head_dim),
+        "q": randn(total, heads, head_dim),
+        "k": randn(total, kv_heads, head_dim),
+        "v": randn(total, kv_heads, head_dim),
         "k_cache": k_cache,
         "v_cache": v_cache,
-        "block_table": perm[: batch * pages].view(batch, pages).to(device=device, dtype=torch.int32),
-        "cu": torch.arange(0, (batch + 1) * new, new, dtype=torch.int32, device=device),
-        "seq_lens": torch.full((batch,), ctx + new, dtype=torch.int32, device=device),
+        "block_table": table.to(device),
+        "cu": torch.tensor(starts, dtype=torch.int32, device=device),
+        "seq_lens": torch.tensor([c + n for c, n in seqs], dtype=torch.int32, device=device),
+        "pages": pages,
     }
 
 

@@ -246,7 +246,9 @@ def test_anchors_smoke(tmp_path):
     implementation and problem, the peers named as a note."""
     proc = _bench("anchors.py", "--smoke", "--out", str(tmp_path))
     md = (tmp_path / "anchors.md").read_text()
-    for row, impl in (("causal8k", "ours"), ("window32k", "ours"), ("llama", "ours"), ("llama", "ours_kv")):
+    rows = [("causal8k", "ours"), ("window32k", "ours"), ("llama", "ours"), ("llama", "ours_kv"),
+            ("prompts8", "ours"), ("specdec", "ours")]  # fmt: skip
+    for row, impl in rows:
         assert f"| {row} | {impl} |" in md, md
     assert "peers: no CUDA device" in md and "wrote" in proc.stdout
 
@@ -288,3 +290,32 @@ def test_engine_ab_summary(tmp_path):
     for bad in ("noequals", "=dir", "a b=", f"x={tmp_path / 'missing'}"):
         with pytest.raises(Exception, match="--tree"):
             mod.parse_tree(bad)
+
+
+def test_anchors_ragged_problem_and_gathered_kv():
+    """bench/anchors.py's inputs for the peers on a ragged prefix batch (an empty context, a one-page
+    sequence, a page boundary): the paged problem (``common.prefix_problem``) run by ours with ``k=None``
+    equals float64 attention over the contiguous K/V that FA3 is given (``gathered_kv``, causal aligned
+    to the bottom right); the same K/V with one key moved to the next sequence does not (the check can
+    fail)."""
+    import torch
+
+    import attn_reference as ref
+    from prefix_prefill import prefix_prefill
+
+    mod = bench_module("anchors")
+    common = bench_module("common")
+    seqs = [(0, 6), (21, 3), (16, 5)]
+    gen = torch.Generator().manual_seed(3)
+    p = common.prefix_problem(torch, seqs=seqs, heads=4, kv_heads=2, head_dim=32, page=8, layout="nhd",
+                              device="cpu", dtype=torch.float32, gen=gen)  # fmt: skip
+    out = prefix_prefill(p["q"], None, None, p["k_cache"], p["v_cache"], p["block_table"], p["cu"],
+                         p["seq_lens"], 6)  # fmt: skip
+    k_all, v_all, cu_k = mod.gathered_kv(p, 2, 32)
+    assert cu_k.tolist() == [0, 6, 30, 51]
+    want = ref.attention_varlen(p["q"], k_all, v_all, p["cu"], cu_k, causal=True)
+    res = ref.compare(out, want)
+    assert res, res
+    off_by_one = torch.tensor([0, 6, 29, 51], dtype=torch.int32)  # one key moved to the next sequence
+    bad = ref.attention_varlen(p["q"], k_all, v_all, p["cu"], off_by_one, causal=True)
+    assert not ref.compare(out, bad)
