@@ -46,7 +46,9 @@ CPU_TRITON = os.environ.get("CPU_TRITON", "triton==3.8.0")
 NUMPY = "numpy<2.4" if re.fullmatch(r"triton\s*==\s*3\.6(\.\d+)*", CPU_TRITON.strip()) else "numpy"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", NUMPY, "pytest-xdist>=3.2"]
 # Offline compiles for the GPU targets (the tests marked ``compile_check``) take minutes of CPU: they run
-# in their own session (compile-check), not in tests-cpu.
+# in their own session (compile-check), not in tests-cpu. tests-cpu keeps the three Gluon kernel compiles
+# of every form a plan takes (NHD and split prefix, window; about 75 CPU-s): the Gluon kernels never run
+# on the CPU, and a Gluon build that breaks sends every GPU call to the Triton kernel without an error.
 DIST = ROOT / "dist"
 # tests-cpu spreads the interpreter tests over this many worker processes (pytest-xdist): the CI
 # machine has 2 cores, and the interpreter runs one test on one core. PYTEST_WORKERS=0 runs in-process.

@@ -439,7 +439,6 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
 )
 
 
-@pytest.mark.compile_check
 def test_gluon_split_kernel_compiles_for_sm90():
     """The split-layout kernel compiles for sm90 (no GPU needed) in every form a plan takes, full and
     quick, with 16-byte ``cp.async`` gathers only (16-byte alignment of every gather proven to the
@@ -450,7 +449,6 @@ def test_gluon_split_kernel_compiles_for_sm90():
     assert len(shared) == 18 and max(shared) <= 227 * 1024, out
 
 
-@pytest.mark.compile_check
 def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full and as its quick form (one 8-warp consumer partition: half the wgmma
