@@ -180,7 +180,7 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     pages = p["pages"]
     fa3 = _fa3(notes)
     if fa3 is not None:
-        k_all, v_all, cu_k = gathered_kv(p, row.kv_heads, row.head)
+        k_all, v_all, cu_k = gathered_kv(p)
         # (causal with more keys than queries: FlashAttention aligns the mask to the bottom right)
         calls["fa3"] = lambda: fa3(q, k_all, v_all, cu, cu_k, longest, max(keys), causal=True)
     fi = _flashinfer(notes)
@@ -199,19 +199,17 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     return calls, notes
 
 
-def gathered_kv(p: dict, kv_heads: int, head: int) -> tuple:
+def gathered_kv(p: dict) -> tuple:
     """``(k, v, cu_k)`` of a :func:`common.prefix_problem` NHD cache for a peer without paged KV: each
-    sequence's pages in order, cut to its ``seq_lens`` keys, packed ``[sum(keys), kv_heads, head]``, and
-    the int32 ``[batch + 1]`` starts of each sequence's keys."""
-    kc, vc, bt, pages = p["k_cache"], p["v_cache"], p["block_table"], p["pages"]
+    sequence's ``seq_lens`` keys gathered in order (``attn_reference.gather_paged``), packed ``[sum(keys),
+    kv_heads, head]``, and the int32 ``[batch + 1]`` starts of each sequence's keys."""
+    from attn_reference import gather_paged
+
     keys = p["seq_lens"].tolist()
-    parts_k, parts_v = [], []
-    for b, n in enumerate(pages):
-        ids = bt[b, :n].long()
-        parts_k.append(kc[ids].reshape(-1, kv_heads, head)[: keys[b]])
-        parts_v.append(vc[ids].reshape(-1, kv_heads, head)[: keys[b]])
-    cu_k = torch.tensor([0, *itertools.accumulate(keys)], dtype=torch.int32, device=kc.device)
-    return torch.cat(parts_k).contiguous(), torch.cat(parts_v).contiguous(), cu_k
+    k = gather_paged(p["k_cache"], p["block_table"], keys, layout="nhd", role="k")
+    v = gather_paged(p["v_cache"], p["block_table"], keys, layout="nhd", role="v")
+    cu_k = torch.tensor([0, *itertools.accumulate(keys)], dtype=torch.int32, device=k.device)
+    return k, v, cu_k
 
 
 def _peer(peer: str, module: str, notes: list[str], attr: str | None = None):

@@ -311,7 +311,7 @@ def test_anchors_ragged_problem_and_gathered_kv():
                               device="cpu", dtype=torch.float32, gen=gen)  # fmt: skip
     out = prefix_prefill(p["q"], None, None, p["k_cache"], p["v_cache"], p["block_table"], p["cu"],
                          p["seq_lens"], 6)  # fmt: skip
-    k_all, v_all, cu_k = mod.gathered_kv(p, 2, 32)
+    k_all, v_all, cu_k = mod.gathered_kv(p)
     assert cu_k.tolist() == [0, 6, 30, 51]
     want = ref.attention_varlen(p["q"], k_all, v_all, p["cu"], cu_k, causal=True)
     res = ref.compare(out, want)
