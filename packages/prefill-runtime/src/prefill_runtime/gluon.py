@@ -26,7 +26,10 @@ compiled in only where it is on; their values in the ``score`` tuple :func:`scor
 ``SOFTCAP`` the raw score becomes ``tanh(s * tanh_scale)`` first (``qk_scale`` is then ``softcap *
 log2(e)``: logits ``softcap * tanh(scale * q.k / softcap)``; 2: the hardware ``tanh.approx.f32``, 1:
 tanh through exp2); ``ALIBI`` the raw score less ``slope * |q_pos - k_pos|`` (``q_pos = r + shift``,
-the slope in raw units: ``slope * log2(e) / qk_scale``); ``SINKS == 1`` the running max and denominator
+the slope in raw units: ``slope * log2(e) / qk_scale``; with ``CAUSAL`` every visible key has ``k_pos <=
+q_pos``, so the consumer adds ``slope * (k_pos - ref)`` instead, one term per key with ``ref`` the tile's
+first row's position, and the rows' own term ``slope * (q_pos - ref)``, a constant of each row, drops out
+of the softmax: the sink logit and the LSE take it back); ``SINKS == 1`` the running max and denominator
 start at the sink (``sink * log2(e)``) and 1 (0 for a sink of ``-inf``), ``SINKS == 2`` the sink is a
 bias on the score of key 0 (raw units; the caller masks the block holding key 0). These are the Triton
 kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with the bias terms in raw
@@ -156,19 +159,24 @@ def softmax_step(
     b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
     S_LAYOUT: gl.constexpr, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0,
+    SINKS: gl.constexpr = 0, row0=None,
 ):  # fmt: skip
-    """Online-softmax step on raw scores ``b_s`` [BM, BN] of the key block at ``n0`` (rows ``offs_r``):
+    """Online-softmax step on raw scores ``b_s`` [BM, BN] of the key block at ``n0`` (rows ``offs_r``,
+    the tile's first row ``row0``, read by ``ALIBI`` with ``CAUSAL`` only):
     returns (p, alpha, m_new, l_new), p = exp2(s * qk_scale - m_new) [BM, BN] float32, alpha =
     exp2(m_i - m_new) [BM]. ``masked`` (runtime, uniform): apply the visibility mask. ``score``,
     ``SOFTCAP``, ``ALIBI``, ``SINKS``: the score options (module docstring; the key-0 bias of ``SINKS ==
     2`` only in masked blocks)."""
     if SOFTCAP > 0:
         b_s = tanh(b_s * score[0], SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
-    if ALIBI:  # - slope * |q_pos - k_pos|, positions exact in float32 (< 2**24)
-        k_f = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))).to(gl.float32)  # [BN]
-        q_f = (offs_r + shift).to(gl.float32)  # [BM]
-        b_s = b_s - score[1] * gl.abs(q_f[:, None] - k_f[None, :])  # [BM, BN]
+    if ALIBI:
+        if CAUSAL:  # + slope * (k_pos - ref): the rows' - slope * (q_pos - ref) is a constant of each row
+            k_rel = n0 - (row0 + shift) + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
+            b_s = b_s + (score[1] * k_rel.to(gl.float32))[None, :]  # [BM, BN]
+        else:  # - slope * |q_pos - k_pos|, positions exact in float32 (< 2**24)
+            k_f = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))).to(gl.float32)  # [BN]
+            q_f = (offs_r + shift).to(gl.float32)  # [BM]
+            b_s = b_s - score[1] * gl.abs(q_f[:, None] - k_f[None, :])  # [BM, BN]
     if masked:
         offs_k = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN] key coordinates
         m_vis = ((offs_k >= lo) & (offs_k < hi))[None, :] & (offs_r >= 0)[:, None]  # [BM, BN]
@@ -324,7 +332,7 @@ def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b
 def _block_step(
     j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty, v_ready,
     v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi,
-    b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score,
+    b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, row0,
     WG: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, VS: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
@@ -357,7 +365,7 @@ def _block_step(
     )  # fmt: skip
     b_pf, alpha, m_i, l_i = softmax_step(
         b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS,
+        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
     )  # fmt: skip
     acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
     _release(v_empty.index(pslot), WARPGROUPS)
@@ -396,7 +404,87 @@ def consumer(
     segment B's blocks hold ``[BLOCK_N, D]`` key rows in this layout instead (the slot's memory
     reinterpreted; the new tokens' V as stored, no transposed copy);
     segment B must then hold at least one block (a one-segment caller passes None). ``score``, ``SOFTCAP``,
-    ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`)."""
+    ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`).
+    With two 4-warp consumers, a warpgroup whose rows are all padding (``row0 + WG * HALF_M >= n_rows``:
+    a short query's tile, a sequence's last tile) computes nothing: it keeps its part of the ring
+    protocol only (:func:`_drain`), leaving the tensor cores to the other."""
+    if WARPGROUPS == 1 and WG == 1:
+        if row0 + WG * HALF_M >= n_rows:
+            VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
+            _drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi,
+                   a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG,
+                   BLOCK_N, NUM_STAGES, VS, V_T, CP_FILL, V_ROWS)  # fmt: skip
+        else:
+            _consume(
+                WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar, row0,
+                tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
+                b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot,
+                stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT,
+                RETURN_LSE, V_T, CP_FILL, WARPGROUPS, K_VIEW, V_STAGES, K_COLS, V_ROWS, score, SOFTCAP, ALIBI,
+                SINKS,
+            )  # fmt: skip
+    else:
+        _consume(
+            WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar, row0,
+            tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
+            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot,
+            stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT,
+            RETURN_LSE, V_T, CP_FILL, WARPGROUPS, K_VIEW, V_STAGES, K_COLS, V_ROWS, score, SOFTCAP, ALIBI,
+            SINKS,
+        )  # fmt: skip
+
+
+@gluon.jit
+def _drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi, a_full_lo,
+           a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG: gl.constexpr,
+           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, VS: gl.constexpr, V_T: gl.constexpr,
+           CP_FILL: gl.constexpr, V_ROWS: gl.constexpr):  # fmt: skip
+    """The ring protocol of a consumer warpgroup (``WARPGROUPS == 1``) with no row to compute, without a
+    wgmma: each K and V slot waited for (so its release counts for the round the producer filled) and
+    released, and this warpgroup's half of every V-row fix (:func:`zero_v_rows`' handshake, in the
+    computing consumer's order: block ``j``'s before block ``j + 1``'s), its slot read in the view the
+    computing consumer reads it (:func:`_pv_step`)."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    n_fix = 0
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        _release(k_empty.index(slot), 1)
+        vslot = j % VS
+        mbarrier.wait(v_ready.index(vslot), (j // VS) & 1)
+        n0, lo, hi, _, _, out = _block_geometry(
+            j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
+            b_full_lo, b_full_hi, BLOCK_N,
+        )  # fmt: skip
+        if out:
+            if CP_FILL:
+                fence_async_shared()
+            if V_ROWS is not None:
+                if j >= n_a:
+                    v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2],
+                                                 v_smem.shape[1]], V_ROWS).index(vslot)  # fmt: skip
+                    n_fix = zero_v_rows(v_rows, fix_bar, n_fix, n0, lo, hi, WG, HALF_N, False, 1)
+                else:
+                    n_fix = zero_v_rows(v_smem.index(vslot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, 1)
+            else:
+                n_fix = zero_v_rows(v_smem.index(vslot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, 1)
+        _release(v_empty.index(vslot), 1)
+
+
+@gluon.jit
+def _consume(
+    WG: gl.constexpr, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar,
+    row0, tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
+    b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot, stride_oh,
+    stride_lse_h,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
+    V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
+    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
+    V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
+    SINKS: gl.constexpr = 0,
+):  # fmt: skip
+    """:func:`consumer` for a warpgroup with rows to compute (its arguments)."""
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -412,6 +500,8 @@ def consumer(
     offs_r = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     if SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
         m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + score[2]  # [BM / 2]
+        if ALIBI and CAUSAL:  # raised by the rows' ALiBi term, as softmax_step raises the keys' logits
+            m_i = m_i + (score[1] * qk_scale) * (offs_r - row0).to(gl.float32)  # [BM / 2]
         l_i = gl.where(m_i == float("-inf"), 0.0, 1.0)  # [BM / 2]
     else:
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
@@ -432,7 +522,7 @@ def consumer(
     )  # fmt: skip
     b_p, _, m_i, l_i = softmax_step(
         b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS,
+        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
     )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
     p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its P @ V
@@ -449,9 +539,9 @@ def consumer(
         acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out = _block_step(
             j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty,
             v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
-            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, WG, ROWS,
-            BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW,
-            K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS,
+            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, row0, WG,
+            ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS,
+            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS,
         )  # fmt: skip
     if V_ROWS is not None:
         for j in range(a_stop, n_blocks):
@@ -459,9 +549,9 @@ def consumer(
                 j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready,
                 k_empty, v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo,
                 a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left,
-                window_right, score, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                V_T, CP_FILL, WARPGROUPS, K_VIEW, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP,
-                ALIBI, SINKS,
+                window_right, score, row0, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT,
+                HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
+                SOFTCAP, ALIBI, SINKS,
             )  # fmt: skip
 
     # ---- the last block's P @ V (with V_ROWS a block of segment B) ----
@@ -484,6 +574,9 @@ def consumer(
     p_o = p_row[:, None] + offs_d[None, :]  # [BM / 2, D]
     gl.store(p_o, b_o, mask=(offs_ro < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :])
     if RETURN_LSE:
-        b_lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)  # [BM / 2]
+        b_log2 = m_i + gl.log2(l_safe)  # [BM / 2]
+        if ALIBI and CAUSAL:  # less the rows' ALiBi term that softmax_step leaves out
+            b_log2 = b_log2 - (score[1] * qk_scale) * (offs_r - row0).to(gl.float32)  # [BM / 2]
+        b_lse = gl.where(l_i == 0.0, float("-inf"), b_log2 * 0.6931471805599453)  # [BM / 2]
         p_lse = Lse + head.to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)  # [BM / 2]
         gl.store(p_lse, b_lse, mask=offs_r < n_rows)
