@@ -285,7 +285,7 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
     with emulated_device(target) as device:
         arch = configs.detect_arch(device)
         form = _softcap_form(softcap, device)
-        p = launch.describe(q, k, v, lens, max_len, causal=causal, window_left=left, window_right=right,
+        p = launch.describe(q, k, v, lens, causal=causal, window_left=left, window_right=right,
                             softmax_scale=0.1, sinks=sinks, bias_key0=opts.get("sinks") == "bias_key0",
                             softcap=softcap, return_lse=lse is not None)  # fmt: skip
     p = dataclasses.replace(p, arch=arch, softcap=form, gluon=case.gluon)

@@ -26,6 +26,7 @@ import window_prefill.launch as wp_iface
 from prefix_prefill import context_attention_fwd as pp_caf
 from prefix_prefill import prefix_prefill
 from window_prefill import context_attention_fwd as wp_caf
+from window_prefill import explain as wp_explain
 from window_prefill import window_prefill
 
 LENGTH_WORDS = ("len", "batch", "seq", "token", "max", "num_q", "total")
@@ -242,13 +243,14 @@ def _window_batch_invariance(
     s = (rand(target, heads), rand(target, kv), rand(target, kv))
     pool = {n: (rand(n, heads), rand(n, kv), rand(n, kv)) for n in others}
     layouts = [[], [others[0]], [None, others[-1]], [*others[:2], None, *others[2:]]]
-    rows = []
+    rows, kernels = [], set()
     for layout in layouts:
         order = layout if None in layout else [*layout, None]
         parts = [s if n is None else pool[n] for n in order]
         lens = [target if n is None else n for n in order]
         q, k, v = (torch.cat([p[i] for p in parts]) for i in range(3))
         at = sum(lens[: order.index(None)])
+        kernels.add(wp_explain(q, k, v, cu_of(lens), max(lens), window=window).kernel)
         out = window_prefill(q, k, v, cu_of(lens), max(lens), window=window)
         rows.append(out[at : at + target])
         lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
@@ -257,6 +259,7 @@ def _window_batch_invariance(
             q, k, v, o, cu_of(lens)[:-1], lens_t, max(lens), True, None, window[0] if window[0] > 0 else None
         )
         rows.append(o[at : at + target])
+    assert len(kernels) == 1, f"the batch around the sequence changed its kernel: {kernels}"
     for r in rows[1:]:
         assert torch.equal(r, rows[0]), "a sequence's rows changed with the batch around it"
 

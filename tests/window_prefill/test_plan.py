@@ -192,24 +192,43 @@ def test_triton_options_reach_its_constexprs(over, want):
 
 
 @pytest.mark.parametrize(
-    "causal,window,max_len,wide",
+    "causal,window,wide",
     [
-        (True, (4095, -1), 32768, True),  # the LLM shape
-        (True, (2046, -1), 32768, False),  # 2047 keys
-        (True, (2047, -1), 32768, True),  # 2048 keys
-        (False, (64, 64), 16384, False),  # the PR shape
-        (False, (1024, 1024), 16384, True),  # 2049 keys
-        (False, (1023, 1023), 16384, False),  # 2047
-        (True, (-1, -1), 2047, False),  # unbounded, but no sequence is long enough
-        (True, (-1, -1), 2048, True),
-        (False, (-1, 0), 4096, True),  # non-causal, right side 0
-        (False, (0, -1), 100000, True),
+        (True, (4095, -1), True),  # the LLM shape
+        (True, (2046, -1), False),  # 2047 keys
+        (True, (2047, -1), True),  # 2048 keys
+        (False, (64, 64), False),  # the PR shape
+        (False, (1024, 1024), True),  # 2049 keys
+        (False, (1023, 1023), False),  # 2047
+        (True, (-1, -1), True),  # unbounded: however short the sequences
+        (True, (-1, 5), True),  # a causal right side is 0 whatever it says
+        (False, (-1, 0), True),  # non-causal, right side 0
+        (False, (0, -1), True),
+        (False, (10, 10), False),
     ],
 )
-def test_width_rule(causal, window, max_len, wide):
-    """Narrow bands (or short sequences) keep the Triton kernel: host arithmetic on the window and
-    max_len, one flag of the problem."""
-    assert wide_window(causal, window[0], window[1], max_len) is wide
+def test_width_rule(causal, window, wide):
+    """Narrow bands keep the Triton kernel: host arithmetic on the window alone (no length of the call),
+    one flag of the problem."""
+    assert wide_window(causal, window[0], window[1]) is wide
+
+
+def test_kernel_choice_does_not_depend_on_the_batch(monkeypatch):
+    """On sm90 with the Gluon kernel offered, a sequence plans the same kernel and tiles alone and
+    beside longer or shorter ones (an unbounded causal window, a wide and a narrow band): the choice
+    never reads a length, so a sequence's rows do not change with the batch around it."""
+    monkeypatch.setattr(wl, "detect_arch", lambda device: "sm90")
+    monkeypatch.setattr(wl, "_gluon_ok", True)
+    monkeypatch.setenv("PREFILL_GLUON", "1")
+    kw = dict(softmax_scale=0.1, sinks=None, bias_key0=False, softcap=0.0, return_lse=False)
+    for window, kernel in (((-1, -1), "gluon"), ((4095, -1), "gluon"), ((255, -1), "triton")):
+        plans = set()
+        for lens in ([1000], [4000, 1000], [1000, 2500], [17, 1000, 1]):
+            q, k, v, _ = make_qkv(lens, 16, 4, 128, torch.bfloat16)
+            p = wl.describe(q, k, v, None, causal=True, window_left=window[0], window_right=window[1], **kw)
+            plans.add(plan(p))
+        assert len(plans) == 1, (window, plans)
+        assert plans.pop().kernel == kernel, window
 
 
 def test_table_flags_and_explicit_config(monkeypatch):
@@ -256,19 +275,19 @@ def test_describe_reads_metadata_only():
     q, k, v, _ = make_qkv([20, 9], 4, 2, 64, torch.float16)
     kw = dict(causal=True, window_left=5, window_right=-1, softmax_scale=0.1, sinks=None, bias_key0=False,
               softcap=0.0, return_lse=False)  # fmt: skip
-    p = wl.describe(q, k, v, None, 20, **kw)
+    p = wl.describe(q, k, v, None, **kw)
     assert (p.heads, p.kv_heads, p.head_dim, p.dtype) == (4, 2, 64, torch.float16)
     assert p.has_left and not p.has_right and p.cumulative_starts and not p.wide_window
     assert p.q_tma and p.kv_tma and not p.wide_offsets and p.gluon is wl.gluon_offered()
     qkv = torch.randn(29, 8, 64, dtype=torch.float16, device=DEVICE)
-    assert wl.describe(qkv[:, :4], qkv[:, 4:6], qkv[:, 6:], None, 20, **kw).kv_tma
+    assert wl.describe(qkv[:, :4], qkv[:, 4:6], qkv[:, 6:], None, **kw).kv_tma
     gap = torch.randn(29, 2, 128, dtype=torch.float16, device=DEVICE)[:, :, :64]
-    assert not wl.describe(q, gap, v, None, 20, **kw).kv_tma
+    assert not wl.describe(q, gap, v, None, **kw).kv_tma
     flat = torch.randn(29 * 2 * 64 + 1, dtype=torch.float16, device=DEVICE)
     off = flat[1:].view(29, 2, 64)
-    assert not wl.describe(q, k, off, None, 20, **kw).kv_tma
+    assert not wl.describe(q, k, off, None, **kw).kv_tma
     q3, k3, v3, _ = make_qkv([20, 9], 2, 1, 3, torch.float32)
-    assert not wl.describe(q3, k3, v3, None, 20, **kw).kv_tma  # 12-byte rows
+    assert not wl.describe(q3, k3, v3, None, **kw).kv_tma  # 12-byte rows
 
 
 def test_plan_cache_is_bounded_and_shared():

@@ -225,14 +225,14 @@ def explain(
         check_lse(return_lse, lse, q, "total_tokens")
     elif not isinstance(return_lse, bool):  # pragma: no cover - True passes the test above
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    _cu, max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
+    _cu, _max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
         q, cu_seqlens, max_seqlen, window, softmax_scale, sinks, sinks_mode, softcap, validate
     )
     left = -1 if left >= _UNBOUNDED_WINDOW else left
     right = -1 if right >= _UNBOUNDED_WINDOW else right
     return plan(
         launch.describe(
-            q, k, v, None, max_len, causal=bool(causal), window_left=left, window_right=right,
+            q, k, v, None, causal=bool(causal), window_left=left, window_right=right,
             softmax_scale=scale, sinks=sinks_t, bias_key0=bias_key0, softcap=cap, return_lse=bool(return_lse),
             config=config,
         )

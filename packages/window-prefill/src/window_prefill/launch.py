@@ -114,18 +114,18 @@ def _tma_rows(t: torch.Tensor, st: tuple[int, ...], heads: int, head_dim: int, e
 
 
 def describe(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, max_len: int, *,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, *,
     causal: bool, window_left: int, window_right: int, softmax_scale: float, sinks: torch.Tensor | None,
     bias_key0: bool, softcap: float, return_lse: bool, config: object = None,
 ) -> Problem:  # fmt: skip
     """The :class:`~window_prefill.plan.Problem` of a checked call (windows inclusive, ``-1`` unbounded,
     widths of ``_UNBOUNDED_WINDOW`` or more already mapped to ``-1``): tensor metadata and host values
     only."""
-    return Problem(*_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+    return Problem(*_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
                             bias_key0, softcap, return_lse, config))  # fmt: skip
 
 
-def _fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks, bias_key0,
+def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks, bias_key0,
             softcap, return_lse, config) -> tuple:  # fmt: skip
     """A problem's fields, in :class:`~window_prefill.plan.Problem`'s order: the plan cache's key (a
     tuple is cheaper to build and hash than the dataclass, which is made on a cache miss only)."""
@@ -145,7 +145,7 @@ def _fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_s
         causal,
         window_left >= 0,  # has_left
         window_right >= 0,  # has_right
-        wide_window(causal, window_left, window_right, max_len),
+        wide_window(causal, window_left, window_right),
         sinks is not None,
         sinks is not None and bias_key0,
         softcap_form(softcap, q) if softcap > 0 else 0,
@@ -187,7 +187,7 @@ def forward(
         return
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
-    p, kw = _planned(_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+    p, kw = _planned(_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
                              bias_key0, softcap, lse is not None, config))  # fmt: skip
     _run(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
          softcap, lse, status)  # fmt: skip
@@ -219,7 +219,7 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
         return None
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
-    p, kw = _planned(_fields(q, k, v, lens, max_len, causal, window_left, window_right, softmax_scale, sinks,
+    p, kw = _planned(_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
                              bias_key0, softcap, lse is not None, config))  # fmt: skip
     if p.kernel == "gluon" and not _gluon_ok:
         return None

@@ -39,7 +39,7 @@ import torch
 from prefill_runtime import LaunchPlan
 from window_prefill.configs import Config, block_d, get_config, wide_offsets_config
 
-# A row must see at least this many keys (its window, capped by the longest sequence) for the Gluon
+# A row's window must hold at least this many keys (the window alone, whatever the lengths) for the Gluon
 # kernel: its 128-row tiles pay a fixed cost per program that narrow bands do not repay.
 _GLUON_MIN_WIDTH = 2048
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
@@ -86,12 +86,14 @@ class Problem:
     config: Config | None = None
 
 
-def wide_window(causal: bool, window_left: int, window_right: int, max_len: int) -> bool:
-    """Whether a row may see at least ``_GLUON_MIN_WIDTH`` keys: the window's width (``-1`` sides
-    unbounded, a causal right side 0), capped by the longest sequence ``max_len``."""
-    left = max_len if window_left < 0 else window_left
-    right = 0 if causal else (max_len if window_right < 0 else window_right)
-    return min(left + right + 1, max_len) >= _GLUON_MIN_WIDTH
+def wide_window(causal: bool, window_left: int, window_right: int) -> bool:
+    """Whether the window lets a row see at least ``_GLUON_MIN_WIDTH`` keys: its width, ``-1`` sides
+    unbounded, a causal right side 0. The window alone decides, never a length of the call: a sequence
+    runs the same kernel whatever batch it is in (batch invariance)."""
+    if window_left < 0 or (not causal and window_right < 0):
+        return True
+    right = 0 if causal else window_right
+    return window_left + right + 1 >= _GLUON_MIN_WIDTH
 
 
 def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
