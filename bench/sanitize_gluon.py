@@ -75,6 +75,18 @@ PREFIX_OPTIONS = [
     ("split", 128, 16, False, False, "gluon-split"),
     ("split", 64, 544, True, False, "gluon-split"),
 ]
+# queries of <= 64 rows (the forms whose second consumer warpgroup only drains the rings, IDLE_WG1), plain
+# and with every option: (layout, head, page, kv_from_cache, return_lse, plan, options)
+PREFIX_SHORT = [
+    ("nhd", 128, 16, False, True, "gluon-nhd", False),
+    ("nhd", 256, 16, True, False, "gluon-nhd", False),
+    ("split", 64, 16, False, False, "gluon-split", False),  # the new tokens' V transposed (V_STAGE)
+    ("split", 128, 16, False, True, "gluon-split", False),  # K by 16-key TMA runs, V by gathers
+    ("split", 128, 544, True, False, "gluon-split", False),  # K by wide boxes, two consumers (from cache)
+    ("split", 256, 16, False, False, "gluon-split", False),  # K chunk-major and V by TMA
+    ("nhd", 128, 16, False, False, "gluon-nhd", True),
+    ("split", 128, 16, False, True, "gluon-split", True),
+]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
     (64, [2100, 300], (2047, -1), False),
@@ -84,9 +96,18 @@ WINDOW = [
 
 
 def _prefix_case(
-    layout: str, d: int, page: int, from_cache: bool, lse: bool, want_kernel: str, options: bool = False
+    layout: str,
+    d: int,
+    page: int,
+    from_cache: bool,
+    lse: bool,
+    want_kernel: str,
+    options: bool = False,
+    short: bool = False,
 ) -> list[str]:
     ctx, new, h, hk = ([2400, 37], [300, 70], 8, 2) if options else ([300, 37], [150, 70], 8, 2)
+    if short:  # max_query_len <= 64: the second consumer warpgroup idles
+        ctx, new = [2400, 37], [4, 60]
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
     nb = sum(pages) + 1
@@ -164,8 +185,13 @@ def _cases() -> list[tuple[str, object, tuple]]:
         for c in PREFIX_OPTIONS
     ]  # fmt: skip
     cases += [(f"window d{c[0]} lens {c[1]} window {c[2]} lse={c[3]}", _window_case, c) for c in WINDOW]
-    return cases + [(f"window d{c[0]} lens {c[1]} window {c[2]} sinks softcap", _window_case, (*c, True))
-                    for c in WINDOW[:2]]  # fmt: skip
+    cases += [(f"window d{c[0]} lens {c[1]} window {c[2]} sinks softcap", _window_case, (*c, True))
+              for c in WINDOW[:2]]  # fmt: skip
+    return cases + [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} queries <= 64"
+         f"{' all options' if c[6] else ''}", _prefix_case, (*c, True))
+        for c in PREFIX_SHORT
+    ]  # fmt: skip
 
 
 # --consan-all variants: (extra arguments, extra environment) of a child process

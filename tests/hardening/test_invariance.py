@@ -273,8 +273,10 @@ def _prefix_batch_invariance(
     d: int,
     page: int,
     window: tuple[int, int],
+    layout: str = "nhd",
 ) -> None:
-    """Sequence S alone and inside batches: the cache and S's pages are shared, rows bitwise identical."""
+    """Sequence S alone and inside batches: the cache and S's pages are shared, rows bitwise identical
+    (``layout``: the caches as NHD or vLLM's split layout)."""
     gen = torch.Generator().manual_seed(2)
     seqs = [target, *others]
     pages = [-(-(c + n) // page) for c, n in seqs]
@@ -282,6 +284,9 @@ def _prefix_batch_invariance(
     perm = torch.randperm(nb, generator=gen)
     k_cache = torch.randn(nb, page, kv, d, generator=gen).to(device=DEVICE, dtype=dtype)
     v_cache = torch.randn(nb, page, kv, d, generator=gen).to(device=DEVICE, dtype=dtype)
+    if layout == "split":  # K [blocks, kv, d / 8, page, 8], V [blocks, kv, d, page]
+        k_cache = k_cache.view(nb, page, kv, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
+        v_cache = v_cache.permute(0, 2, 3, 1).contiguous()
     ids, at = [], 0
     for p in pages:
         ids.append(perm[at : at + p].tolist())
@@ -311,7 +316,7 @@ def _prefix_batch_invariance(
             seq_lens,
             max(q_lens),
             window=window,
-            kv_layout="nhd",
+            kv_layout=layout,
         )
         at = sum(q_lens[: comp.index(0)])
         rows.append(out[at : at + target[1]])
@@ -337,6 +342,18 @@ def test_gpu_window_batch_invariance_bf16(window):
 def test_gpu_prefix_batch_invariance_bf16(window, page):
     _prefix_batch_invariance(
         torch.bfloat16, (3000, 700), [(0, 2048), (5000, 1), (100, 3000)], 16, 4, 128, page, window
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_prefix_batch_invariance_short_query_bf16(layout, monkeypatch):
+    """A speculative-decoding sized query (4 rows on a 3000-token context) alone runs, on Hopper, the
+    Gluon form whose second warpgroup idles (``max_query_len <= 64``); beside longer queries, the form
+    with two computing warpgroups: its rows are the same bit for bit (the full forms, compile tiers off)."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    _prefix_batch_invariance(
+        torch.bfloat16, (3000, 4), [(0, 2048), (5000, 1), (100, 60)], 16, 4, 128, 16, (-1, -1), layout
     )
 
 

@@ -123,6 +123,26 @@ def test_split_gather_ok():
         assert not plan.split_gather_ok(p) and plan.plan(p).kernel == "triton"
 
 
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_idle_second_warpgroup_rule(layout):
+    """The one rule that reads a call's length: a Gluon plan's full form with two consumer partitions
+    runs with an idle second warpgroup exactly when ``max_query_len <= 64`` (half a 128-row tile); the
+    quick form, a plan with one consumer partition and the Triton kernel never do."""
+    for head, page in ((64, 16), (128, 16), (128, 544), (256, 16)):
+        case = make_case([(40, 9)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                         dtype=torch.bfloat16, device="cpu", layout=layout)  # fmt: skip
+        chosen = plan.plan(_sm90(case))
+        two = not chosen.consts().get("ONE_CONSUMER", False)
+        assert two is not (layout == "split" and head == 128 and page >= 128)
+        for n in (0, 1, 4, 63, 64):
+            assert plan.idle_second_warpgroup(chosen, n) is two
+            assert plan.idle_second_warpgroup(chosen, n, full=False) is False
+        for n in (65, 128, 129, 4096):
+            assert plan.idle_second_warpgroup(chosen, n) is False
+        triton = plan.plan(problem_of(case, arch="sm90", gluon=False))
+        assert triton.kernel == "triton" and plan.idle_second_warpgroup(triton, 4) is False
+
+
 @pytest.mark.parametrize("page", [16, 64, 544, 2048])
 @pytest.mark.parametrize("head", [64, 128, 256])
 def test_split_plan_by_head(head, page):
@@ -281,9 +301,10 @@ def test_split_launch_tiers(head, page, monkeypatch):
     (``warmup``: two consumers, 4 warps, Q in 64-row boxes, on the caller's CUDA device; at head 128 on
     pages holding a key block the plan's one consumer partition, 8 warps, Q in one box, LLVM at full
     optimisation), both with arguments that bind to the kernel's parameters; after ``finish_compiles``
-    the calls launch the full form; other lengths keep the key; inside a graph capture a full form never
-    launched stays on the quick form; tiers off (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at
-    once, no background compile."""
+    the calls launch the full form; other lengths keep the key, but queries of <= 64 rows run the full
+    form with an idle second warpgroup, a tier of its own (two consumer partitions only); inside a graph
+    capture a full form never launched stays on the quick form; tiers off
+    (``PREFIX_PREFILL_GLUON_TIERED=0``): the full form at once, no background compile."""
     import prefill_runtime.tiers as tiers
 
     rec = _record_split(monkeypatch, tiered=True)
@@ -320,11 +341,23 @@ def test_split_launch_tiers(head, page, monkeypatch):
     capturing.append(1)  # compiled but never launched: the quick form inside a capture
     assert _launch(case([(7, 300)])) is True and quick(rec.calls[-1][2], rec.calls[-1][1])
     capturing.clear()
-    assert _launch(case([(3, 9), (500, 20), (0, 64)])) is True
-    assert full(rec.calls[-1][2], rec.calls[-1][1])
+    assert _launch(case([(3, 9), (500, 20), (0, 65)])) is True
+    assert full(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["IDLE_WG1"] is False
     capturing.append(1)  # loaded now: the full form inside a capture too
     assert _launch(case([(7, 300)])) is True and full(rec.calls[-1][2], rec.calls[-1][1])
     assert len(rec.warmups) == 1
+    capturing.clear()
+    # queries of <= 64 rows: the idle-warpgroup form (two consumer partitions only), a tier of its own
+    short = case([(3, 4), (50, 8), (9, 64)])
+    assert _launch(short) is True
+    if one:  # the plan's one consumer partition has no idle form: the full form, compiled already
+        assert full(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["IDLE_WG1"] is False
+    else:
+        assert quick(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["IDLE_WG1"] is False
+        assert gluon_launch.finish_compiles(timeout=30) is True
+        assert len(rec.warmups) == 2 and rec.warmups[-1][2]["IDLE_WG1"] is True
+        assert _launch(short) is True and rec.calls[-1][2]["IDLE_WG1"] is True
+        assert full(rec.calls[-1][2], rec.calls[-1][1])
     assert _launch(case([(40, 5)]), lse=torch.empty(4, 5)) is True  # another key: quick form again
     assert quick(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["RETURN_LSE"] is True
     gluon_launch.finish_compiles(timeout=30)
@@ -393,6 +426,9 @@ for head, box, from_cache in CASES:
     # the quick form: one 8-warp consumer partition (Q in one box), LLVM at O0
     _, kernel = compile_nhd(head, box, from_cache, False, one=True, llvm_o0=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma, "the consumer is not compiled once"
+    # queries of <= 64 rows: the second consumer warpgroup issues no wgmma
+    _, kernel = compile_nhd(head, box, from_cache, False, IDLE_WG1=True)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 == n_wgmma, "the idle warpgroup computes"
 """
 )
 
@@ -435,29 +471,38 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
     _, quick = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=True, llvm_o0=True)
     if cm:
         no_base_offsets(quick)
+    # queries of <= 64 rows, where the plan has two consumer partitions: the second issues no wgmma
+    if not (not from_cache and head in itf_plan.SPLIT_ONE_CONSUMER_HEADS and k_wide == 1):
+        _, idle = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, IDLE_WG1=True)
+        n = ptx.count("wgmma.mma_async")
+        assert idle.asm["ptx"].count("wgmma.mma_async") * 2 == n, "the idle warpgroup computes"
+        if cm:
+            no_base_offsets(idle)
 """
 )
 
 
 def test_gluon_split_kernel_compiles_for_sm90():
     """The split-layout kernel compiles for sm90 (no GPU needed) in every form a plan takes, full and
-    quick, with 16-byte ``cp.async`` gathers only (16-byte alignment of every gather proven to the
-    compiler), within one program's shared memory."""
+    quick, and with an idle second warpgroup where the plan has two consumer partitions, with 16-byte
+    ``cp.async`` gathers only (16-byte alignment of every gather proven to the compiler), within one
+    program's shared memory."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 18 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 26 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
-    shared memory (227 KiB), full and as its quick form (one 8-warp consumer partition: half the wgmma
-    instructions, the consumer compiled once); on Triton 3.6 the launcher-source guess of
+    shared memory (227 KiB), full, as its quick form (one 8-warp consumer partition: half the wgmma
+    instructions, the consumer compiled once) and with an idle second warpgroup (half the wgmma
+    instructions: the second consumer issues none); on Triton 3.6 the launcher-source guess of
     prefill_runtime's prebuild matches."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 8 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 12 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -564,15 +609,17 @@ def test_gpu_gluon_negative_control(layout, gluon_launches):
 @pytest.mark.parametrize("head", [128, 256])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
-    """Other lengths and batch sizes never recompile it; a CUDA graph replays it right (in the split
+    """Other lengths and batch sizes never recompile it once its two full forms are loaded (two computing
+    warpgroups; the second idle, for queries of <= 64 rows); a CUDA graph replays it right (in the split
     layout with the host's copies of the new tokens inside the graph; at head 256 with K and V by TMA,
     the split layout's default there)."""
     jit = gluon_launch._gluon_fwd_kernel if layout == "nhd" else gluon_launch._gluon_split_kernel
-    case = make_case([(300, 100), (50, 7)], num_heads=8, num_kv_heads=2, head_size=head, page=544,
-                     dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
-    run_py(case, validate=False)
-    gluon_launch.finish_compiles()  # (with compile tiers on, the full form compiles in the background)
-    run_py(case, validate=False)  # the full form loaded (a capture does not load a module)
+    for seqs in ([(300, 100), (50, 7)], [(300, 40), (50, 7)]):
+        case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=544, dtype=torch.bfloat16,
+                         device=DEVICE, layout=layout)  # fmt: skip
+        run_py(case, validate=False)
+        gluon_launch.finish_compiles()  # (with compile tiers on, the full form compiles in the background)
+        run_py(case, validate=False)  # the full form loaded (a capture does not load a module)
     before = compiled_variants(jit)
     for seqs in ([(0, 5)], [(3000, 900), (1, 1), (64, 700)], [(2000, 300)] * 9):
         case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=544, dtype=torch.bfloat16,
@@ -591,7 +638,7 @@ def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
     graph.replay()
     torch.cuda.synchronize()
     assert compare(out, reference(case))
-    assert len(gluon_launches) == 6  # two run_py, three batches, the capture (a replay launches no Python)
+    assert len(gluon_launches) == 8  # four run_py, three batches, the capture (a replay launches no Python)
 
 
 @pytest.mark.gpu

@@ -268,15 +268,17 @@ GPU_OPTIONS = {
 }
 
 
-def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch) -> None:
+def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seqs=None) -> None:
     """One option set on a layout's Gluon kernel against the reference (output and LSE): ragged batches
-    with empty contexts and one-token queries, NaN in every slot no query may read; ``explain()`` names
-    the Gluon kernel and one launch ran it (windows of any width: the width rule set aside)."""
+    with empty contexts and one-token queries (or ``seqs``), NaN in every slot no query may read;
+    ``explain()`` names the Gluon kernel and one launch ran it (windows of any width: the width rule set
+    aside)."""
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
     launches = []
     orig = gluon_launch.launch
     monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: launches.append(1) or orig(*a, **k))
-    seqs = [*random_seqs(3, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93), (900, 1)]
+    if seqs is None:
+        seqs = [*random_seqs(3, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93), (900, 1)]
     case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
                      layout=layout, kv_from_cache=from_cache)  # fmt: skip
     kw = _kw(opts, 8)
@@ -306,6 +308,33 @@ def test_gpu_all_options_every_form(layout, from_cache, head, dtype, page, monke
     """A window, ALiBi, sinks and a soft cap together on every form the plans take: both layouts, k given
     or from the cache, heads 64 / 128 / 256, the page classes 16, 544 and 1056."""
     _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS["all"], monkeypatch)
+
+
+# queries of at most 64 rows (speculative decoding, decode-sized chunks): the idle-warpgroup form
+SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "head,dtype,page,opts",
+    [(128, torch.bfloat16, 16, "all"), (256, torch.float16, 16, "all"), (64, torch.bfloat16, 16, "all"),
+     (128, torch.bfloat16, 544, "plain"), (256, torch.bfloat16, 1056, "plain")],
+)  # fmt: skip
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_short_queries_every_form(layout, from_cache, head, dtype, page, opts, monkeypatch):
+    """Queries of at most 64 rows run the full form whose second consumer warpgroup computes nothing and
+    only keeps the rings' protocol (``IDLE_WG1``; a form with one consumer partition has none), with
+    every option or none, on both layouts, k given or from the cache (compile tiers off: the full form
+    from the first call)."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = make_case(SHORT_SEQS, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype,
+                     device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
+    one = chosen.consts().get("ONE_CONSUMER", False)
+    assert plan.idle_second_warpgroup(chosen, case.max_query_len) is not one
+    _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS.get(opts, {}), monkeypatch, SHORT_SEQS)
 
 
 @pytest.mark.gpu

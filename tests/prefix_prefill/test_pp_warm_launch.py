@@ -59,8 +59,9 @@ def _call(case, key=None, generic=False, o=None, scale=0.1, status=None):
         )
     args = (chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
             case.cu_seqlens_q, case.seq_lens, case.max_query_len, scale, None)  # fmt: skip
-    if generic:
-        gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, key, *args[2:], status)
+    if generic:  # (the compiled variant's key: the idle-warpgroup form's for short queries)
+        vkey = gluon_launch._variant(chosen, key, case.max_query_len)
+        gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, vkey, *args[2:], status)
     elif not gluon_launch.warm(chosen, key, *args[2:8], *args[10:14], scale, None, status):  # a repeated call
         assert gluon_launch.launch(*args, key, status)
     return key
@@ -69,7 +70,9 @@ def _call(case, key=None, generic=False, o=None, scale=0.1, status=None):
 def test_frame_call_is_the_generic_launch(warm_split):
     """The first call goes through Triton, the second launches the variant directly and keeps a frame over
     its caches; a frame's call for new tokens, batch, lengths and block table over those caches hands
-    the C launcher exactly the arguments the generic direct launch hands it for that call."""
+    the C launcher exactly the arguments the generic direct launch hands it for that call. A batch of
+    queries no longer than 64 rows runs the idle-warpgroup form (``IDLE_WG1``), a variant of its own:
+    its first call goes through Triton once."""
     a = _split_case()
     key = _call(a)
     assert isinstance(key, int) and len(warm_split.triton_calls) == 1
@@ -81,8 +84,9 @@ def test_frame_call_is_the_generic_launch(warm_split):
         b = _split_case(seqs)
         b.k_cache, b.v_cache = a.k_cache, a.v_cache  # an engine's next step on the same layer
         o = torch.empty_like(b.q)
-        for _ in range(2):  # (another scale: the same key, another frame, made by the first of the two)
+        for _ in range(3):  # (another scale or form: the same key, another frame, made by an early call)
             _call(b, key, o=o, scale=scale)
+        assert warm_split.triton_calls[-1][2]["IDLE_WG1"] == (b.max_query_len <= 64)
         framed = c_calls[-1]
         assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
         _call(b, key, generic=True, o=o, scale=scale)
@@ -90,14 +94,14 @@ def test_frame_call_is_the_generic_launch(warm_split):
         assert framed[0] == -(-b.max_query_len // 128) and framed[2] == len(seqs)
         maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
         assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
-    assert len(warm_split.triton_calls) == 1
+    assert len(warm_split.triton_calls) == 2  # the full form and the idle-warpgroup form
     st = torch.zeros(1, dtype=torch.int32)  # with status=: another variant, whose frame passes each call's
     skey = _call(a, status=st)
     for seqs in ([(3, 1)], [(0, 64), (100, 37)]):
         b = _split_case(seqs)
         b.k_cache, b.v_cache = a.k_cache, a.v_cache
         o = torch.empty_like(b.q)
-        for _ in range(2):
+        for _ in range(3):
             _call(b, skey, o=o, status=st)
         framed = c_calls[-1]
         assert st.data_ptr() in framed

@@ -385,7 +385,7 @@ def consumer(
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0,
+    SINKS: gl.constexpr = 0, IDLE: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -405,24 +405,16 @@ def consumer(
     reinterpreted; the new tokens' V as stored, no transposed copy);
     segment B must then hold at least one block (a one-segment caller passes None). ``score``, ``SOFTCAP``,
     ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`).
-    With two 4-warp consumers, a warpgroup whose rows are all padding (``row0 + WG * HALF_M >= n_rows``:
-    a short query's tile, a sequence's last tile) computes nothing: it keeps its part of the ring
-    protocol only (:func:`_drain`), leaving the tensor cores to the other."""
-    if WARPGROUPS == 1 and WG == 1:
-        if row0 + WG * HALF_M >= n_rows:
-            VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
-            _drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi,
-                   a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG,
-                   BLOCK_N, NUM_STAGES, VS, V_T, CP_FILL, V_ROWS)  # fmt: skip
-        else:
-            _consume(
-                WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar, row0,
-                tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
-                b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot,
-                stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT,
-                RETURN_LSE, V_T, CP_FILL, WARPGROUPS, K_VIEW, V_STAGES, K_COLS, V_ROWS, score, SOFTCAP, ALIBI,
-                SINKS,
-            )  # fmt: skip
+    ``IDLE`` (the second warpgroup of a two-consumer form, ``WG == 1`` and ``WARPGROUPS == 1``, in a
+    launch whose caller knows that no query reaches past the first warpgroup's ``HALF_M`` rows): computes
+    nothing and keeps its part of the ring protocol only (:func:`_drain`), leaving the tensor cores to
+    the other warpgroup. A compile-time form, so the other forms' code is untouched (a runtime branch
+    around the main loop costs every launch; measured in bench/results/NOTES.md)."""
+    if IDLE:
+        VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
+        _drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi,
+               a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG, BLOCK_N,
+               NUM_STAGES, VS, V_T, CP_FILL, V_ROWS)  # fmt: skip
     else:
         _consume(
             WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar, row0,

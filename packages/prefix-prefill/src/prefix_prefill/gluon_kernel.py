@@ -62,14 +62,16 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
 @gluon.jit
 def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                    num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
-                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, IDLE_WG1: gl.constexpr):  # fmt: skip
     """Program setup of both Gluon kernels, before any program returns: head 0's program of a sequence's
     last query tile reports its malformed metadata into ``Status`` (when given: the bits of
     ``flags``, ``MAX_LEN`` for a query longer than ``max_query_len``, ``BLOCK_ID`` from a scan of the
     ``need`` cached tokens' block ids), and each head's program of the last tile writes the rows past
     the grid (a ``max_query_len`` smaller than the sequence) as 0
-    (``prefill_runtime.gluon_bounds.zero_rows``)."""
-    grid_rows = gl.num_programs(0) * BLOCK_M  # query rows the grid covers
+    (``prefill_runtime.gluon_bounds.zero_rows``). With ``IDLE_WG1`` (one tile, whose second warpgroup
+    computes nothing) the grid covers the first ``BLOCK_M / 2`` rows."""
+    COVER: gl.constexpr = BLOCK_M // 2 if IDLE_WG1 else BLOCK_M
+    grid_rows = gl.num_programs(0) * COVER  # query rows the grid covers
     last = pid_m == gl.num_programs(0) - 1
     if Status is not None:
         if (head == 0) & last:
@@ -165,7 +167,7 @@ def _program(
     max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale, Sinks, Slopes,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
-    HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr,
+    HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
@@ -179,7 +181,7 @@ def _program(
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                    num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
-                   HEAD_DIM)  # fmt: skip
+                   HEAD_DIM, IDLE_WG1)  # fmt: skip
     m0 = pid_m * BLOCK_M
     skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE)
     w_left, seg, score = _program_options(
@@ -201,7 +203,7 @@ def _prefix_consumer(
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
-    HAS_SINKS: gl.constexpr = False,
+    HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -210,7 +212,8 @@ def _prefix_consumer(
     (``seg``, ``score``, ``window_left``: :func:`_program_options`').
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
     ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
-    ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options."""
+    ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``:
+    the consumer's (a second warpgroup whose rows no query reaches)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, st_o, sh_o = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
@@ -220,7 +223,7 @@ def _prefix_consumer(
         q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z, b_end, z,
         b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
         NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, K_COLS, V_ROWS,
-        score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0,
+        score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, IDLE,
     )  # fmt: skip
 
 
@@ -275,6 +278,7 @@ def _gluon_fwd_kernel(
     LLVM_O0: gl.constexpr, Sinks=None, Slopes=None, tanh_scale=None,
     window_left=None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
+    IDLE_WG1: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -289,6 +293,8 @@ def _gluon_fwd_kernel(
     ``tanh_scale`` = softmax scale / softcap); ``HAS_ALIBI`` ALiBi slopes ``Slopes`` ``[num_heads]``;
     ``HAS_SINKS`` sinks ``Sinks`` ``[num_heads]`` (float32, an extra logit of the denominator);
     ``SKIP_DECODE`` one-token sequences are left to a decode kernel (:func:`_program_skipped`).
+    ``IDLE_WG1`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``: the launcher's choice, see
+    ``prefix_prefill.plan.idle_second_warpgroup``): the second warpgroup only keeps the rings' protocol.
     ``n_bt_cols``: the block table's width; ``num_blocks``: the caches'; ``max_query_len``: the caller's;
     ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
     into ``Q_desc``'s token count, cached keys into the table)."""
@@ -296,7 +302,7 @@ def _gluon_fwd_kernel(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
         Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
-        HAS_ALIBI, HAS_SINKS,
+        HAS_ALIBI, HAS_SINKS, IDLE_WG1,
     )  # fmt: skip
     if skip:
         return
@@ -336,7 +342,7 @@ def _gluon_fwd_kernel(
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),

@@ -39,6 +39,7 @@ from paged_kv_offsets import CacheView
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.kernel import LOG2E
+from prefix_prefill.plan import idle_second_warpgroup
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
     from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
@@ -165,6 +166,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     fast = _NHD if nhd else _SPLIT
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
+    key = _variant(plan, key, max_query_len)
     frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
     if frame is None:
         return False
@@ -209,6 +211,7 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     global _FAILED
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
+    key = _variant(plan, key, max_query_len)
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -221,6 +224,12 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
         return True
     _FAILED = True
     return False
+
+
+def _variant(plan: LaunchPlan, key: int, max_query_len: int):
+    """The compiled variant's key of a call with :func:`launch_key` ``key``: ``key``, or ``(key, "idle")``
+    for the full form with an idle second warpgroup (``prefix_prefill.plan.idle_second_warpgroup``)."""
+    return (key, "idle") if idle_second_warpgroup(plan, max_query_len) else key
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -341,7 +350,8 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
-    consts.update(ONE_CONSUMER=not full, LLVM_O0=not full and _tiered())
+    consts.update(ONE_CONSUMER=not full, IDLE_WG1=idle_second_warpgroup(plan, max_query_len, full),
+                  LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 
 
@@ -459,6 +469,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
             status)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one,
+                  IDLE_WG1=idle_second_warpgroup(plan, max_query_len, full),
                   LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 
@@ -477,6 +488,8 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
         )  # fmt: skip
         _start(kernel, fast, key, full, warmup, grid, args, params, q.device)
 
-    # (the tiers' key: one background compile per kernel, dtype and constexprs, whatever the problem)
-    tier_key = ("nhd" if nhd else "split", q.dtype, *plan.constexprs)
+    # (the tiers' key: one background compile per kernel, dtype, constexprs and idle-warpgroup form,
+    # whatever the problem)
+    idle = idle_second_warpgroup(plan, max_query_len)
+    tier_key = ("nhd" if nhd else "split", q.dtype, idle, *plan.constexprs)
     return lambda: _run_tiers(tier_key, one)

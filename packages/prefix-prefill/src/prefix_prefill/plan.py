@@ -273,6 +273,18 @@ def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
     return LaunchPlan("gluon-nhd", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
 
+def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = True) -> bool:
+    """Whether a Gluon launch of ``plan`` runs its form whose second consumer warpgroup computes nothing
+    (``IDLE_WG1``): the form has two consumer partitions (the full form, not ``ONE_CONSUMER``) and no
+    query reaches past the first warpgroup's ``BLOCK_M / 2`` rows (``max_query_len``: decode-sized and
+    speculative-decoding steps). The first warpgroup's code is the same in both forms, so a sequence's
+    rows do not depend on the batch around it. The one rule about a call's lengths: the plan itself never
+    reads one."""
+    if not full or 2 * max_query_len > plan.block_m or plan.kernel not in ("gluon-nhd", "gluon-split"):
+        return False
+    return ("ONE_CONSUMER", True) not in plan.constexprs
+
+
 def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
     d, elem = p.head_size, p.q_dtype.itemsize
     if not (split_gather_ok(p) and _rows_tma(p.q_strides, p.q_al16, p.num_heads, d, elem)):
