@@ -638,7 +638,10 @@ def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
     graph.replay()
     torch.cuda.synchronize()
     assert compare(out, reference(case))
-    assert len(gluon_launches) == 8  # four run_py, three batches, the capture (a replay launches no Python)
+    # four run_py, three batches, the capture (a replay launches no Python); with one consumer partition
+    # (no idle form) the short batch's second run_py repeats the first's variant through its frame
+    one = plan.plan(_sm90(case)).consts().get("ONE_CONSUMER", False)
+    assert len(gluon_launches) == (7 if one else 8)
 
 
 @pytest.mark.gpu

@@ -16,6 +16,10 @@ repeated call signature goes to :func:`warm`, which fills the frame's per-call s
 new tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE,
 the status, the sinks and ALiBi slopes) and launches.
 
+Idle-warpgroup form: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full
+form with ``IDLE_WG1`` (``prefix_prefill.plan.idle_second_warpgroup``): a compiled variant, frame and
+compile tier of its own (:func:`_variant`), the same rows bit for bit.
+
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
 daemon thread compiles the full form (two warpgroups ping-ponging over the tensor cores; for a split

@@ -24,7 +24,9 @@ kernel                  when
 ======================  =========================================================================
 
 The Triton kernel's constexprs are derived here too (layout hints, int32 or int64 offsets, granule
-edges, the merged masked loop, block ids read ahead); every one is a function of the problem.
+edges, the merged masked loop, block ids read ahead); every one is a function of the problem. One rule
+reads a call's ``max_query_len``, outside the plan: :func:`idle_second_warpgroup`, the Gluon form a
+launch of the plan runs (its rows the same bit for bit).
 """
 
 from __future__ import annotations
