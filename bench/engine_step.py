@@ -86,6 +86,7 @@ class Scenario:
     page: int = 16
     causal: bool = True
     skip_decode: bool = False
+    cache_fp8: bool = False  # the caches in float8_e4m3fn (scales 1; vLLM's kv_cache_dtype "fp8")
     note: str = ""
     total_q: int = field(init=False)
 
@@ -113,6 +114,7 @@ def scenarios(smoke: bool) -> list[Scenario]:
                      skip_decode=True),
             Scenario("specdec_32x4", "prefix", h, hk, d, [(14, 4), (7, 4)]),
             Scenario("specdec_32x8", "prefix", h, hk, d, [(14, 8), (7, 8)]),
+            Scenario("specdec_32x4_fp8", "prefix", h, hk, d, [(14, 4), (7, 4)], cache_fp8=True),
             Scenario("vision_16x1024_d64", "varlen", 2, 2, d, [(0, 8)] * 2, causal=False),
             Scenario("long_8192_on_32k", "prefix", h, hk, d, [(16, 16)]),
         ]  # fmt: skip
@@ -137,6 +139,8 @@ def scenarios(smoke: bool) -> list[Scenario]:
                  note="speculative verification: 32 x 4 query tokens on 2-8k contexts"),
         Scenario("specdec_32x8", "prefix", 32, 8, 128, [(c, 8) for c in spec],
                  note="speculative verification: 32 x 8 query tokens on 2-8k contexts"),
+        Scenario("specdec_32x4_fp8", "prefix", 32, 8, 128, [(c, 4) for c in spec], cache_fp8=True,
+                 note="specdec_32x4 over an fp8 e4m3 cache (scales 1)"),
         Scenario("vision_16x1024_d64", "varlen", 16, 16, 64, [(0, 1024)] * 16, causal=False,
                  note="vision encoder: 16 x 1024, non-causal"),
         Scenario("long_8192_on_32k", "prefix", 32, 8, 128, [(32768, 8192)],
@@ -252,7 +256,7 @@ def layer_bytes(env: Env, sc: Scenario, meta: dict, nhd: bool) -> int:
     cache = 0
     if sc.kind == "prefix":
         cache = 2 * meta["num_blocks"] * sc.page * sc.kv_heads * sc.head_dim * (2 if nhd else 1)
-    return (qo + kv + cache) * e
+    return (qo + kv) * e + cache * (1 if sc.cache_fp8 else e)
 
 
 def make_layer(env: Env, sc: Scenario, meta: dict, gen, nhd: bool) -> dict:
@@ -267,9 +271,10 @@ def make_layer(env: Env, sc: Scenario, meta: dict, gen, nhd: bool) -> dict:
     lay = {"q": randn(t, h, d), "k": randn(t, hk, d), "v": randn(t, hk, d)}
     lay["o"] = torch.zeros_like(lay["q"])
     if sc.kind == "prefix":
-        nb, x = meta["num_blocks"], 16 // (torch.finfo(dt).bits // 8)  # vLLM's x: 16 bytes
-        lay["k_cache"] = randn(nb, hk, d // x, sc.page, x)
-        lay["v_cache"] = randn(nb, hk, d, sc.page)
+        cache_dt = torch.float8_e4m3fn if sc.cache_fp8 else dt
+        nb, x = meta["num_blocks"], 16 // (torch.finfo(cache_dt).bits // 8)  # vLLM's x: 16 bytes
+        lay["k_cache"] = randn(nb, hk, d // x, sc.page, x).to(cache_dt)
+        lay["v_cache"] = randn(nb, hk, d, sc.page).to(cache_dt)
         if nhd:
             lay["k_nhd"], lay["v_nhd"] = split_to_nhd(lay["k_cache"], lay["v_cache"])
     elif sc.equal_lengths:  # [B, H, S, D] views for SDPA (what a vision encoder passes), no copies
@@ -307,8 +312,9 @@ def make_call(env: Env, sc: Scenario, impl: str, meta: dict, lay: dict):
         kw = {"skip_decode": True} if sc.skip_decode else {}
         if impl in ("ours_caf", "vllm"):
             f = env.pp.context_attention_fwd if impl == "ours_caf" else env.vllm_pp
+            kv_dtype = "fp8" if sc.cache_fp8 else "auto"
             args = (
-                lay["q"], lay["k"], lay["v"], o, "auto", lay["k_cache"], lay["v_cache"], m["block_table"],
+                lay["q"], lay["k"], lay["v"], o, kv_dtype, lay["k_cache"], lay["v_cache"], m["block_table"],
                 m["cu"], m["seq_lens"], m["max_seq"], m["max_q"], m["scale"], m["scale"],
             )  # fmt: skip
 
@@ -322,7 +328,8 @@ def make_call(env: Env, sc: Scenario, impl: str, meta: dict, lay: dict):
         pp = env.pp.prefix_prefill
         args = (lay["q"], lay["k"], lay["v"], kc, vc, m["block_table"], m["cu"], m["seq_lens"], m["max_q"])
         layout = "nhd" if nhd else "split"
-        return lambda: pp(*args, kv_layout=layout, out=o, causal=sc.causal)
+        scales = {"k_scale": m["scale"], "v_scale": m["scale"]} if sc.cache_fp8 else {}
+        return lambda: pp(*args, kv_layout=layout, out=o, causal=sc.causal, **scales)
     q, k, v = lay["q"], lay["k"], lay["v"]
     if impl in ("ours_caf", "vllm"):
         f = env.wp.context_attention_fwd if impl == "ours_caf" else env.vllm_wp
