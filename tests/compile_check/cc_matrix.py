@@ -33,7 +33,9 @@ import torch
 from cc_targets import TARGETS, Target, emulated_device
 
 #: forms of a prefix-prefill call: the options it sets, as the models that use them combine them
-#: (``k_none``: the new tokens' K/V read from the cache). Every option is in at least one form.
+#: (``k_none``: the new tokens' K/V read from the cache; ``short``: queries of at most 4 tokens, the
+#: short-query forms, where the other forms' ``max_query_len`` of 96 takes the full ones). Every option is
+#: in at least one form.
 PREFIX_FORMS: dict[str, dict] = {
     "causal": {},
     "sliding_sinks": dict(left=1023, sinks=True, lse=True),  # gpt-oss (its LSE for cascades)
@@ -41,6 +43,7 @@ PREFIX_FORMS: dict[str, dict] = {
     "alibi": dict(alibi=True, skip_decode=True),  # BLOOM/MPT, a batch with decode rows
     "bidirectional": dict(causal=False, left=100, right=30),  # encoder-style, windowed both ways
     "k_none": dict(k_none=True, lse=True),
+    "specdec": dict(short=True, lse=True),  # speculative decoding: a few tokens a sequence
 }
 #: forms of a window-prefill call (``lens``: starts and lengths, vLLM's form, instead of cu_seqlens;
 #: ``wide_window``: rows see >= 2048 keys, where the Gluon kernel may take it)
@@ -90,7 +93,7 @@ class Case:
 
 
 def _prefix_rows(target: str) -> list[Case]:
-    """The prefix-prefill cases of one target (module docstring): per bucket 10 rows over its exact and
+    """The prefix-prefill cases of one target (module docstring): per bucket 13 rows over its exact and
     its narrower/padded head, then the narrowest head; on sm90 the Gluon kernels' own choices too."""
     rows = []
 
@@ -110,12 +113,14 @@ def _prefix_rows(target: str) -> list[Case]:
             c(small, "fp16", "split", 16, "bidirectional"),
             c(exact, "fp32", "split", 16, "sliding_softcap"),
             c(small, "fp32", "nhd", 544, "k_none"),
+            c(exact, "bf16", "split", 16, "specdec"),  # the short-query forms
+            c(exact, "bf16", "nhd", 16, "specdec", cache="fp8"),
         ]
     rows += [c(TINY_HEAD, "bf16", "nhd", 16, "bidirectional"), c(TINY_HEAD, "fp32", "split", 16, "causal")]
     if target == "sm90":  # the Gluon kernels' choices: page vs key block, k given or not, the LSE
         for _, exact in HEADS.values():
             for layout in ("split", "nhd"):
-                for page, form in ((16, "causal"), (544, "causal"), (1056, "k_none")):
+                for page, form in ((16, "causal"), (544, "causal"), (1056, "k_none"), (16, "specdec")):
                     rows.append(c(exact, "bf16", layout, page, form, gluon=True))
         rows += [dataclasses.replace(r, gluon=True) for r in list(rows) if not r.gluon]
     return rows
@@ -249,8 +254,9 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
     gluon_launch._gluon_fwd_kernel = _Recorder(saved[1], record) if saved[1] is not None else None
     gluon_launch._gluon_split_kernel = _Recorder(saved[2], record) if saved[2] is not None else None
     try:
+        max_q = 4 if opts.get("short") else 96
         launch.forward(t["q"], t["k"], t["v"], t["o"], t["k_cache"], t["v_cache"], kc, vc, t["block_table"],
-                       t["cu"], t["seq_lens"], 32, causal=causal, window=(left, right), softmax_scale=0.1,
+                       t["cu"], t["seq_lens"], max_q, causal=causal, window=(left, right), softmax_scale=0.1,
                        alibi_slopes=t["alibi"], sinks=t["sinks"], k_scale=t["scales"], v_scale=t["scales"],
                        out_scale=t["out_scale"], skip_decode=opts.get("skip_decode", False), softcap=softcap,
                        lse=t["lse"], plan_override=chosen)  # fmt: skip
