@@ -385,7 +385,7 @@ def consumer(
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0, IDLE: gl.constexpr = False,
+    SINKS: gl.constexpr = 0,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -405,78 +405,7 @@ def consumer(
     reinterpreted; the new tokens' V as stored, no transposed copy);
     segment B must then hold at least one block (a one-segment caller passes None). ``score``, ``SOFTCAP``,
     ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`).
-    ``IDLE`` (the second warpgroup of a two-consumer form, ``WG == 1`` and ``WARPGROUPS == 1``, in a
-    launch whose caller knows that no query reaches past the first warpgroup's ``HALF_M`` rows): computes
-    nothing and keeps its part of the ring protocol only (:func:`_drain`), leaving the tensor cores to
-    the other warpgroup. A compile-time form, so the other forms' code is untouched (a runtime branch
-    around the main loop costs every launch; measured in bench/results/NOTES.md)."""
-    if IDLE:
-        VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
-        _drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi,
-               a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG, BLOCK_N,
-               NUM_STAGES, VS, V_T, CP_FILL, V_ROWS)  # fmt: skip
-    else:
-        _consume(
-            WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar, row0,
-            tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
-            b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot,
-            stride_oh, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT,
-            RETURN_LSE, V_T, CP_FILL, WARPGROUPS, K_VIEW, V_STAGES, K_COLS, V_ROWS, score, SOFTCAP, ALIBI,
-            SINKS,
-        )  # fmt: skip
-
-
-@gluon.jit
-def _drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi, a_full_lo,
-           a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG: gl.constexpr,
-           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, VS: gl.constexpr, V_T: gl.constexpr,
-           CP_FILL: gl.constexpr, V_ROWS: gl.constexpr):  # fmt: skip
-    """The ring protocol of a consumer warpgroup (``WARPGROUPS == 1``) with no row to compute, without a
-    wgmma: each K and V slot waited for (so its release counts for the round the producer filled) and
-    released, and this warpgroup's half of every V-row fix (:func:`zero_v_rows`' handshake, in the
-    computing consumer's order: block ``j``'s before block ``j + 1``'s), its slot read in the view the
-    computing consumer reads it (:func:`_pv_step`)."""
-    HALF_N: gl.constexpr = BLOCK_N // 2
-    n_fix = 0
-    for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
-        _release(k_empty.index(slot), 1)
-        vslot = j % VS
-        mbarrier.wait(v_ready.index(vslot), (j // VS) & 1)
-        n0, lo, hi, _, _, out = _block_geometry(
-            j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
-            b_full_lo, b_full_hi, BLOCK_N,
-        )  # fmt: skip
-        if out:
-            if CP_FILL:
-                fence_async_shared()
-            if V_ROWS is not None:
-                if j >= n_a:
-                    v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2],
-                                                 v_smem.shape[1]], V_ROWS).index(vslot)  # fmt: skip
-                    n_fix = zero_v_rows(v_rows, fix_bar, n_fix, n0, lo, hi, WG, HALF_N, False, 1)
-                else:
-                    n_fix = zero_v_rows(v_smem.index(vslot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, 1)
-            else:
-                n_fix = zero_v_rows(v_smem.index(vslot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, 1)
-        _release(v_empty.index(vslot), 1)
-
-
-@gluon.jit
-def _consume(
-    WG: gl.constexpr, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar,
-    row0, tok_o, n_rows, head, n_blocks, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
-    b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, stride_ot, stride_oh,
-    stride_lse_h,
-    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, RETURN_LSE: gl.constexpr,
-    V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
-    K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
-    V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0,
-):  # fmt: skip
-    """:func:`consumer` for a warpgroup with rows to compute (its arguments)."""
+    A second warpgroup whose rows no query of the launch reaches runs :func:`drain` instead."""
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -572,3 +501,44 @@ def _consume(
         b_lse = gl.where(l_i == 0.0, float("-inf"), b_log2 * 0.6931471805599453)  # [BM / 2]
         p_lse = Lse + head.to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)  # [BM / 2]
         gl.store(p_lse, b_lse, mask=offs_r < n_rows)
+
+
+@gluon.jit
+def drain(k_ready, k_empty, v_ready, v_empty, v_smem, fix_bar, n_blocks, n_a, a_base, a_lo, a_hi, a_full_lo,
+           a_full_hi, b_base, b_lo, b_hi, b_full_lo, b_full_hi, a_shift, b_shift, WG: gl.constexpr,
+           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, VS: gl.constexpr, V_T: gl.constexpr,
+           CP_FILL: gl.constexpr, V_ROWS: gl.constexpr):  # fmt: skip
+    """The second consumer warpgroup of a two-consumer form (``WG == 1``, one warpgroup a partition) in a
+    launch whose caller knows that no query reaches past the first warpgroup's rows: it computes nothing,
+    leaving the tensor cores to the other warpgroup, and keeps its part of the ring protocol without a
+    wgmma (the arguments are :func:`consumer`'s, ``VS`` the V ring's slots). A compile-time form chosen by
+    the caller, so the consumer's code is untouched (a runtime branch around its main loop costs every
+    launch: bench/results/NOTES.md): each K and V slot waited for (so its release counts for the round
+    the producer filled) and released, and this warpgroup's half of every V-row fix
+    (:func:`zero_v_rows`' handshake, in the computing consumer's order: block ``j``'s before block
+    ``j + 1``'s), its slot read in the view the computing consumer reads it (:func:`_pv_step`)."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    n_fix = 0
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+        _release(k_empty.index(slot), 1)
+        vslot = j % VS
+        mbarrier.wait(v_ready.index(vslot), (j // VS) & 1)
+        n0, lo, hi, _, _, out = _block_geometry(
+            j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
+            b_full_lo, b_full_hi, BLOCK_N,
+        )  # fmt: skip
+        if out:
+            if CP_FILL:
+                fence_async_shared()
+            if V_ROWS is not None:
+                if j >= n_a:
+                    v_rows = v_smem._reinterpret(v_smem.dtype, [v_smem.shape[0], v_smem.shape[2],
+                                                 v_smem.shape[1]], V_ROWS).index(vslot)  # fmt: skip
+                    n_fix = zero_v_rows(v_rows, fix_bar, n_fix, n0, lo, hi, WG, HALF_N, False, 1)
+                else:
+                    n_fix = zero_v_rows(v_smem.index(vslot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, 1)
+            else:
+                n_fix = zero_v_rows(v_smem.index(vslot), fix_bar, n_fix, n0, lo, hi, WG, HALF_N, V_T, 1)
+        _release(v_empty.index(vslot), 1)

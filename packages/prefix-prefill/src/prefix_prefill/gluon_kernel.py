@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from paged_kv_offsets.gluon import bad_block_ids, page_row
 from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report
-from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves, score_terms
+from prefill_runtime.gluon import allocate_rings, consumer, drain, load_q_halves, score_terms
 from prefill_runtime.gluon_bounds import zero_rows
 from prefix_prefill.sequence import sequence_geometry
 
@@ -212,19 +212,24 @@ def _prefix_consumer(
     (``seg``, ``score``, ``window_left``: :func:`_program_options`').
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
     ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
-    ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``:
-    the consumer's (a second warpgroup whose rows no query reaches)."""
+    ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``: a
+    second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, st_o, sh_o = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
     z = m0 * 0
-    consumer(
-        WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, q_tok0,
-        q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z, b_end, z,
-        b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM,
-        NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0, K_COLS, V_ROWS,
-        score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, IDLE,
-    )  # fmt: skip
+    if IDLE:
+        drain(k_ready, k_empty, v_ready, v_empty, v_smem, bar_f, n_blocks, n_a, a_base, a_lo, a_end,
+              a_full_lo, a_full, b_base, z, b_end, b_full_lo, b_full, a_shift, z, WG, BLOCK_N, NUM_STAGES,
+              NUM_STAGES, SPLIT, SPLIT, V_ROWS)  # fmt: skip
+    else:
+        consumer(
+            WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+            q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
+            b_end, z, b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N,
+            HEAD_DIM, NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0,
+            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0,
+        )  # fmt: skip
 
 
 @gluon.jit
