@@ -3,7 +3,9 @@
 CPU: the config lookups of both packages take no length or batch argument, and the launches the four
 public functions make for different batch compositions differ only in the grid and in integer
 arguments the kernel declares ``do_not_specialize`` (so the set of compiled variants cannot depend on
-lengths or batch size). A sequence gives bitwise the same rows alone or inside any batch (interpreter).
+lengths or batch size), but for the prefix Triton kernel's packed-GQA form, which its rule takes for
+short queries (rows the same bit for bit). A sequence gives bitwise the same rows alone or inside any
+batch (interpreter).
 
 GPU (bf16): 100 repeated calls give bitwise identical outputs, and one sequence gives bitwise the same
 rows alone or inside batches of different compositions (other sequences before/after it, different
@@ -21,6 +23,7 @@ from hd_util import cu_of, dense_case, paged_case
 
 import prefix_prefill.configs as pp_configs
 import prefix_prefill.launch as pp_iface
+import prefix_prefill.plan as pp_plan
 import window_prefill.configs as wp_configs
 import window_prefill.launch as wp_iface
 from prefix_prefill import context_attention_fwd as pp_caf
@@ -192,8 +195,17 @@ def test_compiled_variant_does_not_depend_on_lengths_or_batch(form, monkeypatch)
         for seqs in PREFIX_BATCHES:
             _launch_prefix(form, seqs)
     assert len(rec.calls) >= 4
-    specs = {_specialization(real, args, kwargs) for _, args, kwargs in rec.calls}
+    # the one form a call's lengths choose: the prefix Triton kernel's packed GQA rows, by its rule
+    # (prefix_prefill.plan.pack_gqa), whose rows are the same bit for bit (test_pp_pack_gqa.py)
+    specs = {_specialization(real, args, {k: v for k, v in kw.items() if k != "PACK_GQA"})
+             for _, args, kw in rec.calls}  # fmt: skip
     assert len(specs) == 1, "the compiled variant changed with the batch composition"
+    if form.startswith("prefix"):
+        mql = list(real.arg_names).index("max_query_len")
+        packed = [kw.get("PACK_GQA", False) for _, _, kw in rec.calls]
+        assert packed == [pp_plan.pack_gqa(kw["BLOCK_M"], kw["QUERIES_PER_KV"], args[mql])
+                          for _, args, kw in rec.calls]  # fmt: skip
+        assert set(packed) == {True, False}, "the batches were meant to take both forms"
     grids = {grid for grid, _, _ in rec.calls}
     assert len(grids) > 1, "the batches were meant to need different grids"
 

@@ -1,6 +1,8 @@
 """Triton kernel: prefix prefill attention over a paged KV cache (context) plus the new tokens.
 
-One program computes one tile of ``BLOCK_M`` query rows of one sequence for one query head:
+One program computes one tile of ``BLOCK_M`` query rows of one sequence for one query head (with
+``PACK_GQA``, for all the query heads of one KV head: the rows are (token, head) pairs, see
+:func:`prefix_prefill.plan.pack_gqa`):
 
 * the cached context (key positions ``[0, ctx_len)``) in tiles of ``BLOCK_N_CTX`` tokens at multiples
   of ``BLOCK_N_CTX``, from the first tile the sliding window can see. Every cache address comes from
@@ -575,12 +577,21 @@ def _fwd_kernel(
     SOFTCAP: tl.constexpr,  # logits softcap * tanh(scale * q.k / softcap) (softcap2, _attend); 2: tanh.approx
     RETURN_LSE: tl.constexpr,  # also store each row's softmax log-sum-exp (natural log) in Lse
     PREFETCH_IDS: tl.constexpr,  # interior context tiles read the next tile's block ids ahead
+    PACK_GQA: tl.constexpr = False,  # a tile's rows are (token, query head of one KV group): see below
 ):
-    # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours
+    # grid: (H, cdiv(max_query_len, BLOCK_M), batch); heads of one GQA group are neighbours. PACK_GQA:
+    # grid (Hkv, cdiv(max_query_len, TOK), batch), a tile's BLOCK_M rows the TOK = BLOCK_M // QUERIES_PER_KV
+    # tokens x the KV head's QUERIES_PER_KV query heads (row r: token r // QUERIES_PER_KV, head r % ...),
+    # so the KV head's keys are read once for all its query heads (short queries: speculative decoding)
     pid_h = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # latest (heaviest causal) tiles first
     pid_b = tl.program_id(2)
-    kv_head = pid_h // QUERIES_PER_KV
+    if PACK_GQA:
+        kv_head = pid_h
+        TOK: tl.constexpr = BLOCK_M // QUERIES_PER_KV  # query tokens a tile
+    else:
+        kv_head = pid_h // QUERIES_PER_KV
+        TOK: tl.constexpr = BLOCK_M
 
     # the sequence's rows and lengths, clamped into the tensors and the table (sequence_geometry)
     q_start, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
@@ -588,7 +599,7 @@ def _fwd_kernel(
     )
     seq_len = ctx_len + q_len
     bt_row = Block_table + pid_b.to(tl.int64) * stride_bt_row
-    grid_rows = tl.num_programs(1) * BLOCK_M  # query rows the grid covers
+    grid_rows = tl.num_programs(1) * TOK  # query rows (tokens) the grid covers
     last_tile = tl.program_id(1) == 0
     if Status is not None:
         if (pid_h == 0) & last_tile:  # one report per sequence, before any program returns
@@ -597,32 +608,50 @@ def _fwd_kernel(
             flags |= tl.where(q_len > max_query_len, MAX_LEN, 0)
             flags |= bad_block_ids(bt_row, stride_bt_col, need, n_bt_cols, num_blocks, PAGE_SIZE) * BLOCK_ID
             report(Status, flags)
-    m0 = pid_m * BLOCK_M
+    m0 = pid_m * TOK
     if m0 >= q_len:
         return
+    offs_r = tl.arange(0, BLOCK_M)  # [BM] the tile's rows
+    if PACK_GQA:
+        heads = kv_head * QUERIES_PER_KV + offs_r % QUERIES_PER_KV  # [BM] each row's query head
+        offs_m = m0 + offs_r // QUERIES_PER_KV  # [BM] each row's query index in the sequence
+        m_m = (offs_m < q_len) & (offs_r < TOK * QUERIES_PER_KV)  # [BM]
+        head_rows = heads[:, None]  # [BM, 1]
+    else:
+        heads = pid_h
+        offs_m = m0 + offs_r  # [BM] query index in the sequence
+        m_m = offs_m < q_len  # [BM]
+        head_rows = pid_h
     if SKIP_DECODE:
         if q_len == 1:
             if RETURN_LSE:  # a skipped row attends to nothing here: its LSE is -inf (its o row untouched)
-                tl.store(Lse + pid_h.to(tl.int64) * stride_lse_h + q_start, float("-inf"))
+                if PACK_GQA:  # (rows 0 .. QUERIES_PER_KV - 1: token 0 of each of the group's heads)
+                    tl.store(Lse + heads.to(tl.int64) * stride_lse_h + q_start, tl.full([BLOCK_M], float("-inf"),
+                             tl.float32), mask=offs_r < QUERIES_PER_KV)  # fmt: skip
+                else:
+                    tl.store(Lse + pid_h.to(tl.int64) * stride_lse_h + q_start, float("-inf"))
             return
     if last_tile & (q_len > grid_rows):  # a max_query_len too small: the rows past the grid are 0
-        zero_rows(O, stride_ot, stride_oh, q_start, grid_rows, q_len, pid_h, Lse, stride_lse_h, BLOCK_M, BLOCK_D,
-                  HEAD_DIM)  # fmt: skip
+        if PACK_GQA:
+            for g in range(QUERIES_PER_KV):
+                zero_rows(O, stride_ot, stride_oh, q_start, grid_rows, q_len, kv_head * QUERIES_PER_KV + g, Lse,
+                          stride_lse_h, BLOCK_M, BLOCK_D, HEAD_DIM)  # fmt: skip
+        else:
+            zero_rows(O, stride_ot, stride_oh, q_start, grid_rows, q_len, pid_h, Lse, stride_lse_h, BLOCK_M,
+                      BLOCK_D, HEAD_DIM)  # fmt: skip
 
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    offs_m = m0 + tl.arange(0, BLOCK_M)  # [BM] query index in the sequence
     offs_d = tl.arange(0, BLOCK_D)  # [BD]
-    m_m = offs_m < q_len  # [BM]
     m_d = offs_d < HEAD_DIM  # [BD]
     q_pos = ctx_len + offs_m  # [BM] absolute positions
     q_lo = ctx_len + m0
-    q_hi = ctx_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
+    q_hi = ctx_len + tl.minimum(m0 + TOK, q_len) - 1
 
-    p_q_rows = Q + (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + pid_h * stride_qh  # [BM, 1]
+    p_q_rows = Q + (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + head_rows * stride_qh  # [BM, 1]
     b_q = tl.load(p_q_rows + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BM, BD]
 
     if HAS_SINKS:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + pid_h).to(tl.float32) * _LOG2E  # [BM]
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + heads).to(tl.float32) * _LOG2E  # [BM]
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)  # [BM]
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [BM]
@@ -630,7 +659,7 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BM, BD]
 
     if HAS_ALIBI:
-        slope_log2 = tl.load(Alibi_slopes + pid_h).to(tl.float32) * _LOG2E
+        slope_log2 = tl.load(Alibi_slopes + head_rows).to(tl.float32) * _LOG2E  # (PACK_GQA: [BM, 1])
     else:
         slope_log2 = 0.0
     if CACHE_FP8:
@@ -686,12 +715,12 @@ def _fwd_kernel(
         b_o = b_o * (1.0 / tl.load(Out_scale).to(tl.float32))  # [BM, BD]
         b_o = tl.minimum(tl.maximum(b_o, -FP8_OUT_MAX), FP8_OUT_MAX)  # [BM, BD]
     p_o = (
-        O + (q_start + offs_m.to(tl.int64))[:, None] * stride_ot + pid_h * stride_oh + offs_d[None, :]
+        O + (q_start + offs_m.to(tl.int64))[:, None] * stride_ot + head_rows * stride_oh + offs_d[None, :]
     )  # [BM, BD]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
     if RETURN_LSE:
         # m_i, l_i in log2 units with the logit scale folded in (and ALiBi, softcap, k_scale): ln of the
         # softmax denominator = ln(2) * (m + log2(l)); rows that saw no key (l == 0) get -inf.
         b_lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)  # [BM]
-        p_lse = Lse + pid_h.to(tl.int64) * stride_lse_h + (q_start + offs_m.to(tl.int64))  # [BM]
+        p_lse = Lse + heads.to(tl.int64) * stride_lse_h + (q_start + offs_m.to(tl.int64))  # [BM]
         tl.store(p_lse, b_lse, mask=m_m)

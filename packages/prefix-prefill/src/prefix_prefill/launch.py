@@ -25,7 +25,7 @@ from prefill_runtime.compiled_launch import CompiledLaunches
 from prefix_prefill import autotune, gluon_launch
 from prefix_prefill.configs import MAX_GRID_YZ, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
-from prefix_prefill.plan import Problem, make_problem, plan, triton_plan
+from prefix_prefill.plan import Problem, make_problem, pack_gqa, plan, triton_plan
 
 # Triton's one-time process setup and this package's compile hooks ran (install_hooks)
 _PRIMED = False
@@ -71,6 +71,14 @@ class Prepared:
     key: tuple | int | None = None
     left: int = -1
     fixed: gluon_launch.Options = gluon_launch.PLAIN
+    packed: tuple | None = None
+
+    def packed_form(self) -> tuple[dict, tuple | None]:
+        """The Triton launch's constexprs and compiled-variant key with ``PACK_GQA`` (made once)."""
+        if self.packed is None:
+            key = None if self.key is None else (*self.key, "pack_gqa")
+            self.packed = ({**self.consts, "PACK_GQA": True}, key)
+        return self.packed
 
     def __post_init__(self) -> None:
         self.fixed = gluon_launch.Options(self.softcap, self.left)
@@ -562,9 +570,15 @@ def _launch_triton(
     lse,
     status,
 ) -> None:
-    """:func:`prefix_prefill.kernel._fwd_kernel` as ``prep`` says (at least one query tile a sequence)."""
-    consts = prep.consts
-    grid = (q.shape[1], max(-(-max_query_len // prep.plan.block_m), 1), sl.shape[0])
+    """:func:`prefix_prefill.kernel._fwd_kernel` as ``prep`` says (at least one query tile a sequence), with
+    a KV head's query heads packed into one tile's rows where :func:`prefix_prefill.plan.pack_gqa` says."""
+    consts, key = prep.consts, prep.key
+    group = consts["QUERIES_PER_KV"]
+    if pack_gqa(prep.plan.block_m, group, max_query_len):
+        consts, key = prep.packed_form()
+        grid = (q.shape[1] // group, 1, sl.shape[0])
+    else:
+        grid = (q.shape[1], max(-(-max_query_len // prep.plan.block_m), 1), sl.shape[0])
     if grid[1] > MAX_GRID_YZ:
         raise ValueError(f"max query length {max_query_len} needs more than {MAX_GRID_YZ} query tiles")
     dummy = q  # never dereferenced: stands in for absent optional tensors
@@ -603,7 +617,7 @@ def _launch_triton(
         max_query_len,
         status,  # None without status=: a constexpr, as lse
     )
-    if _fwd_kernel is not _TRITON.jit_fn or prep.key is None:  # (tests' recorders; the interpreter)
+    if _fwd_kernel is not _TRITON.jit_fn or key is None:  # (tests' recorders; the interpreter)
         _fwd_kernel[grid](*args, **consts, **prep.opts)
         return
-    _TRITON.launch(prep.key, grid, args, consts, prep.opts, q.device)
+    _TRITON.launch(key, grid, args, consts, prep.opts, q.device)

@@ -25,8 +25,9 @@ kernel                  when
 
 The Triton kernel's constexprs are derived here too (layout hints, int32 or int64 offsets, granule
 edges, the merged masked loop, block ids read ahead); every one is a function of the problem. One rule
-reads a call's ``max_query_len``, outside the plan: :func:`idle_second_warpgroup`, the Gluon form a
-launch of the plan runs (its rows the same bit for bit).
+reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup`, the
+Gluon form a launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's (rows the same bit for
+bit in either form).
 """
 
 from __future__ import annotations
@@ -273,6 +274,17 @@ def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
                   **_gluon_options(p))  # fmt: skip
     why = "sm90, NHD cache TMA can read" + _options_note(p)
     return LaunchPlan("gluon-nhd", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
+
+
+def pack_gqa(block_m: int, queries_per_kv: int, max_query_len: int) -> bool:
+    """Whether a Triton launch packs each KV head's query heads into the rows of one tile (``PACK_GQA``:
+    row ``r`` is token ``r // queries_per_kv`` of query head ``r % queries_per_kv``; grid ``(kv_heads, 1,
+    batch)``): with grouped heads, when every query fits one tile that way (``max_query_len *
+    queries_per_kv <= block_m``: speculative decoding, decode-sized chunks). The KV head's keys are then
+    read once for all its query heads, not once per query head. A row's tile bounds and arithmetic are
+    those of the unpacked tile (its query is in one tile either way), so its output is the same bit for
+    bit. Read per call, outside the plan, as :func:`idle_second_warpgroup`."""
+    return queries_per_kv > 1 and max_query_len * queries_per_kv <= block_m
 
 
 def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = True) -> bool:
