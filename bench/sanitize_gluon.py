@@ -75,17 +75,22 @@ PREFIX_OPTIONS = [
     ("split", 128, 16, False, False, "gluon-split"),
     ("split", 64, 544, True, False, "gluon-split"),
 ]
-# queries of <= 64 rows (the forms whose second consumer warpgroup only drains the rings, IDLE_WG1), plain
-# and with every option: (layout, head, page, kv_from_cache, return_lse, plan, options)
+# queries of <= 64 rows, plain and with every option: with 8 / 2 heads the forms whose second consumer
+# warpgroup takes the next head (PAIR_HEADS), with 6 / 2 those whose second warpgroup only drains the
+# rings (IDLE_WG1): (layout, head, page, kv_from_cache, return_lse, plan, options, heads)
 PREFIX_SHORT = [
-    ("nhd", 128, 16, False, True, "gluon-nhd", False),
-    ("nhd", 256, 16, True, False, "gluon-nhd", False),
-    ("split", 64, 16, False, False, "gluon-split", False),  # the new tokens' V transposed (V_STAGE)
-    ("split", 128, 16, False, True, "gluon-split", False),  # K by 16-key TMA runs, V by gathers
-    ("split", 128, 544, True, False, "gluon-split", False),  # K by wide boxes, two consumers (from cache)
-    ("split", 256, 16, False, False, "gluon-split", False),  # K chunk-major and V by TMA
-    ("nhd", 128, 16, False, False, "gluon-nhd", True),
-    ("split", 128, 16, False, True, "gluon-split", True),
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, (8, 2)),
+    ("nhd", 256, 16, True, False, "gluon-nhd", False, (8, 2)),
+    ("split", 64, 16, False, False, "gluon-split", False, (8, 2)),  # the new tokens' V transposed (V_STAGE)
+    ("split", 128, 16, False, True, "gluon-split", False, (8, 2)),  # K by 16-key TMA runs, V by gathers
+    ("split", 128, 544, True, False, "gluon-split", False, (8, 2)),  # K by wide boxes, two consumers
+    ("split", 256, 16, False, False, "gluon-split", False, (8, 2)),  # K chunk-major and V by TMA
+    ("nhd", 128, 16, False, False, "gluon-nhd", True, (8, 2)),
+    ("split", 128, 16, False, True, "gluon-split", True, (8, 2)),
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, (6, 2)),
+    ("split", 64, 16, False, False, "gluon-split", False, (6, 2)),
+    ("split", 256, 16, False, False, "gluon-split", False, (6, 2)),
+    ("split", 128, 16, False, True, "gluon-split", True, (6, 2)),
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -104,9 +109,11 @@ def _prefix_case(
     want_kernel: str,
     options: bool = False,
     short: bool = False,
+    heads: tuple[int, int] = (8, 2),
 ) -> list[str]:
-    ctx, new, h, hk = ([2400, 37], [300, 70], 8, 2) if options else ([300, 37], [150, 70], 8, 2)
-    if short:  # max_query_len <= 64: the second consumer warpgroup idles
+    ctx, new = ([2400, 37], [300, 70]) if options else ([300, 37], [150, 70])
+    h, hk = heads
+    if short:  # max_query_len <= 64: the second consumer warpgroup pairs heads or idles
         ctx, new = [2400, 37], [4, 60]
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
@@ -188,8 +195,9 @@ def _cases() -> list[tuple[str, object, tuple]]:
     cases += [(f"window d{c[0]} lens {c[1]} window {c[2]} sinks softcap", _window_case, (*c, True))
               for c in WINDOW[:2]]  # fmt: skip
     return cases + [
-        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} queries <= 64"
-         f"{' all options' if c[6] else ''}", _prefix_case, (*c, True))
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} queries <= 64, heads "
+         f"{c[7][0]}/{c[7][1]} ({'paired' if c[7][0] // c[7][1] % 2 == 0 else 'idle'})"
+         f"{' all options' if c[6] else ''}", _prefix_case, (*c[:7], True, c[7]))
         for c in PREFIX_SHORT
     ]  # fmt: skip
 

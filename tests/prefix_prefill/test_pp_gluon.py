@@ -123,6 +123,17 @@ def test_split_gather_ok():
         assert not plan.split_gather_ok(p) and plan.plan(p).kernel == "triton"
 
 
+def test_pair_heads_rule():
+    """Paired heads exactly where the idle form would run and each KV head has an even number of query
+    heads (8 / 2, 4 / 2: yes; 6 / 2, 2 / 2: the idle form)."""
+    case = make_case([(40, 9)], num_heads=4, num_kv_heads=2, head_size=128, page=16, dtype=torch.bfloat16,
+                     device="cpu", layout="nhd")  # fmt: skip
+    chosen = plan.plan(_sm90(case))
+    for group, even in ((4, True), (2, True), (3, False), (1, False)):
+        assert plan.pair_heads(chosen, 64, group) is even and plan.pair_heads(chosen, 65, group) is False
+        assert plan.pair_heads(chosen, 4, group, full=False) is False
+
+
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_idle_second_warpgroup_rule(layout):
     """The one rule that reads a call's length: a Gluon plan's full form with two consumer partitions
@@ -355,9 +366,11 @@ def test_split_launch_tiers(head, page, monkeypatch):
     else:
         assert quick(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["IDLE_WG1"] is False
         assert gluon_launch.finish_compiles(timeout=30) is True
-        assert len(rec.warmups) == 2 and rec.warmups[-1][2]["IDLE_WG1"] is True
-        assert _launch(short) is True and rec.calls[-1][2]["IDLE_WG1"] is True
-        assert full(rec.calls[-1][2], rec.calls[-1][1])
+        # (two query heads a KV head: the second warpgroup takes the next head, over head pairs)
+        (grid, _, kw) = rec.warmups[-1]
+        assert len(rec.warmups) == 2 and kw["PAIR_HEADS"] is True and kw["IDLE_WG1"] is False and grid[1] == 2
+        assert _launch(short) is True and rec.calls[-1][2]["PAIR_HEADS"] is True
+        assert full(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][0][1] == 2
     assert _launch(case([(40, 5)]), lse=torch.empty(4, 5)) is True  # another key: quick form again
     assert quick(rec.calls[-1][2], rec.calls[-1][1]) and rec.calls[-1][2]["RETURN_LSE"] is True
     gluon_launch.finish_compiles(timeout=30)
@@ -429,6 +442,9 @@ for head, box, from_cache in CASES:
     # queries of <= 64 rows: the second consumer warpgroup issues no wgmma
     _, kernel = compile_nhd(head, box, from_cache, False, IDLE_WG1=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 == n_wgmma, "the idle warpgroup computes"
+    # ... with an even number of query heads a KV head: both warpgroups compute, on two heads
+    _, kernel = compile_nhd(head, box, from_cache, False, PAIR_HEADS=True)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") == n_wgmma
 """
 )
 
@@ -476,33 +492,37 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
         _, idle = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, IDLE_WG1=True)
         n = ptx.count("wgmma.mma_async")
         assert idle.asm["ptx"].count("wgmma.mma_async") * 2 == n, "the idle warpgroup computes"
+        _, pair = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, PAIR_HEADS=True)
+        assert pair.asm["ptx"].count("wgmma.mma_async") == n
         if cm:
             no_base_offsets(idle)
+            no_base_offsets(pair)
 """
 )
 
 
 def test_gluon_split_kernel_compiles_for_sm90():
     """The split-layout kernel compiles for sm90 (no GPU needed) in every form a plan takes, full and
-    quick, and with an idle second warpgroup where the plan has two consumer partitions, with 16-byte
-    ``cp.async`` gathers only (16-byte alignment of every gather proven to the compiler), within one
-    program's shared memory."""
+    quick, and with an idle second warpgroup or paired heads where the plan has two consumer partitions,
+    with 16-byte ``cp.async`` gathers only (16-byte alignment of every gather proven to the compiler),
+    within one program's shared memory."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 26 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 34 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full, as its quick form (one 8-warp consumer partition: half the wgmma
-    instructions, the consumer compiled once) and with an idle second warpgroup (half the wgmma
-    instructions: the second consumer issues none); on Triton 3.6 the launcher-source guess of
+    instructions, the consumer compiled once), with an idle second warpgroup (half the wgmma
+    instructions: the second consumer issues none) and with paired heads (all of them); on Triton 3.6
+    the launcher-source guess of
     prefill_runtime's prebuild matches."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 12 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 16 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)

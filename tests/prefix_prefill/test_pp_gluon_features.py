@@ -268,9 +268,10 @@ GPU_OPTIONS = {
 }
 
 
-def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seqs=None) -> None:
+def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seqs=None, heads=(8, 2)) -> None:
     """One option set on a layout's Gluon kernel against the reference (output and LSE): ragged batches
-    with empty contexts and one-token queries (or ``seqs``), NaN in every slot no query may read;
+    with empty contexts and one-token queries (or ``seqs``; ``heads``: query and KV heads), NaN in every
+    slot no query may read;
     ``explain()`` names the Gluon kernel and one launch ran it (windows of any width: the width rule set
     aside)."""
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
@@ -279,13 +280,13 @@ def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seq
     monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: launches.append(1) or orig(*a, **k))
     if seqs is None:
         seqs = [*random_seqs(3, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93), (900, 1)]
-    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
-                     layout=layout, kv_from_cache=from_cache)  # fmt: skip
-    kw = _kw(opts, 8)
+    case = make_case(seqs, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page, dtype=dtype,
+                     device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    kw = _kw(opts, heads[0])
     ref, ref_lse = reference(case, return_lse=True, **kw)
     _nan_invisible_slots(case, opts.get("left", -1))
     out = poison(torch.empty_like(case.q))
-    lse = poison(torch.empty(8, case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    lse = poison(torch.empty(heads[0], case.q.shape[0], dtype=torch.float32, device=DEVICE))
     args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
             case.seq_lens, case.max_query_len)  # fmt: skip
     assert explain(*args, kv_layout=layout, **kw).kernel == f"gluon-{layout}"
@@ -323,18 +324,23 @@ SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 )  # fmt: skip
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
-def test_gpu_short_queries_every_form(layout, from_cache, head, dtype, page, opts, monkeypatch):
-    """Queries of at most 64 rows run the full form whose second consumer warpgroup computes nothing and
-    only keeps the rings' protocol (``IDLE_WG1``; a form with one consumer partition has none), with
-    every option or none, on both layouts, k given or from the cache (compile tiers off: the full form
-    from the first call)."""
+@pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["paired", "idle"])
+def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, page, opts, monkeypatch):
+    """Queries of at most 64 rows run the full form whose second consumer warpgroup takes the next query
+    head (``PAIR_HEADS``, 8 / 2 heads) or computes nothing and only keeps the rings' protocol
+    (``IDLE_WG1``, 6 / 2: an odd number of query heads a KV head); a form with one consumer partition
+    has neither. Every option or none, both layouts, k given or from the cache (compile tiers off: the
+    full form from the first call)."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    case = make_case(SHORT_SEQS, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype,
-                     device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    case = make_case(SHORT_SEQS, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page,
+                     dtype=dtype, device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
     chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
     one = chosen.consts().get("ONE_CONSUMER", False)
     assert plan.idle_second_warpgroup(chosen, case.max_query_len) is not one
-    _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS.get(opts, {}), monkeypatch, SHORT_SEQS)
+    paired = plan.pair_heads(chosen, case.max_query_len, heads[0] // heads[1])
+    assert paired is (not one and heads[0] // heads[1] % 2 == 0)
+    _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS.get(opts, {}), monkeypatch, SHORT_SEQS,
+                   heads)  # fmt: skip
 
 
 @pytest.mark.gpu

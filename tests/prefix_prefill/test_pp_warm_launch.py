@@ -60,7 +60,7 @@ def _call(case, key=None, generic=False, o=None, scale=0.1, status=None):
     args = (chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
             case.cu_seqlens_q, case.seq_lens, case.max_query_len, scale, None)  # fmt: skip
     if generic:  # (the compiled variant's key: the idle-warpgroup form's for short queries)
-        vkey = gluon_launch._variant(chosen, key, case.max_query_len)
+        vkey = gluon_launch._variant(chosen, key, case.max_query_len, case.q, case.k_cache)
         gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, vkey, *args[2:], status)
     elif not gluon_launch.warm(chosen, key, *args[2:8], *args[10:14], scale, None, status):  # a repeated call
         assert gluon_launch.launch(*args, key, status)
@@ -71,8 +71,9 @@ def test_frame_call_is_the_generic_launch(warm_split):
     """The first call goes through Triton, the second launches the variant directly and keeps a frame over
     its caches; a frame's call for new tokens, batch, lengths and block table over those caches hands
     the C launcher exactly the arguments the generic direct launch hands it for that call. A batch of
-    queries no longer than 64 rows runs the idle-warpgroup form (``IDLE_WG1``), a variant of its own:
-    its first call goes through Triton once."""
+    queries no longer than 64 rows runs a short-query form, a variant of its own:
+    its first call goes through Triton once (here two query heads a KV head: the paired-heads form,
+    ``PAIR_HEADS``, over a grid of head pairs)."""
     a = _split_case()
     key = _call(a)
     assert isinstance(key, int) and len(warm_split.triton_calls) == 1
@@ -86,15 +87,18 @@ def test_frame_call_is_the_generic_launch(warm_split):
         o = torch.empty_like(b.q)
         for _ in range(3):  # (another scale or form: the same key, another frame, made by an early call)
             _call(b, key, o=o, scale=scale)
-        assert warm_split.triton_calls[-1][2]["IDLE_WG1"] == (b.max_query_len <= 64)
+        short = b.max_query_len <= 64
+        assert warm_split.triton_calls[-1][2]["PAIR_HEADS"] == short
+        assert warm_split.triton_calls[-1][2]["IDLE_WG1"] is False
         framed = c_calls[-1]
         assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
         _call(b, key, generic=True, o=o, scale=scale)
         assert framed == pointers(c_calls[-1])
         assert framed[0] == -(-b.max_query_len // 128) and framed[2] == len(seqs)
+        assert framed[1] == (2 if short else 4)  # head pairs, or heads
         maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
         assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
-    assert len(warm_split.triton_calls) == 2  # the full form and the idle-warpgroup form
+    assert len(warm_split.triton_calls) == 2  # the full form and the paired-heads form
     st = torch.zeros(1, dtype=torch.int32)  # with status=: another variant, whose frame passes each call's
     skey = _call(a, status=st)
     for seqs in ([(3, 1)], [(0, 64), (100, 37)]):

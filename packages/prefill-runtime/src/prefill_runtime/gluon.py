@@ -106,14 +106,21 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
-def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  PAIRED: gl.constexpr = False):  # fmt: skip
     """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of
     ``Q_desc``, into ``q_smem.index(h)``, each announced on ``q_bar.index(h)`` (one per consumer); or,
-    when ``Q_desc``'s block has ``2 * HALF_M`` rows, the whole tile in one copy on ``q_bar.index(0)``."""
+    when ``Q_desc``'s block has ``2 * HALF_M`` rows, the whole tile in one copy on ``q_bar.index(0)``.
+    ``PAIRED`` (two consumers on two adjacent heads, see :func:`consumer`): both halves are rows
+    ``row0 + [0, HALF_M)``, half ``h`` at column ``col + h * HEAD_DIM`` (the next head's features)."""
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
     for h in gl.static_range(2 * HALF_M // Q_ROWS):
         mbarrier.expect(q_bar.index(h), Q_ROWS * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(Q_desc, [row0 + h * Q_ROWS, col], q_bar.index(h), q_smem.index(h))
+        if PAIRED:
+            tma.async_copy_global_to_shared(Q_desc, [row0, col + h * HEAD_DIM], q_bar.index(h),
+                                            q_smem.index(h))  # fmt: skip
+        else:
+            tma.async_copy_global_to_shared(Q_desc, [row0 + h * Q_ROWS, col], q_bar.index(h), q_smem.index(h))
 
 
 @gluon.jit
@@ -385,7 +392,7 @@ def consumer(
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0,
+    SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -405,7 +412,12 @@ def consumer(
     reinterpreted; the new tokens' V as stored, no transposed copy);
     segment B must then hold at least one block (a one-segment caller passes None). ``score``, ``SOFTCAP``,
     ``ALIBI``, ``SINKS``: the score options (module docstring; ``score`` from :func:`score_terms`).
-    A second warpgroup whose rows no query of the launch reaches runs :func:`drain` instead."""
+    ``PAIRED`` (two consumers, ``WARPGROUPS == 1``, on two adjacent query heads of one KV head: the caller
+    passes each its head, ``O`` rows and ``score``): both warpgroups compute rows ``row0 + [0, HALF_M)``,
+    each of its own head, over the same key blocks (the short-query form that reads a KV head's keys once
+    for two heads). A second warpgroup whose rows no query of the launch reaches runs :func:`drain`
+    instead."""
+    ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -418,7 +430,7 @@ def consumer(
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
     q_buf = q_smem.index(WG)  # [ROWS, D] (WARPGROUPS == 2: the whole tile, one buffer)
-    offs_r = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    offs_r = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     if SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
         m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + score[2]  # [BM / 2]
         if ALIBI and CAUSAL:  # raised by the rows' ALiBi term, as softmax_step raises the keys' logits
@@ -489,7 +501,7 @@ def consumer(
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # [BM / 2]
     inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
     b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
-    offs_ro = row0 + WG * HALF_M + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+    offs_ro = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
     p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]
     p_o = p_row[:, None] + offs_d[None, :]  # [BM / 2, D]

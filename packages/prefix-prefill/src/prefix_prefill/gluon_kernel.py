@@ -44,14 +44,18 @@ from prefix_prefill.sequence import sequence_geometry
 
 @gluon.jit
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
-                  KV_FROM_CACHE: gl.constexpr):  # fmt: skip
+                  KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
     and status bits of :func:`prefix_prefill.kernel.sequence_geometry` (rows clamped into the
-    ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns)."""
+    ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
+    (1, heads / 2, batch), ``head`` the first of the program's two heads."""
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    head = gl.program_id(1)
+    if PAIR_HEADS:
+        head = gl.program_id(1) * 2
+    else:
+        head = gl.program_id(1)
     seq = gl.program_id(2)
     q_tok0, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
         CuSeqlensQ, SeqLens, seq, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
@@ -62,15 +66,17 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
 @gluon.jit
 def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                    num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
-                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, IDLE_WG1: gl.constexpr):  # fmt: skip
+                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, IDLE_WG1: gl.constexpr,
+                   PAIR_HEADS: gl.constexpr = False):  # fmt: skip
     """Program setup of both Gluon kernels, before any program returns: head 0's program of a sequence's
     last query tile reports its malformed metadata into ``Status`` (when given: the bits of
     ``flags``, ``MAX_LEN`` for a query longer than ``max_query_len``, ``BLOCK_ID`` from a scan of the
     ``need`` cached tokens' block ids), and each head's program of the last tile writes the rows past
     the grid (a ``max_query_len`` smaller than the sequence) as 0
     (``prefill_runtime.gluon_bounds.zero_rows``). With ``IDLE_WG1`` (one tile, whose second warpgroup
-    computes nothing) the grid covers the first ``BLOCK_M / 2`` rows."""
-    COVER: gl.constexpr = BLOCK_M // 2 if IDLE_WG1 else BLOCK_M
+    computes nothing) or ``PAIR_HEADS`` (one tile, its warpgroups on two heads, ``head`` and ``head + 1``)
+    the grid covers the first ``BLOCK_M / 2`` rows."""
+    COVER: gl.constexpr = BLOCK_M // 2 if IDLE_WG1 or PAIR_HEADS else BLOCK_M
     grid_rows = gl.num_programs(0) * COVER  # query rows the grid covers
     last = pid_m == gl.num_programs(0) - 1
     if Status is not None:
@@ -80,6 +86,9 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
             report(Status, flags)
     if last & (q_len > grid_rows):
         zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head, Lse, stride_lse_h, HEAD_DIM)
+        if PAIR_HEADS:
+            zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head + 1, Lse, stride_lse_h,
+                      HEAD_DIM)  # fmt: skip
 
 
 @gluon.jit
@@ -148,7 +157,7 @@ def _program_options(q_len, ctx_len, cache_len, m0, head, window_left, qk_scale,
 
 @gluon.jit
 def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.constexpr,
-                     SKIP_DECODE: gl.constexpr):  # fmt: skip
+                     SKIP_DECODE: gl.constexpr, PAIR_HEADS: gl.constexpr = False):  # fmt: skip
     """Whether this program has nothing to compute: its tile starts past its sequence's new tokens, or
     (``SKIP_DECODE``) the sequence has one new token, left to a decode kernel: that row's output is left as
     it is and, with ``RETURN_LSE``, its LSE is ``-inf``."""
@@ -157,6 +166,8 @@ def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.
         decode = (q_len == 1) & (m0 == 0)
         if RETURN_LSE:
             gl.store(Lse + head.to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
+            if PAIR_HEADS:
+                gl.store(Lse + (head + 1).to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
         skip = skip | decode
     return skip
 
@@ -168,22 +179,24 @@ def _program(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
+    PAIR_HEADS: gl.constexpr = False,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
     window, key segments and score terms (:func:`_program_options`). Returns ``(skip, head, q_tok0,
     q_len, m0, p_table_row, w_left, seg, score)``; ``skip``: the program has nothing (more) to do: its
     tile starts past the sequence, its sequence is a skipped decode row, or (``KV_FROM_CACHE``) the
-    table holds no key of the tile, whose rows are then written as 0 here."""
+    table holds no key of the tile, whose rows are then written as 0 here. ``PAIR_HEADS``: the program's
+    heads are ``head`` and ``head + 1`` (``score`` is the first's)."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
-        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE
+        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS
     )
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                    num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
-                   HEAD_DIM, IDLE_WG1)  # fmt: skip
+                   HEAD_DIM, IDLE_WG1, PAIR_HEADS)  # fmt: skip
     m0 = pid_m * BLOCK_M
-    skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE)
+    skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE, PAIR_HEADS)
     w_left, seg, score = _program_options(
         q_len, ctx_len, cache_len, m0, head, window_left, qk_scale, tanh_scale, Sinks, Slopes, BLOCK_M,
         BLOCK_N, KV_FROM_CACHE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
@@ -193,6 +206,9 @@ def _program(
         if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
             zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head, Lse,
                       stride_lse_h, HEAD_DIM)  # fmt: skip
+            if PAIR_HEADS:
+                zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + 1, Lse,
+                          stride_lse_h, HEAD_DIM)  # fmt: skip
         skip = skip | empty
     return skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score
 
@@ -203,7 +219,7 @@ def _prefix_consumer(
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
-    HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False,
+    HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -213,7 +229,9 @@ def _prefix_consumer(
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
     ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
     ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``: a
-    second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead."""
+    second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead;
+    ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
+    and score)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, st_o, sh_o = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
@@ -228,16 +246,17 @@ def _prefix_consumer(
             q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
             b_end, z, b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N,
             HEAD_DIM, NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0,
-            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0,
+            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED,
         )  # fmt: skip
 
 
 @gluon.jit
 def _producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, BOX: gl.constexpr,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
-    """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves) or V. ``args``:
+    """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves; ``PAIRED``: the same
+    rows of heads ``head`` and ``head + 1``) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
     oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``. Block ``j`` goes to slot
     ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[a_base
@@ -248,7 +267,7 @@ def _producer(
      q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
-        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
@@ -283,7 +302,7 @@ def _gluon_fwd_kernel(
     LLVM_O0: gl.constexpr, Sinks=None, Slopes=None, tanh_scale=None,
     window_left=None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
-    IDLE_WG1: gl.constexpr = False,
+    IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -300,6 +319,9 @@ def _gluon_fwd_kernel(
     ``SKIP_DECODE`` one-token sequences are left to a decode kernel (:func:`_program_skipped`).
     ``IDLE_WG1`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``: the launcher's choice, see
     ``prefix_prefill.plan.idle_second_warpgroup``): the second warpgroup only keeps the rings' protocol.
+    ``PAIR_HEADS`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``, an even number of query
+    heads per KV head; ``prefix_prefill.plan.pair_heads``): grid (1, num_heads / 2, batch), the two
+    warpgroups compute the same rows of two adjacent heads over the KV head's keys, read once for both.
     ``n_bt_cols``: the block table's width; ``num_blocks``: the caches'; ``max_query_len``: the caller's;
     ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
     into ``Q_desc``'s token count, cached keys into the table)."""
@@ -307,7 +329,7 @@ def _gluon_fwd_kernel(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
         Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
-        HAS_ALIBI, HAS_SINKS, IDLE_WG1,
+        HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
     )  # fmt: skip
     if skip:
         return
@@ -320,6 +342,11 @@ def _gluon_fwd_kernel(
     )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, stride_ot, stride_oh)
+    tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
+    if PAIR_HEADS:
+        score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+                             1 if HAS_SINKS else 0)  # fmt: skip
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, stride_ot, stride_oh)
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
               page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
@@ -343,13 +370,13 @@ def _gluon_fwd_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
                 )),
                 (_prefix_consumer, (
-                    1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1,
+                    1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
                 )),
-                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
+                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIR_HEADS)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [4, 1, 1],

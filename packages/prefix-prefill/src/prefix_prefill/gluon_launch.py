@@ -16,9 +16,11 @@ repeated call signature goes to :func:`warm`, which fills the frame's per-call s
 new tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE,
 the status, the sinks and ALiBi slopes) and launches.
 
-Idle-warpgroup form: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full
-form with ``IDLE_WG1`` (``prefix_prefill.plan.idle_second_warpgroup``): a compiled variant, frame and
-compile tier of its own (:func:`_variant`), the same rows bit for bit.
+Short-query forms: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full form
+with ``PAIR_HEADS`` where each KV head has an even number of query heads (the two warpgroups on two
+heads, grid over head pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
+(``prefix_prefill.plan.idle_second_warpgroup``): each a compiled variant, frame and compile tier of its
+own (:func:`_variant`), the same rows bit for bit.
 
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
@@ -43,7 +45,7 @@ from paged_kv_offsets import CacheView
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.kernel import LOG2E
-from prefix_prefill.plan import idle_second_warpgroup
+from prefix_prefill.plan import idle_second_warpgroup, pair_heads
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
     from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
@@ -170,7 +172,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     fast = _NHD if nhd else _SPLIT
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
-    key = _variant(plan, key, max_query_len)
+    key = _variant(plan, key, max_query_len, q, k_cache)
     frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
     if frame is None:
         return False
@@ -202,7 +204,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if opts.alibi is None else opts.alibi.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
-    frame(max(-(-max_query_len // plan.block_m), 1), q.shape[1], batch, stream, tokens, bases, plain)
+    heads = q.shape[1] // 2 if key.__class__ is tuple and key[1] == "pair" else q.shape[1]
+    frame(max(-(-max_query_len // plan.block_m), 1), heads, batch, stream, tokens, bases, plain)
     return True
 
 
@@ -215,7 +218,7 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     global _FAILED
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
-    key = _variant(plan, key, max_query_len)
+    key = _variant(plan, key, max_query_len, q, k_cache)
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -230,10 +233,20 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     return False
 
 
-def _variant(plan: LaunchPlan, key: int, max_query_len: int):
-    """The compiled variant's key of a call with :func:`launch_key` ``key``: ``key``, or ``(key, "idle")``
-    for the full form with an idle second warpgroup (``prefix_prefill.plan.idle_second_warpgroup``)."""
-    return (key, "idle") if idle_second_warpgroup(plan, max_query_len) else key
+def _short_form(plan: LaunchPlan, max_query_len: int, q, k_cache, full: bool = True) -> str | None:
+    """The full form's short-query variant of a call: ``"pair"`` (:func:`prefix_prefill.plan.pair_heads`),
+    ``"idle"`` (:func:`prefix_prefill.plan.idle_second_warpgroup`) or None."""
+    if not idle_second_warpgroup(plan, max_query_len, full):
+        return None
+    kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]
+    return "pair" if pair_heads(plan, max_query_len, q.shape[1] // kv_heads, full) else "idle"
+
+
+def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache):
+    """The compiled variant's key of a call with :func:`launch_key` ``key``: ``key``, or ``(key, form)``
+    for a short-query form (:func:`_short_form`)."""
+    form = _short_form(plan, max_query_len, q, k_cache)
+    return key if form is None else (key, form)
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -342,7 +355,9 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
-    grid = (max(-(-max_query_len // block_m), 1), q.shape[1], seq_lens.shape[0])
+    form = _short_form(plan, max_query_len, q, k_cache, full)
+    heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
+    grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
     kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
     kbox, vbox = _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
@@ -354,7 +369,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
-    consts.update(ONE_CONSUMER=not full, IDLE_WG1=idle_second_warpgroup(plan, max_query_len, full),
+    consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 
@@ -442,7 +457,9 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     v_ring = _swizzled(head, 16 if v_tma else block_n, half)
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
-    grid = (max(-(-max_query_len // block_m), 1), q.shape[1], seq_lens.shape[0])
+    form = _short_form(plan, max_query_len, q, k_cache, full)
+    heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
+    grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
 
     def caches() -> tuple:
         v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
@@ -473,7 +490,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
             status)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one,
-                  IDLE_WG1=idle_second_warpgroup(plan, max_query_len, full),
+                  IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
     return args, consts, grid
 
@@ -492,8 +509,8 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
         )  # fmt: skip
         _start(kernel, fast, key, full, warmup, grid, args, params, q.device)
 
-    # (the tiers' key: one background compile per kernel, dtype, constexprs and idle-warpgroup form,
+    # (the tiers' key: one background compile per kernel, dtype, constexprs and short-query form,
     # whatever the problem)
-    idle = idle_second_warpgroup(plan, max_query_len)
-    tier_key = ("nhd" if nhd else "split", q.dtype, idle, *plan.constexprs)
+    form = _short_form(plan, max_query_len, q, k_cache)
+    tier_key = ("nhd" if nhd else "split", q.dtype, form, *plan.constexprs)
     return lambda: _run_tiers(tier_key, one)

@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from paged_kv_offsets.gluon import slot_offset
-from prefill_runtime.gluon import allocate_rings, load_q_halves
+from prefill_runtime.gluon import allocate_rings, load_q_halves, score_terms
 from prefix_prefill.gluon_kernel import _prefix_consumer, _program
 
 
@@ -121,10 +121,11 @@ def _publish_gathers(bar):
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
-    stage_bar=None,
+    stage_bar=None, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
     """A partition of two warps filling one ring from vLLM's split cache by gathers: K (``KV == 0``,
-    which also loads the two Q halves) or V. Context blocks ``j < n_a`` by ``cp.async`` gathers
+    which also loads the two Q halves; ``PAIRED``: the same rows of heads ``head`` and ``head + 1``) or V.
+    Context blocks ``j < n_a`` by ``cp.async`` gathers
     (``c_block``/``c_head``/``c_feat``: the cache's block, head and feature-group (K) or feature (V)
     strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
     copies land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one), from
@@ -144,7 +145,7 @@ def _split_producer(
      max_block) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
-        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     head_off = kv_head.to(gl.int64) * c_head
     if KV == 1 and STAGE:  # the first new-token block's halves, while the context blocks go by
         for h in gl.static_range(2):
@@ -276,9 +277,10 @@ def _split_k_tma_producer(
     head, kv_head, kv_heads, n_a, a_base, a_end, n_blocks, b_end, HALF_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
-    CM: gl.constexpr = False, NW_desc=None,
+    CM: gl.constexpr = False, NW_desc=None, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
-    """The K ring by TMA (one warp; also loads the two Q halves). A slot holds, per 64 features (part
+    """The K ring by TMA (one warp; also loads the two Q halves, ``PAIRED`` as :func:`_split_producer`).
+    A slot holds, per 64 features (part
     ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8 features]`` dense (1 KB):
     wgmma's no-swizzle K-major core matrices, 128 bytes apart along the features and 1 KB apart along the
     keys (the consumers' ``K_VIEW``). A context block that lies in one page is ``D/64`` boxes
@@ -317,7 +319,7 @@ def _split_k_tma_producer(
         news = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 8, 8], NW_desc.layout)
     else:  # every part of the ring as [NC, 8, 8, 8] (a full new-token block: a box per part)
         news = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 8, 8], NW_desc.layout)
-    load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
+    load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
@@ -359,20 +361,20 @@ def _split_k_tma_producer(
 def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, W_desc=None, R_desc=None,
-    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None,
+    K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
     ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM``,
-    ``NW_desc`` as there), else :func:`_split_producer`'s gathers."""
+    ``NW_desc`` as there), else :func:`_split_producer`'s gathers; ``PAIRED``: the Q halves' form."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
          n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, b_end, _) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_base, a_end,
                               n_blocks, b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE,
-                              CM, NW_desc)  # fmt: skip
+                              CM, NW_desc, PAIRED)  # fmt: skip
     else:
-        _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR)
+        _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, False, None, None, PAIRED)
 
 
 @gluon.jit
@@ -408,7 +410,7 @@ def _gluon_split_kernel(
     KN_desc=None, V_STAGE: gl.constexpr = False, Sinks=None, Slopes=None, tanh_scale=None, window_left=None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
-    IDLE_WG1: gl.constexpr = False,
+    IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
     docstring): same grid, warps and segments.
@@ -440,7 +442,7 @@ def _gluon_split_kernel(
     half a key block and the V producer transposes those rows into the V ring's slot form
     (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
     ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``,
-    ``IDLE_WG1`` (two consumer partitions only): the options of
+    ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions only): the options of
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first visible key are
     never copied, gathered or boxed). ``n_bt_cols``, ``num_blocks``, ``max_query_len``,
     ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
@@ -458,7 +460,7 @@ def _gluon_split_kernel(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
         Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
-        HAS_ALIBI, HAS_SINKS, IDLE_WG1,
+        HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
     )  # fmt: skip
     if skip:
         return
@@ -504,6 +506,11 @@ def _gluon_split_kernel(
         v_stage_bar = k_ready
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, stride_ot, stride_oh)
+    tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
+    if PAIR_HEADS:
+        score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+                             1 if HAS_SINKS else 0)  # fmt: skip
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, stride_ot, stride_oh)
     # the new tokens from B's first block on: rows from n_tok0, n_new of them
     n_tok0, n_new = q_tok0 + b_base, b_end - b_base
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
@@ -512,7 +519,7 @@ def _gluon_split_kernel(
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
               vc_block, vc_head, vc_dim, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks,
               n_new, num_blocks - 1)  # fmt: skip
-    kv_heads = gl.num_programs(1) // group_size
+    kv_heads = gl.num_programs(1) * (2 if PAIR_HEADS else 1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.
     if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
@@ -535,14 +542,16 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False,
+                    PAIR_HEADS,
                 )),
                 (_prefix_consumer, (
-                    1, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1,
+                    PAIR_HEADS,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, PAIR_HEADS)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, V_STAGE, v_stage, v_stage_bar)),
             ],

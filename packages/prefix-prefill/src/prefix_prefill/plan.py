@@ -25,9 +25,9 @@ kernel                  when
 
 The Triton kernel's constexprs are derived here too (layout hints, int32 or int64 offsets, granule
 edges, the merged masked loop, block ids read ahead); every one is a function of the problem. One rule
-reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup`, the
-Gluon form a launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's (rows the same bit for
-bit in either form).
+reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup` and
+:func:`pair_heads`, the Gluon form a launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's
+(rows the same bit for bit in every form).
 """
 
 from __future__ import annotations
@@ -297,6 +297,14 @@ def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = Tru
     if not full or 2 * max_query_len > plan.block_m or plan.kernel not in ("gluon-nhd", "gluon-split"):
         return False
     return ("ONE_CONSUMER", True) not in plan.constexprs
+
+
+def pair_heads(plan: LaunchPlan, max_query_len: int, queries_per_kv: int, full: bool = True) -> bool:
+    """Whether a Gluon launch that :func:`idle_second_warpgroup` would give an idle second warpgroup gives
+    it the next query head instead (``PAIR_HEADS``): each KV head has an even number of query heads, so
+    heads ``2i`` and ``2i + 1`` share their keys; the program computes the same rows of both, reading the
+    keys once (grid over head pairs). A row's arithmetic is the same code in either warpgroup."""
+    return queries_per_kv % 2 == 0 and idle_second_warpgroup(plan, max_query_len, full)
 
 
 def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
