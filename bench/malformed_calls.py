@@ -78,34 +78,47 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- prefix-prefill
 # name: (form, layout, head, heads, kv, page, new tokens from the cache, cache, left window, ALiBi,
-#        plan on sm90, also without status=)
+#        short queries, plan on sm90, also without status=); short queries (every query <= 64 rows) take
+#        the short-query forms: the Gluon kernels' paired heads (even group) or idle second warpgroup
+#        (odd group), the Triton kernel's packed GQA rows
+# fmt: off
 PREFIX = {
-    "pp-gluon-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, -1, False, "gluon-nhd", True),
-    "pp-gluon-nhd-kvcache": ("py", "nhd", 64, 2, 1, 32, True, None, -1, False, "gluon-nhd", False),
-    "pp-gluon-split-128": ("vllm", "split", 128, 4, 2, 16, False, None, -1, False, "gluon-split", True),
-    "pp-gluon-split-64": ("vllm", "split", 64, 4, 1, 16, False, None, -1, False, "gluon-split", False),
-    "pp-gluon-split-256": ("py", "split", 256, 2, 1, 16, False, None, -1, False, "gluon-split", False),
-    "pp-gluon-split-kvcache": ("py", "split", 128, 2, 1, 16, True, None, -1, False, "gluon-split", False),
-    "pp-triton-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, 63, False, "triton", True),
-    "pp-triton-split-fp8": ("vllm", "split", 128, 4, 2, 16, False, "fp8", -1, False, "triton", False),
-    "pp-triton-hnd": ("py", "hnd", 80, 4, 1, 17, False, None, -1, True, "triton", False),
-    "pp-triton-kvcache": ("py", "split", 96, 2, 2, 16, True, None, -1, True, "triton", False),
+    "pp-gluon-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, -1, False, False, "gluon-nhd", True),
+    "pp-gluon-nhd-kvcache": ("py", "nhd", 64, 2, 1, 32, True, None, -1, False, False, "gluon-nhd", False),
+    "pp-gluon-split-128": ("vllm", "split", 128, 4, 2, 16, False, None, -1, False, False, "gluon-split",
+                           True),
+    "pp-gluon-split-64": ("vllm", "split", 64, 4, 1, 16, False, None, -1, False, False, "gluon-split", False),
+    "pp-gluon-split-256": ("py", "split", 256, 2, 1, 16, False, None, -1, False, False, "gluon-split", False),
+    "pp-gluon-split-kvcache": ("py", "split", 128, 2, 1, 16, True, None, -1, False, False, "gluon-split",
+                               False),
+    "pp-triton-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, 63, False, False, "triton", True),
+    "pp-triton-split-fp8": ("vllm", "split", 128, 4, 2, 16, False, "fp8", -1, False, False, "triton", False),
+    "pp-triton-hnd": ("py", "hnd", 80, 4, 1, 17, False, None, -1, True, False, "triton", False),
+    "pp-triton-kvcache": ("py", "split", 96, 2, 2, 16, True, None, -1, True, False, "triton", False),
+    "pp-gluon-nhd-short": ("py", "nhd", 128, 4, 2, 16, False, None, -1, True, True, "gluon-nhd", True),
+    "pp-gluon-split-short": ("vllm", "split", 128, 3, 1, 16, False, None, -1, False, True, "gluon-split",
+                             True),
+    "pp-triton-fp8-short": ("vllm", "split", 128, 8, 2, 16, False, "fp8", -1, False, True, "triton", True),
 }
+# fmt: on
 TINY_PREFIX = ("pp-gluon-nhd", "pp-gluon-split-128", "pp-triton-kvcache")  # (as Triton plans, head 32)
 
 
-def _pp_seqs() -> list[tuple[int, int]]:
-    """(context, query) of the batch: a query longer than a 128-row tile on the GPU."""
-    return [(40, 9), (0, 300), (130, 17)] if GPU else [(20, 9), (0, 5), (33, 12)]
+def _pp_seqs(short: bool) -> list[tuple[int, int]]:
+    """(context, query) of the batch: on the GPU a query longer than a 128-row tile, or with ``short``
+    every query at most 30 rows (the short-query forms)."""
+    if not GPU:
+        return [(20, 9), (0, 5), (33, 12)]
+    return [(40, 9), (0, 30), (130, 17)] if short else [(40, 9), (0, 300), (130, 17)]
 
 
 def _pp_base(spec) -> dict:
     """A well-formed call of problem ``spec`` (host index tensors; device tensors otherwise)."""
-    layout, d, heads, kv, page, from_cache, cache, _, alibi = spec[1:10]
+    layout, d, heads, kv, page, from_cache, cache, _, alibi, short = spec[1:11]
     dt = torch.bfloat16 if GPU else torch.float16
     if not GPU:  # the interpreter: small heads
         d, heads, kv = 32, 2, 1
-    seqs = _pp_seqs()
+    seqs = _pp_seqs(short)
     q_lens, seq_lens = [n for _, n in seqs], [c + n for c, n in seqs]
     read = seq_lens if from_cache else [c for c, _ in seqs]
     pages = [-(-n // page) for n in seq_lens]
