@@ -178,8 +178,9 @@ class _Recorder:
 
 
 def test_compiled_variants_do_not_depend_on_lengths_or_batch(monkeypatch):
-    """Every constexpr is identical across batches of different sizes and lengths, and every
-    integer argument that changes with them is excluded from Triton's specialisation."""
+    """Every constexpr is identical across batches of different sizes and lengths (but the packed GQA
+    rows, ``PACK_GQA``, which follow their rule: rows the same bit for bit), and every integer argument
+    that changes with them is excluded from Triton's specialisation."""
     rec = _Recorder()
     monkeypatch.setattr(launch, "_fwd_kernel", rec)
     monkeypatch.setenv("PREFIX_PREFILL_GLUON", "0")  # the Triton kernel's arguments (sm90 too)
@@ -192,9 +193,13 @@ def test_compiled_variants_do_not_depend_on_lengths_or_batch(monkeypatch):
         prefix_prefill(
             c.q, c.k, c.v, c.k_cache, c.v_cache, c.block_table, c.cu_seqlens_q, c.seq_lens, c.max_query_len
         )
-    kwargs = [call[2] for call in rec.calls]
+    kwargs = [{k: v for k, v in call[2].items() if k != "PACK_GQA"} for call in rec.calls]
     assert all(kw == kwargs[0] for kw in kwargs), "a constexpr depends on the lengths or the batch"
     names = _fwd_kernel.arg_names if hasattr(_fwd_kernel, "arg_names") else []
+    mql = list(names).index("max_query_len")
+    for _, args, kw in rec.calls:
+        rule = plan_mod.pack_gqa(kw["BLOCK_M"], kw["QUERIES_PER_KV"], args[mql])
+        assert kw.get("PACK_GQA", False) == rule, "PACK_GQA does not follow plan.pack_gqa"
     dns = getattr(_fwd_kernel, "do_not_specialize", None) or getattr(_fwd_kernel, "kwargs", {}).get(
         "do_not_specialize", []
     )
