@@ -79,8 +79,9 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- prefix-prefill
 # name: (form, layout, head, heads, kv, page, new tokens from the cache, cache, left window, ALiBi,
 #        short queries, plan on sm90, also without status=); short queries (every query <= 64 rows) take
-#        the short-query forms: the Gluon kernels' paired heads (even group) or idle second warpgroup
-#        (odd group), the Triton kernel's packed GQA rows
+#        the short-query forms: the Gluon kernels' paired heads (an even group, the idle grid more than
+#        one wave: 64 heads x 3 sequences) or idle second warpgroup (odd group), the Triton kernel's
+#        packed GQA rows
 # fmt: off
 PREFIX = {
     "pp-gluon-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, -1, False, False, "gluon-nhd", True),
@@ -95,7 +96,7 @@ PREFIX = {
     "pp-triton-split-fp8": ("vllm", "split", 128, 4, 2, 16, False, "fp8", -1, False, False, "triton", False),
     "pp-triton-hnd": ("py", "hnd", 80, 4, 1, 17, False, None, -1, True, False, "triton", False),
     "pp-triton-kvcache": ("py", "split", 96, 2, 2, 16, True, None, -1, True, False, "triton", False),
-    "pp-gluon-nhd-short": ("py", "nhd", 128, 4, 2, 16, False, None, -1, True, True, "gluon-nhd", True),
+    "pp-gluon-nhd-short": ("py", "nhd", 128, 64, 16, 16, False, None, -1, True, True, "gluon-nhd", True),
     "pp-gluon-split-short": ("vllm", "split", 128, 3, 1, 16, False, None, -1, False, True, "gluon-split",
                              True),
     "pp-triton-fp8-short": ("vllm", "split", 128, 8, 2, 16, False, "fp8", -1, False, True, "triton", True),

@@ -75,18 +75,18 @@ PREFIX_OPTIONS = [
     ("split", 128, 16, False, False, "gluon-split"),
     ("split", 64, 544, True, False, "gluon-split"),
 ]
-# queries of <= 64 rows, plain and with every option: with 8 / 2 heads the forms whose second consumer
+# queries of <= 64 rows, plain and with every option: with 32 / 8 heads the forms whose second consumer
 # warpgroup takes the next head (PAIR_HEADS), with 6 / 2 those whose second warpgroup only drains the
 # rings (IDLE_WG1): (layout, head, page, kv_from_cache, return_lse, plan, options, heads)
 PREFIX_SHORT = [
-    ("nhd", 128, 16, False, True, "gluon-nhd", False, (8, 2)),
-    ("nhd", 256, 16, True, False, "gluon-nhd", False, (8, 2)),
-    ("split", 64, 16, False, False, "gluon-split", False, (8, 2)),  # the new tokens' V transposed (V_STAGE)
-    ("split", 128, 16, False, True, "gluon-split", False, (8, 2)),  # K by 16-key TMA runs, V by gathers
-    ("split", 128, 544, True, False, "gluon-split", False, (8, 2)),  # K by wide boxes, two consumers
-    ("split", 256, 16, False, False, "gluon-split", False, (8, 2)),  # K chunk-major and V by TMA
-    ("nhd", 128, 16, False, False, "gluon-nhd", True, (8, 2)),
-    ("split", 128, 16, False, True, "gluon-split", True, (8, 2)),
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, (32, 8)),
+    ("nhd", 256, 16, True, False, "gluon-nhd", False, (32, 8)),
+    ("split", 64, 16, False, False, "gluon-split", False, (32, 8)),  # the new tokens' V transposed (V_STAGE)
+    ("split", 128, 16, False, True, "gluon-split", False, (32, 8)),  # K by 16-key TMA runs, V by gathers
+    ("split", 128, 544, True, False, "gluon-split", False, (32, 8)),  # K by wide boxes, two consumers
+    ("split", 256, 16, False, False, "gluon-split", False, (32, 8)),  # K chunk-major and V by TMA
+    ("nhd", 128, 16, False, False, "gluon-nhd", True, (32, 8)),
+    ("split", 128, 16, False, True, "gluon-split", True, (32, 8)),
     ("nhd", 128, 16, False, True, "gluon-nhd", False, (6, 2)),
     ("split", 64, 16, False, False, "gluon-split", False, (6, 2)),
     ("split", 256, 16, False, False, "gluon-split", False, (6, 2)),
@@ -113,8 +113,9 @@ def _prefix_case(
 ) -> list[str]:
     ctx, new = ([2400, 37], [300, 70]) if options else ([300, 37], [150, 70])
     h, hk = heads
-    if short:  # max_query_len <= 64: the second consumer warpgroup pairs heads or idles
-        ctx, new = [2400, 37], [4, 60]
+    if short:  # max_query_len <= 64: the second consumer warpgroup pairs heads (with 32 / 8 heads over
+        # these 6 sequences the idle grid, 192 programs, is more than one wave) or idles (6 / 2)
+        ctx, new = [2400, 37, 600, 0, 129, 1700], [4, 60, 8, 64, 37, 1]
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
     nb = sum(pages) + 1

@@ -324,11 +324,12 @@ SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 )  # fmt: skip
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
-@pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["paired", "idle"])
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=["paired", "idle"])
 def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, page, opts, monkeypatch):
     """Queries of at most 64 rows run the full form whose second consumer warpgroup takes the next query
-    head (``PAIR_HEADS``, 8 / 2 heads) or computes nothing and only keeps the rings' protocol
-    (``IDLE_WG1``, 6 / 2: an odd number of query heads a KV head); a form with one consumer partition
+    head (``PAIR_HEADS``, 32 / 8 heads over 6 sequences: 192 idle programs, more than one wave) or
+    computes nothing and only keeps the rings' protocol (``IDLE_WG1``, 6 / 2: an odd number of query
+    heads a KV head); a form with one consumer partition
     has neither. Every option or none, both layouts, k given or from the cache (compile tiers off: the
     full form from the first call)."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
@@ -337,7 +338,9 @@ def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, pa
     chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
     one = chosen.consts().get("ONE_CONSUMER", False)
     assert plan.idle_second_warpgroup(chosen, case.max_query_len) is not one
-    paired = plan.pair_heads(chosen, case.max_query_len, heads[0] // heads[1])
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    programs = heads[0] * len(SHORT_SEQS)  # the idle form's grid
+    paired = plan.pair_heads(chosen, case.max_query_len, heads[0] // heads[1], programs, sms)
     assert paired is (not one and heads[0] // heads[1] % 2 == 0)
     _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS.get(opts, {}), monkeypatch, SHORT_SEQS,
                    heads)  # fmt: skip

@@ -59,8 +59,9 @@ def _call(case, key=None, generic=False, o=None, scale=0.1, status=None):
         )
     args = (chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
             case.cu_seqlens_q, case.seq_lens, case.max_query_len, scale, None)  # fmt: skip
-    if generic:  # (the compiled variant's key: the idle-warpgroup form's for short queries)
-        vkey = gluon_launch._variant(chosen, key, case.max_query_len, case.q, case.k_cache)
+    if generic:  # (the compiled variant's key: a short-query form's for short queries)
+        batch = case.seq_lens.shape[0]
+        vkey = gluon_launch._variant(chosen, key, case.max_query_len, case.q, case.k_cache, batch)
         gluon_launch._warm(gluon_launch._SPLIT, gluon_launch._split_call, chosen, vkey, *args[2:], status)
     elif not gluon_launch.warm(chosen, key, *args[2:8], *args[10:14], scale, None, status):  # a repeated call
         assert gluon_launch.launch(*args, key, status)
@@ -72,8 +73,9 @@ def test_frame_call_is_the_generic_launch(warm_split):
     its caches; a frame's call for new tokens, batch, lengths and block table over those caches hands
     the C launcher exactly the arguments the generic direct launch hands it for that call. A batch of
     queries no longer than 64 rows runs a short-query form, a variant of its own:
-    its first call goes through Triton once (here two query heads a KV head: the paired-heads form,
-    ``PAIR_HEADS``, over a grid of head pairs)."""
+    its first call goes through Triton once (here two query heads a KV head, and off CUDA no
+    multiprocessor count to weigh the batch against: the paired-heads form, ``PAIR_HEADS``, over a grid
+    of head pairs)."""
     a = _split_case()
     key = _call(a)
     assert isinstance(key, int) and len(warm_split.triton_calls) == 1

@@ -522,8 +522,10 @@ def prefix_prefill(
             the usual case; rows past ``cu_seqlens_q[-1]`` are not written).
         seq_lens: ``[batch]`` int32/int64, context + query length of each sequence.
         max_query_len: Python int >= the longest query length (it sizes the grid; no recompile when it
-            changes, except that on sm90 the first call with ``max_query_len <= 64`` compiles the Gluon
-            form whose second warpgroup idles, ``plan.idle_second_warpgroup``).
+            changes, except that on sm90 the first call with ``max_query_len <= 64`` compiles a Gluon
+            short-query form: the second warpgroup idles, ``plan.idle_second_warpgroup``, or with an even
+            number of query heads a KV head and more programs than one wave it takes the next head,
+            ``plan.pair_heads``; rows are the same bit for bit in every form).
         causal: False: the new tokens of a sequence also see each other's later positions.
         window: ``(left, right)``, FlashAttention's inclusive convention, ``-1`` = unbounded: a query at
             position ``p`` sees key ``j`` iff ``left < 0 or p - j <= left`` and ``right < 0 or j - p <=

@@ -17,8 +17,9 @@ new tokens' descriptors, the output and index pointers, the block table's stride
 the status, the sinks and ALiBi slopes) and launches.
 
 Short-query forms: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full form
-with ``PAIR_HEADS`` where each KV head has an even number of query heads (the two warpgroups on two
-heads, grid over head pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
+with ``PAIR_HEADS`` where each KV head has an even number of query heads and the idle form's grid would
+take more than one wave of the device's multiprocessors (the two warpgroups on two heads, grid over head
+pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
 (``prefix_prefill.plan.idle_second_warpgroup``): each a compiled variant, frame and compile tier of its
 own (:func:`_variant`), the same rows bit for bit.
 
@@ -172,7 +173,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     fast = _NHD if nhd else _SPLIT
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
-    key = _variant(plan, key, max_query_len, q, k_cache)
+    key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
     frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
     if frame is None:
         return False
@@ -218,7 +219,7 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     global _FAILED
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
-    key = _variant(plan, key, max_query_len, q, k_cache)
+    key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
     nhd = plan.kernel == "gluon-nhd"
     fast = _NHD if nhd else _SPLIT
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -233,19 +234,30 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     return False
 
 
-def _short_form(plan: LaunchPlan, max_query_len: int, q, k_cache, full: bool = True) -> str | None:
-    """The full form's short-query variant of a call: ``"pair"`` (:func:`prefix_prefill.plan.pair_heads`),
-    ``"idle"`` (:func:`prefix_prefill.plan.idle_second_warpgroup`) or None."""
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    """Multiprocessors of CUDA device ``index``; 0 off CUDA (index -1: only the CPU tests' stand-in
+    kernels launch there, so every short-query call with an even group pairs)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
+
+
+def _short_form(plan: LaunchPlan, max_query_len: int, q, k_cache, batch: int,
+                full: bool = True) -> str | None:  # fmt: skip
+    """The full form's short-query variant of a call over ``batch`` sequences: ``"pair"``
+    (:func:`prefix_prefill.plan.pair_heads`), ``"idle"`` (:func:`prefix_prefill.plan.idle_second_warpgroup`)
+    or None."""
     if not idle_second_warpgroup(plan, max_query_len, full):
         return None
     kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]
-    return "pair" if pair_heads(plan, max_query_len, q.shape[1] // kv_heads, full) else "idle"
+    heads = q.shape[1]
+    sms = _multiprocessors(q.get_device())
+    return "pair" if pair_heads(plan, max_query_len, heads // kv_heads, heads * batch, sms, full) else "idle"
 
 
-def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache):
+def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache, batch: int):
     """The compiled variant's key of a call with :func:`launch_key` ``key``: ``key``, or ``(key, form)``
     for a short-query form (:func:`_short_form`)."""
-    form = _short_form(plan, max_query_len, q, k_cache)
+    form = _short_form(plan, max_query_len, q, k_cache, batch)
     return key if form is None else (key, form)
 
 
@@ -355,7 +367,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
-    form = _short_form(plan, max_query_len, q, k_cache, full)
+    form = _short_form(plan, max_query_len, q, k_cache, seq_lens.shape[0], full)
     heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
     grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
     kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
@@ -457,7 +469,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     v_ring = _swizzled(head, 16 if v_tma else block_n, half)
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
-    form = _short_form(plan, max_query_len, q, k_cache, full)
+    form = _short_form(plan, max_query_len, q, k_cache, seq_lens.shape[0], full)
     heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
     grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
 
@@ -511,6 +523,6 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
 
     # (the tiers' key: one background compile per kernel, dtype, constexprs and short-query form,
     # whatever the problem)
-    form = _short_form(plan, max_query_len, q, k_cache)
+    form = _short_form(plan, max_query_len, q, k_cache, seq_lens.shape[0])
     tier_key = ("nhd" if nhd else "split", q.dtype, form, *plan.constexprs)
     return lambda: _run_tiers(tier_key, one)
