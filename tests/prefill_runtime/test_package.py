@@ -71,3 +71,24 @@ def test_gluon_module_is_separate():
     g = importlib.import_module("prefill_runtime.gluon")
     assert all(hasattr(g, name) for name in ("consumer", "softmax_step", "zero_v_rows", "allocate_rings"))
     assert hasattr(importlib.import_module("paged_kv_offsets.gluon"), "page_row")
+
+
+def test_constexpr_map_is_read_only_and_built_once():
+    """``LaunchPlan.constexpr_map``: the constexprs as a mapping (the same values as ``consts()``), read
+    only, one object per plan; ``consts()`` stays a fresh dict a caller may change; equality and hashing
+    are the fields' (the cached mapping takes no part)."""
+    import types
+
+    from prefill_runtime import LaunchPlan
+
+    p = LaunchPlan("k", "r", 64, LaunchPlan.items({"B": 2, "A": True}))
+    m = p.constexpr_map
+    assert isinstance(m, types.MappingProxyType) and dict(m) == p.consts() == {"A": True, "B": 2}
+    assert p.constexpr_map is m and m.get("ONE_CONSUMER", False) is False
+    with pytest.raises(TypeError):
+        m["A"] = False  # type: ignore[index]
+    c = p.consts()
+    c["A"] = False
+    assert p.consts()["A"] is True and m["A"] is True
+    q = LaunchPlan("k", "r", 64, LaunchPlan.items({"A": True, "B": 2}))
+    assert q == p and hash(q) == hash(p)

@@ -19,7 +19,6 @@ count proves the kernel ran; negative controls; no recompiles; CUDA-graph replay
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 
 import pytest
@@ -125,36 +124,38 @@ def test_split_gather_ok():
 
 
 def test_pair_heads_rule():
-    """Paired heads exactly where the idle form would run, each KV head has an even number of query heads
-    (8 / 2, 4 / 2: yes; 6 / 2, 2 / 2: the idle form) and the idle grid takes more than one wave of the
-    multiprocessors (132 on an H200: 133 programs pair, 132 do not)."""
-    case = make_case([(40, 9)], num_heads=4, num_kv_heads=2, head_size=128, page=16, dtype=torch.bfloat16,
-                     device="cpu", layout="nhd")  # fmt: skip
-    chosen = plan.plan(_sm90(case))
+    """Paired heads where each KV head has an even number of query heads (8 / 2, 4 / 2: yes; 6 / 2, 2 / 2:
+    the idle form) and the idle grid takes more than one wave of the multiprocessors (132 on an H200:
+    133 programs pair, 132 do not)."""
     for group, even in ((4, True), (2, True), (3, False), (1, False)):
-        assert plan.pair_heads(chosen, 64, group, 133, 132) is even
-        assert plan.pair_heads(chosen, 64, group, 132, 132) is False
-        assert plan.pair_heads(chosen, 65, group, 1000, 132) is False
-        assert plan.pair_heads(chosen, 4, group, 1000, 132, full=False) is False
+        assert plan.pair_heads(group, 133, 132) is even and plan.pair_heads(group, 10_000, 132) is even
+        assert plan.pair_heads(group, 132, 132) is False and plan.pair_heads(group, 8, 132) is False
 
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_short_form_weighs_the_batch(layout, monkeypatch):
-    """The launcher's short-query form: the batch's sequences times the query heads (the idle grid)
-    against the device's multiprocessors (here 132, as an H200): 34 sequences x 4 heads pair, 33 idle,
-    an odd group idles at any batch, a 65-row query takes neither."""
+    """The launcher's short-query form (the variant key's second entry): the idle form's rule
+    (``max_query_len <= 64``, two consumer partitions), then the batch's sequences times the query heads
+    (the idle grid) against the device's multiprocessors (here 132, as an H200): 34 sequences x 4 heads
+    pair, 33 idle, an odd group idles at any batch, a 65-row query takes neither (the key alone)."""
     monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 132)
-    for heads, kv in ((4, 2), (6, 2)):
+    monkeypatch.setattr(gluon_launch, "_KEY_HEADS", {})
+    for key, (heads, kv) in enumerate(((4, 2), (6, 2))):
         case = make_case([(40, 9)], num_heads=heads, num_kv_heads=kv, head_size=128, page=16,
                          dtype=torch.bfloat16, device="cpu", layout=layout)  # fmt: skip
         chosen = plan.plan(_sm90(case))
         if ("ONE_CONSUMER", True) in chosen.constexprs:
             continue
-        form = functools.partial(gluon_launch._short_form, chosen, q=case.q, k_cache=case.k_cache)
+
+        def form(max_query_len: int, batch: int, chosen=chosen, key=key, case=case):
+            vkey = gluon_launch._variant(chosen, key, max_query_len, case.q, case.k_cache, batch)
+            return gluon_launch._form(vkey)
+
         paired = "pair" if heads // kv % 2 == 0 else "idle"
         assert form(64, batch=132 // heads + 1) == paired and form(1, batch=1000) == paired
         assert form(64, batch=132 // heads) == "idle" and form(4, batch=3) == "idle"
-        assert form(65, batch=1000) is None
+        assert form(65, batch=1000) is None and gluon_launch._variant(chosen, key, 65, None, None, 9) == key
+        assert gluon_launch._KEY_HEADS[key] == (heads, heads // kv, 132)
 
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])

@@ -340,7 +340,7 @@ def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, pa
     assert plan.idle_second_warpgroup(chosen, case.max_query_len) is not one
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
     programs = heads[0] * len(SHORT_SEQS)  # the idle form's grid
-    paired = plan.pair_heads(chosen, case.max_query_len, heads[0] // heads[1], programs, sms)
+    paired = not one and plan.pair_heads(heads[0] // heads[1], programs, sms)
     assert paired is (not one and heads[0] // heads[1] % 2 == 0)
     _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS.get(opts, {}), monkeypatch, SHORT_SEQS,
                    heads)  # fmt: skip

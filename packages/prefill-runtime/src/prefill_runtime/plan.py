@@ -11,6 +11,8 @@ says; ``bench/`` and tests override a plan (:meth:`LaunchPlan.replace`) instead 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -40,7 +42,14 @@ class LaunchPlan:
         return tuple(sorted(m.items()))
 
     def consts(self) -> dict[str, object]:
+        """The constexprs as a new dict (the caller may change it)."""
         return dict(self.constexprs)
+
+    @functools.cached_property
+    def constexpr_map(self) -> Mapping[str, object]:
+        """The constexprs as a read-only mapping, built once per plan: for rules a launcher asks per call
+        (a dict lookup instead of a scan of ``constexprs``)."""
+        return types.MappingProxyType(dict(self.constexprs))
 
     def opts(self) -> dict[str, object]:
         return dict(self.options)

@@ -21,7 +21,8 @@ with ``PAIR_HEADS`` where each KV head has an even number of query heads and the
 take more than one wave of the device's multiprocessors (the two warpgroups on two heads, grid over head
 pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
 (``prefix_prefill.plan.idle_second_warpgroup``): each a compiled variant, frame and compile tier of its
-own (:func:`_variant`), the same rows bit for bit.
+own (:func:`_variant`, which decides it once per call; the launch code reads it back from the
+variant's key), the same rows bit for bit.
 
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
@@ -64,6 +65,9 @@ _TIERS = runtime.CompileTiers()
 # never reused, so a dropped key's id cannot name another problem's variant)
 _KEY_IDS: dict[tuple, int] = {}
 _KEY_IDS_MAX = 4096
+# key id -> (query heads, query heads a KV head, the device's multiprocessors): what the short-query form
+# weighs per call (:func:`_variant`), read once per key (cleared with _KEY_IDS)
+_KEY_HEADS: dict[int, tuple[int, int, int]] = {}
 _NEXT_ID = itertools.count()
 # Left windows at least this wide reach past any position (int32 in the kernels): passed as this
 _WINDOW_CAP = 1 << 30
@@ -159,6 +163,7 @@ def launch_key(
     if key is None:
         if len(_KEY_IDS) >= _KEY_IDS_MAX:
             _KEY_IDS.clear()
+            _KEY_HEADS.clear()
         key = _KEY_IDS[full] = next(_NEXT_ID)
     return key
 
@@ -241,24 +246,25 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
 
 
-def _short_form(plan: LaunchPlan, max_query_len: int, q, k_cache, batch: int,
-                full: bool = True) -> str | None:  # fmt: skip
-    """The full form's short-query variant of a call over ``batch`` sequences: ``"pair"``
-    (:func:`prefix_prefill.plan.pair_heads`), ``"idle"`` (:func:`prefix_prefill.plan.idle_second_warpgroup`)
-    or None."""
-    if not idle_second_warpgroup(plan, max_query_len, full):
-        return None
-    kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]
-    heads = q.shape[1]
-    sms = _multiprocessors(q.get_device())
-    return "pair" if pair_heads(plan, max_query_len, heads // kv_heads, heads * batch, sms, full) else "idle"
-
-
 def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache, batch: int):
-    """The compiled variant's key of a call with :func:`launch_key` ``key``: ``key``, or ``(key, form)``
-    for a short-query form (:func:`_short_form`)."""
-    form = _short_form(plan, max_query_len, q, k_cache, batch)
-    return key if form is None else (key, form)
+    """The compiled variant's key of a call over ``batch`` sequences with :func:`launch_key` ``key``:
+    ``key``, or ``(key, form)`` for a short-query form (:func:`prefix_prefill.plan.idle_second_warpgroup`):
+    ``"pair"`` where :func:`prefix_prefill.plan.pair_heads` says so, else ``"idle"``. The key fixes the
+    head counts and the device, read once per key."""
+    if not idle_second_warpgroup(plan, max_query_len):
+        return key
+    heads = _KEY_HEADS.get(key)
+    if heads is None:
+        kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]
+        n = q.shape[1]
+        heads = _KEY_HEADS[key] = (n, n // kv_heads, _multiprocessors(q.get_device()))
+    return (key, "pair" if pair_heads(heads[1], heads[0] * batch, heads[2]) else "idle")
+
+
+def _form(key, full: bool = True) -> str | None:
+    """The short-query form a variant key names (:func:`_variant`); None for the quick form (``full``
+    False: one consumer partition, no second warpgroup to pair or idle)."""
+    return key[1] if full and key.__class__ is tuple else None
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -367,7 +373,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
-    form = _short_form(plan, max_query_len, q, k_cache, seq_lens.shape[0], full)
+    form = _form(key, full)
     heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
     grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
     kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
@@ -469,7 +475,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     v_ring = _swizzled(head, 16 if v_tma else block_n, half)
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
-    form = _short_form(plan, max_query_len, q, k_cache, seq_lens.shape[0], full)
+    form = _form(key, full)
     heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
     grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
 
@@ -523,6 +529,6 @@ def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table,
 
     # (the tiers' key: one background compile per kernel, dtype, constexprs and short-query form,
     # whatever the problem)
-    form = _short_form(plan, max_query_len, q, k_cache, seq_lens.shape[0])
+    form = _form(key)
     tier_key = ("nhd" if nhd else "split", q.dtype, form, *plan.constexprs)
     return lambda: _run_tiers(tier_key, one)

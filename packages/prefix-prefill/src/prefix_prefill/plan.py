@@ -297,22 +297,21 @@ def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = Tru
     reads one."""
     if not full or 2 * max_query_len > plan.block_m or plan.kernel not in ("gluon-nhd", "gluon-split"):
         return False
-    return ("ONE_CONSUMER", True) not in plan.constexprs
+    return not plan.constexpr_map.get("ONE_CONSUMER", False)
 
 
-def pair_heads(
-    plan: LaunchPlan, max_query_len: int, queries_per_kv: int, programs: int, sms: int, full: bool = True
-) -> bool:
-    """Whether a Gluon launch that :func:`idle_second_warpgroup` would give an idle second warpgroup gives
-    it the next query head instead (``PAIR_HEADS``): each KV head has an even number of query heads, so
-    heads ``2i`` and ``2i + 1`` share their keys; the program computes the same rows of both, reading the
-    keys once (grid over head pairs). A row's arithmetic is the same code in either warpgroup, so the
-    choice never changes a row. ``programs``: the idle form's grid (heads x sequences: one tile each);
-    ``sms``: the device's multiprocessors. A paired program takes about 1.25-1.3x an idle one's time
-    and there are half as many, so pairing pays once the idle grid needs more than one wave (one
-    program a multiprocessor): measured on the H200 (132 SMs), paired / idle GPU time 1.02-1.34 at 128
-    idle programs or fewer, 0.58-0.75 at 256 or more, every layout and head size."""
-    return queries_per_kv % 2 == 0 and programs > sms and idle_second_warpgroup(plan, max_query_len, full)
+def pair_heads(queries_per_kv: int, programs: int, sms: int) -> bool:
+    """Whether a Gluon launch to which :func:`idle_second_warpgroup` gives an idle second warpgroup gives
+    it the next query head instead (``PAIR_HEADS``): each KV head has an even number of query heads
+    (``queries_per_kv``), so heads ``2i`` and ``2i + 1`` share their keys; the program computes the same
+    rows of both, reading the keys once (grid over head pairs). A row's arithmetic is the same code in
+    either warpgroup, so the choice never changes a row. ``programs``: the idle form's grid (heads x
+    sequences: one tile each); ``sms``: the device's multiprocessors. A paired program takes about
+    1.25-1.3x an idle one's time and there are half as many, so pairing pays once the idle grid needs
+    more than one wave (one program a multiprocessor): measured on the H200 (132 SMs), paired / idle
+    GPU time 1.02-1.34 at 128 idle programs or fewer, 0.58-0.75 at 256 or more, every layout and head
+    size. Integers only: the launcher asks it per call, after :func:`idle_second_warpgroup`."""
+    return programs > sms and queries_per_kv % 2 == 0
 
 
 def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
