@@ -178,7 +178,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     fast = _NHD if nhd else _SPLIT
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
-    key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
+    batch = seq_lens.shape[0]
+    key = _variant(plan, key, max_query_len, q, k_cache, batch)
     frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
     if frame is None:
         return False
@@ -186,7 +187,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     # (Triton launches on the current device: launch() sets it; CUDA is initialised, q is on it)
     if index != torch._C._cuda_getDevice():
         return False
-    tokens, batch = q.shape[0], seq_lens.shape[0]
+    tokens = q.shape[0]
     if batch == 0 or tokens == 0:
         return True
     qp = q.data_ptr()
@@ -210,7 +211,9 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if opts.alibi is None else opts.alibi.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
-    heads = q.shape[1] // 2 if key.__class__ is tuple and key[1] == "pair" else q.shape[1]
+    heads = q.shape[1]
+    if key.__class__ is tuple and key[1] == "pair":  # grid over head pairs
+        heads //= 2
     frame(max(-(-max_query_len // plan.block_m), 1), heads, batch, stream, tokens, bases, plain)
     return True
 
