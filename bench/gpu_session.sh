@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|shortforms|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -26,6 +26,8 @@
 #  engineab: bench/engine_ab.py, the engine steps of whole package trees interleaved (ENGINE_TREES, e.g.
 #  "main=.peers/t_main/packages new=", the first the base; ENGINE_ROUNDS, default 3; ENGINE_SCENARIOS,
 #  default all), into results.tgz;
+#  shortforms: bench/short_forms.py, the Gluon short-query forms (paired heads, idle second warpgroup)
+#  against each other over batches, contexts, layouts and head sizes, beside plan.pair_heads's choice;
 #  accept, consan, quick: see their blocks below;
 #  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
 #  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
@@ -226,6 +228,12 @@ if [[ $what == engineab ]]; then
   trees=(); for t in ${ENGINE_TREES:?ENGINE_TREES="name=DIR ..." names the trees}; do trees+=(--tree "$t"); done
   timeout ${BENCH_TIMEOUT:-560} python3 bench/engine_ab.py "${trees[@]}" --rounds ${ENGINE_ROUNDS:-3} \
     --scenarios "${ENGINE_SCENARIOS:-}" --out "$res" "$@" 2>&1 | tee "$res/engine_ab.log" | tail -40
+  rc=${PIPESTATUS[0]}
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == shortforms ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  timeout ${BENCH_TIMEOUT:-400} python3 bench/short_forms.py --out "$res" 2>&1 | tee "$res/short_forms.log" | tail -3
   rc=${PIPESTATUS[0]}
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
