@@ -25,7 +25,7 @@
 #  engine: bench/engine_step.py --quick (engine steps, ours vs vLLM 0.33);
 #  engineab: bench/engine_ab.py, the engine steps of whole package trees interleaved (ENGINE_TREES, e.g.
 #  "main=.peers/t_main/packages new=", the first the base; ENGINE_ROUNDS, default 3; ENGINE_SCENARIOS,
-#  default all), into results.tgz;
+#  default all; ENGINE_HOST=1: the host table per call instead, engine_host_ab.md), into results.tgz;
 #  shortforms: bench/short_forms.py, the Gluon short-query forms (paired heads, idle second warpgroup)
 #  against each other over batches, contexts, layouts and head sizes, beside plan.pair_heads's choice;
 #  accept, consan, quick: see their blocks below;
@@ -226,7 +226,8 @@ fi
 if [[ $what == engineab ]]; then
   res=$OUT/res; mkdir -p "$res"
   trees=(); for t in ${ENGINE_TREES:?ENGINE_TREES="name=DIR ..." names the trees}; do trees+=(--tree "$t"); done
-  timeout ${BENCH_TIMEOUT:-560} python3 bench/engine_ab.py "${trees[@]}" --rounds ${ENGINE_ROUNDS:-3} \
+  host=(); [[ ${ENGINE_HOST:-0} == 1 ]] && host=(--host)
+  timeout ${BENCH_TIMEOUT:-560} python3 bench/engine_ab.py "${trees[@]}" "${host[@]}" --rounds ${ENGINE_ROUNDS:-3} \
     --scenarios "${ENGINE_SCENARIOS:-}" --out "$res" "$@" 2>&1 | tee "$res/engine_ab.log" | tail -40
   rc=${PIPESTATUS[0]}
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"

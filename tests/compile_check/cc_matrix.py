@@ -34,8 +34,9 @@ from cc_targets import TARGETS, Target, emulated_device
 
 #: forms of a prefix-prefill call: the options it sets, as the models that use them combine them
 #: (``k_none``: the new tokens' K/V read from the cache; ``short``: queries of at most 4 tokens, the
-#: short-query forms, where the other forms' ``max_query_len`` of 96 takes the full ones). Every option is
-#: in at least one form.
+#: short-query forms, where the other forms' ``max_query_len`` of 96 takes the full ones; ``batch``:
+#: sequences, default 2: with 32 the Gluon short-query grid passes one wave of the target's
+#: multiprocessors, and the paired-heads form replaces the idle one). Every option is in at least one form.
 PREFIX_FORMS: dict[str, dict] = {
     "causal": {},
     "sliding_sinks": dict(left=1023, sinks=True, lse=True),  # gpt-oss (its LSE for cascades)
@@ -44,7 +45,12 @@ PREFIX_FORMS: dict[str, dict] = {
     "bidirectional": dict(causal=False, left=100, right=30),  # encoder-style, windowed both ways
     "k_none": dict(k_none=True, lse=True),
     "specdec": dict(short=True, lse=True),  # speculative decoding: a few tokens a sequence
+    "specdec_batch": dict(short=True, lse=True, batch=32),  # ... over a batch past one wave
 }
+#: (page, form) of the sm90 rows that take the Gluon kernels, per head size and layout
+GLUON_PAGE_FORMS = ((16, "causal"), (544, "causal"), (1056, "k_none"), (16, "specdec"), (16, "specdec_batch"))
+#: multiprocessors of the targets the Gluon launcher weighs a short-query batch against (H100/H200)
+MULTIPROCESSORS = {"sm90": 132}
 #: forms of a window-prefill call (``lens``: starts and lengths, vLLM's form, instead of cu_seqlens;
 #: ``wide_window``: rows see >= 2048 keys, where the Gluon kernel may take it)
 WINDOW_FORMS: dict[str, dict] = {
@@ -120,7 +126,7 @@ def _prefix_rows(target: str) -> list[Case]:
     if target == "sm90":  # the Gluon kernels' choices: page vs key block, k given or not, the LSE
         for _, exact in HEADS.values():
             for layout in ("split", "nhd"):
-                for page, form in ((16, "causal"), (544, "causal"), (1056, "k_none"), (16, "specdec")):
+                for page, form in GLUON_PAGE_FORMS:
                     rows.append(c(exact, "bf16", layout, page, form, gluon=True))
         rows += [dataclasses.replace(r, gluon=True) for r in list(rows) if not r.gluon]
     return rows
@@ -200,12 +206,14 @@ def _softcap_form(softcap: float, device: torch.device) -> int:
 
 
 def _prefix_tensors(case: Case, target: Target) -> dict:
-    """Meta tensors of a prefix call: 64 new tokens of 2 sequences, 8 query heads over 2 KV heads."""
+    """Meta tensors of a prefix call: 64 new tokens of 2 sequences (the form's ``batch``), 8 query heads
+    over 2 KV heads."""
     qd = DTYPES[case.dtype]
     cd = _fp8(target) if case.cache == "fp8" else qd
     od = _fp8(target) if case.out == "fp8" else qd
     d, page, hk, tokens = case.head, case.page, HEADS_KV, 64
     opts = PREFIX_FORMS[case.form]
+    batch = opts.get("batch", 2)
     blocks = 64 if not case.wide else 2**31 // (page * hk * d) + 1  # past 2**31 elements: 64-bit offsets
     if case.layout == "split":
         x = 16 // cd.itemsize
@@ -221,8 +229,9 @@ def _prefix_tensors(case: Case, target: Target) -> dict:
     f32 = torch.float32
     return dict(
         q=_meta(tokens, HEADS_Q, d, dtype=qd), k=k, v=v, o=_meta(tokens, HEADS_Q, d, dtype=od), k_cache=kc,
-        v_cache=vc, block_table=_meta(2, 32, dtype=torch.int32), cu=_meta(3, dtype=torch.int32),
-        seq_lens=_meta(2, dtype=torch.int32), alibi=_meta(HEADS_Q, dtype=f32) if opts.get("alibi") else None,
+        v_cache=vc, block_table=_meta(batch, 32, dtype=torch.int32), cu=_meta(batch + 1, dtype=torch.int32),
+        seq_lens=_meta(batch, dtype=torch.int32),
+        alibi=_meta(HEADS_Q, dtype=f32) if opts.get("alibi") else None,
         sinks=_meta(HEADS_Q, dtype=f32) if opts.get("sinks") else None,
         scales=_meta(1, dtype=f32) if case.cache == "fp8" else None,
         out_scale=_meta(1, dtype=f32) if case.out == "fp8" else None,
@@ -253,6 +262,10 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
     launch._fwd_kernel = _Recorder(saved[0], record)
     gluon_launch._gluon_fwd_kernel = _Recorder(saved[1], record) if saved[1] is not None else None
     gluon_launch._gluon_split_kernel = _Recorder(saved[2], record) if saved[2] is not None else None
+    # (meta tensors have no device to count multiprocessors on: the target's, and per-key reads afresh)
+    saved_mp = gluon_launch._multiprocessors, gluon_launch._KEY_HEADS
+    gluon_launch._multiprocessors = lambda index: MULTIPROCESSORS.get(target.name, 132)
+    gluon_launch._KEY_HEADS = {}
     try:
         max_q = 4 if opts.get("short") else 96
         launch.forward(t["q"], t["k"], t["v"], t["o"], t["k_cache"], t["v_cache"], kc, vc, t["block_table"],
@@ -262,6 +275,7 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
                        lse=t["lse"], plan_override=chosen)  # fmt: skip
     finally:
         launch._fwd_kernel, gluon_launch._gluon_fwd_kernel, gluon_launch._gluon_split_kernel = saved
+        gluon_launch._multiprocessors, gluon_launch._KEY_HEADS = saved_mp
     if chosen.kernel == "triton":  # the ptxas flag the launcher adds on a GPU of this target (not on meta)
         from prefill_runtime import ptxas_launch_options
 

@@ -292,6 +292,26 @@ def test_engine_ab_summary(tmp_path):
             mod.parse_tree(bad)
 
 
+def test_engine_ab_host_summary(tmp_path):
+    """bench/engine_ab.py --host's summary on made-up host tables: per entry point the medians over
+    rounds of the ratio to SDPA, the host time and the GPU time, % against the first tree, no sums."""
+    mod = bench_module("engine_ab")
+    ratios = {"a": [1.20, 1.30, 1.25], "b": [1.32, 1.26, 1.40]}
+    for tree, values in ratios.items():
+        for r, ratio in enumerate(values, 1):
+            d = tmp_path / f"{tree}_{r}"
+            d.mkdir()
+            rows = ["impl,calls,host_us,host_median_us,wall_us,graph_us,vs_sdpa",
+                    f"ours_pp_caf,3000,{20 * ratio},1,1,8.0,{ratio}", "sdpa,3000,20.0,1,1,7.0,"]  # fmt: skip
+            (d / "engine_host.csv").write_text("\n".join(rows) + "\n")
+    text = mod.summary(mod.read_runs(tmp_path, ["a", "b"], 3, host=True), ["a", "b"], host=True)
+    assert "| tiny | ours_pp_caf | 1.250 | 1.320 (+5.60%) |" in text, text
+    assert "| tiny | ours_pp_caf | 25.000 | 26.400 (+5.60%) |" in text, text
+    assert "| tiny | ours_pp_caf | 8.000 | 8.000 (+0.00%) |" in text, text
+    assert "| tiny | sdpa | 20.000 | 20.000 (+0.00%) |" in text and "| sum |" not in text, text
+    assert text.index("over torch SDPA") < text.index("best round") < text.index("GPU time"), text
+
+
 def test_anchors_ragged_problem_and_gathered_kv():
     """bench/anchors.py's inputs for the peers on a ragged prefix batch (an empty context, a one-page
     sequence, a page boundary): the paged problem (``common.prefix_problem``) run by ours with ``k=None``
