@@ -268,19 +268,26 @@ def test_engine_ab_smoke(tmp_path):
     assert (tmp_path / "base_1" / "engine_step.csv").exists() and (tmp_path / "same_1" / "log.txt").exists()
 
 
+def _write_ab_runs(out, name: str, values: dict[str, list[float]], rows) -> None:
+    """Made-up runs of bench/engine_ab.py: ``out/<tree>_<round>/<name>`` holding ``rows(tree, value)``, one
+    round per value."""
+    for tree, per_round in values.items():
+        for r, value in enumerate(per_round, 1):
+            d = out / f"{tree}_{r}"
+            d.mkdir()
+            (d / name).write_text("\n".join(rows(tree, value)) + "\n")
+
+
 def test_engine_ab_summary(tmp_path):
     """bench/engine_ab.py's summary on made-up runs: medians over rounds, % against the first tree, sums;
     a row one tree lacks and a column no run took are left out; bad --tree values are refused."""
     mod = bench_module("engine_ab")
-    walls = {"a": [10.0, 12.0, 11.0], "b": [9.0, 13.0, 9.9]}
-    for tree, values in walls.items():
-        for r, wall in enumerate(values, 1):
-            d = tmp_path / f"{tree}_{r}"
-            d.mkdir()
-            rows = ["scenario,impl,wall_ms,graph_ms", f"s1,ours,{wall},", f"s2,ours,{2 * wall},"]
-            if tree == "a":
-                rows.append("only_a,ours,1.0,")
-            (d / "engine_step.csv").write_text("\n".join(rows) + "\n")
+
+    def rows(tree: str, wall: float) -> list[str]:
+        extra = ["only_a,ours,1.0,"] if tree == "a" else []
+        return ["scenario,impl,wall_ms,graph_ms", f"s1,ours,{wall},", f"s2,ours,{2 * wall},", *extra]
+
+    _write_ab_runs(tmp_path, "engine_step.csv", {"a": [10.0, 12.0, 11.0], "b": [9.0, 13.0, 9.9]}, rows)
     text = mod.summary(mod.read_runs(tmp_path, ["a", "b"], 3), ["a", "b"])
     assert "| s1 | ours | 11.000 | 9.900 (-10.00%) |" in text, text
     assert "| s2 | ours | 22.000 | 19.800 (-10.00%) |" in text, text
@@ -296,14 +303,12 @@ def test_engine_ab_host_summary(tmp_path):
     """bench/engine_ab.py --host's summary on made-up host tables: per entry point the medians over
     rounds of the ratio to SDPA, the host time and the GPU time, % against the first tree, no sums."""
     mod = bench_module("engine_ab")
-    ratios = {"a": [1.20, 1.30, 1.25], "b": [1.32, 1.26, 1.40]}
-    for tree, values in ratios.items():
-        for r, ratio in enumerate(values, 1):
-            d = tmp_path / f"{tree}_{r}"
-            d.mkdir()
-            rows = ["impl,calls,host_us,host_median_us,wall_us,graph_us,vs_sdpa",
-                    f"ours_pp_caf,3000,{20 * ratio},1,1,8.0,{ratio}", "sdpa,3000,20.0,1,1,7.0,"]  # fmt: skip
-            (d / "engine_host.csv").write_text("\n".join(rows) + "\n")
+
+    def rows(tree: str, ratio: float) -> list[str]:
+        return ["impl,calls,host_us,host_median_us,wall_us,graph_us,vs_sdpa",
+                f"ours_pp_caf,3000,{20 * ratio},1,1,8.0,{ratio}", "sdpa,3000,20.0,1,1,7.0,"]  # fmt: skip
+
+    _write_ab_runs(tmp_path, "engine_host.csv", {"a": [1.20, 1.30, 1.25], "b": [1.32, 1.26, 1.40]}, rows)
     text = mod.summary(mod.read_runs(tmp_path, ["a", "b"], 3, host=True), ["a", "b"], host=True)
     assert "| tiny | ours_pp_caf | 1.250 | 1.320 (+5.60%) |" in text, text
     assert "| tiny | ours_pp_caf | 25.000 | 26.400 (+5.60%) |" in text, text

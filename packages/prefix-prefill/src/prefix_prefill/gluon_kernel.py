@@ -85,9 +85,8 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
             flags |= bad_block_ids(p_table_row, need, n_bt_cols, num_blocks, page_size) * BLOCK_ID
             report(Status, flags)
     if last & (q_len > grid_rows):
-        zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head, Lse, stride_lse_h, HEAD_DIM)
-        if PAIR_HEADS:
-            zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head + 1, Lse, stride_lse_h,
+        for h in gl.static_range(2 if PAIR_HEADS else 1):
+            zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head + h, Lse, stride_lse_h,
                       HEAD_DIM)  # fmt: skip
 
 
@@ -165,9 +164,8 @@ def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.
     if SKIP_DECODE:
         decode = (q_len == 1) & (m0 == 0)
         if RETURN_LSE:
-            gl.store(Lse + head.to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
-            if PAIR_HEADS:
-                gl.store(Lse + (head + 1).to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
+            for h in gl.static_range(2 if PAIR_HEADS else 1):
+                gl.store(Lse + (head + h).to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
         skip = skip | decode
     return skip
 
@@ -204,10 +202,8 @@ def _program(
     if KV_FROM_CACHE:
         empty = (seg[0] == 0) & (m0 < q_len) & (skip == 0)
         if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
-            zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head, Lse,
-                      stride_lse_h, HEAD_DIM)  # fmt: skip
-            if PAIR_HEADS:
-                zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + 1, Lse,
+            for h in gl.static_range(2 if PAIR_HEADS else 1):
+                zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + h, Lse,
                           stride_lse_h, HEAD_DIM)  # fmt: skip
         skip = skip | empty
     return skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score

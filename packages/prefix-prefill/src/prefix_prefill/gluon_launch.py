@@ -211,7 +211,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if opts.alibi is None else opts.alibi.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
-    heads = q.shape[1]
+    heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
     if key.__class__ is tuple and key[1] == "pair":  # grid over head pairs
         heads //= 2
     frame(max(-(-max_query_len // plan.block_m), 1), heads, batch, stream, tokens, bases, plain)
@@ -268,6 +268,11 @@ def _form(key, full: bool = True) -> str | None:
     """The short-query form a variant key names (:func:`_variant`); None for the quick form (``full``
     False: one consumer partition, no second warpgroup to pair or idle)."""
     return key[1] if full and key.__class__ is tuple else None
+
+
+def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | None) -> tuple[int, int, int]:
+    """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, sequences)."""
+    return max(-(-max_query_len // block_m), 1), heads // 2 if form == "pair" else heads, batch
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -377,8 +382,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
     form = _form(key, full)
-    heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
-    grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
+    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form)
     kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
     kbox, vbox = _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
@@ -479,8 +483,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
     form = _form(key, full)
-    heads = q.shape[1] // 2 if form == "pair" else q.shape[1]
-    grid = (max(-(-max_query_len // block_m), 1), heads, seq_lens.shape[0])
+    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form)
 
     def caches() -> tuple:
         v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
