@@ -500,3 +500,56 @@ def test_describe_rejects_wrong_rank():
     v = torch.zeros(4, 2, 16, 32)  # page 32 != 16
     with pytest.raises(ValueError, match="page_size"):
         describe_kv_cache(k, v, "split")
+
+
+@triton.jit
+def _clamped_ids_kernel(
+    block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, max_block,
+    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+):  # fmt: skip
+    """Row i: the unmasked, aligned tile at starts[i] with ids clamped to [0, max_block]: out_a from
+    tile_blocks' own (clamped) reads, out_b from raw ids read ahead (max_block None) passed as ``IDS``."""
+    i = tl.program_id(0)
+    pos0 = tl.load(starts + i)
+    o_j = tl.arange(0, BLOCK)
+    bt, sc = block_table, stride_bt_col
+    raw = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE)
+    own = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, None, max_block)
+    ahead = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, (raw[0], raw[1]),
+                        max_block)  # fmt: skip
+    b_a = tile_block_offsets(own, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True)
+    b_b = tile_block_offsets(ahead, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True)
+    tl.store(out_a + i * BLOCK + o_j, b_a.to(tl.int64))
+    tl.store(out_b + i * BLOCK + o_j, b_b.to(tl.int64))
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["int64", "int32"])
+@pytest.mark.parametrize("page,block", [(16, 16), (17, 16), (3, 16), (16, 64), (544, 64)])
+def test_read_ahead_ids_are_clamped_at_use(page, block, wide):
+    """Block ids read ahead raw (``max_block=None``, as a loop's read-ahead carries them) and passed as
+    ``IDS`` with ``max_block`` address the tile exactly as tile_blocks' own clamped reads do, and a table
+    whose ids lie outside ``[0, num_blocks)`` (negative, past the cache) gives offsets inside the cache
+    (every lane's block in ``[0, max_block]``) in every tile form; the well-formed ids are unchanged."""
+    num_blocks = 6
+    n_cols = 3 * max(block // page, 1) + 2
+    n_valid = n_cols * page
+    stride_slot, stride_block = 64, 64 * page + 8
+    ids = torch.randint(0, num_blocks, (n_cols,), dtype=torch.int32)
+    ids[::3] = torch.tensor([-5, num_blocks, 2**30], dtype=torch.int32).repeat(n_cols)[: ids[::3].numel()]
+    table = ids.to(DEVICE)
+    starts = torch.arange(0, n_valid - block + 1, block, dtype=torch.int32)
+    rows = starts.shape[0]
+    out_a = torch.full((rows, block), -1, dtype=torch.int64, device=DEVICE)
+    out_b = torch.full((rows, block), -1, dtype=torch.int64, device=DEVICE)
+    _clamped_ids_kernel[(rows,)](
+        table, starts.to(DEVICE), out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot,
+        num_blocks - 1, PAGE_SIZE=page, BLOCK=block, WIDE=wide,
+    )  # fmt: skip
+    own, ahead = out_a.cpu(), out_b.cpu()
+    assert torch.equal(own, ahead)
+    pos = starts[:, None].long() + torch.arange(block)[None, :]
+    exact = formula(ids.clamp(0, num_blocks - 1), pos, page, stride_block, stride_slot)
+    assert torch.equal(ahead, exact)
+    assert bool(((ahead >= 0) & (ahead < num_blocks * stride_block)).all())
+    good = (ids[(pos // page)] >= 0) & (ids[(pos // page)] < num_blocks)
+    assert torch.equal(ahead[good], formula(ids, pos, page, stride_block, stride_slot)[good])

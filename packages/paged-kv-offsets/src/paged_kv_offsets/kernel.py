@@ -77,7 +77,9 @@ def tile_blocks(
     ``[0, max_block]`` (two integer ops per id read), so a table entry outside the cache (negative, or
     ``>= num_blocks``) addresses a block inside it instead of memory outside; ``max_block < 0`` (an
     empty cache) gives block 0, which a caller must then never load. None: ids as read (a caller that
-    trusts the table). Ids passed in ``IDS`` were clamped when they were read.
+    trusts the table). Ids passed in ``IDS`` are clamped here, at their use: a read ahead passes
+    ``max_block=None`` and carries the raw ids, since a clamp at the read would make its loop wait
+    for the table load right away, before the tile's dots, instead of where the addresses are formed.
     """
     offs = tl.arange(0, BLOCK)  # [BLOCK]
     if BLOCK <= PAGE_SIZE:
@@ -99,7 +101,7 @@ def tile_blocks(
                 blk1 = _read_ids(bt_row + (page0_64 + 1) * stride_bt_col, m1, WIDE, max_block)
         else:
             tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
-            blk0, blk1 = IDS
+            blk0, blk1 = _clamp_ids(IDS[0], max_block), _clamp_ids(IDS[1], max_block)
         if MASKED:
             m_tok = ((pos0_32 + offs) < n_valid) & tl.where(offs < n_first, m0, m1)  # [BLOCK]
         else:
@@ -115,7 +117,7 @@ def tile_blocks(
                     bt_row + pages.to(tl.int64) * stride_bt_col, pages < n_cols, WIDE, max_block
                 )
             else:
-                b_blk = IDS[0]  # [NP]
+                b_blk = _clamp_ids(IDS[0], max_block)  # [NP]
             p_slot = offs % PAGE_SIZE  # [BLOCK]
             m_tok = offs >= 0  # [BLOCK] unused
         else:
@@ -133,17 +135,24 @@ def tile_blocks(
                 b_blk = _read_ids(bt_row + p_page.to(tl.int64) * stride_bt_col, m_tok, WIDE, max_block)
             else:
                 tl.static_assert(not MASKED, "IDS: block ids read ahead are for unmasked tiles")
-                b_blk = IDS[0]  # [BLOCK]
+                b_blk = _clamp_ids(IDS[0], max_block)  # [BLOCK]
         return b_blk, b_blk, p_slot, 0, m_tok
+
+
+@triton.jit
+def _clamp_ids(x, max_block):
+    """Block ids ``x`` clamped to ``[0, max_block]`` (one min, one max), or as given with ``max_block``
+    None."""
+    if max_block is not None:
+        x = tl.maximum(tl.minimum(x, max_block), 0)
+    return x
 
 
 @triton.jit
 def _read_ids(p_ids, mask, WIDE: tl.constexpr, max_block):
     """Block-table entries at ``p_ids`` (0 where ``mask`` is off), clamped to ``[0, max_block]`` unless
     ``max_block`` is None, as the offsets' integer type: int64, or int32 with ``WIDE=False``."""
-    x = tl.load(p_ids, mask=mask, other=0)
-    if max_block is not None:
-        x = tl.maximum(tl.minimum(x, max_block), 0)
+    x = _clamp_ids(tl.load(p_ids, mask=mask, other=0), max_block)
     if WIDE:
         return x.to(tl.int64)
     else:

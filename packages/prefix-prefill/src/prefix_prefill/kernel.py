@@ -272,9 +272,12 @@ def _cache_token_offsets(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, MASKED
 def _cache_tile_ids(n0, k_base, k_end, cache, BLOCK_N: tl.constexpr, CFG: tl.constexpr):
     """The block ids of the unmasked, aligned cache tile at positions ``k_base + n0 + [0, BLOCK_N)``
     (valid below ``k_end``; a tile past it reads nothing outside the table row and is never attended
-    to), for :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`)."""
-    tile = tile_blocks(cache[2], cache[3], k_base + n0, k_end, cache[4], BLOCK_N, CFG[7], False, True, CFG[11],
-                       None, cache[13])  # fmt: skip
+    to), for :func:`_tile`'s ``IDS`` one iteration later (``PREFETCH_IDS``: :func:`_cache_tiles`). The ids
+    are as read (not clamped): :func:`_tile` clamps them where it forms the addresses, so the loop does
+    not wait on this read before the tile's dots."""
+    tile = tile_blocks(
+        cache[2], cache[3], k_base + n0, k_end, cache[4], BLOCK_N, CFG[7], False, True, CFG[11]
+    )
     return tile[0], tile[1]
 
 
