@@ -14,7 +14,7 @@ Versioned on its own: kernels pin ``paged-kv-offsets>=2,<3``; the device-functio
 only change with a major version.
 """
 
-__version__ = "2.1.0"
+__version__ = "2.1.1"
 
 from paged_kv_offsets.index import offsets_fit_int32
 from paged_kv_offsets.layouts import LAYOUTS, CacheView, describe_cache, describe_kv_cache, infer_layout
