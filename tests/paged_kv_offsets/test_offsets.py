@@ -383,19 +383,20 @@ def test_whole_pages_tile(page, block, wide):
 @triton.jit
 def _tile_ids_kernel(
     block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot,
-    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, SHIFT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr, SHIFT: tl.constexpr, max_block=None,
 ):  # fmt: skip
     """Row i: the unmasked, aligned tile at starts[i] addressed twice: out_a from tile_blocks' own table
-    reads, out_b from ``IDS`` read by an unmasked tile_blocks call for the tile ``SHIFT`` tiles further
-    (0: the same tile, a loop's read-ahead; 1: a control that must differ)."""
+    reads, out_b from ``IDS`` read raw (``max_block=None``, as a loop's read-ahead) by an unmasked
+    tile_blocks call for the tile ``SHIFT`` tiles further (0: the same tile; 1: a control that must
+    differ); both with ``max_block``, the own reads clamped as read, ``IDS`` at use."""
     i = tl.program_id(0)
     pos0 = tl.load(starts + i)
     o_j = tl.arange(0, BLOCK)
     bt, sc = block_table, stride_bt_col
     read = tile_blocks(bt, sc, pos0 + SHIFT * BLOCK, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE)
-    own = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE)
+    own = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, None, max_block)
     ids = (read[0], read[1])
-    ahead = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, ids)
+    ahead = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, ids, max_block)
     b_a = tile_block_offsets(own, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True)
     b_b = tile_block_offsets(ahead, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True)
     tl.store(out_a + i * BLOCK + o_j, b_a.to(tl.int64))
@@ -502,27 +503,6 @@ def test_describe_rejects_wrong_rank():
         describe_kv_cache(k, v, "split")
 
 
-@triton.jit
-def _clamped_ids_kernel(
-    block_table, starts, out_a, out_b, n_valid, n_cols, stride_bt_col, stride_block, stride_slot, max_block,
-    PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
-):  # fmt: skip
-    """Row i: the unmasked, aligned tile at starts[i] with ids clamped to [0, max_block]: out_a from
-    tile_blocks' own (clamped) reads, out_b from raw ids read ahead (max_block None) passed as ``IDS``."""
-    i = tl.program_id(0)
-    pos0 = tl.load(starts + i)
-    o_j = tl.arange(0, BLOCK)
-    bt, sc = block_table, stride_bt_col
-    raw = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE)
-    own = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, None, max_block)
-    ahead = tile_blocks(bt, sc, pos0, n_valid, n_cols, BLOCK, PAGE_SIZE, False, True, WIDE, (raw[0], raw[1]),
-                        max_block)  # fmt: skip
-    b_a = tile_block_offsets(own, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True)
-    b_b = tile_block_offsets(ahead, stride_block, stride_slot, BLOCK, PAGE_SIZE, False, True)
-    tl.store(out_a + i * BLOCK + o_j, b_a.to(tl.int64))
-    tl.store(out_b + i * BLOCK + o_j, b_b.to(tl.int64))
-
-
 @pytest.mark.parametrize("wide", [True, False], ids=["int64", "int32"])
 @pytest.mark.parametrize("page,block", [(16, 16), (17, 16), (3, 16), (16, 64), (544, 64)])
 def test_read_ahead_ids_are_clamped_at_use(page, block, wide):
@@ -541,9 +521,9 @@ def test_read_ahead_ids_are_clamped_at_use(page, block, wide):
     rows = starts.shape[0]
     out_a = torch.full((rows, block), -1, dtype=torch.int64, device=DEVICE)
     out_b = torch.full((rows, block), -1, dtype=torch.int64, device=DEVICE)
-    _clamped_ids_kernel[(rows,)](
+    _tile_ids_kernel[(rows,)](
         table, starts.to(DEVICE), out_a, out_b, n_valid, n_cols, table.stride(0), stride_block, stride_slot,
-        num_blocks - 1, PAGE_SIZE=page, BLOCK=block, WIDE=wide,
+        PAGE_SIZE=page, BLOCK=block, WIDE=wide, SHIFT=0, max_block=num_blocks - 1,
     )  # fmt: skip
     own, ahead = out_a.cpu(), out_b.cpu()
     assert torch.equal(own, ahead)

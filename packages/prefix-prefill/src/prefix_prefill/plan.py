@@ -308,9 +308,9 @@ def pair_heads(queries_per_kv: int, programs: int, sms: int) -> bool:
     either warpgroup, so the choice never changes a row. ``programs``: the idle form's grid (heads x
     sequences: one tile each); ``sms``: the device's multiprocessors. A paired program takes about
     1.25-1.3x an idle one's time and there are half as many, so pairing pays once the idle grid needs
-    more than one wave (one program a multiprocessor): measured on the H200 (132 SMs), paired / idle
-    GPU time 1.02-1.34 at 128 idle programs or fewer, 0.58-0.75 at 256 or more, every layout and head
-    size. Integers only: the launcher asks it per call, after :func:`idle_second_warpgroup`."""
+    more than one wave (one program a multiprocessor); within one wave it gains nothing (each program
+    only gets longer). ``bench/short_forms.py`` times both forms beside this rule. Integers only: the
+    launcher asks it per call, after :func:`idle_second_warpgroup`."""
     return programs > sms and queries_per_kv % 2 == 0
 
 
