@@ -61,8 +61,9 @@ PEERS = ("fa3", "flashinfer")
 @dataclass(frozen=True)
 class Row:
     """One problem: ``kind`` "varlen" (``seqs`` sequences of ``tokens``, ``left`` window or -1) or
-    "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), NHD cache of ``page``); ``lens`` (``(ctx,
-    new)`` per sequence, ctx 0 for varlen) replaces ``seqs``, ``ctx`` and ``tokens`` for a ragged batch."""
+    "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), a ``layout`` cache of ``page``: "nhd", or
+    "split" (vLLM's; ours only, the peers read NHD)); ``lens`` (``(ctx, new)`` per sequence, ctx 0 for
+    varlen) replaces ``seqs``, ``ctx`` and ``tokens`` for a ragged batch."""
 
     name: str
     kind: str
@@ -75,6 +76,7 @@ class Row:
     ctx: int = 0
     page: int = 16
     lens: tuple[tuple[int, int], ...] = ()
+    layout: str = "nhd"
 
     def pairs(self) -> list[tuple[int, int]]:
         """``(ctx, new)`` of each sequence."""
@@ -165,7 +167,7 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     gen = torch.Generator().manual_seed(0)
     pairs = row.pairs()
     p = prefix_problem(torch, seqs=pairs, heads=row.heads, kv_heads=row.kv_heads, head_dim=row.head,
-                       page=row.page, layout="nhd", device=device, dtype=dtype, gen=gen)  # fmt: skip
+                       page=row.page, layout=row.layout, device=device, dtype=dtype, gen=gen)  # fmt: skip
     q, kc, vc, bt, cu, sl = p["q"], p["k_cache"], p["v_cache"], p["block_table"], p["cu"], p["seq_lens"]
     longest = max(new for _, new in pairs)
     out, out_kv = torch.empty_like(q), torch.empty_like(q)
@@ -174,8 +176,8 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, longest, out=out_kv),
     }
     notes = ["ours_kv: other new-token K/V than the cache's (no diff)"]
-    if device != "cuda":
-        return calls, [*notes, "peers: no CUDA device"]
+    if device != "cuda" or row.layout != "nhd":
+        return calls, [*notes, "peers: no CUDA device" if device != "cuda" else "peers: NHD rows only"]
     keys = [c + n for c, n in pairs]
     pages = p["pages"]
     fa3 = _fa3(notes)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|shortforms|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -26,6 +26,10 @@
 #  engineab: bench/engine_ab.py, the engine steps of whole package trees interleaved (ENGINE_TREES, e.g.
 #  "main=.peers/t_main/packages new=", the first the base; ENGINE_ROUNDS, default 3; ENGINE_SCENARIOS,
 #  default all; ENGINE_HOST=1: the host table per call instead, engine_host_ab.md), into results.tgz;
+#  treesab: bench/trees_ab.py, our kernels' time and output bits for whole package trees in interleaved
+#  processes (TREES, e.g. "main=.peers/t_main/packages new=", the first the base, carried; ROUNDS, default
+#  2; AB_ROWS, default all; HANG_ROWS run alone under 60 s first, default prompts8,specdec), then the GPU
+#  tests TREES_TESTS (if set) on this checkout, into results.tgz;
 #  shortforms: bench/short_forms.py, the Gluon short-query forms (paired heads, idle second warpgroup)
 #  against each other over batches, contexts, layouts and head sizes, beside plan.pair_heads's choice;
 #  accept, consan, quick: see their blocks below;
@@ -230,6 +234,19 @@ if [[ $what == engineab ]]; then
   timeout ${BENCH_TIMEOUT:-560} python3 bench/engine_ab.py "${trees[@]}" "${host[@]}" --rounds ${ENGINE_ROUNDS:-3} \
     --scenarios "${ENGINE_SCENARIOS:-}" --out "$res" "$@" 2>&1 | tee "$res/engine_ab.log" | tail -40
   rc=${PIPESTATUS[0]}
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == treesab ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  trees=(); for t in ${TREES:?TREES="name=DIR ..." names the trees}; do trees+=(--tree "$t"); done
+  timeout ${BENCH_TIMEOUT:-400} python3 bench/trees_ab.py "${trees[@]}" --rounds ${ROUNDS:-2} --rows "${AB_ROWS:-}" \
+    --hang-check "${HANG_ROWS:-prompts8,specdec}" --out "$res" "$@" 2>&1 | tee "$res/trees_ab.log" | grep -v "^\[" | tail -45
+  rc=${PIPESTATUS[0]}
+  if [[ $rc == 0 && -n ${TREES_TESTS:-} ]]; then
+    timeout ${TEST_TIMEOUT:-240} python3 -m pytest $TREES_TESTS -n ${XDIST:-16} -q -rfE -p no:cacheprovider \
+      --junitxml "$res/junit.xml" 2>&1 | tail -60 >"$res/tests.log"
+    rc=${PIPESTATUS[0]}; grep -E "FAILED|ERROR|passed|failed" "$res/tests.log" | tail -20
+  fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == shortforms ]]; then

@@ -268,6 +268,39 @@ def test_engine_ab_smoke(tmp_path):
     assert (tmp_path / "base_1" / "engine_step.csv").exists() and (tmp_path / "same_1" / "log.txt").exists()
 
 
+def test_trees_ab_smoke(tmp_path):
+    """bench/trees_ab.py --smoke: two trees (this checkout's packages twice), a hang check, one round each;
+    its table has both trees' times and equal bits for each implementation of the rows."""
+    _bench("trees_ab.py", "--smoke", "--tree", "base=", "--tree", f"same={ROOT / 'packages'}", "--rounds",
+           "1", "--passes", "1", "--rows", "causal8k,specdec", "--hang-check", "prompts8",
+           "--out", str(tmp_path))  # fmt: skip
+    md = (tmp_path / "trees_ab.md").read_text()
+    for row, impl in (("causal8k", "ours"), ("specdec", "ours"), ("specdec", "ours_kv")):
+        line = next(x for x in md.splitlines() if x.startswith(f"| {row} | {impl} |"))
+        assert line.endswith("| equal |") and line.count("(") == 1, line
+    assert (tmp_path / "hang_same.jsonl").exists()
+
+
+def test_trees_ab_summary_flags_differing_bits(tmp_path):
+    """bench/trees_ab.py's table on made-up runs: medians over every pass of every round, the ratio to the
+    first tree, DIFFER where one run's output hash differs, NaN where one output held a NaN."""
+    import json
+
+    mod = bench_module("trees_ab")
+
+    def put(tree, r, recs):
+        (tmp_path / f"{tree}_{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+
+    def rec(row, ms, digest, nan=False):
+        return {"row": row, "impl": "ours", "ms": ms, "tflops": 1.0, "hash": digest, "nan": nan}
+
+    put("a", 1, [rec("x", [1.0, 2.0], 5), rec("y", [4.0], 7)])
+    put("b", 1, [rec("x", [1.5, 1.5], 5), rec("y", [2.0], 8, nan=True)])
+    text = mod.summary(tmp_path, ["a", "b"], 1)
+    assert "| x | ours | 1.5000 | 1.5000 (1.000) | equal |" in text, text
+    assert "| y | ours | 4.0000 | 2.0000 (0.500) | NaN DIFFER |" in text, text
+
+
 def _write_ab_runs(out, name: str, values: dict[str, list[float]], rows) -> None:
     """Made-up runs of bench/engine_ab.py: ``out/<tree>_<round>/<name>`` holding ``rows(tree, value)``, one
     round per value."""
