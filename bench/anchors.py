@@ -60,10 +60,11 @@ PEERS = ("fa3", "flashinfer")
 
 @dataclass(frozen=True)
 class Row:
-    """One problem: ``kind`` "varlen" (``seqs`` sequences of ``tokens``, ``left`` window or -1) or
-    "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), a ``layout`` cache of ``page``: "nhd", or
-    "split" (vLLM's; ours only, the peers read NHD)); ``lens`` (``(ctx, new)`` per sequence, ctx 0 for
-    varlen) replaces ``seqs``, ``ctx`` and ``tokens`` for a ragged batch."""
+    """One problem: ``kind`` "varlen" (``seqs`` sequences of ``tokens``, ``left`` window or -1, causal
+    unless ``causal`` is False) or "prefix" (``seqs`` x (``ctx`` cached + ``tokens`` new), always causal,
+    a ``layout`` cache of ``page``: "nhd", or "split" (vLLM's; ours only, the peers read NHD)); ``lens``
+    (``(ctx, new)`` per sequence, ctx 0 for varlen) replaces ``seqs``, ``ctx`` and ``tokens`` for a
+    ragged batch."""
 
     name: str
     kind: str
@@ -77,6 +78,7 @@ class Row:
     page: int = 16
     lens: tuple[tuple[int, int], ...] = ()
     layout: str = "nhd"
+    causal: bool = True
 
     def pairs(self) -> list[tuple[int, int]]:
         """``(ctx, new)`` of each sequence."""
@@ -104,6 +106,7 @@ ROWS = [
 SMOKE_ROWS = [
     Row("causal8k", "varlen", 1, 48, 2, 1, 64),
     Row("window32k", "varlen", 2, 40, 2, 1, 64, left=7),
+    Row("noncausal8k", "varlen", 2, 33, 2, 1, 64, causal=False),
     Row("llama", "prefix", 2, 16, 2, 1, 64, ctx=24),
     Row("prompts8", "varlen", 0, 0, 2, 1, 64, lens=((0, 9), (0, 30))),
     Row("specdec", "prefix", 0, 0, 2, 1, 64, lens=((40, 4), (17, 4), (0, 6))),
@@ -112,9 +115,13 @@ SMOKE_ROWS = [
 
 def visible_pairs(row: Row) -> int:
     """Visible (query, key) pairs of the row, all sequences: causal over ``ctx + new`` keys for the
-    ``new`` last queries, within ``left`` keys behind each query where a window is set."""
+    ``new`` last queries (every key when not ``causal``), within ``left`` keys behind each query where a
+    window is set."""
     total = 0
     for ctx, new in row.pairs():
+        if not row.causal:
+            total += new * (ctx + new)
+            continue
         for i in range(new):
             seen = ctx + i + 1
             total += seen if row.left < 0 else min(seen, row.left + 1)
@@ -136,21 +143,22 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         starts.append(starts[-1] + length)
     cu = torch.tensor(starts, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
-    calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, window=(row.left, -1), out=out)}
+    calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1),
+                                            out=out)}  # fmt: skip
     notes: list[str] = []
     if device != "cuda":
         return calls, ["peers: no CUDA device"]
     if row.left < 0:
         fa3 = _fa3(notes)
         if fa3 is not None:
-            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, longest, longest, causal=True)
+            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, longest, longest, causal=row.causal)
     else:
         notes.append("fa3: the wheel is built without local attention")
     fi = _flashinfer(notes)
     if fi is not None:
         try:
             w = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="fa3")
-            w.plan(cu, cu, row.heads, row.kv_heads, row.head, causal=True, window_left=row.left,
+            w.plan(cu, cu, row.heads, row.kv_heads, row.head, causal=row.causal, window_left=row.left,
                    q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
             calls["flashinfer"] = lambda: w.run(q, k, v)
         except Exception as e:  # a peer's failure is a note
@@ -163,6 +171,9 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     cache (block table a random permutation), read through it by ours and FlashInfer, and gathered into
     contiguous K/V for FA3."""
     from prefix_prefill import prefix_prefill
+
+    if not row.causal:
+        raise ValueError(f"row {row.name}: prefix rows are causal (causal=False is for varlen rows)")
 
     gen = torch.Generator().manual_seed(0)
     pairs = row.pairs()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -34,10 +35,19 @@ sys.path.insert(0, str(HERE))
 from engine_ab import parse_tree  # noqa: E402
 
 _RAGGED = tuple((0, n) for n in (8192, 100, 3000, 1, 700, 5000, 129))
+_RND = random.Random(7)
+_RAND16 = tuple((0, _RND.randint(1, 4096)) for _ in range(16))
+_RAND64 = tuple((0, _RND.randint(64, 1024)) for _ in range(64))
 EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords (anchors.Row)
     ("causal8k_d64", "varlen", 1, 8192, 32, 8, 64, {}),
     ("causal8k_d256", "varlen", 1, 8192, 16, 2, 256, {}),
+    ("noncausal8k", "varlen", 1, 8192, 32, 8, 128, {"causal": False}),
+    ("batch4x16k", "varlen", 4, 16384, 32, 8, 128, {}),
     ("ragged", "varlen", 0, 0, 32, 8, 128, {"lens": _RAGGED}),
+    ("one_long", "varlen", 0, 0, 32, 8, 128, {"lens": ((0, 8192), *((0, 64),) * 15)}),
+    ("engine_mix", "varlen", 0, 0, 32, 8, 128, {"lens": tuple((0, n) for n in (2000, 1500, 800, 300))}),
+    ("rand16_4k", "varlen", 0, 0, 32, 8, 128, {"lens": _RAND16}),
+    ("rand64_1k", "varlen", 0, 0, 32, 8, 128, {"lens": _RAND64}),
     ("llama_split", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "layout": "split"}),
     ("llama_p1056", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1056}),
 )

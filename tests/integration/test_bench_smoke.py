@@ -246,11 +246,27 @@ def test_anchors_smoke(tmp_path):
     implementation and problem, the peers named as a note."""
     proc = _bench("anchors.py", "--smoke", "--out", str(tmp_path))
     md = (tmp_path / "anchors.md").read_text()
-    rows = [("causal8k", "ours"), ("window32k", "ours"), ("llama", "ours"), ("llama", "ours_kv"),
-            ("prompts8", "ours"), ("specdec", "ours")]  # fmt: skip
+    rows = [("causal8k", "ours"), ("window32k", "ours"), ("noncausal8k", "ours"), ("llama", "ours"),
+            ("llama", "ours_kv"), ("prompts8", "ours"), ("specdec", "ours")]  # fmt: skip
     for row, impl in rows:
         assert f"| {row} | {impl} |" in md, md
     assert "peers: no CUDA device" in md and "wrote" in proc.stdout
+
+
+def test_anchors_rows_count_visible_pairs():
+    """bench/anchors.py's useful work per row: causal rows count the keys at or before each query (within
+    the window), non-causal ones every key; a non-causal prefix row is refused, not timed as causal."""
+    anchors = bench_module("anchors")
+    row = anchors.Row
+    assert anchors.visible_pairs(row("a", "varlen", 2, 5, 1, 1, 64)) == 2 * 15
+    assert anchors.visible_pairs(row("b", "varlen", 2, 5, 1, 1, 64, causal=False)) == 2 * 25
+    assert anchors.visible_pairs(row("c", "varlen", 1, 5, 1, 1, 64, left=1)) == 1 + 2 * 4
+    assert anchors.visible_pairs(row("d", "prefix", 1, 2, 1, 1, 64, ctx=3)) == 4 + 5
+    with pytest.raises(ValueError, match="prefix rows are causal"):
+        anchors.prefix_calls(row("e", "prefix", 1, 2, 1, 1, 64, ctx=3, causal=False), "cpu", None)
+    trees_ab = bench_module("trees_ab")
+    names = [r.name for r in anchors.ROWS] + [r[0] for r in trees_ab.EXTRA_ROWS]
+    assert len(names) == len(set(names)) and "noncausal8k" in names
 
 
 def test_engine_ab_smoke(tmp_path):
@@ -272,10 +288,11 @@ def test_trees_ab_smoke(tmp_path):
     """bench/trees_ab.py --smoke: two trees (this checkout's packages twice), a hang check, one round each;
     its table has both trees' times and equal bits for each implementation of the rows."""
     _bench("trees_ab.py", "--smoke", "--tree", "base=", "--tree", f"same={ROOT / 'packages'}", "--rounds",
-           "1", "--passes", "1", "--rows", "causal8k,specdec", "--hang-check", "prompts8",
+           "1", "--passes", "1", "--rows", "causal8k,noncausal8k,specdec", "--hang-check", "prompts8",
            "--out", str(tmp_path))  # fmt: skip
     md = (tmp_path / "trees_ab.md").read_text()
-    for row, impl in (("causal8k", "ours"), ("specdec", "ours"), ("specdec", "ours_kv")):
+    rows = (("causal8k", "ours"), ("noncausal8k", "ours"), ("specdec", "ours"), ("specdec", "ours_kv"))
+    for row, impl in rows:
         line = next(x for x in md.splitlines() if x.startswith(f"| {row} | {impl} |"))
         assert line.endswith("| equal |") and line.count("(") == 1, line
     assert (tmp_path / "hang_same.jsonl").exists()
