@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|ncuwindow|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -35,6 +35,10 @@
 #  accept, consan, quick: see their blocks below;
 #  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
 #  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
+#  ncuwindow: Nsight Compute (--set full, ncu's clocks) of the window Gluon kernel, one call each of
+#  NCU_SHAPES (bench/window_ncu.py) for each tree of NCU_TREES ("name=DIR ...", empty DIR: this checkout),
+#  each L2 factor of NCU_L2 (a persistent kernel's plan.schedule told the L2 is that fraction of its
+#  size) and each soft-cap of NCU_SOFTCAP (0: off), then bench/window_ncu.py --summary, into ncu.tgz;
 #  readme: every Python example of the READMEs (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
@@ -248,6 +252,28 @@ if [[ $what == treesab ]]; then
     rc=${PIPESTATUS[0]}; grep -E "FAILED|ERROR|passed|failed" "$res/tests.log" | tail -20
   fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == ncuwindow ]]; then
+  res=$OUT/ncu; mkdir -p "$res"
+  for spec in ${NCU_TREES:-main=.peers/t_main/packages new=}; do
+    name=${spec%%=*}; dir=${spec#*=}
+    for shape in ${NCU_SHAPES:-noncausal8k causal8k}; do
+      for l2 in ${NCU_L2:-1}; do
+        for cap in ${NCU_SOFTCAP:-0}; do
+          tag=${name}_${shape}_l2-${l2}_cap-${cap}
+          BENCH_PACKAGES=${dir:+$PWD/$dir} timeout 150 ncu --profile-from-start off --set full --import-source no \
+            -k regex:gluon -f -o "$res/$tag" python3 bench/window_ncu.py $shape --l2 $l2 --softcap $cap \
+            >"$res/$tag.log" 2>&1
+          echo "$tag rc $?"
+          ncu -i "$res/$tag.ncu-rep" --page details --csv >"$res/$tag.details.csv" 2>&1
+          ncu -i "$res/$tag.ncu-rep" --page source --csv --print-source sass >"$res/$tag.sass.csv" 2>&1
+          rm -f "$res/$tag.ncu-rep"
+        done
+      done
+    done
+  done
+  python3 bench/window_ncu.py --summary "$res" | tee "$res/summary.md"
+  tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$res"
 fi
 if [[ $what == shortforms ]]; then
   res=$OUT/res; mkdir -p "$res"

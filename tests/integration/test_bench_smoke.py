@@ -394,3 +394,24 @@ def test_anchors_ragged_problem_and_gathered_kv():
     off_by_one = torch.tensor([0, 6, 29, 51], dtype=torch.int32)  # one key moved to the next sequence
     bad = ref.attention_varlen(p["q"], k_all, v_all, p["cu"], off_by_one, causal=True)
     assert not ref.compare(out, bad)
+
+
+def test_window_ncu_summary(tmp_path):
+    """bench/window_ncu.py --summary on made-up csv exports: each report's metrics in one row (a missing
+    one as "-"), and its instructions ordered by stall samples with their leading reasons."""
+    mod = bench_module("window_ncu")
+    head = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+    (tmp_path / "a_x.details.csv").write_text(
+        head + '"0","k","SOL","Duration","ms","2.01"\n"0","k","Mem","L2 Hit Rate","%","97.9"\n'
+    )
+    (tmp_path / "a_x.sass.csv").write_text(
+        '"Kernel Name","k",\n'
+        '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier",'
+        '"stall_long_sb","stall_barrier (Not Issued)"\n'
+        '"0x10","  NOP","5","4","5","0","5"\n"0x20","  @!P1 BRA 0x10","90","800","1","89","1"\n'
+    )
+    text = mod.summary(tmp_path)
+    assert "| a_x | 2.01 | 97.9 | - | - | - | - |" in text, text
+    lines = [x for x in text.splitlines() if x.startswith("- ")]
+    assert lines[0].startswith("- 90 samples, 800 executions: `@!P1 BRA 0x10` (long_sb 89, barrier 1)"), lines
+    assert lines[1].startswith("- 5 samples"), lines

@@ -1,0 +1,146 @@
+"""One window_prefill call for Nsight Compute to profile, and the summary of the reports.
+
+    ncu --profile-from-start off --set full -k regex:gluon -o REP python bench/window_ncu.py SHAPE \
+        [--l2 F] [--softcap C]
+    python bench/window_ncu.py --summary DIR      # DIR: <tag>.details.csv and <tag>.sass.csv pairs
+
+The call runs once to compile and three times to settle, then once between ``cudaProfilerStart`` and
+``cudaProfilerStop``: the profiled launch is the warm one. ``--l2 F`` tells ``plan.schedule`` the L2 is
+``F`` of its size (smaller sections of the persistent kernel's order); a tree without a schedule ignores
+it. ``--softcap C`` calls with soft-capping (issue 46's cost of a feature against the plain call).
+``BENCH_PACKAGES`` picks the package tree (bench/common.py). bf16, 32 q / 8 kv heads, head 128.
+
+The summary (Markdown) has per report the duration, L2 hit rate, DRAM active cycles, executed
+instructions, IPC and local-memory spill requests, then the instructions with the most stall samples and
+their leading reasons (``gpu_session.sh ncuwindow`` writes both csv pages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+SHAPES = {  # lens, causal
+    "noncausal8k": ([8192], False),
+    "causal8k": ([8192], True),
+    "short1k": ([1024] * 16, True),
+    "batch4x16k": ([16384] * 4, True),
+}
+METRICS = (
+    ("Duration", "ms"),
+    ("L2 Hit Rate", "%"),
+    ("Average DRAM Active Cycles", ""),
+    ("Executed Instructions", ""),
+    ("Executed Ipc Active", ""),
+    ("Local Memory Spilling Requests", ""),
+)
+
+
+def details(path: Path) -> dict[str, str]:
+    """``{metric name: value}`` of an ``ncu --page details --csv`` export (the first kernel's)."""
+    with path.open() as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return {}
+    head = rows[0]
+    out: dict[str, str] = {}
+    for r in rows[1:]:
+        rec = dict(zip(head, r, strict=False))
+        name = rec.get("Metric Name")
+        if name and name not in out:
+            out[name] = rec.get("Metric Value", "")
+    return out
+
+
+def stalls(path: Path, top: int = 8) -> list[tuple[int, int, str, str]]:
+    """The ``top`` instructions by warp stall samples of an ``ncu --page source --csv --print-source
+    sass`` export: ``(samples, executions, instruction, leading reasons)``."""
+    with path.open() as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 3:
+        return []
+    head = rows[1]
+    reasons = [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
+    out = []
+    for r in rows[2:]:
+        rec = dict(zip(head, r, strict=False))
+        try:
+            n = int(rec.get("Warp Stall Sampling (All Samples)") or 0)
+            e = int(rec.get("Instructions Executed") or 0)
+        except ValueError:
+            continue
+        lead = sorted(((int(rec.get(x) or 0), x[6:]) for x in reasons), reverse=True)[:2]
+        why = ", ".join(f"{name} {k}" for k, name in lead if k)
+        out.append((n, e, rec.get("Source", "").strip(), why))
+    return sorted(out, reverse=True)[:top]
+
+
+def summary(folder: Path) -> str:
+    """The Markdown summary of every ``<tag>.details.csv`` (and its ``<tag>.sass.csv``) in ``folder``."""
+    tags = sorted(p.name[: -len(".details.csv")] for p in folder.glob("*.details.csv"))
+    lines = ["| report | " + " | ".join(n for n, _ in METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
+    for tag in tags:
+        d = details(folder / f"{tag}.details.csv")
+        lines.append(f"| {tag} | " + " | ".join(d.get(n, "-") for n, _ in METRICS) + " |")
+    for tag in tags:
+        sass = folder / f"{tag}.sass.csv"
+        if not sass.exists():
+            continue
+        lines += ["", f"**{tag}**: instructions with the most stall samples", ""]
+        lines += [f"- {n} samples, {e} executions: `{src[:70]}` ({why})" for n, e, src, why in stalls(sass)]
+    return "\n".join(lines) + "\n"
+
+
+def profile(shape: str, l2: float, softcap: float) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import start
+
+    start(interpret=False)
+    import torch
+
+    import window_prefill.launch as wl
+    from window_prefill import window_prefill
+
+    if l2 != 1 and hasattr(wl, "device_caches"):
+        real = wl.device_caches
+        wl.device_caches = lambda i: (real(i)[0], int(real(i)[1] * l2))
+    lens, causal = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    n = sum(lens)
+    q = torch.randn(n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    out = torch.empty_like(q)
+    kw = {"softcap": softcap} if softcap > 0 else {}
+    for _ in range(4):
+        window_prefill(q, k, v, cu, max(lens), causal=causal, out=out, **kw)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    window_prefill(q, k, v, cu, max(lens), causal=causal, out=out, **kw)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled", shape, "l2 x", l2, "softcap", softcap)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    ap.add_argument("--l2", type=float, default=1.0, help="the L2 size plan.schedule sees, as a fraction")
+    ap.add_argument("--softcap", type=float, default=0.0, help="soft-capping (0: off)")
+    ap.add_argument("--summary", type=Path, help="summarise the csv exports in this folder instead")
+    args = ap.parse_args(argv)
+    if args.summary is not None:
+        print(summary(args.summary), end="")
+        return 0
+    if args.shape is None:
+        ap.error("a SHAPE (or --summary DIR) is required")
+    profile(args.shape, args.l2, args.softcap)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
