@@ -53,6 +53,18 @@ def parse_tree(text: str) -> tuple[str, str]:
     return name, path
 
 
+def run_in_tree(cmd: list[str], path: str, log: Path, timeout: float, extra_env: dict | None = None):
+    """``cmd`` in a fresh process with ``BENCH_PACKAGES`` the tree ``path`` (empty: this checkout's), its
+    output into ``log``: the return code, or "timeout" past ``timeout`` seconds."""
+    env = {**os.environ, **(extra_env or {}), "BENCH_PACKAGES": os.path.abspath(path) if path else ""}
+    with log.open("w") as f:
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "timeout"
+    return proc.returncode
+
+
 def read_runs(
     out: Path, trees: list[str], rounds: int, host: bool = False
 ) -> dict[tuple[str, str, str], dict[str, list[float]]]:
@@ -138,14 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in args.trees:
             run_dir = args.out / f"{name}_{r}"
             run_dir.mkdir(exist_ok=True)
-            env = {**os.environ, "BENCH_PACKAGES": os.path.abspath(path) if path else ""}
             cmd = [sys.executable, str(HERE / "engine_step.py"), *step_args, "--out", str(run_dir)]
-            with (run_dir / "log.txt").open("w") as log:
-                try:
-                    rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        timeout=args.timeout_s).returncode  # fmt: skip
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
+            rc = run_in_tree(cmd, path, run_dir / "log.txt", args.timeout_s)
             failed += rc != 0
             print(f"[{name} {r}] rc={rc}", flush=True)
     what = "host time per call (tiny problem)" if args.host else "engine steps"

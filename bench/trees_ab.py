@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from engine_ab import parse_tree  # noqa: E402
+from engine_ab import parse_tree, run_in_tree  # noqa: E402
 
 _RAGGED = tuple((0, n) for n in (8192, 100, 3000, 1, 700, 5000, 129))
 _RND = random.Random(7)
@@ -142,18 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def run(name: str, path: str, rows: str, dest: Path, timeout: float) -> object:
-        env = {**os.environ, "BENCH_PACKAGES": os.path.abspath(path) if path else ""}
-        if args.smoke:
-            env["TRITON_INTERPRET"] = "1"
         smoke = ["--smoke"] if args.smoke else []
         cmd = [sys.executable, "-W", "error::RuntimeWarning", __file__, "--child", "--rows", rows,
                "--passes", str(args.passes), "--out", str(dest), *smoke]  # fmt: skip
-        with dest.with_suffix(".log").open("w") as log:
-            try:
-                proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-                return proc.returncode
-            except subprocess.TimeoutExpired:
-                return "timeout"
+        extra = {"TRITON_INTERPRET": "1"} if args.smoke else None
+        return run_in_tree(cmd, path, dest.with_suffix(".log"), timeout, extra)
 
     if args.hang_check:
         for name, path in args.trees[1:]:
