@@ -129,10 +129,9 @@ def visible_pairs(row: Row) -> int:
 
 
 # ------------------------------------------------------------------------------------- the calls
-def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
-    """``{impl: fn}`` (each ``fn()`` returns its output ``[tokens, heads, head]``) and notes."""
-    from window_prefill import window_prefill
-
+def varlen_problem(row: Row, device: str, dtype) -> tuple:
+    """A varlen row's random ``(q, k, v, cu_seqlens, longest)``: q ``[tokens, heads, head]``, k and v
+    ``[tokens, kv_heads, head]``, the sequences packed in order."""
     lens = [new for _, new in row.pairs()]
     n, longest = sum(lens), max(lens)
     q = torch.randn(n, row.heads, row.head, device=device, dtype=dtype)
@@ -142,6 +141,14 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     for length in lens:
         starts.append(starts[-1] + length)
     cu = torch.tensor(starts, dtype=torch.int32, device=device)
+    return q, k, v, cu, longest
+
+
+def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
+    """``{impl: fn}`` (each ``fn()`` returns its output ``[tokens, heads, head]``) and notes."""
+    from window_prefill import window_prefill
+
+    q, k, v, cu, longest = varlen_problem(row, device, dtype)
     out = torch.empty_like(q)
     calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1),
                                             out=out)}  # fmt: skip

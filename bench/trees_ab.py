@@ -51,13 +51,23 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
 )
 
 
+def row_table(smoke: bool) -> list:
+    """The rows this script times: ``anchors``' rows and :data:`EXTRA_ROWS` (``--smoke``: anchors' smoke
+    rows). Imports ``anchors``, which sets up the packages' paths from ``BENCH_PACKAGES`` before torch."""
+    import anchors
+
+    if smoke:
+        return list(anchors.SMOKE_ROWS)
+    extra = [anchors.Row(n, k, s, t, h, hk, d, **kw) for n, k, s, t, h, hk, d, kw in EXTRA_ROWS]
+    return [*anchors.ROWS, *extra]
+
+
 def child(rows: str, passes: int, out: Path, smoke: bool) -> int:
     """One tree's process: time and hash each row, one JSON line per row and implementation to ``out``."""
-    import anchors  # (sets up the packages' paths from BENCH_PACKAGES before torch is imported)
+    table = row_table(smoke)
+    import anchors
     import torch
 
-    table = anchors.SMOKE_ROWS if smoke else [*anchors.ROWS, *(
-        anchors.Row(n, k, s, t, h, hk, d, **kw) for n, k, s, t, h, hk, d, kw in EXTRA_ROWS)]  # fmt: skip
     wanted = rows.split(",") if rows else [r.name for r in table]
     unknown = set(wanted) - {r.name for r in table}
     if unknown:

@@ -4,11 +4,13 @@
         [--l2 F] [--softcap C]
     python bench/window_ncu.py --summary DIR      # DIR: <tag>.details.csv and <tag>.sass.csv pairs
 
-The call runs once to compile and three times to settle, then once between ``cudaProfilerStart`` and
-``cudaProfilerStop``: the profiled launch is the warm one. ``--l2 F`` tells ``plan.schedule`` the L2 is
-``F`` of its size (smaller sections of the persistent kernel's order); a tree without a schedule ignores
-it. ``--softcap C`` calls with soft-capping (issue 46's cost of a feature against the plain call).
-``BENCH_PACKAGES`` picks the package tree (bench/common.py). bf16, 32 q / 8 kv heads, head 128.
+SHAPE is a varlen row of ``bench/trees_ab.py``'s table (``anchors``' rows and its own: ``causal8k``,
+``noncausal8k``, ``short1k``, ``batch4x16k``, ...), bf16. The call runs once to compile and three times to
+settle, then once between ``cudaProfilerStart`` and ``cudaProfilerStop``: the profiled launch is the warm
+one. ``--l2 F`` tells ``plan.schedule`` the L2 is ``F`` of its size (smaller sections of the persistent
+kernel's order); a tree without a schedule ignores it. ``--softcap C`` calls with soft-capping (issue
+46's cost of a feature against the plain call). ``BENCH_PACKAGES`` picks the package tree
+(bench/common.py).
 
 The summary (Markdown) has per report the duration, L2 hit rate, DRAM active cycles, executed
 instructions, IPC and local-memory spill requests, then the instructions with the most stall samples and
@@ -23,12 +25,6 @@ import os
 import sys
 from pathlib import Path
 
-SHAPES = {  # lens, causal
-    "noncausal8k": ([8192], False),
-    "causal8k": ([8192], True),
-    "short1k": ([1024] * 16, True),
-    "batch4x16k": ([16384] * 4, True),
-}
 METRICS = (
     ("Duration", "ms"),
     ("L2 Hit Rate", "%"),
@@ -96,9 +92,13 @@ def summary(folder: Path) -> str:
 
 def profile(shape: str, l2: float, softcap: float) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from common import start
+    from trees_ab import row_table
 
-    start(interpret=False)
+    rows = {r.name: r for r in row_table(smoke=False) if r.kind == "varlen"}  # (imports anchors: the paths)
+    if shape not in rows:
+        raise SystemExit(f"unknown varlen row {shape!r}; known: {sorted(rows)}")
+    row = rows[shape]
+    import anchors
     import torch
 
     import window_prefill.launch as wl
@@ -106,21 +106,19 @@ def profile(shape: str, l2: float, softcap: float) -> None:
 
     if l2 != 1 and hasattr(wl, "device_caches"):
         real = wl.device_caches
-        wl.device_caches = lambda i: (real(i)[0], int(real(i)[1] * l2))
-    lens, causal = SHAPES[shape]
-    g = torch.Generator(device="cuda").manual_seed(1234)
-    n = sum(lens)
-    q = torch.randn(n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        wl.device_caches = lambda i: (lambda c: (c[0], int(c[1] * l2)))(real(i))
+    q, k, v, cu, longest = anchors.varlen_problem(row, "cuda", torch.bfloat16)
     out = torch.empty_like(q)
     kw = {"softcap": softcap} if softcap > 0 else {}
+
+    def call():
+        window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1), out=out, **kw)
+
     for _ in range(4):
-        window_prefill(q, k, v, cu, max(lens), causal=causal, out=out, **kw)
+        call()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    window_prefill(q, k, v, cu, max(lens), causal=causal, out=out, **kw)
+    call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print("profiled", shape, "l2 x", l2, "softcap", softcap)
@@ -128,7 +126,7 @@ def profile(shape: str, l2: float, softcap: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    ap.add_argument("shape", nargs="?", help="a varlen row of bench/trees_ab.py's table")
     ap.add_argument("--l2", type=float, default=1.0, help="the L2 size plan.schedule sees, as a fraction")
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capping (0: off)")
     ap.add_argument("--summary", type=Path, help="summarise the csv exports in this folder instead")
