@@ -2,6 +2,7 @@
 
     python bench/feature_cost.py --out DIR [--quick] [--rounds N] [--packages prefix,window]
                                  [--layouts nhd,split] [--pages 16,1056] [--heads 128,256] [--features a,b]
+                                 [--set NAME=V ...]
     python bench/feature_cost.py --smoke --out DIR      # CPU: Triton interpreter, tiny shapes, fp16
 
 Writes DIR/feature_cost.{csv,md}, rewritten after each group (package, layout, page, head) so that a run
@@ -16,9 +17,10 @@ Problems (bf16, block tables a random permutation of the block ids):
           (``window_prefill.window_prefill``)
 
 Features (one row each; ``plain`` first): fp8 e4m3 / e5m2 KV caches with per-tensor scales, sinks (both
-modes in window-prefill), soft-capping 50, ALiBi, sliding windows left 4095 and 127, ``skip_decode``,
-the LSE, and the combinations real models use: window 127 + sinks (gpt-oss sliding layers), soft-capping
-+ window 4095 (Gemma 2 local layers), fp8 cache + window 4095, window 4095 + sinks.
+modes in window-prefill), soft-capping 50, ALiBi, sliding windows left 4095, 1023, 511 and 127 (the
+narrow ones measure the plans' width rule), ``skip_decode``, the LSE, and the combinations real models
+use: window 127 + sinks (gpt-oss sliding layers), soft-capping + window 4095 (Gemma 2 local layers), fp8
+cache + window 4095, window 4095 + sinks.
 
 Columns: ``kernel`` and ``reason`` are the plan's (``explain()``); ``ms`` the median over ``--rounds``
 passes (>= 3; the row order rotated each pass, every pass in ``rounds_ms``) of
@@ -30,6 +32,10 @@ inverse of the TFLOP/s ratio for a window); ``bound`` issue 46's acceptance boun
 feature; 1.0 an fp8 cache, against the bf16 cache; 1 / 0.9 a window whose rows see >= 2048 keys; 1.3 a
 narrower window) and ``meets`` whether the row is within it; ``vs_nhd`` a split row's time over the
 NHD row's of the same page, head and feature (issue 46: <= 1.05).
+
+``--set NAME=V``: an int or boolean constant of ``prefix_prefill.plan`` and/or ``window_prefill.plan``
+(whichever has it) set before the first call, e.g. ``--set GLUON_MIN_WINDOW=1 --set _GLUON_MIN_WIDTH=1``
+runs narrow windows on the Gluon kernels (the default run gives the Triton rows beside them).
 
 ``--quick``: head 128, page 16, both layouts, the features of :data:`QUICK` (under 4 minutes on an H200,
 compiles included). The full table takes two device calls: ``--heads 128`` and ``--heads 256``.
@@ -46,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_ms, settle, start, tflops, uniform_prefix_problem, write_rows
+from common import bench_ms, set_constants, settle, start, tflops, uniform_prefix_problem, write_rows
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -90,6 +96,8 @@ PREFIX = [
     Feature("alibi", alibi=True),
     Feature("window4095", window=4095),
     Feature("window127", window=127),
+    Feature("window511", window=511),
+    Feature("window1023", window=1023),
     Feature("skip_decode", skip_decode=True),
     Feature("lse", lse=True),
     Feature("window127+sinks", window=127, sinks="denominator"),
@@ -103,6 +111,8 @@ WINDOW = [
     Feature("softcap50", softcap=50.0),
     Feature("window4095", window=4095),
     Feature("window127", window=127),
+    Feature("window511", window=511),
+    Feature("window1023", window=1023),
     Feature("lse", lse=True),
     Feature("window127+sinks", window=127, sinks="denominator"),
     Feature("softcap50+window4095", window=4095, softcap=50.0),
@@ -300,6 +310,19 @@ def pick(features: list[Feature], names: str | None, quick: bool) -> list[Featur
     return [f for f in features if keep is None or f.name in keep or f is PLAIN]
 
 
+def apply_sets(sets: list[str], error) -> None:
+    """``--set NAME=V`` on each package's plan module that has the constant NAME (``error`` if none)."""
+    import importlib
+
+    modules = [importlib.import_module(m) for m in ("prefix_prefill.plan", "window_prefill.plan")]
+    for kv in sets:
+        owners = [m.__name__ for m in modules if hasattr(m, kv.partition("=")[0])]
+        if not owners:
+            error(f"--set {kv}: no constant of that name in prefix_prefill.plan or window_prefill.plan")
+        for name in owners:
+            set_constants([kv], error, module=name)
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -315,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", default=None, help="prefix page sizes (default 16,1056; --quick 16)")
     ap.add_argument("--heads", default=None, help="head sizes (default 128,256; --quick 128)")
     ap.add_argument("--features", default=None, help="comma list of feature names (plain always runs)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
+                    help="a plan constant of either package (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
+    apply_sets(args.set, ap.error)
     if args.rounds < 3 and not args.smoke:
         ap.error("--rounds must be >= 3 (issue 46: medians of at least 3 rounds)")
     known = {f.name for f in PREFIX + WINDOW}
