@@ -17,10 +17,10 @@ Problems (bf16, block tables a random permutation of the block ids):
           (``window_prefill.window_prefill``)
 
 Features (one row each; ``plain`` first): fp8 e4m3 / e5m2 KV caches with per-tensor scales, sinks (both
-modes in window-prefill), soft-capping 50, ALiBi, sliding windows left 4095, 1023, 511 and 127 (the
-narrow ones measure the plans' width rule), ``skip_decode``, the LSE, and the combinations real models
-use: window 127 + sinks (gpt-oss sliding layers), soft-capping + window 4095 (Gemma 2 local layers), fp8
-cache + window 4095, window 4095 + sinks.
+modes in window-prefill), soft-capping 50, ALiBi, non-causal prefix calls, sliding windows left 4095,
+1023, 511 and 127 (the narrow ones measure the plans' width rule), ``skip_decode``, the LSE, and the
+combinations real models use: window 127 + sinks (gpt-oss sliding layers), soft-capping + window 4095
+(Gemma 2 local layers), fp8 cache + window 4095, window 4095 + sinks.
 
 Columns: ``kernel`` and ``reason`` are the plan's (``explain()``); ``ms`` the median over ``--rounds``
 passes (>= 3; the row order rotated each pass, every pass in ``rounds_ms``) of
@@ -68,7 +68,8 @@ WIDE_KEYS = 2048  # issue 46: a window whose rows see at least this many keys ke
 class Feature:
     """One row's options. ``window``: the left window (causal calls), -1 off; ``sinks``: a sinks mode
     (``"denominator"``, or ``"bias_key0"`` in window-prefill), None off; ``fp8``: the KV cache's fp8
-    format (``"e4m3"``, ``"e5m2"``), None a bf16 cache."""
+    format (``"e4m3"``, ``"e5m2"``), None a bf16 cache; ``causal`` False: every new token sees every other
+    (prefix-prefill only)."""
 
     name: str
     window: int = -1
@@ -78,6 +79,7 @@ class Feature:
     fp8: str | None = None
     skip_decode: bool = False
     lse: bool = False
+    causal: bool = True
 
     def bound(self) -> float:
         """Issue 46's acceptance bound on the row's ``cost``."""
@@ -99,6 +101,7 @@ PREFIX = [
     Feature("window511", window=511),
     Feature("window1023", window=1023),
     Feature("skip_decode", skip_decode=True),
+    Feature("noncausal", causal=False),
     Feature("lse", lse=True),
     Feature("window127+sinks", window=127, sinks="denominator"),
     Feature("softcap50+window4095", window=4095, softcap=50.0),
@@ -190,7 +193,7 @@ def prefix_entries(layout: str, page: int, head: int, features: list[Feature], d
             kc, vc = fp8_caches[f.fp8]
             scales = {"k_scale": 0.25, "v_scale": 0.25}
         out = torch.empty_like(q)
-        kw = dict(window=(f.window, -1), softcap=f.softcap, kv_layout=layout, **scales,
+        kw = dict(window=(f.window, -1), softcap=f.softcap, kv_layout=layout, causal=f.causal, **scales,
                   **per_head(heads, device, f))  # fmt: skip
         args = (q, k, v, kc, vc, prob["block_table"], prob["cu"], prob["seq_lens"], new)
         if f.lse:
@@ -211,7 +214,8 @@ def prefix_entries(layout: str, page: int, head: int, features: list[Feature], d
                 prefix_prefill(*args, out=out, **kw)
                 return out
 
-        flops = visible_pairs(ctx, new, f.window) * batch * heads * 4.0 * head
+        pairs = visible_pairs(ctx, new, f.window) if f.causal else new * (ctx + new)
+        flops = pairs * batch * heads * 4.0 * head
         entries.append((f, fn, plan, flops))
     return entries
 

@@ -4,7 +4,8 @@ scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 # compile_nhd(head, box, from_cache, lse, one, llvm_o0, **opts) / compile_split(head, from_cache, lse,
 # v_tma, k_tma, k_wide, one, llvm_o0, **opts): one form of each kernel (bf16, 128-row tiles, the plan's
 # key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8 warps),
-# its score and window options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE; each
+# its score and window options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL,
+# HAS_RIGHT; each
 # option's argument typed as the launcher passes it, None where off); returns ``(source, compiled
 # kernel)``.
 PP_COMPILE_HEAD = """
@@ -14,8 +15,9 @@ import prefix_prefill.plan as itf_plan
 
 def option_sig(opts):
     on = {"Sinks": opts.get("HAS_SINKS"), "Slopes": opts.get("HAS_ALIBI"), "tanh_scale": opts.get("SOFTCAP"),
-          "window_left": opts.get("HAS_LEFT")}
-    types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32"}
+          "window_left": opts.get("HAS_LEFT"), "window_right": opts.get("HAS_RIGHT")}
+    types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32",
+             "window_right": "i32"}
     return {n: types[n] if on[n] else "constexpr" for n in on}
 
 

@@ -1,9 +1,9 @@
 """Prefix-prefill's Gluon kernels (NHD and vLLM's split cache) with the model options: a left sliding
-window (whole key blocks before it never loaded, in the cached context too), ALiBi, sinks, soft-capping
-and skip_decode, alone and together.
+window (whole key blocks before it never loaded, in the cached context too), ALiBi, sinks, soft-capping,
+skip_decode and non-causal calls (with a window both ways), alone and together.
 
 CPU: the plans (the options as the kernels' constexprs, each in its reason; a window narrower than
-:data:`prefix_prefill.plan.GLUON_MIN_WINDOW` keys keeps the Triton kernel, and so do non-causal calls);
+:data:`prefix_prefill.plan.GLUON_MIN_WINDOW` keys keeps the Triton kernel);
 the host glue with the kernels replaced by recorders (each option's argument, None where off; the logit
 multiplier with soft-capping); warm calls through a frame taking each call's own sinks and slopes and a
 frame per cap and window; the kernels compile for sm90 offline in every option form within one program's
@@ -31,7 +31,7 @@ from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
 WIDE = plan.GLUON_MIN_WINDOW - 1  # the narrowest left window the Gluon kernels take
-OPTION_CONSTS = ("HAS_LEFT", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS", "SKIP_DECODE")
+OPTION_CONSTS = ("HAS_LEFT", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS", "SKIP_DECODE", "HAS_RIGHT")
 
 
 def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), device="cpu", **kw):
@@ -55,6 +55,10 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), device="cpu", **kw):
         (dict(left=4095, softcap_form=2), dict(HAS_LEFT=True, SOFTCAP=2)),
         (dict(left=WIDE, alibi=True, sinks=True, softcap_form=2, skip_decode=True, lse=True),
          dict(HAS_LEFT=True, HAS_ALIBI=True, HAS_SINKS=True, SOFTCAP=2, SKIP_DECODE=True, RETURN_LSE=True)),
+        (dict(causal=False), dict(CAUSAL=False)),
+        (dict(causal=False, right=0), dict(CAUSAL=False, HAS_RIGHT=True)),
+        (dict(causal=False, left=1000, right=1047, alibi=True, sinks=True),
+         dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)),
     ],
 )  # fmt: skip
 def test_gluon_takes_options(layout, opts, want):
@@ -66,22 +70,30 @@ def test_gluon_takes_options(layout, opts, want):
     c = chosen.consts()
     assert {n: c[n] for n in want} == want
     assert all(not c[n] for n in OPTION_CONSTS if n not in want)
+    assert c["CAUSAL"] is want.get("CAUSAL", True)
     names = {"HAS_LEFT": "left window", "SOFTCAP": "soft-capping", "HAS_ALIBI": "ALiBi", "HAS_SINKS": "sinks",
-             "SKIP_DECODE": "skip_decode"}  # fmt: skip
+             "SKIP_DECODE": "skip_decode", "CAUSAL": "non-causal", "HAS_RIGHT": "right window"}  # fmt: skip
     assert all(names[n] in chosen.reason for n in want if n in names)
 
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_window_width_rule(layout):
     """A left window lets the Gluon kernel run from :data:`~prefix_prefill.plan.GLUON_MIN_WINDOW` keys a
-    row on (``left + 1``); one key fewer keeps the Triton kernel, the reason says why; non-causal calls
-    keep it too."""
+    row on (``left + 1``); one key fewer keeps the Triton kernel, the reason says why. Not causal, the
+    width is ``left + right + 1`` (a side of -1 unbounded)."""
     case = _case(layout)
     assert plan.plan(problem_of(case, arch="sm90", left=WIDE)).kernel == f"gluon-{layout}"
     narrow = plan.plan(problem_of(case, arch="sm90", left=WIDE - 1))
     assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
     assert plan.plan(problem_of(case, arch="sm90", left=127, sinks=True)).kernel == "triton"
-    assert plan.plan(problem_of(case, arch="sm90", causal=False, sinks=True)).kernel == "triton"
+    assert plan.plan(problem_of(case, arch="sm90", left=WIDE - 1, right=5)).kernel == "triton"  # (moot)
+    both = [(1000, WIDE - 1000), (-1, 0), (0, -1), (5, -1), (-1, 5)]
+    for left, right in both:
+        assert (
+            plan.plan(problem_of(case, arch="sm90", causal=False, left=left, right=right)).kernel != "triton"
+        )
+    narrow = plan.plan(problem_of(case, arch="sm90", causal=False, left=1000, right=WIDE - 1001))
+    assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
 
 
 # ------------------------------------------------------------------------- CPU: host glue
@@ -99,8 +111,8 @@ class _Recorder:
 def test_option_arguments(layout, monkeypatch):
     """The options reach the kernel as its arguments: ``Sinks`` / ``Slopes`` the call's tensors,
     ``tanh_scale`` = scale / softcap with the logit multiplier softcap * log2(e), ``window_left`` the
-    window (capped at 2**30); each None where its option is off (plain attention: all None, the
-    multiplier scale * log2(e))."""
+    window and ``window_right`` a non-causal call's right window (capped at 2**30); each None where its
+    option is off (plain attention: all None, the multiplier scale * log2(e))."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     name = "_gluon_fwd_kernel" if layout == "nhd" else "_gluon_split_kernel"
@@ -116,6 +128,8 @@ def test_option_arguments(layout, monkeypatch):
         (gluon_launch.Options(), {}),
         (gluon_launch.Options(30.0, 5000, sinks, slopes), everything),
         (gluon_launch.Options(0.0, 2**40, sinks, None), dict(left=2**40, sinks=True)),
+        (gluon_launch.Options(0.0, 3000, None, None, 2**40), dict(left=3000, right=2**40, causal=False)),
+        (gluon_launch.Options(right=7), dict(right=7)),  # causal: the right window is moot, not passed
     ):
         problem = problem_of(case, arch="sm90", **popts)
         chosen = plan.plan(problem)
@@ -129,6 +143,9 @@ def test_option_arguments(layout, monkeypatch):
         assert kw["tanh_scale"] == (pytest.approx(0.1 / 30.0) if capped else None)
         assert kw["Sinks"] is opts.sinks and kw["Slopes"] is opts.alibi
         assert kw["window_left"] == (None if opts.left < 0 else min(opts.left, 2**30))
+        causal = popts.get("causal", True)
+        assert kw["window_right"] == (None if opts.right < 0 or causal else min(opts.right, 2**30))
+        assert kw["CAUSAL"] is causal
         assert {n: kw[n] for n in OPTION_CONSTS} == {n: chosen.consts()[n] for n in OPTION_CONSTS}
 
 
@@ -192,8 +209,9 @@ FORMS = [
     ("split", lambda o: compile_split(128, True, True, False, True, 2, **o)),
 ]
 OPTS = [ALL, dict(HAS_LEFT=True), dict(SOFTCAP=1, HAS_SINKS=True), dict(HAS_ALIBI=True, SKIP_DECODE=True)]
+BOTH_WAYS = dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)
 for i, (name, form) in enumerate(FORMS):
-    for opts in (OPTS if i < 2 else OPTS[:1]):
+    for opts in (OPTS + [BOTH_WAYS] if i < 2 else [ALL, BOTH_WAYS] if i == 4 else OPTS[:1]):
         _, kernel = form(opts)
         print("tanh", opts.get("SOFTCAP", 0), kernel.asm["ptx"].count("tanh.approx.f32"))
 """
@@ -202,12 +220,13 @@ for i, (name, form) in enumerate(FORMS):
 @pytest.mark.compile_check
 def test_option_forms_compile_for_sm90():
     """Both kernels compile for sm90 (no GPU needed) with every option, in every form a plan takes (heads
-    64 / 128 / 256, k given or from the cache, the quick form, K/V by TMA or by gathers) within one
-    program's shared memory (227 KiB); the hardware tanh where ``SOFTCAP`` is 2, none elsewhere."""
+    64 / 128 / 256, k given or from the cache, the quick form, K/V by TMA or by gathers; non-causal with a
+    window both ways) within one program's shared memory (227 KiB); the hardware tanh where ``SOFTCAP`` is
+    2, none elsewhere."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _COMPILE_SCRIPT)
-    assert len(shared) == 14 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 17 and max(shared) <= 227 * 1024, out
     check_tanh_forms(out)
 
 
@@ -244,8 +263,10 @@ def _nan_invisible_slots(case, left: int) -> None:
 def _kw(opts: dict, heads: int) -> dict:
     """prefix_prefill / reference keyword arguments of a test's options."""
     kw = {}
-    if "left" in opts:
-        kw["window"] = (opts["left"], -1)
+    if "left" in opts or "right" in opts:
+        kw["window"] = (opts.get("left", -1), opts.get("right", -1))
+    if "causal" in opts:
+        kw["causal"] = opts["causal"]
     if opts.get("alibi"):
         kw["alibi_slopes"] = alibi_slopes(heads, DEVICE)
     if opts.get("sinks"):
@@ -264,7 +285,11 @@ GPU_OPTIONS = {
     "softcap": dict(softcap=50.0),
     "alibi": dict(alibi=True),
     "sinks": dict(sinks=True),
+    "noncausal": dict(causal=False),  # encoder-style rows over a cached prefix, prefix-LM
+    "noncausal_window": dict(causal=False, left=200, right=100),  # a window both ways
+    "noncausal_right": dict(causal=False, right=0),  # each row sees the keys up to itself (and the context)
     "all": dict(left=700, alibi=True, sinks=True, softcap=20.0),
+    "noncausal_all": dict(causal=False, left=700, right=300, alibi=True, sinks=True, softcap=20.0),
 }
 
 
@@ -311,6 +336,18 @@ def test_gpu_all_options_every_form(layout, from_cache, head, dtype, page, monke
     _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS["all"], monkeypatch)
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 544])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_noncausal_every_form(layout, from_cache, head, dtype, page, monkeypatch):
+    """Non-causal calls with a window both ways, ALiBi (``|q - k|``), sinks and a soft cap on every form
+    the plans take."""
+    _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS["noncausal_all"], monkeypatch)
+
+
 # queries of at most 64 rows (speculative decoding, decode-sized chunks): the idle-warpgroup form
 SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 
@@ -320,7 +357,8 @@ SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 @pytest.mark.parametrize(
     "head,dtype,page,opts",
     [(128, torch.bfloat16, 16, "all"), (256, torch.float16, 16, "all"), (64, torch.bfloat16, 16, "all"),
-     (128, torch.bfloat16, 544, "plain"), (256, torch.bfloat16, 1056, "plain")],
+     (128, torch.bfloat16, 544, "plain"), (256, torch.bfloat16, 1056, "plain"),
+     (128, torch.bfloat16, 16, "noncausal_all")],
 )  # fmt: skip
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
@@ -348,7 +386,7 @@ def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, pa
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if o != "all"])
+@pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if not o.endswith("all")])
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_gpu_each_option(layout, page, option, monkeypatch):
@@ -418,7 +456,9 @@ def test_gpu_skip_decode(layout, monkeypatch):
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_gpu_negative_controls(layout, monkeypatch):
     """The harness catches a wrong kernel: the Gluon answers with a window, ALiBi, sinks or a soft cap each
-    differ from the reference with the window off by one, without ALiBi, without sinks, without the cap."""
+    differ from the reference with the window off by one, without ALiBi, without sinks, without the cap;
+    a non-causal answer differs from the causal reference, and one with a right window from the answer
+    with the right window one key wider."""
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
     case = _case(layout, seqs=[(700, 300), (0, 200)], device=DEVICE)
     for kw, wrong in (
@@ -426,6 +466,8 @@ def test_gpu_negative_controls(layout, monkeypatch):
         (dict(alibi_slopes=alibi_slopes(4, DEVICE)), {}),
         (dict(sinks=torch.full((4,), 4.0, device=DEVICE)), {}),
         (dict(softcap=2.0), {}),
+        (dict(causal=False), {}),
+        (dict(causal=False, window=(-1, 40)), dict(causal=False, window=(-1, 41))),
     ):
         out = poison(torch.empty_like(case.q))
         prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table,

@@ -6,12 +6,12 @@ tiers, the compiled variants launched directly, the fallback when a Gluon kernel
 :mod:`prefix_prefill.plan` for when they apply); it returns False when the kernel failed to build or
 launch (another Triton's Gluon): from then on :func:`available` is False and the Triton kernel runs.
 
-Options (:class:`Options`: soft-capping, the left window, sinks, ALiBi slopes) become the kernels'
+Options (:class:`Options`: soft-capping, the windows, sinks, ALiBi slopes) become the kernels'
 keyword arguments as :func:`_option_args` says; each is None, a constexpr, where the plan has it off.
 
 Warm calls: a compiled and loaded key's full form is launched directly (light descriptors, Triton 3.6's
 C launcher), and its first direct launch over a pair of caches keeps a frame of the C-launcher arguments
-(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers, logit scale, cap and window); a
+(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers, logit scale, cap and windows); a
 repeated call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the
 new tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE,
 the status, the sinks and ALiBi slopes) and launches.
@@ -69,19 +69,20 @@ _KEY_IDS_MAX = 4096
 # weighs per call (:func:`_variant`), read once per key (cleared with _KEY_IDS)
 _KEY_HEADS: dict[int, tuple[int, int, int]] = {}
 _NEXT_ID = itertools.count()
-# Left windows at least this wide reach past any position (int32 in the kernels): passed as this
+# Windows at least this wide reach past any position (int32 in the kernels): passed as this
 _WINDOW_CAP = 1 << 30
 
 
 class Options(NamedTuple):
     """A call's options beyond plain attention, as the Gluon launch takes them: ``softcap`` (0: none),
     ``left`` (the left window, -1: none), ``sinks`` and ``alibi`` (``[num_heads]`` float32 tensors, or
-    None)."""
+    None), ``right`` (the right window of a non-causal call, -1: none)."""
 
     softcap: float = 0.0
     left: int = -1
     sinks: torch.Tensor | None = None
     alibi: torch.Tensor | None = None
+    right: int = -1
 
 
 PLAIN = Options()
@@ -89,14 +90,16 @@ PLAIN = Options()
 
 def _option_args(consts: dict, scale: float, opts: Options) -> float:
     """The kernels' logit multiplier (softmax scale, or with ``SOFTCAP`` the cap, times log2(e)); adds the
-    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``) to ``consts`` (a call's
-    parameters, the plan's constexprs), each None (a constexpr) where its option is off there."""
+    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``, ``window_right``) to
+    ``consts`` (a call's parameters, the plan's constexprs), each None (a constexpr) where its option is
+    off there."""
     capped = consts.get("SOFTCAP", 0) > 0
     consts.update(
         Sinks=opts.sinks if consts.get("HAS_SINKS") else None,
         Slopes=opts.alibi if consts.get("HAS_ALIBI") else None,
         tanh_scale=scale / opts.softcap if capped else None,
         window_left=min(opts.left, _WINDOW_CAP) if consts.get("HAS_LEFT") else None,
+        window_right=min(opts.right, _WINDOW_CAP) if consts.get("HAS_RIGHT") else None,
     )
     return (opts.softcap if capped else scale) * LOG2E
 
@@ -171,7 +174,7 @@ def launch_key(
 def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
          max_query_len: int, scale: float, lse, status=None, opts: Options = PLAIN) -> bool:  # fmt: skip
     """A warm call of a Gluon plan (``key``: its :func:`launch_key`) through the frame kept for its caches,
-    scale, cap and window: True when launched (or nothing to launch), False when there is no usable
+    scale, cap and windows: True when launched (or nothing to launch), False when there is no usable
     frame (no direct launch yet over these caches, a launch hook installed, a test's stand-in kernel,
     another current device): then :func:`launch` runs it."""
     nhd = plan.kernel == "gluon-nhd"
@@ -180,7 +183,9 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         return False
     batch = seq_lens.shape[0]
     key = _variant(plan, key, max_query_len, q, k_cache, batch)
-    frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
+    frame = fast.frame(
+        (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
+    )
     if frame is None:
         return False
     index = q.get_device()
@@ -285,7 +290,7 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     fast.launch(key, grid, args, params, _options(params), q.device)
     # (the frame holds the caches' descriptors, the logit scale, the cap and the window, which the key
     # leaves open)
-    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left)
+    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
     if fast.frame(frame_key) is None:
         descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
         fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)

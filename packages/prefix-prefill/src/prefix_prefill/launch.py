@@ -57,7 +57,7 @@ class Prepared:
     the Triton kernel the constexprs, launch options, the integer arguments the signature fixes and the
     key of its compiled variant (for a Gluon kernel the key's id,
     :func:`prefix_prefill.gluon_launch.launch_key`). ``scale``: the logit scale, ``softcap``: the cap
-    (0: none), ``left``: the left window (-1: none)."""
+    (0: none), ``left``/``right``: the windows (-1: none)."""
 
     problem: Problem
     plan: LaunchPlan
@@ -70,6 +70,7 @@ class Prepared:
     ints: tuple = ()
     key: tuple | int | None = None
     left: int = -1
+    right: int = -1
     fixed: gluon_launch.Options = gluon_launch.PLAIN
     packed: tuple | None = None
 
@@ -81,14 +82,14 @@ class Prepared:
         return self.packed
 
     def __post_init__(self) -> None:
-        self.fixed = gluon_launch.Options(self.softcap, self.left)
+        self.fixed = gluon_launch.Options(self.softcap, self.left, right=self.right)
 
     def options(self, sinks, alibi) -> gluon_launch.Options:
         """A Gluon launch's options for this signature's call with these sinks and ALiBi slopes (without
         either, one object made once per signature: a warm call builds nothing)."""
         if sinks is None and alibi is None:
             return self.fixed
-        return gluon_launch.Options(self.softcap, self.left, sinks, alibi)
+        return gluon_launch.Options(self.softcap, self.left, sinks, alibi, self.right)
 
 
 def forward(
@@ -175,7 +176,7 @@ def forward(
         chosen = triton_plan(problem, config, "tiles given")
     else:
         chosen = plan(problem)
-    prep = Prepared(problem, chosen, kc, vc, scale, softcap, left=left)
+    prep = Prepared(problem, chosen, kc, vc, scale, softcap, left=left, right=right)
     repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
         opts = prep.options(sinks, alibi_slopes)

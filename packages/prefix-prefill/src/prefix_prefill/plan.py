@@ -10,13 +10,13 @@ order; the first that applies wins:
 kernel                  when
 ======================  =========================================================================
 ``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
-                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, causal, a
-                        positive scale or soft-capping, no left window narrower than
-                        :data:`GLUON_MIN_WINDOW` keys, pages a multiple of 16, an NHD cache whose pages
-                        are contiguous with 16-byte rows, and q/k/v rows TMA can read (unit feature
-                        stride, heads adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, a left
-                        window (a right one is moot under causality) and skip_decode are its
-                        constexprs
+                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, a positive
+                        scale or soft-capping, a window that lets a row see at least
+                        :data:`GLUON_MIN_WINDOW` keys (or none), pages a multiple of 16, an NHD cache
+                        whose pages are contiguous with 16-byte rows, and q/k/v rows TMA can read (unit
+                        feature stride, heads adjacent, 16-byte aligned); ALiBi, sinks, soft-capping,
+                        the windows (a right one only without causality, where it is moot), causal or
+                        not, and skip_decode are its constexprs
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
@@ -91,8 +91,9 @@ class Problem:
     the tensor's data pointer is a multiple of 16 bytes. ``k_strides``/``v_strides`` are None when the
     new tokens' K/V are read from the cache. ``new_rows_fit32``: every new-token offset a program forms
     from its sequence's first row fits int32. ``softcap``: the kernel's SOFTCAP form (0 off, 1 exp2,
-    2 hardware tanh). ``wide_window``: no left window, or one of at least :data:`GLUON_MIN_WINDOW`
-    keys a row."""
+    2 hardware tanh). ``wide_window``: a row may see at least :data:`GLUON_MIN_WINDOW` keys: causal, no
+    left window or ``left + 1`` keys; not causal, a side unbounded or ``left + right + 1`` keys (the
+    window-prefill package's rule)."""
 
     arch: str
     gluon: bool
@@ -176,8 +177,17 @@ def make_problem(
         scale_positive=scale > 0,
         skip_decode=bool(skip_decode),
         lse=lse,
-        wide_window=left < 0 or left + 1 >= GLUON_MIN_WINDOW,
+        wide_window=wide_window(bool(causal), left, right),
     )
+
+
+def wide_window(causal: bool, left: int, right: int) -> bool:
+    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at least :data:`GLUON_MIN_WINDOW`
+    keys: causal calls see ``left + 1`` (a right window is moot); others ``left + right + 1``, unbounded
+    when either side is."""
+    if causal:
+        return left < 0 or left + 1 >= GLUON_MIN_WINDOW
+    return left < 0 or right < 0 or left + right + 1 >= GLUON_MIN_WINDOW
 
 
 # --------------------------------------------------------------------------- the Gluon kernels' rules
@@ -233,8 +243,7 @@ def _gluon_unmet(p: Problem) -> str | None:
         (half, f"q dtype {p.q_dtype} (Gluon kernels: fp16/bf16)"),
         (p.head_size in GLUON_BLOCK_N, f"head size {p.head_size} (Gluon kernels: 64/128/256)"),
         (p.cache_dtype == p.q_dtype and p.out_dtype == p.q_dtype, "cache or output dtype differs from q's"),
-        (p.causal, "non-causal"),
-        (p.wide_window, f"a left window narrower than {GLUON_MIN_WINDOW} keys"),
+        (p.wide_window, f"a window narrower than {GLUON_MIN_WINDOW} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
         (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
@@ -247,15 +256,19 @@ def _gluon_unmet(p: Problem) -> str | None:
 
 
 def _gluon_options(p: Problem) -> dict:
-    """The Gluon kernels' option constexprs of ``p`` (a right window is moot: the kernels are causal)."""
+    """The Gluon kernels' option constexprs of ``p`` (a right window only without causality, where it
+    is moot)."""
     return dict(HAS_LEFT=p.use_left, SOFTCAP=p.softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
-                SKIP_DECODE=p.skip_decode)  # fmt: skip
+                SKIP_DECODE=p.skip_decode, CAUSAL=p.causal,
+                HAS_RIGHT=p.use_right and not p.causal)  # fmt: skip
 
 
 def _options_note(p: Problem) -> str:
     """The options a Gluon plan runs, for its reason (empty for plain attention)."""
-    names = [n for n, on in (("left window", p.use_left), ("soft-capping", p.softcap), ("ALiBi", p.alibi),
-                             ("sinks", p.sinks), ("skip_decode", p.skip_decode)) if on]  # fmt: skip
+    names = [n for n, on in (("non-causal", not p.causal), ("left window", p.use_left),
+                             ("right window", p.use_right and not p.causal), ("soft-capping", p.softcap),
+                             ("ALiBi", p.alibi), ("sinks", p.sinks),
+                             ("skip_decode", p.skip_decode)) if on]  # fmt: skip
     return f"; {', '.join(names)}" if names else ""
 
 
