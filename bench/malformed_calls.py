@@ -77,8 +77,9 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- prefix-prefill
-# name: (form, layout, head, heads, kv, page, new tokens from the cache, cache, left window, ALiBi,
-#        short queries, plan on sm90, also without status=); short queries (every query <= 64 rows) take
+# name: (form, layout, head, heads, kv, page, new tokens from the cache, cache, left window (or a
+#        non-causal call's (left, right) window, "py" form), ALiBi, short queries, plan on sm90, also
+#        without status=); short queries (every query <= 64 rows) take
 #        the short-query forms: the Gluon kernels' paired heads (an even group, the idle grid more than
 #        one wave: 64 heads x 3 sequences) or idle second warpgroup (odd group), the Triton kernel's
 #        packed GQA rows
@@ -100,6 +101,10 @@ PREFIX = {
     "pp-gluon-split-short": ("vllm", "split", 128, 3, 1, 16, False, None, -1, False, True, "gluon-split",
                              True),
     "pp-triton-fp8-short": ("vllm", "split", 128, 8, 2, 16, False, "fp8", -1, False, True, "triton", True),
+    "pp-gluon-nhd-noncausal": ("py", "nhd", 128, 4, 2, 16, False, None, (-1, 40), True, False, "gluon-nhd",
+                               True),
+    "pp-gluon-split-noncausal": ("py", "split", 128, 4, 2, 16, True, None, (-1, -1), False, False,
+                                 "gluon-split", False),
 }
 # fmt: on
 TINY_PREFIX = ("pp-gluon-nhd", "pp-gluon-split-128", "pp-triton-kvcache")  # (as Triton plans, head 32)
@@ -182,6 +187,13 @@ def _pp_cases(c: dict) -> list[tuple[str, dict, int]]:
     ]  # fmt: skip
 
 
+def _pp_window(spec) -> dict:
+    """``prefix_prefill``'s window (and ``causal``) keywords of problem ``spec``."""
+    if isinstance(spec[8], tuple):
+        return {"window": spec[8], "causal": False}
+    return {"window": (spec[8], -1)}
+
+
 def _pp_call(spec, c: dict, meta: dict, out: torch.Tensor, **kw) -> None:
     """Problem ``spec``'s call on ``c`` with the index tensors of ``meta`` (device, exact)."""
     form, layout, cache, left = spec[0], spec[1], spec[7], spec[8]
@@ -195,14 +207,14 @@ def _pp_call(spec, c: dict, meta: dict, out: torch.Tensor, **kw) -> None:
                **kw)  # fmt: skip
     else:
         prefix_prefill(c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], meta["table"], meta["cu"],
-                       meta["seq_lens"], meta["max_len"], window=(left, -1), alibi_slopes=c["alibi"],
-                       kv_layout=layout, out=out, **kw)  # fmt: skip
+                       meta["seq_lens"], meta["max_len"], alibi_slopes=c["alibi"], kv_layout=layout, out=out,
+                       **_pp_window(spec), **kw)  # fmt: skip
 
 
 def _pp_plan(spec, c: dict):
     return pp_explain(c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], _exact(c["table"]), _exact(c["cu"]),
-                      _exact(c["seq_lens"]), c["max_len"], window=(spec[8], -1), alibi_slopes=c["alibi"],
-                      kv_layout=spec[1])  # fmt: skip
+                      _exact(c["seq_lens"]), c["max_len"], alibi_slopes=c["alibi"], kv_layout=spec[1],
+                      **_pp_window(spec))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- window-prefill
