@@ -60,7 +60,7 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "hnd", "fp32", "page_8", "narrow_window", "non_causal", "head_96", "no_gluon",
+    ["interpreter", "hnd", "fp32", "page_8", "narrow_window", "narrow_two_sided", "head_96", "no_gluon",
      "bt_stride", "fp8", "scale"],
 )  # fmt: skip
 def test_gluon_not_taken(what):
@@ -77,7 +77,7 @@ def test_gluon_not_taken(what):
     over = {
         "interpreter": {"arch": "interpreter"},
         "narrow_window": {"left": plan.GLUON_MIN_WINDOW - 2},
-        "non_causal": {"causal": False},
+        "narrow_two_sided": {"causal": False, "left": 100, "right": plan.GLUON_MIN_WINDOW - 102},
         "scale": {"scale": -0.5},
         "no_gluon": {"gluon": False},
     }.get(what, {})
