@@ -10,9 +10,9 @@ scale); both kernels compile for sm90 offline with either fp8 output in every fo
 idle) with the saturating conversion in their PTX. sm90 GPU: against the float64 reference quantised the
 same way (within one fp8 step and the 16-bit kernels' error, most elements exact), scales that saturate
 and scales that fit, both layouts, heads 64 / 128 / 256, pages 16 / 544, k given or read from the cache,
-every option or none,
-short queries (paired and idle forms), the quick compile tier, the Triton kernel's answer, a wrong scale
-as a negative control, NaN-poisoned outputs, and vLLM's form (repeated calls taking each call's scale).
+every option or none, causal or not, short queries (paired and idle forms), the quick compile tier, the
+Triton kernel's answer, a wrong scale as a negative control, NaN-poisoned outputs, and vLLM's form
+(repeated calls taking each call's scale).
 """
 
 from __future__ import annotations
@@ -47,7 +47,14 @@ def _fp8_out(case, dtype) -> torch.Tensor:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize("fp8", list(FP8))
 @pytest.mark.parametrize("layout", ["nhd", "split"])
-@pytest.mark.parametrize("opts", [{}, dict(left=5000, alibi=True, sinks=True, softcap_form=2, lse=True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        dict(left=5000, alibi=True, sinks=True, softcap_form=2, lse=True),
+        dict(causal=False, left=3000, right=9),
+    ],
+)
 def test_plan_takes_fp8_outputs(layout, fp8, opts):
     """An e4m3fn or e5m2 output over a 16-bit q and cache runs the layout's Gluon kernel with ``OUT_MAX`` =
     the dtype's largest finite value (with every other option too), "fp8 output" in the reason; a
@@ -65,8 +72,8 @@ def test_plan_takes_fp8_outputs(layout, fp8, opts):
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_plan_keeps_triton_for_other_fp8_outputs(layout):
-    """The fnuz outputs (AMD's), an fp8 output over an fp8 cache, a non-causal call and other
-    architectures keep the Triton kernel with its ``OUT_FP8`` / ``FP8_OUT_MAX``; the reason names the
+    """The fnuz outputs (AMD's), an fp8 output over an fp8 cache, other architectures and Gluon turned off
+    keep the Triton kernel with its ``OUT_FP8`` / ``FP8_OUT_MAX``; the reason names the
     output dtype where it is the cause."""
     case = _case(layout)
     for dtype in FNUZ:
@@ -74,7 +81,7 @@ def test_plan_keeps_triton_for_other_fp8_outputs(layout):
         assert chosen.kernel == "triton" and "output dtype" in chosen.reason, chosen.reason
         assert chosen.consts()["OUT_FP8"] and chosen.consts()["FP8_OUT_MAX"] == float(torch.finfo(dtype).max)
     o = _fp8_out(case, torch.float8_e4m3fn)
-    for kw in (dict(arch="sm80"), dict(arch="sm90", causal=False), dict(arch="sm90", gluon=False)):
+    for kw in (dict(arch="sm80"), dict(arch="sm90", gluon=False)):
         chosen = plan.plan(problem_of(case, out=o, **kw))
         assert chosen.kernel == "triton" and chosen.consts()["OUT_FP8"], (kw, chosen.reason)
     fp8_cache = _case(layout, cache_dtype=torch.float8_e4m3fn)
@@ -348,14 +355,15 @@ def _check_fp8(layout, from_cache, head, dtype, page, fp8, opts, monkeypatch, se
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("fp8,opts", [("e4m3", "all"), ("e5m2", "plain")])
+@pytest.mark.parametrize("fp8,opts", [("e4m3", "all"), ("e5m2", "noncausal_all")])
 @pytest.mark.parametrize("head,dtype,page", [(128, torch.bfloat16, 16), (256, torch.float16, 544),
                                              (64, torch.bfloat16, 544)])  # fmt: skip
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_gpu_fp8_out_every_form(layout, from_cache, head, dtype, page, fp8, opts, monkeypatch):
     """An fp8 output on every form the plans take: both layouts, k given or from the cache, heads 64 / 128
-    / 256, pages 16 and 544, every option (window, ALiBi, sinks, soft cap) or none."""
+    / 256, pages 16 and 544, every option (window, ALiBi, sinks, soft cap), causal or not (a window both
+    ways)."""
     _check_fp8(layout, from_cache, head, dtype, page, fp8, GPU_OPTIONS.get(opts, {}), monkeypatch)
 
 
