@@ -418,7 +418,7 @@ def consumer(
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False,
+    SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -442,7 +442,9 @@ def consumer(
     passes each its head, ``O`` rows and ``score``): both warpgroups compute rows ``row0 + [0, HALF_M)``,
     each of its own head, over the same key blocks (the short-query form that reads a KV head's keys once
     for two heads). A second warpgroup whose rows no query of the launch reaches runs :func:`drain`
-    instead."""
+    instead. ``OUT_MAX > 0`` (an fp8 ``O``): each row is written as ``clamp(o / out_scale, -OUT_MAX,
+    OUT_MAX)`` in ``O``'s dtype (the scale folded into the row's reciprocal ``1 / (l * out_scale)``;
+    ``out_scale`` a float32 scalar > 0, read only then), the Triton kernel's ``OUT_FP8`` epilogue."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
@@ -525,8 +527,13 @@ def consumer(
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # [BM / 2]
-    inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
-    b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
+    if OUT_MAX > 0:  # fp8 O: o / out_scale, clamped to the fp8 range (a saturating conversion)
+        inv_o = gl.convert_layout(1.0 / (l_safe * out_scale), gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+        b_of = acc * inv_o[:, None]  # [BM / 2, D]
+        b_o = gl.minimum(gl.maximum(b_of, -OUT_MAX), OUT_MAX).to(O.dtype.element_ty)  # [BM / 2, D]
+    else:
+        inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+        b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
     offs_ro = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
     p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]

@@ -5,7 +5,7 @@ warp-specialised, and the program and segment helpers it shares with the split-c
 The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches: query row ``r`` of a
 sequence (new token ``r``, at position ``ctx_len + r``) sees every cached context key and the new tokens
 ``0..r`` (causal; not causal: all of them), within the window and with the score options
-(:func:`_gluon_fwd_kernel`). The structure is
+(:func:`_gluon_fwd_kernel`; an fp8 output among them). The structure is
 window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
 
 * **two producer warps** (:func:`_producer`, one per ring) fill two-slot K and V rings by TMA:
@@ -229,28 +229,39 @@ def _program(
 
 
 @gluon.jit
+def _out_scale(OutScale, qk_scale, OUT_MAX: gl.constexpr):
+    """The fp8 output's scale ``OutScale[0]`` as float32, loaded once per program where ``OUT_MAX > 0``;
+    else ``qk_scale``, a placeholder (a partition's arguments cannot be None) the consumers never read."""
+    if OUT_MAX > 0:
+        out_scale = gl.load(OutScale).to(gl.float32)
+    else:
+        out_scale = qk_scale
+    return out_scale
+
+
+@gluon.jit
 def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
-    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
+    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
     whole sequence), B = the new tokens (``CAUSAL``, or not; ``HAS_RIGHT``: a right window). ``rings``:
     the nine values of ``allocate_rings``; ``tile``: ``(m0, q_tok0, q_len, head, seg, qk_scale, score,
-    window_left, window_right, stride_ot, stride_oh)`` (``seg``, ``score``, the windows:
-    :func:`_program_options`').
+    window_left, window_right, stride_ot, stride_oh, out_scale)`` (``seg``, ``score``, the windows:
+    :func:`_program_options`'; ``out_scale``: :func:`_out_scale`'s).
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
     ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
     ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``: a
     second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead;
     ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
-    and score)."""
+    and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
-    m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o = tile
+    m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
     z = m0 * 0
     if IDLE:
@@ -264,7 +275,7 @@ def _prefix_consumer(
             b_end, z, b_full_lo, b_full, qk_scale, window_left, window_right, st_o, sh_o, stride_lse_h,
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, SPLIT,
             WARPGROUPS, K_VIEW, 0,
-            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED,
+            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
         )  # fmt: skip
 
 
@@ -321,7 +332,7 @@ def _gluon_fwd_kernel(
     window_left=None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
-    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
+    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -345,7 +356,9 @@ def _gluon_fwd_kernel(
     warpgroups compute the same rows of two adjacent heads over the KV head's keys, read once for both.
     ``n_bt_cols``: the block table's width; ``num_blocks``: the caches'; ``max_query_len``: the caller's;
     ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
-    into ``Q_desc``'s token count, cached keys into the table)."""
+    into ``Q_desc``'s token count, cached keys into the table). ``OUT_MAX > 0``: ``O`` is fp8 (this
+    largest finite value), written as ``clamp(o / OutScale[0])`` (``OutScale``: a 1-element float
+    tensor, read once per program; None with ``OUT_MAX`` 0)."""
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
@@ -362,12 +375,14 @@ def _gluon_fwd_kernel(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
     )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh)
+    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh, out_scale)
     tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
     if PAIR_HEADS:
         score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                              1 if HAS_SINKS else 0)  # fmt: skip
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh)
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh,
+                 out_scale)  # fmt: skip
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
               page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
@@ -379,7 +394,7 @@ def _gluon_fwd_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
-                    HAS_RIGHT,
+                    HAS_RIGHT, OUT_MAX,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
@@ -393,12 +408,12 @@ def _gluon_fwd_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT,
+                    CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT,
+                    CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIR_HEADS)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),

@@ -6,15 +6,16 @@ tiers, the compiled variants launched directly, the fallback when a Gluon kernel
 :mod:`prefix_prefill.plan` for when they apply); it returns False when the kernel failed to build or
 launch (another Triton's Gluon): from then on :func:`available` is False and the Triton kernel runs.
 
-Options (:class:`Options`: soft-capping, the windows, sinks, ALiBi slopes) become the kernels'
-keyword arguments as :func:`_option_args` says; each is None, a constexpr, where the plan has it off.
+Options (:class:`Options`: soft-capping, the windows, sinks, ALiBi slopes, an fp8 output's scale)
+become the kernels' keyword arguments as :func:`_option_args` says; each is None, a constexpr, where the
+plan has it off.
 
 Warm calls: a compiled and loaded key's full form is launched directly (light descriptors, Triton 3.6's
 C launcher), and its first direct launch over a pair of caches keeps a frame of the C-launcher arguments
 (:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers, logit scale, cap and windows); a
 repeated call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the
 new tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE,
-the status, the sinks and ALiBi slopes) and launches.
+the status, the sinks, ALiBi slopes and fp8 output scale) and launches.
 
 Short-query forms: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full form
 with ``PAIR_HEADS`` where each KV head has an even number of query heads and the idle form's grid would
@@ -76,13 +77,15 @@ _WINDOW_CAP = 1 << 30
 class Options(NamedTuple):
     """A call's options beyond plain attention, as the Gluon launch takes them: ``softcap`` (0: none),
     ``left`` (the left window, -1: none), ``sinks`` and ``alibi`` (``[num_heads]`` float32 tensors, or
-    None), ``right`` (the right window of a non-causal call, -1: none)."""
+    None), ``right`` (the right window of a non-causal call, -1: none), ``out_scale`` (an fp8 output's
+    scale, a 1-element float tensor: ``o = clamp(out / out_scale)``; None for an output in q's dtype)."""
 
     softcap: float = 0.0
     left: int = -1
     sinks: torch.Tensor | None = None
     alibi: torch.Tensor | None = None
     right: int = -1
+    out_scale: torch.Tensor | None = None
 
 
 PLAIN = Options()
@@ -90,9 +93,9 @@ PLAIN = Options()
 
 def _option_args(consts: dict, scale: float, opts: Options) -> float:
     """The kernels' logit multiplier (softmax scale, or with ``SOFTCAP`` the cap, times log2(e)); adds the
-    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``, ``window_right``) to
-    ``consts`` (a call's parameters, the plan's constexprs), each None (a constexpr) where its option is
-    off there."""
+    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``, ``window_right``,
+    ``OutScale``) to ``consts`` (a call's parameters, the plan's constexprs), each None (a constexpr) where
+    its option is off there."""
     capped = consts.get("SOFTCAP", 0) > 0
     consts.update(
         Sinks=opts.sinks if consts.get("HAS_SINKS") else None,
@@ -100,6 +103,7 @@ def _option_args(consts: dict, scale: float, opts: Options) -> float:
         tanh_scale=scale / opts.softcap if capped else None,
         window_left=min(opts.left, _WINDOW_CAP) if consts.get("HAS_LEFT") else None,
         window_right=min(opts.right, _WINDOW_CAP) if consts.get("HAS_RIGHT") else None,
+        OutScale=opts.out_scale if consts.get("OUT_MAX", 0.0) > 0 else None,
     )
     return (opts.softcap if capped else scale) * LOG2E
 
@@ -159,7 +163,7 @@ def launch_key(
         plan.kernel,
         problem,
         plan,
-        _spec(block_table, cu_seqlens_q, seq_lens, lse, status, opts.sinks, opts.alibi),
+        _spec(block_table, cu_seqlens_q, seq_lens, lse, status, opts.sinks, opts.alibi, opts.out_scale),
         seq_lens.get_device(),
     )
     key = _KEY_IDS.get(full)
@@ -214,6 +218,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if status is None else status.data_ptr(),
         None if opts.sinks is None else opts.sinks.data_ptr(),
         None if opts.alibi is None else opts.alibi.data_ptr(),
+        None if opts.out_scale is None else opts.out_scale.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
     heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
@@ -298,7 +303,7 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
 
 # A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
 _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h",
-                   "n_bt_cols", "max_query_len", "Status", "Sinks", "Slopes")  # fmt: skip
+                   "n_bt_cols", "max_query_len", "Status", "Sinks", "Slopes", "OutScale")  # fmt: skip
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:

@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves, score_terms
-from prefix_prefill.gluon_kernel import _prefix_consumer, _program
+from prefix_prefill.gluon_kernel import _out_scale, _prefix_consumer, _program
 
 
 @gluon.jit
@@ -411,7 +411,7 @@ def _gluon_split_kernel(
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
-    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
+    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
     docstring): same grid, warps and segments.
@@ -444,7 +444,7 @@ def _gluon_split_kernel(
     (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
     ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``,
     ``CAUSAL``, ``window_right`` and ``HAS_RIGHT``, ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions
-    only): the options of
+    only), ``OutScale`` and ``OUT_MAX`` (an fp8 output): the options of
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first visible key are
     never copied, gathered or boxed). ``n_bt_cols``, ``num_blocks``, ``max_query_len``,
     ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
@@ -507,12 +507,14 @@ def _gluon_split_kernel(
         v_stage = v_smem
         v_stage_bar = k_ready
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh)
+    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh, out_scale)
     tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
     if PAIR_HEADS:
         score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                              1 if HAS_SINKS else 0)  # fmt: skip
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh)
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh,
+                 out_scale)  # fmt: skip
     # the new tokens from B's first block on: rows from n_tok0, n_new of them
     n_tok0, n_new = q_tok0 + b_base, b_end - b_base
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
@@ -530,7 +532,7 @@ def _gluon_split_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 2, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False,
-                    CAUSAL, HAS_RIGHT,
+                    CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
@@ -546,12 +548,12 @@ def _gluon_split_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False,
-                    PAIR_HEADS, CAUSAL, HAS_RIGHT,
+                    PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1,
-                    PAIR_HEADS, CAUSAL, HAS_RIGHT,
+                    PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, PAIR_HEADS)),

@@ -10,7 +10,8 @@ order; the first that applies wins:
 kernel                  when
 ======================  =========================================================================
 ``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
-                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, a positive
+                        allowlist), 16-bit q and cache of one dtype, out in it or in one of
+                        :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
                         :data:`GLUON_MIN_WINDOW` keys (or none), pages a multiple of 16, an NHD cache
                         whose pages are contiguous with 16-byte rows, and q/k/v rows TMA can read (unit
@@ -83,6 +84,9 @@ _FP8_DTYPES = tuple(
     for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
     if hasattr(torch, n)
 )
+#: Gluon kernels: the fp8 output dtypes they write (NVIDIA's; ``clamp(out / fp8_out_scale)``, as the
+#: Triton kernel's ``OUT_FP8``).
+GLUON_FP8_OUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,11 @@ def _gluon_unmet(p: Problem) -> str | None:
         (p.arch == "sm90", f"architecture {p.arch} (Gluon kernels: sm90)"),
         (half, f"q dtype {p.q_dtype} (Gluon kernels: fp16/bf16)"),
         (p.head_size in GLUON_BLOCK_N, f"head size {p.head_size} (Gluon kernels: 64/128/256)"),
-        (p.cache_dtype == p.q_dtype and p.out_dtype == p.q_dtype, "cache or output dtype differs from q's"),
+        (p.cache_dtype == p.q_dtype, "cache dtype differs from q's"),
+        (
+            p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
+            f"output dtype {p.out_dtype} (Gluon kernels: q's, float8_e4m3fn or float8_e5m2)",
+        ),
         (p.wide_window, f"a window narrower than {GLUON_MIN_WINDOW} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
         (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
@@ -257,18 +265,19 @@ def _gluon_unmet(p: Problem) -> str | None:
 
 def _gluon_options(p: Problem) -> dict:
     """The Gluon kernels' option constexprs of ``p`` (a right window only without causality, where it
-    is moot)."""
+    is moot; ``OUT_MAX``: an fp8 output's largest finite value, 0.0 for an output in q's dtype)."""
+    out_max = float(torch.finfo(p.out_dtype).max) if p.out_dtype in GLUON_FP8_OUTS else 0.0
     return dict(HAS_LEFT=p.use_left, SOFTCAP=p.softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
                 SKIP_DECODE=p.skip_decode, CAUSAL=p.causal,
-                HAS_RIGHT=p.use_right and not p.causal)  # fmt: skip
+                HAS_RIGHT=p.use_right and not p.causal, OUT_MAX=out_max)  # fmt: skip
 
 
 def _options_note(p: Problem) -> str:
     """The options a Gluon plan runs, for its reason (empty for plain attention)."""
     names = [n for n, on in (("non-causal", not p.causal), ("left window", p.use_left),
                              ("right window", p.use_right and not p.causal), ("soft-capping", p.softcap),
-                             ("ALiBi", p.alibi), ("sinks", p.sinks),
-                             ("skip_decode", p.skip_decode)) if on]  # fmt: skip
+                             ("ALiBi", p.alibi), ("sinks", p.sinks), ("skip_decode", p.skip_decode),
+                             ("fp8 output", p.out_dtype in GLUON_FP8_OUTS)) if on]  # fmt: skip
     return f"; {', '.join(names)}" if names else ""
 
 
