@@ -4,13 +4,13 @@ checker:
     compute-sanitizer --tool memcheck --error-exitcode 1 python bench/malformed_calls.py
 
 What it checks: both packages' public functions (``prefix_prefill``, its ``context_attention_fwd``,
-``window_prefill``, its ``context_attention_fwd``) over every cache layout (NHD, vLLM's split, HND)
-and every kernel a plan picks on an H200 (the Gluon kernels ``gluon-nhd``, ``gluon-split`` at heads 64,
-128 and 256, ``gluon`` of window-prefill, and the Triton kernels; each problem's plan is checked with
-``explain()``), called with each kind of malformed device metadata: block ids past the cache,
-negative or huge, a block table too narrow for ``seq_lens``, ``seq_lens`` past the table, shorter than
-the query or negative, ``cu_seqlens`` decreasing, negative or past the tokens, vLLM's start/length form
-with negative or overlong entries, max lengths too small or 0, and all at once. For every call: no
+``window_prefill``, its ``context_attention_fwd``) over every cache layout (NHD, vLLM's split, HND) and
+every kernel a plan picks on an H200 (the Gluon kernels ``gluon-nhd``, ``gluon-hnd``, ``gluon-split`` at
+heads 64, 128 and 256, ``gluon`` of window-prefill, and the Triton kernels; each problem's plan is
+checked with ``explain()``), called with each kind of malformed device metadata: block ids past the
+cache, negative or huge, a block table too narrow for ``seq_lens``, ``seq_lens`` past the table, shorter
+than the query or negative, ``cu_seqlens`` decreasing, negative or past the tokens, vLLM's start/length
+form with negative or overlong entries, max lengths too small or 0, and all at once. For every call: no
 memcheck error (the run's exit status), no NaN/Inf in any row a sequence spans (the output is
 NaN-poisoned first; spans as the kernels clamp them), the rows past a too small max length's grid
 exactly 0, the ``status=`` tensor holding the malformation's bit (:mod:`prefill_runtime.status`), and
@@ -86,6 +86,7 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 PREFIX = {
     "pp-gluon-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, -1, False, False, "gluon-nhd", True),
     "pp-gluon-nhd-kvcache": ("py", "nhd", 64, 2, 1, 32, True, None, -1, False, False, "gluon-nhd", False),
+    "pp-gluon-hnd": ("py", "hnd", 128, 4, 2, 16, False, None, -1, False, False, "gluon-hnd", True),
     "pp-gluon-split-128": ("vllm", "split", 128, 4, 2, 16, False, None, -1, False, False, "gluon-split",
                            True),
     "pp-gluon-split-64": ("vllm", "split", 64, 4, 1, 16, False, None, -1, False, False, "gluon-split", False),
