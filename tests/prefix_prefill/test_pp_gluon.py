@@ -1,19 +1,21 @@
-"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD;
+"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and HND caches;
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
-fp8 caches, narrow windows, non-causal calls, pages that are not multiples of 16, non-contiguous NHD
-pages, split caches the gathers cannot read; windows, ALiBi, sinks, soft-capping and skip_decode:
-test_pp_gluon_features.py) and with which settings (K and V by TMA
-or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per head size and page), the split
-kernel's host glue (descriptors, the new tokens' copies, compile tiers) with the kernel replaced by a
-recorder, and that both kernels compile for sm90 with the installed Triton (a subprocess: no GPU
-needed) within one program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned
-outputs for every page-size class (16 .. 2048, powers of two or not), heads 64/128/256, both 16-bit
-dtypes, ragged batches with empty contexts and one-token queries, k given or read from the cache, GQA,
-the LSE, the other form of each choice the plan makes (for caches whose strides take it); every cache
-slot no query may see is NaN and block-table entries past a sequence's need point outside the cache; a
-count proves the kernel ran; negative controls; no recompiles; CUDA-graph replay; compile tiers.
+fp8 caches, narrow windows, non-causal calls, pages that are not multiples of 16, NHD/HND caches TMA
+cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
+pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
+which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
+head size and page), the kernels' host glue (the split kernel's descriptors, the new tokens' copies,
+compile tiers; the NHD/HND kernel's cache descriptors against the rows its producer reads) with the
+kernel replaced by a recorder, and that both kernels compile for sm90 with the installed Triton (a
+subprocess: no GPU needed) within one program's shared memory. sm90 GPU: against the float64 reference
+into NaN-poisoned outputs for every page-size class (16 .. 2048, powers of two or not), heads
+64/128/256, both 16-bit dtypes, ragged batches with empty contexts and one-token queries, k given or
+read from the cache, GQA, the LSE, the other form of each choice the plan makes (for caches whose
+strides take it); every cache slot no query may see is NaN and block-table entries past a sequence's
+need point outside the cache; a count proves the kernel ran; negative controls; no recompiles;
+CUDA-graph replay; compile tiers.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ at row ``b * block_rows + h * head_rows + s``, column ``h * head_cols`` (NHD: ``
 Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows
 clamped into ``Q_desc``'s token count and cached keys to the block table's width
 (:func:`prefix_prefill.sequence.sequence_geometry`), so the O/LSE stores (by pointer) and every
-block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each as
-large as its tensor (a block id outside the cache addresses rows outside the view: zeros), and the
+block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each no
+larger than its tensor (a cache's view of rows ends at its last row; a block id outside the cache
+addresses rows outside the view: zeros), and the
 split kernel's gathers clamp block ids into the cache (:func:`paged_kv_offsets.gluon.slot_offset`).
 Rows past the grid and the status report as in :func:`prefix_prefill.kernel._fwd_kernel`
 (:func:`_program_guard`).
