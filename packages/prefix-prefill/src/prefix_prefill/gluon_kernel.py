@@ -24,15 +24,14 @@ at row ``b * block_rows + h * head_rows + s``, column ``h * head_cols`` (NHD: ``
 ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
 ``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
 
-Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows
-clamped into ``Q_desc``'s token count and cached keys to the block table's width
+Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows clamped
+into ``Q_desc``'s token count and cached keys to the block table's width
 (:func:`prefix_prefill.sequence.sequence_geometry`), so the O/LSE stores (by pointer) and every
 block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each no
 larger than its tensor (a cache's view of rows ends at its last row; a block id outside the cache
-addresses rows outside the view: zeros), and the
-split kernel's gathers clamp block ids into the cache (:func:`paged_kv_offsets.gluon.slot_offset`).
-Rows past the grid and the status report as in :func:`prefix_prefill.kernel._fwd_kernel`
-(:func:`_program_guard`).
+addresses rows outside the view: zeros), and the split kernel's gathers clamp block ids into the cache
+(:func:`paged_kv_offsets.gluon.slot_offset`). Rows past the grid and the status report as in
+:func:`prefix_prefill.kernel._fwd_kernel` (:func:`_program_guard`).
 """
 
 from triton.experimental import gluon
@@ -260,8 +259,8 @@ def _producer(
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
     oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``
     (``c_row``/``c_col``: the KV head's row and column in the caches' view of rows, ``kv_col``: its
-    column in the new tokens' rows). Block ``j`` goes to slot
-    ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[a_base
+    column in the new tokens' rows). Block ``j`` goes to slot ``j % NUM_STAGES`` once both consumers
+    released it. Blocks ``j < n_a``: context positions ``[a_base
     + j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc``
     (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc``
     (block [BOX, D]), one per page run, at the rows :func:`paged_kv_offsets.gluon.page_row` computes.
