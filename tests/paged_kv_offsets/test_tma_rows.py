@@ -149,3 +149,13 @@ def test_rejections():
 
     assert tma_rows(nhd(2**27), 2) is None  # 2**31 rows: past int32
     assert tma_rows(nhd(2**27 - 1), 2).rows == 2**31 - PAGE
+
+
+def test_bad_arguments():
+    """A tensor instead of its description, or an element size that is not a positive integer."""
+    cache = _fill((NB, PAGE, HEADS, D))
+    with pytest.raises(TypeError, match="CacheView"):
+        tma_rows(cache, 2)
+    for elem in (0, -2, 2.0):
+        with pytest.raises(ValueError, match="elem_size"):
+            tma_rows(describe_cache(cache, "nhd"), elem)

@@ -161,7 +161,12 @@ def tma_rows(cv: CacheView, elem_size: int) -> TmaRows | None:
     not a multiple of 16 bytes, a block stride (HND: or a head stride) that is not a whole number of
     rows or whose rows overlap the next block's (head's), rows wider than the row stride, no blocks, or
     more than ``2**31 - 1`` rows (TMA coordinates and the kernels' rows are int32). The tensor's base
-    address (16-byte aligned for TMA) is the caller's to check."""
+    address (16-byte aligned for TMA) is the caller's to check. Raises ``TypeError`` for a ``cv`` that is
+    not a :class:`CacheView` and ``ValueError`` for an element size that is not a positive integer."""
+    if not isinstance(cv, CacheView):
+        raise TypeError(f"tma_rows takes a CacheView (describe_cache), got {type(cv).__name__}")
+    if not isinstance(elem_size, int) or elem_size < 1:
+        raise ValueError(f"elem_size must be a positive number of bytes, got {elem_size!r}")
     if cv.layout not in ("nhd", "hnd") or cv.stride_dim != 1 or cv.num_blocks < 1:
         return None
     d, hk, page, st = cv.head_size, cv.num_kv_heads, cv.page_size, cv.stride_slot
