@@ -123,7 +123,7 @@ def test_tma_cache_layouts_fall_back(layout):
     flat = torch.empty(v.numel() + 1, dtype=v.dtype)
     case.v_cache = flat[1:].view(v.shape).copy_(v)  # 2-byte aligned base
     fallback.append(plan.plan(_sm90(case)))
-    # heads 136 bytes apart (NHD: a head's column not 16-byte aligned; HND: 136-byte rows)
+    # heads 136 bytes apart (NHD: heads not adjacent; HND: 136-byte rows)
     case.v_cache = torch.empty(*v.shape[:-1], v.shape[-1] + 4, dtype=v.dtype)[..., :64]
     case.k_cache = torch.empty(*k.shape[:-1], k.shape[-1] + 4, dtype=k.dtype)[..., :64]
     fallback.append(plan.plan(_sm90(case)))

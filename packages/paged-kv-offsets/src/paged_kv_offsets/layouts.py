@@ -143,9 +143,9 @@ def tma_rows(cv: CacheView, elem_size: int) -> TmaRows | None:
     """The view of rows a TMA descriptor takes of an NHD or HND cache described by ``cv`` (elements of
     ``elem_size`` bytes), or None where TMA cannot read the cache as one such view.
 
-    * NHD (``[num_blocks, page, heads, head_size]``): a row is one slot's heads, ``row_stride =
-      stride_slot``, ``head_rows = 0``, ``head_cols = stride_head``, ``row_elems = (heads - 1) *
-      stride_head + head_size`` (at most the row stride; the head stride a multiple of 16 bytes).
+    * NHD (``[num_blocks, page, heads, head_size]``, heads adjacent: ``stride_head = head_size``): a
+      row is one slot's heads, ``row_stride = stride_slot``, ``head_rows = 0``, ``head_cols =
+      head_size``, ``row_elems = heads * head_size`` (at most the row stride).
     * HND (``[num_blocks, heads, page, head_size]``): a row is one head's slot, ``row_stride =
       stride_slot``, ``head_rows = stride_head / stride_slot`` (at least ``page``), ``head_cols = 0``,
       ``row_elems = head_size`` (at most the row stride).
@@ -157,10 +157,10 @@ def tma_rows(cv: CacheView, elem_size: int) -> TmaRows | None:
     descriptor over it stays inside the cache's storage, and row ``rows`` (or any later one) lies past
     its end (a TMA box there reads zeros).
 
-    None for: the split layout, a non-unit feature stride, a row stride (NHD: or a head stride) that is
-    not a multiple of 16 bytes, a block stride (HND: or a head stride) that is not a whole number of
-    rows or whose rows overlap the next block's (head's), rows wider than the row stride, no blocks, or
-    more than ``2**31 - 1`` rows (TMA coordinates and the kernels' rows are int32). The tensor's base
+    None for: the split layout, a non-unit feature stride, NHD heads that are not adjacent, a row stride
+    that is not a multiple of 16 bytes, a block stride (HND: or a head stride) that is not a whole number
+    of rows or whose rows overlap the next block's (head's), rows wider than the row stride, no blocks,
+    or more than ``2**31 - 1`` rows (TMA coordinates and the kernels' rows are int32). The tensor's base
     address (16-byte aligned for TMA) is the caller's to check. Raises ``TypeError`` for a ``cv`` that is
     not a :class:`CacheView` and ``ValueError`` for an element size that is not a positive integer."""
     if not isinstance(cv, CacheView):
@@ -173,11 +173,10 @@ def tma_rows(cv: CacheView, elem_size: int) -> TmaRows | None:
     if st < 1 or (st * elem_size) % 16:
         return None
     if cv.layout == "nhd":
-        # (a size-1 dimension's stride is arbitrary: not read)
-        if hk > 1 and (cv.stride_head < d or (cv.stride_head * elem_size) % 16):
+        if hk > 1 and cv.stride_head != d:  # (a size-1 dimension's stride is arbitrary: not read)
             return None
-        head_rows, head_cols = 0, cv.stride_head if hk > 1 else d
-        row_elems, span = (hk - 1) * head_cols + d, page
+        head_rows, head_cols = 0, d
+        row_elems, span = hk * d, page
     else:
         if hk > 1 and (cv.stride_head % st or cv.stride_head // st < page):
             return None

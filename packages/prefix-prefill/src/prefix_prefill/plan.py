@@ -14,11 +14,11 @@ kernel                  when
                         positive scale or soft-capping, no left window narrower than
                         :data:`GLUON_MIN_WINDOW` keys, pages a multiple of 16, an NHD cache TMA reads
                         as one view of rows (:func:`paged_kv_offsets.tma_rows`: unit feature stride,
-                        16-byte slots, a block stride of whole slots, so FlashInfer's interleaved K/V
-                        pages too; K and V of one geometry, 16-byte aligned bases), and q/k/v rows TMA
-                        can read (unit feature stride, heads adjacent, 16-byte aligned); ALiBi, sinks,
-                        soft-capping, a left window (a right one is moot under causality) and
-                        skip_decode are its constexprs
+                        a slot's heads adjacent, 16-byte slots, a block stride of whole slots, so
+                        FlashInfer's interleaved K/V pages too; K and V of one geometry, 16-byte
+                        aligned bases), and q/k/v rows TMA can read (unit feature stride, heads
+                        adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, a left window (a right
+                        one is moot under causality) and skip_decode are its constexprs
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
