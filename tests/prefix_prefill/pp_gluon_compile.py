@@ -47,7 +47,8 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
         "KCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": f"*{out}", "BlockTable": "*i32",
         "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
-        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", **option_sig(opts),
+        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "block_rows": "i32",
+        "head_rows": "i32", "head_cols": "i32", **option_sig(opts),
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)

@@ -1,6 +1,6 @@
-"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over an NHD paged cache (``_gluon_fwd_kernel``),
-warp-specialised, and the program and segment helpers it shares with the split-cache kernel
-(:mod:`prefix_prefill.gluon_split_kernel`).
+"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over an NHD or HND paged cache
+(``_gluon_fwd_kernel``), warp-specialised, and the program and segment helpers it shares with the
+split-cache kernel (:mod:`prefix_prefill.gluon_split_kernel`).
 
 The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches: query row ``r`` of a
 sequence (new token ``r``, at position ``ctx_len + r``) sees every cached context key and the new tokens
@@ -17,19 +17,22 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
 
-Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) with
-pages contiguous and 16-byte rows, seen as ``[num_blocks * page_size, num_kv_heads * head_size]``; q,
-k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
+Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
+``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
+:func:`paged_kv_offsets.tma_rows` (``[rows, row_elems]``): slot ``s`` of block ``b`` and KV head ``h``
+at row ``b * block_rows + h * head_rows + s``, column ``h * head_cols`` (NHD: ``head_rows = 0``; HND:
+``head_cols = 0``), runtime integers, so both layouts run one compiled kernel; q, k, v as
+``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
 ``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
 
-Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows
-clamped into ``Q_desc``'s token count and cached keys to the block table's width
+Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows clamped
+into ``Q_desc``'s token count and cached keys to the block table's width
 (:func:`prefix_prefill.sequence.sequence_geometry`), so the O/LSE stores (by pointer) and every
-block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each as
-large as its tensor (a block id outside the cache addresses rows outside the view: zeros), and the
-split kernel's gathers clamp block ids into the cache (:func:`paged_kv_offsets.gluon.slot_offset`).
-Rows past the grid and the status report as in :func:`prefix_prefill.kernel._fwd_kernel`
-(:func:`_program_guard`).
+block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each no
+larger than its tensor (a cache's view of rows ends at its last row; a block id outside the cache
+addresses rows outside the view: zeros), and the split kernel's gathers clamp block ids into the cache
+(:func:`paged_kv_offsets.gluon.slot_offset`). Rows past the grid and the status report as in
+:func:`prefix_prefill.kernel._fwd_kernel` (:func:`_program_guard`).
 """
 
 from triton.experimental import gluon
@@ -287,13 +290,17 @@ def _producer(
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves; ``PAIRED``: the same
     rows of heads ``head`` and ``head + 1``) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``. Block ``j`` goes to slot
-    ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[a_base
+    oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``
+    (``c_row``/``c_col``: the KV head's row and column in the caches' view of rows, ``kv_col``: its
+    column in the new tokens' rows). Block ``j`` goes to slot ``j % NUM_STAGES`` once both consumers
+    released it. Blocks ``j < n_a``: context positions ``[a_base
     + j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc``
     (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc``
-    (block [BOX, D]), one per page run. The rest: new tokens through ``N_desc`` from row ``n_tok0``."""
+    (block [BOX, D]), one per page run, at the rows :func:`paged_kv_offsets.gluon.page_row` computes.
+    The rest: new tokens through ``N_desc`` from row ``n_tok0``."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
-     q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks) = args  # fmt: skip
+     block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end,
+     n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
@@ -306,25 +313,26 @@ def _producer(
         if j < n_a:
             pos0 = a_base + j * BLOCK_N
             if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
-                row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
-                tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
+                row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
+                tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
             elif pos0 % page_size + BLOCK_N <= page_size:  # inside one page
-                row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
-                tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
+                row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
+                tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
             else:
                 for i in gl.static_range(BLOCK_N // BOX):
-                    row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row)
-                    tma.async_copy_global_to_shared(C_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
+                    row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row, block_rows, c_row)
+                    tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
         else:
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "stride_lse_h", "n_bt_cols", "num_blocks",
-                              "max_query_len", "window_left", "window_right"])  # fmt: skip
+@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "block_rows", "head_rows", "head_cols",
+                              "stride_lse_h", "n_bt_cols", "num_blocks", "max_query_len", "window_left",
+                              "window_right"])  # fmt: skip
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc, O, BlockTable, CuSeqlensQ, SeqLens,
-    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h, n_bt_cols,
-    num_blocks, max_query_len, Status,
+    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, block_rows, head_rows,
+    head_cols, Lse, stride_lse_h, n_bt_cols, num_blocks, max_query_len, Status,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     ONE_CONSUMER: gl.constexpr,
@@ -336,7 +344,9 @@ def _gluon_fwd_kernel(
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
-    the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
+    the caches' views of rows (:func:`paged_kv_offsets.tma_rows`) with block [BOX, D];
+    ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]; ``block_rows``, ``head_rows``, ``head_cols``: the
+    views' geometry (the same for K and V), ``oob_row`` a row past both views' ends. With
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
     the rings' shared layout). ``ONE_CONSUMER`` (the quick-compiling form of the compile tiers; launch
     with 8 warps, ``Q_desc`` block ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition,
@@ -368,7 +378,10 @@ def _gluon_fwd_kernel(
     if skip:
         return
     n_blocks, n_a, a_base, _, a_end, _, _, _, b_base, _, _, _ = seg
-    kv_col = (head // group_size) * HEAD_DIM
+    kv_head = head // group_size
+    kv_col = kv_head * HEAD_DIM  # the KV head's column in the new tokens' rows
+    c_row = kv_head * head_rows  # ... its row and column in the caches' views
+    c_col = kv_head * head_cols
     HALF_M: gl.constexpr = BLOCK_M // 2
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
@@ -385,9 +398,11 @@ def _gluon_fwd_kernel(
                  out_scale)  # fmt: skip
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-              page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
+              page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
+              a_end, n_blocks)  # fmt: skip
     v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-              page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
+              page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
+              a_end, n_blocks)  # fmt: skip
     if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
