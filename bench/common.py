@@ -71,9 +71,10 @@ def prefix_problem(
 ) -> dict:  # fmt: skip
     """Sequences of ``(ctx, new)`` tokens (``ctx`` cached + ``new`` query tokens each) in a paged cache
     ("split": vLLM's ``[blocks, H, D/8, page, 8]`` / ``[blocks, H, D, page]``; "nhd": ``[blocks, page,
-    H, D]``) with shuffled block ids and ``spare`` unused blocks; a block-table row past its sequence's
-    pages holds 0 (never read). Keys: q, k, v (the new tokens, packed), k_cache, v_cache, block_table,
-    cu, seq_lens (int32 tensors on ``device``), pages (per sequence, a list)."""
+    H, D]``; "hnd": ``[blocks, H, page, D]``) with shuffled block ids and ``spare`` unused blocks; a
+    block-table row past its sequence's pages holds 0 (never read). Keys: q, k, v (the new tokens,
+    packed), k_cache, v_cache, block_table, cu, seq_lens (int32 tensors on ``device``), pages (per
+    sequence, a list)."""
     pages = [-(-(c + n) // page) for c, n in seqs]
     nb = sum(pages) + spare
     total = sum(n for _, n in seqs)
@@ -86,8 +87,10 @@ def prefix_problem(
         k_cache, v_cache = randn(nb, kv_heads, head_dim // 8, page, 8), randn(nb, kv_heads, head_dim, page)
     elif layout == "nhd":
         k_cache, v_cache = randn(nb, page, kv_heads, head_dim), randn(nb, page, kv_heads, head_dim)
+    elif layout == "hnd":
+        k_cache, v_cache = randn(nb, kv_heads, page, head_dim), randn(nb, kv_heads, page, head_dim)
     else:
-        raise ValueError(f"layout must be 'split' or 'nhd', got {layout!r}")
+        raise ValueError(f"layout must be 'split', 'nhd' or 'hnd', got {layout!r}")
     perm = torch.randperm(nb, generator=gen) if gen is not None else torch.randperm(nb)
     table = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
     at = 0

@@ -1,8 +1,8 @@
 """What each model feature costs against the plain call, for both kernel packages (issue 46's table).
 
     python bench/feature_cost.py --out DIR [--quick] [--rounds N] [--packages prefix,window]
-                                 [--layouts nhd,split] [--pages 16,1056] [--heads 128,256] [--features a,b]
-                                 [--set NAME=V ...]
+                                 [--layouts nhd,split,hnd] [--pages 16,1056] [--heads 128,256]
+                                 [--features a,b] [--set NAME=V ...]
     python bench/feature_cost.py --smoke --out DIR      # CPU: Triton interpreter, tiny shapes, fp16
 
 Writes DIR/feature_cost.{csv,md}, rewritten after each group (package, layout, page, head) so that a run
@@ -11,16 +11,17 @@ cut by its time limit keeps what it measured; prints one line per row.
 Problems (bf16, block tables a random permutation of the block ids):
   prefix  head 128: 8 sequences of 4096 cached + 4096 new tokens, 32 q / 8 kv heads;
           head 256: 4 sequences of 8192 cached + 2048 new tokens, 16 q / 2 kv heads;
-          vLLM's split cache and the NHD cache, pages 16 and 1056 (``prefix_prefill.prefix_prefill``
-          with ``kv_layout``; ``skip_decode`` through ``context_attention_fwd``, split cache only)
+          vLLM's split cache and the NHD cache (``--layouts``: the HND cache too), pages 16 and 1056
+          (``prefix_prefill.prefix_prefill`` with ``kv_layout``; ``skip_decode`` through
+          ``context_attention_fwd``, split cache only)
   window  one 8192-token causal sequence: head 128 with 32 q / 8 kv heads, head 256 with 16 / 2
           (``window_prefill.window_prefill``)
 
 Features (one row each; ``plain`` first): fp8 e4m3 / e5m2 KV caches with per-tensor scales, sinks (both
-modes in window-prefill), soft-capping 50, ALiBi, sliding windows left 4095, 1023, 511 and 127 (the
-narrow ones measure the plans' width rule), ``skip_decode``, the LSE, and the combinations real models
-use: window 127 + sinks (gpt-oss sliding layers), soft-capping + window 4095 (Gemma 2 local layers), fp8
-cache + window 4095, window 4095 + sinks.
+modes in window-prefill), soft-capping 50, ALiBi, non-causal prefix calls, sliding windows left 4095,
+1023, 511 and 127 (the narrow ones measure the plans' width rule), ``skip_decode``, the LSE, and the
+combinations real models use: window 127 + sinks (gpt-oss sliding layers), soft-capping + window 4095
+(Gemma 2 local layers), fp8 cache + window 4095, window 4095 + sinks.
 
 Columns: ``kernel`` and ``reason`` are the plan's (``explain()``); ``ms`` the median over ``--rounds``
 passes (>= 3; the row order rotated each pass, every pass in ``rounds_ms``) of
@@ -30,8 +31,8 @@ plain call's; ``ms_ratio`` its time over the plain call's; ``cost`` its time ove
 work at the plain call's TFLOP/s (``ms_ratio / work``: the ratio for a feature that keeps the work, the
 inverse of the TFLOP/s ratio for a window); ``bound`` issue 46's acceptance bound on ``cost`` (1.05 a
 feature; 1.0 an fp8 cache, against the bf16 cache; 1 / 0.9 a window whose rows see >= 2048 keys; 1.3 a
-narrower window) and ``meets`` whether the row is within it; ``vs_nhd`` a split row's time over the
-NHD row's of the same page, head and feature (issue 46: <= 1.05).
+narrower window) and ``meets`` whether the row is within it; ``vs_nhd`` a split or HND row's time over
+the NHD row's of the same page, head and feature (issue 46: <= 1.05).
 
 ``--set NAME=V``: an int or boolean constant of ``prefix_prefill.plan`` and/or ``window_prefill.plan``
 (whichever has it) set before the first call, e.g. ``--set GLUON_MIN_WINDOW=1 --set _GLUON_MIN_WIDTH=1``
@@ -68,7 +69,8 @@ WIDE_KEYS = 2048  # issue 46: a window whose rows see at least this many keys ke
 class Feature:
     """One row's options. ``window``: the left window (causal calls), -1 off; ``sinks``: a sinks mode
     (``"denominator"``, or ``"bias_key0"`` in window-prefill), None off; ``fp8``: the KV cache's fp8
-    format (``"e4m3"``, ``"e5m2"``), None a bf16 cache."""
+    format (``"e4m3"``, ``"e5m2"``), None a bf16 cache; ``causal`` False: every new token sees every other
+    (prefix-prefill only)."""
 
     name: str
     window: int = -1
@@ -78,6 +80,7 @@ class Feature:
     fp8: str | None = None
     skip_decode: bool = False
     lse: bool = False
+    causal: bool = True
 
     def bound(self) -> float:
         """Issue 46's acceptance bound on the row's ``cost``."""
@@ -99,6 +102,7 @@ PREFIX = [
     Feature("window511", window=511),
     Feature("window1023", window=1023),
     Feature("skip_decode", skip_decode=True),
+    Feature("noncausal", causal=False),
     Feature("lse", lse=True),
     Feature("window127+sinks", window=127, sinks="denominator"),
     Feature("softcap50+window4095", window=4095, softcap=50.0),
@@ -190,7 +194,7 @@ def prefix_entries(layout: str, page: int, head: int, features: list[Feature], d
             kc, vc = fp8_caches[f.fp8]
             scales = {"k_scale": 0.25, "v_scale": 0.25}
         out = torch.empty_like(q)
-        kw = dict(window=(f.window, -1), softcap=f.softcap, kv_layout=layout, **scales,
+        kw = dict(window=(f.window, -1), softcap=f.softcap, kv_layout=layout, causal=f.causal, **scales,
                   **per_head(heads, device, f))  # fmt: skip
         args = (q, k, v, kc, vc, prob["block_table"], prob["cu"], prob["seq_lens"], new)
         if f.lse:
@@ -211,7 +215,8 @@ def prefix_entries(layout: str, page: int, head: int, features: list[Feature], d
                 prefix_prefill(*args, out=out, **kw)
                 return out
 
-        flops = visible_pairs(ctx, new, f.window) * batch * heads * 4.0 * head
+        pairs = visible_pairs(ctx, new, f.window) if f.causal else new * (ctx + new)
+        flops = pairs * batch * heads * 4.0 * head
         entries.append((f, fn, plan, flops))
     return entries
 
@@ -291,11 +296,11 @@ def time_group(group: dict, entries: list, rounds: int, reps: dict) -> list[dict
 
 
 def fill_vs_nhd(rows: list[dict]) -> None:
-    """``vs_nhd`` of every split row whose NHD twin (same page, head, feature) was measured."""
+    """``vs_nhd`` of every split or HND row whose NHD twin (same page, head, feature) was measured."""
     nhd = {(r["page"], r["head"], r["feature"]): r["ms"] for r in rows if r["layout"] == "nhd"}
     for r in rows:
         twin = nhd.get((r["page"], r["head"], r["feature"]))
-        if r["layout"] == "split" and twin:
+        if r["layout"] in ("split", "hnd") and twin:
             r["vs_nhd"] = r["ms"] / twin
 
 
@@ -334,13 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes, fp16")
     ap.add_argument("--rounds", type=int, default=3, help="timing passes (>= 3; medians reported)")
     ap.add_argument("--packages", default="prefix,window")
-    ap.add_argument("--layouts", default="nhd,split", help="prefix caches (split rows after NHD: vs_nhd)")
+    ap.add_argument("--layouts", default="nhd,split",
+                    help="prefix caches: nhd, split, hnd (split and HND rows after NHD: vs_nhd)")  # fmt: skip
     ap.add_argument("--pages", default=None, help="prefix page sizes (default 16,1056; --quick 16)")
     ap.add_argument("--heads", default=None, help="head sizes (default 128,256; --quick 128)")
     ap.add_argument("--features", default=None, help="comma list of feature names (plain always runs)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
                     help="a plan constant of either package (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
+    if not set(args.layouts.split(",")) <= {"nhd", "split", "hnd"}:
+        ap.error(f"--layouts {args.layouts!r}: a comma list of nhd, split, hnd")
     apply_sets(args.set, ap.error)
     if args.rounds < 3 and not args.smoke:
         ap.error("--rounds must be >= 3 (issue 46: medians of at least 3 rounds)")

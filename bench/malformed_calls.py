@@ -4,13 +4,13 @@ checker:
     compute-sanitizer --tool memcheck --error-exitcode 1 python bench/malformed_calls.py
 
 What it checks: both packages' public functions (``prefix_prefill``, its ``context_attention_fwd``,
-``window_prefill``, its ``context_attention_fwd``) over every cache layout (NHD, vLLM's split, HND)
-and every kernel a plan picks on an H200 (the Gluon kernels ``gluon-nhd``, ``gluon-split`` at heads 64,
-128 and 256, ``gluon`` of window-prefill, and the Triton kernels; each problem's plan is checked with
-``explain()``), called with each kind of malformed device metadata: block ids past the cache,
-negative or huge, a block table too narrow for ``seq_lens``, ``seq_lens`` past the table, shorter than
-the query or negative, ``cu_seqlens`` decreasing, negative or past the tokens, vLLM's start/length form
-with negative or overlong entries, max lengths too small or 0, and all at once. For every call: no
+``window_prefill``, its ``context_attention_fwd``) over every cache layout (NHD, vLLM's split, HND) and
+every kernel a plan picks on an H200 (the Gluon kernels ``gluon-nhd``, ``gluon-hnd``, ``gluon-split`` at
+heads 64, 128 and 256, ``gluon`` of window-prefill, and the Triton kernels; each problem's plan is
+checked with ``explain()``), called with each kind of malformed device metadata: block ids past the
+cache, negative or huge, a block table too narrow for ``seq_lens``, ``seq_lens`` past the table, shorter
+than the query or negative, ``cu_seqlens`` decreasing, negative or past the tokens, vLLM's start/length
+form with negative or overlong entries, max lengths too small or 0, and all at once. For every call: no
 memcheck error (the run's exit status), no NaN/Inf in any row a sequence spans (the output is
 NaN-poisoned first; spans as the kernels clamp them), the rows past a too small max length's grid
 exactly 0, the ``status=`` tensor holding the malformation's bit (:mod:`prefill_runtime.status`), and
@@ -77,15 +77,20 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- prefix-prefill
-# name: (form, layout, head, heads, kv, page, new tokens from the cache, cache, left window, ALiBi,
-#        short queries, plan on sm90, also without status=); short queries (every query <= 64 rows) take
-#        the short-query forms: the Gluon kernels' paired heads (an even group, the idle grid more than
-#        one wave: 64 heads x 3 sequences) or idle second warpgroup (odd group), the Triton kernel's
+# name: (form, layout, head, heads, kv, page, new tokens from the cache, cache, left window (or a
+#        non-causal call's (left, right) window, "py" form), ALiBi, short queries, plan on sm90, also
+#        without status=); a layout "L-interleaved": NHD / HND caches whose K and V pages interleave in
+#        one FlashInfer-style ``[num_blocks, 2, ...]`` allocation; short queries (every query <= 64 rows)
+#        take the short-query forms: the Gluon kernels' paired heads (an even group, the idle grid more
+#        than one wave: 64 heads x 3 sequences) or idle second warpgroup (odd group), the Triton kernel's
 #        packed GQA rows
 # fmt: off
 PREFIX = {
     "pp-gluon-nhd": ("py", "nhd", 128, 4, 2, 16, False, None, -1, False, False, "gluon-nhd", True),
     "pp-gluon-nhd-kvcache": ("py", "nhd", 64, 2, 1, 32, True, None, -1, False, False, "gluon-nhd", False),
+    "pp-gluon-hnd": ("py", "hnd", 128, 4, 2, 16, False, None, -1, False, False, "gluon-hnd", True),
+    "pp-gluon-hnd-interleaved": ("py", "hnd-interleaved", 64, 4, 1, 16, True, None, -1, False, False,
+                                 "gluon-hnd", False),
     "pp-gluon-split-128": ("vllm", "split", 128, 4, 2, 16, False, None, -1, False, False, "gluon-split",
                            True),
     "pp-gluon-split-64": ("vllm", "split", 64, 4, 1, 16, False, None, -1, False, False, "gluon-split", False),
@@ -100,6 +105,10 @@ PREFIX = {
     "pp-gluon-split-short": ("vllm", "split", 128, 3, 1, 16, False, None, -1, False, True, "gluon-split",
                              True),
     "pp-triton-fp8-short": ("vllm", "split", 128, 8, 2, 16, False, "fp8", -1, False, True, "triton", True),
+    "pp-gluon-nhd-noncausal": ("py", "nhd", 128, 4, 2, 16, False, None, (-1, 40), True, False, "gluon-nhd",
+                               True),
+    "pp-gluon-split-noncausal": ("py", "split", 128, 4, 2, 16, True, None, (-1, -1), False, False,
+                                 "gluon-split", False),
 }
 # fmt: on
 TINY_PREFIX = ("pp-gluon-nhd", "pp-gluon-split-128", "pp-triton-kvcache")  # (as Triton plans, head 32)
@@ -116,6 +125,7 @@ def _pp_seqs(short: bool) -> list[tuple[int, int]]:
 def _pp_base(spec) -> dict:
     """A well-formed call of problem ``spec`` (host index tensors; device tensors otherwise)."""
     layout, d, heads, kv, page, from_cache, cache, _, alibi, short = spec[1:11]
+    layout, _, interleaved = layout.partition("-")
     dt = torch.bfloat16 if GPU else torch.float16
     if not GPU:  # the interpreter: small heads
         d, heads, kv = 32, 2, 1
@@ -135,8 +145,7 @@ def _pp_base(spec) -> dict:
         "q": _exact(torch.randn(total, heads, d).to(dt)),
         "k": None if from_cache else _exact(torch.randn(total, kv, d).to(dt)),
         "v": None if from_cache else _exact(torch.randn(total, kv, d).to(dt)),
-        "k_cache": _exact(torch.randn(k_shape).to(store)),
-        "v_cache": _exact(torch.randn(v_shape).to(store)),
+        **_caches(k_shape, v_shape, store, bool(interleaved)),
         "alibi": _exact(torch.rand(heads) * 0.2) if alibi else None,
         "table": table,
         "cu": _i32(cu),
@@ -144,6 +153,18 @@ def _pp_base(spec) -> dict:
         "max_len": max(q_lens),
         "nb": sum(pages),
     }
+
+
+def _caches(k_shape, v_shape, store, interleaved: bool) -> dict:
+    """``k_cache``/``v_cache`` of the shapes, each its own allocation, or (``interleaved``, one shape)
+    the two halves ``kv[:, 0]``/``kv[:, 1]`` of one ``[num_blocks, 2, ...]`` allocation."""
+    if not interleaved:
+        return {
+            "k_cache": _exact(torch.randn(k_shape).to(store)),
+            "v_cache": _exact(torch.randn(v_shape).to(store)),
+        }
+    kv = _exact(torch.randn(k_shape[0], 2, *k_shape[1:]).to(store))
+    return {"k_cache": kv[:, 0], "v_cache": kv[:, 1]}
 
 
 def _pp_cases(c: dict) -> list[tuple[str, dict, int]]:
@@ -182,9 +203,16 @@ def _pp_cases(c: dict) -> list[tuple[str, dict, int]]:
     ]  # fmt: skip
 
 
+def _pp_window(spec) -> dict:
+    """``prefix_prefill``'s window (and ``causal``) keywords of problem ``spec``."""
+    if isinstance(spec[8], tuple):
+        return {"window": spec[8], "causal": False}
+    return {"window": (spec[8], -1)}
+
+
 def _pp_call(spec, c: dict, meta: dict, out: torch.Tensor, **kw) -> None:
     """Problem ``spec``'s call on ``c`` with the index tensors of ``meta`` (device, exact)."""
-    form, layout, cache, left = spec[0], spec[1], spec[7], spec[8]
+    form, layout, cache, left = spec[0], spec[1].partition("-")[0], spec[7], spec[8]
     fp8 = cache == "fp8"
     if form == "vllm":
         one = torch.ones(1, device=DEV)
@@ -195,14 +223,14 @@ def _pp_call(spec, c: dict, meta: dict, out: torch.Tensor, **kw) -> None:
                **kw)  # fmt: skip
     else:
         prefix_prefill(c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], meta["table"], meta["cu"],
-                       meta["seq_lens"], meta["max_len"], window=(left, -1), alibi_slopes=c["alibi"],
-                       kv_layout=layout, out=out, **kw)  # fmt: skip
+                       meta["seq_lens"], meta["max_len"], alibi_slopes=c["alibi"], kv_layout=layout, out=out,
+                       **_pp_window(spec), **kw)  # fmt: skip
 
 
 def _pp_plan(spec, c: dict):
     return pp_explain(c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], _exact(c["table"]), _exact(c["cu"]),
-                      _exact(c["seq_lens"]), c["max_len"], window=(spec[8], -1), alibi_slopes=c["alibi"],
-                      kv_layout=spec[1])  # fmt: skip
+                      _exact(c["seq_lens"]), c["max_len"], alibi_slopes=c["alibi"],
+                      kv_layout=spec[1].partition("-")[0], **_pp_window(spec))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- window-prefill

@@ -7,8 +7,9 @@ changed (``--set NAME=VALUE``), never module globals::
     with overridden("prefix_prefill", {"PREFETCH_IDS": False}, kernel="triton"):
         prefix_prefill(...)
 
-``kernel``: override only plans of this kernel (``"triton"``, ``"gluon-nhd"``, ``"gluon-split"``,
-``"gluon"``); None: every plan that has the constexpr. Values are Python literals (``NAME=0``, ``True``,
+``kernel``: override only plans of this kernel (``"triton"``, ``"gluon-nhd"``, ``"gluon-hnd"``,
+``"gluon-split"``; ``"gluon"``: every Gluon plan, ``"gluon-tma"``: the NHD/HND kernel's two plans, one
+compiled kernel); None: every plan that has the constexpr. Values are Python literals (``NAME=0``, ``True``,
 ``3``). The packages' caches of call signatures and compiled variants are keyed by the plan, so the two
 settings never share an entry; the signature and plan caches are cleared on entry and exit.
 """
@@ -19,6 +20,14 @@ import ast
 import contextlib
 import importlib
 import importlib.util
+
+# kernel filters that name several plans
+_KERNELS = {"gluon-tma": ("gluon-nhd", "gluon-hnd")}
+
+
+def _matches(kernel: str, planned: str) -> bool:
+    """Whether the filter ``kernel`` (module docstring) names the plan of kernel ``planned``."""
+    return planned == kernel or planned.startswith(f"{kernel}-") or planned in _KERNELS.get(kernel, ())
 
 
 def parse_sets(sets: list[str], error) -> dict:
@@ -62,7 +71,7 @@ def overridden(package: str, consts: dict, kernel: str | None = None):
 
     def plan(problem):
         chosen = real(problem)
-        if kernel is not None and chosen.kernel != kernel and not chosen.kernel.startswith(f"{kernel}-"):
+        if kernel is not None and not _matches(kernel, chosen.kernel):
             return chosen
         names = dict(chosen.constexprs)
         change = {n: v for n, v in consts.items() if n in names}

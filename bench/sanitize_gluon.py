@@ -91,6 +91,12 @@ PREFIX_SHORT = [
     ("split", 64, 16, False, False, "gluon-split", False, (6, 2)),
     ("split", 256, 16, False, False, "gluon-split", False, (6, 2)),
     ("split", 128, 16, False, True, "gluon-split", True, (6, 2)),
+    ("hnd", 128, 16, False, True, "gluon-hnd", True, (32, 8)),
+]
+# HND caches on the NHD/HND kernel (numbered after the cases above, which keep their numbers)
+PREFIX_HND = [
+    ("hnd", 128, 544, False, True, "gluon-hnd"),
+    ("hnd", 256, 16, True, False, "gluon-hnd"),
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -122,6 +128,9 @@ def _prefix_case(
     if layout == "split":
         k_cache = torch.randn(nb, hk, d // 8, page, 8, device=DEV).to(DT)
         v_cache = torch.randn(nb, hk, d, page, device=DEV).to(DT)
+    elif layout == "hnd":
+        k_cache = torch.randn(nb, hk, page, d, device=DEV).to(DT)
+        v_cache = torch.randn(nb, hk, page, d, device=DEV).to(DT)
     else:
         k_cache = torch.randn(nb, page, hk, d, device=DEV).to(DT)
         v_cache = torch.randn(nb, page, hk, d, device=DEV).to(DT)
@@ -200,7 +209,8 @@ def _cases() -> list[tuple[str, object, tuple]]:
          f"{c[7][0]}/{c[7][1]} ({'paired' if c[7][0] // c[7][1] % 2 == 0 else 'idle'})"
          f"{' all options' if c[6] else ''}", _prefix_case, (*c[:7], True, c[7]))
         for c in PREFIX_SHORT
-    ]  # fmt: skip
+    ] + [(f"prefix {c[0]} d{c[1]} page {c[2]} from_cache={c[3]} lse={c[4]}", _prefix_case, c)
+         for c in PREFIX_HND]  # fmt: skip
 
 
 # --consan-all variants: (extra arguments, extra environment) of a child process

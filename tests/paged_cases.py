@@ -153,3 +153,16 @@ def make_case(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+
+
+def interleave_pages(case: Case) -> Case:
+    """``case``'s K and V caches (NHD or HND) rebuilt as the two halves of one FlashInfer-style tensor
+    ``kv = [num_blocks, 2, ...]`` (``k_cache = kv[:, 0]``, ``v_cache = kv[:, 1]``: each block's K page,
+    then its V page; block stride twice a page's elements), the same values; ``case.extra["kv"]`` holds
+    ``kv``. Returns ``case``."""
+    if case.layout not in ("nhd", "hnd"):
+        raise ValueError(f"interleaved pages are NHD or HND caches, not {case.layout!r}")
+    kv = torch.stack([case.k_cache, case.v_cache], dim=1)
+    case.k_cache, case.v_cache = kv[:, 0], kv[:, 1]
+    case.extra["kv"] = kv
+    return case

@@ -332,7 +332,7 @@ def launches(case: Case) -> list[Launch]:
         raise RuntimeError(f"{case.label()}: {len(got)} launches recorded, expected 1")
     kernel, planned = got[0].kernel.__name__, got[0].plan.kernel
     expected = {"triton": "_fwd_kernel", "gluon": "_gluon_fwd_kernel", "gluon-nhd": "_gluon_fwd_kernel",
-                "gluon-split": "_gluon_split_kernel"}[planned]  # fmt: skip
+                "gluon-hnd": "_gluon_fwd_kernel", "gluon-split": "_gluon_split_kernel"}[planned]  # fmt: skip
     if kernel != expected:
         raise RuntimeError(f"{case.label()}: plan {planned!r} but {kernel} was launched")
     return got

@@ -205,7 +205,7 @@ def _gluon_note() -> str:
     from cc_targets import GLUON_SPILL_BYTES
 
     parts = []
-    for package, kernels in (("prefix", "gluon-nhd, gluon-split"), ("window", "gluon")):
+    for package, kernels in (("prefix", "gluon-nhd, gluon-hnd, gluon-split"), ("window", "gluon")):
         offered, why = cc_matrix.gluon_offered(package)
         mode = f"bind ({GLUON_SPILL_BYTES} B)" if offered else "are informational"
         parts.append(f"{package} ({kernels}): spill verdicts {mode}: {why}.")

@@ -53,7 +53,7 @@ def test_window_repeat_calls(head, window):
                                                       ("split", 256, 16), ("nhd", 64, 16)])  # fmt: skip
 def test_prefix_repeat_calls(layout, head, page):
     """prefix_prefill (and vLLM's form on the split layout) over contexts, batches and token counts,
-    k given and read from the cache: the Gluon kernels (sm90, 16-bit) and the Triton one (HND)."""
+    k given and read from the cache: the Gluon kernels (sm90, 16-bit; HND caches on the NHD/HND one)."""
     for seqs in ([(30, 20)], [(600, 100), (0, 33)], [(17, 1), (1000, 300), (5, 5)]):
         for from_cache in (False, True):
             c = paged_case(seqs, heads=8, kv_heads=2, head=head, page=page, dtype=torch.bfloat16,
@@ -66,7 +66,8 @@ def test_prefix_repeat_calls(layout, head, page):
 
 
 @pytest.mark.parametrize(("entry", "layout", "head"), [("pp", "split", 128), ("pp", "nhd", 128),
-                                                       ("pp", "split", 256), ("wp", None, 128)])  # fmt: skip
+                                                       ("pp", "hnd", 128), ("pp", "split", 256),
+                                                       ("wp", None, 128)])  # fmt: skip
 def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
     """The warm path as shipped (no verify: per-call descriptors made light, the caches' descriptors kept
     in a frame per (key, cache pointers), Triton 3.6's C launcher called directly): a signature's first call
@@ -94,7 +95,8 @@ def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
     assert compare(first, ref(a))
     assert gluon_launch.finish_compiles(timeout=300)  # (then the full form's first call: through Triton)
     assert torch.equal(run(a), first)
-    fast = {"wp": wp_launch._GLUON, "split": gluon_launch._SPLIT, "nhd": gluon_launch._NHD}[layout or entry]
+    fast = {"wp": wp_launch._GLUON, "split": gluon_launch._SPLIT, "nhd": gluon_launch._NHD,
+            "hnd": gluon_launch._NHD}[layout or entry]  # fmt: skip
     assert len(fast) == 1  # compiled: the calls below launch it directly
     assert torch.equal(run(a), first)
     assert compare(run(b), ref(b))
@@ -125,7 +127,13 @@ def _fewer_tokens(c, keep: list[int], new: list[int]):
 
 @pytest.mark.parametrize(
     ("layout", "head", "from_cache"),
-    [("split", 128, False), ("split", 128, True), ("nhd", 128, False), ("split", 256, False)],
+    [
+        ("split", 128, False),
+        ("split", 128, True),
+        ("nhd", 128, False),
+        ("hnd", 128, True),
+        ("split", 256, False),
+    ],
 )
 def test_frames_follow_new_tokens(layout, head, from_cache, monkeypatch):
     """The shipped warm path (no verify) over one layer's caches, step after step: a frame made by one

@@ -46,7 +46,8 @@ def test_ab_prefix_smoke():
 def test_plan_override_changes_one_constexpr():
     """bench/plan_override.py, the ``--set NAME=V`` A/B of bench/prefix_prefill.py and
     bench/window_prefill.py: inside the block each package's calls run their plan with the constexpr
-    changed (a switch that changes no arithmetic: bitwise-equal outputs); after it, the plan as shipped."""
+    changed (a switch that changes no arithmetic: bitwise-equal outputs); after it, the plan as shipped;
+    the ``kernel`` filter's matches."""
     import torch
 
     import prefix_prefill
@@ -81,6 +82,12 @@ def test_plan_override_changes_one_constexpr():
         changed = prefix_prefill.prefix_prefill(*pargs, max_query_len=8)
     assert prefix_prefill.explain(*pargs, max_query_len=8).consts()["PREFETCH_IDS"] is shipped
     assert torch.equal(plain, changed)
+    # the kernel filter: a plan's own kernel, a family by its prefix, the NHD/HND kernel's two plans
+    for kernel, planned, hit in (("gluon-nhd", "gluon-nhd", True), ("gluon-nhd", "gluon-hnd", False),
+                                 ("gluon", "gluon-hnd", True), ("gluon-tma", "gluon-hnd", True),
+                                 ("gluon-tma", "gluon-nhd", True), ("gluon-tma", "gluon-split", False),
+                                 ("triton", "gluon-nhd", False)):  # fmt: skip
+        assert po._matches(kernel, planned) is hit, (kernel, planned)
 
 
 def test_first_call_smoke(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from conftest import poison
-from paged_cases import FP8_E4M3, FP8_E5M2, Case, make_case  # noqa: F401  (re-exported)
+from paged_cases import FP8_E4M3, FP8_E5M2, Case, interleave_pages, make_case
 
 from attn_reference import paged_prefix_attention
 from paged_kv_offsets import describe_kv_cache
@@ -30,6 +30,21 @@ def reference(case: Case, **kw) -> torch.Tensor:
         fp8_dtype=case.fp8_dtype,
         **kw,
     )
+
+
+#: the cache layouts of the Gluon tests by id: make_case's, and NHD / HND caches whose K and V pages
+#: interleave in one FlashInfer-style tensor (:func:`paged_cases.interleave_pages`)
+INTERLEAVED = ("nhd-interleaved", "hnd-interleaved")
+
+
+def make_layout_case(seqs: list[tuple[int, int]], *, layout: str, **kw) -> Case:
+    """:func:`paged_cases.make_case` for a layout id: ``"split"``, ``"nhd"``, ``"hnd"``, or one of
+    :data:`INTERLEAVED` (the case's ``layout`` is then ``"nhd"`` / ``"hnd"``)."""
+    base, _, form = layout.partition("-")
+    if form not in ("", "interleaved"):
+        raise ValueError(f"unknown layout id {layout!r}")
+    case = make_case(seqs, layout=base, **kw)
+    return interleave_pages(case) if form else case
 
 
 def random_seqs(

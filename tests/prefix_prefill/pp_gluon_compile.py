@@ -1,11 +1,12 @@
 """Offline sm90 compiles of prefix-prefill's Gluon kernels (the compile_check tests): the head of the
 scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 
-# compile_nhd(head, box, from_cache, lse, one, llvm_o0, **opts) / compile_split(head, from_cache, lse,
-# v_tma, k_tma, k_wide, one, llvm_o0, **opts): one form of each kernel (bf16, 128-row tiles, the plan's
-# key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8 warps),
-# its score and window options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE; each
-# option's argument typed as the launcher passes it, None where off); returns ``(source, compiled
+# compile_nhd(head, box, from_cache, lse, one, llvm_o0, out, **opts) / compile_split(head, from_cache, lse,
+# v_tma, k_tma, k_wide, one, llvm_o0, out, **opts): one form of each kernel (bf16, 128-row tiles, the
+# plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8
+# warps; ``out``: O's Triton type, bf16 or an fp8 one with OUT_MAX in ``opts``), its score and window
+# options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX;
+# each option's argument typed as the launcher passes it, None where off); returns ``(source, compiled
 # kernel)``.
 PP_COMPILE_HEAD = """
 import prefix_prefill.gluon_launch as itf
@@ -14,8 +15,10 @@ import prefix_prefill.plan as itf_plan
 
 def option_sig(opts):
     on = {"Sinks": opts.get("HAS_SINKS"), "Slopes": opts.get("HAS_ALIBI"), "tanh_scale": opts.get("SOFTCAP"),
-          "window_left": opts.get("HAS_LEFT")}
-    types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32"}
+          "window_left": opts.get("HAS_LEFT"), "window_right": opts.get("HAS_RIGHT"),
+          "OutScale": opts.get("OUT_MAX")}
+    types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32",
+             "window_right": "i32", "OutScale": "*fp32"}
     return {n: types[n] if on[n] else "constexpr" for n in on}
 
 
@@ -29,7 +32,7 @@ def finish(sig, consts, lse):
     consts.update({n: None for n, t in sig.items() if t == "constexpr"})
 
 
-def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, **opts):
+def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16", **opts):
     bn = itf_plan.GLUON_BLOCK_N[head]
     rows = 128 if one else 64
     lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
@@ -42,9 +45,10 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, **opts):
         "KC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
         "VC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
         "KCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
-        "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": "*bf16", "BlockTable": "*i32",
+        "VCB_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>", "O": f"*{out}", "BlockTable": "*i32",
         "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
-        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", **option_sig(opts),
+        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "block_rows": "i32",
+        "head_rows": "i32", "head_cols": "i32", **option_sig(opts),
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)
@@ -52,7 +56,7 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, **opts):
     return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 
 
-def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, **opts):
+def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, out="bf16", **opts):
     lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
     l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
@@ -74,7 +78,7 @@ def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o
         "V_desc": f"tensordesc<bf16[{vn}, {head}],{lvn!r}>",
         "K_cache": f"tensordesc<bf16[8, 64],{lc!r}>" if k_tma else "*bf16",
         "V_cache": f"tensordesc<bf16[{head}, 16],{lv!r}>" if v_tma else "*bf16",
-        "O": "*bf16", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
+        "O": f"*{out}", "BlockTable": "*i32", "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32",
         "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32",
         "kc_block": "i32", "kc_head": "i32", "kc_group": "i32", "vc_block": "i64", "vc_head": "i32",
         "vc_dim": "i32", **option_sig(opts),

@@ -1,19 +1,21 @@
-"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD;
+"""The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and HND caches;
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
-fp8 caches, narrow windows, non-causal calls, pages that are not multiples of 16, non-contiguous NHD
-pages, split caches the gathers cannot read; windows, ALiBi, sinks, soft-capping and skip_decode:
-test_pp_gluon_features.py) and with which settings (K and V by TMA
-or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per head size and page), the split
-kernel's host glue (descriptors, the new tokens' copies, compile tiers) with the kernel replaced by a
-recorder, and that both kernels compile for sm90 with the installed Triton (a subprocess: no GPU
-needed) within one program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned
-outputs for every page-size class (16 .. 2048, powers of two or not), heads 64/128/256, both 16-bit
-dtypes, ragged batches with empty contexts and one-token queries, k given or read from the cache, GQA,
-the LSE, the other form of each choice the plan makes (for caches whose strides take it); every cache
-slot no query may see is NaN and block-table entries past a sequence's need point outside the cache; a
-count proves the kernel ran; negative controls; no recompiles; CUDA-graph replay; compile tiers.
+fp8 caches, narrow windows, non-causal calls, pages that are not multiples of 16, NHD/HND caches TMA
+cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
+pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
+which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
+head size and page), the kernels' host glue (the split kernel's descriptors, the new tokens' copies,
+compile tiers; the NHD/HND kernel's cache descriptors against the rows its producer reads) with the
+kernel replaced by a recorder, and that both kernels compile for sm90 with the installed Triton (a
+subprocess: no GPU needed) within one program's shared memory. sm90 GPU: against the float64 reference
+into NaN-poisoned outputs for every page-size class (16 .. 2048, powers of two or not), heads
+64/128/256, both 16-bit dtypes, ragged batches with empty contexts and one-token queries, k given or
+read from the cache, GQA, the LSE, the other form of each choice the plan makes (for caches whose
+strides take it); every cache slot no query may see is NaN and block-table entries past a sequence's
+need point outside the cache; a count proves the kernel ran; negative controls; no recompiles;
+CUDA-graph replay; compile tiers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import math
 import pytest
 import torch
 from conftest import DEVICE, compile_gluon_for_sm90, compiled_variants, needs_sm90, poison
-from pp_cases import make_case, problem_of, random_seqs, reference, run_py
+from pp_cases import INTERLEAVED, make_case, make_layout_case, problem_of, random_seqs, reference, run_py
 from pp_gluon_compile import PP_COMPILE_HEAD
 
 import prefill_runtime as runtime
@@ -60,12 +62,13 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "hnd", "fp32", "page_8", "narrow_window", "non_causal", "head_96", "no_gluon",
-     "bt_stride", "fp8", "scale"],
+    ["interpreter", "fp32", "page_8", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
+     "fp8", "scale"],
 )  # fmt: skip
-def test_gluon_not_taken(what):
-    """Problems no Gluon kernel takes: the plan names the Triton kernel and says why."""
-    layout = "hnd" if what == "hnd" else "nhd"
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_gluon_not_taken(what, layout):
+    """Problems no Gluon kernel takes (NHD or HND caches): the plan names the Triton kernel and says
+    why."""
     dtype = torch.float32 if what == "fp32" else torch.float16
     page = 8 if what == "page_8" else 16
     head = 96 if what == "head_96" else 128
@@ -77,7 +80,7 @@ def test_gluon_not_taken(what):
     over = {
         "interpreter": {"arch": "interpreter"},
         "narrow_window": {"left": plan.GLUON_MIN_WINDOW - 2},
-        "non_causal": {"causal": False},
+        "narrow_two_sided": {"causal": False, "left": 100, "right": plan.GLUON_MIN_WINDOW - 102},
         "scale": {"scale": -0.5},
         "no_gluon": {"gluon": False},
     }.get(what, {})
@@ -85,19 +88,48 @@ def test_gluon_not_taken(what):
     chosen = plan.plan(p)
     assert chosen.kernel == "triton" and "(" in chosen.reason, chosen
     good = make_case([(20, 5)], num_heads=2, num_kv_heads=1, head_size=128, page=16, dtype=torch.float16,
-                     device="cpu", layout="nhd")  # fmt: skip
+                     device="cpu", layout=layout)  # fmt: skip
     good = problem_of(good, arch="sm90", gluon=True)
-    assert plan.plan(good).kernel == "gluon-nhd"  # the control: the same call without the difference
+    assert plan.plan(good).kernel == f"gluon-{layout}"  # the control: the same call without the difference
 
 
-def test_gluon_not_taken_for_interleaved_pages():
-    """A cache whose pages are not contiguous (vLLM's [num_blocks, 2, page, heads, dim] halves) cannot
-    be one 2-D TMA view: the Triton kernel runs."""
-    case = make_case([(40, 5)], num_heads=2, num_kv_heads=1, head_size=64, page=16, dtype=torch.float16,
-                     device="cpu", layout="nhd")  # fmt: skip
-    both = torch.stack([case.k_cache, case.v_cache], dim=1)  # [blocks, 2, page, heads, dim]
-    case.k_cache, case.v_cache = both[:, 0], both[:, 1]
-    assert plan.plan(_sm90(case)).kernel == "triton"
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+def test_tma_cache_layouts_planned(layout):
+    """NHD and HND caches TMA reads as one view of rows (:func:`paged_kv_offsets.tma_rows`) run the
+    NHD/HND Gluon kernel, ``"gluon-nhd"`` / ``"gluon-hnd"`` by the layout, whatever their block stride:
+    contiguous pages, FlashInfer's interleaved K/V pages (``kv[:, 0]``, ``kv[:, 1]``), vLLM's ``[2,
+    num_blocks, ...]`` halves; the plan's reason names the layout."""
+    case = make_layout_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=64, page=16,
+                            dtype=torch.float16, device="cpu", layout=layout)  # fmt: skip
+    chosen = plan.plan(_sm90(case))
+    assert chosen.kernel == f"gluon-{case.layout}" and f"{case.layout.upper()} cache" in chosen.reason
+    assert chosen.kernel in plan.TMA_KERNELS
+    both = torch.stack([case.k_cache, case.v_cache])  # vLLM's [2, num_blocks, ...]
+    case.k_cache, case.v_cache = both[0], both[1]
+    assert plan.plan(_sm90(case)).kernel == f"gluon-{case.layout}"
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_tma_cache_layouts_fall_back(layout):
+    """Caches TMA cannot read as one view of rows of one geometry keep the Triton kernel, and the reason
+    says so: K contiguous with V's pages interleaved (two block strides; the kernel takes one), a cache
+    whose base is not 16-byte aligned, caches whose heads lie 136 bytes apart."""
+    case = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=64, page=16, dtype=torch.float16,
+                     device="cpu", layout=layout)  # fmt: skip
+    k, v = case.k_cache, case.v_cache
+    fallback = []
+    case.v_cache = torch.stack([v, v], dim=1)[:, 1]  # V interleaved, K not
+    fallback.append(plan.plan(_sm90(case)))
+    flat = torch.empty(v.numel() + 1, dtype=v.dtype)
+    case.v_cache = flat[1:].view(v.shape).copy_(v)  # 2-byte aligned base
+    fallback.append(plan.plan(_sm90(case)))
+    # heads 136 bytes apart (NHD: heads not adjacent; HND: 136-byte rows)
+    case.v_cache = torch.empty(*v.shape[:-1], v.shape[-1] + 4, dtype=v.dtype)[..., :64]
+    case.k_cache = torch.empty(*k.shape[:-1], k.shape[-1] + 4, dtype=k.dtype)[..., :64]
+    fallback.append(plan.plan(_sm90(case)))
+    for chosen in fallback:
+        assert chosen.kernel == "triton", chosen
+        assert f"{layout.upper()} cache or q/k/v rows TMA cannot read" in chosen.reason
 
 
 def _split_case(head=128, dtype=torch.bfloat16, page=16, seqs=((40, 5),), **kw):
@@ -329,6 +361,81 @@ def test_split_launch_host_side(head, from_cache, page, monkeypatch):
         assert list(k_desc.block_shape) == [bn, head]
 
 
+def _producer_reads_every_slot(case, args: tuple, kw: dict, block_rows=None) -> bool:
+    """Whether the NHD/HND kernel's cache descriptors of a recorded launch (``args``/``kw`` as recorded in
+    the kernel's place, descriptors over ``case``'s caches) address every cached slot where the producer
+    reads it: for each sequence, cached position ``pos`` and KV head ``h``, the row
+    ``paged_kv_offsets.gluon.page_row`` forms (``block_table[pos // page] * block_rows + h * head_rows +
+    pos % page``) at column ``h * head_cols``, read through the descriptor's shape and strides over its
+    tensor's storage, holds the cache's features of that slot, for the block-run and the box descriptors
+    of K and V; ``oob_row`` lies past every view. ``block_rows``: a replacement for the launched value
+    (a mutant)."""
+    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel as kernel
+
+    a = dict(zip(kernel.arg_names, args, strict=False)) | kw
+    rows_per_block = a["block_rows"] if block_rows is None else block_rows
+    page, d = case.page, case.q.shape[2]
+    table = case.block_table
+    cached = [c + (n if case.k is None else 0) for c, n in zip(case.ctx_lens, case.q_lens, strict=True)]
+    pairs = (("KC_desc", case.k_cache), ("KCB_desc", case.k_cache), ("VC_desc", case.v_cache),
+             ("VCB_desc", case.v_cache))  # fmt: skip
+    for name, cache in pairs:
+        desc = a[name]
+        assert desc.base.data_ptr() == cache.data_ptr() and list(desc.block_shape)[1] == d
+        assert a["oob_row"] >= desc.shape[0]
+        view = cache.as_strided(tuple(desc.shape), tuple(desc.strides), cache.storage_offset())
+        for b, n in enumerate(cached):
+            if n == 0:
+                continue
+            pos = torch.arange(n)
+            blocks = table[b, pos // page].long()
+            for h in range(cache.shape[2] if case.layout == "nhd" else cache.shape[1]):
+                rows = blocks * rows_per_block + h * a["head_rows"] + pos % page
+                if int(rows.max()) >= desc.shape[0]:
+                    return False
+                col = h * a["head_cols"]
+                got = view[rows, col : col + d]
+                want = cache[blocks, pos % page, h] if case.layout == "nhd" else cache[blocks, h, pos % page]
+                if not torch.equal(got, want):
+                    return False
+    return True
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+@pytest.mark.parametrize("from_cache,page,head", [(False, 16, 128), (True, 32, 64), (False, 544, 64)])
+def test_tma_cache_views_host_side(layout, from_cache, page, head, monkeypatch):
+    """The NHD/HND kernel's host glue on the CPU (the kernel replaced by a recorder): its cache
+    descriptors (``[rows, row_elems]``, strides ``[row_stride, 1]``: the caches' views of rows, block
+    ``[BOX, D]`` and ``[BLOCK_N, D]``) and its ``block_rows``/``head_rows``/``head_cols`` address every
+    cached slot at the row and column the producer computes, ``oob_row`` past the views; the launch
+    binds to the kernel's parameters; NHD and HND take the same constexprs. A mutant whose ``block_rows``
+    is the page size (contiguous NHD's) misreads every other layout."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = make_layout_case([(40, 5), (0, 19), (70, 130), (3 * page + 1, 1)], num_heads=4, num_kv_heads=2,
+                            head_size=head, page=page, dtype=torch.bfloat16, device="cpu", layout=layout,
+                            kv_from_cache=from_cache)  # fmt: skip
+    chosen = plan.plan(_sm90(case))
+    assert chosen.kernel == f"gluon-{case.layout}"
+    assert _launch(case) is True
+    ((_, args, kw),) = rec.calls
+    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel as kernel
+
+    names = kernel.arg_names
+    assert len(args) <= len(names) and set(kw) - {"num_warps"} <= set(names[len(args) :])
+    assert _producer_reads_every_slot(case, args, kw)
+    a = dict(zip(names, args, strict=False))
+    if a["block_rows"] != page:  # HND, interleaved pages: a mutant with contiguous NHD's block rows
+        assert not _producer_reads_every_slot(case, args, kw, block_rows=page)
+    assert (a["head_rows"] == 0) is (case.layout == "nhd") and (a["head_cols"] == 0) is (case.layout == "hnd")
+    nhd = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
+                    device="cpu", layout="nhd", kv_from_cache=from_cache)  # fmt: skip
+    assert plan.plan(_sm90(nhd)).constexprs == chosen.constexprs  # one compiled kernel for both layouts
+
+
 @pytest.mark.parametrize("head,page", [(128, 16), (128, 128), (256, 16)])
 def test_split_launch_tiers(head, page, monkeypatch):
     """Compile tiers (the default): a key's first call launches the quick form (one 8-warp consumer
@@ -469,6 +576,54 @@ for head, box, from_cache in CASES:
     # ... with an even number of query heads a KV head: both warpgroups compute, on two heads
     _, kernel = compile_nhd(head, box, from_cache, False, PAIR_HEADS=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") == n_wgmma
+
+# an HND cache's launch as the launcher builds it (descriptors over the cache's view of rows, the view's
+# integers) on CPU tensors: its arguments' signature is the NHD form's, and it compiles
+import torch
+
+from paged_kv_offsets import describe_kv_cache
+
+HEAD, PAGE = 128, 16
+kv_heads, blocks, tokens = 2, 6, 40
+q = torch.zeros(tokens, 4, HEAD, dtype=torch.bfloat16)
+k, v = torch.zeros(tokens, kv_heads, HEAD, dtype=torch.bfloat16), torch.zeros(tokens, kv_heads, HEAD,
+                                                                               dtype=torch.bfloat16)
+kv = torch.zeros(blocks, 2, kv_heads, PAGE, HEAD, dtype=torch.bfloat16)  # interleaved HND pages
+k_cache, v_cache = kv[:, 0], kv[:, 1]
+kc, vc = describe_kv_cache(k_cache, v_cache, "hnd")
+table, cu, lens = (torch.zeros(1, 4, dtype=torch.int32), torch.tensor([0, tokens], dtype=torch.int32),
+                   torch.tensor([tokens + 9], dtype=torch.int32))
+problem = itf_plan.make_problem(q, k, v, q, k_cache, v_cache, kc, vc, table, arch="sm90", gluon=True,
+                                causal=True, left=-1, right=-1, scale=0.1, alibi=False, sinks=False,
+                                softcap_form=0, skip_decode=False, lse=False)
+chosen = itf_plan.plan(problem)
+assert chosen.kernel == "gluon-hnd", chosen
+args, params, grid = itf._nhd_call(chosen, 0, q, k, v, q, k_cache, v_cache, kc, vc, table, cu, lens, tokens,
+                                   0.1, None, None, itf.PLAIN, True, False)
+names = itf._gluon_fwd_kernel.arg_names
+bound = dict(zip(names, args)) | params
+assert bound["block_rows"] == 2 * kv_heads * PAGE and bound["head_rows"] == PAGE and bound["head_cols"] == 0
+TYPES = {torch.bfloat16: "bf16", torch.int32: "i32"}
+
+
+def arg_type(value):
+    if value is None:
+        return "constexpr"
+    if hasattr(value, "block_shape"):
+        return f"tensordesc<bf16[{', '.join(map(str, value.block_shape))}],{value.layout!r}>"
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    return "fp32" if isinstance(value, float) else "i32"
+
+
+sig = {n: arg_type(a) for n, a in zip(names, args)}
+sig |= {n: "constexpr" for n in ("Sinks", "Slopes", "tanh_scale", "window_left")}
+consts = {n: params[n] for n in params if n not in ("Sinks", "Slopes", "tanh_scale", "window_left")}
+consts |= {n: None for n, t in sig.items() if t == "constexpr"}
+src_nhd, _ = compile_nhd(HEAD, params["BOX"], False, False)
+assert sig == {n: t for n, t in src_nhd.signature.items() if n in sig}, "the HND launch is another kernel"
+_, kernel = compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=4)
+print("hnd launch compiled:", kernel.metadata.num_regs if hasattr(kernel.metadata, "num_regs") else "")
 """
 )
 
@@ -540,21 +695,23 @@ def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full, as its quick form (one 8-warp consumer partition: half the wgmma
     instructions, the consumer compiled once), with an idle second warpgroup (half the wgmma
-    instructions: the second consumer issues none) and with paired heads (all of them); on Triton 3.6
-    the launcher-source guess of
-    prefill_runtime's prebuild matches."""
+    instructions: the second consumer issues none) and with paired heads (all of them); an HND cache
+    with interleaved pages as the launcher passes it (``"gluon-hnd"``: its arguments' types are the NHD
+    form's, the view's geometry runtime integers) compiles too; on Triton 3.6 the launcher-source guess
+    of prefill_runtime's prebuild matches."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 16 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 18 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
 def _nan_unused_slots(case) -> None:
     """NaN into every cache slot no query may read: past each sequence's cached tokens in its pages,
-    and every block no sequence owns (NHD or vLLM's split layout)."""
+    and every block no sequence owns (NHD, HND or vLLM's split layout; interleaved pages through their
+    K and V views)."""
     page = case.page
-    split = case.layout == "split"
+    split, hnd = case.layout == "split", case.layout == "hnd"
     cached = [c + (n if case.k is None else 0) for c, n in zip(case.ctx_lens, case.q_lens, strict=True)]
     used = set()
     table = case.block_table.cpu()
@@ -566,6 +723,9 @@ def _nan_unused_slots(case) -> None:
             if lo < page and split:
                 case.k_cache[blk, :, :, lo:] = float("nan")
                 case.v_cache[blk, :, :, lo:] = float("nan")
+            elif lo < page and hnd:
+                case.k_cache[blk, :, lo:] = float("nan")
+                case.v_cache[blk, :, lo:] = float("nan")
             elif lo < page:
                 case.k_cache[blk, lo:] = float("nan")
                 case.v_cache[blk, lo:] = float("nan")
@@ -586,16 +746,37 @@ def test_gpu_gluon_pages(layout, page, head, dtype, from_cache, gluon_launches):
     new tokens' copies made on the host): every page class, heads 64 / 128 / 256, both 16-bit dtypes,
     k given or read from the cache, ragged batches with empty contexts and one-token queries, GQA, the
     LSE, NaN in every slot no query may read."""
+    _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 544, 1056])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["hnd", *INTERLEAVED])
+def test_gpu_gluon_tma_layouts(layout, page, head, dtype, from_cache, gluon_launches):
+    """The NHD/HND kernel over HND caches (``"gluon-hnd"``) and over FlashInfer's interleaved K/V pages
+    (NHD and HND: blocks twice a page apart, the other half NaN where no query may read), as
+    :func:`test_gpu_gluon_pages` checks NHD: page classes 16 / 544 / 1056, heads 64 / 128 / 256, k
+    given or read from the cache, ragged batches with empty contexts and one-token queries, the LSE."""
+    _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
+
+
+def _check_pages(layout, page, head, dtype, from_cache, gluon_launches) -> None:
+    """One Gluon call on a layout id (``pp_cases.make_layout_case``) against the float64 reference (output
+    and LSE), NaN in every slot no query may read, the plan the layout's Gluon kernel."""
     seqs = [*random_seqs(4, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93)]
-    case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype, device=DEVICE,
-                     layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    case = make_layout_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype,
+                            device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
     ref, ref_lse = reference(case, return_lse=True)
     _nan_unused_slots(case)
+    assert plan.plan(problem_of(case)).kernel == f"gluon-{case.layout}"
     out = poison(torch.empty_like(case.q))
     lse = poison(torch.empty(case.q.shape[1], case.q.shape[0], dtype=torch.float32, device=DEVICE))
     prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
-                   case.seq_lens, case.max_query_len, kv_layout=layout, out=out, return_lse=True, lse=lse,
-                   validate=True)  # fmt: skip
+                   case.seq_lens, case.max_query_len, kv_layout=case.layout, out=out, return_lse=True,
+                   lse=lse, validate=True)  # fmt: skip
     assert len(gluon_launches) == 1, "the Gluon kernel did not run"
     c = compare(out, ref)
     assert c, c
@@ -638,7 +819,7 @@ def test_gpu_gluon_split_forms(form, head, page, from_cache, gluon_launches):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
 def test_gpu_gluon_negative_control(layout, gluon_launches):
     """The harness catches a wrong kernel: another softmax scale differs from the reference."""
     case = make_case([(700, 300), (0, 200)], num_heads=4, num_kv_heads=1, head_size=128, page=16,
@@ -651,13 +832,13 @@ def test_gpu_gluon_negative_control(layout, gluon_launches):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("head", [128, 256])
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
 def test_gpu_gluon_no_recompile_and_graph(layout, head, gluon_launches):
     """Other lengths and batch sizes never recompile it once its two full forms are loaded (two computing
     warpgroups; the second idle, for queries of <= 64 rows); a CUDA graph replays it right (in the split
     layout with the host's copies of the new tokens inside the graph; at head 256 with K and V by TMA,
     the split layout's default there)."""
-    jit = gluon_launch._gluon_fwd_kernel if layout == "nhd" else gluon_launch._gluon_split_kernel
+    jit = gluon_launch._gluon_split_kernel if layout == "split" else gluon_launch._gluon_fwd_kernel
     for seqs in ([(300, 100), (50, 7)], [(300, 40), (50, 7)]):
         case = make_case(seqs, num_heads=8, num_kv_heads=2, head_size=head, page=544, dtype=torch.bfloat16,
                          device=DEVICE, layout=layout)  # fmt: skip
@@ -698,7 +879,7 @@ def test_gpu_gluon_compile_tiers(layout, head, page, gluon_launches, monkeypatch
     form compiles in the background; after ``finish_compiles`` the full form runs; both answer right and
     bit for bit the same; other lengths compile nothing more."""
     monkeypatch.setattr(gluon_launch, "_TIERS", runtime.CompileTiers())
-    jit = gluon_launch._gluon_fwd_kernel if layout == "nhd" else gluon_launch._gluon_split_kernel
+    jit = gluon_launch._gluon_split_kernel if layout == "split" else gluon_launch._gluon_fwd_kernel
     case = make_case([(700, 300), (0, 129), (2000, 64)], num_heads=8, num_kv_heads=2, head_size=head,
                      page=page, dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     ref = reference(case)
@@ -715,6 +896,26 @@ def test_gpu_gluon_compile_tiers(layout, head, page, gluon_launches, monkeypatch
     c = compare(run_py(other), reference(other))
     assert c, c
     assert compiled_variants(jit) == n and len(gluon_launches) == 3
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_nhd_and_hnd_share_one_kernel(gluon_launches, monkeypatch):
+    """NHD, HND and interleaved caches of one head size and page class run one compiled variant of the
+    NHD/HND kernel (the views' geometry is runtime integers): after the NHD call's full form is loaded,
+    the other layouts compile nothing, and answer right."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    jit = gluon_launch._gluon_fwd_kernel
+    seqs = [(700, 300), (0, 129), (2000, 100)]
+    n = None
+    for layout in ("nhd", "hnd", *INTERLEAVED):
+        case = make_layout_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=544,
+                                dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
+        c = compare(run_py(case), reference(case))
+        assert c, (layout, c)
+        n = compiled_variants(jit) if n is None else n
+        assert compiled_variants(jit) == n, layout
+    assert len(gluon_launches) == 4
 
 
 def test_gluon_routing(monkeypatch):

@@ -1,14 +1,15 @@
-"""Prefix-prefill's Gluon kernels (NHD and vLLM's split cache) with the model options: a left sliding
-window (whole key blocks before it never loaded, in the cached context too), ALiBi, sinks, soft-capping
-and skip_decode, alone and together.
+"""Prefix-prefill's Gluon kernels (NHD / HND caches, interleaved pages too, and vLLM's split cache) with
+the model options: a left sliding window (whole key blocks before it never loaded, in the cached context
+too), ALiBi, sinks, soft-capping, skip_decode and non-causal calls (with a window both ways), alone and
+together.
 
 CPU: the plans (the options as the kernels' constexprs, each in its reason; a window narrower than
-:data:`prefix_prefill.plan.GLUON_MIN_WINDOW` keys keeps the Triton kernel, and so do non-causal calls);
+:data:`prefix_prefill.plan.GLUON_MIN_WINDOW` keys keeps the Triton kernel);
 the host glue with the kernels replaced by recorders (each option's argument, None where off; the logit
 multiplier with soft-capping); warm calls through a frame taking each call's own sinks and slopes and a
 frame per cap and window; the kernels compile for sm90 offline in every option form within one program's
 shared memory. sm90 GPU: against the float64 reference (output and LSE) into NaN-poisoned outputs for the
-page classes 16 / 544 / 1056, heads 64 / 128 / 256, both layouts, ragged batches with empty contexts and
+page classes 16 / 544 / 1056, heads 64 / 128 / 256, every layout, ragged batches with empty contexts and
 one-token queries, k given or read from the cache, with NaN in every cache slot no query may read (past
 each context and before each window); ``explain()`` names the Gluon kernel; skip_decode leaves the
 decode rows alone; negative controls; the vLLM form.
@@ -22,7 +23,15 @@ import pytest
 import torch
 from conftest import DEVICE, check_tanh_forms, compile_gluon_for_sm90, needs_sm90, poison
 from launch_stubs import pointers, stub_prefix_gluon
-from pp_cases import alibi_slopes, make_case, problem_of, random_seqs, reference, run_vllm
+from pp_cases import (
+    INTERLEAVED,
+    alibi_slopes,
+    make_layout_case,
+    problem_of,
+    random_seqs,
+    reference,
+    run_vllm,
+)
 from pp_gluon_compile import PP_COMPILE_HEAD
 
 from attn_reference import compare
@@ -31,16 +40,23 @@ from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
 WIDE = plan.GLUON_MIN_WINDOW - 1  # the narrowest left window the Gluon kernels take
-OPTION_CONSTS = ("HAS_LEFT", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS", "SKIP_DECODE")
+OPTION_CONSTS = ("HAS_LEFT", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS", "SKIP_DECODE", "HAS_RIGHT")
 
 
 def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), device="cpu", **kw):
-    return make_case(list(seqs), num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.bfloat16,
-                     device=device, layout=layout, **kw)  # fmt: skip
+    """A case of a layout id (``pp_cases.make_layout_case``: ``"nhd"``, ``"hnd"``, ``"split"`` or one of
+    ``INTERLEAVED``)."""
+    return make_layout_case(list(seqs), num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                            dtype=torch.bfloat16, device=device, layout=layout, **kw)  # fmt: skip
+
+
+def _kernel(layout: str) -> str:
+    """The Gluon plan's kernel of a layout id."""
+    return f"gluon-{layout.partition('-')[0]}"
 
 
 # ------------------------------------------------------------------------- CPU: plans
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split", "nhd-interleaved"])
 @pytest.mark.parametrize(
     "opts,want",
     [
@@ -55,6 +71,10 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), device="cpu", **kw):
         (dict(left=4095, softcap_form=2), dict(HAS_LEFT=True, SOFTCAP=2)),
         (dict(left=WIDE, alibi=True, sinks=True, softcap_form=2, skip_decode=True, lse=True),
          dict(HAS_LEFT=True, HAS_ALIBI=True, HAS_SINKS=True, SOFTCAP=2, SKIP_DECODE=True, RETURN_LSE=True)),
+        (dict(causal=False), dict(CAUSAL=False)),
+        (dict(causal=False, right=0), dict(CAUSAL=False, HAS_RIGHT=True)),
+        (dict(causal=False, left=1000, right=1047, alibi=True, sinks=True),
+         dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)),
     ],
 )  # fmt: skip
 def test_gluon_takes_options(layout, opts, want):
@@ -62,26 +82,34 @@ def test_gluon_takes_options(layout, opts, want):
     named in the plan's reason; the options it does not have are off."""
     p = problem_of(_case(layout), arch="sm90", gluon=True, **opts)
     chosen = plan.plan(p)
-    assert chosen.kernel == f"gluon-{layout}", chosen.reason
+    assert chosen.kernel == _kernel(layout), chosen.reason
     c = chosen.consts()
     assert {n: c[n] for n in want} == want
     assert all(not c[n] for n in OPTION_CONSTS if n not in want)
+    assert c["CAUSAL"] is want.get("CAUSAL", True)
     names = {"HAS_LEFT": "left window", "SOFTCAP": "soft-capping", "HAS_ALIBI": "ALiBi", "HAS_SINKS": "sinks",
-             "SKIP_DECODE": "skip_decode"}  # fmt: skip
+             "SKIP_DECODE": "skip_decode", "CAUSAL": "non-causal", "HAS_RIGHT": "right window"}  # fmt: skip
     assert all(names[n] in chosen.reason for n in want if n in names)
 
 
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
 def test_window_width_rule(layout):
     """A left window lets the Gluon kernel run from :data:`~prefix_prefill.plan.GLUON_MIN_WINDOW` keys a
-    row on (``left + 1``); one key fewer keeps the Triton kernel, the reason says why; non-causal calls
-    keep it too."""
+    row on (``left + 1``); one key fewer keeps the Triton kernel, the reason says why. Not causal, the
+    width is ``left + right + 1`` (a side of -1 unbounded)."""
     case = _case(layout)
-    assert plan.plan(problem_of(case, arch="sm90", left=WIDE)).kernel == f"gluon-{layout}"
+    assert plan.plan(problem_of(case, arch="sm90", left=WIDE)).kernel == _kernel(layout)
     narrow = plan.plan(problem_of(case, arch="sm90", left=WIDE - 1))
     assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
     assert plan.plan(problem_of(case, arch="sm90", left=127, sinks=True)).kernel == "triton"
-    assert plan.plan(problem_of(case, arch="sm90", causal=False, sinks=True)).kernel == "triton"
+    assert plan.plan(problem_of(case, arch="sm90", left=WIDE - 1, right=5)).kernel == "triton"  # (moot)
+    both = [(1000, WIDE - 1000), (-1, 0), (0, -1), (5, -1), (-1, 5)]
+    for left, right in both:
+        assert (
+            plan.plan(problem_of(case, arch="sm90", causal=False, left=left, right=right)).kernel != "triton"
+        )
+    narrow = plan.plan(problem_of(case, arch="sm90", causal=False, left=1000, right=WIDE - 1001))
+    assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
 
 
 # ------------------------------------------------------------------------- CPU: host glue
@@ -95,15 +123,15 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
 def test_option_arguments(layout, monkeypatch):
     """The options reach the kernel as its arguments: ``Sinks`` / ``Slopes`` the call's tensors,
     ``tanh_scale`` = scale / softcap with the logit multiplier softcap * log2(e), ``window_left`` the
-    window (capped at 2**30); each None where its option is off (plain attention: all None, the
-    multiplier scale * log2(e))."""
+    window and ``window_right`` a non-causal call's right window (capped at 2**30); each None where its
+    option is off (plain attention: all None, the multiplier scale * log2(e))."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
-    name = "_gluon_fwd_kernel" if layout == "nhd" else "_gluon_split_kernel"
+    name = "_gluon_split_kernel" if layout == "split" else "_gluon_fwd_kernel"
     rec = _Recorder(getattr(gluon_launch, name).arg_names)
     monkeypatch.setattr(gluon_launch, name, rec)
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
@@ -116,6 +144,8 @@ def test_option_arguments(layout, monkeypatch):
         (gluon_launch.Options(), {}),
         (gluon_launch.Options(30.0, 5000, sinks, slopes), everything),
         (gluon_launch.Options(0.0, 2**40, sinks, None), dict(left=2**40, sinks=True)),
+        (gluon_launch.Options(0.0, 3000, None, None, 2**40), dict(left=3000, right=2**40, causal=False)),
+        (gluon_launch.Options(right=7), dict(right=7)),  # causal: the right window is moot, not passed
     ):
         problem = problem_of(case, arch="sm90", **popts)
         chosen = plan.plan(problem)
@@ -129,6 +159,9 @@ def test_option_arguments(layout, monkeypatch):
         assert kw["tanh_scale"] == (pytest.approx(0.1 / 30.0) if capped else None)
         assert kw["Sinks"] is opts.sinks and kw["Slopes"] is opts.alibi
         assert kw["window_left"] == (None if opts.left < 0 else min(opts.left, 2**30))
+        causal = popts.get("causal", True)
+        assert kw["window_right"] == (None if opts.right < 0 or causal else min(opts.right, 2**30))
+        assert kw["CAUSAL"] is causal
         assert {n: kw[n] for n in OPTION_CONSTS} == {n: chosen.consts()[n] for n in OPTION_CONSTS}
 
 
@@ -141,12 +174,14 @@ def warm_nhd(monkeypatch):
     return stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
 
 
-def test_warm_frames_take_each_calls_options(warm_nhd):
-    """Warm calls of one signature (same caches): a frame's call hands the C launcher what the generic
-    direct launch hands it, with this call's sinks and slopes (per-call slots); another cap or window
-    (another signature, the same compiled variant) gets a frame of its own."""
-    case = _case("nhd", seqs=[(40, 5), (0, 19), (70, 130)])
-    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "nhd")
+@pytest.mark.parametrize("layout", ["nhd", "hnd-interleaved"])
+def test_warm_frames_take_each_calls_options(layout, warm_nhd):
+    """Warm calls of one signature (same caches; NHD, or HND with interleaved pages: the same kernel):
+    a frame's call hands the C launcher what the generic direct launch hands it, with this call's sinks
+    and slopes (per-call slots); another cap or window (another signature, the same compiled variant)
+    gets a frame of its own."""
+    case = _case(layout, seqs=[(40, 5), (0, 19), (70, 130)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", left=5000, softcap_form=2, sinks=True, alibi=True)
     chosen = plan.plan(problem)
     o = torch.empty_like(case.q)
@@ -192,8 +227,9 @@ FORMS = [
     ("split", lambda o: compile_split(128, True, True, False, True, 2, **o)),
 ]
 OPTS = [ALL, dict(HAS_LEFT=True), dict(SOFTCAP=1, HAS_SINKS=True), dict(HAS_ALIBI=True, SKIP_DECODE=True)]
+BOTH_WAYS = dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)
 for i, (name, form) in enumerate(FORMS):
-    for opts in (OPTS if i < 2 else OPTS[:1]):
+    for opts in (OPTS + [BOTH_WAYS] if i < 2 else [ALL, BOTH_WAYS] if i == 4 else OPTS[:1]):
         _, kernel = form(opts)
         print("tanh", opts.get("SOFTCAP", 0), kernel.asm["ptx"].count("tanh.approx.f32"))
 """
@@ -202,12 +238,13 @@ for i, (name, form) in enumerate(FORMS):
 @pytest.mark.compile_check
 def test_option_forms_compile_for_sm90():
     """Both kernels compile for sm90 (no GPU needed) with every option, in every form a plan takes (heads
-    64 / 128 / 256, k given or from the cache, the quick form, K/V by TMA or by gathers) within one
-    program's shared memory (227 KiB); the hardware tanh where ``SOFTCAP`` is 2, none elsewhere."""
+    64 / 128 / 256, k given or from the cache, the quick form, K/V by TMA or by gathers; non-causal with a
+    window both ways) within one program's shared memory (227 KiB); the hardware tanh where ``SOFTCAP`` is
+    2, none elsewhere."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _COMPILE_SCRIPT)
-    assert len(shared) == 14 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 17 and max(shared) <= 227 * 1024, out
     check_tanh_forms(out)
 
 
@@ -216,7 +253,7 @@ def _nan_invisible_slots(case, left: int) -> None:
     """NaN into every cache slot no query may read: past each sequence's cached tokens in its pages, every
     block no sequence owns, and (``left >= 0``) every slot before the first key the sequence's first query
     sees (``ctx - left``); the block table still points at those pages."""
-    split = case.layout == "split"
+    split, hnd = case.layout == "split", case.layout == "hnd"
     cached = [c + (n if case.k is None else 0) for c, n in zip(case.ctx_lens, case.q_lens, strict=True)]
     table = case.block_table.cpu()
     used = set()
@@ -232,6 +269,9 @@ def _nan_invisible_slots(case, left: int) -> None:
                     if split:
                         case.k_cache[blk, :, :, sl] = float("nan")
                         case.v_cache[blk, :, :, sl] = float("nan")
+                    elif hnd:
+                        case.k_cache[blk, :, sl] = float("nan")
+                        case.v_cache[blk, :, sl] = float("nan")
                     else:
                         case.k_cache[blk, sl] = float("nan")
                         case.v_cache[blk, sl] = float("nan")
@@ -244,8 +284,10 @@ def _nan_invisible_slots(case, left: int) -> None:
 def _kw(opts: dict, heads: int) -> dict:
     """prefix_prefill / reference keyword arguments of a test's options."""
     kw = {}
-    if "left" in opts:
-        kw["window"] = (opts["left"], -1)
+    if "left" in opts or "right" in opts:
+        kw["window"] = (opts.get("left", -1), opts.get("right", -1))
+    if "causal" in opts:
+        kw["causal"] = opts["causal"]
     if opts.get("alibi"):
         kw["alibi_slopes"] = alibi_slopes(heads, DEVICE)
     if opts.get("sinks"):
@@ -264,7 +306,11 @@ GPU_OPTIONS = {
     "softcap": dict(softcap=50.0),
     "alibi": dict(alibi=True),
     "sinks": dict(sinks=True),
+    "noncausal": dict(causal=False),  # encoder-style rows over a cached prefix, prefix-LM
+    "noncausal_window": dict(causal=False, left=200, right=100),  # a window both ways
+    "noncausal_right": dict(causal=False, right=0),  # each row sees the keys up to itself (and the context)
     "all": dict(left=700, alibi=True, sinks=True, softcap=20.0),
+    "noncausal_all": dict(causal=False, left=700, right=300, alibi=True, sinks=True, softcap=20.0),
 }
 
 
@@ -280,8 +326,8 @@ def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seq
     monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: launches.append(1) or orig(*a, **k))
     if seqs is None:
         seqs = [*random_seqs(3, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93), (900, 1)]
-    case = make_case(seqs, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page, dtype=dtype,
-                     device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    case = make_layout_case(seqs, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page,
+                            dtype=dtype, device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
     kw = _kw(opts, heads[0])
     ref, ref_lse = reference(case, return_lse=True, **kw)
     _nan_invisible_slots(case, opts.get("left", -1))
@@ -289,8 +335,8 @@ def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seq
     lse = poison(torch.empty(heads[0], case.q.shape[0], dtype=torch.float32, device=DEVICE))
     args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
             case.seq_lens, case.max_query_len)  # fmt: skip
-    assert explain(*args, kv_layout=layout, **kw).kernel == f"gluon-{layout}"
-    prefix_prefill(*args, kv_layout=layout, out=out, return_lse=True, lse=lse, validate=True, **kw)
+    assert explain(*args, kv_layout=case.layout, **kw).kernel == _kernel(layout)
+    prefix_prefill(*args, kv_layout=case.layout, out=out, return_lse=True, lse=lse, validate=True, **kw)
     assert len(launches) == 1, "the Gluon kernel did not run"
     c = compare(out, ref)
     assert c, c
@@ -304,11 +350,24 @@ def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seq
 @pytest.mark.parametrize("page", [16, 544, 1056])
 @pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
 @pytest.mark.parametrize("from_cache", [False, True])
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd", *INTERLEAVED])
 def test_gpu_all_options_every_form(layout, from_cache, head, dtype, page, monkeypatch):
-    """A window, ALiBi, sinks and a soft cap together on every form the plans take: both layouts, k given
-    or from the cache, heads 64 / 128 / 256, the page classes 16, 544 and 1056."""
+    """A window, ALiBi, sinks and a soft cap together on every form the plans take: NHD, split, HND and
+    interleaved NHD / HND pages, k given or from the cache, heads 64 / 128 / 256, the page classes 16,
+    544 and 1056."""
     _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS["all"], monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 544])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_noncausal_every_form(layout, from_cache, head, dtype, page, monkeypatch):
+    """Non-causal calls with a window both ways, ALiBi (``|q - k|``), sinks and a soft cap on every form
+    the plans take."""
+    _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS["noncausal_all"], monkeypatch)
 
 
 # queries of at most 64 rows (speculative decoding, decode-sized chunks): the idle-warpgroup form
@@ -320,21 +379,22 @@ SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 @pytest.mark.parametrize(
     "head,dtype,page,opts",
     [(128, torch.bfloat16, 16, "all"), (256, torch.float16, 16, "all"), (64, torch.bfloat16, 16, "all"),
-     (128, torch.bfloat16, 544, "plain"), (256, torch.bfloat16, 1056, "plain")],
+     (128, torch.bfloat16, 544, "plain"), (256, torch.bfloat16, 1056, "plain"),
+     (128, torch.bfloat16, 16, "noncausal_all")],
 )  # fmt: skip
 @pytest.mark.parametrize("from_cache", [False, True])
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd", *INTERLEAVED])
 @pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=["paired", "idle"])
 def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, page, opts, monkeypatch):
     """Queries of at most 64 rows run the full form whose second consumer warpgroup takes the next query
     head (``PAIR_HEADS``, 32 / 8 heads over 6 sequences: 192 idle programs, more than one wave) or
     computes nothing and only keeps the rings' protocol (``IDLE_WG1``, 6 / 2: an odd number of query
     heads a KV head); a form with one consumer partition
-    has neither. Every option or none, both layouts, k given or from the cache (compile tiers off: the
-    full form from the first call)."""
+    has neither. Every option or none, every layout (interleaved pages too), k given or from the cache
+    (compile tiers off: the full form from the first call)."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    case = make_case(SHORT_SEQS, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page,
-                     dtype=dtype, device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    case = make_layout_case(SHORT_SEQS, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page,
+                            dtype=dtype, device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
     chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
     one = chosen.consts().get("ONE_CONSUMER", False)
     assert plan.idle_second_warpgroup(chosen, case.max_query_len) is not one
@@ -348,9 +408,9 @@ def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, pa
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if o != "all"])
+@pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if not o.endswith("all")])
 @pytest.mark.parametrize("page", [16, 544])
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd"])
 def test_gpu_each_option(layout, page, option, monkeypatch):
     """Each option alone, and the pairs models use (gpt-oss's window and sinks, Gemma 2's window and
     cap), at head 128 on both layouts."""
@@ -359,7 +419,7 @@ def test_gpu_each_option(layout, page, option, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd", "nhd-interleaved"])
 def test_gpu_default_rule_and_warm_calls(layout):
     """With the shipped width rule: a 4095-key window with sinks and a soft cap takes the Gluon kernel;
     repeated calls of the signature (warm, through the frame) take each call's own sinks and lengths and
@@ -369,21 +429,21 @@ def test_gpu_default_rule_and_warm_calls(layout):
         kw = dict(window=(4095, -1), softcap=30.0, sinks=torch.randn(4, device=DEVICE) * (step + 1))
         args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
                 case.seq_lens, case.max_query_len)  # fmt: skip
-        assert explain(*args, kv_layout=layout, **kw).kernel == f"gluon-{layout}"
+        assert explain(*args, kv_layout=case.layout, **kw).kernel == _kernel(layout)
         out = poison(torch.empty_like(case.q))
-        prefix_prefill(*args, kv_layout=layout, out=out, **kw)
+        prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
         c = compare(out, reference(case, **kw))
         assert c, (step, c)
     kw = dict(window=(127, -1), sinks=torch.randn(4, device=DEVICE))
-    assert explain(*args, kv_layout=layout, **kw).kernel == "triton"
+    assert explain(*args, kv_layout=case.layout, **kw).kernel == "triton"
     out = poison(torch.empty_like(case.q))
-    prefix_prefill(*args, kv_layout=layout, out=out, **kw)
+    prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
     assert compare(out, reference(case, **kw))
 
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd"])
 def test_gpu_skip_decode(layout, monkeypatch):
     """skip_decode on the Gluon kernels: the one-token sequences' rows stay as they were (NaN) and their
     LSE is -inf; every other row matches the reference (the launch as both public functions make it;
@@ -397,7 +457,7 @@ def test_gpu_skip_decode(layout, monkeypatch):
     for kw, popts in (({}, {}), ({"window": (100, -1), "sinks": torch.randn(4, device=DEVICE)},
                                  {"left": 100, "sinks": True})):  # fmt: skip
         chosen = plan.plan(problem_of(case, skip_decode=True, lse=True, **popts))
-        assert chosen.kernel == f"gluon-{layout}" and chosen.consts()["SKIP_DECODE"]
+        assert chosen.kernel == _kernel(layout) and chosen.consts()["SKIP_DECODE"]
         out = poison(torch.empty_like(case.q))
         lse = poison(torch.empty(4, case.q.shape[0], dtype=torch.float32, device=DEVICE))
         launch.forward(case.q, case.k, case.v, out, case.k_cache, case.v_cache, kc, vc, case.block_table,
@@ -415,10 +475,12 @@ def test_gpu_skip_decode(layout, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("layout", ["nhd", "split"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd"])
 def test_gpu_negative_controls(layout, monkeypatch):
     """The harness catches a wrong kernel: the Gluon answers with a window, ALiBi, sinks or a soft cap each
-    differ from the reference with the window off by one, without ALiBi, without sinks, without the cap."""
+    differ from the reference with the window off by one, without ALiBi, without sinks, without the cap;
+    a non-causal answer differs from the causal reference, and one with a right window from the answer
+    with the right window one key wider."""
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
     case = _case(layout, seqs=[(700, 300), (0, 200)], device=DEVICE)
     for kw, wrong in (
@@ -426,6 +488,8 @@ def test_gpu_negative_controls(layout, monkeypatch):
         (dict(alibi_slopes=alibi_slopes(4, DEVICE)), {}),
         (dict(sinks=torch.full((4,), 4.0, device=DEVICE)), {}),
         (dict(softcap=2.0), {}),
+        (dict(causal=False), {}),
+        (dict(causal=False, window=(-1, 40)), dict(causal=False, window=(-1, 41))),
     ):
         out = poison(torch.empty_like(case.q))
         prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table,

@@ -2,11 +2,11 @@
 copies (``page_row``) and for gathers (``slot_offset``), and the check of a sequence's block ids
 (``bad_block_ids``).
 
-A TMA copy reads a box of rows from a 2-D view of the cache, ``[num_blocks * page_size, kv_heads *
-head_size]`` (pages contiguous, one token's heads contiguous: the host checks the strides). A run of
-``BOX`` tokens that stays inside one page (``BOX`` divides ``page_size`` and the run starts at a multiple
-of ``BOX``) is one box at the row this module computes. Import only where Gluon exists; the kernel
-packages guard it.
+A TMA copy reads a box of rows from a 2-D view of the cache (:func:`paged_kv_offsets.tma_rows`: NHD
+rows are one slot's heads, HND rows one head's slot; slot ``s`` of block ``b`` and KV head ``h`` at
+row ``b * block_rows + h * head_rows + s``). A run of ``BOX`` tokens that stays inside one page
+(``BOX`` divides ``page_size`` and the run starts at a multiple of ``BOX``) is one box at the row this
+module computes. Import only where Gluon exists; the kernel packages guard it.
 """
 
 from triton.experimental import gluon
@@ -14,16 +14,25 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def page_row(p_table_row, pos, seq_end, page_size, oob_row):
-    """Row of token position ``pos`` of one sequence in the ``[num_blocks * page_size, ...]`` view:
-    ``block_table[page] * page_size + pos % page_size`` with ``page = pos // page_size``, read from the
-    sequence's block-table row ``p_table_row`` (int32 or int64 entries; rows are int32: the host keeps
-    ``num_blocks * page_size < 2**31``); ``oob_row`` (a row past the view's end: the TMA copy reads
-    zeros) when ``pos >= seq_end``, and then no block-table entry is read."""
+def page_row(p_table_row, pos, seq_end, page_size, oob_row, block_rows=None, head_row=None):
+    """Row of token position ``pos`` of one sequence in a cache's view of rows
+    (:func:`paged_kv_offsets.tma_rows`): ``block_table[page] * block_rows + head_row + pos % page_size``
+    with ``page = pos // page_size``, read from the sequence's block-table row ``p_table_row`` (int32 or
+    int64 entries; rows are int32: ``tma_rows`` keeps the view under ``2**31`` rows); ``head_row`` = the
+    KV head times the view's ``head_rows`` (0 for NHD). ``block_rows``/``head_row`` None: ``page_size``
+    and 0 (contiguous NHD pages, ``[num_blocks * page_size, ...]``). ``oob_row`` (a row past the view's
+    end: the TMA copy reads zeros) when ``pos >= seq_end``, and then no block-table entry is read."""
     ok = pos < seq_end
     page = pos // page_size
     block = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)  # int32 or int64 tables
-    return gl.where(ok, block * page_size + (pos - page * page_size), oob_row)
+    slot = pos - page * page_size
+    if block_rows is None:
+        row = block * page_size + slot
+    else:
+        row = block * block_rows + slot
+    if head_row is not None:
+        row = row + head_row
+    return gl.where(ok, row, oob_row)
 
 
 @gluon.jit

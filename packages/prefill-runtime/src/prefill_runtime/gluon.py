@@ -204,6 +204,27 @@ def softmax_step(
     return b_p, alpha, m_new, l_new
 
 
+#: :func:`zero_v_rows`' elements a thread holds per pass: a pass's values are live beside the consumer's
+#: accumulator, so a whole half slot at once (64 a thread at heads 128 and 256) costs spills there.
+_ZERO_ELEMS = 16
+
+
+@gluon.constexpr_function
+def _zero_layout(cols, warps):
+    """The layout of a zeroing pass over rows of ``cols`` elements: 8 contiguous elements a thread (16-byte
+    accesses), a warp's threads along a row as far as it goes."""
+    tpc = min(32, cols // 8)
+    return gl.BlockedLayout([1, 8], [32 // tpc, tpc], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _zero_rows_per_pass(rows, cols, warps):
+    """Rows of a zeroing pass: :data:`_ZERO_ELEMS` elements a thread, at least one layout tile, at most
+    ``rows``."""
+    tile = warps * 32 // min(32, cols // 8)  # rows one layout tile covers
+    return min(rows, max(tile, _ZERO_ELEMS * 32 * warps // cols))
+
+
 @gluon.jit
 def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.constexpr,
                 V_T: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1):  # fmt: skip
@@ -212,24 +233,29 @@ def zero_v_rows(v_buf, fix_bar, n_fix, n0, lo, hi, WG: gl.constexpr, HALF_N: gl.
     handshake count (its phase parity) after this one. ``V_T``: ``v_buf`` is ``[D, BLOCK_N]``; each
     warpgroup zeroes those keys' columns in its half of the ``D`` rows. ``WARPGROUPS == 2``: one
     partition of both warpgroups (``WG`` 0, ``HALF_N`` the whole block) zeroes the whole slot and
-    arrives for both."""
+    arrives for both. The half goes in passes of :func:`_zero_rows_per_pass` rows."""
     NW: gl.constexpr = 4 * WARPGROUPS
     if V_T:
         HALF_D: gl.constexpr = v_buf.shape[0] // (3 - WARPGROUPS)
-        TPR: gl.constexpr = 2 * HALF_N // (8 * WARPGROUPS)  # threads along a row of BN keys, 8 keys each
-        blk_t: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [NW, 1], [1, 0])
-        half_t = v_buf.slice(WG * HALF_D, HALF_D, dim=0)
-        b_vt = half_t.load(blk_t)  # [D / 2, BN]
-        offs_kt = n0 + gl.arange(0, 2 * HALF_N // WARPGROUPS, layout=gl.SliceLayout(0, blk_t))  # [BN]
+        BN: gl.constexpr = 2 * HALF_N // WARPGROUPS
+        ROWS_T: gl.constexpr = _zero_rows_per_pass(HALF_D, BN, NW)
+        blk_t: gl.constexpr = _zero_layout(BN, NW)
+        offs_kt = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, blk_t))  # [BN]
         keep_t = (offs_kt >= lo) & (offs_kt < hi)  # [BN]
-        half_t.store(gl.where(keep_t[None, :], b_vt, gl.zeros_like(b_vt)))
+        for i in gl.static_range(HALF_D // ROWS_T):
+            part_t = v_buf.slice(WG * HALF_D + i * ROWS_T, ROWS_T, dim=0)
+            b_vt = part_t.load(blk_t)  # [ROWS_T, BN]
+            part_t.store(gl.where(keep_t[None, :], b_vt, gl.zeros_like(b_vt)))
     else:
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        half = v_buf.slice(WG * HALF_N, HALF_N, dim=0)
-        b_v = half.load(blk)  # [BN / 2, D]
-        offs_k = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, blk))  # [BN / 2]
-        keep = (offs_k >= lo) & (offs_k < hi)  # [BN / 2]
-        half.store(gl.where(keep[:, None], b_v, gl.zeros_like(b_v)))
+        D: gl.constexpr = v_buf.shape[1]
+        ROWS: gl.constexpr = _zero_rows_per_pass(HALF_N, D, NW)
+        blk: gl.constexpr = _zero_layout(D, NW)
+        for i in gl.static_range(HALF_N // ROWS):
+            part = v_buf.slice(WG * HALF_N + i * ROWS, ROWS, dim=0)
+            b_v = part.load(blk)  # [ROWS, D]
+            offs_k = n0 + WG * HALF_N + i * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, blk))  # [ROWS]
+            keep = (offs_k >= lo) & (offs_k < hi)  # [ROWS]
+            part.store(gl.where(keep[:, None], b_v, gl.zeros_like(b_v)))
     fence_async_shared()
     mbarrier.arrive(fix_bar, count=WARPGROUPS)
     mbarrier.wait(fix_bar, n_fix & 1)
@@ -392,7 +418,7 @@ def consumer(
     V_T: gl.constexpr = False, CP_FILL: gl.constexpr = False, WARPGROUPS: gl.constexpr = 1,
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False,
+    SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -416,7 +442,9 @@ def consumer(
     passes each its head, ``O`` rows and ``score``): both warpgroups compute rows ``row0 + [0, HALF_M)``,
     each of its own head, over the same key blocks (the short-query form that reads a KV head's keys once
     for two heads). A second warpgroup whose rows no query of the launch reaches runs :func:`drain`
-    instead."""
+    instead. ``OUT_MAX > 0`` (an fp8 ``O``): each row is written as ``clamp(o / out_scale, -OUT_MAX,
+    OUT_MAX)`` in ``O``'s dtype (the scale folded into the row's reciprocal ``1 / (l * out_scale)``;
+    ``out_scale`` a float32 scalar > 0, read only then), the Triton kernel's ``OUT_FP8`` epilogue."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
@@ -499,8 +527,13 @@ def consumer(
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # [BM / 2]
-    inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
-    b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
+    if OUT_MAX > 0:  # fp8 O: o / out_scale, clamped to the fp8 range (a saturating conversion)
+        inv_o = gl.convert_layout(1.0 / (l_safe * out_scale), gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+        b_of = acc * inv_o[:, None]  # [BM / 2, D]
+        b_o = gl.minimum(gl.maximum(b_of, -OUT_MAX), OUT_MAX).to(O.dtype.element_ty)  # [BM / 2, D]
+    else:
+        inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
+        b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
     offs_ro = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
     p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]

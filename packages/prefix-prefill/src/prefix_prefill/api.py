@@ -677,8 +677,9 @@ def explain(
     **kwargs: object,
 ) -> LaunchPlan:
     """The launch plan :func:`prefix_prefill` makes for these arguments (same signature; nothing is
-    launched): ``.kernel`` (``"gluon-nhd"``, ``"gluon-split"`` or ``"triton"``), ``.reason`` (the rule
-    that chose it, or why a Gluon kernel did not apply), the tiles and the constexprs."""
+    launched): ``.kernel`` (``"gluon-nhd"``, ``"gluon-hnd"``, ``"gluon-split"`` or ``"triton"``),
+    ``.reason`` (the rule that chose it, or why a Gluon kernel did not apply), the tiles and the
+    constexprs."""
     kwargs.pop("validate", None)
     kwargs.pop("status", None)
     names = (

@@ -1,10 +1,11 @@
-"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over an NHD paged cache (``_gluon_fwd_kernel``),
-warp-specialised, and the program and segment helpers it shares with the split-cache kernel
-(:mod:`prefix_prefill.gluon_split_kernel`).
+"""Gluon kernel (NVIDIA Hopper, sm90): prefix prefill over an NHD or HND paged cache
+(``_gluon_fwd_kernel``), warp-specialised, and the program and segment helpers it shares with the
+split-cache kernel (:mod:`prefix_prefill.gluon_split_kernel`).
 
-The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for its most common form (causal, no
-window, no ALiBi, sinks, soft-capping or fp8): query row ``r`` of a sequence (new token ``r``, at
-position ``ctx_len + r``) sees every cached context key and the new tokens ``0..r``. The structure is
+The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches: query row ``r`` of a
+sequence (new token ``r``, at position ``ctx_len + r``) sees every cached context key and the new tokens
+``0..r`` (causal; not causal: all of them), within the window and with the score options
+(:func:`_gluon_fwd_kernel`; an fp8 output among them). The structure is
 window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
 
 * **two producer warps** (:func:`_producer`, one per ring) fill two-slot K and V rings by TMA:
@@ -14,21 +15,24 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
   block-table read); new-token blocks come from ``k``/``v`` in one copy each;
 * **two consumer warpgroups** of 64 query rows (``prefill_runtime.gluon.consumer``): segment A = the
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
-  (causal); with ``k = v = None`` one segment over the whole sequence in the cache.
+  (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
 
-Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) with
-pages contiguous and 16-byte rows, seen as ``[num_blocks * page_size, num_kv_heads * head_size]``; q,
-k, v as ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
+Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
+``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
+:func:`paged_kv_offsets.tma_rows` (``[rows, row_elems]``): slot ``s`` of block ``b`` and KV head ``h``
+at row ``b * block_rows + h * head_rows + s``, column ``h * head_cols`` (NHD: ``head_rows = 0``; HND:
+``head_cols = 0``), runtime integers, so both layouts run one compiled kernel; q, k, v as
+``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
 ``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
 
-Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows
-clamped into ``Q_desc``'s token count and cached keys to the block table's width
+Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows clamped
+into ``Q_desc``'s token count and cached keys to the block table's width
 (:func:`prefix_prefill.sequence.sequence_geometry`), so the O/LSE stores (by pointer) and every
-block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each as
-large as its tensor (a block id outside the cache addresses rows outside the view: zeros), and the
-split kernel's gathers clamp block ids into the cache (:func:`paged_kv_offsets.gluon.slot_offset`).
-Rows past the grid and the status report as in :func:`prefix_prefill.kernel._fwd_kernel`
-(:func:`_program_guard`).
+block-table read stay inside their tensors; the TMA boxes are bounded by their descriptors, each no
+larger than its tensor (a cache's view of rows ends at its last row; a block id outside the cache
+addresses rows outside the view: zeros), and the split kernel's gathers clamp block ids into the cache
+(:func:`paged_kv_offsets.gluon.slot_offset`). Rows past the grid and the status report as in
+:func:`prefix_prefill.kernel._fwd_kernel` (:func:`_program_guard`).
 """
 
 from triton.experimental import gluon
@@ -91,31 +95,43 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
 
 
 @gluon.jit
-def _program_segments(q_len, ctx_len, cache_len, m0, window_left, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
-                      HAS_LEFT: gl.constexpr = False):  # fmt: skip
+def _program_segments(q_len, ctx_len, cache_len, m0, window_left, window_right, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr, HAS_LEFT: gl.constexpr = False,
+                      CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False):  # fmt: skip
     """The key segments of a tile with rows ``[m0, m1)`` as the tuple ``(n_blocks, n_a, a_base, a_lo,
     a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full)``: segment A = cache positions
-    ``[a_lo, a_end)`` (row r sees p iff p <= a_shift + r, ``a_shift = ctx_len``; every row sees
-    ``[a_full_lo, a_full)``), B = new tokens
-    ``[0, b_end)`` (causal; every row sees ``[b_full_lo, b_full)``); ``n_a`` blocks of A from
-    ``a_base``, ``n_blocks - n_a`` of B from ``b_base`` (multiples of ``BLOCK_N``). With
-    ``KV_FROM_CACHE`` the new tokens are part of A. ``HAS_LEFT`` (a left window, ``window_left``): a
-    row at position ``p_r`` sees keys from ``p_r - window_left`` on, so each segment starts at the
-    block of the first key some row sees (no block before it is loaded; A's keys before ``a_lo`` are
-    set to 0 in the V slots, K's are masked) and ends its unmasked blocks where every row still sees
-    them; without, the bases, ``a_lo`` and the lower ``full`` bounds are 0. Segment A never reaches past
-    the ``cache_len`` keys the block table holds (with ``KV_FROM_CACHE``, ``n_blocks`` is then 0 only
-    when the table holds none of the tile's keys: malformed metadata)."""
+    ``[a_lo, a_end)`` (``a_shift = ctx_len``: row r sits at position ``ctx_len + r``; every row sees
+    ``[a_full_lo, a_full)``), B = new tokens ``[0, b_end)`` (every row sees ``[b_full_lo, b_full)``);
+    ``n_a`` blocks of A from ``a_base``, ``n_blocks - n_a`` of B from ``b_base`` (multiples of
+    ``BLOCK_N``). With ``KV_FROM_CACHE`` the new tokens are part of A. Each segment ends after the last
+    new token some row sees: ``CAUSAL``, the last row itself; not causal, the sequence's last token, or
+    with ``HAS_RIGHT`` (a right window, ``window_right``) the last row's ``window_right`` later tokens;
+    its unmasked blocks end where the tile's first row stops seeing keys. ``HAS_LEFT`` (a left window,
+    ``window_left``): a row at position ``p_r`` sees keys from ``p_r - window_left`` on, so each segment
+    starts at the block of the first key some row sees (no block before it is loaded; A's keys before
+    ``a_lo`` are set to 0 in the V slots, K's are masked) and begins its unmasked blocks where every row
+    sees them; without, the bases, ``a_lo`` and the lower ``full`` bounds are 0. Segment A never reaches
+    past the ``cache_len`` keys the block table holds (with ``KV_FROM_CACHE``, ``n_blocks`` is then 0
+    only when the table holds none of the tile's keys: malformed metadata)."""
     m1 = gl.minimum(m0 + BLOCK_M, q_len)
+    # new tokens [0, seen) are seen by some row of the tile, [0, seen_all) by every row
+    if CAUSAL:
+        seen = m1
+        seen_all = m0 + 1
+    elif HAS_RIGHT:  # (window_right <= 2**30: no overflow)
+        seen = gl.minimum(m1 + window_right, q_len)
+        seen_all = gl.minimum(m0 + 1 + window_right, q_len)
+    else:
+        seen = q_len
+        seen_all = q_len
     if KV_FROM_CACHE:
-        a_end = gl.minimum(ctx_len + m1, cache_len)
-        a_full = gl.minimum(((ctx_len + m0 + 1) // BLOCK_N) * BLOCK_N, a_end)
+        a_end = gl.minimum(ctx_len + seen, cache_len)
+        a_full = gl.minimum(((ctx_len + seen_all) // BLOCK_N) * BLOCK_N, a_end)
         b_end = m1 * 0
     else:
         a_end = cache_len
         a_full = gl.minimum((ctx_len // BLOCK_N) * BLOCK_N, a_end)
-        b_end = m1
+        b_end = seen
     if HAS_LEFT:
         a_lo = gl.minimum(gl.maximum(ctx_len + m0 - window_left, 0), a_end)  # the first key any row sees
         a_base = (a_lo // BLOCK_N) * BLOCK_N
@@ -132,26 +148,32 @@ def _program_segments(q_len, ctx_len, cache_len, m0, window_left, BLOCK_M: gl.co
         a_lo, a_base, a_full_lo, b_base, b_full_lo = z, z, z, z, z
         n_a = gl.cdiv(a_end, BLOCK_N)
         n_blocks = n_a + gl.cdiv(b_end, BLOCK_N)
-    b_full = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    b_full = (seen_all // BLOCK_N) * BLOCK_N  # <= b_end: seen_all <= seen
     return n_blocks, n_a, a_base, a_lo, a_end, ctx_len, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full
 
 
 @gluon.jit
-def _program_options(q_len, ctx_len, cache_len, m0, head, window_left, qk_scale, tanh_scale, Sinks, Slopes,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+def _program_options(q_len, ctx_len, cache_len, m0, head, window_left, window_right, qk_scale, tanh_scale,
+                     Sinks, Slopes, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
                      HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                     HAS_SINKS: gl.constexpr):  # fmt: skip
-    """``(w_left, seg, score)`` of a program: the left window (0 without ``HAS_LEFT``), the segments of
-    :func:`_program_segments`, and the consumers' ``score`` tuple (``prefill_runtime.gluon.score_terms``)
-    of query head ``head``: soft-capping, ALiBi slopes ``Slopes`` and sinks ``Sinks`` (an extra logit of
-    the denominator)."""
+                     HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr = True,
+                     HAS_RIGHT: gl.constexpr = False):  # fmt: skip
+    """``(w_left, w_right, seg, score)`` of a program: the left and right windows (0 without ``HAS_LEFT``
+    / ``HAS_RIGHT``), the segments of :func:`_program_segments`, and the consumers' ``score`` tuple
+    (``prefill_runtime.gluon.score_terms``) of query head ``head``: soft-capping, ALiBi slopes ``Slopes``
+    and sinks ``Sinks`` (an extra logit of the denominator)."""
     if HAS_LEFT:
         w_left = window_left
     else:
         w_left = m0 * 0
-    seg = _program_segments(q_len, ctx_len, cache_len, m0, w_left, BLOCK_M, BLOCK_N, KV_FROM_CACHE, HAS_LEFT)
+    if HAS_RIGHT:
+        w_right = window_right
+    else:
+        w_right = m0 * 0
+    seg = _program_segments(q_len, ctx_len, cache_len, m0, w_left, w_right, BLOCK_M, BLOCK_N, KV_FROM_CACHE,
+                            HAS_LEFT, CAUSAL, HAS_RIGHT)  # fmt: skip
     score = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
-    return w_left, seg, score
+    return w_left, w_right, seg, score
 
 
 @gluon.jit
@@ -173,17 +195,17 @@ def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.
 @gluon.jit
 def _program(
     O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks, page_size,
-    max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale, Sinks, Slopes,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+    max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale, tanh_scale, Sinks,
+    Slopes, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
     RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
-    PAIR_HEADS: gl.constexpr = False,
+    PAIR_HEADS: gl.constexpr = False, CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
-    window, key segments and score terms (:func:`_program_options`). Returns ``(skip, head, q_tok0,
-    q_len, m0, p_table_row, w_left, seg, score)``; ``skip``: the program has nothing (more) to do: its
-    tile starts past the sequence, its sequence is a skipped decode row, or (``KV_FROM_CACHE``) the
+    windows, key segments and score terms (:func:`_program_options`). Returns ``(skip, head, q_tok0,
+    q_len, m0, p_table_row, w_left, w_right, seg, score)``; ``skip``: the program has nothing (more) to
+    do: its tile starts past the sequence, its sequence is a skipped decode row, or (``KV_FROM_CACHE``) the
     table holds no key of the tile, whose rows are then written as 0 here. ``PAIR_HEADS``: the program's
     heads are ``head`` and ``head + 1`` (``score`` is the first's)."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
@@ -195,9 +217,9 @@ def _program(
                    HEAD_DIM, IDLE_WG1, PAIR_HEADS)  # fmt: skip
     m0 = pid_m * BLOCK_M
     skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE, PAIR_HEADS)
-    w_left, seg, score = _program_options(
-        q_len, ctx_len, cache_len, m0, head, window_left, qk_scale, tanh_scale, Sinks, Slopes, BLOCK_M,
-        BLOCK_N, KV_FROM_CACHE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+    w_left, w_right, seg, score = _program_options(
+        q_len, ctx_len, cache_len, m0, head, window_left, window_right, qk_scale, tanh_scale, Sinks, Slopes,
+        BLOCK_M, BLOCK_N, KV_FROM_CACHE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT,
     )  # fmt: skip
     if KV_FROM_CACHE:
         empty = (seg[0] == 0) & (m0 < q_len) & (skip == 0)
@@ -206,7 +228,18 @@ def _program(
                 zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + h, Lse,
                           stride_lse_h, HEAD_DIM)  # fmt: skip
         skip = skip | empty
-    return skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score
+    return skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score
+
+
+@gluon.jit
+def _out_scale(OutScale, qk_scale, OUT_MAX: gl.constexpr):
+    """The fp8 output's scale ``OutScale[0]`` as float32, loaded once per program where ``OUT_MAX > 0``;
+    else ``qk_scale``, a placeholder (a partition's arguments cannot be None) the consumers never read."""
+    if OUT_MAX > 0:
+        out_scale = gl.load(OutScale).to(gl.float32)
+    else:
+        out_scale = qk_scale
+    return out_scale
 
 
 @gluon.jit
@@ -216,20 +249,22 @@ def _prefix_consumer(
     WARPGROUPS: gl.constexpr, K_VIEW: gl.constexpr, K_COLS: gl.constexpr = 64, V_ROWS: gl.constexpr = None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
+    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
-    whole sequence), B = the new tokens (causal). ``rings``: the nine values of ``allocate_rings``;
-    ``tile``: ``(m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, stride_ot, stride_oh)``
-    (``seg``, ``score``, ``window_left``: :func:`_program_options`').
+    whole sequence), B = the new tokens (``CAUSAL``, or not; ``HAS_RIGHT``: a right window). ``rings``:
+    the nine values of ``allocate_rings``; ``tile``: ``(m0, q_tok0, q_len, head, seg, qk_scale, score,
+    window_left, window_right, stride_ot, stride_oh, out_scale)`` (``seg``, ``score``, the windows:
+    :func:`_program_options`'; ``out_scale``: :func:`_out_scale`'s).
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
     ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
     ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``: a
     second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead;
     ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
-    and score)."""
+    and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
-    m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, st_o, sh_o = tile
+    m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
     z = m0 * 0
     if IDLE:
@@ -240,9 +275,10 @@ def _prefix_consumer(
         consumer(
             WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
             q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
-            b_end, z, b_full_lo, b_full, qk_scale, window_left, z, st_o, sh_o, stride_lse_h, HALF_M, BLOCK_N,
-            HEAD_DIM, NUM_STAGES, True, HAS_LEFT, False, RETURN_LSE, SPLIT, SPLIT, WARPGROUPS, K_VIEW, 0,
-            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED,
+            b_end, z, b_full_lo, b_full, qk_scale, window_left, window_right, st_o, sh_o, stride_lse_h,
+            HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, SPLIT,
+            WARPGROUPS, K_VIEW, 0,
+            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
         )  # fmt: skip
 
 
@@ -254,13 +290,17 @@ def _producer(
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves; ``PAIRED``: the same
     rows of heads ``head`` and ``head + 1``) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
-    oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``. Block ``j`` goes to slot
-    ``j % NUM_STAGES`` once both consumers released it. Blocks ``j < n_a``: context positions ``[a_base
+    oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``
+    (``c_row``/``c_col``: the KV head's row and column in the caches' view of rows, ``kv_col``: its
+    column in the new tokens' rows). Block ``j`` goes to slot ``j % NUM_STAGES`` once both consumers
+    released it. Blocks ``j < n_a``: context positions ``[a_base
     + j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc``
     (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc``
-    (block [BOX, D]), one per page run. The rest: new tokens through ``N_desc`` from row ``n_tok0``."""
+    (block [BOX, D]), one per page run, at the rows :func:`paged_kv_offsets.gluon.page_row` computes.
+    The rest: new tokens through ``N_desc`` from row ``n_tok0``."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
-     q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks) = args  # fmt: skip
+     block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end,
+     n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
@@ -273,36 +313,40 @@ def _producer(
         if j < n_a:
             pos0 = a_base + j * BLOCK_N
             if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
-                row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
-                tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
+                row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
+                tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
             elif pos0 % page_size + BLOCK_N <= page_size:  # inside one page
-                row = page_row(p_table_row, pos0, a_end, page_size, oob_row)
-                tma.async_copy_global_to_shared(CB_desc, [row, kv_col], bar, buf)
+                row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
+                tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
             else:
                 for i in gl.static_range(BLOCK_N // BOX):
-                    row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row)
-                    tma.async_copy_global_to_shared(C_desc, [row, kv_col], bar, buf.slice(i * BOX, BOX))
+                    row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row, block_rows, c_row)
+                    tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
         else:
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "stride_lse_h", "n_bt_cols", "num_blocks",
-                              "max_query_len", "window_left"])  # fmt: skip
+@gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "block_rows", "head_rows", "head_cols",
+                              "stride_lse_h", "n_bt_cols", "num_blocks", "max_query_len", "window_left",
+                              "window_right"])  # fmt: skip
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc, O, BlockTable, CuSeqlensQ, SeqLens,
-    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, Lse, stride_lse_h, n_bt_cols,
-    num_blocks, max_query_len, Status,
+    qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, block_rows, head_rows,
+    head_cols, Lse, stride_lse_h, n_bt_cols, num_blocks, max_query_len, Status,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
     KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     ONE_CONSUMER: gl.constexpr,
     LLVM_O0: gl.constexpr, Sinks=None, Slopes=None, tanh_scale=None,
     window_left=None, HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
-    IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False,
+    IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
+    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
-    the caches with block [BOX, D]; ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]. With
+    the caches' views of rows (:func:`paged_kv_offsets.tma_rows`) with block [BOX, D];
+    ``KCB_desc``/``VCB_desc``: block [BLOCK_N, D]; ``block_rows``, ``head_rows``, ``head_cols``: the
+    views' geometry (the same for K and V), ``oob_row`` a row past both views' ends. With
     ``KV_FROM_CACHE`` the new tokens' K/V are read from the cache (``K_desc``/``V_desc`` then only give
     the rings' shared layout). ``ONE_CONSUMER`` (the quick-compiling form of the compile tiers; launch
     with 8 warps, ``Q_desc`` block ``[BLOCK_M, D]``): both consumer warpgroups as one 8-warp partition,
@@ -312,7 +356,9 @@ def _gluon_fwd_kernel(
     (:func:`_program_segments`); ``SOFTCAP`` soft-capping (``qk_scale`` = softcap * log2(e),
     ``tanh_scale`` = softmax scale / softcap); ``HAS_ALIBI`` ALiBi slopes ``Slopes`` ``[num_heads]``;
     ``HAS_SINKS`` sinks ``Sinks`` ``[num_heads]`` (float32, an extra logit of the denominator);
-    ``SKIP_DECODE`` one-token sequences are left to a decode kernel (:func:`_program_skipped`).
+    ``SKIP_DECODE`` one-token sequences are left to a decode kernel (:func:`_program_skipped`);
+    ``CAUSAL`` False: the new tokens see each other both ways, with ``HAS_RIGHT`` at most
+    ``window_right`` tokens ahead (:func:`_program_segments`).
     ``IDLE_WG1`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``: the launcher's choice, see
     ``prefix_prefill.plan.idle_second_warpgroup``): the second warpgroup only keeps the rings' protocol.
     ``PAIR_HEADS`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``, an even number of query
@@ -320,40 +366,50 @@ def _gluon_fwd_kernel(
     warpgroups compute the same rows of two adjacent heads over the KV head's keys, read once for both.
     ``n_bt_cols``: the block table's width; ``num_blocks``: the caches'; ``max_query_len``: the caller's;
     ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
-    into ``Q_desc``'s token count, cached keys into the table)."""
-    skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score = _program(
+    into ``Q_desc``'s token count, cached keys into the table). ``OUT_MAX > 0``: ``O`` is fp8 (this
+    largest finite value), written as ``clamp(o / OutScale[0])`` (``OutScale``: a 1-element float
+    tensor, read once per program; None with ``OUT_MAX`` 0)."""
+    skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
-        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
-        Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
-        HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
+        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
+        tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
+        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
     )  # fmt: skip
     if skip:
         return
     n_blocks, n_a, a_base, _, a_end, _, _, _, b_base, _, _, _ = seg
-    kv_col = (head // group_size) * HEAD_DIM
+    kv_head = head // group_size
+    kv_col = kv_head * HEAD_DIM  # the KV head's column in the new tokens' rows
+    c_row = kv_head * head_rows  # ... its row and column in the caches' views
+    c_col = kv_head * head_cols
     HALF_M: gl.constexpr = BLOCK_M // 2
 
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
     )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, stride_ot, stride_oh)
+    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh, out_scale)
     tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
     if PAIR_HEADS:
         score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                              1 if HAS_SINKS else 0)  # fmt: skip
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, stride_ot, stride_oh)
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh,
+                 out_scale)  # fmt: skip
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-              page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
+              page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
+              a_end, n_blocks)  # fmt: skip
     v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-              page_size, oob_row, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)  # fmt: skip
+              page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
+              a_end, n_blocks)  # fmt: skip
     if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
+                    HAS_RIGHT, OUT_MAX,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
@@ -367,10 +423,12 @@ def _gluon_fwd_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
+                    CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
+                    CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIR_HEADS)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),

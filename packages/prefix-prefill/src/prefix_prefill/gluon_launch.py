@@ -1,20 +1,22 @@
-"""Host side of the two Gluon kernels (:mod:`prefix_prefill.gluon_kernel`, NHD;
+"""Host side of the two Gluon kernels (:mod:`prefix_prefill.gluon_kernel`, NHD and HND caches;
 :mod:`prefix_prefill.gluon_split_kernel`, vLLM's split cache): TMA descriptors, compile
 tiers, the compiled variants launched directly, the fallback when a Gluon kernel cannot run.
 
-:func:`launch` runs a plan of kernel ``"gluon-nhd"`` or ``"gluon-split"`` (see
+:func:`launch` runs a plan of kernel ``"gluon-nhd"``, ``"gluon-hnd"`` (the same kernel over the HND
+cache's view of rows, :func:`paged_kv_offsets.tma_rows`) or ``"gluon-split"`` (see
 :mod:`prefix_prefill.plan` for when they apply); it returns False when the kernel failed to build or
 launch (another Triton's Gluon): from then on :func:`available` is False and the Triton kernel runs.
 
-Options (:class:`Options`: soft-capping, the left window, sinks, ALiBi slopes) become the kernels'
-keyword arguments as :func:`_option_args` says; each is None, a constexpr, where the plan has it off.
+Options (:class:`Options`: soft-capping, the windows, sinks, ALiBi slopes, an fp8 output's scale)
+become the kernels' keyword arguments as :func:`_option_args` says; each is None, a constexpr, where the
+plan has it off.
 
 Warm calls: a compiled and loaded key's full form is launched directly (light descriptors, Triton 3.6's
 C launcher), and its first direct launch over a pair of caches keeps a frame of the C-launcher arguments
-(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers, logit scale, cap and window); a
+(:class:`prefill_runtime.compiled_launch.Frame`, per key, cache pointers, logit scale, cap and windows); a
 repeated call signature goes to :func:`warm`, which fills the frame's per-call slots (grid, stream, the
 new tokens' descriptors, the output and index pointers, the block table's stride and width, the LSE,
-the status, the sinks and ALiBi slopes) and launches.
+the status, the sinks, ALiBi slopes and fp8 output scale) and launches.
 
 Short-query forms: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full form
 with ``PAIR_HEADS`` where each KV head has an even number of query heads and the idle form's grid would
@@ -43,11 +45,11 @@ from typing import NamedTuple
 import torch
 
 import prefill_runtime as runtime
-from paged_kv_offsets import CacheView
+from paged_kv_offsets import TmaRows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.kernel import LOG2E
-from prefix_prefill.plan import idle_second_warpgroup, pair_heads
+from prefix_prefill.plan import TMA_KERNELS, cache_views, idle_second_warpgroup, pair_heads
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
     from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
@@ -69,19 +71,22 @@ _KEY_IDS_MAX = 4096
 # weighs per call (:func:`_variant`), read once per key (cleared with _KEY_IDS)
 _KEY_HEADS: dict[int, tuple[int, int, int]] = {}
 _NEXT_ID = itertools.count()
-# Left windows at least this wide reach past any position (int32 in the kernels): passed as this
+# Windows at least this wide reach past any position (int32 in the kernels): passed as this
 _WINDOW_CAP = 1 << 30
 
 
 class Options(NamedTuple):
     """A call's options beyond plain attention, as the Gluon launch takes them: ``softcap`` (0: none),
     ``left`` (the left window, -1: none), ``sinks`` and ``alibi`` (``[num_heads]`` float32 tensors, or
-    None)."""
+    None), ``right`` (the right window of a non-causal call, -1: none), ``out_scale`` (an fp8 output's
+    scale, a 1-element float tensor: ``o = clamp(out / out_scale)``; None for an output in q's dtype)."""
 
     softcap: float = 0.0
     left: int = -1
     sinks: torch.Tensor | None = None
     alibi: torch.Tensor | None = None
+    right: int = -1
+    out_scale: torch.Tensor | None = None
 
 
 PLAIN = Options()
@@ -89,14 +94,17 @@ PLAIN = Options()
 
 def _option_args(consts: dict, scale: float, opts: Options) -> float:
     """The kernels' logit multiplier (softmax scale, or with ``SOFTCAP`` the cap, times log2(e)); adds the
-    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``) to ``consts`` (a call's
-    parameters, the plan's constexprs), each None (a constexpr) where its option is off there."""
+    option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``, ``window_right``,
+    ``OutScale``) to ``consts`` (a call's parameters, the plan's constexprs), each None (a constexpr) where
+    its option is off there."""
     capped = consts.get("SOFTCAP", 0) > 0
     consts.update(
         Sinks=opts.sinks if consts.get("HAS_SINKS") else None,
         Slopes=opts.alibi if consts.get("HAS_ALIBI") else None,
         tanh_scale=scale / opts.softcap if capped else None,
         window_left=min(opts.left, _WINDOW_CAP) if consts.get("HAS_LEFT") else None,
+        window_right=min(opts.right, _WINDOW_CAP) if consts.get("HAS_RIGHT") else None,
+        OutScale=opts.out_scale if consts.get("OUT_MAX", 0.0) > 0 else None,
     )
     return (opts.softcap if capped else scale) * LOG2E
 
@@ -156,7 +164,7 @@ def launch_key(
         plan.kernel,
         problem,
         plan,
-        _spec(block_table, cu_seqlens_q, seq_lens, lse, status, opts.sinks, opts.alibi),
+        _spec(block_table, cu_seqlens_q, seq_lens, lse, status, opts.sinks, opts.alibi, opts.out_scale),
         seq_lens.get_device(),
     )
     key = _KEY_IDS.get(full)
@@ -171,16 +179,18 @@ def launch_key(
 def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
          max_query_len: int, scale: float, lse, status=None, opts: Options = PLAIN) -> bool:  # fmt: skip
     """A warm call of a Gluon plan (``key``: its :func:`launch_key`) through the frame kept for its caches,
-    scale, cap and window: True when launched (or nothing to launch), False when there is no usable
+    scale, cap and windows: True when launched (or nothing to launch), False when there is no usable
     frame (no direct launch yet over these caches, a launch hook installed, a test's stand-in kernel,
     another current device): then :func:`launch` runs it."""
-    nhd = plan.kernel == "gluon-nhd"
+    nhd = plan.kernel in TMA_KERNELS
     fast = _NHD if nhd else _SPLIT
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
     batch = seq_lens.shape[0]
     key = _variant(plan, key, max_query_len, q, k_cache, batch)
-    frame = fast.frame((key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left))
+    frame = fast.frame(
+        (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
+    )
     if frame is None:
         return False
     index = q.get_device()
@@ -209,6 +219,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if status is None else status.data_ptr(),
         None if opts.sinks is None else opts.sinks.data_ptr(),
         None if opts.alibi is None else opts.alibi.data_ptr(),
+        None if opts.out_scale is None else opts.out_scale.data_ptr(),
     )
     stream = torch._C._cuda_getCurrentRawStream(index)
     heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
@@ -228,7 +239,7 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
     key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
-    nhd = plan.kernel == "gluon-nhd"
+    nhd = plan.kernel in TMA_KERNELS
     fast = _NHD if nhd else _SPLIT
     args = (plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
             max_query_len, scale, lse, status, opts)  # fmt: skip
@@ -258,7 +269,7 @@ def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache, batch: 
         return key
     heads = _KEY_HEADS.get(key)
     if heads is None:
-        kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]
+        kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]  # (HND, split: dim 1)
         n = q.shape[1]
         heads = _KEY_HEADS[key] = (n, n // kv_heads, _multiprocessors(q.get_device()))
     return (key, "pair" if pair_heads(heads[1], heads[0] * batch, heads[2]) else "idle")
@@ -285,7 +296,7 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     fast.launch(key, grid, args, params, _options(params), q.device)
     # (the frame holds the caches' descriptors, the logit scale, the cap and the window, which the key
     # leaves open)
-    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left)
+    frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
     if fast.frame(frame_key) is None:
         descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
         fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
@@ -293,13 +304,13 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
 
 # A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
 _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h",
-                   "n_bt_cols", "max_query_len", "Status", "Sinks", "Slopes")  # fmt: skip
+                   "n_bt_cols", "max_query_len", "Status", "Sinks", "Slopes", "OutScale")  # fmt: skip
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
     """A frame's per-call descriptors (parameter, the dimension of its shape that is the token count), in
     the order of the bases warm() passes (q, K rows, V rows, K rows): Q's rows; the new tokens' K and V
-    unless they come from the cache (NHD: the cache's descriptors stand in); the split kernel's K by TMA
+    unless they come from the cache (NHD/HND: the cache's descriptors stand in); the split kernel's K by TMA
     is ``[kv_heads * D/8, tokens, 8]`` and its full key blocks ``KN_desc`` ``[..., tokens, 8]``."""
     if nhd:
         return [("Q_desc", 0)] if k is None else [("Q_desc", 0), ("K_desc", 0), ("V_desc", 0)]
@@ -351,12 +362,11 @@ def _rows(t: torch.Tensor, block: int, light: bool):
     return _tma(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [block, d], layout, light)
 
 
-def _cache_rows(cache: torch.Tensor, cv: CacheView, rows: int, light: bool):
-    """An NHD cache seen as [num_blocks * page_size, kv_heads * head_size] (the plan checked that pages
-    are contiguous with 16-byte rows), block [rows, head_size]."""
-    d, hk, page = cv.head_size, cv.num_kv_heads, cv.page_size
+def _cache_rows(cache: torch.Tensor, view: TmaRows, d: int, rows: int, light: bool):
+    """A cache seen as its view of rows ``view`` (``[view.rows, view.row_elems]``, strides
+    ``[view.row_stride, 1]``, the plan checked that TMA can read it), block ``[rows, d]``."""
     layout = None if light else _swizzled(rows, d, cache.dtype == torch.float16)
-    return _tma(cache, [cv.num_blocks * page, hk * d], [cv.stride_slot, 1], [rows, d], layout, light)
+    return _tma(cache, [view.rows, view.row_elems], [view.row_stride, 1], [rows, d], layout, light)
 
 
 def _go(kernel, fast, key, grid, args, params, num_warps, device) -> None:
@@ -377,14 +387,20 @@ def _spec(*tensors) -> tuple:
 
 def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
               max_query_len, scale, lse, status, opts, full: bool, light: bool) -> tuple:  # fmt: skip
-    """The NHD kernel's ``(args, params, grid)``: the full form (two consumer warpgroups) or the quick one
-    (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch."""
+    """The NHD/HND kernel's ``(args, params, grid)``: the full form (two consumer warpgroups) or the quick
+    one (one 8-warp consumer partition, Q in one box); ``light``: descriptors for a direct launch. The
+    caches as their views of rows (:func:`cache_views`), ``oob_row`` the first row past both."""
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
     form = _form(key, full)
     grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form)
-    kcb, vcb = _cache_rows(k_cache, kc, block_n, light), _cache_rows(v_cache, vc, block_n, light)
-    kbox, vbox = _cache_rows(k_cache, kc, box, light), _cache_rows(v_cache, vc, box, light)
+    views = cache_views(kc, vc, k_cache.element_size())
+    if views is None:
+        raise ValueError("the NHD/HND Gluon kernel needs caches TMA reads as one view of rows (see plan())")
+    kv, vv = views
+    d = kc.head_size
+    kcb, vcb = _cache_rows(k_cache, kv, d, block_n, light), _cache_rows(v_cache, vv, d, block_n, light)
+    kbox, vbox = _cache_rows(k_cache, kv, d, box, light), _cache_rows(v_cache, vv, d, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
         k_desc, v_desc = kcb, vcb
     else:
@@ -392,7 +408,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
             block_table, cu_seqlens_q, seq_lens, _option_args(consts, scale, opts),
             q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
-            kc.num_blocks * kc.page_size, lse, lse.stride(0) if lse is not None else None,
+            max(kv.rows, vv.rows), *kv.kernel_args(), lse, lse.stride(0) if lse is not None else None,
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
@@ -522,7 +538,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
 def _through_tiers(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
                    max_query_len, scale, lse, status, opts):  # fmt: skip
     """``plan``'s kernel launched through the compile tiers (module docstring), as a thunk."""
-    nhd = plan.kernel == "gluon-nhd"
+    nhd = plan.kernel in TMA_KERNELS
 
     def one(full: bool, warmup: bool) -> None:
         kernel, fast = (_gluon_fwd_kernel, _NHD) if nhd else (_gluon_split_kernel, _SPLIT)

@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves, score_terms
-from prefix_prefill.gluon_kernel import _prefix_consumer, _program
+from prefix_prefill.gluon_kernel import _out_scale, _prefix_consumer, _program
 
 
 @gluon.jit
@@ -398,7 +398,7 @@ def _split_v_partition(
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
                               "vc_block", "vc_head", "vc_dim", "n_bt_cols", "num_blocks",
-                              "max_query_len", "window_left"])  # fmt: skip
+                              "max_query_len", "window_left", "window_right"])  # fmt: skip
 def _gluon_split_kernel(
     Q_desc, K_desc, V_desc, K_cache, V_cache, O, BlockTable, CuSeqlensQ, SeqLens, qk_scale, group_size,
     stride_ot, stride_oh, stride_bt, page_size, kc_block, kc_head, kc_group, vc_block, vc_head, vc_dim, Lse,
@@ -410,7 +410,8 @@ def _gluon_split_kernel(
     KN_desc=None, V_STAGE: gl.constexpr = False, Sinks=None, Slopes=None, tanh_scale=None, window_left=None,
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
-    IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False,
+    IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
+    CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
 ):  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
     docstring): same grid, warps and segments.
@@ -442,7 +443,8 @@ def _gluon_split_kernel(
     half a key block and the V producer transposes those rows into the V ring's slot form
     (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
     ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``,
-    ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions only): the options of
+    ``CAUSAL``, ``window_right`` and ``HAS_RIGHT``, ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions
+    only), ``OutScale`` and ``OUT_MAX`` (an fp8 output): the options of
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first visible key are
     never copied, gathered or boxed). ``n_bt_cols``, ``num_blocks``, ``max_query_len``,
     ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
@@ -456,11 +458,11 @@ def _gluon_split_kernel(
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
-    skip, head, q_tok0, q_len, m0, p_table_row, w_left, seg, score = _program(
+    skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
-        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, qk_scale, tanh_scale,
-        Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP,
-        HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
+        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
+        tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
+        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
     )  # fmt: skip
     if skip:
         return
@@ -505,12 +507,14 @@ def _gluon_split_kernel(
         v_stage = v_smem
         v_stage_bar = k_ready
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, stride_ot, stride_oh)
+    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh, out_scale)
     tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
     if PAIR_HEADS:
         score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                              1 if HAS_SINKS else 0)  # fmt: skip
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, stride_ot, stride_oh)
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh,
+                 out_scale)  # fmt: skip
     # the new tokens from B's first block on: rows from n_tok0, n_new of them
     n_tok0, n_new = q_tok0 + b_base, b_end - b_base
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
@@ -527,7 +531,8 @@ def _gluon_split_kernel(
             [
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                    True, 2, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                    True, 2, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False,
+                    CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc)),
@@ -543,12 +548,12 @@ def _gluon_split_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False,
-                    PAIR_HEADS,
+                    PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1,
-                    PAIR_HEADS,
+                    PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
                                        V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, PAIR_HEADS)),

@@ -23,6 +23,7 @@ from paged_kv_offsets import CacheView, describe_kv_cache
 from prefill_runtime import LaunchPlan, hook_compiles, prime_triton, ptxas_launch_options, softcap_form
 from prefill_runtime.compiled_launch import CompiledLaunches
 from prefix_prefill import autotune, gluon_launch
+from prefix_prefill.checks import FP8_DTYPES
 from prefix_prefill.configs import MAX_GRID_YZ, config_key, detect_arch, get_config
 from prefix_prefill.kernel import LOG2E, _fwd_kernel
 from prefix_prefill.plan import Problem, make_problem, pack_gqa, plan, triton_plan
@@ -57,7 +58,7 @@ class Prepared:
     the Triton kernel the constexprs, launch options, the integer arguments the signature fixes and the
     key of its compiled variant (for a Gluon kernel the key's id,
     :func:`prefix_prefill.gluon_launch.launch_key`). ``scale``: the logit scale, ``softcap``: the cap
-    (0: none), ``left``: the left window (-1: none)."""
+    (0: none), ``left``/``right``: the windows (-1: none)."""
 
     problem: Problem
     plan: LaunchPlan
@@ -70,6 +71,7 @@ class Prepared:
     ints: tuple = ()
     key: tuple | int | None = None
     left: int = -1
+    right: int = -1
     fixed: gluon_launch.Options = gluon_launch.PLAIN
     packed: tuple | None = None
 
@@ -81,14 +83,14 @@ class Prepared:
         return self.packed
 
     def __post_init__(self) -> None:
-        self.fixed = gluon_launch.Options(self.softcap, self.left)
+        self.fixed = gluon_launch.Options(self.softcap, self.left, right=self.right)
 
-    def options(self, sinks, alibi) -> gluon_launch.Options:
-        """A Gluon launch's options for this signature's call with these sinks and ALiBi slopes (without
-        either, one object made once per signature: a warm call builds nothing)."""
-        if sinks is None and alibi is None:
+    def options(self, sinks, alibi, out_scale=None) -> gluon_launch.Options:
+        """A Gluon launch's options for this signature's call with these sinks, ALiBi slopes and fp8 output
+        scale (without any, one object made once per signature: a warm call builds nothing)."""
+        if sinks is None and alibi is None and out_scale is None:
             return self.fixed
-        return gluon_launch.Options(self.softcap, self.left, sinks, alibi)
+        return gluon_launch.Options(self.softcap, self.left, sinks, alibi, self.right, out_scale)
 
 
 def forward(
@@ -123,7 +125,8 @@ def forward(
 ) -> None:
     """Launch the planned kernel on already-checked arguments (see :func:`prefix_prefill.prefix_prefill`
     for the tensors). ``kc``/``vc`` describe the caches (``paged_kv_offsets.describe_kv_cache``); scales
-    are 1-element device tensors (fp8 caches: the defaults of 1 made by the caller); ``softcap`` > 0:
+    are 1-element device tensors (fp8 caches: the defaults of 1 made by the caller; ``out_scale``: an fp8
+    ``o``'s, which gets ``clamp(out / out_scale)``, required with one); ``softcap`` > 0:
     logits ``softcap * tanh(softmax_scale * q.k / softcap)``; ``lse``: a float32 ``[H, total_q]`` buffer
     (unit token stride) for each row's softmax log-sum-exp (rows skipped by ``skip_decode`` get
     ``-inf``), or None; ``status``: an int32 ``[1]`` tensor the kernel ORs the bits of
@@ -133,6 +136,8 @@ def forward(
     signature can repeat it. A call without sequences or query rows launches nothing; ``max_query_len``
     0 still launches one query tile a sequence (rows a too small ``max_query_len`` leaves out are
     written as 0 and reported)."""
+    if o.dtype in FP8_DTYPES and out_scale is None:
+        raise ValueError(f"an fp8 output ({o.dtype}) needs its scale: pass out_scale (fp8_out_scale)")
     total_q, _, head_size = q.shape
     if seq_lens.shape[0] == 0 or total_q == 0:
         return
@@ -175,10 +180,10 @@ def forward(
         chosen = triton_plan(problem, config, "tiles given")
     else:
         chosen = plan(problem)
-    prep = Prepared(problem, chosen, kc, vc, scale, softcap, left=left)
+    prep = Prepared(problem, chosen, kc, vc, scale, softcap, left=left, right=right)
     repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
-        opts = prep.options(sinks, alibi_slopes)
+        opts = prep.options(sinks, alibi_slopes, out_scale)
         prep.key = gluon_launch.launch_key(
             chosen, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts
         )
@@ -330,7 +335,7 @@ def run_prepared(
         lse,
         prep.key,
         status,
-        prep.options(sinks, alibi),
+        prep.options(sinks, alibi, out_scale),
     ):
         raise RuntimeError("prefix_prefill: the Gluon kernel failed after it had run (see the warning)")
 

@@ -10,13 +10,18 @@ order; the first that applies wins:
 kernel                  when
 ======================  =========================================================================
 ``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
-                        allowlist), 16-bit q/cache/out of one dtype, head size 64/128/256, causal, a
-                        positive scale or soft-capping, no left window narrower than
-                        :data:`GLUON_MIN_WINDOW` keys, pages a multiple of 16, an NHD cache whose pages
-                        are contiguous with 16-byte rows, and q/k/v rows TMA can read (unit feature
-                        stride, heads adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, a left
-                        window (a right one is moot under causality) and skip_decode are its
-                        constexprs
+                        allowlist), 16-bit q and cache of one dtype, out in it or in one of
+                        :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
+                        scale or soft-capping, a window that lets a row see at least
+                        :data:`GLUON_MIN_WINDOW` keys (or none), pages a multiple of 16, an NHD cache
+                        TMA reads as one view of rows (:func:`paged_kv_offsets.tma_rows`: unit feature
+                        stride, a slot's heads adjacent, 16-byte slots, a block stride of whole slots,
+                        so FlashInfer's interleaved K/V pages too; K and V of one geometry, 16-byte
+                        aligned bases), and q/k/v rows TMA can read (unit feature stride, heads
+                        adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, the windows (a right
+                        one only without causality, where it is moot), causal or not, and
+                        skip_decode are its constexprs
+``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
@@ -39,10 +44,12 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_kv_offsets import CacheView, offsets_fit_int32
+from paged_kv_offsets import CacheView, TmaRows, offsets_fit_int32, tma_rows
 from prefill_runtime import LaunchPlan
 from prefix_prefill.configs import MAX_GRID_YZ, get_config
 
+#: The plans of the NHD/HND Gluon kernel (one kernel over a cache's view of rows).
+TMA_KERNELS = ("gluon-nhd", "gluon-hnd")
 #: Gluon kernels: query rows per program (two consumer warpgroups of 64).
 GLUON_BLOCK_M = 128
 #: Gluon kernels: a left window must let a row see at least this many keys (``left + 1``); narrower
@@ -83,6 +90,9 @@ _FP8_DTYPES = tuple(
     for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
     if hasattr(torch, n)
 )
+#: Gluon kernels: the fp8 output dtypes they write (NVIDIA's; ``clamp(out / fp8_out_scale)``, as the
+#: Triton kernel's ``OUT_FP8``).
+GLUON_FP8_OUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclass(frozen=True)
@@ -91,8 +101,9 @@ class Problem:
     the tensor's data pointer is a multiple of 16 bytes. ``k_strides``/``v_strides`` are None when the
     new tokens' K/V are read from the cache. ``new_rows_fit32``: every new-token offset a program forms
     from its sequence's first row fits int32. ``softcap``: the kernel's SOFTCAP form (0 off, 1 exp2,
-    2 hardware tanh). ``wide_window``: no left window, or one of at least :data:`GLUON_MIN_WINDOW`
-    keys a row."""
+    2 hardware tanh). ``wide_window``: a row may see at least :data:`GLUON_MIN_WINDOW` keys: causal, no
+    left window or ``left + 1`` keys; not causal, a side unbounded or ``left + right + 1`` keys (the
+    window-prefill package's rule)."""
 
     arch: str
     gluon: bool
@@ -176,8 +187,17 @@ def make_problem(
         scale_positive=scale > 0,
         skip_decode=bool(skip_decode),
         lse=lse,
-        wide_window=left < 0 or left + 1 >= GLUON_MIN_WINDOW,
+        wide_window=wide_window(bool(causal), left, right),
     )
+
+
+def wide_window(causal: bool, left: int, right: int) -> bool:
+    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at least :data:`GLUON_MIN_WINDOW`
+    keys: causal calls see ``left + 1`` (a right window is moot); others ``left + right + 1``, unbounded
+    when either side is."""
+    if causal:
+        return left < 0 or left + 1 >= GLUON_MIN_WINDOW
+    return left < 0 or right < 0 or left + right + 1 >= GLUON_MIN_WINDOW
 
 
 # --------------------------------------------------------------------------- the Gluon kernels' rules
@@ -189,19 +209,22 @@ def _rows_tma(strides: tuple[int, int, int] | None, aligned: bool, heads: int, d
     return sd == 1 and sh == d and st >= heads * d and (st * elem) % 16 == 0 and aligned
 
 
-def _nhd_tma(cv: CacheView, aligned: bool, elem: int) -> bool:
-    """An NHD cache TMA reads as ``[num_blocks * page, kv_heads * d]`` (pages contiguous, 16-byte rows)."""
-    d, hk, page = cv.head_size, cv.num_kv_heads, cv.page_size
-    return (
-        cv.layout == "nhd"
-        and cv.stride_dim == 1
-        and cv.stride_head == d
-        and cv.stride_slot == hk * d
-        and cv.stride_block == page * cv.stride_slot
-        and (cv.stride_slot * elem) % 16 == 0
-        and aligned
-        and cv.num_blocks * page < 2**31
-    )
+@functools.lru_cache(maxsize=256)
+def cache_views(kc: CacheView, vc: CacheView, elem: int) -> tuple[TmaRows, TmaRows] | None:
+    """The K and V caches' views of rows (:func:`paged_kv_offsets.tma_rows`, elements of ``elem`` bytes)
+    for the NHD/HND kernel, or None when TMA cannot read either or they differ in their geometry
+    (``block_rows``, ``head_rows``, ``head_cols``: one set the kernel takes). Computed once per pair of
+    cache descriptions (a plan's problem holds them), not per call."""
+    kv, vv = tma_rows(kc, elem), tma_rows(vc, elem)
+    if kv is None or vv is None or kv.kernel_args() != vv.kernel_args():
+        return None
+    return kv, vv
+
+
+def tma_cache_views(p: Problem) -> bool:
+    """K and V caches TMA reads as views of rows of one geometry (:func:`cache_views`) from 16-byte
+    aligned bases."""
+    return p.kc_al16 and p.vc_al16 and cache_views(p.kc, p.vc, p.cache_dtype.itemsize) is not None
 
 
 def split_gather_ok(p: Problem) -> bool:
@@ -232,9 +255,12 @@ def _gluon_unmet(p: Problem) -> str | None:
         (p.arch == "sm90", f"architecture {p.arch} (Gluon kernels: sm90)"),
         (half, f"q dtype {p.q_dtype} (Gluon kernels: fp16/bf16)"),
         (p.head_size in GLUON_BLOCK_N, f"head size {p.head_size} (Gluon kernels: 64/128/256)"),
-        (p.cache_dtype == p.q_dtype and p.out_dtype == p.q_dtype, "cache or output dtype differs from q's"),
-        (p.causal, "non-causal"),
-        (p.wide_window, f"a left window narrower than {GLUON_MIN_WINDOW} keys"),
+        (p.cache_dtype == p.q_dtype, "cache dtype differs from q's"),
+        (
+            p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
+            f"output dtype {p.out_dtype} (Gluon kernels: q's, float8_e4m3fn or float8_e5m2)",
+        ),
+        (p.wide_window, f"a window narrower than {GLUON_MIN_WINDOW} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
         (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
@@ -247,19 +273,26 @@ def _gluon_unmet(p: Problem) -> str | None:
 
 
 def _gluon_options(p: Problem) -> dict:
-    """The Gluon kernels' option constexprs of ``p`` (a right window is moot: the kernels are causal)."""
+    """The Gluon kernels' option constexprs of ``p`` (a right window only without causality, where it
+    is moot; ``OUT_MAX``: an fp8 output's largest finite value, 0.0 for an output in q's dtype)."""
+    out_max = float(torch.finfo(p.out_dtype).max) if p.out_dtype in GLUON_FP8_OUTS else 0.0
     return dict(HAS_LEFT=p.use_left, SOFTCAP=p.softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
-                SKIP_DECODE=p.skip_decode)  # fmt: skip
+                SKIP_DECODE=p.skip_decode, CAUSAL=p.causal,
+                HAS_RIGHT=p.use_right and not p.causal, OUT_MAX=out_max)  # fmt: skip
 
 
 def _options_note(p: Problem) -> str:
     """The options a Gluon plan runs, for its reason (empty for plain attention)."""
-    names = [n for n, on in (("left window", p.use_left), ("soft-capping", p.softcap), ("ALiBi", p.alibi),
-                             ("sinks", p.sinks), ("skip_decode", p.skip_decode)) if on]  # fmt: skip
+    names = [n for n, on in (("non-causal", not p.causal), ("left window", p.use_left),
+                             ("right window", p.use_right and not p.causal), ("soft-capping", p.softcap),
+                             ("ALiBi", p.alibi), ("sinks", p.sinks), ("skip_decode", p.skip_decode),
+                             ("fp8 output", p.out_dtype in GLUON_FP8_OUTS)) if on]  # fmt: skip
     return f"; {', '.join(names)}" if names else ""
 
 
-def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
+def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
+    """The NHD/HND kernel's plan (``"gluon-nhd"`` or ``"gluon-hnd"`` by the cache's layout), or None
+    when TMA cannot read the caches or q/k/v."""
     d, elem = p.head_size, p.q_dtype.itemsize
     hk = p.kc.num_kv_heads
     rows = (
@@ -267,14 +300,14 @@ def _gluon_nhd_plan(p: Problem) -> LaunchPlan | None:
         and _rows_tma(p.k_strides, p.k_al16, hk, d, elem)
         and _rows_tma(p.v_strides, p.v_al16, hk, d, elem)
     )
-    if not (rows and _nhd_tma(p.kc, p.kc_al16, elem) and _nhd_tma(p.vc, p.vc_al16, elem)):
+    if not (rows and tma_cache_views(p)):
         return None
     block_n = GLUON_BLOCK_N[d]
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
                   **_gluon_options(p))  # fmt: skip
-    why = "sm90, NHD cache TMA can read" + _options_note(p)
-    return LaunchPlan("gluon-nhd", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
+    why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
+    return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
 
 def pack_gqa(block_m: int, queries_per_kv: int, max_query_len: int) -> bool:
@@ -295,7 +328,7 @@ def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = Tru
     speculative-decoding steps). The first warpgroup's code is the same in both forms, so a sequence's
     rows do not depend on the batch around it. The one rule about a call's lengths: the plan itself never
     reads one."""
-    if not full or 2 * max_query_len > plan.block_m or plan.kernel not in ("gluon-nhd", "gluon-split"):
+    if not full or 2 * max_query_len > plan.block_m or plan.kernel not in (*TMA_KERNELS, "gluon-split"):
         return False
     return not plan.constexpr_map.get("ONE_CONSUMER", False)
 
@@ -449,14 +482,12 @@ def plan(p: Problem) -> LaunchPlan:
     kernel. Pure and cached (at most 512 problems: an engine has a handful)."""
     unmet = _gluon_unmet(p)
     if unmet is None:
-        if p.layout == "nhd":
-            found = _gluon_nhd_plan(p)
-            unmet = None if found else "NHD cache or q/k/v rows TMA cannot read"
-        elif p.layout == "split":
+        if p.layout == "split":
             found = _gluon_split_plan(p)
             unmet = None if found else "split cache the Gluon gathers cannot read"
         else:
-            found, unmet = None, "HND cache (Gluon kernels: NHD and split)"
+            found = _gluon_tma_plan(p)
+            unmet = None if found else f"{p.layout.upper()} cache or q/k/v rows TMA cannot read"
         if found is not None:
             return found
     return triton_plan(p, reason=unmet or "")
