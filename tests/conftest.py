@@ -59,7 +59,8 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     so any element the kernel forgets to write shows up in the comparison."""
     if t.dtype.is_floating_point and t.element_size() >= 2:
         return t.fill_(float("nan"))
-    return t.view(torch.uint8).fill_(0x7F)
+    t.view(torch.uint8).fill_(0x7F)  # (0x7F: NaN in both fp8 formats)
+    return t
 
 
 # The Gluon kernels (both packages) run on Hopper only.

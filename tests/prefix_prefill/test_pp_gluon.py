@@ -32,6 +32,7 @@ from pp_gluon_compile import PP_COMPILE_HEAD
 import prefill_runtime as runtime
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
+from prefill_runtime.compiled_launch import CompiledLaunches
 from prefix_prefill import gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
@@ -880,6 +881,8 @@ def test_gpu_gluon_compile_tiers(layout, head, page, gluon_launches, monkeypatch
     bit for bit the same; other lengths compile nothing more."""
     monkeypatch.setattr(gluon_launch, "_TIERS", runtime.CompileTiers())
     jit = gluon_launch._gluon_split_kernel if layout == "split" else gluon_launch._gluon_fwd_kernel
+    # (an earlier test in this process may have loaded this key's full form: start with none loaded)
+    monkeypatch.setattr(gluon_launch, "_SPLIT" if layout == "split" else "_NHD", CompiledLaunches(jit))
     case = make_case([(700, 300), (0, 129), (2000, 64)], num_heads=8, num_kv_heads=2, head_size=head,
                      page=page, dtype=torch.bfloat16, device=DEVICE, layout=layout)  # fmt: skip
     ref = reference(case)
