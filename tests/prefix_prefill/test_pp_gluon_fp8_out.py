@@ -93,13 +93,13 @@ def test_fp8_output_needs_its_scale():
     """An fp8 output without its scale is refused: by the launcher (ValueError), by
     ``context_attention_fwd`` (an fp8 ``o`` without ``fp8_out_scale``: ``o`` must have q's dtype) and by
     ``prefix_prefill``, which has no fp8 output (``out`` must have q's dtype)."""
-    case = _case("split", dtype=torch.float16)
+    case = _case("split", dtype=torch.float16, device=DEVICE)
     o = _fp8_out(case, torch.float8_e4m3fn)
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "split")
     with pytest.raises(ValueError, match="needs its scale"):
         launch.forward(case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
                        case.cu_seqlens_q, case.seq_lens, case.max_query_len)  # fmt: skip
-    one = torch.ones(1)
+    one = torch.ones(1, device=DEVICE)
     with pytest.raises(TypeError, match="o must have q's dtype"):
         context_attention_fwd(case.q, case.k, case.v, o, "auto", case.k_cache, case.v_cache,
                               case.block_table, case.cu_seqlens_q, case.seq_lens, None, case.max_query_len,
