@@ -101,14 +101,16 @@ def test_window_width_rule(layout):
     assert plan.plan(problem_of(case, arch="sm90", left=WIDE)).kernel == _kernel(layout)
     narrow = plan.plan(problem_of(case, arch="sm90", left=WIDE - 1))
     assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
-    assert plan.plan(problem_of(case, arch="sm90", left=127, sinks=True)).kernel == "triton"
+    assert plan.plan(problem_of(case, arch="sm90", left=WIDE - 1, sinks=True)).kernel == "triton"
     assert plan.plan(problem_of(case, arch="sm90", left=WIDE - 1, right=5)).kernel == "triton"  # (moot)
-    both = [(1000, WIDE - 1000), (-1, 0), (0, -1), (5, -1), (-1, 5)]
+    both = [(WIDE // 2, WIDE - WIDE // 2), (-1, 0), (0, -1), (5, -1), (-1, 5)]
     for left, right in both:
         assert (
             plan.plan(problem_of(case, arch="sm90", causal=False, left=left, right=right)).kernel != "triton"
         )
-    narrow = plan.plan(problem_of(case, arch="sm90", causal=False, left=1000, right=WIDE - 1001))
+    narrow = plan.plan(
+        problem_of(case, arch="sm90", causal=False, left=WIDE // 2, right=WIDE - WIDE // 2 - 1)
+    )
     assert narrow.kernel == "triton" and f"narrower than {plan.GLUON_MIN_WINDOW}" in narrow.reason
 
 

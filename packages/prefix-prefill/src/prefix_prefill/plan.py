@@ -52,10 +52,11 @@ from prefix_prefill.configs import MAX_GRID_YZ, get_config
 TMA_KERNELS = ("gluon-nhd", "gluon-hnd")
 #: Gluon kernels: query rows per program (two consumer warpgroups of 64).
 GLUON_BLOCK_M = 128
-#: Gluon kernels: a left window must let a row see at least this many keys (``left + 1``); narrower
-#: windows keep the Triton kernel: a 128-row tile of a narrow band computes mostly masked blocks (the
-#: window-prefill package's width rule, ``window_prefill.plan._GLUON_MIN_WIDTH``, is the same).
-GLUON_MIN_WINDOW = 2048
+#: Gluon kernels: a window must let a row see at least this many keys (``left + 1``, or ``left + right
+#: + 1`` not causal); narrower windows keep the Triton kernel. From 128 keys up the Gluon kernels are
+#: the faster (a 128-row tile of a 128-key band computes mostly masked blocks, and still takes 0.5-0.7x
+#: the Triton kernel's time, both layouts, heads 128 and 256); narrower bands are not measured.
+GLUON_MIN_WINDOW = 128
 #: Key blocks of the Gluon kernels: 64 keys at head 256 (shared memory), else 128.
 GLUON_BLOCK_N = {64: 128, 128: 128, 256: 64}
 #: Ring slots of the Gluon kernels' K and V rings.
