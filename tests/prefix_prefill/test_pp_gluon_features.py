@@ -425,7 +425,8 @@ def test_gpu_each_option(layout, page, option, monkeypatch):
 def test_gpu_default_rule_and_warm_calls(layout):
     """With the shipped width rule: a 4095-key window with sinks and a soft cap takes the Gluon kernel;
     repeated calls of the signature (warm, through the frame) take each call's own sinks and lengths and
-    stay right; a 127-key window keeps the Triton kernel, also right."""
+    stay right; the narrowest window the Gluon kernel takes (:data:`WIDE`) takes it, one key narrower keeps
+    the Triton kernel, both right."""
     for step, seqs in enumerate(([(5000, 900), (0, 70)], [(300, 4000)], [(4100, 1), (9000, 300)])):
         case = _case(layout, head=128, page=16, seqs=seqs, device=DEVICE)
         kw = dict(window=(4095, -1), softcap=30.0, sinks=torch.randn(4, device=DEVICE) * (step + 1))
@@ -436,11 +437,13 @@ def test_gpu_default_rule_and_warm_calls(layout):
         prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
         c = compare(out, reference(case, **kw))
         assert c, (step, c)
-    kw = dict(window=(127, -1), sinks=torch.randn(4, device=DEVICE))
-    assert explain(*args, kv_layout=case.layout, **kw).kernel == "triton"
-    out = poison(torch.empty_like(case.q))
-    prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
-    assert compare(out, reference(case, **kw))
+    for left, kernel in ((WIDE, _kernel(layout)), (WIDE - 1, "triton")):
+        kw = dict(window=(left, -1), sinks=torch.randn(4, device=DEVICE))
+        assert explain(*args, kv_layout=case.layout, **kw).kernel == kernel
+        out = poison(torch.empty_like(case.q))
+        prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
+        c = compare(out, reference(case, **kw))
+        assert c, (left, c)
 
 
 @pytest.mark.gpu
