@@ -14,24 +14,18 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def page_row(p_table_row, pos, seq_end, page_size, oob_row, block_rows=None, head_row=None):
+def page_row(p_table_row, pos, seq_end, page_size, oob_row, block_rows, head_row):
     """Row of token position ``pos`` of one sequence in a cache's view of rows
     (:func:`paged_kv_offsets.tma_rows`): ``block_table[page] * block_rows + head_row + pos % page_size``
     with ``page = pos // page_size``, read from the sequence's block-table row ``p_table_row`` (int32 or
-    int64 entries; rows are int32: ``tma_rows`` keeps the view under ``2**31`` rows); ``head_row`` = the
-    KV head times the view's ``head_rows`` (0 for NHD). ``block_rows``/``head_row`` None: ``page_size``
-    and 0 (contiguous NHD pages, ``[num_blocks * page_size, ...]``). ``oob_row`` (a row past the view's
-    end: the TMA copy reads zeros) when ``pos >= seq_end``, and then no block-table entry is read."""
+    int64 entries; rows are int32: ``tma_rows`` keeps the view under ``2**31`` rows); ``block_rows`` the
+    view's rows a block, ``head_row`` the KV head times the view's ``head_rows`` (0 for NHD). ``oob_row``
+    (a row past the view's end: the TMA copy reads zeros) when ``pos >= seq_end``, and then no
+    block-table entry is read."""
     ok = pos < seq_end
     page = pos // page_size
     block = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)  # int32 or int64 tables
-    slot = pos - page * page_size
-    if block_rows is None:
-        row = block * page_size + slot
-    else:
-        row = block * block_rows + slot
-    if head_row is not None:
-        row = row + head_row
+    row = block * block_rows + head_row + (pos - page * page_size)
     return gl.where(ok, row, oob_row)
 
 

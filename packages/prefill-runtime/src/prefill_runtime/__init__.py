@@ -39,7 +39,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.17,<1``.
 """
 
-__version__ = "0.17.2"
+__version__ = "0.18.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles
