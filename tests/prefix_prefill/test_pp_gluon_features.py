@@ -125,18 +125,25 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
-def test_option_arguments(layout, monkeypatch):
-    """The options reach the kernel as its arguments: ``Sinks`` / ``Slopes`` the call's tensors,
-    ``tanh_scale`` = scale / softcap with the logit multiplier softcap * log2(e), ``window_left`` the
-    window and ``window_right`` a non-causal call's right window (capped at 2**30); each None where its
-    option is off (plain attention: all None, the multiplier scale * log2(e))."""
+def record_gluon_kernel(layout: str, monkeypatch) -> _Recorder:
+    """The layout's Gluon kernel replaced by a :class:`_Recorder` (full forms only: compile tiers off);
+    skips where this Triton has no Gluon."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     name = "_gluon_split_kernel" if layout == "split" else "_gluon_fwd_kernel"
     rec = _Recorder(getattr(gluon_launch, name).arg_names)
     monkeypatch.setattr(gluon_launch, name, rec)
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    return rec
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
+def test_option_arguments(layout, monkeypatch):
+    """The options reach the kernel as its arguments: ``Sinks`` / ``Slopes`` the call's tensors,
+    ``tanh_scale`` = scale / softcap with the logit multiplier softcap * log2(e), ``window_left`` the
+    window and ``window_right`` a non-causal call's right window (capped at 2**30); each None where its
+    option is off (plain attention: all None, the multiplier scale * log2(e))."""
+    rec = record_gluon_kernel(layout, monkeypatch)
     case = _case(layout, seqs=[(40, 5), (0, 19)])
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, layout)
     sinks, slopes = torch.randn(4), alibi_slopes(4, "cpu")

@@ -23,7 +23,13 @@ from conftest import DEVICE, compile_gluon_for_sm90, needs_sm90, poison
 from launch_stubs import pointers, stub_prefix_gluon
 from pp_cases import make_case, problem_of, reference
 from pp_gluon_compile import PP_COMPILE_HEAD
-from test_pp_gluon_features import GPU_OPTIONS, SHORT_SEQS, _kw, _nan_invisible_slots, _Recorder
+from test_pp_gluon_features import (
+    GPU_OPTIONS,
+    SHORT_SEQS,
+    _kw,
+    _nan_invisible_slots,
+    record_gluon_kernel,
+)
 
 import prefill_runtime as runtime
 from paged_kv_offsets import describe_kv_cache
@@ -114,12 +120,7 @@ def test_fp8_output_needs_its_scale():
 def test_out_scale_argument(layout, monkeypatch):
     """The call's scale reaches the kernel as ``OutScale`` with ``OUT_MAX`` the plan's; a 16-bit output
     passes None and 0.0 (a scale given with it is not passed on)."""
-    if not HAS_GLUON:
-        pytest.skip("this Triton has no Gluon")
-    name = "_gluon_fwd_kernel" if layout == "nhd" else "_gluon_split_kernel"
-    rec = _Recorder(getattr(gluon_launch, name).arg_names)
-    monkeypatch.setattr(gluon_launch, name, rec)
-    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    rec = record_gluon_kernel(layout, monkeypatch)
     case = _case(layout, seqs=[(40, 5), (0, 19)])
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, layout)
     scale = torch.tensor([0.02])

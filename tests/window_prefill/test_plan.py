@@ -195,11 +195,11 @@ def test_triton_options_reach_its_constexprs(over, want):
     "causal,window,wide",
     [
         (True, (4095, -1), True),  # the LLM shape
-        (True, (2046, -1), False),  # 2047 keys
-        (True, (2047, -1), True),  # 2048 keys
+        (True, (510, -1), False),  # 511 keys
+        (True, (511, -1), True),  # 512 keys
         (False, (64, 64), False),  # the PR shape
-        (False, (1024, 1024), True),  # 2049 keys
-        (False, (1023, 1023), False),  # 2047
+        (False, (256, 256), True),  # 513 keys
+        (False, (255, 255), False),  # 511
         (True, (-1, -1), True),  # unbounded: however short the sequences
         (True, (-1, 5), True),  # a causal right side is 0 whatever it says
         (False, (-1, 0), True),  # non-causal, right side 0

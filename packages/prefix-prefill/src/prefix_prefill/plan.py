@@ -54,7 +54,7 @@ TMA_KERNELS = ("gluon-nhd", "gluon-hnd")
 GLUON_BLOCK_M = 128
 #: Gluon kernels: a window must let a row see at least this many keys (``left + 1``, or ``left + right
 #: + 1`` not causal); narrower windows keep the Triton kernel. From 128 keys up the Gluon kernels are
-#: the faster (a 128-row tile of a 128-key band computes mostly masked blocks, and still takes 0.5-0.7x
+#: the faster (a 128-row tile of a 128-key band computes mostly masked blocks, and still takes 0.5-0.8x
 #: the Triton kernel's time, both layouts, heads 128 and 256); narrower bands are not measured.
 GLUON_MIN_WINDOW = 128
 #: Key blocks of the Gluon kernels: 64 keys at head 256 (shared memory), else 128.

@@ -79,7 +79,7 @@ def window_prefill(
         cu_seqlens: int32 or int64 ``[batch + 1]``, non-decreasing, ``cu_seqlens[-1] <= total_tokens``
             (tokens past it belong to no sequence and are not written). ``batch`` <= 65535.
         max_seqlen: Python int >= the longest sequence; it only sizes the launch grid (and, with the
-            window, tells whether a row may see 2048+ keys, the Gluon kernel's rule).
+            window, tells whether a row may see 512+ keys, the Gluon kernel's rule).
         causal: query ``i`` sees keys ``j <= i`` only.
         window: ``(left, right)``, inclusive, FlashAttention's convention: key ``j`` is visible to
             query ``i`` iff ``(not causal or j <= i)`` and ``(left == -1 or i - j <= left)`` and
