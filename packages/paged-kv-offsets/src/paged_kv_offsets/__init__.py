@@ -11,7 +11,7 @@ of one page run in the view of :func:`tma_rows`), ``slot_offset`` (a token's slo
 :func:`validate_block_table` and :func:`offsets_fit_int32` (when the device functions may take
 ``WIDE=False``: int32 offsets).
 
-Versioned on its own: kernels pin ``paged-kv-offsets>=2,<3``; the device-function signatures
+Versioned on its own: kernels pin ``paged-kv-offsets>=3,<4``; the device-function signatures
 only change with a major version.
 """
 
