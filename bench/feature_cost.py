@@ -21,7 +21,8 @@ Features (one row each; ``plain`` first): fp8 e4m3 / e5m2 KV caches with per-ten
 modes in window-prefill), soft-capping 50, ALiBi, non-causal prefix calls, sliding windows left 4095,
 1023, 511 and 127 (the narrow ones measure the plans' width rule), ``skip_decode``, the LSE, and the
 combinations real models use: window 127 + sinks (gpt-oss sliding layers), soft-capping + window 4095
-(Gemma 2 local layers), fp8 cache + window 4095, window 4095 + sinks.
+(Gemma 2 local layers), fp8 cache + window 4095, window 4095 + sinks; fp8 e4m3 / e5m2 outputs
+(prefix-prefill).
 
 Columns: ``kernel`` and ``reason`` are the plan's (``explain()``); ``ms`` the median over ``--rounds``
 passes (>= 3; the row order rotated each pass, every pass in ``rounds_ms``) of
@@ -69,8 +70,9 @@ WIDE_KEYS = 2048  # issue 46: a window whose rows see at least this many keys ke
 class Feature:
     """One row's options. ``window``: the left window (causal calls), -1 off; ``sinks``: a sinks mode
     (``"denominator"``, or ``"bias_key0"`` in window-prefill), None off; ``fp8``: the KV cache's fp8
-    format (``"e4m3"``, ``"e5m2"``), None a bf16 cache; ``causal`` False: every new token sees every other
-    (prefix-prefill only)."""
+    format (``"e4m3"``, ``"e5m2"``), None a bf16 cache; ``out_fp8``: the output's fp8 format (written as
+    ``clamp(out / fp8_out_scale)``, prefix-prefill only), None q's dtype; ``causal`` False: every new
+    token sees every other (prefix-prefill only)."""
 
     name: str
     window: int = -1
@@ -78,6 +80,7 @@ class Feature:
     softcap: float = 0.0
     alibi: bool = False
     fp8: str | None = None
+    out_fp8: str | None = None
     skip_decode: bool = False
     lse: bool = False
     causal: bool = True
@@ -107,6 +110,8 @@ PREFIX = [
     Feature("window127+sinks", window=127, sinks="denominator"),
     Feature("softcap50+window4095", window=4095, softcap=50.0),
     Feature("fp8_e4m3+window4095", window=4095, fp8="e4m3"),
+    Feature("out_fp8_e4m3", out_fp8="e4m3"),
+    Feature("out_fp8_e5m2", out_fp8="e5m2"),
 ]
 WINDOW = [
     PLAIN,
@@ -131,6 +136,7 @@ PREFIX_SHAPES = {128: (8, 32, 8, 4096, 4096), 256: (4, 16, 2, 8192, 2048)}
 WINDOW_SHAPES = {128: (8192, 32, 8), 256: (8192, 16, 2)}
 SMOKE_PREFIX = {64: (2, 2, 1, 40, 24)}
 SMOKE_WINDOW = {64: (64, 2, 1)}
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 def visible_pairs(ctx: int, new: int, left: int) -> int:
@@ -189,11 +195,13 @@ def prefix_entries(layout: str, page: int, head: int, features: list[Feature], d
         kc, vc, scales = prob["k_cache"], prob["v_cache"], {}
         if f.fp8:
             if f.fp8 not in fp8_caches:
-                fdt = torch.float8_e4m3fn if f.fp8 == "e4m3" else torch.float8_e5m2
-                fp8_caches[f.fp8] = fp8_copy(kc, vc, layout, fdt)
+                fp8_caches[f.fp8] = fp8_copy(kc, vc, layout, FP8[f.fp8])
             kc, vc = fp8_caches[f.fp8]
             scales = {"k_scale": 0.25, "v_scale": 0.25}
         out = torch.empty_like(q)
+        if f.out_fp8:
+            out = torch.empty_like(q, dtype=FP8[f.out_fp8])
+            scales["fp8_out_scale"] = 0.5
         kw = dict(window=(f.window, -1), softcap=f.softcap, kv_layout=layout, causal=f.causal, **scales,
                   **per_head(heads, device, f))  # fmt: skip
         args = (q, k, v, kc, vc, prob["block_table"], prob["cu"], prob["seq_lens"], new)

@@ -49,6 +49,8 @@ PREFIX_FORMS: dict[str, dict] = {
 }
 #: (page, form) of the sm90 rows that take the Gluon kernels, per head size and layout
 GLUON_PAGE_FORMS = ((16, "causal"), (544, "causal"), (1056, "k_none"), (16, "specdec"), (16, "specdec_batch"))
+#: (page, form) of the sm90 rows over an HND cache (the NHD kernel reading one head's slots a row view)
+GLUON_HND_PAGE_FORMS = ((16, "causal"), (544, "sliding_sinks"))
 #: multiprocessors of the targets the Gluon launcher weighs a short-query batch against (H100/H200)
 MULTIPROCESSORS = {"sm90": 132}
 #: forms of a window-prefill call (``lens``: starts and lengths, vLLM's form, instead of cu_seqlens;
@@ -128,6 +130,8 @@ def _prefix_rows(target: str) -> list[Case]:
             for layout in ("split", "nhd"):
                 for page, form in GLUON_PAGE_FORMS:
                     rows.append(c(exact, "bf16", layout, page, form, gluon=True))
+            for page, form in GLUON_HND_PAGE_FORMS:  # the NHD kernel over an HND cache's rows
+                rows.append(c(exact, "bf16", "hnd", page, form, gluon=True))
         rows += [dataclasses.replace(r, gluon=True) for r in list(rows) if not r.gluon]
     return rows
 

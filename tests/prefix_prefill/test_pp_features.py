@@ -20,7 +20,7 @@ from pp_cases import (
 )
 
 from attn_reference import compare, gather_paged, negative_control
-from prefix_prefill import plan
+from prefix_prefill import explain, plan, prefix_prefill
 from prefix_prefill.configs import KernelConfig
 
 SEQS = [(37, 29), (0, 18), (50, 1), (9, 40)]
@@ -242,6 +242,38 @@ def test_fp8_output():
         assert c, c
     else:
         assert ((got - ref).abs() <= 0.55 * ref.abs() + 0.05).all()
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_fp8_output_pythonic(layout):
+    """``prefix_prefill(..., out=<fp8>, fp8_out_scale=s)`` writes ``clamp(out / s)`` on NHD/HND caches too,
+    the same bits as without it divided and rounded (the Triton kernel on CPU; the GPU suite's
+    ``test_pp_gluon_fp8_out`` checks the Gluon forms); warm calls take each call's scale; an fp8
+    ``out`` without its scale, or the scale without ``out``, is refused by name."""
+    case = _case(dtype=torch.float16, layout=layout)
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    ref = reference(case).float()
+    for scale in (0.25, 0.5, 0.25):  # the third call repeats the first's signature (the warm path)
+        o = poison(torch.empty(case.q.shape, dtype=FP8_E4M3, device=DEVICE))
+        assert prefix_prefill(*args, kv_layout=layout, out=o, fp8_out_scale=scale) is o
+        got = o.float() * scale
+        assert torch.isfinite(got).all()
+        if ON_GPU:
+            c = compare(got, ref.double(), FP8_E4M3)
+            assert c, c
+        else:  # (the interpreter's fp32 -> fp8 rounding: see test_fp8_output)
+            assert ((got - ref).abs() <= 0.55 * ref.abs() + 0.05 * scale / 0.25).all(), scale
+    o = torch.empty(case.q.shape, dtype=FP8_E4M3, device=DEVICE)
+    with pytest.raises(TypeError, match="out must be an fp8"):
+        prefix_prefill(*args, kv_layout=layout, out=torch.empty_like(case.q), fp8_out_scale=0.5)
+    with pytest.raises(TypeError, match="out must have q's dtype"):
+        prefix_prefill(*args, kv_layout=layout, out=o)
+    with pytest.raises(ValueError, match="fp8_out_scale needs out"):
+        prefix_prefill(*args, kv_layout=layout, fp8_out_scale=0.5)
+    with pytest.raises(ValueError, match="fp8_out_scale"):
+        prefix_prefill(*args, kv_layout=layout, out=o, fp8_out_scale=-1.0)
+    assert explain(*args, kv_layout=layout, out=o, fp8_out_scale=0.5).kernel
 
 
 # ------------------------------------------------------------------------ k=None, short, empty

@@ -392,6 +392,7 @@ def _py_args(
     out,
     return_lse,
     lse,
+    fp8_out_scale=None,
 ):
     """:func:`prefix_prefill`'s arguments checked and in the launcher's convention."""
     q = checks.is_tensor(q, "q")
@@ -412,6 +413,8 @@ def _py_args(
     scale = checks.check_softmax_scale(softmax_scale, "softmax_scale")
     cap = checks.check_softcap(softcap)
     if out is None:
+        if fp8_out_scale is not None:
+            raise ValueError("fp8_out_scale needs out: an fp8 tensor of q's shape for the kernel to write")
         if q.dim() != 3:
             raise ValueError(f"q must be 3-D [total_q, num_heads, head_size], got shape {tuple(q.shape)}")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -428,7 +431,7 @@ def _py_args(
         seq_lens,
         max_query_len,
         names=_PY_NAMES,
-        out_fp8=False,
+        out_fp8=fp8_out_scale is not None,
     )
     lse = check_lse(return_lse, lse, q, "total_q")
     num_heads = q.shape[1]
@@ -437,6 +440,7 @@ def _py_args(
     cache_fp8 = k_cache.dtype in FP8_DTYPES
     ks = signatures.scale_of(k_scale, "k_scale", q.device) if cache_fp8 else None
     vs = signatures.scale_of(v_scale, "v_scale", q.device) if cache_fp8 else None
+    os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
     return (
         q,
         k,
@@ -458,7 +462,7 @@ def _py_args(
         sinks,
         ks,
         vs,
-        None,
+        os_,
         False,
         cap,
         lse,
@@ -486,6 +490,7 @@ def prefix_prefill(
     kv_layout: str | None = None,
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
+    fp8_out_scale: Scale = None,
     return_lse: bool = False,
     lse: torch.Tensor | None = None,
     validate: bool = False,
@@ -541,6 +546,11 @@ def prefix_prefill(
         softcap: > 0: logit soft-capping (Gemma 2): the logit ``softmax_scale * q.k`` (times ``k_scale``)
             becomes ``softcap * tanh(logit / softcap)`` before ALiBi; sinks are not capped. 0 = off.
         out: optional output buffer (``q``'s shape and dtype, unit last stride); allocated when None.
+            With ``fp8_out_scale``: required, ``q``'s shape in float8_e4m3fn or float8_e5m2
+            (float8_e4m3fnuz on MI300).
+        fp8_out_scale: the output's fp8 quantisation scale (a float or 1-element tensor, finite and > 0):
+            ``out = clamp(attention / fp8_out_scale)`` to the fp8 format's finite range, as vLLM's
+            ``context_attention_fwd``; None (default): ``out`` in ``q``'s dtype.
         return_lse: also return the softmax log-sum-exp: float32 ``[H, total_q]`` (heads first,
             FlashAttention's varlen layout), natural log of each row's softmax denominator over the keys
             it sees, after ``softmax_scale``, ``k_scale``, ``softcap`` and ALiBi (a sink is one more
@@ -588,7 +598,7 @@ def prefix_prefill(
     if fast:  # (None: not the types they must be; the full checks say so)
         key = signatures.py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal,
                                 window, softmax_scale, alibi_slopes, sinks, k_scale, v_scale, kv_layout,
-                                softcap, out, return_lse, lse, status)  # fmt: skip
+                                softcap, out, return_lse, lse, status, fp8_out_scale)  # fmt: skip
         fast = key is not None
     prep = signatures.SEEN.lookup(key) if fast else None
     if prep is not None:
@@ -599,6 +609,7 @@ def prefix_prefill(
         fp8 = kc_.dtype in FP8_DTYPES
         ks = signatures.scale_of(k_scale, "k_scale", q.device) if fp8 else None
         vs = signatures.scale_of(v_scale, "v_scale", q.device) if fp8 else None
+        os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
         o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
         buf = None
         if return_lse is True:
@@ -623,7 +634,7 @@ def prefix_prefill(
             sinks,
             ks,
             vs,
-            None,
+            os_,
             buf,
             _PY_NAMES,
             status,
@@ -651,6 +662,7 @@ def prefix_prefill(
         out,
         return_lse,
         lse,
+        fp8_out_scale,
     )
     q, k, v, out, k_cache, v_cache, kc = args[:7]
     status = check_status(status, q.device)
@@ -695,6 +707,7 @@ def explain(
         "out",
         "return_lse",
         "lse",
+        "fp8_out_scale",
     )
     defaults = dict(
         causal=True,
@@ -709,6 +722,7 @@ def explain(
         out=None,
         return_lse=False,
         lse=None,
+        fp8_out_scale=None,
     )
     unknown = set(kwargs) - set(names)
     if unknown:

@@ -38,7 +38,8 @@ def vllm_key(kv_cache_dtype, q, k, v, o, k_cache, v_cache, b_loc, b_start_loc, b
 
 
 def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causal, window, softmax_scale,
-           alibi, sinks, k_scale, v_scale, kv_layout, softcap, out, return_lse, lse, status):  # fmt: skip
+           alibi, sinks, k_scale, v_scale, kv_layout, softcap, out, return_lse, lse, status,
+           fp8_out_scale=None):  # fmt: skip
     """The signature of a ``prefix_prefill`` call (its arguments in order); None as :func:`vllm_key`. The
     fp8 scales belong to it only with an fp8 (or uint8) cache."""
     try:
@@ -52,7 +53,7 @@ def py_key(q, k, v, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, causa
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(alibi),
                 whole_key(sinks), whole_key(k_scale) if fp8 else None, whole_key(v_scale) if fp8 else None,
                 kv_layout, softcap, rows_key(out), return_lse, lse_key,
-                whole_key(status))  # fmt: skip
+                whole_key(status), whole_key(fp8_out_scale))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
