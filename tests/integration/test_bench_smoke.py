@@ -220,12 +220,13 @@ def test_feature_cost_smoke(tmp_path):
     import csv
     import importlib.util
 
-    feats = "fp8_e4m3,skip_decode,window127+sinks,sinks_bias_key0"
+    feats = "fp8_e4m3,skip_decode,window127+sinks,sinks_bias_key0,out_fp8_e4m3"
     _bench("feature_cost.py", "--smoke", "--out", str(tmp_path), "--features", feats)
     with (tmp_path / "feature_cost.csv").open() as f:
         rows = list(csv.DictReader(f))
     got = {(r["package"], r["layout"], r["feature"]) for r in rows}
-    want = {("prefix", lay, f) for lay in ("nhd", "split") for f in ("plain", "fp8_e4m3", "window127+sinks")}
+    want = {("prefix", lay, f) for lay in ("nhd", "split")
+            for f in ("plain", "fp8_e4m3", "window127+sinks", "out_fp8_e4m3")}  # fmt: skip
     want |= {("prefix", "split", "skip_decode")}
     want |= {("window", "-", f) for f in ("plain", "sinks_bias_key0", "window127+sinks")}
     assert got == want, got
