@@ -640,11 +640,14 @@ def test_launch_forwards_ptxas_options(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [16, 512, 1056])
 @pytest.mark.parametrize("kv_from_cache", [False, True])
-def test_gpu_ptxas_register_usage_level(page, kv_from_cache):
+def test_gpu_ptxas_register_usage_level(page, kv_from_cache, monkeypatch):
     """The plan's ptxas ``--register-usage-level`` (the same kernel source) keeps the answers, NHD cache,
-    k given or read back; the kernel it compiled carries the flag when this Triton and ptxas take it."""
+    k given or read back; the kernel it compiled carries the flag when this Triton and ptxas take it. The
+    Triton kernel runs every call (on sm90 the Gluon kernel would take these calls)."""
     from prefill_runtime import ptxas_launch_options
     from prefix_prefill import launch
+
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON", "0")
 
     case = make_case(
         [*random_seqs(5, 2500, 700), (0, 1), (3000, 1)],
