@@ -66,7 +66,9 @@ def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="bf16", cache="fp8e
     lq = gl.NVMMASharedLayout.get_default_for([rows, head], qt)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], qt)
     l8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    new_rows = f"tensordesc<{cache}[{bn}, {head}],{l8!r}>" if from_cache else f"tensordesc<{q}[{bn}, {head}],{lk!r}>"
+    new_rows = f"tensordesc<{q}[{bn}, {head}],{lk!r}>"
+    if from_cache:  # (the caches' descriptors stand in)
+        new_rows = f"tensordesc<{cache}[{bn}, {head}],{l8!r}>"
     sig = {
         "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>", "K_desc": new_rows, "V_desc": new_rows,
         "KC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",

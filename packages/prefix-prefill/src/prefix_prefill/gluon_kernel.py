@@ -314,8 +314,8 @@ def _producer(
         buf = smem.index(slot)
         mbarrier.expect(bar, kv_bytes)
         if j < n_a:
-            _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size, oob_row,
-                          block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
+            _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size,
+                          oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
         else:
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
@@ -366,8 +366,8 @@ def _fp8_producer(
         mbarrier.wait(st_empty.index(st), ((j // FP8_STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = st_ready.index(st)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
-        _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end, page_size,
-                      oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
+        _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
+                      page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
     if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done (see above)
         last = n_a - 1
         mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
@@ -427,11 +427,11 @@ def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAG
         slot = j % NUM_STAGES
         r_phase = ((j // NUM_STAGES) & 1) ^ 1  # a fresh barrier passes round 0
         _fp8_convert_block(k_stage.index(st), ks_ready.index(st), st_phase, ks_empty.index(st),
-                           k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul, False,
-                           BLOCK_N, HEAD_DIM)  # fmt: skip
+                           k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul,
+                           False, BLOCK_N, HEAD_DIM)  # fmt: skip
         _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
-                           v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul, V_SHIFT,
-                           BLOCK_N, HEAD_DIM)  # fmt: skip
+                           v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
+                           V_SHIFT, BLOCK_N, HEAD_DIM)  # fmt: skip
 
 
 @gluon.jit
@@ -527,7 +527,14 @@ def _gluon_fwd_kernel(
         )  # fmt: skip
     else:
         q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-            Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
+            Q_desc,
+            K_desc,
+            V_desc,
+            HALF_M,
+            BLOCK_N,
+            HEAD_DIM,
+            NUM_STAGES,
+            EMPTY_COUNT=256 if ONE_CONSUMER else 2,
         )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
@@ -540,7 +547,9 @@ def _gluon_fwd_kernel(
                                   1 if HAS_SINKS else 0)  # fmt: skip
         else:
             qk_a = qk_scale * k_s
-            score_a = score_terms(qk_a, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
+            score_a = score_terms(
+                qk_a, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0
+            )
         E5M2: gl.constexpr = KC_desc.dtype == gl.float8e5
         V_SHIFT: gl.constexpr = Q_desc.dtype == gl.float16
         v_mul, p_log2, l_mul = _v_terms(VScale, V_SHIFT, 0 if E5M2 else -7, 8 if E5M2 else 15)
@@ -556,8 +565,8 @@ def _gluon_fwd_kernel(
         score1_a = score1
         if CACHE_FP8:
             if SOFTCAP > 0:
-                score1_a = score_terms(qk_scale, tanh_scale * k_s, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
-                                       1 if HAS_SINKS else 0)  # fmt: skip
+                score1_a = score_terms(qk_scale, tanh_scale * k_s, Sinks, Slopes, head + 1, SOFTCAP,
+                                       HAS_ALIBI, 1 if HAS_SINKS else 0)  # fmt: skip
             else:
                 score1_a = score_terms(qk_a, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                                        1 if HAS_SINKS else 0)  # fmt: skip
@@ -574,8 +583,8 @@ def _gluon_fwd_kernel(
     if CACHE_FP8:
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
-                        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
-                        V_SHIFT)  # fmt: skip
+                        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
+                        OUT_MAX, V_SHIFT)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
@@ -626,7 +635,7 @@ def _fp8_partitions(
     reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions at 232 registers (16
     warps: 128 consumer threads a warpgroup at 232, 256 others at 24, the register file's 64K), or with
     ``ONE_CONSUMER`` one 8-warp partition."""
-    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
+    _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
     k_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
     v_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
     ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
@@ -672,7 +681,8 @@ def _fp8_partitions(
                     CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True,
                 )),
                 (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
-                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIR_HEADS)),
+                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
+                                 PAIR_HEADS)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [4, 4, 1, 1],
