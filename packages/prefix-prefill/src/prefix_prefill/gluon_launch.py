@@ -102,9 +102,7 @@ def _option_args(consts: dict, scale: float, opts: Options) -> float:
     ``OutScale``; with ``CACHE_FP8`` ``KScale``/``VScale``) to ``consts`` (a call's parameters, the plan's
     constexprs), each None (a constexpr) where its option is off there."""
     capped = consts.get("SOFTCAP", 0) > 0
-    if consts.get("CACHE_FP8"):
-        if opts.k_scale is None or opts.v_scale is None:
-            raise ValueError("an fp8 cache's Gluon launch needs k_scale and v_scale tensors")
+    if consts.get("CACHE_FP8"):  # (launch() refused a call without them)
         consts.update(KScale=opts.k_scale, VScale=opts.v_scale)
     consts.update(
         Sinks=opts.sinks if consts.get("HAS_SINKS") else None,
@@ -257,6 +255,9 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     options ``opts``; False when it failed to build or launch (then :func:`available` answers False for
     the rest of the process). ``key``: :func:`launch_key` of the call (computed here when None)."""
     global _FAILED
+    # (before the launch guard: missing scales are the caller's error, not a kernel that failed to build)
+    if (opts.k_scale is None or opts.v_scale is None) and plan.constexpr_map.get("CACHE_FP8", False):
+        raise ValueError("an fp8 cache's Gluon launch needs k_scale and v_scale tensors")
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
     key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
