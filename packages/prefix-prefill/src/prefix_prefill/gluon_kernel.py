@@ -345,7 +345,7 @@ FP8_STAGING = gl.constexpr(2)
 @gluon.jit
 def _fp8_producer(
     KV: gl.constexpr, args, stage_args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, NEW: gl.constexpr = True,
 ):  # fmt: skip
     """:func:`_producer` over an fp8 cache: one warp filling ring ``KV`` (``args`` as there). Context
     blocks ``j < n_a`` land as fp8 bytes in staging slot ``j % FP8_STAGING`` of ``stage_args = (stage,
@@ -354,7 +354,9 @@ def _fp8_producer(
     the warp waits for the converter to finish the last context block: running ahead of the converter
     by its staging slots, the warp's ring wait would otherwise look at the ring's empty barrier two
     rounds ahead of the converter's fills, where an mbarrier parity wait passes at once (the converter's
-    own ring waits, block after block, keep that block's round the one the wait sees)."""
+    own ring waits, block after block, keep that block's round the one the wait sees). ``NEW`` False
+    (the new tokens in the cache: every block is a context block) leaves the new-token part out (its
+    descriptor is then the fp8 cache's)."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
      block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end,
      n_blocks) = args  # fmt: skip
@@ -368,15 +370,17 @@ def _fp8_producer(
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
         _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
                       page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
-    if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done (see above)
-        last = n_a - 1
-        mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
-    for j in range(n_a, n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
-        bar = ready.index(slot)
-        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, smem.index(slot))
+    if NEW:
+        if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done (see above)
+            last = n_a - 1
+            mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
+        for j in range(n_a, n_blocks):
+            slot = j % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar,
+                                            smem.index(slot))  # fmt: skip
 
 
 @gluon.constexpr_function
@@ -584,7 +588,7 @@ def _gluon_fwd_kernel(
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
                         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
-                        OUT_MAX, V_SHIFT)  # fmt: skip
+                        OUT_MAX, V_SHIFT, not KV_FROM_CACHE)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
@@ -627,14 +631,15 @@ def _fp8_partitions(
     BOX: gl.constexpr, RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr,
     PAIR_HEADS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
-    V_SHIFT: gl.constexpr,
+    V_SHIFT: gl.constexpr, NEW: gl.constexpr,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
     forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
     :func:`_fp8_producer` warps, over ``FP8_STAGING`` fp8 staging slots a ring (no swizzle: the converter
     reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions at 232 registers (16
     warps: 128 consumer threads a warpgroup at 232, 256 others at 24, the register file's 64K), or with
-    ``ONE_CONSUMER`` one 8-warp partition."""
+    ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
+    straight into the rings)."""
     _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
     k_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
     v_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
@@ -661,8 +666,10 @@ def _fp8_partitions(
                     HAS_RIGHT, OUT_MAX, terms, True,
                 )),
                 (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
-                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
-                (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
+                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
+                (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
             ],
             [4, 1, 1],
             [24, 24, 24],
@@ -682,8 +689,9 @@ def _fp8_partitions(
                 )),
                 (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
                 (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
-                                 PAIR_HEADS)),
-                (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
+                                 PAIR_HEADS, NEW)),
+                (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
             ],
             [4, 4, 1, 1],
             [232, 24, 24, 24],
