@@ -55,14 +55,14 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), cache=E4M3, dtype=to
 def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
     """fp8 e4m3fn / e5m2 caches TMA reads as views of rows (NHD, HND, interleaved pages) at heads 64 and
     128 run the NHD/HND Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or not; the
-    reason names the fp8 cache; a 16-bit cache's plan has no ``CACHE_FP8``."""
+    reason names the fp8 cache; a 16-bit cache's plan has ``CACHE_FP8`` off."""
     for dtype in (torch.bfloat16, torch.float16):
         case = _case(layout, head, cache=cache, dtype=dtype, kv_from_cache=from_cache)
         chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
         assert chosen.kernel == f"gluon-{case.layout}", chosen.reason
         assert chosen.consts()["CACHE_FP8"] is True and "fp8 cache" in chosen.reason
     plain = _case(layout, head, cache=None)
-    assert "CACHE_FP8" not in plan.plan(problem_of(plain, arch="sm90", gluon=True)).consts()
+    assert plan.plan(problem_of(plain, arch="sm90", gluon=True)).consts()["CACHE_FP8"] is False
 
 
 @pytest.mark.parametrize(

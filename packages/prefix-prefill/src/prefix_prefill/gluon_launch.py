@@ -99,11 +99,9 @@ PLAIN = Options()
 def _option_args(consts: dict, scale: float, opts: Options) -> float:
     """The kernels' logit multiplier (softmax scale, or with ``SOFTCAP`` the cap, times log2(e)); adds the
     option arguments (``Sinks``, ``Slopes``, ``tanh_scale``, ``window_left``, ``window_right``,
-    ``OutScale``; with ``CACHE_FP8`` ``KScale``/``VScale``) to ``consts`` (a call's parameters, the plan's
-    constexprs), each None (a constexpr) where its option is off there."""
+    ``OutScale``) to ``consts`` (a call's parameters, the plan's constexprs), each None (a constexpr) where
+    its option is off there."""
     capped = consts.get("SOFTCAP", 0) > 0
-    if consts.get("CACHE_FP8"):  # (launch() refused a call without them)
-        consts.update(KScale=opts.k_scale, VScale=opts.v_scale)
     consts.update(
         Sinks=opts.sinks if consts.get("HAS_SINKS") else None,
         Slopes=opts.alibi if consts.get("HAS_ALIBI") else None,
@@ -456,8 +454,11 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
-    if consts.get("CACHE_FP8"):  # the 16-bit rings' layout (the caches' descriptors are fp8)
-        consts["RING"] = _swizzled(block_n, d, q.dtype == torch.float16)
+    # an fp8 cache's scales and the 16-bit rings' layout (its descriptors are fp8); every parameter given,
+    # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)
+    fp8 = consts["CACHE_FP8"]  # (launch() refused an fp8 call without its scales)
+    consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None,
+                  RING=_swizzled(block_n, d, q.dtype == torch.float16) if fp8 else None)  # fmt: skip
     return args, consts, grid
 
 

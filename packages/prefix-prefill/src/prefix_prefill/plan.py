@@ -325,9 +325,8 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     block_n = GLUON_BLOCK_N[d]
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
-                  **_gluon_options(p))  # fmt: skip
-    if p.cache_dtype in GLUON_FP8_CACHES:  # converted into 16-bit rings (a 4-warp partition)
-        consts["CACHE_FP8"] = True
+                  # an fp8 cache converted into 16-bit rings (a 4-warp partition)
+                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES, **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
