@@ -372,13 +372,14 @@ FORMS = [
     (64, torch.bfloat16, E5M2, 16),
     (64, torch.float16, E5M2, 544),
 ]
+FORM_IDS = [f"d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for h, t, c, p in FORMS]
 
 
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("scales", SCALES, ids=["k0.02-v300", "k1.9-v0.02", "k300-v1.9"])
-@pytest.mark.parametrize("head,dtype,cache,page", FORMS)
-@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("head,dtype,cache,page", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
 def test_gpu_fp8_matches_reference(from_cache, head, dtype, cache, page, scales, monkeypatch):
     """Plain causal attention over an fp8 NHD cache: every head, query dtype, fp8 type and page class, k
     given or from the cache, scales far from 1 each way."""
@@ -388,7 +389,8 @@ def test_gpu_fp8_matches_reference(from_cache, head, dtype, cache, page, scales,
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("layout", ["hnd", *INTERLEAVED])
-@pytest.mark.parametrize("dtype,cache", [(torch.float16, E4M3), (torch.bfloat16, E5M2)])
+@pytest.mark.parametrize("dtype,cache", [(torch.float16, E4M3), (torch.bfloat16, E5M2)],
+                         ids=["float16-e4m3", "bfloat16-e5m2"])  # fmt: skip
 def test_gpu_fp8_tma_layouts(layout, dtype, cache, monkeypatch):
     """HND caches and interleaved K/V pages ride the same kernel."""
     _check(layout, False, 128, dtype, cache, 16, SCALES[0], monkeypatch)
@@ -409,7 +411,8 @@ GPU_OPTIONS = {
 @needs_sm90
 @pytest.mark.parametrize("option", list(GPU_OPTIONS))
 @pytest.mark.parametrize("from_cache", [False, True])
-@pytest.mark.parametrize("dtype,cache,page", [(torch.float16, E4M3, 16), (torch.bfloat16, E5M2, 544)])
+@pytest.mark.parametrize("dtype,cache,page", [(torch.float16, E4M3, 16), (torch.bfloat16, E5M2, 544)],
+                         ids=["float16-e4m3-p16", "bfloat16-e5m2-p544"])  # fmt: skip
 def test_gpu_fp8_options(dtype, cache, page, from_cache, option, monkeypatch):
     """Each option on the fp8 form (head 128), with the LSE: the scales fold into the soft cap's argument,
     the ALiBi slopes and the sinks' start per segment."""
@@ -464,3 +467,35 @@ def test_gpu_fp8_warm_calls_new_scales(monkeypatch):
         atol, rtol = tolerance(torch.float16)
         c = compare(out, ref, atol=atol * 2 * v_scale, rtol=rtol)
         assert c, (k_scale, v_scale, c)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("out", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
+def test_gpu_fp8_cache_fp8_output(from_cache, out, monkeypatch):
+    """An fp8 output (``fp8_out_scale``, its epilogue unchanged) over an fp8 cache: within one fp8 step of
+    the reference quantised alike, at a saturating and a fitting scale; a wrong scale (1.5x) fails."""
+    from test_pp_gluon_fp8_out import _fp8_check, _quantise, _scale_for
+
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    launches = []
+    orig = gluon_launch.launch
+    monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: orig(*a, **k) and not launches.append(1))
+    case = _case("nhd", 128, 16, [(900, 300), (0, 200), (1700, 1), (129, 128), (37, 93)], cache=E4M3,
+                 dtype=torch.float16, device=DEVICE, heads=(8, 2), kv_from_cache=from_cache, k_scale=1.9,
+                 v_scale=0.02)  # fmt: skip
+    ref = reference(case)
+    out_dtype = E4M3 if out == "e4m3" else E5M2
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    for kind in ("saturate", "fit"):
+        scale = _scale_for(ref, out_dtype, kind)
+        got = poison(torch.empty(case.q.shape, dtype=out_dtype, device=DEVICE))
+        prefix_prefill(*args, kv_layout="nhd", out=got, k_scale=1.9, v_scale=0.02, fp8_out_scale=scale)
+        bad = _fp8_check(got, _quantise(ref, scale, out_dtype), out_dtype, scale)
+        assert not bad, (kind, bad)
+        assert _fp8_check(got, _quantise(ref, scale * 1.5, out_dtype), out_dtype, scale), (
+            "a wrong scale passes"
+        )
+    assert len(launches) == 2, "the Gluon kernel did not run"
