@@ -34,6 +34,11 @@ start at the sink (``sink * log2(e)``) and 1 (0 for a sink of ``-inf``), ``SINKS
 bias on the score of key 0 (raw units; the caller masks the block holding key 0). These are the Triton
 kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with the bias terms in raw
 units, so the scale still folds into the exponent.
+
+fp8 key segments (``consumer``'s ``FP8_KV``: prefix-prefill's context from an fp8 cache, converted
+exactly into the 16-bit rings, the new tokens 16-bit): each block takes its segment's logit multiplier
+and score terms and its V scaling (:func:`segment_terms`, :func:`softmax_step`'s ``SCALED_V``), a
+scalar choice per block; the scores themselves take no work beyond the plain step's.
 """
 
 from triton.experimental import gluon

@@ -2,7 +2,8 @@
 (``_gluon_fwd_kernel``), warp-specialised, and the program and segment helpers it shares with the
 split-cache kernel (:mod:`prefix_prefill.gluon_split_kernel`).
 
-The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches: query row ``r`` of a
+The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches and fp8 ones (e4m3fn,
+e5m2; heads 64 and 128: the ``CACHE_FP8`` forms, see below): query row ``r`` of a
 sequence (new token ``r``, at position ``ctx_len + r``) sees every cached context key and the new tokens
 ``0..r`` (causal; not causal: all of them), within the window and with the score options
 (:func:`_gluon_fwd_kernel`; an fp8 output among them). The structure is
@@ -16,6 +17,14 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
 * **two consumer warpgroups** of 64 query rows (``prefill_runtime.gluon.consumer``): segment A = the
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
+
+fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
+:data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
+(:func:`_fp8_converter`) converts each exactly into the 16-bit K/V rings the consumers read (K as it is,
+V times a power of two in float16 rings, :func:`_v_terms`), and the consumers fold ``k_scale`` into the
+context blocks' logit multiplier (or soft cap's factor) and ``v_scale`` into their P
+(``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
+16-bit forms. 16 warps (consumers at 232 registers, the others at 24).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
 ``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
