@@ -455,7 +455,9 @@ def _v_terms(VScale, SHIFT: gl.constexpr, C_LO: gl.constexpr, C_HI: gl.constexpr
     round(-log2 v_scale)`` clamped to ``[C_LO, C_HI]`` (where every value of the fp8 format times
     ``2**-c`` is a finite float16, no subnormal of it lost), so P stays near [0, 1]: float16's precision
     for a small ``v_scale``, no overflow for a large one. Bfloat16 rings (float32's range): ``v_mul =
-    1``. ``v_mul`` is float16 (the converter multiplies in the ring's type)."""
+    1``. ``v_mul`` is float16 (the converter multiplies in the ring's type). A float16 P holds ``v_eff``
+    at most: a ``v_scale`` past float16's range times ``2**C_LO`` (e4m3: 8.4e6, e5m2: 65504) overflows it,
+    far past any dequantisation scale of those formats' values."""
     v_s = gl.load(VScale).to(gl.float32)
     if SHIFT:
         c = gl.minimum(gl.maximum(gl.floor(0.5 - gl.log2(v_s)), C_LO), C_HI).to(gl.int32)
