@@ -2,8 +2,7 @@
 scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 
 # compile_nhd(head, box, from_cache, lse, one, llvm_o0, out, **opts) / compile_nhd_fp8(head, box, from_cache,
-# lse, one, q, cache, out, llvm_o0, bf16_bits, **opts) (an fp8 cache, CACHE_FP8; bf16_bits: BF16_BITS, None
-# for the plan's) / compile_split(head, from_cache, lse,
+# lse, one, q, cache, out, llvm_o0, **opts) (an fp8 cache, CACHE_FP8) / compile_split(head, from_cache, lse,
 # v_tma, k_tma, k_wide, one, llvm_o0, out, **opts): one form of each kernel (bf16, 128-row tiles, the
 # plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8
 # warps; ``out``: O's Triton type, bf16 or an fp8 one with OUT_MAX in ``opts``), its score and window
@@ -59,7 +58,7 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
 
 
 def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="bf16", cache="fp8e4nv", out=None, llvm_o0=False,
-                    bf16_bits=None, **opts):
+                    **opts):
     # an fp8 cache (CACHE_FP8): the caches' descriptors fp8 with no swizzle, the rings in q's dtype
     # (RING), k_scale / v_scale tensors; ``q``: "bf16" or "fp16"; ``cache``: "fp8e4nv" or "fp8e5"
     bn = itf_plan.GLUON_BLOCK_N[head]
@@ -82,8 +81,7 @@ def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="bf16", cache="fp8e
         "head_rows": "i32", "head_cols": "i32", "KScale": "*fp32", "VScale": "*fp32", **option_sig(opts),
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
-                  NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, CACHE_FP8=True, RING=lk,
-                  BF16_BITS=itf_plan.GLUON_FP8_BF16_BITS if bf16_bits is None else bf16_bits, **opts)
+                  NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, CACHE_FP8=True, RING=lk, **opts)
     finish(sig, consts, lse)
     return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 

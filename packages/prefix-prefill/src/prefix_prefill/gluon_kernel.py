@@ -401,42 +401,20 @@ def _fp8_pass_layout():
 
 
 @gluon.jit
-def _f16_to_bf16(x):
-    """A float16 tensor of fp8 values (e4m3fn or e5m2: at most 3 mantissa bits) as bfloat16, exactly, on the
-    integer and FMA pipes: per 16-bit lane the exponent and mantissa move into bfloat16's fields (``(h &
-    0x7FF8) >> 3``, the sign kept: the value times ``2**-112``), then a multiply by ``2**112``. The
-    conversion instruction it replaces (``F2F.BF16.F16``, one a value) runs on the pipe the consumers'
-    ``exp2`` needs."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 t, s, c, z; and.b32 t, $1, 0x7FF87FF8; shr.b32 t, t, 3; and.b32 s, $1, 0x80008000; "
-        "or.b32 t, t, s; mov.b32 c, 0x77807780; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, t, c, z; }",
-        "=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=2,
-    )  # fmt: skip
-
-
-@gluon.jit
 def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_phase, r_ready, mul,
-                       SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       BF16_BITS: gl.constexpr):  # fmt: skip
+                       SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
     """One fp8 block from staging slot ``stage`` (landed: ``st_ready`` at ``st_phase``) into ring slot
     ``ring`` (released: ``r_empty`` at ``r_phase``) in the ring's 16-bit dtype, exactly (every e4m3 and
     e5m2 value is a float16 and a bfloat16), times ``mul`` (a power of two, float16) with ``SHIFT``;
     then the ring slot announced on ``r_ready`` (after a proxy fence: wgmma reads it) and the staging
-    slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows). A bfloat16 ring:
-    through float16 and :func:`_f16_to_bf16` with ``BF16_BITS`` (the plan's form), else Triton's
-    conversion (``F2F.BF16.F16`` a value; the A/B's other side, ``plan.GLUON_FP8_BF16_BITS``)."""
+    slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows)."""
     ROWS: gl.constexpr = 2048 // HEAD_DIM
     layout: gl.constexpr = _fp8_pass_layout()
     mbarrier.wait(st_ready, st_phase)
     mbarrier.wait(r_empty, r_phase)
     for i in gl.static_range(BLOCK_N // ROWS):
         b_x = stage.slice(i * ROWS, ROWS).load(layout)  # [ROWS, D] fp8
-        if ring.dtype == gl.float16:
-            b_y = b_x.to(gl.float16)  # [ROWS, D]
-        elif BF16_BITS:
-            b_y = _f16_to_bf16(b_x.to(gl.float16))  # [ROWS, D]
-        else:
-            b_y = b_x.to(gl.bfloat16)  # [ROWS, D]
+        b_y = b_x.to(ring.dtype)  # [ROWS, D]
         if SHIFT:
             b_y = b_y * mul  # [ROWS, D] exact: the shift keeps every value a normal or subnormal float16
         ring.slice(i * ROWS, ROWS).store(b_y)
@@ -447,14 +425,13 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
 
 @gluon.jit
 def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   V_SHIFT: gl.constexpr, BF16_BITS: gl.constexpr):  # fmt: skip
+                   V_SHIFT: gl.constexpr):  # fmt: skip
     """The 4-warp partition of the fp8 forms: the ``n_a`` context blocks, K then V, each from its staging
     slot (filled by :func:`_fp8_producer`) into its ring slot (block ``j``: slot ``j % NUM_STAGES``, once
     both consumers released it), as :func:`_fp8_convert_block` does. K converts unscaled (``k_scale`` is
     folded into the consumers' logit multiplier); V times ``v_mul = 2**-c`` with ``V_SHIFT`` (float16
-    rings, see :func:`_v_terms`); ``BF16_BITS``: :func:`_fp8_convert_block`'s. ``args``: ``(k_stage,
-    v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-    n_a, v_mul)``."""
+    rings, see :func:`_v_terms`). ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready,
+    vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, n_a, v_mul)``."""
     (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready,
      v_empty, n_a, v_mul) = args  # fmt: skip
     for j in range(n_a):
@@ -464,10 +441,10 @@ def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAG
         r_phase = ((j // NUM_STAGES) & 1) ^ 1  # a fresh barrier passes round 0
         _fp8_convert_block(k_stage.index(st), ks_ready.index(st), st_phase, ks_empty.index(st),
                            k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul,
-                           False, BLOCK_N, HEAD_DIM, BF16_BITS)  # fmt: skip
+                           False, BLOCK_N, HEAD_DIM)  # fmt: skip
         _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
                            v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
-                           V_SHIFT, BLOCK_N, HEAD_DIM, BF16_BITS)  # fmt: skip
+                           V_SHIFT, BLOCK_N, HEAD_DIM)  # fmt: skip
 
 
 @gluon.jit
@@ -508,7 +485,6 @@ def _gluon_fwd_kernel(
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
     KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
-    BF16_BITS: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -543,8 +519,7 @@ def _gluon_fwd_kernel(
     staging slots (:func:`_fp8_producer`), a 4-warp partition converts them into the rings
     (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
     (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
-    ``k_scale``; V's scale through P, :func:`_v_terms`); ``BF16_BITS``: bfloat16 rings converted by
-    :func:`_f16_to_bf16` (:func:`_fp8_convert_block`)."""
+    ``k_scale``; V's scale through P, :func:`_v_terms`)."""
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
@@ -624,7 +599,7 @@ def _gluon_fwd_kernel(
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
                         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
-                        OUT_MAX, V_SHIFT, not KV_FROM_CACHE, BF16_BITS)  # fmt: skip
+                        OUT_MAX, V_SHIFT, not KV_FROM_CACHE)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
@@ -667,7 +642,7 @@ def _fp8_partitions(
     BOX: gl.constexpr, RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr,
     PAIR_HEADS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
-    V_SHIFT: gl.constexpr, NEW: gl.constexpr, BF16_BITS: gl.constexpr,
+    V_SHIFT: gl.constexpr, NEW: gl.constexpr,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
     forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
@@ -701,7 +676,7 @@ def _fp8_partitions(
                     False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
                     HAS_RIGHT, OUT_MAX, terms, True,
                 )),
-                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT, BF16_BITS)),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
                 (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
@@ -723,7 +698,7 @@ def _fp8_partitions(
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
                     CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True,
                 )),
-                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT, BF16_BITS)),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
                 (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
                                  PAIR_HEADS, NEW)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,

@@ -103,11 +103,6 @@ GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: the launch, fewer than a 64 x 256 float32 accumulator's wgmma takes (ptxas C7602). vLLM's split
 #: layout keeps it too (no TMA view of rows over its fp8 K slots of 16 features; not built).
 GLUON_FP8_CACHE_HEADS = frozenset({64, 128})
-#: ... bfloat16 rings filled by integer and FMA operations (``BF16_BITS``, this plan's form) rather than one
-#: ``F2F`` conversion a value, which shares its pipe with the consumers' ``exp2`` (offline: 256 of them a
-#: block and thread). An A/B pending its GPU timing (``feature_cost.py --set GLUON_FP8_BF16_BITS=0``);
-#: the losing form is deleted after it.
-GLUON_FP8_BF16_BITS = True
 
 
 @dataclass(frozen=True)
@@ -331,9 +326,7 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
                   # an fp8 cache converted into 16-bit rings (a 4-warp partition)
-                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES,
-                  BF16_BITS=p.cache_dtype in GLUON_FP8_CACHES and GLUON_FP8_BF16_BITS,
-                  **_gluon_options(p))  # fmt: skip
+                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES, **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
