@@ -98,6 +98,15 @@ PREFIX_HND = [
     ("hnd", 128, 544, False, True, "gluon-hnd"),
     ("hnd", 256, 16, True, False, "gluon-hnd"),
 ]
+# fp8 caches on the NHD/HND kernel (CACHE_FP8: staging slots, the converter partition), numbered after the
+# cases above: (layout, head, page, kv_from_cache, return_lse, plan, options, queries <= 64, heads, fp8
+# dtype), with k_scale 0.5 and v_scale 1.5
+PREFIX_FP8 = [
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn),
+    ("nhd", 64, 544, True, False, "gluon-nhd", True, False, (8, 2), torch.float8_e5m2),
+    ("nhd", 128, 16, False, False, "gluon-nhd", True, True, (32, 8), torch.float8_e4m3fn),  # paired
+    ("hnd", 128, 16, False, True, "gluon-hnd", False, True, (6, 2), torch.float8_e5m2),  # idle
+]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
     (64, [2100, 300], (2047, -1), False),
@@ -116,6 +125,7 @@ def _prefix_case(
     options: bool = False,
     short: bool = False,
     heads: tuple[int, int] = (8, 2),
+    fp8: torch.dtype | None = None,
 ) -> list[str]:
     ctx, new = ([2400, 37], [300, 70]) if options else ([300, 37], [150, 70])
     h, hk = heads
@@ -125,15 +135,16 @@ def _prefix_case(
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
     nb = sum(pages) + 1
+    cdt = DT if fp8 is None else fp8  # (an fp8 cache: values of 2 * N(0, 1), scales 0.5 / 1.5)
     if layout == "split":
         k_cache = torch.randn(nb, hk, d // 8, page, 8, device=DEV).to(DT)
         v_cache = torch.randn(nb, hk, d, page, device=DEV).to(DT)
     elif layout == "hnd":
-        k_cache = torch.randn(nb, hk, page, d, device=DEV).to(DT)
-        v_cache = torch.randn(nb, hk, page, d, device=DEV).to(DT)
+        k_cache = (torch.randn(nb, hk, page, d, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
+        v_cache = (torch.randn(nb, hk, page, d, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
     else:
-        k_cache = torch.randn(nb, page, hk, d, device=DEV).to(DT)
-        v_cache = torch.randn(nb, page, hk, d, device=DEV).to(DT)
+        k_cache = (torch.randn(nb, page, hk, d, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
+        v_cache = (torch.randn(nb, page, hk, d, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
     table = torch.zeros(len(seq), max(pages), dtype=torch.int32)
     perm, at = torch.randperm(nb - 1) + 1, 0
     for b, n in enumerate(pages):
@@ -152,10 +163,14 @@ def _prefix_case(
     if options:
         kw = dict(window=OPTIONS["window"], softcap=OPTIONS["softcap"],
                   sinks=torch.randn(h, device=DEV), alibi_slopes=torch.rand(h, device=DEV) * 0.1)  # fmt: skip
+    if fp8 is not None:
+        kw.update(k_scale=0.5, v_scale=1.5)
     kernel = pp.explain(*args, kv_layout=layout, return_lse=lse, **kw).kernel
     if kernel != want_kernel:
         return [f"planned {kernel}, not {want_kernel}"]
     ref_kw = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    if fp8 is not None:
+        ref_kw["fp8_dtype"] = fp8
     want = ref.paged_prefix_attention(*(t.cpu() if t is not None else None for t in args[:-1]), layout=layout,
                                       **ref_kw)  # fmt: skip
     bad = []
@@ -210,7 +225,12 @@ def _cases() -> list[tuple[str, object, tuple]]:
          f"{' all options' if c[6] else ''}", _prefix_case, (*c[:7], True, c[7]))
         for c in PREFIX_SHORT
     ] + [(f"prefix {c[0]} d{c[1]} page {c[2]} from_cache={c[3]} lse={c[4]}", _prefix_case, c)
-         for c in PREFIX_HND]  # fmt: skip
+         for c in PREFIX_HND] + [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} fp8 cache {str(c[9])[6:]}, "
+         f"heads {c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}",
+         _prefix_case, c)
+        for c in PREFIX_FP8
+    ]  # fmt: skip
 
 
 # --consan-all variants: (extra arguments, extra environment) of a child process

@@ -1,7 +1,8 @@
 """Offline sm90 compiles of prefix-prefill's Gluon kernels (the compile_check tests): the head of the
 scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 
-# compile_nhd(head, box, from_cache, lse, one, llvm_o0, out, **opts) / compile_split(head, from_cache, lse,
+# compile_nhd(head, box, from_cache, lse, one, llvm_o0, out, **opts) / compile_nhd_fp8(head, box, from_cache,
+# lse, one, q, cache, out, llvm_o0, **opts) (an fp8 cache, CACHE_FP8) / compile_split(head, from_cache, lse,
 # v_tma, k_tma, k_wide, one, llvm_o0, out, **opts): one form of each kernel (bf16, 128-row tiles, the
 # plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8
 # warps; ``out``: O's Triton type, bf16 or an fp8 one with OUT_MAX in ``opts``), its score and window
@@ -52,6 +53,35 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
     }
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)
+    finish(sig, consts, lse)
+    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
+
+
+def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="bf16", cache="fp8e4nv", out=None, llvm_o0=False,
+                    **opts):
+    # an fp8 cache (CACHE_FP8): the caches' descriptors fp8 with no swizzle, the rings in q's dtype
+    # (RING), k_scale / v_scale tensors; ``q``: "bf16" or "fp16"; ``cache``: "fp8e4nv" or "fp8e5"
+    bn = itf_plan.GLUON_BLOCK_N[head]
+    rows = 128 if one else 64
+    qt = gl.bfloat16 if q == "bf16" else gl.float16
+    lq = gl.NVMMASharedLayout.get_default_for([rows, head], qt)
+    lk = gl.NVMMASharedLayout.get_default_for([bn, head], qt)
+    l8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    new_rows = f"tensordesc<{q}[{bn}, {head}],{lk!r}>"
+    if from_cache:  # (the caches' descriptors stand in)
+        new_rows = f"tensordesc<{cache}[{bn}, {head}],{l8!r}>"
+    sig = {
+        "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>", "K_desc": new_rows, "V_desc": new_rows,
+        "KC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",
+        "VC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",
+        "KCB_desc": f"tensordesc<{cache}[{bn}, {head}],{l8!r}>",
+        "VCB_desc": f"tensordesc<{cache}[{bn}, {head}],{l8!r}>", "O": f"*{out or q}", "BlockTable": "*i32",
+        "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
+        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "block_rows": "i32",
+        "head_rows": "i32", "head_cols": "i32", "KScale": "*fp32", "VScale": "*fp32", **option_sig(opts),
+    }
+    consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
+                  NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, CACHE_FP8=True, RING=lk, **opts)
     finish(sig, consts, lse)
     return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 

@@ -2,7 +2,8 @@
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
-fp8 caches, narrow windows, non-causal calls, pages that are not multiples of 16, NHD/HND caches TMA
+AMD's fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls,
+pages that are not multiples of 16, NHD/HND caches TMA
 cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
 pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
 which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
@@ -64,7 +65,7 @@ def _sm90(case, **opts) -> plan.Problem:
 @pytest.mark.parametrize(
     "what",
     ["interpreter", "fp32", "page_8", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
-     "fp8", "scale"],
+     "fp8_fnuz", "scale"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
 def test_gluon_not_taken(what, layout):
@@ -73,7 +74,9 @@ def test_gluon_not_taken(what, layout):
     dtype = torch.float32 if what == "fp32" else torch.float16
     page = 8 if what == "page_8" else 16
     head = 96 if what == "head_96" else 128
-    extra = {"cache_dtype": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 0.5} if what == "fp8" else {}
+    extra = (
+        {"cache_dtype": torch.float8_e4m3fnuz, "k_scale": 0.5, "v_scale": 0.5} if what == "fp8_fnuz" else {}
+    )
     case = make_case([(20, 5)], num_heads=2, num_kv_heads=1, head_size=head, page=page, dtype=dtype,
                      device="cpu", layout=layout, **extra)  # fmt: skip
     if what == "bt_stride":

@@ -26,7 +26,8 @@ Modules, each owning one concern (every public name below is importable from ``p
   :mod:`prefill_runtime.gluon_bounds`).
 * Gluon device code (sm90, :mod:`prefill_runtime.gluon`, imported only by the kernels' Gluon
   modules): ``consumer`` (the compute warpgroup of both packages' warp-specialised kernels),
-  ``softmax_step``, ``score_terms``, ``zero_v_rows``, ``allocate_rings``.
+  ``softmax_step``, ``score_terms``, ``segment_terms`` (an fp8 segment's scales per key block),
+  ``zero_v_rows``, ``allocate_rings``.
 * :mod:`~prefill_runtime.plan`: :class:`LaunchPlan` (the plan both kernel packages' ``plan()`` returns).
 * :mod:`~prefill_runtime.compiled_launch`: :class:`~prefill_runtime.compiled_launch.CompiledLaunches` (a
   kernel's compiled variants launched directly, by the caller's key; their frames, the C-launcher
@@ -39,7 +40,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 Versioned on its own: the kernel packages pin ``prefill-runtime>=0.17,<1``.
 """
 
-__version__ = "0.18.0"
+__version__ = "0.19.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles

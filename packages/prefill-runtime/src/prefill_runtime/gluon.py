@@ -34,6 +34,11 @@ start at the sink (``sink * log2(e)``) and 1 (0 for a sink of ``-inf``), ``SINKS
 bias on the score of key 0 (raw units; the caller masks the block holding key 0). These are the Triton
 kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with the bias terms in raw
 units, so the scale still folds into the exponent.
+
+fp8 key segments (``consumer``'s ``FP8_KV``: prefix-prefill's context from an fp8 cache, converted
+exactly into the 16-bit rings, the new tokens 16-bit): each block takes its segment's logit multiplier
+and score terms and its V scaling (:func:`segment_terms`, :func:`softmax_step`'s ``SCALED_V``), a
+scalar choice per block; the scores themselves take no work beyond the plain step's.
 """
 
 from triton.experimental import gluon
@@ -53,7 +58,8 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, V_T: gl.constexpr = False,
                    READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0,
                    EMPTY_COUNT: gl.constexpr = 2, K_LAYOUT: gl.constexpr = None,
-                   V_STAGES: gl.constexpr = 0, V_LAYOUT: gl.constexpr = None):  # fmt: skip
+                   V_STAGES: gl.constexpr = 0, V_LAYOUT: gl.constexpr = None,
+                   K_RING: gl.constexpr = None):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
     block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
@@ -67,13 +73,16 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     ``READY_COUNT``: arrivals a ready barrier waits for (the producer's threads when they fill slots
     with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same); ``V_STAGES``:
     the V ring's slots (and barriers), when they differ from ``NUM_STAGES`` (0: the same); ``V_LAYOUT``:
-    the V ring's layout when it is not ``V_desc``'s (None: ``V_desc.layout``). Returns
+    the V ring's layout when it is not ``V_desc``'s (None: ``V_desc.layout``); ``K_RING``: the K ring's
+    (``[NUM_STAGES, BLOCK_N, D]``) when it is not ``K_desc``'s (None: ``K_desc.layout``). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     q_smem = gl.allocate_shared_memory(dtype, [2 * HALF_M // Q_ROWS, Q_ROWS, HEAD_DIM], Q_desc.layout)
-    if K_LAYOUT is None:
+    if K_RING is not None:
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_RING)
+    elif K_LAYOUT is None:
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], K_desc.layout)
     else:
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N * HEAD_DIM // 64, 64], K_LAYOUT)
@@ -166,14 +175,17 @@ def softmax_step(
     b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
     S_LAYOUT: gl.constexpr, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
-    SINKS: gl.constexpr = 0, row0=None,
+    SINKS: gl.constexpr = 0, row0=None, p_log2=None, l_mul=None, SCALED_V: gl.constexpr = False,
 ):  # fmt: skip
     """Online-softmax step on raw scores ``b_s`` [BM, BN] of the key block at ``n0`` (rows ``offs_r``,
     the tile's first row ``row0``, read by ``ALIBI`` with ``CAUSAL`` only):
     returns (p, alpha, m_new, l_new), p = exp2(s * qk_scale - m_new) [BM, BN] float32, alpha =
     exp2(m_i - m_new) [BM]. ``masked`` (runtime, uniform): apply the visibility mask. ``score``,
     ``SOFTCAP``, ``ALIBI``, ``SINKS``: the score options (module docstring; the key-0 bias of ``SINKS ==
-    2`` only in masked blocks)."""
+    2`` only in masked blocks). ``SCALED_V`` (a V block that is ``v_eff`` times the true V, an fp8
+    cache's, see :func:`segment_terms`): p is ``exp2(s * qk_scale - m_new + p_log2)`` (``p_log2 =
+    log2(v_eff)``, so ``P @ V`` is the true one) and the denominator adds ``sum(p) * l_mul`` (``l_mul = 1
+    / v_eff``): no work per score beyond the plain step's."""
     if SOFTCAP > 0:
         b_s = tanh(b_s * score[0], SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if ALIBI:
@@ -198,10 +210,34 @@ def softmax_step(
         b_s = gl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
     m_new = gl.maximum(m_i, gl.max(b_s, axis=1) * qk_scale)  # [BM]
     m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # [BM] a row with nothing visible: exp2 -> 0
-    b_p = gl.exp2(b_s * qk_scale - m_shift[:, None])  # [BM, BN]
-    alpha = gl.exp2(m_i - m_shift)  # [BM]
-    l_new = l_i * alpha + gl.sum(b_p, axis=1)  # [BM]
+    if SCALED_V:
+        b_p = gl.exp2(b_s * qk_scale - (m_shift - p_log2)[:, None])  # [BM, BN] v_eff times the true p
+        alpha = gl.exp2(m_i - m_shift)  # [BM]
+        l_new = l_i * alpha + gl.sum(b_p, axis=1) * l_mul  # [BM]
+    else:
+        b_p = gl.exp2(b_s * qk_scale - m_shift[:, None])  # [BM, BN]
+        alpha = gl.exp2(m_i - m_shift)  # [BM]
+        l_new = l_i * alpha + gl.sum(b_p, axis=1)  # [BM]
     return b_p, alpha, m_new, l_new
+
+
+@gluon.jit
+def segment_terms(j, n_a, qk_scale, score, terms):
+    """The logit multiplier, score terms and V scaling of key block ``j`` when segment A's blocks (``j <
+    n_a``) come from an fp8 cache and segment B's are 16-bit: ``(qk, score, p_log2, l_mul)``. Segment A
+    takes ``qk_scale`` and ``score`` (made for the context's scores: the multiplier or soft cap's
+    factor times ``k_scale``, ALiBi slopes divided by that multiplier) and ``terms = (qk_b, score_b,
+    p_log2, l_mul)``'s V scaling (``p_log2 = log2(v_eff)``, ``l_mul = 1 / v_eff``: the ring holds V /
+    v_eff times ``v_scale``, see :func:`softmax_step`); segment B takes ``qk_b``, ``score_b`` and no
+    scaling (0, 1). A scalar choice per block: the scores themselves take no extra work."""
+    qk_b, score_b, p_log2, l_mul = terms
+    cap_b, slope_b, sink_b = score_b
+    cap_a, slope_a, sink_a = score
+    if j < n_a:
+        qk, cap, slope, sink, pl, lm = qk_scale, cap_a, slope_a, sink_a, p_log2, l_mul
+    else:
+        qk, cap, slope, sink, pl, lm = qk_b, cap_b, slope_b, sink_b, p_log2 * 0.0, l_mul * 0.0 + 1.0
+    return qk, (cap, slope, sink), pl, lm
 
 
 #: :func:`zero_v_rows`' elements a thread holds per pass: a pass's values are live beside the consumer's
@@ -371,13 +407,14 @@ def _block_step(
     HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
     K_VIEW: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
     S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, SOFTCAP: gl.constexpr,
-    ALIBI: gl.constexpr, SINKS: gl.constexpr,
+    ALIBI: gl.constexpr, SINKS: gl.constexpr, terms=None, FP8_KV: gl.constexpr = False,
 ):  # fmt: skip
     """One step of :func:`consumer`'s loop: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (its V
     slot in the ``V_ROWS`` form when that is given, see :func:`_pv_step`), wait for ``S_j`` only, the
     softmax of block ``j`` while ``P @ V`` runs, then wait and rescale. Returns the loop's state: ``(acc,
     b_p, m_i, l_i, n_fix)`` and block ``j``'s ``(n0, lo, hi, out)`` for its own ``P @ V``. ``score``,
-    ``SOFTCAP``, ``ALIBI``, ``SINKS``: :func:`softmax_step`'s."""
+    ``SOFTCAP``, ``ALIBI``, ``SINKS``: :func:`softmax_step`'s; ``FP8_KV``: block ``j``'s terms by
+    :func:`segment_terms` of ``terms``."""
     dtype: gl.constexpr = q_buf.dtype
     slot = j % NUM_STAGES
     pslot = (j - 1) % VS
@@ -396,10 +433,18 @@ def _block_step(
         j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
     )  # fmt: skip
-    b_pf, alpha, m_i, l_i = softmax_step(
-        b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
-    )  # fmt: skip
+    if FP8_KV:
+        qk_j, score_j, p_log2, l_mul = segment_terms(j, n_a, qk_scale, score, terms)
+        b_pf, alpha, m_i, l_i = softmax_step(
+            b_s, m_i, l_i, qk_j, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score_j, SOFTCAP, ALIBI, SINKS, row0, p_log2,
+            l_mul, True,
+        )  # fmt: skip
+    else:
+        b_pf, alpha, m_i, l_i = softmax_step(
+            b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
+        )  # fmt: skip
     acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
     _release(v_empty.index(pslot), WARPGROUPS)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
@@ -419,6 +464,7 @@ def consumer(
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
     SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
+    terms=None, FP8_KV: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -444,7 +490,11 @@ def consumer(
     for two heads). A second warpgroup whose rows no query of the launch reaches runs :func:`drain`
     instead. ``OUT_MAX > 0`` (an fp8 ``O``): each row is written as ``clamp(o / out_scale, -OUT_MAX,
     OUT_MAX)`` in ``O``'s dtype (the scale folded into the row's reciprocal ``1 / (l * out_scale)``;
-    ``out_scale`` a float32 scalar > 0, read only then), the Triton kernel's ``OUT_FP8`` epilogue."""
+    ``out_scale`` a float32 scalar > 0, read only then), the Triton kernel's ``OUT_FP8`` epilogue.
+    ``FP8_KV`` (segment A's K/V converted from an fp8 cache, segment B's 16-bit): ``qk_scale`` and
+    ``score`` are segment A's, ``terms`` segment B's and A's V scaling (:func:`segment_terms`); the
+    sinks' start and the LSE read segment A's ``score[1] * qk_scale`` (the slope in log2 units, the
+    same for both segments)."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
@@ -481,10 +531,18 @@ def consumer(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
     )  # fmt: skip
-    b_p, _, m_i, l_i = softmax_step(
-        b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-        BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
-    )  # fmt: skip
+    if FP8_KV:
+        qk_0, score_0, p_log2, l_mul = segment_terms(0, n_a, qk_scale, score, terms)
+        b_p, _, m_i, l_i = softmax_step(
+            b_s, m_i, l_i, qk_0, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score_0, SOFTCAP, ALIBI, SINKS, row0, p_log2,
+            l_mul, True,
+        )  # fmt: skip
+    else:
+        b_p, _, m_i, l_i = softmax_step(
+            b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
+            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
+        )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
     p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its P @ V
     n_fix = 0
@@ -502,7 +560,7 @@ def consumer(
             v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
             b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, row0, WG,
             ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS,
-            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS,
+            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS, terms, FP8_KV,
         )  # fmt: skip
     if V_ROWS is not None:
         for j in range(a_stop, n_blocks):
@@ -512,7 +570,7 @@ def consumer(
                 a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left,
                 window_right, score, row0, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT,
                 HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-                SOFTCAP, ALIBI, SINKS,
+                SOFTCAP, ALIBI, SINKS, terms, FP8_KV,
             )  # fmt: skip
 
     # ---- the last block's P @ V (with V_ROWS a block of segment B) ----

@@ -2,7 +2,8 @@
 (``_gluon_fwd_kernel``), warp-specialised, and the program and segment helpers it shares with the
 split-cache kernel (:mod:`prefix_prefill.gluon_split_kernel`).
 
-The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches: query row ``r`` of a
+The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches and fp8 ones (e4m3fn,
+e5m2; heads 64 and 128: the ``CACHE_FP8`` forms, see below): query row ``r`` of a
 sequence (new token ``r``, at position ``ctx_len + r``) sees every cached context key and the new tokens
 ``0..r`` (causal; not causal: all of them), within the window and with the score options
 (:func:`_gluon_fwd_kernel`; an fp8 output among them). The structure is
@@ -16,6 +17,14 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
 * **two consumer warpgroups** of 64 query rows (``prefill_runtime.gluon.consumer``): segment A = the
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
+
+fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
+:data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
+(:func:`_fp8_converter`) converts each exactly into the 16-bit K/V rings the consumers read (K as it is,
+V times a power of two in float16 rings, :func:`_v_terms`), and the consumers fold ``k_scale`` into the
+context blocks' logit multiplier (or soft cap's factor) and ``v_scale`` into their P
+(``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
+16-bit forms. 16 warps (consumers at 232 registers, the others at 24).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
 ``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
@@ -37,7 +46,7 @@ addresses rows outside the view: zeros), and the split kernel's gathers clamp bl
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from paged_kv_offsets.gluon import bad_block_ids, page_row
 from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report
@@ -250,6 +259,7 @@ def _prefix_consumer(
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
+    terms=None, FP8_KV: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -262,7 +272,8 @@ def _prefix_consumer(
     ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``: a
     second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead;
     ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
-    and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype)."""
+    and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype); ``FP8_KV``, ``terms``: the
+    consumer's (segment A from an fp8 cache: ``tile``'s ``qk_scale`` and ``score`` are A's)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
@@ -279,6 +290,7 @@ def _prefix_consumer(
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, SPLIT,
             WARPGROUPS, K_VIEW, 0,
             K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
+            terms, FP8_KV,
         )  # fmt: skip
 
 
@@ -311,19 +323,150 @@ def _producer(
         buf = smem.index(slot)
         mbarrier.expect(bar, kv_bytes)
         if j < n_a:
-            pos0 = a_base + j * BLOCK_N
-            if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
-                row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
-                tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
-            elif pos0 % page_size + BLOCK_N <= page_size:  # inside one page
-                row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
-                tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
-            else:
-                for i in gl.static_range(BLOCK_N // BOX):
-                    row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row, block_rows, c_row)
-                    tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
+            _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size,
+                          oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
         else:
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
+
+
+@gluon.jit
+def _context_copy(C_desc, CB_desc, bar, buf, p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row,
+                  c_col, BLOCK_N: gl.constexpr, BOX: gl.constexpr):  # fmt: skip
+    """The TMA copies of the context block at cache position ``pos0`` into ``buf`` (``[BLOCK_N, D]``),
+    announced on ``bar``: one copy through ``CB_desc`` when the block lies in one page, else ``BLOCK_N /
+    BOX`` copies through ``C_desc``, one per page run (:func:`_producer`)."""
+    if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
+        row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
+        tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
+    elif pos0 % page_size + BLOCK_N <= page_size:  # inside one page
+        row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
+        tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
+    else:
+        for i in gl.static_range(BLOCK_N // BOX):
+            row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row, block_rows, c_row)
+            tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
+
+
+#: fp8 caches: staging slots a ring has for the fp8 context blocks TMA lands (:func:`_fp8_producer`)
+FP8_STAGING = gl.constexpr(2)
+
+
+@gluon.jit
+def _fp8_producer(
+    KV: gl.constexpr, args, stage_args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, NEW: gl.constexpr = True,
+):  # fmt: skip
+    """:func:`_producer` over an fp8 cache: one warp filling ring ``KV`` (``args`` as there). Context
+    blocks ``j < n_a`` land as fp8 bytes in staging slot ``j % FP8_STAGING`` of ``stage_args = (stage,
+    st_ready, st_empty)`` once :func:`_fp8_converter` released it (it converts them into the ring); the
+    new tokens' blocks go to the ring as :func:`_producer` fills it. Before its first new-token block
+    the warp waits for the converter to finish the last context block: running ahead of the converter
+    by its staging slots, the warp's ring wait would otherwise look at the ring's empty barrier two
+    rounds ahead of the converter's fills, where an mbarrier parity wait passes at once (the converter's
+    own ring waits, block after block, keep that block's round the one the wait sees). ``NEW`` False
+    (the new tokens in the cache: every block is a context block) leaves the new-token part out (its
+    descriptor is then the fp8 cache's)."""
+    (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
+     block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end,
+     n_blocks) = args  # fmt: skip
+    stage, st_ready, st_empty = stage_args
+    if KV == 0:
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+    for j in range(n_a):
+        st = j % FP8_STAGING
+        mbarrier.wait(st_empty.index(st), ((j // FP8_STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = st_ready.index(st)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
+        _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
+                      page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
+    if NEW:
+        if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done (see above)
+            last = n_a - 1
+            mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
+        for j in range(n_a, n_blocks):
+            slot = j % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar,
+                                            smem.index(slot))  # fmt: skip
+
+
+@gluon.constexpr_function
+def _fp8_pass_layout():
+    """The converter's register layout of one pass: 8 contiguous features a thread (an 8-byte fp8 load,
+    a 16-byte ring store), 8 threads along a row cover 64 features (a quarter warp's stores fall on 8
+    distinct 16-byte chunks of a 128-byte swizzled line), 4 rows a warp, 4 warps."""
+    return gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_phase, r_ready, mul,
+                       SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+    """One fp8 block from staging slot ``stage`` (landed: ``st_ready`` at ``st_phase``) into ring slot
+    ``ring`` (released: ``r_empty`` at ``r_phase``) in the ring's 16-bit dtype, exactly (every e4m3 and
+    e5m2 value is a float16 and a bfloat16), times ``mul`` (a power of two, float16) with ``SHIFT``;
+    then the ring slot announced on ``r_ready`` (after a proxy fence: wgmma reads it) and the staging
+    slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows)."""
+    ROWS: gl.constexpr = 2048 // HEAD_DIM
+    layout: gl.constexpr = _fp8_pass_layout()
+    mbarrier.wait(st_ready, st_phase)
+    mbarrier.wait(r_empty, r_phase)
+    for i in gl.static_range(BLOCK_N // ROWS):
+        b_x = stage.slice(i * ROWS, ROWS).load(layout)  # [ROWS, D] fp8
+        b_y = b_x.to(ring.dtype)  # [ROWS, D]
+        if SHIFT:
+            b_y = b_y * mul  # [ROWS, D] exact: the shift keeps every value a normal or subnormal float16
+        ring.slice(i * ROWS, ROWS).store(b_y)
+    fence_async_shared()
+    mbarrier.arrive(r_ready, count=1)
+    mbarrier.arrive(st_empty, count=1)
+
+
+@gluon.jit
+def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   V_SHIFT: gl.constexpr):  # fmt: skip
+    """The 4-warp partition of the fp8 forms: the ``n_a`` context blocks, K then V, each from its staging
+    slot (filled by :func:`_fp8_producer`) into its ring slot (block ``j``: slot ``j % NUM_STAGES``, once
+    both consumers released it), as :func:`_fp8_convert_block` does. K converts unscaled (``k_scale`` is
+    folded into the consumers' logit multiplier); V times ``v_mul = 2**-c`` with ``V_SHIFT`` (float16
+    rings, see :func:`_v_terms`). ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready,
+    vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, n_a, v_mul)``."""
+    (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready,
+     v_empty, n_a, v_mul) = args  # fmt: skip
+    for j in range(n_a):
+        st = j % FP8_STAGING
+        st_phase = (j // FP8_STAGING) & 1
+        slot = j % NUM_STAGES
+        r_phase = ((j // NUM_STAGES) & 1) ^ 1  # a fresh barrier passes round 0
+        _fp8_convert_block(k_stage.index(st), ks_ready.index(st), st_phase, ks_empty.index(st),
+                           k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul,
+                           False, BLOCK_N, HEAD_DIM)  # fmt: skip
+        _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
+                           v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
+                           V_SHIFT, BLOCK_N, HEAD_DIM)  # fmt: skip
+
+
+@gluon.jit
+def _v_terms(VScale, SHIFT: gl.constexpr, C_LO: gl.constexpr, C_HI: gl.constexpr):
+    """``(v_mul, p_log2, l_mul)`` of an fp8 V cache with scale ``VScale[0]``: the ring holds ``V * v_mul``
+    and the consumers' P carries ``v_eff = v_scale / v_mul`` (``p_log2 = log2(v_eff)``, ``l_mul = 1 /
+    v_eff``; ``prefill_runtime.gluon.segment_terms``). ``SHIFT`` (float16 rings): ``v_mul = 2**-c``, ``c =
+    round(-log2 v_scale)`` clamped to ``[C_LO, C_HI]`` (where every value of the fp8 format times
+    ``2**-c`` is a finite float16, no subnormal of it lost), so P stays near [0, 1]: float16's precision
+    for a small ``v_scale``, no overflow for a large one. Bfloat16 rings (float32's range): ``v_mul =
+    1``. ``v_mul`` is float16 (the converter multiplies in the ring's type). A float16 P holds ``v_eff``
+    at most: a ``v_scale`` past float16's range times ``2**C_LO`` (e4m3: 8.4e6, e5m2: 65504) overflows it,
+    far past any dequantisation scale of those formats' values."""
+    v_s = gl.load(VScale).to(gl.float32)
+    if SHIFT:
+        c = gl.minimum(gl.maximum(gl.floor(0.5 - gl.log2(v_s)), C_LO), C_HI).to(gl.int32)
+        v_mul = ((127 - c) << 23).to(gl.float32, bitcast=True)  # 2**-c, exact
+        v_eff = v_s * ((127 + c) << 23).to(gl.float32, bitcast=True)  # v_scale * 2**c
+    else:
+        v_mul = v_s * 0.0 + 1.0
+        v_eff = v_s
+    return v_mul.to(gl.float16), gl.log2(v_eff), 1.0 / v_eff
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "block_rows", "head_rows", "head_cols",
@@ -341,6 +484,7 @@ def _gluon_fwd_kernel(
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
+    KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -368,7 +512,14 @@ def _gluon_fwd_kernel(
     ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
     into ``Q_desc``'s token count, cached keys into the table). ``OUT_MAX > 0``: ``O`` is fp8 (this
     largest finite value), written as ``clamp(o / OutScale[0])`` (``OutScale``: a 1-element float
-    tensor, read once per program; None with ``OUT_MAX`` 0)."""
+    tensor, read once per program; None with ``OUT_MAX`` 0). ``CACHE_FP8`` (an e4m3fn or e5m2 cache, q
+    16-bit; heads 64 and 128): the cache descriptors are fp8 (no swizzle, ``KC_desc``... block rows as
+    above), ``RING`` the 16-bit rings' layout (``K_desc``/``V_desc`` may then be the caches'), ``KScale``
+    / ``VScale`` 1-element float tensors (``k_scale``, ``v_scale`` > 0): context blocks land as fp8 in
+    staging slots (:func:`_fp8_producer`), a 4-warp partition converts them into the rings
+    (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
+    (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
+    ``k_scale``; V's scale through P, :func:`_v_terms`)."""
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
@@ -384,17 +535,58 @@ def _gluon_fwd_kernel(
     c_col = kv_head * head_cols
     HALF_M: gl.constexpr = BLOCK_M // 2
 
-    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, EMPTY_COUNT=256 if ONE_CONSUMER else 2
-    )
+    if CACHE_FP8:
+        q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
+            Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+            EMPTY_COUNT=256 if ONE_CONSUMER else 2, V_LAYOUT=RING, K_RING=RING,
+        )  # fmt: skip
+    else:
+        q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
+            Q_desc,
+            K_desc,
+            V_desc,
+            HALF_M,
+            BLOCK_N,
+            HEAD_DIM,
+            NUM_STAGES,
+            EMPTY_COUNT=256 if ONE_CONSUMER else 2,
+        )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
-    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh, out_scale)
+    qk_a = qk_scale  # segment A's logit multiplier and score terms (an fp8 cache: times k_scale)
+    score_a = score
+    if CACHE_FP8:
+        k_s = gl.load(KScale).to(gl.float32)
+        if SOFTCAP > 0:  # k_scale scales the tanh argument; the capped logit's multiplier stays
+            score_a = score_terms(qk_scale, tanh_scale * k_s, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI,
+                                  1 if HAS_SINKS else 0)  # fmt: skip
+        else:
+            qk_a = qk_scale * k_s
+            score_a = score_terms(
+                qk_a, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0
+            )
+        E5M2: gl.constexpr = KC_desc.dtype == gl.float8e5
+        V_SHIFT: gl.constexpr = Q_desc.dtype == gl.float16
+        v_mul, p_log2, l_mul = _v_terms(VScale, V_SHIFT, 0 if E5M2 else -7, 8 if E5M2 else 15)
+        terms = (qk_scale, score, p_log2, l_mul)
+    else:
+        terms = None
+    tile = (m0, q_tok0, q_len, head, seg, qk_a, score_a, w_left, w_right, stride_ot, stride_oh, out_scale)
     tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
+    terms1 = terms
     if PAIR_HEADS:
         score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                              1 if HAS_SINKS else 0)  # fmt: skip
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh,
+        score1_a = score1
+        if CACHE_FP8:
+            if SOFTCAP > 0:
+                score1_a = score_terms(qk_scale, tanh_scale * k_s, Sinks, Slopes, head + 1, SOFTCAP,
+                                       HAS_ALIBI, 1 if HAS_SINKS else 0)  # fmt: skip
+            else:
+                score1_a = score_terms(qk_a, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+                                       1 if HAS_SINKS else 0)  # fmt: skip
+            terms1 = (qk_scale, score1, p_log2, l_mul)
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_a, score1_a, w_left, w_right, stride_ot, stride_oh,
                  out_scale)  # fmt: skip
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
@@ -403,7 +595,12 @@ def _gluon_fwd_kernel(
     v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
               page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
               a_end, n_blocks)  # fmt: skip
-    if ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
+    if CACHE_FP8:
+        _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
+                        KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
+                        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
+                        OUT_MAX, V_SHIFT, not KV_FROM_CACHE)  # fmt: skip
+    elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
                 (_prefix_consumer, (
@@ -435,4 +632,78 @@ def _gluon_fwd_kernel(
             ],
             [4, 1, 1],
             [240, 24, 24],
+        )  # fmt: skip
+
+
+@gluon.jit
+def _fp8_partitions(
+    O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul, KCB_desc,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    BOX: gl.constexpr, RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr,
+    SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr,
+    PAIR_HEADS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
+    V_SHIFT: gl.constexpr, NEW: gl.constexpr,
+):  # fmt: skip
+    """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
+    forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
+    :func:`_fp8_producer` warps, over ``FP8_STAGING`` fp8 staging slots a ring (no swizzle: the converter
+    reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions at 232 registers (16
+    warps: 128 consumer threads a warpgroup at 232, 256 others at 24, the register file's 64K), or with
+    ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
+    straight into the rings)."""
+    _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
+    k_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
+    v_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
+    ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    vs_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    vs_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(FP8_STAGING):
+        mbarrier.init(ks_ready.index(i), count=1)
+        mbarrier.init(ks_empty.index(i), count=1)
+        mbarrier.init(vs_ready.index(i), count=1)
+        mbarrier.init(vs_empty.index(i), count=1)
+    fence_async_shared()
+    conv_args = (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty,
+                 v_ready, v_empty, n_a, v_mul)  # fmt: skip
+    k_stage_args = (k_stage, ks_ready, ks_empty)
+    v_stage_args = (v_stage, vs_ready, vs_empty)
+    if ONE_CONSUMER:
+        gl.warp_specialize(
+            [
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
+                    HAS_RIGHT, OUT_MAX, terms, True,
+                )),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
+                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
+                (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
+            ],
+            [4, 1, 1],
+            [24, 24, 24],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True,
+                )),
+                (_prefix_consumer, (
+                    1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True,
+                )),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
+                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
+                                 PAIR_HEADS, NEW)),
+                (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
+            ],
+            [4, 4, 1, 1],
+            [232, 24, 24, 24],
         )  # fmt: skip

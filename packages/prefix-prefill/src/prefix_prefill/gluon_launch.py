@@ -79,7 +79,9 @@ class Options(NamedTuple):
     """A call's options beyond plain attention, as the Gluon launch takes them: ``softcap`` (0: none),
     ``left`` (the left window, -1: none), ``sinks`` and ``alibi`` (``[num_heads]`` float32 tensors, or
     None), ``right`` (the right window of a non-causal call, -1: none), ``out_scale`` (an fp8 output's
-    scale, a 1-element float tensor: ``o = clamp(out / out_scale)``; None for an output in q's dtype)."""
+    scale, a 1-element float tensor: ``o = clamp(out / out_scale)``; None for an output in q's dtype),
+    ``k_scale``/``v_scale`` (an fp8 cache's dequantisation scales, 1-element float tensors; None for a
+    16-bit cache)."""
 
     softcap: float = 0.0
     left: int = -1
@@ -87,6 +89,8 @@ class Options(NamedTuple):
     alibi: torch.Tensor | None = None
     right: int = -1
     out_scale: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
 
 PLAIN = Options()
@@ -164,7 +168,18 @@ def launch_key(
         plan.kernel,
         problem,
         plan,
-        _spec(block_table, cu_seqlens_q, seq_lens, lse, status, opts.sinks, opts.alibi, opts.out_scale),
+        _spec(
+            block_table,
+            cu_seqlens_q,
+            seq_lens,
+            lse,
+            status,
+            opts.sinks,
+            opts.alibi,
+            opts.out_scale,
+            opts.k_scale,
+            opts.v_scale,
+        ),
         seq_lens.get_device(),
     )
     key = _KEY_IDS.get(full)
@@ -221,6 +236,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         None if opts.alibi is None else opts.alibi.data_ptr(),
         None if opts.out_scale is None else opts.out_scale.data_ptr(),
     )
+    if opts.k_scale is not None:  # an fp8 cache's plan (the frame has the scales' slots: _per_call_plain)
+        plain += (opts.k_scale.data_ptr(), opts.v_scale.data_ptr())
     stream = torch._C._cuda_getCurrentRawStream(index)
     heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
     if key.__class__ is tuple and key[1] == "pair":  # grid over head pairs
@@ -236,6 +253,9 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     options ``opts``; False when it failed to build or launch (then :func:`available` answers False for
     the rest of the process). ``key``: :func:`launch_key` of the call (computed here when None)."""
     global _FAILED
+    # (before the launch guard: missing scales are the caller's error, not a kernel that failed to build)
+    if (opts.k_scale is None or opts.v_scale is None) and plan.constexpr_map.get("CACHE_FP8", False):
+        raise ValueError("an fp8 cache's Gluon launch needs k_scale and v_scale tensors")
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
     key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
@@ -299,12 +319,19 @@ def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_tab
     frame_key = (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
     if fast.frame(frame_key) is None:
         descs = dict(_per_call_descs(nhd=call is _nhd_call, k=k, params=params))
-        fast.make_frame(key, frame_key, args, params, descs, _PER_CALL_PLAIN)
+        fast.make_frame(key, frame_key, args, params, descs, _per_call_plain(params))
 
 
 # A frame's per-call plain arguments (both kernels name them alike), in the order warm() passes them
 _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse", "stride_lse_h",
                    "n_bt_cols", "max_query_len", "Status", "Sinks", "Slopes", "OutScale")  # fmt: skip
+
+
+def _per_call_plain(params: dict) -> tuple[str, ...]:
+    """A frame's per-call plain arguments: :data:`_PER_CALL_PLAIN`, then with an fp8 cache (``CACHE_FP8``)
+    its scales, in the order warm() passes them (it adds them where the call's options hold them:
+    :class:`prefix_prefill.launch.Prepared` gives them to fp8 plans only)."""
+    return _PER_CALL_PLAIN + (("KScale", "VScale") if params.get("CACHE_FP8") else ())
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
@@ -362,10 +389,25 @@ def _rows(t: torch.Tensor, block: int, light: bool):
     return _tma(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [block, d], layout, light)
 
 
+@functools.cache
+def _fp8_staging():
+    """The no-swizzle NVMMA shared layout of a ``[rows, D]`` fp8 block: an fp8 cache's staging slots (the
+    converter partition reads them, see :mod:`prefix_prefill.gluon_kernel`)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+
+
 def _cache_rows(cache: torch.Tensor, view: TmaRows, d: int, rows: int, light: bool):
     """A cache seen as its view of rows ``view`` (``[view.rows, view.row_elems]``, strides
-    ``[view.row_stride, 1]``, the plan checked that TMA can read it), block ``[rows, d]``."""
-    layout = None if light else _swizzled(rows, d, cache.dtype == torch.float16)
+    ``[view.row_stride, 1]``, the plan checked that TMA can read it), block ``[rows, d]`` (an fp8 cache's
+    in :func:`_fp8_staging`'s layout)."""
+    if light:
+        layout = None
+    elif cache.element_size() == 1:
+        layout = _fp8_staging()
+    else:
+        layout = _swizzled(rows, d, cache.dtype == torch.float16)
     return _tma(cache, [view.rows, view.row_elems], [view.row_stride, 1], [rows, d], layout, light)
 
 
@@ -402,7 +444,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     kcb, vcb = _cache_rows(k_cache, kv, d, block_n, light), _cache_rows(v_cache, vv, d, block_n, light)
     kbox, vbox = _cache_rows(k_cache, kv, d, box, light), _cache_rows(v_cache, vv, d, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
-        k_desc, v_desc = kcb, vcb
+        k_desc, v_desc = kcb, vcb  # (an fp8 cache: RING gives it)
     else:
         k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
     args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
@@ -412,6 +454,11 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
+    # an fp8 cache's scales and the 16-bit rings' layout (its descriptors are fp8); every parameter given,
+    # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)
+    fp8 = consts["CACHE_FP8"]  # (launch() refused an fp8 call without its scales)
+    consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None,
+                  RING=_swizzled(block_n, d, q.dtype == torch.float16) if fp8 else None)  # fmt: skip
     return args, consts, grid
 
 

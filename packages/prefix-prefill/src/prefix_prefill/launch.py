@@ -84,13 +84,20 @@ class Prepared:
 
     def __post_init__(self) -> None:
         self.fixed = gluon_launch.Options(self.softcap, self.left, right=self.right)
+        # the plan reads the fp8 cache's scales (a Gluon plan with CACHE_FP8)
+        self.fp8 = bool(self.plan.constexpr_map.get("CACHE_FP8", False))
 
-    def options(self, sinks, alibi, out_scale=None) -> gluon_launch.Options:
-        """A Gluon launch's options for this signature's call with these sinks, ALiBi slopes and fp8 output
-        scale (without any, one object made once per signature: a warm call builds nothing)."""
-        if sinks is None and alibi is None and out_scale is None:
-            return self.fixed
-        return gluon_launch.Options(self.softcap, self.left, sinks, alibi, self.right, out_scale)
+    def options(self, sinks, alibi, out_scale=None, k_scale=None, v_scale=None) -> gluon_launch.Options:
+        """A Gluon launch's options for this signature's call with these sinks, ALiBi slopes, fp8 output
+        scale and, where the plan converts an fp8 cache, its scales (without any, one object made once
+        per signature: a warm call builds nothing)."""
+        if not self.fp8:
+            if sinks is None and alibi is None and out_scale is None:
+                return self.fixed
+            return gluon_launch.Options(self.softcap, self.left, sinks, alibi, self.right, out_scale)
+        return gluon_launch.Options(
+            self.softcap, self.left, sinks, alibi, self.right, out_scale, k_scale, v_scale
+        )
 
 
 def forward(
@@ -183,7 +190,7 @@ def forward(
     prep = Prepared(problem, chosen, kc, vc, scale, softcap, left=left, right=right)
     repeatable = plan_override is None and config is None
     if chosen.kernel != "triton":
-        opts = prep.options(sinks, alibi_slopes, out_scale)
+        opts = prep.options(sinks, alibi_slopes, out_scale, k_scale, v_scale)
         prep.key = gluon_launch.launch_key(
             chosen, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts
         )
@@ -335,7 +342,7 @@ def run_prepared(
         lse,
         prep.key,
         status,
-        prep.options(sinks, alibi, out_scale),
+        prep.options(sinks, alibi, out_scale, k_scale, v_scale),
     ):
         raise RuntimeError("prefix_prefill: the Gluon kernel failed after it had run (see the warning)")
 

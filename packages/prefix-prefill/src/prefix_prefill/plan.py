@@ -10,7 +10,8 @@ order; the first that applies wins:
 kernel                  when
 ======================  =========================================================================
 ``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
-                        allowlist), 16-bit q and cache of one dtype, out in it or in one of
+                        allowlist), 16-bit q and cache of one dtype (or, at heads 64/128, an
+                        fp8 cache of :data:`GLUON_FP8_CACHES`, ``CACHE_FP8``), out in it or in one of
                         :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
                         :data:`GLUON_MIN_WINDOW` keys (or none), pages a multiple of 16, an NHD cache
@@ -94,6 +95,14 @@ _FP8_DTYPES = tuple(
 #: Gluon kernels: the fp8 output dtypes they write (NVIDIA's; ``clamp(out / fp8_out_scale)``, as the
 #: Triton kernel's ``OUT_FP8``).
 GLUON_FP8_OUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: NHD/HND Gluon kernel: the fp8 cache dtypes it converts (``CACHE_FP8``: NVIDIA's e4m3fn and e5m2, each
+#: value exactly a float16 and a bfloat16; the fnuz types, AMD's, keep the Triton kernel).
+GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: ... at these head sizes. Head 256 keeps the Triton kernel: the converter partition makes the kernel 16
+#: warps, which leaves each consumer thread at most 128 registers under ptxas's per-thread ceiling for
+#: the launch, fewer than a 64 x 256 float32 accumulator's wgmma takes (ptxas C7602). vLLM's split
+#: layout keeps it too (no TMA view of rows over its fp8 K slots of 16 features; not built).
+GLUON_FP8_CACHE_HEADS = frozenset({64, 128})
 
 
 @dataclass(frozen=True)
@@ -256,7 +265,16 @@ def _gluon_unmet(p: Problem) -> str | None:
         (p.arch == "sm90", f"architecture {p.arch} (Gluon kernels: sm90)"),
         (half, f"q dtype {p.q_dtype} (Gluon kernels: fp16/bf16)"),
         (p.head_size in GLUON_BLOCK_N, f"head size {p.head_size} (Gluon kernels: 64/128/256)"),
-        (p.cache_dtype == p.q_dtype, "cache dtype differs from q's"),
+        (
+            p.cache_dtype == p.q_dtype or p.cache_dtype in GLUON_FP8_CACHES,
+            f"cache dtype {p.cache_dtype} (Gluon kernels: q's, float8_e4m3fn or float8_e5m2)",
+        ),
+        (
+            p.cache_dtype not in GLUON_FP8_CACHES
+            or (p.layout != "split" and p.head_size in GLUON_FP8_CACHE_HEADS),
+            f"an fp8 {p.layout.upper()} cache at head size {p.head_size} (fp8 caches on Gluon: NHD/HND, "
+            "heads 64/128)",
+        ),
         (
             p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
             f"output dtype {p.out_dtype} (Gluon kernels: q's, float8_e4m3fn or float8_e5m2)",
@@ -287,7 +305,8 @@ def _options_note(p: Problem) -> str:
     names = [n for n, on in (("non-causal", not p.causal), ("left window", p.use_left),
                              ("right window", p.use_right and not p.causal), ("soft-capping", p.softcap),
                              ("ALiBi", p.alibi), ("sinks", p.sinks), ("skip_decode", p.skip_decode),
-                             ("fp8 output", p.out_dtype in GLUON_FP8_OUTS)) if on]  # fmt: skip
+                             ("fp8 output", p.out_dtype in GLUON_FP8_OUTS),
+                             ("fp8 cache", p.cache_dtype in GLUON_FP8_CACHES)) if on]  # fmt: skip
     return f"; {', '.join(names)}" if names else ""
 
 
@@ -306,7 +325,8 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     block_n = GLUON_BLOCK_N[d]
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
-                  **_gluon_options(p))  # fmt: skip
+                  # an fp8 cache converted into 16-bit rings (a 4-warp partition)
+                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES, **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 

@@ -105,7 +105,7 @@ def repeat(
         return False  # the full checks raise the error (or take the other plan)
     if prep.plan.kernel != "triton" and gluon_launch.warm(
         prep.plan, prep.key, q, k, v, o, k_cache, v_cache, block_table, cu, sl, max_query_len, prep.scale,
-        lse, status, prep.options(sinks, alibi, os_),
+        lse, status, prep.options(sinks, alibi, os_, ks, vs),
     ):  # fmt: skip
         bump_versions(o, lse, status)
         return True

@@ -1,0 +1,506 @@
+"""fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with per-tensor ``k_scale`` / ``v_scale``) on the NHD/HND
+Gluon kernel's ``CACHE_FP8`` forms (:mod:`prefix_prefill.gluon_kernel`: the context's fp8 blocks land by
+TMA in staging slots, a 4-warp partition converts them into the 16-bit rings, the consumers fold the
+scales into each context block's terms).
+
+CPU: the plan rule (NHD, HND and interleaved caches at heads 64 and 128 take the Gluon kernel with
+``CACHE_FP8``; head 256, vLLM's split layout and AMD's fnuz types keep the Triton kernel and the reason
+says why); the launcher's arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows
+the producer reads, the rings' layout, the scale tensors; a launch without them is refused); warm frames
+taking each call's scale tensors; the rings' protocol played in random interleavings
+(``fp8_rings_model``) with its negative control (no wait for the converter's last context block);
+offline sm90 compiles (marker ``compile_check``: registers, spills, shared memory). sm90 GPU: against
+the float64 reference of the dequantised cache into NaN-poisoned outputs, with spare cache blocks NaN:
+e4m3 and e5m2, bfloat16 and float16 queries, scales 0.02 / 1.9 / 300 (a float16 ring's V shift both ways),
+pages 16 / 544 / 1056, ragged batches with empty contexts and one-token queries, k given or from the
+cache, the options (sinks, soft cap, ALiBi, windows, non-causal, the LSE), the short-query forms, warm
+calls with new scale values, each asserting that the Gluon kernel ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from conftest import DEVICE, compile_gluon_for_sm90, needs_sm90, poison
+from fp8_rings_model import Protocol, play
+from launch_stubs import stub_prefix_gluon
+from pp_cases import INTERLEAVED, alibi_slopes, make_layout_case, problem_of, random_seqs, reference
+from pp_gluon_compile import PP_COMPILE_HEAD
+
+from attn_reference import compare, tolerance
+from paged_kv_offsets import describe_kv_cache
+from prefix_prefill import explain, gluon_launch, plan, prefix_prefill
+
+HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), cache=E4M3, dtype=torch.bfloat16, device="cpu",
+          heads=(4, 2), **kw):  # fmt: skip
+    """A case with an fp8 cache (``pp_cases.make_layout_case``)."""
+    kw.setdefault("k_scale", 0.5)
+    kw.setdefault("v_scale", 1.5)
+    return make_layout_case(list(seqs), num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page,
+                            dtype=dtype, device=device, layout=layout, cache_dtype=cache, **kw)  # fmt: skip
+
+
+# ------------------------------------------------------------------------- CPU: plans
+@pytest.mark.parametrize("cache", [E4M3, E5M2])
+@pytest.mark.parametrize("head", [64, 128])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
+    """fp8 e4m3fn / e5m2 caches TMA reads as views of rows (NHD, HND, interleaved pages) at heads 64 and
+    128 run the NHD/HND Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or not; the
+    reason names the fp8 cache; a 16-bit cache's plan has ``CACHE_FP8`` off."""
+    for dtype in (torch.bfloat16, torch.float16):
+        case = _case(layout, head, cache=cache, dtype=dtype, kv_from_cache=from_cache)
+        chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
+        assert chosen.kernel == f"gluon-{case.layout}", chosen.reason
+        assert chosen.consts()["CACHE_FP8"] is True and "fp8 cache" in chosen.reason
+    plain = _case(layout, head, cache=None)
+    assert plan.plan(problem_of(plain, arch="sm90", gluon=True)).consts()["CACHE_FP8"] is False
+
+
+@pytest.mark.parametrize(
+    "what,why",
+    [("head_256", "head size 256"), ("split", "SPLIT cache"), ("fnuz", "cache dtype torch.float8_e4m3fnuz"),
+     ("e5m2_fnuz", "cache dtype torch.float8_e5m2fnuz")],
+)  # fmt: skip
+def test_fp8_caches_keep_triton(what, why):
+    """Head 256 (the converter's 16 warps leave a consumer too few registers), vLLM's split layout (no TMA
+    view of rows over its fp8 slots) and AMD's fnuz types keep the Triton kernel, its plan's
+    ``CACHE_FP8`` on and the reason saying why; the same call with a 16-bit cache (head 256, split) takes
+    a Gluon kernel."""
+    layout = "split" if what == "split" else "nhd"
+    head = 256 if what == "head_256" else 128
+    cache = {"fnuz": torch.float8_e4m3fnuz, "e5m2_fnuz": torch.float8_e5m2fnuz}.get(what, E4M3)
+    chosen = plan.plan(problem_of(_case(layout, head, cache=cache), arch="sm90", gluon=True))
+    assert chosen.kernel == "triton" and why in chosen.reason, chosen.reason
+    assert chosen.consts()["CACHE_FP8"] is True
+    if what in ("head_256", "split"):
+        control = plan.plan(problem_of(_case(layout, head, cache=None), arch="sm90", gluon=True))
+        assert control.kernel == f"gluon-{layout}"
+
+
+def test_fp8_cache_of_uint8_bits():
+    """A uint8 cache (vLLM's ``kv_cache_dtype="fp8"`` bits, seen as e4m3fn) plans as e4m3fn."""
+    case = _case(cache=torch.uint8)
+    assert plan.plan(problem_of(case, arch="sm90", gluon=True)).consts()["CACHE_FP8"] is True
+
+
+# ------------------------------------------------------------------------- CPU: host glue
+class _Recorder:
+    """The NHD/HND kernel's stand-in: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self, names):
+        self.arg_names, self.calls = names, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def _scales(case, device="cpu") -> gluon_launch.Options:
+    return gluon_launch.Options(k_scale=torch.tensor([case.k_scale], device=device),
+                                v_scale=torch.tensor([case.v_scale], device=device))  # fmt: skip
+
+
+def _launch(case, opts: gluon_launch.Options) -> bool:
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
+    problem = problem_of(case, arch="sm90", gluon=True)
+    chosen = plan.plan(problem)
+    o = torch.empty_like(case.q)
+    return gluon_launch.launch(chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc,
+                               case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1,
+                               None, opts=opts)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd-interleaved"])
+@pytest.mark.parametrize("from_cache,page,head,dtype", [(False, 16, 128, torch.bfloat16),
+                                                        (True, 32, 64, torch.float16),
+                                                        (False, 544, 64, torch.bfloat16)])  # fmt: skip
+def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch):
+    """The fp8 form's arguments (kernel replaced by a recorder): the four cache descriptors are fp8 views of
+    rows in the no-swizzle 8-bit layout, at the rows the producer reads every cached slot
+    (``test_pp_gluon._producer_reads_every_slot`` over the bytes); ``RING`` the default 16-bit layout of a
+    ``[BLOCK_N, D]`` block of q's dtype; ``KScale`` / ``VScale`` the call's tensors; the new tokens'
+    descriptors are k/v's 16-bit rows (k None: the cache's stand in); the launch binds to the kernel."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    from test_pp_gluon import _producer_reads_every_slot
+    from triton.experimental.gluon import language as gl
+
+    rec = _Recorder(gluon_launch._gluon_fwd_kernel.arg_names)
+    monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = _case(layout, head, page, seqs=[(40, 5), (0, 19), (70, 130), (3 * page + 1, 1)], dtype=dtype,
+                 kv_from_cache=from_cache)  # fmt: skip
+    opts = _scales(case)
+    assert _launch(case, opts) is True
+    ((_, args, kw),) = rec.calls
+    names = rec.arg_names
+    assert len(args) <= len(names) and set(kw) - {"num_warps"} <= set(names[len(args) :])
+    a = dict(zip(names, args, strict=False)) | kw
+    assert a["CACHE_FP8"] is True and a["KScale"] is opts.k_scale and a["VScale"] is opts.v_scale
+    bn = plan.GLUON_BLOCK_N[head]
+    assert a["RING"] == gl.NVMMASharedLayout.get_default_for([bn, head], gl.float16 if dtype == torch.float16
+                                                            else gl.bfloat16)  # fmt: skip
+    staging = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    for name in ("KC_desc", "VC_desc", "KCB_desc", "VCB_desc"):
+        assert a[name].layout == staging and a[name].base.dtype == case.k_cache.dtype
+    if not from_cache:
+        assert a["K_desc"].base is case.k and a["V_desc"].base is case.v
+    as_bytes = dataclasses.replace(case, k_cache=case.k_cache.view(torch.uint8),
+                                   v_cache=case.v_cache.view(torch.uint8))  # fmt: skip
+    assert _producer_reads_every_slot(as_bytes, args, kw)
+
+
+def test_fp8_launch_needs_scales(monkeypatch):
+    """An fp8 plan's launch without the scale tensors is refused with a ValueError (never a kernel reading
+    None)."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    rec = _Recorder(gluon_launch._gluon_fwd_kernel.arg_names)
+    monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        _launch(_case(), gluon_launch.Options())
+    assert not rec.calls
+
+
+def test_fp8_warm_frames_take_each_calls_scales(monkeypatch):
+    """Warm calls of one fp8 signature (same caches, new scale tensors each call) go through one frame whose
+    per-call slots carry each call's ``k_scale`` / ``v_scale`` pointers: the C launcher gets what the
+    generic direct launch gives it."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    from launch_stubs import pointers
+
+    warm_nhd = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
+    case = _case(seqs=[(40, 5), (0, 19), (70, 130)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
+    problem = problem_of(case, arch="sm90", gluon=True)
+    chosen = plan.plan(problem)
+    o = torch.empty_like(case.q)
+    call = (case.q, case.k, case.v, o, case.k_cache, case.v_cache)
+    index = (case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1, None)
+    first = _scales(case)
+    key = gluon_launch.launch_key(chosen, problem, *index[:3], None, opts=first)
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # through Triton
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # direct: a frame
+    c_calls = warm_nhd.compiled.run.c_calls
+    for _ in range(3):
+        opts = _scales(case)
+        assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
+        framed = c_calls[-1]
+        assert opts.k_scale.data_ptr() in framed and opts.v_scale.data_ptr() in framed
+        gluon_launch._warm(
+            gluon_launch._NHD, gluon_launch._nhd_call, chosen, key, *call, kc, vc, *index, opts=opts
+        )
+        assert framed == pointers(c_calls[-1])
+    assert len(gluon_launch._NHD._frames) == 1
+
+
+# ------------------------------------------------------------------------- CPU: the rings' protocol
+def _blocks(rng: random.Random, context: bool = False) -> tuple[int, int]:
+    n_a = rng.randint(1 if context else 0, 7)
+    return n_a, n_a + rng.randint(1 if context or n_a == 0 else 0, 5)
+
+
+def test_fp8_rings_protocol():
+    """The fp8 forms' barriers (staging slots, the rings' ready and empty barriers and their parities,
+    copies landing at random later turns, the consumers' K-ahead-of-V order) played in 3000 random
+    interleavings of programs with 0..7 context blocks and 0..5 new-token blocks: no read sees its slot
+    overwritten, nothing deadlocks, every block reaches both consumers."""
+    for seed in range(3000):
+        rng = random.Random(seed)
+        n_a, n_blocks = _blocks(rng)
+        seen = play(n_a, n_blocks, rng)
+        want = sorted((kv, j) for kv in "KV" for j in range(n_blocks))
+        assert sorted(seen[0]) == want and sorted(seen[1]) == want, (seed, n_a, n_blocks)
+
+
+def test_fp8_rings_protocol_negative_control():
+    """Without the producers' wait for the converter's last context block, a producer that ran ahead of the
+    converter by its staging slots passes its first new-token ring wait two rounds early (a parity wait)
+    and overwrites a slot a consumer still reads (or, its early fill's arrival counted in the wrong phase,
+    the partitions deadlock): the model finds both."""
+    found = []
+    for seed in range(400):
+        rng = random.Random(seed)
+        try:
+            play(*_blocks(rng, context=True), rng, wait_for_converter=False)
+        except Protocol as e:
+            found.append(str(e))
+    assert any("overwritten" in f for f in found) and any("deadlock" in f for f in found), found[:3]
+
+
+# ------------------------------------------------------------------------- CPU: offline compiles
+_COMPILE_SCRIPT = """
+import re
+ALL = dict(HAS_LEFT=True, SOFTCAP=2, HAS_ALIBI=True, HAS_SINKS=True, SKIP_DECODE=True)
+BOTH_WAYS = dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)
+FORMS = [
+    dict(head=128, box=16, from_cache=False, lse=False),
+    dict(head=128, box=16, from_cache=False, lse=True, q="fp16", cache="fp8e5"),
+    dict(head=64, box=16, from_cache=False, lse=False, q="fp16"),
+    dict(head=64, box=64, from_cache=True, lse=True, cache="fp8e5"),
+    dict(head=128, box=128, from_cache=False, lse=True, q="fp16", HAS_SINKS=True, HAS_ALIBI=True),
+    dict(head=128, box=32, from_cache=False, lse=False, **ALL),
+    dict(head=128, box=16, from_cache=True, lse=True, q="fp16", **BOTH_WAYS),
+    dict(head=128, box=16, from_cache=False, lse=False, PAIR_HEADS=True, HAS_ALIBI=True, SOFTCAP=2),
+    dict(head=128, box=16, from_cache=False, lse=False, IDLE_WG1=True, q="fp16"),
+    dict(head=128, box=16, from_cache=False, lse=False, one=True),
+    dict(head=64, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, q="fp16", cache="fp8e5",
+         **ALL),
+    dict(head=128, box=16, from_cache=False, lse=False, out="fp8e4nv", OUT_MAX=448.0),
+]
+for form in FORMS:
+    _, kernel = compile_nhd_fp8(**form)
+    ptx = kernel.asm["ptx"]
+    cvts = re.findall(r"cvt\\.rn\\.f16x2\\.(e4m3|e5m2)x2", ptx)
+    print("fp8", form.get("cache", "fp8e4nv"), cvts.count("e4m3"), cvts.count("e5m2"))
+"""
+
+
+@pytest.mark.compile_check
+def test_fp8_cache_forms_compile_for_sm90():
+    """The ``CACHE_FP8`` forms compile for sm90 (no GPU needed) in the forms plans and launches take (heads
+    64 / 128, e4m3 / e5m2, bfloat16 / float16 queries, k given or from the cache, every option, non-causal
+    with a window both ways, the LSE, an fp8 output, the paired, idle and quick one-partition forms, the
+    quick one with LLVM at O0 as the compile tiers build it)
+    within one program's shared memory (227 KiB), each converting its own fp8 type and no other (e4m3
+    by the hardware's conversion; e5m2 into float16 by byte moves)."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _COMPILE_SCRIPT)
+    assert len(shared) == 12 and max(shared) <= 227 * 1024, out
+    lines = [line.split() for line in out.splitlines() if line.startswith("fp8 ")]
+    assert len(lines) == 12, out
+    for _, cache, e4, e5 in lines:  # (e5m2 is float16's top byte: into float16 by byte moves, no cvt)
+        mine, other = (int(e4), int(e5)) if cache == "fp8e4nv" else (int(e5), int(e4))
+        assert other == 0 and (mine > 0 or cache == "fp8e5"), (cache, e4, e5)
+
+
+# ------------------------------------------------------------------------- GPU (sm90)
+#: (k_scale, v_scale): float16 rings' V shift clamped both ways (300: e4m3 -7, e5m2 0; 0.02: 6) and
+#: K's scale far from 1 each way (K converts unscaled: a K times V's shift is off by 2**-c)
+SCALES = [(0.02, 300.0), (1.9, 0.02), (300.0, 1.9)]
+
+
+def _nan_spare_blocks(case) -> None:
+    """NaN in every cache block no sequence's table names (the kernel never reads them)."""
+    used = {int(b) for b in case.block_table.flatten().tolist()}
+    for blk in range(case.k_cache.shape[0]):
+        if blk not in used:
+            case.k_cache[blk] = float("nan")
+            case.v_cache[blk] = float("nan")
+
+
+def _kw(opts: dict, heads: int) -> dict:
+    kw = {}
+    if "left" in opts or "right" in opts:
+        kw["window"] = (opts.get("left", -1), opts.get("right", -1))
+    if "causal" in opts:
+        kw["causal"] = opts["causal"]
+    if opts.get("alibi"):
+        kw["alibi_slopes"] = alibi_slopes(heads, DEVICE)
+    if opts.get("sinks"):
+        s = torch.randn(heads, device=DEVICE) * 2
+        s[0] = float("-inf")
+        kw["sinks"] = s
+    if opts.get("softcap"):
+        kw["softcap"] = opts["softcap"]
+    return kw
+
+
+def _check(layout, from_cache, head, dtype, cache, page, scales, monkeypatch, opts=None, seqs=None,
+           heads=(8, 2), lse=False) -> None:  # fmt: skip
+    """One fp8 call against the float64 reference of the dequantised cache (tolerances of q's dtype, the
+    absolute one times twice the values' scale: ``v_scale``, or with the new tokens' V given (~N(0, 1)) at
+    least 1), into a NaN-poisoned output (and LSE), spare cache blocks NaN; ``explain()`` names the Gluon
+    kernel with ``CACHE_FP8`` and one Gluon launch ran."""
+    opts = opts or {}
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    launches = []
+    orig = gluon_launch.launch
+
+    def counted(*a, **k):
+        ok = orig(*a, **k)
+        if ok:
+            launches.append(1)
+        return ok
+
+    monkeypatch.setattr(gluon_launch, "launch", counted)
+    if seqs is None:
+        seqs = [*random_seqs(3, 2500, 600), (0, 300), (1700, 1), (129, 128), (37, 93), (900, 1)]
+    k_scale, v_scale = scales
+    case = _case(layout, head, page, seqs, cache=cache, dtype=dtype, device=DEVICE, heads=heads,
+                 kv_from_cache=from_cache, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    _nan_spare_blocks(case)
+    kw = _kw(opts, heads[0])
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    chosen = explain(*args, kv_layout=case.layout, k_scale=k_scale, v_scale=v_scale, **kw)
+    assert chosen.kernel == f"gluon-{case.layout}" and chosen.consts()["CACHE_FP8"], chosen.reason
+    out = poison(torch.empty_like(case.q))
+    extra = {}
+    if lse:
+        extra["lse"] = poison(torch.empty(heads[0], case.q.shape[0], dtype=torch.float32, device=DEVICE))
+        extra["return_lse"] = True
+    prefix_prefill(*args, kv_layout=case.layout, out=out, k_scale=k_scale, v_scale=v_scale, validate=True,
+                   **kw, **extra)  # fmt: skip
+    assert len(launches) == 1, "the Gluon kernel did not run"
+    atol, rtol = tolerance(dtype)
+    if lse:
+        ref, ref_lse = reference(case, return_lse=True, **kw)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(extra["lse"]), finite)
+        assert (extra["lse"].double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    else:
+        ref = reference(case, **kw)
+    # the values a row averages: the cache's ~ v_scale * N(0, 1), the new tokens' given V ~ N(0, 1)
+    c = compare(out, ref, atol=atol * 2 * (v_scale if from_cache else max(v_scale, 1.0)), rtol=rtol)
+    assert c, c
+
+
+#: (head, q dtype, fp8 type, page): every head, q dtype and fp8 type, the page classes
+FORMS = [
+    (128, torch.bfloat16, E4M3, 16),
+    (128, torch.float16, E4M3, 16),
+    (128, torch.float16, E5M2, 544),
+    (128, torch.bfloat16, E5M2, 1056),
+    (64, torch.float16, E4M3, 1056),
+    (64, torch.bfloat16, E5M2, 16),
+    (64, torch.float16, E5M2, 544),
+]
+FORM_IDS = [f"d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for h, t, c, p in FORMS]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("scales", SCALES, ids=["k0.02-v300", "k1.9-v0.02", "k300-v1.9"])
+@pytest.mark.parametrize("head,dtype,cache,page", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
+def test_gpu_fp8_matches_reference(from_cache, head, dtype, cache, page, scales, monkeypatch):
+    """Plain causal attention over an fp8 NHD cache: every head, query dtype, fp8 type and page class, k
+    given or from the cache, scales far from 1 each way."""
+    _check("nhd", from_cache, head, dtype, cache, page, scales, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layout", ["hnd", *INTERLEAVED])
+@pytest.mark.parametrize("dtype,cache", [(torch.float16, E4M3), (torch.bfloat16, E5M2)],
+                         ids=["float16-e4m3", "bfloat16-e5m2"])  # fmt: skip
+def test_gpu_fp8_tma_layouts(layout, dtype, cache, monkeypatch):
+    """HND caches and interleaved K/V pages ride the same kernel."""
+    _check(layout, False, 128, dtype, cache, 16, SCALES[0], monkeypatch)
+
+
+GPU_OPTIONS = {
+    "sinks": dict(sinks=True),
+    "softcap": dict(softcap=30.0),
+    "alibi": dict(alibi=True),
+    "window": dict(left=300),
+    "noncausal_window": dict(causal=False, left=200, right=100),
+    "all": dict(left=700, alibi=True, sinks=True, softcap=20.0),
+    "noncausal_all": dict(causal=False, left=700, right=300, alibi=True, sinks=True, softcap=20.0),
+}
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("option", list(GPU_OPTIONS))
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("dtype,cache,page", [(torch.float16, E4M3, 16), (torch.bfloat16, E5M2, 544)],
+                         ids=["float16-e4m3-p16", "bfloat16-e5m2-p544"])  # fmt: skip
+def test_gpu_fp8_options(dtype, cache, page, from_cache, option, monkeypatch):
+    """Each option on the fp8 form (head 128), with the LSE: the scales fold into the soft cap's argument,
+    the ALiBi slopes and the sinks' start per segment."""
+    _check("nhd", from_cache, 128, dtype, cache, page, SCALES[1], monkeypatch, GPU_OPTIONS[option], lse=True)
+
+
+SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("opts", ["plain", "all"])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=["paired", "idle"])
+def test_gpu_fp8_short_queries(heads, from_cache, opts, monkeypatch):
+    """Queries of at most 64 rows: the paired-heads and idle-warpgroup forms over an fp8 cache."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    _check("nhd", from_cache, 128, torch.float16, E4M3, 16, SCALES[0], monkeypatch, GPU_OPTIONS.get(opts),
+           SHORT_SEQS, heads)  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_fp8_quick_form(monkeypatch):
+    """The compile tiers' quick form (one 8-warp consumer partition) over an fp8 cache: a fresh tier key
+    runs it first."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "1")
+    import prefill_runtime as runtime
+
+    monkeypatch.setattr(gluon_launch, "_TIERS", runtime.CompileTiers())
+    monkeypatch.setattr(gluon_launch, "_NHD", gluon_launch.CompiledLaunches(gluon_launch._gluon_fwd_kernel))
+    _check("nhd", False, 128, torch.bfloat16, E4M3, 16, SCALES[2], monkeypatch)
+    gluon_launch.finish_compiles()
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_fp8_warm_calls_new_scales(monkeypatch):
+    """Repeated calls of one signature (the warm path's frame) with new scale tensors and values each call
+    answer each call's scales."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = _case("nhd", 128, 16, [(300, 40), (0, 17), (1000, 200)], cache=E4M3, dtype=torch.float16,
+                 device=DEVICE)  # fmt: skip
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    for k_scale, v_scale in [(0.5, 1.5), *SCALES, (0.7, 0.3)]:
+        ks = torch.tensor([k_scale], device=DEVICE)
+        vs = torch.tensor([v_scale], device=DEVICE)
+        out = poison(torch.empty_like(case.q))
+        prefix_prefill(*args, kv_layout="nhd", out=out, k_scale=ks, v_scale=vs)
+        ref = reference(dataclasses.replace(case, k_scale=k_scale, v_scale=v_scale))
+        atol, rtol = tolerance(torch.float16)
+        c = compare(out, ref, atol=atol * 2 * max(v_scale, 1.0), rtol=rtol)  # (k given: as _check)
+        assert c, (k_scale, v_scale, c)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("out", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
+def test_gpu_fp8_cache_fp8_output(from_cache, out, monkeypatch):
+    """An fp8 output (``fp8_out_scale``, its epilogue unchanged) over an fp8 cache: within one fp8 step of
+    the reference quantised alike, at a saturating and a fitting scale; a wrong scale (1.5x) fails."""
+    from test_pp_gluon_fp8_out import _fp8_check, _quantise, _scale_for
+
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    launches = []
+    orig = gluon_launch.launch
+    monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: orig(*a, **k) and not launches.append(1))
+    case = _case("nhd", 128, 16, [(900, 300), (0, 200), (1700, 1), (129, 128), (37, 93)], cache=E4M3,
+                 dtype=torch.float16, device=DEVICE, heads=(8, 2), kv_from_cache=from_cache, k_scale=1.9,
+                 v_scale=0.02)  # fmt: skip
+    ref = reference(case)
+    out_dtype = E4M3 if out == "e4m3" else E5M2
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    for kind in ("saturate", "fit"):
+        scale = _scale_for(ref, out_dtype, kind)
+        got = poison(torch.empty(case.q.shape, dtype=out_dtype, device=DEVICE))
+        prefix_prefill(*args, kv_layout="nhd", out=got, k_scale=1.9, v_scale=0.02, fp8_out_scale=scale)
+        bad = _fp8_check(got, _quantise(ref, scale, out_dtype), out_dtype, scale)
+        assert not bad, (kind, bad)
+        assert _fp8_check(got, _quantise(ref, scale * 1.5, out_dtype), out_dtype, scale), (
+            "a wrong scale passes"
+        )
+    assert len(launches) == 2, "the Gluon kernel did not run"
