@@ -27,8 +27,9 @@ import torch
 from conftest import DEVICE, compile_gluon_for_sm90, needs_sm90, poison
 from fp8_rings_model import Protocol, play
 from launch_stubs import stub_prefix_gluon
-from pp_cases import INTERLEAVED, alibi_slopes, make_layout_case, problem_of, random_seqs, reference
+from pp_cases import INTERLEAVED, make_layout_case, problem_of, random_seqs, reference
 from pp_gluon_compile import PP_COMPILE_HEAD
+from test_pp_gluon_features import _kw
 
 from attn_reference import compare, tolerance
 from paged_kv_offsets import describe_kv_cache
@@ -298,23 +299,6 @@ def _nan_spare_blocks(case) -> None:
         if blk not in used:
             case.k_cache[blk] = float("nan")
             case.v_cache[blk] = float("nan")
-
-
-def _kw(opts: dict, heads: int) -> dict:
-    kw = {}
-    if "left" in opts or "right" in opts:
-        kw["window"] = (opts.get("left", -1), opts.get("right", -1))
-    if "causal" in opts:
-        kw["causal"] = opts["causal"]
-    if opts.get("alibi"):
-        kw["alibi_slopes"] = alibi_slopes(heads, DEVICE)
-    if opts.get("sinks"):
-        s = torch.randn(heads, device=DEVICE) * 2
-        s[0] = float("-inf")
-        kw["sinks"] = s
-    if opts.get("softcap"):
-        kw["softcap"] = opts["softcap"]
-    return kw
 
 
 def _check(layout, from_cache, head, dtype, cache, page, scales, monkeypatch, opts=None, seqs=None,
