@@ -433,18 +433,13 @@ def _block_step(
         j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
     )  # fmt: skip
+    qk_j, score_j, p_log2, l_mul = qk_scale, score, None, None  # (16-bit keys: the call's terms)
     if FP8_KV:
         qk_j, score_j, p_log2, l_mul = segment_terms(j, n_a, qk_scale, score, terms)
-        b_pf, alpha, m_i, l_i = softmax_step(
-            b_s, m_i, l_i, qk_j, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score_j, SOFTCAP, ALIBI, SINKS, row0, p_log2,
-            l_mul, True,
-        )  # fmt: skip
-    else:
-        b_pf, alpha, m_i, l_i = softmax_step(
-            b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
-        )  # fmt: skip
+    b_pf, alpha, m_i, l_i = softmax_step(
+        b_s, m_i, l_i, qk_j, offs_r, n0, lo, hi, shift, window_left, window_right, masked, BLOCK_N,
+        CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score_j, SOFTCAP, ALIBI, SINKS, row0, p_log2, l_mul, FP8_KV,
+    )  # fmt: skip
     acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
     _release(v_empty.index(pslot), WARPGROUPS)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
@@ -531,18 +526,13 @@ def consumer(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
     )  # fmt: skip
+    qk_0, score_0, p_log2, l_mul = qk_scale, score, None, None  # (16-bit keys: the call's terms)
     if FP8_KV:
         qk_0, score_0, p_log2, l_mul = segment_terms(0, n_a, qk_scale, score, terms)
-        b_p, _, m_i, l_i = softmax_step(
-            b_s, m_i, l_i, qk_0, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score_0, SOFTCAP, ALIBI, SINKS, row0, p_log2,
-            l_mul, True,
-        )  # fmt: skip
-    else:
-        b_p, _, m_i, l_i = softmax_step(
-            b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
-            BLOCK_N, CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score, SOFTCAP, ALIBI, SINKS, row0,
-        )  # fmt: skip
+    b_p, _, m_i, l_i = softmax_step(
+        b_s, m_i, l_i, qk_0, offs_r, n0, lo, hi, shift, window_left, window_right, masked, BLOCK_N,
+        CAUSAL, HAS_LEFT, HAS_RIGHT, S_LAYOUT, score_0, SOFTCAP, ALIBI, SINKS, row0, p_log2, l_mul, FP8_KV,
+    )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
     p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its P @ V
     n_fix = 0

@@ -535,36 +535,23 @@ def _gluon_fwd_kernel(
     c_col = kv_head * head_cols
     HALF_M: gl.constexpr = BLOCK_M // 2
 
-    if CACHE_FP8:
-        q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-            Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
-            EMPTY_COUNT=256 if ONE_CONSUMER else 2, V_LAYOUT=RING, K_RING=RING,
-        )  # fmt: skip
-    else:
-        q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
-            Q_desc,
-            K_desc,
-            V_desc,
-            HALF_M,
-            BLOCK_N,
-            HEAD_DIM,
-            NUM_STAGES,
-            EMPTY_COUNT=256 if ONE_CONSUMER else 2,
-        )
+    # (RING: None for a 16-bit cache, the rings then in the descriptors' layouts)
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
+        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+        EMPTY_COUNT=256 if ONE_CONSUMER else 2, V_LAYOUT=RING, K_RING=RING,
+    )  # fmt: skip
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
-    qk_a = qk_scale  # segment A's logit multiplier and score terms (an fp8 cache: times k_scale)
+    qk_a = qk_scale  # segment A's logit multiplier, tanh factor and score terms (an fp8 cache: k_scale)
+    tanh_a = tanh_scale
     score_a = score
     if CACHE_FP8:
         k_s = gl.load(KScale).to(gl.float32)
         if SOFTCAP > 0:  # k_scale scales the tanh argument; the capped logit's multiplier stays
-            score_a = score_terms(qk_scale, tanh_scale * k_s, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI,
-                                  1 if HAS_SINKS else 0)  # fmt: skip
+            tanh_a = tanh_scale * k_s
         else:
             qk_a = qk_scale * k_s
-            score_a = score_terms(
-                qk_a, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0
-            )
+        score_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
         E5M2: gl.constexpr = KC_desc.dtype == gl.float8e5
         V_SHIFT: gl.constexpr = Q_desc.dtype == gl.float16
         v_mul, p_log2, l_mul = _v_terms(VScale, V_SHIFT, 0 if E5M2 else -7, 8 if E5M2 else 15)
@@ -579,12 +566,8 @@ def _gluon_fwd_kernel(
                              1 if HAS_SINKS else 0)  # fmt: skip
         score1_a = score1
         if CACHE_FP8:
-            if SOFTCAP > 0:
-                score1_a = score_terms(qk_scale, tanh_scale * k_s, Sinks, Slopes, head + 1, SOFTCAP,
-                                       HAS_ALIBI, 1 if HAS_SINKS else 0)  # fmt: skip
-            else:
-                score1_a = score_terms(qk_a, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
-                                       1 if HAS_SINKS else 0)  # fmt: skip
+            score1_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+                                   1 if HAS_SINKS else 0)  # fmt: skip
             terms1 = (qk_scale, score1, p_log2, l_mul)
         tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_a, score1_a, w_left, w_right, stride_ot, stride_oh,
                  out_scale)  # fmt: skip
