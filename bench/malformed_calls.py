@@ -6,11 +6,12 @@ checker:
 What it checks: both packages' public functions (``prefix_prefill``, its ``context_attention_fwd``,
 ``window_prefill``, its ``context_attention_fwd``) over every cache layout (NHD, vLLM's split, HND) and
 every kernel a plan picks on an H200 (the Gluon kernels ``gluon-nhd``, ``gluon-hnd``, ``gluon-split`` at
-heads 64, 128 and 256, ``gluon`` of window-prefill, and the Triton kernels; each problem's plan is
-checked with ``explain()``), called with each kind of malformed device metadata: block ids past the
-cache, negative or huge, a block table too narrow for ``seq_lens``, ``seq_lens`` past the table, shorter
-than the query or negative, ``cu_seqlens`` decreasing, negative or past the tokens, vLLM's start/length
-form with negative or overlong entries, max lengths too small or 0, and all at once. For every call: no
+heads 64, 128 and 256, with 16-bit and fp8 caches, ``gluon`` of window-prefill, and the Triton kernels;
+each problem's plan is checked with ``explain()``), called with each kind of malformed device metadata:
+block ids past the cache, negative or huge, a block table too narrow for ``seq_lens``, ``seq_lens`` past
+the table, shorter than the query or negative, ``cu_seqlens`` decreasing, negative or past the tokens,
+vLLM's start/length form with negative or overlong entries, max lengths too small or 0, and all at once.
+For every call: no
 memcheck error (the run's exit status), no NaN/Inf in any row a sequence spans (the output is
 NaN-poisoned first; spans as the kernels clamp them), the rows past a too small max length's grid
 exactly 0, the ``status=`` tensor holding the malformation's bit (:mod:`prefill_runtime.status`), and
@@ -109,6 +110,11 @@ PREFIX = {
                                True),
     "pp-gluon-split-noncausal": ("py", "split", 128, 4, 2, 16, True, None, (-1, -1), False, False,
                                  "gluon-split", False),
+    "pp-gluon-nhd-fp8": ("py", "nhd", 128, 4, 2, 16, False, "fp8", -1, False, False, "gluon-nhd", True),
+    "pp-gluon-hnd-fp8-kvcache": ("py", "hnd-interleaved", 64, 4, 1, 16, True, "fp8", -1, True, False,
+                                 "gluon-hnd", False),
+    "pp-gluon-nhd-fp8-short": ("py", "nhd", 128, 64, 16, 16, False, "fp8", -1, False, True, "gluon-nhd",
+                               False),
 }
 # fmt: on
 TINY_PREFIX = ("pp-gluon-nhd", "pp-gluon-split-128", "pp-triton-kvcache")  # (as Triton plans, head 32)
