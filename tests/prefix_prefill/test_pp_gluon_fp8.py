@@ -205,6 +205,25 @@ def test_fp8_warm_frames_take_each_calls_scales(monkeypatch):
     assert len(gluon_launch._NHD._frames) == 1
 
 
+# ------------------------------------------------------------------------- CPU: the bfloat16 conversion
+@pytest.mark.parametrize("cache", [E4M3, E5M2])
+def test_bf16_by_bits_is_exact(cache):
+    """``gluon_kernel._f16_to_bf16``'s integer steps, played on the bits of every value of the fp8 format
+    (through float16, as the converter takes them): each 16-bit lane ``((h & 0x7FF8) >> 3) | (h &
+    0x8000)`` read as bfloat16 times ``2**112`` is the value itself, signed zeros and subnormals included
+    (the low 3 bits of the float16 mantissa are zero for every fp8 value, so the shift drops nothing). A
+    mutant shifting by 4 fails."""
+    every = torch.arange(256, dtype=torch.uint8).view(cache)
+    value = every.to(torch.float64)
+    finite = torch.isfinite(value)
+    h = every.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    for shift, ok in ((3, True), (4, False)):
+        bits = (((h & 0x7FF8) >> shift) | (h & 0x8000)).to(torch.int16)  # (as the lanes' low 16 bits)
+        got = bits.view(torch.bfloat16).to(torch.float64) * 2.0**112 + (-0.0)
+        same = (got[finite] == value[finite]) & (torch.signbit(got[finite]) == torch.signbit(value[finite]))
+        assert bool(same.all()) is ok, shift
+
+
 # ------------------------------------------------------------------------- CPU: the rings' protocol
 def _blocks(rng: random.Random, context: bool = False) -> tuple[int, int]:
     n_a = rng.randint(1 if context else 0, 7)

@@ -401,20 +401,37 @@ def _fp8_pass_layout():
 
 
 @gluon.jit
+def _f16_to_bf16(x):
+    """A float16 tensor of fp8 values (e4m3fn or e5m2: at most 3 mantissa bits) as bfloat16, exactly, on the
+    integer and FMA pipes: per 16-bit lane the exponent and mantissa move into bfloat16's fields (``(h &
+    0x7FF8) >> 3``, the sign kept: the value times ``2**-112``), then a fused multiply by ``2**112`` (plus
+    -0, so zeros keep their sign). The conversion instruction it replaces (``F2F.BF16.F16``, one a value)
+    runs on the pipe the consumers' ``exp2`` needs."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 t, s, c, z; and.b32 t, $1, 0x7FF87FF8; shr.b32 t, t, 3; and.b32 s, $1, 0x80008000; "
+        "or.b32 t, t, s; mov.b32 c, 0x77807780; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, t, c, z; }",
+        "=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=2,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_phase, r_ready, mul,
                        SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
     """One fp8 block from staging slot ``stage`` (landed: ``st_ready`` at ``st_phase``) into ring slot
     ``ring`` (released: ``r_empty`` at ``r_phase``) in the ring's 16-bit dtype, exactly (every e4m3 and
     e5m2 value is a float16 and a bfloat16), times ``mul`` (a power of two, float16) with ``SHIFT``;
     then the ring slot announced on ``r_ready`` (after a proxy fence: wgmma reads it) and the staging
-    slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows)."""
+    slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows); a bfloat16 ring
+    through float16 and :func:`_f16_to_bf16`."""
     ROWS: gl.constexpr = 2048 // HEAD_DIM
     layout: gl.constexpr = _fp8_pass_layout()
     mbarrier.wait(st_ready, st_phase)
     mbarrier.wait(r_empty, r_phase)
     for i in gl.static_range(BLOCK_N // ROWS):
         b_x = stage.slice(i * ROWS, ROWS).load(layout)  # [ROWS, D] fp8
-        b_y = b_x.to(ring.dtype)  # [ROWS, D]
+        b_y = b_x.to(gl.float16)  # [ROWS, D]
+        if ring.dtype == gl.bfloat16:
+            b_y = _f16_to_bf16(b_y)  # [ROWS, D]
         if SHIFT:
             b_y = b_y * mul  # [ROWS, D] exact: the shift keeps every value a normal or subnormal float16
         ring.slice(i * ROWS, ROWS).store(b_y)
