@@ -25,6 +25,7 @@ quick-compiling form), and both answers are compared with ``attn_reference``. Pr
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import subprocess
 import sys
@@ -293,7 +294,9 @@ def _consan_all(args) -> int:
         variant, i = run
         extra, env = VARIANTS[variant]
         sets = [a for kv in args.set for a in ("--set", kv)]
-        cmd = [sys.executable, __file__, "--consan", "--case", str(i), *extra, *sets]
+        # the child dumps its Python stacks shortly before the hang guard: a compile or a kernel wait
+        stacks = ["--stacks-after", str(max(args.timeout - 15, 1))]
+        cmd = [sys.executable, __file__, "--consan", "--case", str(i), *stacks, *extra, *sets]
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
@@ -339,7 +342,10 @@ def main() -> int:
     ap.add_argument("--cases", default="", help="--consan-all: comma list of case numbers (default all)")
     ap.add_argument("--timeout", type=float, default=420, help="--consan-all: a child's hang guard (s)")
     ap.add_argument("--out", type=Path, default=Path("consan-out"), help="--consan-all: log folder")
+    ap.add_argument("--stacks-after", type=float, default=0, help="dump every thread's stack after S s")
     args = ap.parse_args()
+    if args.stacks_after > 0:
+        faulthandler.dump_traceback_later(args.stacks_after)
     # a Gluon kernel that fails to build or launch falls back to the Triton kernel with a warning: here
     # that is the case's failure (with the compile error's whole chain), not a pass of the other kernel
     warnings.filterwarnings("error", message=r".*the Gluon kernel failed", category=RuntimeWarning)
