@@ -24,7 +24,7 @@ fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land a
 V times a power of two in float16 rings, :func:`_v_terms`), and the consumers fold ``k_scale`` into the
 context blocks' logit multiplier (or soft cap's factor) and ``v_scale`` into their P
 (``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
-16-bit forms. 16 warps (consumers at 232 registers, the others at 24).
+16-bit forms. 16 warps (consumers at 232 registers, the converter at 32, the producers at 24).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
 ``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
@@ -393,11 +393,14 @@ def _fp8_producer(
 
 
 @gluon.constexpr_function
-def _fp8_pass_layout():
+def _fp8_pass_layout(HEAD_DIM):
     """The converter's register layout of one pass: 8 contiguous features a thread (an 8-byte fp8 load,
-    a 16-byte ring store), 8 threads along a row cover 64 features (a quarter warp's stores fall on 8
-    distinct 16-byte chunks of a 128-byte swizzled line), 4 rows a warp, 4 warps."""
-    return gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    a 16-byte ring store), ``D / 8`` threads along a row (at most 32), 4 warps: a half warp's loads read
+    128 contiguous staging bytes (one wavefront, no bank conflict, where rows 128 bytes apart would fall
+    on the same banks) and a quarter warp's stores fall on 8 distinct 16-byte chunks of a 128-byte
+    swizzled line."""
+    along = min(HEAD_DIM // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // along, along], [4, 1], [1, 0])
 
 
 @gluon.jit
@@ -424,17 +427,24 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
     slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows); a bfloat16 ring
     through float16 and :func:`_f16_to_bf16`."""
     ROWS: gl.constexpr = 2048 // HEAD_DIM
-    layout: gl.constexpr = _fp8_pass_layout()
+    layout: gl.constexpr = _fp8_pass_layout(HEAD_DIM)
+    PASSES: gl.constexpr = BLOCK_N // ROWS
     mbarrier.wait(st_ready, st_phase)
+    b_x = stage.slice(0, ROWS).load(layout)  # [ROWS, D] fp8
     mbarrier.wait(r_empty, r_phase)
-    for i in gl.static_range(BLOCK_N // ROWS):
-        b_x = stage.slice(i * ROWS, ROWS).load(layout)  # [ROWS, D] fp8
+    for i in gl.static_range(PASSES):
+        # the next pass's load is issued before this pass's store: ptxas keeps a shared load after a
+        # shared store it cannot tell apart, so without it every pass waits out a load's latency
+        if i + 1 < PASSES:
+            b_next = stage.slice((i + 1) * ROWS, ROWS).load(layout)  # [ROWS, D] fp8
         b_y = b_x.to(gl.float16)  # [ROWS, D]
         if ring.dtype == gl.bfloat16:
             b_y = _f16_to_bf16(b_y)  # [ROWS, D]
         if SHIFT:
             b_y = b_y * mul  # [ROWS, D] exact: the shift keeps every value a normal or subnormal float16
         ring.slice(i * ROWS, ROWS).store(b_y)
+        if i + 1 < PASSES:
+            b_x = b_next
     fence_async_shared()
     mbarrier.arrive(r_ready, count=1)
     mbarrier.arrive(st_empty, count=1)
@@ -648,7 +658,8 @@ def _fp8_partitions(
     forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
     :func:`_fp8_producer` warps, over ``FP8_STAGING`` fp8 staging slots a ring (no swizzle: the converter
     reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions at 232 registers (16
-    warps: 128 consumer threads a warpgroup at 232, 256 others at 24, the register file's 64K), or with
+    warps: 128 consumer threads a warpgroup at 232, the converter's 128 at 32, the producers' 64 at 24,
+    within the register file's 64K: the converter's 32 hold one pass's load ahead), or with
     ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
     straight into the rings)."""
     _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
@@ -683,7 +694,7 @@ def _fp8_partitions(
                                  NEW)),
             ],
             [4, 1, 1],
-            [24, 24, 24],
+            [32, 24, 24],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -705,5 +716,5 @@ def _fp8_partitions(
                                  NEW)),
             ],
             [4, 4, 1, 1],
-            [232, 24, 24, 24],
+            [232, 32, 24, 24],
         )  # fmt: skip
