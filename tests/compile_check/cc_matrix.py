@@ -202,11 +202,12 @@ def _fp8(target: Target) -> torch.dtype:
     return getattr(torch, target.e4m3)
 
 
-def _softcap_form(softcap: float, device: torch.device) -> int:
-    """The ``SOFTCAP`` constexpr the launchers pass on ``device`` (emulated): prefill_runtime's rule."""
+def _softcap_form(softcap: float, device: torch.device, dtype: torch.dtype) -> int:
+    """The ``SOFTCAP`` constexpr the launchers pass on ``device`` (emulated) for a ``dtype`` q:
+    prefill_runtime's rule."""
     from prefill_runtime import softcap_form
 
-    return softcap_form(softcap, types.SimpleNamespace(is_cuda=True, device=device))
+    return softcap_form(softcap, types.SimpleNamespace(is_cuda=True, device=device, dtype=dtype))
 
 
 def _prefix_tensors(case: Case, target: Target) -> dict:
@@ -254,7 +255,7 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
     softcap = opts.get("softcap", 0.0)
     with emulated_device(target) as device:
         arch = configs.detect_arch(device)
-        form = _softcap_form(softcap, device)
+        form = _softcap_form(softcap, device, t["q"].dtype)
     p = plan.make_problem(t["q"], t["k"], t["v"], t["o"], t["k_cache"], t["v_cache"], kc, vc,
                           t["block_table"], arch=arch, gluon=case.gluon, causal=causal, left=left,
                           right=right, scale=0.1, alibi=t["alibi"] is not None, sinks=t["sinks"] is not None,
@@ -308,7 +309,7 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
     max_len = 4096 if opts.get("wide_window") else 32
     with emulated_device(target) as device:
         arch = configs.detect_arch(device)
-        form = _softcap_form(softcap, device)
+        form = _softcap_form(softcap, device, q.dtype)
         p = launch.describe(q, k, v, lens, causal=causal, window_left=left, window_right=right,
                             softmax_scale=0.1, sinks=sinks, bias_key0=opts.get("sinks") == "bias_key0",
                             softcap=softcap, return_lse=lse is not None)  # fmt: skip

@@ -10,15 +10,17 @@ import pytest
 import torch
 
 from prefill_runtime import check_lse, softcap_form
-from prefill_runtime.checks import _environ_reader, validate_requested
+from prefill_runtime.checks import PINNED_SOFTCAP_MAX, _environ_reader, validate_requested
 
 
 def test_softcap_form(monkeypatch):
     """Kernel SOFTCAP: 0 without soft-capping, 2 (hardware tanh) for NVIDIA GPU tensors of compute
-    capability 7.5+, 1 (tanh through exp2) for anything else (the interpreter's CPU tensors, ROCm,
-    Volta) or with ``fast=False``. The hardware form runs in the GPU soft-capping tests (bf16, both
+    capability 7.5+, 3 there for a bfloat16 q and a cap of at most PINNED_SOFTCAP_MAX (the Gluon
+    consumers' pinned max), 1 (tanh through exp2) for anything else (the interpreter's CPU tensors,
+    ROCm, Volta) or with ``fast=False``. The hardware forms run in the GPU soft-capping tests (both
     packages)."""
-    gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
+    gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=torch.float16)
+    bf16 = types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=torch.bfloat16)
     cpu = torch.zeros(1)
     cap = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
@@ -26,6 +28,8 @@ def test_softcap_form(monkeypatch):
     assert softcap_form(30.0, cpu) == 1
     monkeypatch.setattr(torch.version, "hip", None)
     assert softcap_form(30.0, gpu) == 2
+    assert softcap_form(30.0, bf16) == 3 and softcap_form(PINNED_SOFTCAP_MAX, bf16) == 3
+    assert softcap_form(PINNED_SOFTCAP_MAX * 1.01, bf16) == 2
     cap["value"] = (7, 0)
     assert softcap_form(30.0, gpu) == 1
     cap["value"] = (7, 5)

@@ -75,6 +75,10 @@ def _kernel(layout: str) -> str:
         (dict(causal=False, right=0), dict(CAUSAL=False, HAS_RIGHT=True)),
         (dict(causal=False, left=1000, right=1047, alibi=True, sinks=True),
          dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)),
+        (dict(softcap_form=3), dict(SOFTCAP=3)),  # a bounded cap: the consumers pin the softmax max
+        (dict(left=4095, softcap_form=3), dict(HAS_LEFT=True, SOFTCAP=3)),
+        (dict(softcap_form=3, sinks=True), dict(SOFTCAP=2, HAS_SINKS=True)),  # logits past the cap's bounds
+        (dict(softcap_form=3, alibi=True), dict(SOFTCAP=2, HAS_ALIBI=True)),
     ],
 )  # fmt: skip
 def test_gluon_takes_options(layout, opts, want):

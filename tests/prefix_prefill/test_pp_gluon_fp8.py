@@ -87,6 +87,18 @@ def test_fp8_caches_keep_triton(what, why):
         assert control.kernel == f"gluon-{layout}"
 
 
+def test_pinned_softcap_form_is_16_bit_only():
+    """The pinned-max soft-capping form (``SOFTCAP`` 3) runs on 16-bit caches; an fp8 cache's Gluon plan
+    takes the hardware tanh with a tracked max (2: its V scaling shifts the logits' exponent range), and
+    the Triton kernel takes 2 wherever it runs."""
+    fp8 = plan.plan(problem_of(_case(cache=E4M3), arch="sm90", gluon=True, softcap_form=3))
+    assert fp8.kernel == "gluon-nhd" and fp8.consts()["SOFTCAP"] == 2
+    bf16 = plan.plan(problem_of(_case(cache=None), arch="sm90", gluon=True, softcap_form=3))
+    assert bf16.kernel == "gluon-nhd" and bf16.consts()["SOFTCAP"] == 3
+    triton = plan.plan(problem_of(_case(cache=None), arch="sm90", gluon=False, softcap_form=3))
+    assert triton.kernel == "triton" and triton.consts()["SOFTCAP"] == 2
+
+
 def test_fp8_cache_of_uint8_bits():
     """A uint8 cache (vLLM's ``kv_cache_dtype="fp8"`` bits, seen as e4m3fn) plans as e4m3fn."""
     case = _case(cache=torch.uint8)

@@ -28,6 +28,7 @@ from wp_util import (
 import window_prefill.launch as wl
 import window_prefill.plan as wp_plan
 from attn_reference import attention_varlen, compare
+from prefill_runtime.checks import PINNED_SOFTCAP_MAX
 from window_prefill import explain, window_prefill
 
 
@@ -65,7 +66,8 @@ def test_options_are_offered_to_gluon(opts, want, monkeypatch):
 _COMPILE_SCRIPT = """
 # head, softcap form, sinks mode, left window, causal, lse
 CASES = ((128, 2, 1, True, True, True), (64, 0, 2, False, True, False), (256, 2, 2, True, False, True),
-         (128, 1, 0, False, True, False), (64, 2, 1, True, True, True), (256, 0, 1, False, True, False))
+         (128, 1, 0, False, True, False), (64, 2, 1, True, True, True), (256, 0, 1, False, True, False),
+         (128, 3, 0, True, True, True))
 for head_dim, softcap, sinks, left, causal, lse in CASES:
     kernel = compile_wp(head_dim, lse, sinks, softcap, IS_CAUSAL=causal, HAS_LEFT=left, HAS_RIGHT=not causal)
     print("tanh", softcap, kernel.asm["ptx"].count("tanh.approx.f32"))
@@ -76,11 +78,11 @@ for head_dim, softcap, sinks, left, causal, lse in CASES:
 def test_feature_forms_compile_for_sm90():
     """Every sinks mode and soft-capping form, with and without windows and the LSE, at heads 64 / 128 /
     256, compiles for sm90 (no GPU needed) within one program's shared memory (227 KiB); the hardware
-    tanh form holds ``tanh.approx.f32``, the others none."""
+    tanh forms (2, and 3 with the pinned max) hold ``tanh.approx.f32``, the others none."""
     if wl._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(WP_COMPILE_HEAD + _COMPILE_SCRIPT)
-    assert len(shared) == 6 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 7 and max(shared) <= 227 * 1024, out
     check_tanh_forms(out)
 
 
@@ -148,6 +150,35 @@ def test_gpu_default_route_and_warm_calls(monkeypatch):
         c = compare(out, reference(q, k, v, cu, **kw))
         assert c, (step, c)
     assert len(launches) == 3
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cap", [50.0, PINNED_SOFTCAP_MAX])
+def test_gpu_pinned_max_at_the_ends_of_its_range(cap, monkeypatch):
+    """The pinned-max soft-capping form (bfloat16, a cap up to ``PINNED_SOFTCAP_MAX``: ``SOFTCAP`` 3) at the
+    ends of its range, against the reference, output and LSE: a sequence whose every logit is ``-cap``
+    (each p its smallest), one whose every logit is ``+cap`` (its largest), one of both in turn (tanh
+    saturated exactly: q.k * scale / cap = +-2896 / cap)."""
+    any_width_is_wide(monkeypatch)
+    launches = count_gluon_launches(monkeypatch)
+    lens = [700, 300, 1000]
+    q, k, v, cu = make_qkv(lens, 4, 2, 128, torch.bfloat16)
+    u = torch.full((128,), 16.0, dtype=torch.bfloat16, device="cuda")  # q.k = +-32768
+    q[:700], k[:700] = u, -u
+    q[700:1000], k[700:1000] = u, u
+    q[1000:], k[1000::2], k[1001::2] = u, u, -u
+    kw = dict(causal=True, softcap=cap)
+    chosen = explain(q, k, v, cu, max(lens), **kw)
+    assert chosen.kernel == "gluon" and chosen.consts()["SOFTCAP"] == 3, chosen.reason
+    out = poison(torch.empty_like(q))
+    got, lse = window_prefill(q, k, v, cu, max(lens), out=out, return_lse=True, **kw)
+    assert len(launches) == 1, "the Gluon kernel did not run"
+    c = compare(got, reference(q, k, v, cu, **kw))
+    assert c, c
+    _, ref_lse = attention_varlen(q, k, v, cu, cu, return_lse=True, **kw)
+    assert torch.isfinite(lse).all()
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
 
 
 @pytest.mark.gpu

@@ -154,17 +154,21 @@ def test_gluon_options_reach_its_constexprs(head_dim, dtype, opts):
         (dict(softcap=1, scale_positive=False), dict(SOFTCAP=1)),
         (dict(softcap=2, sinks=True, has_left=True), dict(SOFTCAP=2, SINKS=1, HAS_LEFT=True)),
         (dict(sinks=True, bias_key0=True, causal=False, has_left=True, has_right=True), dict(SINKS=2)),
+        (dict(softcap=3), dict(SOFTCAP=3, SINKS=0)),  # a bounded cap: the consumers pin the max
+        (dict(softcap=3, sinks=True), dict(SOFTCAP=2, SINKS=1)),  # a sink is past the cap's bounds
+        (dict(softcap=3, sinks=True, bias_key0=True), dict(SOFTCAP=2, SINKS=2)),
     ],
 )
 def test_gluon_takes_sinks_and_softcap(over, want):
     """Sinks (both modes) and soft-capping (either tanh form; with it a scale <= 0 too) run the Gluon
-    kernel, as its ``SINKS`` / ``SOFTCAP`` constexprs; its Triton fallback keeps its own flags."""
+    kernel, as its ``SINKS`` / ``SOFTCAP`` constexprs (the pinned-max form 3 only without sinks); its
+    Triton fallback keeps its own flags, the hardware tanh of form 3 as 2."""
     lp = plan(problem(**over))
     assert lp.kernel == "gluon", lp.reason
     c = lp.consts()
     assert {k: c[k] for k in want} == want
     fb = lp.get("fallback").consts()
-    assert fb["HAS_SINKS"] is over.get("sinks", False) and fb["SOFTCAP"] == over.get("softcap", 0)
+    assert fb["HAS_SINKS"] is over.get("sinks", False) and fb["SOFTCAP"] == min(over.get("softcap", 0), 2)
 
 
 @pytest.mark.parametrize(

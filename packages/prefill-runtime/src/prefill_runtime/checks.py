@@ -41,15 +41,26 @@ def validate_requested(validate: object) -> bool:
     return bool(validate) or _ENV_SET()
 
 
+#: The largest soft cap whose logits (in ``(-softcap, softcap)``, ``softcap * log2(e) <= 80`` in log2
+#: units) let a bfloat16 call's Gluon consumers pin the softmax's running max instead of tracking it
+#: (``SOFTCAP == 3``, :mod:`prefill_runtime.gluon`): every ``p`` then lies in ``[2**-120, 2**40]``,
+#: normal in bfloat16 and float32. Gemma 2's attention cap is 50.
+PINNED_SOFTCAP_MAX = 55.0
+
+
 def softcap_form(softcap: float, q: torch.Tensor, fast: bool = True) -> int:
     """A kernel's ``SOFTCAP`` constexpr for logits capped at ``softcap`` on ``q``'s device: 0 off, 1
     tanh through exp2 (any backend, the interpreter), 2 the hardware tanh of
     :func:`prefill_runtime.device.tanh` (``fast`` and an NVIDIA GPU of compute capability 7.5 or
-    newer, which has PTX ``tanh.approx.f32``; not ROCm, not Volta)."""
+    newer, which has PTX ``tanh.approx.f32``; not ROCm, not Volta), 3 the hardware tanh with a cap of
+    at most :data:`PINNED_SOFTCAP_MAX` on a bfloat16 ``q`` (the Gluon consumers may pin the softmax max;
+    the Triton kernels run it as 2)."""
     if softcap <= 0:
         return 0
     nvidia = fast and q.is_cuda and torch.version.hip is None
-    return 2 if nvidia and torch.cuda.get_device_capability(q.device) >= (7, 5) else 1
+    if not (nvidia and torch.cuda.get_device_capability(q.device) >= (7, 5)):
+        return 1
+    return 3 if softcap <= PINNED_SOFTCAP_MAX and q.dtype == torch.bfloat16 else 2
 
 
 def check_lse(

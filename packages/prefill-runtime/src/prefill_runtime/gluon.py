@@ -25,7 +25,8 @@ the row max taken on raw scores (``qk_scale > 0``). Score options (constexprs of
 compiled in only where it is on; their values in the ``score`` tuple :func:`score_terms` makes):
 ``SOFTCAP`` the raw score becomes ``tanh(s * tanh_scale)`` first (``qk_scale`` is then ``softcap *
 log2(e)``: logits ``softcap * tanh(scale * q.k / softcap)``; 2: the hardware ``tanh.approx.f32``, 1:
-tanh through exp2); ``ALIBI`` the raw score less ``slope * |q_pos - k_pos|`` (``q_pos = r + shift``,
+tanh through exp2; 3: the hardware tanh with the running max pinned, below); ``ALIBI`` the raw score
+less ``slope * |q_pos - k_pos|`` (``q_pos = r + shift``,
 the slope in raw units: ``slope * log2(e) / qk_scale``; with ``CAUSAL`` every visible key has ``k_pos <=
 q_pos``, so the consumer adds ``slope * (k_pos - ref)`` instead, one term per key with ``ref`` the tile's
 first row's position, and the rows' own term ``slope * (q_pos - ref)``, a constant of each row, drops out
@@ -34,6 +35,13 @@ start at the sink (``sink * log2(e)``) and 1 (0 for a sink of ``-inf``), ``SINKS
 bias on the score of key 0 (raw units; the caller masks the block holding key 0). These are the Triton
 kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with the bias terms in raw
 units, so the scale still folds into the exponent.
+
+``SOFTCAP == 3`` (bfloat16 P, a cap of at most ``prefill_runtime.checks.PINNED_SOFTCAP_MAX``, no sinks, no
+ALiBi: the plans' rule): a capped logit in log2 units lies in ``(-qk_scale, qk_scale)`` with ``qk_scale
+<= 80``, so the running max starts and stays at ``qk_scale -`` :data:`PIN_HEADROOM` and every ``p`` lies
+in ``[2**(40 - 2 * qk_scale), 2**40]``, normal in bfloat16 and float32 (a sum of 2**31 of them, times
+any V below 2**56, stays finite): no row max per block and no rescale of O, the online softmax's only
+reason for the max being to keep ``exp2`` in range. The result is the same softmax (its shift cancels).
 
 fp8 key segments (``consumer``'s ``FP8_KV``: prefix-prefill's context from an fp8 cache, converted
 exactly into the 16-bit rings, the new tokens 16-bit): each block takes its segment's logit multiplier
@@ -144,6 +152,10 @@ def tanh(x, FAST: gl.constexpr):
     return y
 
 
+#: ``SOFTCAP == 3``: the pinned running max is ``qk_scale - PIN_HEADROOM`` (module docstring).
+PIN_HEADROOM = gl.constexpr(40.0)
+
+
 @gluon.jit
 def score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                 SINKS: gl.constexpr):  # fmt: skip
@@ -185,9 +197,10 @@ def softmax_step(
     2`` only in masked blocks). ``SCALED_V`` (a V block that is ``v_eff`` times the true V, an fp8
     cache's, see :func:`segment_terms`): p is ``exp2(s * qk_scale - m_new + p_log2)`` (``p_log2 =
     log2(v_eff)``, so ``P @ V`` is the true one) and the denominator adds ``sum(p) * l_mul`` (``l_mul = 1
-    / v_eff``): no work per score beyond the plain step's."""
+    / v_eff``): no work per score beyond the plain step's. ``SOFTCAP == 3``: ``m_i`` is the pinned max
+    (module docstring), returned as it is, alpha is 1 (the caller keeps O as it is)."""
     if SOFTCAP > 0:
-        b_s = tanh(b_s * score[0], SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
+        b_s = tanh(b_s * score[0], SOFTCAP >= 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if ALIBI:
         if CAUSAL:  # + slope * (k_pos - ref): the rows' - slope * (q_pos - ref) is a constant of each row
             k_rel = n0 - (row0 + shift) + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
@@ -208,16 +221,26 @@ def softmax_step(
         if SINKS == 2:
             b_s = gl.where(offs_k[None, :] == 0, b_s + score[2], b_s)  # [BM, BN] the bias of key 0
         b_s = gl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
-    m_new = gl.maximum(m_i, gl.max(b_s, axis=1) * qk_scale)  # [BM]
-    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # [BM] a row with nothing visible: exp2 -> 0
-    if SCALED_V:
-        b_p = gl.exp2(b_s * qk_scale - (m_shift - p_log2)[:, None])  # [BM, BN] v_eff times the true p
-        alpha = gl.exp2(m_i - m_shift)  # [BM]
-        l_new = l_i * alpha + gl.sum(b_p, axis=1) * l_mul  # [BM]
+    if SOFTCAP == 3:  # the max pinned: every capped logit is below it by at most 2 * qk_scale
+        m_new = m_i  # [BM]
+        alpha = m_i  # [BM] (not read: alpha is 1)
+        if SCALED_V:
+            b_p = gl.exp2(b_s * qk_scale - (m_i - p_log2)[:, None])  # [BM, BN] v_eff times the true p
+            l_new = l_i + gl.sum(b_p, axis=1) * l_mul  # [BM]
+        else:
+            b_p = gl.exp2(b_s * qk_scale - m_i[:, None])  # [BM, BN]
+            l_new = l_i + gl.sum(b_p, axis=1)  # [BM]
     else:
-        b_p = gl.exp2(b_s * qk_scale - m_shift[:, None])  # [BM, BN]
-        alpha = gl.exp2(m_i - m_shift)  # [BM]
-        l_new = l_i * alpha + gl.sum(b_p, axis=1)  # [BM]
+        m_new = gl.maximum(m_i, gl.max(b_s, axis=1) * qk_scale)  # [BM]
+        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # [BM] a row with nothing visible: exp2 -> 0
+        if SCALED_V:
+            b_p = gl.exp2(b_s * qk_scale - (m_shift - p_log2)[:, None])  # [BM, BN] v_eff times the true p
+            alpha = gl.exp2(m_i - m_shift)  # [BM]
+            l_new = l_i * alpha + gl.sum(b_p, axis=1) * l_mul  # [BM]
+        else:
+            b_p = gl.exp2(b_s * qk_scale - m_shift[:, None])  # [BM, BN]
+            alpha = gl.exp2(m_i - m_shift)  # [BM]
+            l_new = l_i * alpha + gl.sum(b_p, axis=1)  # [BM]
     return b_p, alpha, m_new, l_new
 
 
@@ -442,7 +465,8 @@ def _block_step(
     )  # fmt: skip
     acc, b_p = warpgroup_mma_wait(0, deps=[acc, b_p])
     _release(v_empty.index(pslot), WARPGROUPS)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
+    if SOFTCAP != 3:  # (a pinned max leaves O as it is)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]  # [BM / 2, D]
     b_p = gl.convert_layout(b_pf.to(dtype), P_LAYOUT)  # [BM / 2, BN]
     return acc, b_p, m_i, l_i, n_fix, n0, lo, hi, out
 
@@ -504,7 +528,11 @@ def consumer(
     dtype: gl.constexpr = q_smem.dtype
     q_buf = q_smem.index(WG)  # [ROWS, D] (WARPGROUPS == 2: the whole tile, one buffer)
     offs_r = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
-    if SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
+    gl.static_assert(SOFTCAP != 3 or (SINKS == 0 and not ALIBI), "pinned max (SOFTCAP 3): no sinks or ALiBi")
+    if SOFTCAP == 3:  # the pinned max (module docstring)
+        m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + (qk_scale - PIN_HEADROOM)
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    elif SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
         m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + score[2]  # [BM / 2]
         if ALIBI and CAUSAL:  # raised by the rows' ALiBi term, as softmax_step raises the keys' logits
             m_i = m_i + (score[1] * qk_scale) * (offs_r - row0).to(gl.float32)  # [BM / 2]

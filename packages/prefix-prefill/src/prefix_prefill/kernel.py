@@ -176,7 +176,7 @@ def _attend(acc, m_i, l_i, b_q, p_k, p_v, k_pos, k_end, rows, s_scale, p_scale, 
         m_k = m_k & m_full  # [BN] keys of partial granules are left to the caller
     b_qk = _qk(b_q, p_k, m_k, m_d, MASKED and MASK_LOADS, CFG)  # [BM, BN] raw q.k
     if SOFTCAP:  # logits softcap * tanh(scale * q.k / softcap); softcap2 = softcap * log2(e)
-        b_qk = tanh(b_qk * (s_scale / softcap2), SOFTCAP == 2)  # [BM, BN] in (-1, 1), the logit scale inside
+        b_qk = tanh(b_qk * (s_scale / softcap2), SOFTCAP >= 2)  # [BM, BN] in (-1, 1), the logit scale inside
         s_scale = softcap2  # ... and softcap * log2(e) outside: everything below is unchanged
     Q_DTYPE: tl.constexpr = b_q.dtype
     if FOLD_SCALE and not MASKED and not HAS_ALIBI:

@@ -111,9 +111,10 @@ class Problem:
     the tensor's data pointer is a multiple of 16 bytes. ``k_strides``/``v_strides`` are None when the
     new tokens' K/V are read from the cache. ``new_rows_fit32``: every new-token offset a program forms
     from its sequence's first row fits int32. ``softcap``: the kernel's SOFTCAP form (0 off, 1 exp2,
-    2 hardware tanh). ``wide_window``: a row may see at least :data:`GLUON_MIN_WINDOW` keys: causal, no
-    left window or ``left + 1`` keys; not causal, a side unbounded or ``left + right + 1`` keys (the
-    window-prefill package's rule)."""
+    2 hardware tanh, 3 hardware tanh with a cap the Gluon consumers may pin the max for:
+    :func:`prefill_runtime.softcap_form`). ``wide_window``: a row may see at least
+    :data:`GLUON_MIN_WINDOW` keys: causal, no left window or ``left + 1`` keys; not causal, a side
+    unbounded or ``left + right + 1`` keys (the window-prefill package's rule)."""
 
     arch: str
     gluon: bool
@@ -293,9 +294,13 @@ def _gluon_unmet(p: Problem) -> str | None:
 
 def _gluon_options(p: Problem) -> dict:
     """The Gluon kernels' option constexprs of ``p`` (a right window only without causality, where it
-    is moot; ``OUT_MAX``: an fp8 output's largest finite value, 0.0 for an output in q's dtype)."""
+    is moot; ``OUT_MAX``: an fp8 output's largest finite value, 0.0 for an output in q's dtype;
+    ``SOFTCAP`` 3, the pinned softmax max of ``prefill_runtime.gluon``, only where no sink, ALiBi slope
+    or fp8 cache shifts the logits past the cap's bounds, else 2)."""
     out_max = float(torch.finfo(p.out_dtype).max) if p.out_dtype in GLUON_FP8_OUTS else 0.0
-    return dict(HAS_LEFT=p.use_left, SOFTCAP=p.softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
+    unbounded = p.sinks or p.alibi or p.cache_dtype in GLUON_FP8_CACHES
+    softcap = 2 if p.softcap == 3 and unbounded else p.softcap
+    return dict(HAS_LEFT=p.use_left, SOFTCAP=softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
                 SKIP_DECODE=p.skip_decode, CAUSAL=p.causal,
                 HAS_RIGHT=p.use_right and not p.causal, OUT_MAX=out_max)  # fmt: skip
 
@@ -486,7 +491,8 @@ def triton_plan(p: Problem, config=None, reason: str = "") -> LaunchPlan:
         FP8_OUT_MAX=float(torch.finfo(p.out_dtype).max) if out_fp8 else 0.0, SKIP_DECODE=p.skip_decode,
         # fp8 cache scales are positive by contract; with softcap the folded scale is softcap * log2(e)
         FOLD_SCALE=p.scale_positive or p.softcap > 0, GRANULE=granule, WIDE_OFFSETS=wide,
-        DOT_PRECISION="ieee" if p.q_dtype == torch.float32 else None, MERGE_NEW=merge, SOFTCAP=p.softcap,
+        DOT_PRECISION="ieee" if p.q_dtype == torch.float32 else None, MERGE_NEW=merge,
+        SOFTCAP=min(p.softcap, 2),  # (3: the Gluon consumers' pinned max; here the hardware tanh, 2)
         RETURN_LSE=p.lse,
         PREFETCH_IDS=block_d <= PREFETCH_IDS_MAX_BLOCK_D or p.kc.page_size < config.BLOCK_N_CTX,
     )  # fmt: skip

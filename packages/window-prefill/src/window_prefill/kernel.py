@@ -93,7 +93,7 @@ def _attn_block(
     else:
         b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] raw q . k
     if SOFTCAP:
-        b_s = tanh(b_s * tanh_scale, SOFTCAP == 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
+        b_s = tanh(b_s * tanh_scale, SOFTCAP >= 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if not FOLD:
         b_s = b_s * qk_scale  # [BM, BN] log2 units
     if MASKED:

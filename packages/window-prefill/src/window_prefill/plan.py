@@ -56,7 +56,8 @@ class Problem:
     ``config``: an explicit launch config replacing the table entry (None: the table).
     ``cumulative_starts``: the call gives ``cu_seqlens`` (lengths are differences of successive
     starts), not starts and lengths (vLLM's form). ``softcap``:
-    the kernel's soft-capping form (0 none, 1 tanh through exp2, 2 the hardware tanh;
+    the kernel's soft-capping form (0 none, 1 tanh through exp2, 2 the hardware tanh, 3 the hardware
+    tanh with a cap the Gluon consumers may pin the softmax max for;
     :func:`prefill_runtime.softcap_form`). ``wide_offsets``: some element of K or V lies 2**31 or more
     elements from its tensor's start (int64 token offsets). ``q_tma`` / ``kv_tma``: q (k and v) can be
     TMA descriptors over ``[tokens, heads * head_dim]``: unit feature stride, heads ``head_dim`` apart,
@@ -137,7 +138,7 @@ def _triton_plan(p: Problem, cfg: Config, source: str, why_not_gluon: str) -> La
         # the scale folds into exp2's FMA unless it is <= 0 or a key-0 bias must be added in log2 units
         FOLD_SCALE=(p.scale_positive or p.softcap > 0) and not p.bias_key0,
         TMA_KV=tma,
-        SOFTCAP=p.softcap,
+        SOFTCAP=min(p.softcap, 2),
         RETURN_LSE=p.return_lse,
     )
     tiles = f"{cfg.block_m}x{cfg.block_n}, {cfg.num_warps} warps, {cfg.num_stages} stages"
@@ -175,7 +176,8 @@ def plan(problem: Problem) -> LaunchPlan:
         LENS_FROM_STARTS=p.cumulative_starts,
         RETURN_LSE=p.return_lse,
         NUM_STAGES=_GLUON_STAGES,
-        SOFTCAP=p.softcap,
+        # 3 (the pinned max of prefill_runtime.gluon) only without sinks, which shift logits past the cap
+        SOFTCAP=2 if p.softcap == 3 and p.sinks else p.softcap,
         # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
         SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
     )
