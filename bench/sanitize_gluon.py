@@ -101,12 +101,15 @@ PREFIX_HND = [
 ]
 # fp8 caches on the NHD/HND kernel (CACHE_FP8: staging slots, the converter partition), numbered after the
 # cases above: (layout, head, page, kv_from_cache, return_lse, plan, options, queries <= 64, heads, fp8
-# dtype), with k_scale 0.5 and v_scale 1.5
+# dtype, aligned), with k_scale 0.5 and v_scale 1.5; aligned: every context and new-token length a
+# multiple of the key block, so no block sticks out of its segment and the consumers zero no V rows
 PREFIX_FP8 = [
-    ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn),
-    ("nhd", 64, 544, True, False, "gluon-nhd", True, False, (8, 2), torch.float8_e5m2),
-    ("nhd", 128, 16, False, False, "gluon-nhd", True, True, (32, 8), torch.float8_e4m3fn),  # paired
-    ("hnd", 128, 16, False, True, "gluon-hnd", False, True, (6, 2), torch.float8_e5m2),  # idle
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn, False),
+    ("nhd", 64, 544, True, False, "gluon-nhd", True, False, (8, 2), torch.float8_e5m2, False),
+    ("nhd", 128, 16, False, False, "gluon-nhd", True, True, (32, 8), torch.float8_e4m3fn, False),  # paired
+    ("hnd", 128, 16, False, True, "gluon-hnd", False, True, (6, 2), torch.float8_e5m2, False),  # idle
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn, True),
+    ("nhd", 64, 544, True, False, "gluon-nhd", False, False, (8, 2), torch.float8_e5m2, True),
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -127,8 +130,11 @@ def _prefix_case(
     short: bool = False,
     heads: tuple[int, int] = (8, 2),
     fp8: torch.dtype | None = None,
+    aligned: bool = False,
 ) -> list[str]:
     ctx, new = ([2400, 37], [300, 70]) if options else ([300, 37], [150, 70])
+    if aligned:  # (every segment whole key blocks of 128: the kernels' BLOCK_N at heads 64 and 128)
+        ctx, new = [256, 128], [128, 256]
     h, hk = heads
     if short:  # max_query_len <= 64: the second consumer warpgroup pairs heads (with 32 / 8 heads over
         # these 6 sequences the idle grid, 192 programs, is more than one wave) or idles (6 / 2)
@@ -228,8 +234,8 @@ def _cases() -> list[tuple[str, object, tuple]]:
     ] + [(f"prefix {c[0]} d{c[1]} page {c[2]} from_cache={c[3]} lse={c[4]}", _prefix_case, c)
          for c in PREFIX_HND] + [
         (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} fp8 cache {str(c[9])[6:]}, "
-         f"heads {c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}",
-         _prefix_case, c)
+         f"heads {c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}"
+         f"{', aligned (no V-row zeroing)' if c[10] else ''}", _prefix_case, c)
         for c in PREFIX_FP8
     ]  # fmt: skip
 
