@@ -36,6 +36,7 @@ from pp_gluon_compile import PP_COMPILE_HEAD
 
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
+from prefill_runtime.checks import PINNED_SOFTCAP_MAX
 from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
@@ -356,6 +357,41 @@ def _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, seq
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("new_sign", [-1.0, 1.0], ids=["all_at_minus_cap", "new_at_plus_cap"])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_pinned_max_at_the_ends_of_its_range(layout, new_sign, monkeypatch):
+    """The pinned-max soft-capping form (bfloat16, a cap of ``PINNED_SOFTCAP_MAX``, no sinks or ALiBi:
+    ``SOFTCAP`` 3) with every tanh saturated (q.k * scale / cap = +-52): every context logit at ``-cap``
+    (each p at its smallest) and the new tokens' at ``-cap`` or ``+cap``, against the reference, output
+    and LSE, NaN in every slot no query may read."""
+    launches = []
+    orig = gluon_launch.launch
+    monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: launches.append(1) or orig(*a, **k))
+    seqs = [(300, 200), (0, 129), (1000, 1), (37, 300)]
+    case = make_layout_case(seqs, num_heads=8, num_kv_heads=2, head_size=128, page=16, dtype=torch.bfloat16,
+                            device=DEVICE, layout=layout, kv_from_cache=False)  # fmt: skip
+    case.q.fill_(16.0)
+    case.k_cache.fill_(-16.0)
+    case.k.fill_(16.0 * new_sign)
+    kw = dict(softcap=PINNED_SOFTCAP_MAX)
+    ref, ref_lse = reference(case, return_lse=True, **kw)
+    _nan_invisible_slots(case, -1)
+    out = poison(torch.empty_like(case.q))
+    lse = poison(torch.empty(8, case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    chosen = explain(*args, kv_layout=case.layout, **kw)
+    assert chosen.kernel == _kernel(layout) and chosen.consts()["SOFTCAP"] == 3, chosen.reason
+    prefix_prefill(*args, kv_layout=case.layout, out=out, return_lse=True, lse=lse, **kw)
+    assert len(launches) == 1, "the Gluon kernel did not run"
+    c = compare(out, ref)
+    assert c, c
+    assert torch.isfinite(lse).all()
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
 
 
 @pytest.mark.gpu
