@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from prefill_runtime import check_lse, softcap_form
-from prefill_runtime.checks import PINNED_SOFTCAP_MAX, _environ_reader, validate_requested
+from prefill_runtime.checks import PINNED_SOFTCAP_MAX, _environ_reader, kernel_softcap, validate_requested
 
 
 def test_softcap_form(monkeypatch):
@@ -38,6 +38,15 @@ def test_softcap_form(monkeypatch):
     assert softcap_form(30.0, gpu) == 1
     monkeypatch.setattr(torch.version, "hip", None)
     assert softcap_form(30.0, gpu, fast=False) == 1
+
+
+def test_kernel_softcap():
+    """The pinned-max form (3) reaches only the Gluon consumers of calls with nothing shifting the logits
+    past the cap's bounds; elsewhere it is the hardware tanh (2); forms 0-2 pass as they are."""
+    assert kernel_softcap(3, gluon=True) == 3
+    assert kernel_softcap(3, gluon=True, shifted=True) == 2 and kernel_softcap(3, gluon=False) == 2
+    assert [kernel_softcap(f, gluon=g, shifted=s) for f in (0, 1, 2) for g in (False, True)
+            for s in (False, True)] == [f for f in (0, 1, 2) for _ in range(4)]  # fmt: skip
 
 
 def test_check_lse():

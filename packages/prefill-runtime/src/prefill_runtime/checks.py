@@ -63,6 +63,14 @@ def softcap_form(softcap: float, q: torch.Tensor, fast: bool = True) -> int:
     return 3 if softcap <= PINNED_SOFTCAP_MAX and q.dtype == torch.bfloat16 else 2
 
 
+def kernel_softcap(form: int, *, gluon: bool, shifted: bool = False) -> int:
+    """The ``SOFTCAP`` constexpr a kernel compiles for a call of :func:`softcap_form` ``form``: the pinned
+    max (3) only on the Gluon consumers and only where nothing shifts the logits past the cap's bounds
+    (``shifted``: sinks, ALiBi slopes, an fp8 cache's V scaling), else the hardware tanh (2); forms 0-2
+    as they are."""
+    return 2 if form == 3 and (shifted or not gluon) else form
+
+
 def check_lse(
     return_lse: object, lse: object, q: torch.Tensor, tokens: str = "total_tokens"
 ) -> torch.Tensor | None:

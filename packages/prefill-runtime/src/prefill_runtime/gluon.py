@@ -37,11 +37,12 @@ kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with t
 units, so the scale still folds into the exponent.
 
 ``SOFTCAP == 3`` (bfloat16 P, a cap of at most ``prefill_runtime.checks.PINNED_SOFTCAP_MAX``, no sinks, no
-ALiBi: the plans' rule): a capped logit in log2 units lies in ``(-qk_scale, qk_scale)`` with ``qk_scale
-<= 80``, so the running max starts and stays at ``qk_scale -`` :data:`PIN_HEADROOM` and every ``p`` lies
-in ``[2**(40 - 2 * qk_scale), 2**40]``, normal in bfloat16 and float32 (a sum of 2**31 of them, times
-any V below 2**56, stays finite): no row max per block and no rescale of O, the online softmax's only
-reason for the max being to keep ``exp2`` in range. The result is the same softmax (its shift cancels).
+ALiBi, no fp8 keys: ``prefill_runtime.checks.kernel_softcap``): a capped logit in log2 units lies in
+``(-qk_scale, qk_scale)`` with ``qk_scale <= 80``, so the running max starts and stays at ``qk_scale -``
+:data:`PIN_HEADROOM` and every ``p`` lies in ``[2**(40 - 2 * qk_scale), 2**40]``, normal in bfloat16
+and float32 (a sum of 2**31 of them, times any V below 2**56, stays finite): no row max per block and no
+rescale of O, the online softmax's only reason for the max being to keep ``exp2`` in range. The result
+is the same softmax (its shift cancels).
 
 fp8 key segments (``consumer``'s ``FP8_KV``: prefix-prefill's context from an fp8 cache, converted
 exactly into the 16-bit rings, the new tokens 16-bit): each block takes its segment's logit multiplier
@@ -222,14 +223,11 @@ def softmax_step(
             b_s = gl.where(offs_k[None, :] == 0, b_s + score[2], b_s)  # [BM, BN] the bias of key 0
         b_s = gl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
     if SOFTCAP == 3:  # the max pinned: every capped logit is below it by at most 2 * qk_scale
+        gl.static_assert(not SCALED_V, "pinned max (SOFTCAP 3): no fp8 V scaling")
         m_new = m_i  # [BM]
         alpha = m_i  # [BM] (not read: alpha is 1)
-        if SCALED_V:
-            b_p = gl.exp2(b_s * qk_scale - (m_i - p_log2)[:, None])  # [BM, BN] v_eff times the true p
-            l_new = l_i + gl.sum(b_p, axis=1) * l_mul  # [BM]
-        else:
-            b_p = gl.exp2(b_s * qk_scale - m_i[:, None])  # [BM, BN]
-            l_new = l_i + gl.sum(b_p, axis=1)  # [BM]
+        b_p = gl.exp2(b_s * qk_scale - m_i[:, None])  # [BM, BN]
+        l_new = l_i + gl.sum(b_p, axis=1)  # [BM]
     else:
         m_new = gl.maximum(m_i, gl.max(b_s, axis=1) * qk_scale)  # [BM]
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # [BM] a row with nothing visible: exp2 -> 0

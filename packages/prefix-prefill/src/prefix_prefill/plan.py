@@ -47,6 +47,7 @@ import torch
 
 from paged_kv_offsets import CacheView, TmaRows, offsets_fit_int32, tma_rows
 from prefill_runtime import LaunchPlan
+from prefill_runtime.checks import kernel_softcap
 from prefix_prefill.configs import MAX_GRID_YZ, get_config
 
 #: The plans of the NHD/HND Gluon kernel (one kernel over a cache's view of rows).
@@ -298,8 +299,8 @@ def _gluon_options(p: Problem) -> dict:
     ``SOFTCAP`` 3, the pinned softmax max of ``prefill_runtime.gluon``, only where no sink, ALiBi slope
     or fp8 cache shifts the logits past the cap's bounds, else 2)."""
     out_max = float(torch.finfo(p.out_dtype).max) if p.out_dtype in GLUON_FP8_OUTS else 0.0
-    unbounded = p.sinks or p.alibi or p.cache_dtype in GLUON_FP8_CACHES
-    softcap = 2 if p.softcap == 3 and unbounded else p.softcap
+    shifted = p.sinks or p.alibi or p.cache_dtype in GLUON_FP8_CACHES  # logits past the cap's bounds
+    softcap = kernel_softcap(p.softcap, gluon=True, shifted=shifted)
     return dict(HAS_LEFT=p.use_left, SOFTCAP=softcap, HAS_ALIBI=p.alibi, HAS_SINKS=p.sinks,
                 SKIP_DECODE=p.skip_decode, CAUSAL=p.causal,
                 HAS_RIGHT=p.use_right and not p.causal, OUT_MAX=out_max)  # fmt: skip
@@ -492,7 +493,7 @@ def triton_plan(p: Problem, config=None, reason: str = "") -> LaunchPlan:
         # fp8 cache scales are positive by contract; with softcap the folded scale is softcap * log2(e)
         FOLD_SCALE=p.scale_positive or p.softcap > 0, GRANULE=granule, WIDE_OFFSETS=wide,
         DOT_PRECISION="ieee" if p.q_dtype == torch.float32 else None, MERGE_NEW=merge,
-        SOFTCAP=min(p.softcap, 2),  # (3: the Gluon consumers' pinned max; here the hardware tanh, 2)
+        SOFTCAP=kernel_softcap(p.softcap, gluon=False),
         RETURN_LSE=p.lse,
         PREFETCH_IDS=block_d <= PREFETCH_IDS_MAX_BLOCK_D or p.kc.page_size < config.BLOCK_N_CTX,
     )  # fmt: skip

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill_runtime import LaunchPlan
+from prefill_runtime.checks import kernel_softcap
 from window_prefill.configs import Config, block_d, get_config, wide_offsets_config
 
 # A row's window must hold at least this many keys (the window alone, whatever the lengths) for the Gluon
@@ -138,7 +139,7 @@ def _triton_plan(p: Problem, cfg: Config, source: str, why_not_gluon: str) -> La
         # the scale folds into exp2's FMA unless it is <= 0 or a key-0 bias must be added in log2 units
         FOLD_SCALE=(p.scale_positive or p.softcap > 0) and not p.bias_key0,
         TMA_KV=tma,
-        SOFTCAP=min(p.softcap, 2),
+        SOFTCAP=kernel_softcap(p.softcap, gluon=False),
         RETURN_LSE=p.return_lse,
     )
     tiles = f"{cfg.block_m}x{cfg.block_n}, {cfg.num_warps} warps, {cfg.num_stages} stages"
@@ -176,8 +177,7 @@ def plan(problem: Problem) -> LaunchPlan:
         LENS_FROM_STARTS=p.cumulative_starts,
         RETURN_LSE=p.return_lse,
         NUM_STAGES=_GLUON_STAGES,
-        # 3 (the pinned max of prefill_runtime.gluon) only without sinks, which shift logits past the cap
-        SOFTCAP=2 if p.softcap == 3 and p.sinks else p.softcap,
+        SOFTCAP=kernel_softcap(p.softcap, gluon=True, shifted=p.sinks),  # (sinks shift logits past the cap)
         # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
         SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
     )
