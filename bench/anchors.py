@@ -17,6 +17,12 @@ Rows (bf16; ``useful`` FLOPs = visible (query, key) pairs * heads * 4 * head siz
   prompts8    8 causal prompts of 100-500 tokens (``window_prefill``; varlen_8prompts_100-500)
   chunks4     chunks of 1024/768/512/256 new tokens on contexts 0/2600/5300/8000 (prefix_4chunks_0-8k)
   specdec     32 x 4 new tokens on contexts of 2048-8192 (specdec_32x4)
+  (issue 46's features beside the same peers' own forms of them:)
+  causal8k_cap50  causal8k with soft-capping 50 (Gemma 2)
+  llama_cap50     llama with soft-capping 50
+  llama_fp8       llama on an fp8 e4m3 cache (the bf16 cache's values times 4, ``k_scale = v_scale =
+                  0.25``); FA3's fp8 forward takes fp8 q too (q cast to e4m3, descale 1: its only fp8
+                  form), FlashInfer bf16 q with the fp8 paged cache and the scales
 
 Implementations, each timed by ``triton.testing.do_bench`` medians in ``--rounds`` passes (the
 implementations' order rotated each pass; the median pass reported):
@@ -79,6 +85,8 @@ class Row:
     lens: tuple[tuple[int, int], ...] = ()
     layout: str = "nhd"
     causal: bool = True
+    softcap: float = 0.0
+    fp8: bool = False
 
     def pairs(self) -> list[tuple[int, int]]:
         """``(ctx, new)`` of each sequence."""
@@ -102,6 +110,9 @@ ROWS = [
     Row("prompts8", "varlen", 0, 0, 32, 8, 128, lens=_PROMPTS8),
     Row("chunks4", "prefix", 0, 0, 32, 8, 128, lens=((0, 1024), (2600, 768), (5300, 512), (8000, 256))),
     Row("specdec", "prefix", 0, 0, 32, 8, 128, lens=_SPEC),
+    Row("causal8k_cap50", "varlen", 1, 8192, 32, 8, 128, softcap=50.0),
+    Row("llama_cap50", "prefix", 8, 4096, 32, 8, 128, ctx=4096, softcap=50.0),
+    Row("llama_fp8", "prefix", 8, 4096, 32, 8, 128, ctx=4096, fp8=True),
 ]
 SMOKE_ROWS = [
     Row("causal8k", "varlen", 1, 48, 2, 1, 64),
@@ -110,6 +121,8 @@ SMOKE_ROWS = [
     Row("llama", "prefix", 2, 16, 2, 1, 64, ctx=24),
     Row("prompts8", "varlen", 0, 0, 2, 1, 64, lens=((0, 9), (0, 30))),
     Row("specdec", "prefix", 0, 0, 2, 1, 64, lens=((40, 4), (17, 4), (0, 6))),
+    Row("causal8k_cap50", "varlen", 1, 48, 2, 1, 64, softcap=50.0),
+    Row("llama_fp8", "prefix", 2, 16, 2, 1, 64, ctx=24, fp8=True),
 ]
 
 
@@ -151,14 +164,15 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     q, k, v, cu, longest = varlen_problem(row, device, dtype)
     out = torch.empty_like(q)
     calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1),
-                                            out=out)}  # fmt: skip
+                                            softcap=row.softcap, out=out)}  # fmt: skip
     notes: list[str] = []
     if device != "cuda":
         return calls, ["peers: no CUDA device"]
     if row.left < 0:
         fa3 = _fa3(notes)
         if fa3 is not None:
-            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, longest, longest, causal=row.causal)
+            calls["fa3"] = lambda: fa3(q, k, v, cu, cu, longest, longest, causal=row.causal,
+                                       softcap=row.softcap)  # fmt: skip
     else:
         notes.append("fa3: the wheel is built without local attention")
     fi = _flashinfer(notes)
@@ -166,7 +180,7 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         try:
             w = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend="fa3")
             w.plan(cu, cu, row.heads, row.kv_heads, row.head, causal=row.causal, window_left=row.left,
-                   q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
+                   logits_soft_cap=row.softcap or None, q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
             calls["flashinfer"] = lambda: w.run(q, k, v)
         except Exception as e:  # a peer's failure is a note
             notes.append(f"flashinfer: {type(e).__name__}: {str(e)[:120]}")
@@ -189,9 +203,14 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     q, kc, vc, bt, cu, sl = p["q"], p["k_cache"], p["v_cache"], p["block_table"], p["cu"], p["seq_lens"]
     longest = max(new for _, new in pairs)
     out, out_kv = torch.empty_like(q), torch.empty_like(q)
+    kw: dict = {"softcap": row.softcap}
+    fp8 = torch.float8_e4m3fn if row.fp8 else None
+    if fp8 is not None:  # the cache's values times 4 in e4m3, read back with scales 0.25
+        kc, vc = (kc * 4).to(fp8), (vc * 4).to(fp8)
+        kw.update(k_scale=_FP8_SCALE, v_scale=_FP8_SCALE)
     calls = {
-        "ours": lambda: prefix_prefill(q, None, None, kc, vc, bt, cu, sl, longest, out=out),
-        "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, longest, out=out_kv),
+        "ours": lambda: prefix_prefill(q, None, None, kc, vc, bt, cu, sl, longest, out=out, **kw),
+        "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, longest, out=out_kv, **kw),
     }
     notes = ["ours_kv: other new-token K/V than the cache's (no diff)"]
     if device != "cuda" or row.layout != "nhd":
@@ -201,8 +220,14 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     fa3 = _fa3(notes)
     if fa3 is not None:
         k_all, v_all, cu_k = gathered_kv(p)
+        fa_kw: dict = {"softcap": row.softcap}
+        q_fa = q
+        if fp8 is not None:  # FA3's fp8 forward: q, k and v in e4m3 with per-(sequence, KV head) descales
+            q_fa, k_all, v_all = q.to(fp8), (k_all * 4).to(fp8), (v_all * 4).to(fp8)
+            ones = torch.ones(len(pairs), row.kv_heads, dtype=torch.float32, device=device)
+            fa_kw.update(q_descale=ones, k_descale=ones * _FP8_SCALE, v_descale=ones * _FP8_SCALE)
         # (causal with more keys than queries: FlashAttention aligns the mask to the bottom right)
-        calls["fa3"] = lambda: fa3(q, k_all, v_all, cu, cu_k, longest, max(keys), causal=True)
+        calls["fa3"] = lambda: fa3(q_fa, k_all, v_all, cu, cu_k, longest, max(keys), causal=True, **fa_kw)
     fi = _flashinfer(notes)
     if fi is not None:
         try:
@@ -211,12 +236,16 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
             ids = torch.cat([bt[b, : pages[b]] for b in range(len(pairs))]).contiguous()
             last = torch.tensor([k - (n - 1) * row.page for k, n in zip(keys, pages, strict=True)],
                                 dtype=torch.int32, device=device)  # fmt: skip
-            w.plan(cu, indptr, ids, last, row.heads, row.kv_heads, row.head, row.page,
-                   causal=True, q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
-            calls["flashinfer"] = lambda: w.run(q, (kc, vc))
+            w.plan(cu, indptr, ids, last, row.heads, row.kv_heads, row.head, row.page, causal=True,
+                   logits_soft_cap=row.softcap or None, q_data_type=dtype, kv_data_type=kc.dtype)  # fmt: skip
+            fi_kw = {"k_scale": _FP8_SCALE, "v_scale": _FP8_SCALE} if fp8 is not None else {}
+            calls["flashinfer"] = lambda: w.run(q, (kc, vc), **fi_kw)
         except Exception as e:
             notes.append(f"flashinfer: {type(e).__name__}: {str(e)[:120]}")
     return calls, notes
+
+
+_FP8_SCALE = 0.25  # a row with ``fp8``: its cache holds the values times 4 in e4m3
 
 
 def gathered_kv(p: dict) -> tuple:
@@ -304,7 +333,7 @@ def print_row(r: dict) -> None:
     """One line per implementation: ms, useful TFLOP/s, the difference from ours and the ratios."""
     ratios = "  ".join(f"{k}={r[k]:.3g}" for k in ("x_fa3", "x_flashinfer") if isinstance(r.get(k), float))
     diff = f"  diff={r['diff_vs_ours']:.3g}" if isinstance(r["diff_vs_ours"], float) else ""
-    line = f"{r['row']:10s} {r['impl']:11s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{diff}  {ratios}"
+    line = f"{r['row']:14s} {r['impl']:11s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{diff}  {ratios}"
     print(line, flush=True)
 
 

@@ -251,11 +251,12 @@ def test_feature_cost_smoke(tmp_path):
 
 def test_anchors_smoke(tmp_path):
     """bench/anchors.py, ours beside FlashAttention-3 and FlashInfer: on the CPU ours alone, one row per
-    implementation and problem, the peers named as a note."""
+    implementation and problem (soft-capped and fp8-cache rows too), the peers named as a note."""
     proc = _bench("anchors.py", "--smoke", "--out", str(tmp_path))
     md = (tmp_path / "anchors.md").read_text()
     rows = [("causal8k", "ours"), ("window32k", "ours"), ("noncausal8k", "ours"), ("llama", "ours"),
-            ("llama", "ours_kv"), ("prompts8", "ours"), ("specdec", "ours")]  # fmt: skip
+            ("llama", "ours_kv"), ("prompts8", "ours"), ("specdec", "ours"), ("causal8k_cap50", "ours"),
+            ("llama_fp8", "ours"), ("llama_fp8", "ours_kv")]  # fmt: skip
     for row, impl in rows:
         assert f"| {row} | {impl} |" in md, md
     assert "peers: no CUDA device" in md and "wrote" in proc.stdout
