@@ -1,6 +1,6 @@
 """What each model feature costs against the plain call, for both kernel packages (issue 46's table).
 
-    python bench/feature_cost.py --out DIR [--quick] [--rounds N] [--packages prefix,window]
+    python bench/feature_cost.py --out DIR [--quick] [--rounds N] [--packages prefix,window] [--dtype fp16]
                                  [--layouts nhd,split,hnd] [--pages 16,1056] [--heads 128,256]
                                  [--features a,b] [--set NAME=V ...]
     python bench/feature_cost.py --smoke --out DIR      # CPU: Triton interpreter, tiny shapes, fp16
@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", default=None, help="prefix page sizes (default 16,1056; --quick 16)")
     ap.add_argument("--heads", default=None, help="head sizes (default 128,256; --quick 128)")
     ap.add_argument("--features", default=None, help="comma list of feature names (plain always runs)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="q's dtype on the GPU")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
                     help="a plan constant of either package (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -369,12 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("this benchmark needs a CUDA device (or --smoke)", file=sys.stderr)
             return 2
-        device, dtype, rounds = "cuda", torch.bfloat16, args.rounds
+        device, rounds = "cuda", args.rounds
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
         heads = ints(args.heads or ("128" if args.quick else "128,256"))
         pages = ints(args.pages or ("16" if args.quick else "16,1056"))
     reps = {"warmup": 10, "rep": 30} if args.quick else {"warmup": 25, "rep": 100}
     packages = args.packages.split(",")
-    print(f"# feature cost: packages {packages}, heads {heads}, pages {pages}, rounds {rounds}", flush=True)
+    print(f"# feature cost: packages {packages}, heads {heads}, pages {pages}, rounds {rounds}, {dtype}",
+          flush=True)  # fmt: skip
     rows: list[dict] = []
     groups = []
     if "prefix" in packages:
