@@ -113,6 +113,27 @@ def _option_args(consts: dict, scale: float, opts: Options) -> float:
     return (opts.softcap if capped else scale) * LOG2E
 
 
+#: A bfloat16 call over an fp8 cache runs as a float16 one (:func:`_float16_operands`): q's shift.
+_Q_SHIFT = 2.0**-8
+
+
+def _float16_operands(q, k, v, scale: float) -> tuple:
+    """A bfloat16 call over an fp8 cache (``CACHE_FP8``) as a float16 one: ``(q, k, v, scale)`` with q times
+    ``_Q_SHIFT`` and the new tokens' k and v (None with ``k=None``) as contiguous float16 copies, the scale
+    divided by the shift, so the logits are the same. Every fp8 value is a float16: the converter turns
+    a pair into float16 in one instruction where bfloat16 takes an integer sequence, and P and V multiply
+    in float16 (11 significant bits to bfloat16's 8). Exact for every q of magnitude in ``[2**-6,
+    2**23]`` and every k, v in ``[2**-14, 65504]`` (float16's normal range: the new tokens' K/V go into
+    the same fp8 cache, e4m3 holding at most 448 times its scale); smaller ones round to float16's
+    subnormal step (2**-24, for q 2**-16)."""
+    q16 = torch.empty(q.shape, dtype=torch.float16, device=q.device)
+    torch.mul(q, _Q_SHIFT, out=q16)
+    if k is not None:
+        k = k.to(torch.float16, memory_format=torch.contiguous_format)
+        v = v.to(torch.float16, memory_format=torch.contiguous_format)
+    return q16, k, v, scale / _Q_SHIFT
+
+
 def available() -> bool:
     """Both Gluon kernels imported, this Triton supported for them (``prefill_runtime``'s allowlist, if it
     has one) and none failed in this process."""
@@ -202,6 +223,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
     batch = seq_lens.shape[0]
+    if q.dtype == torch.bfloat16 and opts.k_scale is not None:  # (an fp8 cache's plan)
+        q, k, v, scale = _float16_operands(q, k, v, scale)
     key = _variant(plan, key, max_query_len, q, k_cache, batch)
     frame = fast.frame(
         (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
@@ -258,6 +281,8 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
         raise ValueError("an fp8 cache's Gluon launch needs k_scale and v_scale tensors")
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
+    if q.dtype == torch.bfloat16 and plan.constexpr_map.get("CACHE_FP8", False):
+        q, k, v, scale = _float16_operands(q, k, v, scale)
     key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
     nhd = plan.kernel in TMA_KERNELS
     fast = _NHD if nhd else _SPLIT
