@@ -1,6 +1,6 @@
 """Our kernels beside the Hopper anchors, FlashAttention-3 and FlashInfer, in one process (issue 47's table).
 
-    python bench/anchors.py --out DIR [--rounds 3] [--rows causal8k,short1k,...]
+    python bench/anchors.py --out DIR [--rounds 3] [--rows causal8k,short1k,...] [--peers fa3]
     python bench/anchors.py --smoke --out DIR      # CPU: Triton interpreter, tiny shapes, ours only
 
 Writes DIR/anchors.{csv,md} (rewritten after each row, so a run cut by its time limit keeps what it
@@ -261,8 +261,15 @@ def gathered_kv(p: dict) -> tuple:
     return k, v, cu_k
 
 
+_RUN_PEERS = set(PEERS)  # (main's --peers)
+
+
 def _peer(peer: str, module: str, notes: list[str], attr: str | None = None):
-    """``module`` (or its ``attr``) for ``peer``, or None with a note where it cannot be imported."""
+    """``module`` (or its ``attr``) for ``peer``, or None with a note where it cannot be imported or is
+    left out (``--peers``)."""
+    if peer not in _RUN_PEERS:
+        notes.append(f"{peer}: left out (--peers)")
+        return None
     try:
         found = importlib.import_module(module)
     except Exception as e:
@@ -356,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes, ours only")
     ap.add_argument("--rounds", type=int, default=3, help="timing passes (>= 3; medians reported)")
     ap.add_argument("--rows", default="", help=f"comma list of {', '.join(r.name for r in ROWS)}")
+    ap.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="the peers to run (one left out is a row note; FlashInfer's first fp8 call builds for minutes)",
+    )
     args = ap.parse_args(argv)
     if args.rounds < 3 and not args.smoke:
         ap.error("--rounds must be >= 3 (issue 47: medians of at least 3 rounds)")
@@ -370,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
             print("this benchmark needs a CUDA device (or --smoke)", file=sys.stderr)
             return 2
         device, dtype, rounds = "cuda", torch.bfloat16, args.rounds
+    _RUN_PEERS.clear()
+    _RUN_PEERS.update(args.peers.split(",") if args.peers else ())
+    if not _RUN_PEERS <= set(PEERS):
+        ap.error(f"unknown peers {sorted(_RUN_PEERS - set(PEERS))}")
     rows: list[dict] = []
     for row in table:
         if wanted and row.name not in wanted:

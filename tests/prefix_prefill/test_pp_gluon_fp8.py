@@ -138,9 +138,11 @@ def _launch(case, opts: gluon_launch.Options) -> bool:
 def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch):
     """The fp8 form's arguments (kernel replaced by a recorder): the four cache descriptors are fp8 views of
     rows in the no-swizzle 8-bit layout, at the rows the producer reads every cached slot
-    (``test_pp_gluon._producer_reads_every_slot`` over the bytes); ``RING`` the default 16-bit layout of a
-    ``[BLOCK_N, D]`` block of q's dtype; ``KScale`` / ``VScale`` the call's tensors; the new tokens'
-    descriptors are k/v's 16-bit rows (k None: the cache's stand in); the launch binds to the kernel."""
+    (``test_pp_gluon._producer_reads_every_slot`` over the bytes); ``RING`` the default layout of a
+    float16 ``[BLOCK_N, D]`` block; ``KScale`` / ``VScale`` the call's tensors; q and the new tokens'
+    descriptors are float16 rows (a float16 call's own k/v, a bfloat16 call's float16 copies, q shifted
+    by ``_Q_SHIFT`` and the logit multiplier by its inverse; k None: the cache's stand in); the launch
+    binds to the kernel."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     from test_pp_gluon import _producer_reads_every_slot
@@ -159,16 +161,61 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch
     a = dict(zip(names, args, strict=False)) | kw
     assert a["CACHE_FP8"] is True and a["KScale"] is opts.k_scale and a["VScale"] is opts.v_scale
     bn = plan.GLUON_BLOCK_N[head]
-    assert a["RING"] == gl.NVMMASharedLayout.get_default_for([bn, head], gl.float16 if dtype == torch.float16
-                                                            else gl.bfloat16)  # fmt: skip
+    assert a["RING"] == gl.NVMMASharedLayout.get_default_for([bn, head], gl.float16)
+    shift = 1.0 if dtype == torch.float16 else gluon_launch._Q_SHIFT
+    assert a["Q_desc"].base.dtype == torch.float16
+    # (float16's subnormal step, 2**-24, is the bound below its normals)
+    assert (a["Q_desc"].base.double() - case.q.double() * shift).abs().max() <= 2.0**-25
+    assert a["qk_scale"] == pytest.approx(0.1 / shift * gluon_launch.LOG2E, rel=1e-12)
     staging = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     for name in ("KC_desc", "VC_desc", "KCB_desc", "VCB_desc"):
         assert a[name].layout == staging and a[name].base.dtype == case.k_cache.dtype
-    if not from_cache:
+    if not from_cache and dtype == torch.float16:
         assert a["K_desc"].base is case.k and a["V_desc"].base is case.v
+    elif not from_cache:
+        for name, t in (("K_desc", case.k), ("V_desc", case.v)):
+            assert a[name].base.dtype == torch.float16
+            assert (a[name].base.double() - t.double()).abs().max() <= 2.0**-25
     as_bytes = dataclasses.replace(case, k_cache=case.k_cache.view(torch.uint8),
                                    v_cache=case.v_cache.view(torch.uint8))  # fmt: skip
     assert _producer_reads_every_slot(as_bytes, args, kw)
+
+
+@pytest.mark.parametrize("with_k", [True, False])
+def test_bf16_call_as_float16(with_k):
+    """``gluon_launch._float16_operands``: q times ``_Q_SHIFT`` in float16 and the scale over it (the same
+    logits), k and v as contiguous float16 copies (None stays None), each exact for values in its stated
+    range (q in [2**-6, 2**23] after the shift's 2**-8: bfloat16's 8 significant bits fit float16's
+    normals; k/v in [2**-14, 65504]); a q of 2**24 overflows (the documented bound)."""
+    gen = torch.Generator().manual_seed(5)
+
+    def spread(shape, lo, hi):  # random signs and significands, exponents in [lo, hi)
+        sig = (1 + torch.rand(shape, generator=gen, dtype=torch.float64)) * torch.sign(
+            torch.randn(shape, generator=gen)
+        )
+        return (sig * 2.0 ** torch.randint(lo, hi, shape, generator=gen).double()).to(torch.bfloat16)
+
+    q = spread((64, 4, 32), -6, 23)
+    kv = spread((64, 2, 32), -14, 15)
+    k, v = (kv, kv[:, :, :].flip(0)) if with_k else (None, None)
+    q16, k16, v16, scale = gluon_launch._float16_operands(q, k, v, 0.125)
+    assert q16.dtype == torch.float16 and q16.is_contiguous()
+    assert torch.equal(q16.double() / gluon_launch._Q_SHIFT, q.double())
+    assert scale == 0.125 / gluon_launch._Q_SHIFT
+    if with_k:
+        for got, want in ((k16, k), (v16, v)):
+            assert got.dtype == torch.float16 and got.is_contiguous()
+            assert torch.equal(got.double(), want.double())
+    else:
+        assert k16 is None and v16 is None
+    tiny = spread((64, 4, 32), -40, -6)  # below the exact range: float16's subnormal step in q's units
+    err = (
+        gluon_launch._float16_operands(tiny, None, None, 1.0)[0].double() / gluon_launch._Q_SHIFT
+        - tiny.double()
+    )
+    assert 0 < err.abs().max() <= 2.0**-17
+    big = torch.full((1, 1, 8), 2.0**24, dtype=torch.bfloat16)
+    assert torch.isinf(gluon_launch._float16_operands(big, None, None, 1.0)[0]).all()
 
 
 def test_fp8_launch_needs_scales(monkeypatch):
@@ -193,7 +240,8 @@ def test_fp8_warm_frames_take_each_calls_scales(monkeypatch):
     from launch_stubs import pointers
 
     warm_nhd = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
-    case = _case(seqs=[(40, 5), (0, 19), (70, 130)])
+    # (float16: a bfloat16 call's fresh float16 copies put new q/k/v pointers in every launch)
+    case = _case(seqs=[(40, 5), (0, 19), (70, 130)], dtype=torch.float16)
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
     chosen = plan.plan(problem)
@@ -215,25 +263,6 @@ def test_fp8_warm_frames_take_each_calls_scales(monkeypatch):
         )
         assert framed == pointers(c_calls[-1])
     assert len(gluon_launch._NHD._frames) == 1
-
-
-# ------------------------------------------------------------------------- CPU: the bfloat16 conversion
-@pytest.mark.parametrize("cache", [E4M3, E5M2])
-def test_bf16_by_bits_is_exact(cache):
-    """``gluon_kernel._f16_to_bf16``'s integer steps, played on the bits of every value of the fp8 format
-    (through float16, as the converter takes them): each 16-bit lane ``((h & 0x7FF8) >> 3) | (h &
-    0x8000)`` read as bfloat16 times ``2**112`` is the value itself, signed zeros and subnormals included
-    (the low 3 bits of the float16 mantissa are zero for every fp8 value, so the shift drops nothing). A
-    mutant shifting by 4 fails."""
-    every = torch.arange(256, dtype=torch.uint8).view(cache)
-    value = every.to(torch.float64)
-    finite = torch.isfinite(value)
-    h = every.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
-    for shift, ok in ((3, True), (4, False)):
-        bits = (((h & 0x7FF8) >> shift) | (h & 0x8000)).to(torch.int16)  # (as the lanes' low 16 bits)
-        got = bits.view(torch.bfloat16).to(torch.float64) * 2.0**112 + (-0.0)
-        same = (got[finite] == value[finite]) & (torch.signbit(got[finite]) == torch.signbit(value[finite]))
-        assert bool(same.all()) is ok, shift
 
 
 # ------------------------------------------------------------------------- CPU: the rings' protocol
@@ -276,18 +305,18 @@ import re
 ALL = dict(HAS_LEFT=True, SOFTCAP=2, HAS_ALIBI=True, HAS_SINKS=True, SKIP_DECODE=True)
 BOTH_WAYS = dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)
 FORMS = [
-    dict(head=128, box=16, from_cache=False, lse=False),
-    dict(head=128, box=16, from_cache=False, lse=True, q="fp16", cache="fp8e5"),
-    dict(head=64, box=16, from_cache=False, lse=False, q="fp16"),
-    dict(head=64, box=64, from_cache=True, lse=True, cache="fp8e5"),
-    dict(head=128, box=128, from_cache=False, lse=True, q="fp16", HAS_SINKS=True, HAS_ALIBI=True),
-    dict(head=128, box=32, from_cache=False, lse=False, **ALL),
-    dict(head=128, box=16, from_cache=True, lse=True, q="fp16", **BOTH_WAYS),
-    dict(head=128, box=16, from_cache=False, lse=False, PAIR_HEADS=True, HAS_ALIBI=True, SOFTCAP=2),
-    dict(head=128, box=16, from_cache=False, lse=False, IDLE_WG1=True, q="fp16"),
-    dict(head=128, box=16, from_cache=False, lse=False, one=True),
-    dict(head=64, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, q="fp16", cache="fp8e5",
-         **ALL),
+    dict(head=128, box=16, from_cache=False, lse=False, out="bf16"),
+    dict(head=128, box=16, from_cache=False, lse=True, cache="fp8e5"),
+    dict(head=64, box=16, from_cache=False, lse=False),
+    dict(head=64, box=64, from_cache=True, lse=True, cache="fp8e5", out="bf16"),
+    dict(head=128, box=128, from_cache=False, lse=True, HAS_SINKS=True, HAS_ALIBI=True),
+    dict(head=128, box=32, from_cache=False, lse=False, out="bf16", **ALL),
+    dict(head=128, box=16, from_cache=True, lse=True, **BOTH_WAYS),
+    dict(head=128, box=16, from_cache=False, lse=False, PAIR_HEADS=True, HAS_ALIBI=True, SOFTCAP=2,
+         out="bf16"),
+    dict(head=128, box=16, from_cache=False, lse=False, IDLE_WG1=True),
+    dict(head=128, box=16, from_cache=False, lse=False, one=True, out="bf16"),
+    dict(head=64, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, cache="fp8e5", **ALL),
     dict(head=128, box=16, from_cache=False, lse=False, out="fp8e4nv", OUT_MAX=448.0),
 ]
 for form in FORMS:
@@ -301,7 +330,8 @@ for form in FORMS:
 @pytest.mark.compile_check
 def test_fp8_cache_forms_compile_for_sm90():
     """The ``CACHE_FP8`` forms compile for sm90 (no GPU needed) in the forms plans and launches take (heads
-    64 / 128, e4m3 / e5m2, bfloat16 / float16 queries, k given or from the cache, every option, non-causal
+    64 / 128, e4m3 / e5m2, float16 queries with bfloat16 or float16 outputs (a bfloat16 call runs as a
+    float16 one), k given or from the cache, every option, non-causal
     with a window both ways, the LSE, an fp8 output, the paired, idle and quick one-partition forms, the
     quick one with LLVM at O0 as the compile tiers build it)
     within one program's shared memory (227 KiB), each converting its own fp8 type and no other (e4m3

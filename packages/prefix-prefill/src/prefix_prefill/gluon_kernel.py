@@ -20,11 +20,14 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
 
 fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
 :data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
-(:func:`_fp8_converter`) converts each exactly into the 16-bit K/V rings the consumers read (K as it is,
-V times a power of two in float16 rings, :func:`_v_terms`), and the consumers fold ``k_scale`` into the
-context blocks' logit multiplier (or soft cap's factor) and ``v_scale`` into their P
+(:func:`_fp8_converter`) converts each exactly into the float16 K/V rings the consumers read (K as it is,
+V times a power of two, :func:`_v_terms`), and the consumers fold ``k_scale`` into the context blocks'
+logit multiplier (or soft cap's factor) and ``v_scale`` into their P
 (``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
-16-bit forms. 16 warps (consumers at 232 registers, the converter at 32, the producers at 24).
+16-bit forms. q is float16: a bfloat16 call runs as a float16 one
+(``prefix_prefill.gluon_launch._float16_operands``), since every fp8 value is a float16 (one conversion
+instruction a pair) where bfloat16 would take an integer sequence a pair. 16 warps (consumers at 232
+registers, the converter at 32, the producers at 24).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
 ``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
@@ -404,28 +407,13 @@ def _fp8_pass_layout(HEAD_DIM):
 
 
 @gluon.jit
-def _f16_to_bf16(x):
-    """A float16 tensor of fp8 values (e4m3fn or e5m2: at most 3 mantissa bits) as bfloat16, exactly, on the
-    integer and FMA pipes: per 16-bit lane the exponent and mantissa move into bfloat16's fields (``(h &
-    0x7FF8) >> 3``, the sign kept: the value times ``2**-112``), then a fused multiply by ``2**112`` (plus
-    -0, so zeros keep their sign). The conversion instruction it replaces (``F2F.BF16.F16``, one a value)
-    runs on the pipe the consumers' ``exp2`` needs."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 t, s, c, z; and.b32 t, $1, 0x7FF87FF8; shr.b32 t, t, 3; and.b32 s, $1, 0x80008000; "
-        "or.b32 t, t, s; mov.b32 c, 0x77807780; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, t, c, z; }",
-        "=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=2,
-    )  # fmt: skip
-
-
-@gluon.jit
 def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_phase, r_ready, mul,
                        SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
-    """One fp8 block from staging slot ``stage`` (landed: ``st_ready`` at ``st_phase``) into ring slot
-    ``ring`` (released: ``r_empty`` at ``r_phase``) in the ring's 16-bit dtype, exactly (every e4m3 and
-    e5m2 value is a float16 and a bfloat16), times ``mul`` (a power of two, float16) with ``SHIFT``;
-    then the ring slot announced on ``r_ready`` (after a proxy fence: wgmma reads it) and the staging
-    slot released on ``st_empty``. Passes of 16 elements a thread (``2048 / D`` rows); a bfloat16 ring
-    through float16 and :func:`_f16_to_bf16`."""
+    """One fp8 block from staging slot ``stage`` (landed: ``st_ready`` at ``st_phase``) into float16 ring
+    slot ``ring`` (released: ``r_empty`` at ``r_phase``), exactly (every e4m3 and e5m2 value is a
+    float16), times ``mul`` (a power of two, float16) with ``SHIFT``; then the ring slot announced on
+    ``r_ready`` (after a proxy fence: wgmma reads it) and the staging slot released on ``st_empty``.
+    Passes of 16 elements a thread (``2048 / D`` rows)."""
     ROWS: gl.constexpr = 2048 // HEAD_DIM
     layout: gl.constexpr = _fp8_pass_layout(HEAD_DIM)
     PASSES: gl.constexpr = BLOCK_N // ROWS
@@ -438,8 +426,6 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
         if i + 1 < PASSES:
             b_next = stage.slice((i + 1) * ROWS, ROWS).load(layout)  # [ROWS, D] fp8
         b_y = b_x.to(gl.float16)  # [ROWS, D]
-        if ring.dtype == gl.bfloat16:
-            b_y = _f16_to_bf16(b_y)  # [ROWS, D]
         if SHIFT:
             b_y = b_y * mul  # [ROWS, D] exact: the shift keeps every value a normal or subnormal float16
         ring.slice(i * ROWS, ROWS).store(b_y)
@@ -451,14 +437,13 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
 
 
 @gluon.jit
-def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   V_SHIFT: gl.constexpr):  # fmt: skip
+def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The 4-warp partition of the fp8 forms: the ``n_a`` context blocks, K then V, each from its staging
     slot (filled by :func:`_fp8_producer`) into its ring slot (block ``j``: slot ``j % NUM_STAGES``, once
     both consumers released it), as :func:`_fp8_convert_block` does. K converts unscaled (``k_scale`` is
-    folded into the consumers' logit multiplier); V times ``v_mul = 2**-c`` with ``V_SHIFT`` (float16
-    rings, see :func:`_v_terms`). ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready,
-    vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, n_a, v_mul)``."""
+    folded into the consumers' logit multiplier); V times ``v_mul = 2**-c`` (see :func:`_v_terms`).
+    ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready,
+    k_empty, v_ready, v_empty, n_a, v_mul)``."""
     (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready,
      v_empty, n_a, v_mul) = args  # fmt: skip
     for j in range(n_a):
@@ -471,28 +456,24 @@ def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAG
                            False, BLOCK_N, HEAD_DIM)  # fmt: skip
         _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
                            v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
-                           V_SHIFT, BLOCK_N, HEAD_DIM)  # fmt: skip
+                           True, BLOCK_N, HEAD_DIM)  # fmt: skip
 
 
 @gluon.jit
-def _v_terms(VScale, SHIFT: gl.constexpr, C_LO: gl.constexpr, C_HI: gl.constexpr):
-    """``(v_mul, p_log2, l_mul)`` of an fp8 V cache with scale ``VScale[0]``: the ring holds ``V * v_mul``
-    and the consumers' P carries ``v_eff = v_scale / v_mul`` (``p_log2 = log2(v_eff)``, ``l_mul = 1 /
-    v_eff``; ``prefill_runtime.gluon.segment_terms``). ``SHIFT`` (float16 rings): ``v_mul = 2**-c``, ``c =
-    round(-log2 v_scale)`` clamped to ``[C_LO, C_HI]`` (where every value of the fp8 format times
-    ``2**-c`` is a finite float16, no subnormal of it lost), so P stays near [0, 1]: float16's precision
-    for a small ``v_scale``, no overflow for a large one. Bfloat16 rings (float32's range): ``v_mul =
-    1``. ``v_mul`` is float16 (the converter multiplies in the ring's type). A float16 P holds ``v_eff``
+def _v_terms(VScale, C_LO: gl.constexpr, C_HI: gl.constexpr):
+    """``(v_mul, p_log2, l_mul)`` of an fp8 V cache with scale ``VScale[0]``: the float16 ring holds ``V *
+    v_mul`` and the consumers' P carries ``v_eff = v_scale / v_mul`` (``p_log2 = log2(v_eff)``, ``l_mul = 1
+    / v_eff``; ``prefill_runtime.gluon.segment_terms``), with ``v_mul = 2**-c``, ``c = round(-log2
+    v_scale)`` clamped to ``[C_LO, C_HI]`` (where every value of the fp8 format times ``2**-c`` is a
+    finite float16, no subnormal of it lost), so P stays near [0, 1]: float16's precision for a small
+    ``v_scale``, no overflow for a large one. ``v_mul`` is float16 (the converter multiplies in the
+    ring's type). A float16 P holds ``v_eff``
     at most: a ``v_scale`` past float16's range times ``2**C_LO`` (e4m3: 8.4e6, e5m2: 65504) overflows it,
     far past any dequantisation scale of those formats' values."""
     v_s = gl.load(VScale).to(gl.float32)
-    if SHIFT:
-        c = gl.minimum(gl.maximum(gl.floor(0.5 - gl.log2(v_s)), C_LO), C_HI).to(gl.int32)
-        v_mul = ((127 - c) << 23).to(gl.float32, bitcast=True)  # 2**-c, exact
-        v_eff = v_s * ((127 + c) << 23).to(gl.float32, bitcast=True)  # v_scale * 2**c
-    else:
-        v_mul = v_s * 0.0 + 1.0
-        v_eff = v_s
+    c = gl.minimum(gl.maximum(gl.floor(0.5 - gl.log2(v_s)), C_LO), C_HI).to(gl.int32)
+    v_mul = ((127 - c) << 23).to(gl.float32, bitcast=True)  # 2**-c, exact
+    v_eff = v_s * ((127 + c) << 23).to(gl.float32, bitcast=True)  # v_scale * 2**c
     return v_mul.to(gl.float16), gl.log2(v_eff), 1.0 / v_eff
 
 
@@ -540,8 +521,8 @@ def _gluon_fwd_kernel(
     into ``Q_desc``'s token count, cached keys into the table). ``OUT_MAX > 0``: ``O`` is fp8 (this
     largest finite value), written as ``clamp(o / OutScale[0])`` (``OutScale``: a 1-element float
     tensor, read once per program; None with ``OUT_MAX`` 0). ``CACHE_FP8`` (an e4m3fn or e5m2 cache, q
-    16-bit; heads 64 and 128): the cache descriptors are fp8 (no swizzle, ``KC_desc``... block rows as
-    above), ``RING`` the 16-bit rings' layout (``K_desc``/``V_desc`` may then be the caches'), ``KScale``
+    float16; heads 64 and 128): the cache descriptors are fp8 (no swizzle, ``KC_desc``... block rows as
+    above), ``RING`` the float16 rings' layout (``K_desc``/``V_desc`` may then be the caches'), ``KScale``
     / ``VScale`` 1-element float tensors (``k_scale``, ``v_scale`` > 0): context blocks land as fp8 in
     staging slots (:func:`_fp8_producer`), a 4-warp partition converts them into the rings
     (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
@@ -579,9 +560,9 @@ def _gluon_fwd_kernel(
         else:
             qk_a = qk_scale * k_s
         score_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
+        gl.static_assert(Q_desc.dtype == gl.float16, "fp8 caches convert into float16 rings: q is float16")
         E5M2: gl.constexpr = KC_desc.dtype == gl.float8e5
-        V_SHIFT: gl.constexpr = Q_desc.dtype == gl.float16
-        v_mul, p_log2, l_mul = _v_terms(VScale, V_SHIFT, 0 if E5M2 else -7, 8 if E5M2 else 15)
+        v_mul, p_log2, l_mul = _v_terms(VScale, 0 if E5M2 else -7, 8 if E5M2 else 15)
         terms = (qk_scale, score, p_log2, l_mul)
     else:
         terms = None
@@ -609,7 +590,7 @@ def _gluon_fwd_kernel(
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
                         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
-                        OUT_MAX, V_SHIFT, not KV_FROM_CACHE)  # fmt: skip
+                        OUT_MAX, not KV_FROM_CACHE)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
@@ -652,7 +633,7 @@ def _fp8_partitions(
     BOX: gl.constexpr, RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr,
     PAIR_HEADS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
-    V_SHIFT: gl.constexpr, NEW: gl.constexpr,
+    NEW: gl.constexpr,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
     forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
@@ -687,7 +668,7 @@ def _fp8_partitions(
                     False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
                     HAS_RIGHT, OUT_MAX, terms, True,
                 )),
-                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES)),
                 (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
@@ -709,7 +690,7 @@ def _fp8_partitions(
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
                     CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True,
                 )),
-                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SHIFT)),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES)),
                 (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
                                  PAIR_HEADS, NEW)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,

@@ -479,11 +479,12 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
-    # an fp8 cache's scales and the 16-bit rings' layout (its descriptors are fp8); every parameter given,
+    # an fp8 cache's scales and the float16 rings' layout (its descriptors are fp8; q is float16 there:
+    # launch() and warm() make a bfloat16 call a float16 one); every parameter given,
     # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)
     fp8 = consts["CACHE_FP8"]  # (launch() refused an fp8 call without its scales)
     consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None,
-                  RING=_swizzled(block_n, d, q.dtype == torch.float16) if fp8 else None)  # fmt: skip
+                  RING=_swizzled(block_n, d, True) if fp8 else None)  # fmt: skip
     return args, consts, grid
 
 

@@ -331,7 +331,7 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     block_n = GLUON_BLOCK_N[d]
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
-                  # an fp8 cache converted into 16-bit rings (a 4-warp partition)
+                  # an fp8 cache converted into float16 rings (a 4-warp partition; a bf16 call as a fp16 one)
                   CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES, **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
