@@ -183,8 +183,9 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch
 
 @pytest.mark.parametrize("with_k", [True, False])
 def test_bf16_call_as_float16(with_k):
-    """``gluon_launch._float16_operands``: q times ``_Q_SHIFT`` in float16 and the scale over it (the same
-    logits), k and v as contiguous float16 copies (None stays None), each exact for values in its stated
+    """``gluon_launch._float16_operands`` (one launch of ``float16_copies``): q times ``_Q_SHIFT`` in float16
+    and the scale over it (the same logits), k and v (contiguous or strided) as contiguous float16 copies
+    (None stays None), each exact for values in its stated
     range (q in [2**-6, 2**23] after the shift's 2**-8: bfloat16's 8 significant bits fit float16's
     normals; k/v in [2**-14, 65504]); a q of 2**24 overflows (the documented bound)."""
     gen = torch.Generator().manual_seed(5)
@@ -197,7 +198,8 @@ def test_bf16_call_as_float16(with_k):
 
     q = spread((64, 4, 32), -6, 23)
     kv = spread((64, 2, 32), -14, 15)
-    k, v = (kv, kv[:, :, :].flip(0)) if with_k else (None, None)
+    wide = spread((64, 5, 32), -14, 15)  # (v: a strided view, as a fused qkv buffer's slice)
+    k, v = (kv, wide[:, 1:3]) if with_k else (None, None)
     q16, k16, v16, scale = gluon_launch._float16_operands(q, k, v, 0.125)
     assert q16.dtype == torch.float16 and q16.is_contiguous()
     assert torch.equal(q16.double() / gluon_launch._Q_SHIFT, q.double())

@@ -48,6 +48,7 @@ import prefill_runtime as runtime
 from paged_kv_offsets import TmaRows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
+from prefix_prefill.float16_copies import float16_copies
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import TMA_KERNELS, cache_views, idle_second_warpgroup, pair_heads
 
@@ -126,11 +127,7 @@ def _float16_operands(q, k, v, scale: float) -> tuple:
     2**23]`` and every k, v in ``[2**-14, 65504]`` (float16's normal range: the new tokens' K/V go into
     the same fp8 cache, e4m3 holding at most 448 times its scale); smaller ones round to float16's
     subnormal step (2**-24, for q 2**-16)."""
-    q16 = torch.empty(q.shape, dtype=torch.float16, device=q.device)
-    torch.mul(q, _Q_SHIFT, out=q16)
-    if k is not None:
-        k = k.to(torch.float16, memory_format=torch.contiguous_format)
-        v = v.to(torch.float16, memory_format=torch.contiguous_format)
+    q16, k, v = float16_copies(q, k, v, _Q_SHIFT)  # (one launch)
     return q16, k, v, scale / _Q_SHIFT
 
 
