@@ -20,6 +20,7 @@ calls with new scale values, each asserting that the Gluon kernel ran.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 
 import pytest
@@ -121,6 +122,23 @@ def _scales(case, device="cpu") -> gluon_launch.Options:
                                 v_scale=torch.tensor([case.v_scale], device=device))  # fmt: skip
 
 
+def _torch_copies(monkeypatch) -> None:
+    """The host-side tests' CPU tensors with the Triton interpreter off (a GPU machine): the float16 copies
+    of a bfloat16 call (``gluon_launch.float16_copies``, a Triton kernel) by torch, the same values
+    (``test_bf16_call_as_float16`` checks the kernel on the device the suite runs on)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+
+        def copies(q, k, v, mul):
+            half = (
+                (None, None)
+                if k is None
+                else (k.to(torch.float16).contiguous(), v.to(torch.float16).contiguous())
+            )
+            return ((q.float() * mul).to(torch.float16).contiguous(), *half)
+
+        monkeypatch.setattr(gluon_launch, "float16_copies", copies)
+
+
 def _launch(case, opts: gluon_launch.Options) -> bool:
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
@@ -151,6 +169,7 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch
     rec = _Recorder(gluon_launch._gluon_fwd_kernel.arg_names)
     monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    _torch_copies(monkeypatch)
     case = _case(layout, head, page, seqs=[(40, 5), (0, 19), (70, 130), (3 * page + 1, 1)], dtype=dtype,
                  kv_from_cache=from_cache)  # fmt: skip
     opts = _scales(case)
@@ -194,7 +213,7 @@ def test_bf16_call_as_float16(with_k):
         sig = (1 + torch.rand(shape, generator=gen, dtype=torch.float64)) * torch.sign(
             torch.randn(shape, generator=gen)
         )
-        return (sig * 2.0 ** torch.randint(lo, hi, shape, generator=gen).double()).to(torch.bfloat16)
+        return (sig * 2.0 ** torch.randint(lo, hi, shape, generator=gen).double()).to(DEVICE, torch.bfloat16)
 
     q = spread((64, 4, 32), -6, 23)
     kv = spread((64, 2, 32), -14, 15)
@@ -216,7 +235,7 @@ def test_bf16_call_as_float16(with_k):
         - tiny.double()
     )
     assert 0 < err.abs().max() <= 2.0**-17
-    big = torch.full((1, 1, 8), 2.0**24, dtype=torch.bfloat16)
+    big = torch.full((1, 1, 8), 2.0**24, dtype=torch.bfloat16, device=DEVICE)
     assert torch.isinf(gluon_launch._float16_operands(big, None, None, 1.0)[0]).all()
 
 
