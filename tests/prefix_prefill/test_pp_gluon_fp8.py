@@ -252,17 +252,19 @@ def test_fp8_launch_needs_scales(monkeypatch):
     assert not rec.calls
 
 
-def test_fp8_warm_frames_take_each_calls_scales(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_warm_frames_take_each_calls_scales(dtype, monkeypatch):
     """Warm calls of one fp8 signature (same caches, new scale tensors each call) go through one frame whose
     per-call slots carry each call's ``k_scale`` / ``v_scale`` pointers: the C launcher gets what the
-    generic direct launch gives it."""
+    generic direct launch gives it (float16; a bfloat16 call's fresh float16 copies put new q/k/v pointers
+    in every launch, and its warm calls find the frame its launch made: the same shifted scale)."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     from launch_stubs import pointers
 
     warm_nhd = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
-    # (float16: a bfloat16 call's fresh float16 copies put new q/k/v pointers in every launch)
-    case = _case(seqs=[(40, 5), (0, 19), (70, 130)], dtype=torch.float16)
+    _torch_copies(monkeypatch)
+    case = _case(seqs=[(40, 5), (0, 19), (70, 130)], dtype=dtype)
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
     chosen = plan.plan(problem)
@@ -279,6 +281,8 @@ def test_fp8_warm_frames_take_each_calls_scales(monkeypatch):
         assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
         framed = c_calls[-1]
         assert opts.k_scale.data_ptr() in framed and opts.v_scale.data_ptr() in framed
+        if dtype == torch.bfloat16:
+            continue
         gluon_launch._warm(
             gluon_launch._NHD, gluon_launch._nhd_call, chosen, key, *call, kc, vc, *index, opts=opts
         )

@@ -220,8 +220,9 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
     batch = seq_lens.shape[0]
-    if q.dtype == torch.bfloat16 and opts.k_scale is not None:  # (an fp8 cache's plan)
-        q, k, v, scale = _float16_operands(q, k, v, scale)
+    half = q.dtype == torch.bfloat16 and opts.k_scale is not None  # an fp8 cache's plan: _float16_operands
+    if half:
+        scale = scale / _Q_SHIFT  # (the copies once the device is known to be q's)
     key = _variant(plan, key, max_query_len, q, k_cache, batch)
     frame = fast.frame(
         (key, k_cache.data_ptr(), v_cache.data_ptr(), scale, opts.softcap, opts.left, opts.right)
@@ -235,6 +236,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     tokens = q.shape[0]
     if batch == 0 or tokens == 0:
         return True
+    if half:
+        q, k, v = float16_copies(q, k, v, _Q_SHIFT)
     qp = q.data_ptr()
     if k is None:
         bases = (qp, qp, qp, qp)
