@@ -1,20 +1,20 @@
 """fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with per-tensor ``k_scale`` / ``v_scale``) on the NHD/HND
-Gluon kernel's ``CACHE_FP8`` forms (:mod:`prefix_prefill.gluon_kernel`: the context's fp8 blocks land by
-TMA in staging slots, a 4-warp partition converts them into the 16-bit rings, the consumers fold the
-scales into each context block's terms).
+Gluon kernel's ``CACHE_FP8`` forms (:mod:`prefix_prefill.gluon_kernel`: the context's fp8 blocks land by TMA
+in staging slots, a 4-warp partition converts them into float16 rings, the consumers fold the scales into each
+context block's terms; a bfloat16 call runs as a float16 one, its q/k/v copied first).
 
 CPU: the plan rule (NHD, HND and interleaved caches at heads 64 and 128 take the Gluon kernel with
-``CACHE_FP8``; head 256, vLLM's split layout and AMD's fnuz types keep the Triton kernel and the reason
-says why); the launcher's arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows
-the producer reads, the rings' layout, the scale tensors; a launch without them is refused); warm frames
-taking each call's scale tensors; the rings' protocol played in random interleavings
-(``fp8_rings_model``) with its negative control (no wait for the converter's last context block);
-offline sm90 compiles (marker ``compile_check``: registers, spills, shared memory). sm90 GPU: against
-the float64 reference of the dequantised cache into NaN-poisoned outputs, with spare cache blocks NaN:
-e4m3 and e5m2, bfloat16 and float16 queries, scales 0.02 / 1.9 / 300 (a float16 ring's V shift both ways),
-pages 16 / 544 / 1056, ragged batches with empty contexts and one-token queries, k given or from the
-cache, the options (sinks, soft cap, ALiBi, windows, non-causal, the LSE), the short-query forms, warm
-calls with new scale values, each asserting that the Gluon kernel ran.
+``CACHE_FP8``; head 256, vLLM's split layout and AMD's fnuz types keep the Triton kernel and the reason says
+why); the launcher's arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows the
+producer reads, the rings' layout, the scale tensors; a launch without them is refused); a bfloat16 call's
+float16 copies (exact in their stated range); warm frames taking each call's scale tensors; the rings'
+protocol played in random interleavings (``fp8_rings_model``) with its negative control (no wait for the
+converter's last context block); offline sm90 compiles (marker ``compile_check``: registers, spills, shared
+memory). sm90 GPU: against the float64 reference of the dequantised cache into NaN-poisoned outputs, with
+spare cache blocks NaN: e4m3 and e5m2, bfloat16 and float16 queries, scales 0.02 / 1.9 / 300 (a float16 ring's
+V shift both ways), pages 16 / 544 / 1056, ragged batches with empty contexts and one-token queries, k given
+or from the cache, the options (sinks, soft cap, ALiBi, windows, non-causal, the LSE), the short-query forms,
+warm calls with new scale values, each asserting that the Gluon kernel ran.
 """
 
 from __future__ import annotations
