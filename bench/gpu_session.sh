@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|ncuwindow|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|ncuwindow|ncufeatures|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -39,6 +39,10 @@
 #  NCU_SHAPES (bench/window_ncu.py) for each tree of NCU_TREES ("name=DIR ...", empty DIR: this checkout),
 #  each L2 factor of NCU_L2 (a persistent kernel's plan.schedule told the L2 is that fraction of its
 #  size) and each soft-cap of NCU_SOFTCAP (0: off), then bench/window_ncu.py --summary, into ncu.tgz;
+#  ncufeatures: Nsight Compute (--set full, ncu's clocks) of one warm call of each feature of NCU_FEATURES
+#  (default "plain fp8_e4m3"; bench/feature_ncu.py on NCU_PACKAGE prefix|window, NCU_LAYOUT, default
+#  prefix nhd; kernels matching NCU_KERNEL, default gluon), one process and report each, then
+#  bench/window_ncu.py --summary, into ncu.tgz;
 #  readme: every Python example of the READMEs (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
@@ -271,6 +275,21 @@ if [[ $what == ncuwindow ]]; then
         done
       done
     done
+  done
+  python3 bench/window_ncu.py --summary "$res" | tee "$res/summary.md"
+  tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$res"
+fi
+if [[ $what == ncufeatures ]]; then
+  res=$OUT/ncu; mkdir -p "$res"
+  pkg=${NCU_PACKAGE:-prefix}; lay=${NCU_LAYOUT:-nhd}
+  for feat in ${NCU_FEATURES:-plain fp8_e4m3}; do
+    tag=${pkg}_${lay}_${feat}
+    timeout 200 ncu --profile-from-start off --set full --import-source no -k regex:${NCU_KERNEL:-gluon} -f \
+      -o "$res/$tag" python3 bench/feature_ncu.py --package $pkg --layout $lay --features $feat >"$res/$tag.log" 2>&1
+    echo "$tag rc $?"
+    ncu -i "$res/$tag.ncu-rep" --page details --csv >"$res/$tag.details.csv" 2>&1
+    ncu -i "$res/$tag.ncu-rep" --page source --csv --print-source sass >"$res/$tag.sass.csv" 2>&1
+    rm -f "$res/$tag.ncu-rep"
   done
   python3 bench/window_ncu.py --summary "$res" | tee "$res/summary.md"
   tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$res"

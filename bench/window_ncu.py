@@ -13,8 +13,9 @@ kernel's order); a tree without a schedule ignores it. ``--softcap C`` calls wit
 (bench/common.py).
 
 The summary (Markdown) has per report the duration, L2 hit rate, DRAM active cycles, executed
-instructions, IPC and local-memory spill requests, then the instructions with the most stall samples and
-their leading reasons (``gpu_session.sh ncuwindow`` writes both csv pages).
+instructions, IPC, local-memory spill requests and the memory units' busiest share and peak bandwidth,
+then the instructions with the most stall samples and their leading reasons (``gpu_session.sh
+ncuwindow`` and ``ncufeatures`` write both csv pages).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ METRICS = (
     ("Executed Instructions", ""),
     ("Executed Ipc Active", ""),
     ("Local Memory Spilling Requests", ""),
+    ("Mem Busy", "%"),  # (Memory Workload Analysis: the busiest memory unit, shared memory included)
+    ("Max Bandwidth", "%"),
 )
 
 

@@ -262,6 +262,21 @@ def test_anchors_smoke(tmp_path):
     assert "peers: no CUDA device" in md and "wrote" in proc.stdout
 
 
+def test_feature_ncu_smoke():
+    """bench/feature_ncu.py (the calls ``gpu_session.sh ncufeatures`` profiles): on the CPU each named
+    feature's call of feature_cost's problems runs and names its kernel, both packages; an unknown feature
+    is an argument error."""
+    proc = _bench("feature_ncu.py", "--smoke", "--features", "plain,fp8_e4m3")
+    assert "plain: " in proc.stdout and "fp8_e4m3: " in proc.stdout, proc.stdout
+    proc = _bench("feature_ncu.py", "--smoke", "--package", "window", "--features", "softcap50")
+    assert "softcap50: " in proc.stdout, proc.stdout
+    script = str(ROOT / "bench" / "feature_ncu.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, script, "--smoke", "--features", "nope"]
+    bad = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown prefix features ['nope']" in bad.stderr, bad.stderr
+
+
 def test_anchors_rows_count_visible_pairs():
     """bench/anchors.py's useful work per row: causal rows count the keys at or before each query (within
     the window), non-causal ones every key; a non-causal prefix row is refused, not timed as causal."""
@@ -420,7 +435,7 @@ def test_window_ncu_summary(tmp_path):
         '"0x10","  NOP","5","4","5","0","5"\n"0x20","  @!P1 BRA 0x10","90","800","1","89","1"\n'
     )
     text = mod.summary(tmp_path)
-    assert "| a_x | 2.01 | 97.9 | - | - | - | - |" in text, text
+    assert "| a_x | 2.01 | 97.9 | - | - | - | - | - | - |" in text, text
     lines = [x for x in text.splitlines() if x.startswith("- ")]
     assert lines[0].startswith("- 90 samples, 800 executions: `@!P1 BRA 0x10` (long_sb 89, barrier 1)"), lines
     assert lines[1].startswith("- 5 samples"), lines
