@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import attn_flops, prefix_problem, settle, start, tflops, write_rows
+from common import attn_flops, prefix_problem, run_device, settle, start, tflops, write_rows
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -375,13 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.rows.split(",")) if args.rows else None
     if wanted and not wanted <= {r.name for r in table}:
         ap.error(f"unknown rows {sorted(wanted - {r.name for r in table})}")
-    if args.smoke:
-        device, dtype, rounds = "cpu", torch.float16, 1
-    else:
-        if not torch.cuda.is_available():
-            print("this benchmark needs a CUDA device (or --smoke)", file=sys.stderr)
-            return 2
-        device, dtype, rounds = "cuda", torch.bfloat16, args.rounds
+    run = run_device(args.smoke, torch.bfloat16)
+    if run is None:
+        return 2
+    device, dtype = run
+    rounds = 1 if args.smoke else args.rounds
     _RUN_PEERS.clear()
     _RUN_PEERS.update(args.peers.split(",") if args.peers else ())
     if not _RUN_PEERS <= set(PEERS):

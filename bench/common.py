@@ -134,6 +134,20 @@ def exact_paged_layout(torch, pages: list[int], width: int, far: int, layout: st
     return table, (nb, kv, page, d), (nb, kv, page, d)
 
 
+def run_device(smoke: bool, gpu_dtype):
+    """``(device, dtype)`` of a benchmark run: ``("cpu", torch.float16)`` with ``--smoke`` (the
+    interpreter cannot multiply bfloat16), ``("cuda", gpu_dtype)`` on a CUDA device, else None after a
+    line on stderr (the caller exits 2)."""
+    import torch
+
+    if smoke:
+        return "cpu", torch.float16
+    if not torch.cuda.is_available():
+        print("this benchmark needs a CUDA device (or --smoke)", file=sys.stderr)
+        return None
+    return "cuda", gpu_dtype
+
+
 def gpu_name() -> str:
     """``BENCH_GPU`` when set (results rebuilt away from the GPU), else the CUDA device's name."""
     if os.environ.get("BENCH_GPU"):

@@ -54,7 +54,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_ms, set_constants, settle, start, tflops, uniform_prefix_problem, write_rows
+from common import (
+    bench_ms,
+    run_device,
+    set_constants,
+    settle,
+    start,
+    tflops,
+    uniform_prefix_problem,
+    write_rows,
+)
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -364,14 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     known = {f.name for f in PREFIX + WINDOW}
     if args.features and not set(args.features.split(",")) <= known:
         ap.error(f"unknown features {sorted(set(args.features.split(',')) - known)}; known: {sorted(known)}")
+    run = run_device(args.smoke, {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype])
+    if run is None:
+        return 2
+    device, dtype = run
     if args.smoke:
-        device, dtype, heads, pages, rounds = "cpu", torch.float16, [64], [16], 1
+        heads, pages, rounds = [64], [16], 1
     else:
-        if not torch.cuda.is_available():
-            print("this benchmark needs a CUDA device (or --smoke)", file=sys.stderr)
-            return 2
-        device, rounds = "cuda", args.rounds
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+        rounds = args.rounds
         heads = ints(args.heads or ("128" if args.quick else "128,256"))
         pages = ints(args.pages or ("16" if args.quick else "16,1056"))
     reps = {"warmup": 10, "rep": 30} if args.quick else {"warmup": 25, "rep": 100}

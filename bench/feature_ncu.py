@@ -22,6 +22,7 @@ SMOKE = "--smoke" in sys.argv
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _argv, sys.argv = sys.argv, [sys.argv[0], *(["--smoke"] if SMOKE else [])]  # (feature_cost reads --smoke)
 import feature_cost as fc  # noqa: E402
+from common import run_device  # noqa: E402
 
 sys.argv = _argv
 import torch  # noqa: E402
@@ -42,13 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     if not set(names) <= set(known):
         ap.error(f"unknown {args.package} features {sorted(set(names) - set(known))}")
     feats = [known[n] for n in names]
-    if args.smoke:
-        device, dtype, head = "cpu", torch.float16, 64
-    else:
-        if not torch.cuda.is_available():
-            print("this script needs a CUDA device (or --smoke)", file=sys.stderr)
-            return 2
-        device, dtype, head = "cuda", torch.bfloat16, args.head
+    run = run_device(args.smoke, torch.bfloat16)
+    if run is None:
+        return 2
+    device, dtype = run
+    head = 64 if args.smoke else args.head
     if args.package == "prefix":
         entries = fc.prefix_entries(args.layout, args.page, head, feats, device, dtype)
     else:

@@ -118,6 +118,12 @@ def _option_args(consts: dict, scale: float, opts: Options) -> float:
 _Q_SHIFT = 2.0**-8
 
 
+def _runs_as_float16(plan: LaunchPlan, q) -> bool:
+    """Whether a call of ``plan`` runs as a float16 one (:func:`_float16_operands`): bfloat16 q over an
+    fp8 cache (``CACHE_FP8``)."""
+    return q.dtype == torch.bfloat16 and plan.constexpr_map.get("CACHE_FP8", False)
+
+
 def _float16_operands(q, k, v, scale: float) -> tuple:
     """A bfloat16 call over an fp8 cache (``CACHE_FP8``) as a float16 one: ``(q, k, v, scale)`` with q times
     ``_Q_SHIFT`` and the new tokens' k and v (None with ``k=None``) as contiguous float16 copies, the scale
@@ -220,7 +226,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if fast is None or fast.verify or fast.jit_fn is not (_gluon_fwd_kernel if nhd else _gluon_split_kernel):
         return False
     batch = seq_lens.shape[0]
-    half = q.dtype == torch.bfloat16 and opts.k_scale is not None  # an fp8 cache's plan: _float16_operands
+    half = _runs_as_float16(plan, q)
     if half:
         scale = scale / _Q_SHIFT  # (the copies once the device is known to be q's)
     key = _variant(plan, key, max_query_len, q, k_cache, batch)
@@ -281,7 +287,7 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
         raise ValueError("an fp8 cache's Gluon launch needs k_scale and v_scale tensors")
     if key is None:
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
-    if q.dtype == torch.bfloat16 and plan.constexpr_map.get("CACHE_FP8", False):
+    if _runs_as_float16(plan, q):
         q, k, v, scale = _float16_operands(q, k, v, scale)
     key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
     nhd = plan.kernel in TMA_KERNELS
