@@ -246,7 +246,7 @@ def _prefix_tensors(case: Case, target: Target) -> dict:
 
 def _prefix_launches(case: Case, target: Target) -> list[Launch]:
     from paged_kv_offsets import describe_kv_cache
-    from prefix_prefill import configs, float16_copies, fp8_score_operands, gluon_launch, launch, plan
+    from prefix_prefill import configs, float16_copies, gluon_launch, launch, plan
 
     opts = PREFIX_FORMS[case.form]
     t = _prefix_tensors(case, target)
@@ -264,12 +264,10 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
     chosen = plan.plan(p)
     record: list = []
     saved = launch._fwd_kernel, gluon_launch._gluon_fwd_kernel, gluon_launch._gluon_split_kernel
-    # (a bf16 call over an fp8 cache first copies q/k/v to float16, and an e4m3 cache's call makes its fp8
-    # score operands: elementwise kernels the matrix leaves out, recorded nowhere, so the case's one launch
-    # is the attention kernel's)
-    saved_copies = float16_copies._float16_copies_kernel, fp8_score_operands._fp8_score_operands_kernel
-    float16_copies._float16_copies_kernel = _Recorder(saved_copies[0], [])
-    fp8_score_operands._fp8_score_operands_kernel = _Recorder(saved_copies[1], [])
+    # (a bf16 call over an fp8 cache first copies q/k/v to float16: an elementwise kernel the matrix
+    # leaves out, recorded nowhere, so the case's one launch is the attention kernel's)
+    saved_copies = float16_copies._float16_copies_kernel
+    float16_copies._float16_copies_kernel = _Recorder(saved_copies, [])
     launch._fwd_kernel = _Recorder(saved[0], record)
     gluon_launch._gluon_fwd_kernel = _Recorder(saved[1], record) if saved[1] is not None else None
     gluon_launch._gluon_split_kernel = _Recorder(saved[2], record) if saved[2] is not None else None
@@ -286,7 +284,7 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
                        lse=t["lse"], plan_override=chosen)  # fmt: skip
     finally:
         launch._fwd_kernel, gluon_launch._gluon_fwd_kernel, gluon_launch._gluon_split_kernel = saved
-        float16_copies._float16_copies_kernel, fp8_score_operands._fp8_score_operands_kernel = saved_copies
+        float16_copies._float16_copies_kernel = saved_copies
         gluon_launch._multiprocessors, gluon_launch._KEY_HEADS = saved_mp
     if chosen.kernel == "triton":  # the ptxas flag the launcher adds on a GPU of this target (not on meta)
         from prefill_runtime import ptxas_launch_options

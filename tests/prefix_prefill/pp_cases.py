@@ -190,30 +190,3 @@ def problem_of(case: Case, out: torch.Tensor | None = None, **opts) -> plan.Prob
     o = out if out is not None else torch.empty_like(case.q)
     return plan.make_problem(case.q, case.k, case.v, o, k_cache, v_cache, kc, vc, case.block_table, arch=arch,
                              **kw)  # fmt: skip
-
-
-def fp8_operands_model(q, v, cu_seqlens_q, max_query_len: int, block_m: int) -> tuple:
-    """torch's ``prefix_prefill.fp8_score_operands.fp8_score_operands`` (its docstring): ``(q8, q_scale,
-    v16)``, q's e4m3 parts and scales by tiles of ``block_m`` rows of each sequence and head (rows past
-    ``max_query_len`` left at 0 here), v as float16."""
-    e4m3 = torch.float8_e4m3fn
-    tokens, heads, d = q.shape
-    q8 = torch.zeros((tokens, heads, 2, d), dtype=e4m3, device=q.device)
-    q_scale = torch.zeros((heads, tokens), dtype=torch.float32, device=q.device)
-    cu = cu_seqlens_q.tolist()
-    for s in range(len(cu) - 1):
-        start, end = min(cu[s], tokens), min(max(cu[s + 1], cu[s]), tokens)
-        for t0 in range(start, min(end, start + max_query_len), block_m):
-            x = q[t0 : min(t0 + block_m, end)].float()  # [rows, heads, D]
-            amax = x.abs().amax(dim=(0, 2))  # [heads]
-            top = torch.ceil(torch.log2(amax.clamp_min(1e-30)))
-            e = torch.where(amax > 0, top, torch.full_like(amax, 8.0))
-            e = (e.to(torch.int32) - 8).clamp(-100, 100)
-            up = torch.ldexp(torch.ones_like(amax), e)  # [heads] 2**e
-            xs = x / up[None, :, None]  # exact: a power of two
-            hi = xs.to(e4m3)
-            lo = (xs - hi.float()).to(e4m3)
-            q8[t0 : t0 + x.shape[0], :, 0] = hi
-            q8[t0 : t0 + x.shape[0], :, 1] = lo
-            q_scale[:, t0 : t0 + x.shape[0]] = up[:, None]
-    return q8, q_scale, None if v is None else v.to(torch.float16).contiguous()

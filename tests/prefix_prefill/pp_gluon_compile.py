@@ -58,48 +58,31 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
 
 
 def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="fp16", cache="fp8e4nv", out=None, llvm_o0=False,
-                    scores=False, **opts):
-    # an fp8 cache (CACHE_FP8): the V ring float16 (RING), k_scale / v_scale tensors; ``cache``: "fp8e4nv"
-    # or "fp8e5". Float16 rings: the caches' descriptors fp8 with no swizzle, q float16 (a bfloat16 call's
-    # too, launched as a float16 one with ``out="bf16"``). ``scores`` (an e4m3 cache's bfloat16 call, fp8
-    # scores, QK_FP8): q bfloat16 with its e4m3 parts (Q8_desc), the K cache's descriptors fp8 in the
-    # 128-byte swizzle (V's in the staging layout), the new tokens' k bfloat16 and v float16, the q
-    # scales' tensor, O bfloat16
-    assert not scores or cache == "fp8e4nv"
+                    **opts):
+    # an fp8 cache (CACHE_FP8): the caches' descriptors fp8 with no swizzle, the rings float16 (RING), q
+    # float16 (a bfloat16 call's too, launched as a float16 one with ``out="bf16"``), k_scale / v_scale
+    # tensors; ``cache``: "fp8e4nv" or "fp8e5"
     bn = itf_plan.GLUON_BLOCK_N[head]
     rows = 128 if one else 64
-    if scores:
-        q = out = "bf16"
     qt = gl.bfloat16 if q == "bf16" else gl.float16
     lq = gl.NVMMASharedLayout.get_default_for([rows, head], qt)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], qt)
     l8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    lkc, lbc = l8, l8  # (the K cache's layouts)
-    new_k = new_v = f"tensordesc<{q}[{bn}, {head}],{lk!r}>"
-    if scores:
-        lkc = gl.NVMMASharedLayout.get_default_for([bn, head], gl.float8e4nv)
-        lbc = gl.NVMMASharedLayout.get_default_for([box, head], gl.float8e4nv)
-        new_v = f"tensordesc<fp16[{bn}, {head}],{lk!r}>"
+    new_rows = f"tensordesc<{q}[{bn}, {head}],{lk!r}>"
     if from_cache:  # (the caches' descriptors stand in)
-        new_k = f"tensordesc<{cache}[{bn}, {head}],{lkc!r}>"
-        new_v = f"tensordesc<{cache}[{bn}, {head}],{l8!r}>"
+        new_rows = f"tensordesc<{cache}[{bn}, {head}],{l8!r}>"
     sig = {
-        "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>", "K_desc": new_k, "V_desc": new_v,
-        "KC_desc": f"tensordesc<{cache}[{box}, {head}],{lbc!r}>",
+        "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>", "K_desc": new_rows, "V_desc": new_rows,
+        "KC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",
         "VC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",
-        "KCB_desc": f"tensordesc<{cache}[{bn}, {head}],{lkc!r}>",
+        "KCB_desc": f"tensordesc<{cache}[{bn}, {head}],{l8!r}>",
         "VCB_desc": f"tensordesc<{cache}[{bn}, {head}],{l8!r}>", "O": f"*{out or q}", "BlockTable": "*i32",
         "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
         "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "oob_row": "i32", "block_rows": "i32",
         "head_rows": "i32", "head_cols": "i32", "KScale": "*fp32", "VScale": "*fp32", **option_sig(opts),
     }
-    if scores:
-        lq8 = gl.NVMMASharedLayout.get_default_for([rows, head], gl.float8e4nv)
-        sig.update(Q8_desc=f"tensordesc<fp8e4nv[{rows}, {head}],{lq8!r}>", QScale="*fp32")
-    ring = gl.NVMMASharedLayout.get_default_for([bn, head], gl.float16)
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
-                  NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, CACHE_FP8=True, RING=ring,
-                  QK_FP8=scores, **opts)
+                  NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, CACHE_FP8=True, RING=lk, **opts)
     finish(sig, consts, lse)
     return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 

@@ -28,7 +28,7 @@ import torch
 from conftest import DEVICE, compile_gluon_for_sm90, needs_sm90, poison
 from fp8_rings_model import Protocol, play
 from launch_stubs import stub_prefix_gluon
-from pp_cases import INTERLEAVED, fp8_operands_model, make_layout_case, problem_of, random_seqs, reference
+from pp_cases import INTERLEAVED, make_layout_case, problem_of, random_seqs, reference
 from pp_gluon_compile import PP_COMPILE_HEAD
 from test_pp_gluon_features import _kw
 
@@ -56,19 +56,15 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), cache=E4M3, dtype=to
 @pytest.mark.parametrize("from_cache", [False, True])
 def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
     """fp8 e4m3fn / e5m2 caches TMA reads as views of rows (NHD, HND, interleaved pages) at heads 64 and
-    128 run the NHD/HND Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or not (e4m3
-    with bfloat16 q with fp8 scores, ``QK_FP8``; the others without); the reason names the fp8 cache (and
-    the fp8 scores); a 16-bit cache's plan has both off."""
+    128 run the NHD/HND Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or not; the
+    reason names the fp8 cache; a 16-bit cache's plan has ``CACHE_FP8`` off."""
     for dtype in (torch.bfloat16, torch.float16):
         case = _case(layout, head, cache=cache, dtype=dtype, kv_from_cache=from_cache)
         chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
         assert chosen.kernel == f"gluon-{case.layout}", chosen.reason
         assert chosen.consts()["CACHE_FP8"] is True and "fp8 cache" in chosen.reason
-        scores = cache is E4M3 and dtype == torch.bfloat16
-        assert chosen.consts()["QK_FP8"] is scores and ("fp8 scores" in chosen.reason) is scores
     plain = _case(layout, head, cache=None)
-    consts = plan.plan(problem_of(plain, arch="sm90", gluon=True)).consts()
-    assert consts["CACHE_FP8"] is False and consts["QK_FP8"] is False
+    assert plan.plan(problem_of(plain, arch="sm90", gluon=True)).consts()["CACHE_FP8"] is False
 
 
 @pytest.mark.parametrize(
@@ -141,9 +137,6 @@ def _torch_copies(monkeypatch) -> None:
             return ((q.float() * mul).to(torch.float16).contiguous(), *half)
 
         monkeypatch.setattr(gluon_launch, "float16_copies", copies)
-    # (the fp8 scores' operands by their torch model, on every machine: the kernel's own tests are
-    # test_pp_fp8_score_operands.py)
-    monkeypatch.setattr(gluon_launch, "fp8_score_operands", fp8_operands_model)
 
 
 def _launch(case, opts: gluon_launch.Options) -> bool:
@@ -156,23 +149,18 @@ def _launch(case, opts: gluon_launch.Options) -> bool:
                                None, opts=opts)  # fmt: skip
 
 
-@pytest.mark.parametrize("cache", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("layout", ["nhd", "hnd-interleaved"])
 @pytest.mark.parametrize("from_cache,page,head,dtype", [(False, 16, 128, torch.bfloat16),
                                                         (True, 32, 64, torch.float16),
                                                         (False, 544, 64, torch.bfloat16)])  # fmt: skip
-def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, cache, monkeypatch):
+def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch):
     """The fp8 form's arguments (kernel replaced by a recorder): the four cache descriptors are fp8 views of
-    rows, at the rows the producer reads every cached slot (``test_pp_gluon._producer_reads_every_slot``
-    over the bytes); ``RING`` the default layout of a float16 ``[BLOCK_N, D]`` block; ``KScale`` /
-    ``VScale`` the call's tensors; the launch binds to the kernel. e5m2 or float16 q (float16 rings):
-    every cache descriptor in the no-swizzle 8-bit layout, q and the new tokens' descriptors float16 rows
-    (a float16 call's own k/v, a bfloat16 call's float16 copies, q shifted by ``_Q_SHIFT`` and the logit
-    multiplier by its inverse; k None: the cache's stand in). e4m3 with bfloat16 q (fp8 scores,
-    ``QK_FP8``): the K cache's descriptors in the 128-byte swizzled 8-bit layout wgmma reads, V's in the
-    staging one; q and the new tokens' k as given, q's e4m3 parts ``[tokens, heads, 2, D]`` (``Q8_desc``,
-    block Q's) with ``QScale`` (within ``2**-8`` of q: bfloat16 q exactly but below its tile's
-    subnormal step), v as float16; the logit multiplier unshifted."""
+    rows in the no-swizzle 8-bit layout, at the rows the producer reads every cached slot
+    (``test_pp_gluon._producer_reads_every_slot`` over the bytes); ``RING`` the default layout of a
+    float16 ``[BLOCK_N, D]`` block; ``KScale`` / ``VScale`` the call's tensors; q and the new tokens'
+    descriptors are float16 rows (a float16 call's own k/v, a bfloat16 call's float16 copies, q shifted
+    by ``_Q_SHIFT`` and the logit multiplier by its inverse; k None: the cache's stand in); the launch
+    binds to the kernel."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     from test_pp_gluon import _producer_reads_every_slot
@@ -183,7 +171,7 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, cache, monk
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
     _torch_copies(monkeypatch)
     case = _case(layout, head, page, seqs=[(40, 5), (0, 19), (70, 130), (3 * page + 1, 1)], dtype=dtype,
-                 kv_from_cache=from_cache, cache=cache)  # fmt: skip
+                 kv_from_cache=from_cache)  # fmt: skip
     opts = _scales(case)
     assert _launch(case, opts) is True
     ((_, args, kw),) = rec.calls
@@ -193,36 +181,12 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, cache, monk
     assert a["CACHE_FP8"] is True and a["KScale"] is opts.k_scale and a["VScale"] is opts.v_scale
     bn = plan.GLUON_BLOCK_N[head]
     assert a["RING"] == gl.NVMMASharedLayout.get_default_for([bn, head], gl.float16)
-    as_bytes = dataclasses.replace(case, k_cache=case.k_cache.view(torch.uint8),
-                                   v_cache=case.v_cache.view(torch.uint8))  # fmt: skip
-    assert _producer_reads_every_slot(as_bytes, args, kw)
-    staging = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    if cache is E4M3 and dtype == torch.bfloat16:
-        assert a["QK_FP8"] is True
-        for name, rows in (("KC_desc", a["BOX"]), ("KCB_desc", bn)):
-            assert a[name].layout == gl.NVMMASharedLayout.get_default_for([rows, head], gl.float8e4nv)
-            assert a[name].base.dtype == case.k_cache.dtype
-        for name in ("VC_desc", "VCB_desc"):
-            assert a[name].layout == staging and a[name].base.dtype == case.v_cache.dtype
-        assert a["qk_scale"] == pytest.approx(0.1 * gluon_launch.LOG2E, rel=1e-12)
-        assert a["Q_desc"].base is case.q and a["Q8_desc"].block_shape == a["Q_desc"].block_shape
-        q8, scale = a["Q8_desc"].base, a["QScale"]
-        block = a["Q8_desc"].block_shape
-        assert a["Q8_desc"].layout == gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
-        assert q8.dtype == E4M3 and q8.shape == (*case.q.shape[:2], 2, head) and scale.dtype == torch.float32
-        back = (q8[:, :, 0].double() + q8[:, :, 1].double()) * scale.t().double()[:, :, None]
-        floor = scale.t().double()[:, :, None] * 2.0**-10  # (below its tile's e4m3 step: 2**-10 * 2**e)
-        assert ((back - case.q.double()).abs() <= floor).all()
-        if not from_cache:
-            assert a["K_desc"].base is case.k and a["V_desc"].base.dtype == torch.float16
-            assert torch.equal(a["V_desc"].base.double(), case.v.double())
-        return
-    assert a.get("QK_FP8") is False
     shift = 1.0 if dtype == torch.float16 else gluon_launch._Q_SHIFT
     assert a["Q_desc"].base.dtype == torch.float16
     # (float16's subnormal step, 2**-24, is the bound below its normals)
     assert (a["Q_desc"].base.double() - case.q.double() * shift).abs().max() <= 2.0**-25
     assert a["qk_scale"] == pytest.approx(0.1 / shift * gluon_launch.LOG2E, rel=1e-12)
+    staging = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
     for name in ("KC_desc", "VC_desc", "KCB_desc", "VCB_desc"):
         assert a[name].layout == staging and a[name].base.dtype == case.k_cache.dtype
     if not from_cache and dtype == torch.float16:
@@ -231,6 +195,9 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, cache, monk
         for name, t in (("K_desc", case.k), ("V_desc", case.v)):
             assert a[name].base.dtype == torch.float16
             assert (a[name].base.double() - t.double()).abs().max() <= 2.0**-25
+    as_bytes = dataclasses.replace(case, k_cache=case.k_cache.view(torch.uint8),
+                                   v_cache=case.v_cache.view(torch.uint8))  # fmt: skip
+    assert _producer_reads_every_slot(as_bytes, args, kw)
 
 
 @pytest.mark.parametrize("with_k", [True, False])
@@ -285,21 +252,19 @@ def test_fp8_launch_needs_scales(monkeypatch):
     assert not rec.calls
 
 
-@pytest.mark.parametrize("cache", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fp8_warm_frames_take_each_calls_scales(dtype, cache, monkeypatch):
+def test_fp8_warm_frames_take_each_calls_scales(dtype, monkeypatch):
     """Warm calls of one fp8 signature (same caches, new scale tensors each call) go through one frame whose
-    per-call slots carry each call's ``k_scale`` / ``v_scale`` pointers (and an e4m3 cache's, its fp8
-    scores' fresh ``QScale`` and q parts): the C launcher gets what the generic direct launch gives it
-    (float16; a bfloat16 call's fresh float16 copies or fp8 operands put new q/k/v pointers in every
-    launch, and its warm calls find the frame its launch made: the same logit scale)."""
+    per-call slots carry each call's ``k_scale`` / ``v_scale`` pointers: the C launcher gets what the
+    generic direct launch gives it (float16; a bfloat16 call's fresh float16 copies put new q/k/v pointers
+    in every launch, and its warm calls find the frame its launch made: the same shifted scale)."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     from launch_stubs import pointers
 
     warm_nhd = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
     _torch_copies(monkeypatch)
-    case = _case(seqs=[(40, 5), (0, 19), (70, 130)], dtype=dtype, cache=cache)
+    case = _case(seqs=[(40, 5), (0, 19), (70, 130)], dtype=dtype)
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
     chosen = plan.plan(problem)
@@ -311,19 +276,11 @@ def test_fp8_warm_frames_take_each_calls_scales(dtype, cache, monkeypatch):
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # through Triton
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # direct: a frame
     c_calls = warm_nhd.compiled.run.c_calls
-    made = []  # (the fp8 scores' operands each warm call makes)
-    model = gluon_launch.fp8_score_operands
-    monkeypatch.setattr(gluon_launch, "fp8_score_operands", lambda *a: made.append(model(*a)) or made[-1])
     for _ in range(3):
         opts = _scales(case)
         assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
         framed = c_calls[-1]
         assert opts.k_scale.data_ptr() in framed and opts.v_scale.data_ptr() in framed
-        scores = cache is E4M3 and dtype == torch.bfloat16
-        if scores:
-            q8, q_scale, _ = made[-1]
-            assert q_scale.data_ptr() in framed  # (and q's parts as the Q descriptor's base)
-            assert any(x.__class__ is tuple and x[:2] == ("map", q8.data_ptr()) for x in framed)
         if dtype == torch.bfloat16:
             continue
         gluon_launch._warm(
@@ -373,17 +330,17 @@ import re
 ALL = dict(HAS_LEFT=True, SOFTCAP=2, HAS_ALIBI=True, HAS_SINKS=True, SKIP_DECODE=True)
 BOTH_WAYS = dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)
 FORMS = [
-    dict(head=128, box=16, from_cache=False, lse=False, scores=True),
+    dict(head=128, box=16, from_cache=False, lse=False, out="bf16"),
     dict(head=128, box=16, from_cache=False, lse=True, cache="fp8e5"),
     dict(head=64, box=16, from_cache=False, lse=False),
     dict(head=64, box=64, from_cache=True, lse=True, cache="fp8e5", out="bf16"),
-    dict(head=128, box=128, from_cache=False, lse=True, HAS_SINKS=True, HAS_ALIBI=True, scores=True),
-    dict(head=128, box=32, from_cache=False, lse=False, scores=True, **ALL),
-    dict(head=128, box=16, from_cache=True, lse=True, scores=True, **BOTH_WAYS),
+    dict(head=128, box=128, from_cache=False, lse=True, HAS_SINKS=True, HAS_ALIBI=True),
+    dict(head=128, box=32, from_cache=False, lse=False, out="bf16", **ALL),
+    dict(head=128, box=16, from_cache=True, lse=True, **BOTH_WAYS),
     dict(head=128, box=16, from_cache=False, lse=False, PAIR_HEADS=True, HAS_ALIBI=True, SOFTCAP=2,
-         scores=True),
-    dict(head=64, box=16, from_cache=False, lse=False, IDLE_WG1=True, scores=True),
-    dict(head=128, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, scores=True),
+         out="bf16"),
+    dict(head=128, box=16, from_cache=False, lse=False, IDLE_WG1=True),
+    dict(head=128, box=16, from_cache=False, lse=False, one=True, out="bf16"),
     dict(head=64, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, cache="fp8e5", **ALL),
     dict(head=128, box=16, from_cache=False, lse=False, out="fp8e4nv", OUT_MAX=448.0),
 ]
@@ -391,18 +348,15 @@ for form in FORMS:
     _, kernel = compile_nhd_fp8(**form)
     ptx = kernel.asm["ptx"]
     cvts = re.findall(r"cvt\\.rn\\.f16x2\\.(e4m3|e5m2)x2", ptx)
-    qk = len(re.findall(r"wgmma\\.mma_async\\S*\\.e4m3\\.e4m3", ptx))
-    print("fp8", form.get("cache", "fp8e4nv"), cvts.count("e4m3"), cvts.count("e5m2"), qk,
-          int(form.get("scores", False)))
+    print("fp8", form.get("cache", "fp8e4nv"), cvts.count("e4m3"), cvts.count("e5m2"))
 """
 
 
 @pytest.mark.compile_check
 def test_fp8_cache_forms_compile_for_sm90():
     """The ``CACHE_FP8`` forms compile for sm90 (no GPU needed) in the forms plans and launches take (heads
-    64 / 128, e4m3 / e5m2 with float16 queries and bfloat16 or float16 outputs (float16 rings: a
-    bfloat16 call over e5m2 runs as a float16 one), an e4m3 cache's bfloat16 call (fp8 scores: q's e4m3
-    parts, fp8 wgmma for ``Q K^T``, and only there), k given or from the cache, every option, non-causal
+    64 / 128, e4m3 / e5m2, float16 queries with bfloat16 or float16 outputs (a bfloat16 call runs as a
+    float16 one), k given or from the cache, every option, non-causal
     with a window both ways, the LSE, an fp8 output, the paired, idle and quick one-partition forms, the
     quick one with LLVM at O0 as the compile tiers build it)
     within one program's shared memory (227 KiB), each converting its own fp8 type and no other (e4m3
@@ -413,10 +367,9 @@ def test_fp8_cache_forms_compile_for_sm90():
     assert len(shared) == 12 and max(shared) <= 227 * 1024, out
     lines = [line.split() for line in out.splitlines() if line.startswith("fp8 ")]
     assert len(lines) == 12, out
-    for _, cache, e4, e5, qk, scores in lines:  # (e5m2 is float16's top byte: into float16 by byte moves)
+    for _, cache, e4, e5 in lines:  # (e5m2 is float16's top byte: into float16 by byte moves, no cvt)
         mine, other = (int(e4), int(e5)) if cache == "fp8e4nv" else (int(e5), int(e4))
         assert other == 0 and (mine > 0 or cache == "fp8e5"), (cache, e4, e5)
-        assert (int(qk) > 0) is (scores == "1"), (cache, qk, scores)  # fp8 scores (QK_FP8): fp8 wgmma
 
 
 # ------------------------------------------------------------------------- GPU (sm90)

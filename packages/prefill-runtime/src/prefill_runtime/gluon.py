@@ -47,10 +47,7 @@ is the same softmax (its shift cancels).
 fp8 key segments (``consumer``'s ``FP8_KV``: prefix-prefill's context from an fp8 cache, converted
 exactly into the 16-bit rings, the new tokens 16-bit): each block takes its segment's logit multiplier
 and score terms and its V scaling (:func:`segment_terms`, :func:`softmax_step`'s ``SCALED_V``), a
-scalar choice per block; the scores themselves take no work beyond the plain step's. fp8 scores
-(``consumer``'s ``q8_smem``/``k8_smem``): segment A's K blocks stay fp8 in the K ring's slots and its
-scores are ``Q_hi K^T + Q_lo K^T``, two fp8 wgmmas against Q's two e4m3 parts; segment B's run as the
-16-bit ones (each segment its own loop, one wgmma form each).
+scalar choice per block; the scores themselves take no work beyond the plain step's.
 """
 
 from triton.experimental import gluon
@@ -71,7 +68,7 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
                    READY_COUNT: gl.constexpr = 1, V_READY_COUNT: gl.constexpr = 0,
                    EMPTY_COUNT: gl.constexpr = 2, K_LAYOUT: gl.constexpr = None,
                    V_STAGES: gl.constexpr = 0, V_LAYOUT: gl.constexpr = None,
-                   K_RING: gl.constexpr = None, V_DTYPE: gl.constexpr = None):  # fmt: skip
+                   K_RING: gl.constexpr = None):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
     block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
@@ -86,11 +83,9 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     with ``cp.async``); ``V_READY_COUNT``: the V ring's, when it differs (0: the same); ``V_STAGES``:
     the V ring's slots (and barriers), when they differ from ``NUM_STAGES`` (0: the same); ``V_LAYOUT``:
     the V ring's layout when it is not ``V_desc``'s (None: ``V_desc.layout``); ``K_RING``: the K ring's
-    (``[NUM_STAGES, BLOCK_N, D]``) when it is not ``K_desc``'s (None: ``K_desc.layout``); ``V_DTYPE``: the V
-    ring's dtype when it is not Q's (None: Q's). Returns
+    (``[NUM_STAGES, BLOCK_N, D]``) when it is not ``K_desc``'s (None: ``K_desc.layout``). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
-    v_dtype: gl.constexpr = dtype if V_DTYPE is None else V_DTYPE
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     q_smem = gl.allocate_shared_memory(dtype, [2 * HALF_M // Q_ROWS, Q_ROWS, HEAD_DIM], Q_desc.layout)
@@ -102,9 +97,9 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N * HEAD_DIM // 64, 64], K_LAYOUT)
     V_RING: gl.constexpr = V_desc.layout if V_LAYOUT is None else V_LAYOUT
     if V_T:
-        v_smem = gl.allocate_shared_memory(v_dtype, [VS, HEAD_DIM, BLOCK_N], V_RING)
+        v_smem = gl.allocate_shared_memory(dtype, [VS, HEAD_DIM, BLOCK_N], V_RING)
     else:
-        v_smem = gl.allocate_shared_memory(v_dtype, [VS, BLOCK_N, HEAD_DIM], V_RING)
+        v_smem = gl.allocate_shared_memory(dtype, [VS, BLOCK_N, HEAD_DIM], V_RING)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -130,28 +125,20 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
 
 @gluon.jit
 def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PAIRED: gl.constexpr = False, Q8_desc=None, q8_smem=None):  # fmt: skip
+                  PAIRED: gl.constexpr = False):  # fmt: skip
     """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of
     ``Q_desc``, into ``q_smem.index(h)``, each announced on ``q_bar.index(h)`` (one per consumer); or,
     when ``Q_desc``'s block has ``2 * HALF_M`` rows, the whole tile in one copy on ``q_bar.index(0)``.
     ``PAIRED`` (two consumers on two adjacent heads, see :func:`consumer`): both halves are rows
-    ``row0 + [0, HALF_M)``, half ``h`` at column ``col + h * HEAD_DIM`` (the next head's features).
-    ``Q8_desc`` (fp8 scores): the same rows' two e4m3 parts too, a head's ``2 * D`` columns of
-    ``Q8_desc`` from column ``2 * col`` (high part, then low part), into ``q8_smem.index(2 h)`` and
-    ``.index(2 h + 1)``, on the same barrier."""
+    ``row0 + [0, HALF_M)``, half ``h`` at column ``col + h * HEAD_DIM`` (the next head's features)."""
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
-    Q8_BYTES: gl.constexpr = 0 if Q8_desc is None else 2 * Q_ROWS * HEAD_DIM
     for h in gl.static_range(2 * HALF_M // Q_ROWS):
-        mbarrier.expect(q_bar.index(h), Q_ROWS * HEAD_DIM * 2 + Q8_BYTES)
+        mbarrier.expect(q_bar.index(h), Q_ROWS * HEAD_DIM * 2)
         if PAIRED:
-            row, c = row0, col + h * HEAD_DIM
+            tma.async_copy_global_to_shared(Q_desc, [row0, col + h * HEAD_DIM], q_bar.index(h),
+                                            q_smem.index(h))  # fmt: skip
         else:
-            row, c = row0 + h * Q_ROWS, col
-        tma.async_copy_global_to_shared(Q_desc, [row, c], q_bar.index(h), q_smem.index(h))
-        if Q8_desc is not None:
-            for part in gl.static_range(2):
-                tma.async_copy_global_to_shared(Q8_desc, [row, 2 * c + part * HEAD_DIM], q_bar.index(h),
-                                                q8_smem.index(2 * h + part))  # fmt: skip
+            tma.async_copy_global_to_shared(Q_desc, [row0 + h * Q_ROWS, col], q_bar.index(h), q_smem.index(h))
 
 
 @gluon.jit
@@ -387,19 +374,6 @@ def _scores(q_buf, k_smem, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD
 
 
 @gluon.jit
-def _scores_fp8(q8, slot, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, S8_LAYOUT: gl.constexpr):
-    """fp8 scores ``S = Q_hi K^T + Q_lo K^T`` ``[ROWS, BLOCK_N]`` (in ``S8_LAYOUT``, an fp8 wgmma's
-    accumulator) of K ring slot ``slot``, two wgmmas issued asynchronously; ``q8 = (q_hi, q_lo, k8_smem)``:
-    Q's two e4m3 parts and the K ring seen as fp8 slots (the ring's slot ``s`` holds its fp8 block in
-    ``k8_smem.index(2 s)``, see :func:`consumer`)."""
-    q_hi, q_lo, k8_smem = q8
-    b_k = k8_smem.index(2 * slot).permute((1, 0))  # [D, BLOCK_N] e4m3
-    b_s = warpgroup_mma(q_hi, b_k, gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S8_LAYOUT), use_acc=False,
-                        is_async=True)  # fmt: skip
-    return warpgroup_mma(q_lo, b_k, b_s, is_async=True)
-
-
-@gluon.jit
 def _v_operand(v_smem, slot, V_T: gl.constexpr):
     """Slot ``slot`` of the V ring as the ``[BLOCK_N, D]`` B operand of ``P @ V``."""
     if V_T:
@@ -454,26 +428,21 @@ def _block_step(
     HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
     K_VIEW: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
     S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, SOFTCAP: gl.constexpr,
-    ALIBI: gl.constexpr, SINKS: gl.constexpr, terms=None, FP8_KV: gl.constexpr = False, q8=None,
-    S8_LAYOUT: gl.constexpr = None,
+    ALIBI: gl.constexpr, SINKS: gl.constexpr, terms=None, FP8_KV: gl.constexpr = False,
 ):  # fmt: skip
     """One step of :func:`consumer`'s loop: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (its V
     slot in the ``V_ROWS`` form when that is given, see :func:`_pv_step`), wait for ``S_j`` only, the
     softmax of block ``j`` while ``P @ V`` runs, then wait and rescale. Returns the loop's state: ``(acc,
     b_p, m_i, l_i, n_fix)`` and block ``j``'s ``(n0, lo, hi, out)`` for its own ``P @ V``. ``score``,
     ``SOFTCAP``, ``ALIBI``, ``SINKS``: :func:`softmax_step`'s; ``FP8_KV``: block ``j``'s terms by
-    :func:`segment_terms` of ``terms``; ``q8`` (a block of segment A with fp8 scores): ``S_j`` by
-    :func:`_scores_fp8` of ``q8``."""
-    dtype: gl.constexpr = v_smem.dtype  # (P's: the V ring's)
+    :func:`segment_terms` of ``terms``."""
+    dtype: gl.constexpr = q_buf.dtype
     slot = j % NUM_STAGES
     pslot = (j - 1) % VS
     mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
     if CP_FILL:
         fence_async_shared()
-    if q8 is None:  # S_j in flight
-        b_s = _scores(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
-    else:
-        b_s = _scores_fp8(q8, slot, ROWS, BLOCK_N, S8_LAYOUT)
+    b_s = _scores(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # S_j in flight
     mbarrier.wait(v_ready.index(pslot), ((j - 1) // VS) & 1)
     if CP_FILL:
         fence_async_shared()
@@ -481,8 +450,6 @@ def _block_step(
                           BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
     b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
     _release(k_empty.index(slot), WARPGROUPS)
-    if q8 is not None:  # (the same registers: the fp8 and 16-bit accumulators' layouts differ in k only)
-        b_s = gl.convert_layout(b_s, S_LAYOUT)
     n0, lo, hi, shift, masked, out = _block_geometry(
         j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
@@ -514,7 +481,7 @@ def consumer(
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
     SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
-    terms=None, FP8_KV: gl.constexpr = False, q8_smem=None, k8_smem=None,
+    terms=None, FP8_KV: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -544,11 +511,7 @@ def consumer(
     ``FP8_KV`` (segment A's K/V converted from an fp8 cache, segment B's 16-bit): ``qk_scale`` and
     ``score`` are segment A's, ``terms`` segment B's and A's V scaling (:func:`segment_terms`); the
     sinks' start and the LSE read segment A's ``score[1] * qk_scale`` (the slope in log2 units, the
-    same for both segments). ``q8_smem``, ``k8_smem`` (fp8 scores, with ``FP8_KV``; ``V_ROWS`` None): Q's two
-    e4m3 parts (``q8_smem.index(2 WG)``, ``.index(2 WG + 1)``, :func:`load_q_halves`) and the K ring seen
-    as ``[2 * NUM_STAGES, BLOCK_N, D]`` e4m3 slots: segment A's blocks land as fp8 in the first half of
-    their ring slot and take :func:`_scores_fp8`, segment B's the 16-bit scores; each segment its own loop
-    (one wgmma form each), block 0 waited for in its own branch."""
+    same for both segments)."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
@@ -560,15 +523,8 @@ def consumer(
         version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-    S8_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(  # (fp8 scores: an fp8 wgmma's k is 32)
-        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 32]
-    )
-    dtype: gl.constexpr = v_smem.dtype  # (P's: the V ring's)
+    dtype: gl.constexpr = q_smem.dtype
     q_buf = q_smem.index(WG)  # [ROWS, D] (WARPGROUPS == 2: the whole tile, one buffer)
-    if q8_smem is not None:
-        q8 = (q8_smem.index(2 * WG), q8_smem.index(2 * WG + 1), k8_smem)  # Q's e4m3 parts, fp8 K slots
-    else:
-        q8 = None
     offs_r = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     gl.static_assert(SOFTCAP != 3 or (SINKS == 0 and not ALIBI), "pinned max (SOFTCAP 3): no sinks or ALiBi")
     if SOFTCAP == 3:  # the pinned max (module docstring)
@@ -589,15 +545,8 @@ def consumer(
     mbarrier.wait(k_ready.index(0), 0)
     if CP_FILL:
         fence_async_shared()
-    if q8 is None:
-        b_s = _scores(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
-        b_s = warpgroup_mma_wait(0, deps=[b_s])
-    elif n_a > 0:  # (each form waited for in its branch: no wgmma in flight across it)
-        b_s = warpgroup_mma_wait(0, deps=[_scores_fp8(q8, 0, ROWS, BLOCK_N, S8_LAYOUT)])
-        b_s = gl.convert_layout(b_s, S_LAYOUT)
-    else:
-        b_s = _scores(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)
-        b_s = warpgroup_mma_wait(0, deps=[b_s])
+    b_s = _scores(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
+    b_s = warpgroup_mma_wait(0, deps=[b_s])
     _release(k_empty.index(0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
@@ -617,28 +566,20 @@ def consumer(
     # segment B's (key rows) run in loops of their own, one operand form each: a runtime branch between
     # two forms of an asynchronous wgmma makes ptxas serialise every wgmma of the kernel (its advisory
     # C7512). Segment B is never empty there (a tile sees its own new tokens), so blocks n_a.. are B's.
-    # fp8 scores (q8) likewise: segment A's blocks take fp8 scores, B's the 16-bit ones, each in its loop.
-    TWO_LOOPS: gl.constexpr = V_ROWS is not None or q8 is not None
-    if V_ROWS is not None:
-        a_stop = n_a + 1
-        b_start = a_stop
-    elif q8 is not None:
-        a_stop = n_a
-        b_start = gl.maximum(n_a, 1)
-    else:
+    if V_ROWS is None:
         a_stop = n_blocks
-        b_start = n_blocks
+    else:
+        a_stop = n_a + 1
     for j in range(1, a_stop):
         acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out = _block_step(
             j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready, k_empty,
             v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
             b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, row0, WG,
             ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS,
-            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS, terms, FP8_KV, q8,
-            S8_LAYOUT,
+            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS, terms, FP8_KV,
         )  # fmt: skip
-    if TWO_LOOPS:
-        for j in range(b_start, n_blocks):
+    if V_ROWS is not None:
+        for j in range(a_stop, n_blocks):
             acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out = _block_step(
                 j, acc, b_p, m_i, l_i, n_fix, p_n0, p_lo, p_hi, p_out, q_buf, k_smem, v_smem, k_ready,
                 k_empty, v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo,

@@ -18,21 +18,16 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
 
-fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's V blocks (and its K blocks but for the
-fp8 scores' form) land as fp8 bytes by TMA in :data:`FP8_STAGING` unswizzled staging slots a ring
-(:func:`_fp8_producer`); a 4-warp partition (:func:`_fp8_converter`) converts each exactly into the
-float16 rings the consumers read (K as it is, V times a power of two, :func:`_v_terms`), and the
-consumers fold ``k_scale`` into the context blocks' logit multiplier (or soft cap's factor) and
-``v_scale`` into their P (``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from
-``k``/``v`` as in the 16-bit forms. q is float16 there: a bfloat16 call over an e5m2 cache runs as a
-float16 one (``prefix_prefill.gluon_launch._float16_operands``), since every fp8 value is a float16 (one
-conversion instruction a pair) where bfloat16 would take an integer sequence. A bfloat16 call over an
-e4m3 cache runs the fp8 scores' form (``QK_FP8``): the context's K blocks go by TMA straight into the
-first half of their (16-bit) K ring slot in the fp8 128-byte swizzle and its scores are ``Q_hi K^T + Q_lo
-K^T``, two fp8 wgmmas against q's two e4m3 parts (``prefix_prefill.fp8_score_operands``: exact for
-bfloat16 q), while the new tokens' blocks run in bfloat16 as in the plain form; V as above (P and V in
-float16, the new tokens' v copied to float16): no K conversion, half the converter's work. 16 warps
-(consumers at 232 registers, the converter at 32, the producers at 24).
+fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
+:data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
+(:func:`_fp8_converter`) converts each exactly into the float16 K/V rings the consumers read (K as it is,
+V times a power of two, :func:`_v_terms`), and the consumers fold ``k_scale`` into the context blocks'
+logit multiplier (or soft cap's factor) and ``v_scale`` into their P
+(``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
+16-bit forms. q is float16: a bfloat16 call runs as a float16 one
+(``prefix_prefill.gluon_launch._float16_operands``), since every fp8 value is a float16 (one conversion
+instruction a pair) where bfloat16 would take an integer sequence a pair. 16 warps (consumers at 232
+registers, the converter at 32, the producers at 24).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
 ``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
@@ -267,7 +262,7 @@ def _prefix_consumer(
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
-    terms=None, FP8_KV: gl.constexpr = False, SCORES8: gl.constexpr = False, q8_smem=None, k8_smem=None,
+    terms=None, FP8_KV: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -281,16 +276,11 @@ def _prefix_consumer(
     second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead;
     ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
     and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype); ``FP8_KV``, ``terms``: the
-    consumer's (segment A from an fp8 cache: ``tile``'s ``qk_scale`` and ``score`` are A's); ``SCORES8``
-    (fp8 scores): ``q8_smem``, ``k8_smem`` are the consumer's (else placeholders, a partition's arguments
-    being no None)."""
+    consumer's (segment A from an fp8 cache: ``tile``'s ``qk_scale`` and ``score`` are A's)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
     z = m0 * 0
-    if not SCORES8:
-        q8_smem = None
-        k8_smem = None
     if IDLE:
         drain(k_ready, k_empty, v_ready, v_empty, v_smem, bar_f, n_blocks, n_a, a_base, a_lo, a_end,
               a_full_lo, a_full, b_base, z, b_end, b_full_lo, b_full, a_shift, z, WG, BLOCK_N, NUM_STAGES,
@@ -303,19 +293,17 @@ def _prefix_consumer(
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, SPLIT,
             WARPGROUPS, K_VIEW, 0,
             K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
-            terms, FP8_KV, q8_smem, k8_smem,
+            terms, FP8_KV,
         )  # fmt: skip
 
 
 @gluon.jit
 def _producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, q8=None,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False,
 ):  # fmt: skip
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves; ``PAIRED``: the same
-    rows of heads ``head`` and ``head + 1``) or V. ``q8 = (Q8_desc, q8_smem, k8_smem)`` (the K ring of the
-    fp8 scores' form): Q's e4m3 parts load with the halves, and the context blocks land as fp8 (one byte
-    an element, ``C_desc``/``CB_desc`` fp8) in their slot's first half, ``k8_smem.index(2 * slot)``. ``args``:
+    rows of heads ``head`` and ``head + 1``) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
     oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``
     (``c_row``/``c_col``: the KV head's row and column in the caches' view of rows, ``kv_col``: its
@@ -330,27 +318,17 @@ def _producer(
      n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
-        if q8 is None:
-            load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
-        else:
-            load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED,
-                          q8[0], q8[1])  # fmt: skip
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
         buf = smem.index(slot)
+        mbarrier.expect(bar, kv_bytes)
         if j < n_a:
-            if q8 is None:
-                mbarrier.expect(bar, kv_bytes)
-                _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size,
-                              oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
-            else:  # (an fp8 block in the slot's first half)
-                mbarrier.expect(bar, BLOCK_N * HEAD_DIM)
-                _context_copy(C_desc, CB_desc, bar, q8[2].index(2 * slot), p_table_row, a_base + j * BLOCK_N,
-                              a_end, page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
+            _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size,
+                          oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
         else:
-            mbarrier.expect(bar, kv_bytes)
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
@@ -417,21 +395,6 @@ def _fp8_producer(
                                             smem.index(slot))  # fmt: skip
 
 
-@gluon.jit
-def _fp8_k_producer(
-    k_args, stage_args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr, NEW: gl.constexpr,
-    SCORES8: gl.constexpr, q8,
-):  # fmt: skip
-    """The K ring's warp of the fp8 forms: with ``SCORES8`` (fp8 scores) :func:`_producer` straight into
-    the K ring (context blocks as fp8), Q with its e4m3 parts (``q8``, else a placeholder); else
-    :func:`_fp8_producer` through the staging slots."""
-    if SCORES8:
-        _producer(0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIRED, q8)
-    else:
-        _fp8_producer(0, k_args, stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIRED, NEW)
-
-
 @gluon.constexpr_function
 def _fp8_pass_layout(HEAD_DIM):
     """The converter's register layout of one pass: 8 contiguous features a thread (an 8-byte fp8 load,
@@ -474,15 +437,13 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
 
 
 @gluon.jit
-def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   K_TOO: gl.constexpr = True):  # fmt: skip
+def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
     """The 4-warp partition of the fp8 forms: the ``n_a`` context blocks, K then V, each from its staging
     slot (filled by :func:`_fp8_producer`) into its ring slot (block ``j``: slot ``j % NUM_STAGES``, once
     both consumers released it), as :func:`_fp8_convert_block` does. K converts unscaled (``k_scale`` is
     folded into the consumers' logit multiplier); V times ``v_mul = 2**-c`` (see :func:`_v_terms`).
     ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready,
-    k_empty, v_ready, v_empty, n_a, v_mul)``. ``K_TOO`` False (fp8 scores: K goes to its ring as it is): V
-    only (the K arguments are then V's, never read)."""
+    k_empty, v_ready, v_empty, n_a, v_mul)``."""
     (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready,
      v_empty, n_a, v_mul) = args  # fmt: skip
     for j in range(n_a):
@@ -490,10 +451,9 @@ def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAG
         st_phase = (j // FP8_STAGING) & 1
         slot = j % NUM_STAGES
         r_phase = ((j // NUM_STAGES) & 1) ^ 1  # a fresh barrier passes round 0
-        if K_TOO:
-            _fp8_convert_block(k_stage.index(st), ks_ready.index(st), st_phase, ks_empty.index(st),
-                               k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul,
-                               False, BLOCK_N, HEAD_DIM)  # fmt: skip
+        _fp8_convert_block(k_stage.index(st), ks_ready.index(st), st_phase, ks_empty.index(st),
+                           k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul,
+                           False, BLOCK_N, HEAD_DIM)  # fmt: skip
         _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
                            v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
                            True, BLOCK_N, HEAD_DIM)  # fmt: skip
@@ -533,7 +493,6 @@ def _gluon_fwd_kernel(
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
     KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
-    Q8_desc=None, QScale=None, QK_FP8: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -568,14 +527,7 @@ def _gluon_fwd_kernel(
     staging slots (:func:`_fp8_producer`), a 4-warp partition converts them into the rings
     (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
     (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
-    ``k_scale``; V's scale through P, :func:`_v_terms`). ``QK_FP8`` (with ``CACHE_FP8``, an e4m3 cache and
-    bfloat16 q: fp8 scores): ``Q8_desc`` holds q's two e4m3 parts, rows of ``2 * D`` columns a head (high,
-    then low part) of q times ``2**-e``, block ``Q_desc``'s, and ``QScale`` ``[num_heads, total_q]``
-    float32 ``2**e`` at each row of a ``BLOCK_M``-row tile of a sequence and head
-    (``prefix_prefill.fp8_score_operands``); the K caches' descriptors are fp8 in the 128-byte swizzle
-    (``KCB_desc``'s layout is the fp8 K slots'), ``K_desc`` the new tokens' bfloat16 k, ``V_desc`` their v
-    as float16. The context's K blocks take the first half of their ring slot and fp8 scores, each block's
-    logit multiplier times ``2**e``; the new tokens' run in bfloat16; V as above."""
+    ``k_scale``; V's scale through P, :func:`_v_terms`)."""
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
@@ -591,48 +543,24 @@ def _gluon_fwd_kernel(
     c_col = kv_head * head_cols
     HALF_M: gl.constexpr = BLOCK_M // 2
 
-    # (RING: None for a 16-bit cache, the rings then in the descriptors' layouts; fp8 scores: the K ring in
-    # q's dtype, the V ring float16)
+    # (RING: None for a 16-bit cache, the rings then in the descriptors' layouts)
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
         EMPTY_COUNT=256 if ONE_CONSUMER else 2, V_LAYOUT=RING, K_RING=RING,
-        V_DTYPE=gl.float16 if CACHE_FP8 else None,
     )  # fmt: skip
-    if QK_FP8:  # q's e4m3 parts; the K ring's slots seen as twice as many fp8 ones (slot s: fp8 slot 2 s)
-        Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
-        q8_smem = gl.allocate_shared_memory(Q8_desc.dtype, [2 * (2 * HALF_M // Q_ROWS), Q_ROWS, HEAD_DIM],
-                                            Q8_desc.layout)  # fmt: skip
-        k8_smem = k_smem._reinterpret(KCB_desc.dtype, [2 * NUM_STAGES, BLOCK_N, HEAD_DIM], KCB_desc.layout)
-        q8 = (Q8_desc, q8_smem, k8_smem)
-    else:
-        q8 = None
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
     qk_a = qk_scale  # segment A's logit multiplier, tanh factor and score terms (an fp8 cache: k_scale)
     tanh_a = tanh_scale
     score_a = score
-    qk_a1 = qk_scale  # ... the second warpgroup's (fp8 scores with PAIR_HEADS: the next head's 2**e)
-    tanh_a1 = tanh_scale
     if CACHE_FP8:
         k_s = gl.load(KScale).to(gl.float32)
-        k_s1 = k_s
-        if QK_FP8:  # q's parts hold q * 2**-e of the tile and head: segment A's logits take 2**e back
-            n_q = Q_desc.shape[0]
-            q_row = gl.minimum(q_tok0 + m0, n_q - 1)
-            if PAIR_HEADS:
-                k_s1 = k_s * gl.load(QScale + (head + 1).to(gl.int64) * n_q + q_row)
-            k_s = k_s * gl.load(QScale + head.to(gl.int64) * n_q + q_row)
-            if not PAIR_HEADS:
-                k_s1 = k_s
         if SOFTCAP > 0:  # k_scale scales the tanh argument; the capped logit's multiplier stays
             tanh_a = tanh_scale * k_s
-            tanh_a1 = tanh_scale * k_s1
         else:
             qk_a = qk_scale * k_s
-            qk_a1 = qk_scale * k_s1
         score_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
-        gl.static_assert((Q_desc.dtype == gl.bfloat16) == QK_FP8,
-                         "fp8 caches: float16 q (float16 rings) or fp8 scores' bfloat16 q")  # fmt: skip
+        gl.static_assert(Q_desc.dtype == gl.float16, "fp8 caches convert into float16 rings: q is float16")
         E5M2: gl.constexpr = KC_desc.dtype == gl.float8e5
         v_mul, p_log2, l_mul = _v_terms(VScale, 0 if E5M2 else -7, 8 if E5M2 else 15)
         terms = (qk_scale, score, p_log2, l_mul)
@@ -646,10 +574,10 @@ def _gluon_fwd_kernel(
                              1 if HAS_SINKS else 0)  # fmt: skip
         score1_a = score1
         if CACHE_FP8:
-            score1_a = score_terms(qk_a1, tanh_a1, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+            score1_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
                                    1 if HAS_SINKS else 0)  # fmt: skip
             terms1 = (qk_scale, score1, p_log2, l_mul)
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_a1, score1_a, w_left, w_right, stride_ot, stride_oh,
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_a, score1_a, w_left, w_right, stride_ot, stride_oh,
                  out_scale)  # fmt: skip
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
@@ -660,9 +588,9 @@ def _gluon_fwd_kernel(
               a_end, n_blocks)  # fmt: skip
     if CACHE_FP8:
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
-                        VCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
+                        KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
                         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
-                        OUT_MAX, not KV_FROM_CACHE, q8)  # fmt: skip
+                        OUT_MAX, not KV_FROM_CACHE)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
@@ -700,42 +628,33 @@ def _gluon_fwd_kernel(
 
 @gluon.jit
 def _fp8_partitions(
-    O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul, VCB_desc,
+    O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul, KCB_desc,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
     BOX: gl.constexpr, RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr,
     PAIR_HEADS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
-    NEW: gl.constexpr, q8=None,
+    NEW: gl.constexpr,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
     forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
-    producer warps (:func:`_fp8_k_producer`, :func:`_fp8_producer`), over ``FP8_STAGING`` fp8 staging slots
-    a ring (no swizzle: the converter reads them, TMA lands them in ``VCB_desc``'s layout, the K cache's
-    too but for fp8 scores). Two consumer partitions at 232 registers (16 warps: 128 consumer threads a
-    warpgroup at 232, the converter's 128 at 32, the producers' 64 at 24, within the register file's 64K:
-    the converter's 32 hold one pass's load ahead), or with ``ONE_CONSUMER`` one 8-warp partition.
-    ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit, straight into the rings). ``q8 = (Q8_desc,
-    q8_smem, k8_smem)`` (fp8 scores, :func:`_gluon_fwd_kernel`'s ``QK_FP8``): K has no staging slots (the
-    context's fp8 blocks go straight to the K ring) and the converter converts V only."""
+    :func:`_fp8_producer` warps, over ``FP8_STAGING`` fp8 staging slots a ring (no swizzle: the converter
+    reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions at 232 registers (16
+    warps: 128 consumer threads a warpgroup at 232, the converter's 128 at 32, the producers' 64 at 24,
+    within the register file's 64K: the converter's 32 hold one pass's load ahead), or with
+    ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
+    straight into the rings)."""
     _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
-    v_stage = gl.allocate_shared_memory(VCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], VCB_desc.layout)
+    k_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
+    v_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
+    ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
     vs_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
     vs_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    SCORES8: gl.constexpr = q8 is not None
-    if SCORES8:  # (no K staging: its arguments are V's, never read)
-        k_stage, ks_ready, ks_empty = v_stage, vs_ready, vs_empty
-        q8_args = q8
-    else:  # (the fp8 scores' arguments: placeholders, a partition's arguments being no None)
-        k_stage = gl.allocate_shared_memory(VCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], VCB_desc.layout)
-        ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-        ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-        q8_args = (VCB_desc, v_stage, v_stage)
     for i in gl.static_range(FP8_STAGING):
+        mbarrier.init(ks_ready.index(i), count=1)
+        mbarrier.init(ks_empty.index(i), count=1)
         mbarrier.init(vs_ready.index(i), count=1)
         mbarrier.init(vs_empty.index(i), count=1)
-        if not SCORES8:
-            mbarrier.init(ks_ready.index(i), count=1)
-            mbarrier.init(ks_empty.index(i), count=1)
     fence_async_shared()
     conv_args = (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty,
                  v_ready, v_empty, n_a, v_mul)  # fmt: skip
@@ -747,11 +666,11 @@ def _fp8_partitions(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
-                    HAS_RIGHT, OUT_MAX, terms, True, SCORES8, q8_args[1], q8_args[2],
+                    HAS_RIGHT, OUT_MAX, terms, True,
                 )),
-                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, not SCORES8)),
-                (_fp8_k_producer, (k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
-                                   NEW, SCORES8, q8_args)),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
+                                 NEW)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
             ],
@@ -764,16 +683,16 @@ def _fp8_partitions(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True, SCORES8, q8_args[1], q8_args[2],
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True, SCORES8, q8_args[1], q8_args[2],
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True,
                 )),
-                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, not SCORES8)),
-                (_fp8_k_producer, (k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
-                                   PAIR_HEADS, NEW, SCORES8, q8_args)),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
+                                 PAIR_HEADS, NEW)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
             ],

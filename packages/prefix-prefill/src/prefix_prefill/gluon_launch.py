@@ -49,7 +49,6 @@ from paged_kv_offsets import TmaRows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.float16_copies import float16_copies
-from prefix_prefill.fp8_score_operands import fp8_score_operands
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import TMA_KERNELS, cache_views, idle_second_warpgroup, pair_heads
 
@@ -83,9 +82,7 @@ class Options(NamedTuple):
     None), ``right`` (the right window of a non-causal call, -1: none), ``out_scale`` (an fp8 output's
     scale, a 1-element float tensor: ``o = clamp(out / out_scale)``; None for an output in q's dtype),
     ``k_scale``/``v_scale`` (an fp8 cache's dequantisation scales, 1-element float tensors; None for a
-    16-bit cache); ``q_parts``, ``q_scale``: the fp8 scores' e4m3 parts of q (``[tokens, num_heads, 2,
-    D]``) and their scales (``[num_heads, tokens]`` float32), made by the launch itself
-    (:func:`_fp8_score_call`; None otherwise)."""
+    16-bit cache)."""
 
     softcap: float = 0.0
     left: int = -1
@@ -95,8 +92,6 @@ class Options(NamedTuple):
     out_scale: torch.Tensor | None = None
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
-    q_parts: torch.Tensor | None = None
-    q_scale: torch.Tensor | None = None
 
 
 PLAIN = Options()
@@ -125,18 +120,8 @@ _Q_SHIFT = 2.0**-8
 
 def _runs_as_float16(plan: LaunchPlan, q) -> bool:
     """Whether a call of ``plan`` runs as a float16 one (:func:`_float16_operands`): bfloat16 q over an
-    fp8 cache (``CACHE_FP8``) whose scores are not fp8 products (``QK_FP8``, :func:`_fp8_score_call`)."""
-    consts = plan.constexpr_map
-    return q.dtype == torch.bfloat16 and consts.get("CACHE_FP8", False) and not consts.get("QK_FP8", False)
-
-
-def _fp8_score_call(plan: LaunchPlan, v, opts: Options, q, cu_seqlens_q, max_query_len: int) -> tuple:
-    """A call of a ``QK_FP8`` plan (a bfloat16 call over an e4m3 cache: the context's scores fp8 products)
-    on its operands: ``(v16, opts)``, the new tokens' v as float16 (None with ``k=None``) and q's e4m3
-    parts and their scales in ``opts.q_parts`` / ``opts.q_scale``, one launch
-    (:func:`prefix_prefill.fp8_score_operands.fp8_score_operands`); q and k stay as they are."""
-    q8, q_scale, v16 = fp8_score_operands(q, v, cu_seqlens_q, max_query_len, plan.block_m)
-    return v16, opts._replace(q_parts=q8, q_scale=q_scale)
+    fp8 cache (``CACHE_FP8``)."""
+    return q.dtype == torch.bfloat16 and plan.constexpr_map.get("CACHE_FP8", False)
 
 
 def _float16_operands(q, k, v, scale: float) -> tuple:
@@ -242,7 +227,6 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         return False
     batch = seq_lens.shape[0]
     half = _runs_as_float16(plan, q)
-    fp8_scores = plan.constexpr_map.get("QK_FP8", False)
     if half:
         scale = scale / _Q_SHIFT  # (the copies once the device is known to be q's)
     key = _variant(plan, key, max_query_len, q, k_cache, batch)
@@ -260,14 +244,12 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         return True
     if half:
         q, k, v = float16_copies(q, k, v, _Q_SHIFT)
-    elif fp8_scores:
-        v, opts = _fp8_score_call(plan, v, opts, q, cu_seqlens_q, max_query_len)
     qp = q.data_ptr()
     if k is None:
-        bases = (qp, opts.q_parts.data_ptr()) if fp8_scores else (qp, qp, qp, qp)
-    else:  # (the bases of _per_call_descs, in its order)
+        bases = (qp, qp, qp, qp)
+    else:
         kp = k.data_ptr()
-        bases = (qp, kp, v.data_ptr(), opts.q_parts.data_ptr() if fp8_scores else kp)
+        bases = (qp, kp, v.data_ptr(), kp)  # (the bases of _per_call_descs, in its order)
     plain = (
         o.data_ptr(),
         block_table.data_ptr(),
@@ -285,8 +267,6 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     )
     if opts.k_scale is not None:  # an fp8 cache's plan (the frame has the scales' slots: _per_call_plain)
         plain += (opts.k_scale.data_ptr(), opts.v_scale.data_ptr())
-        if fp8_scores:
-            plain += (opts.q_scale.data_ptr(),)
     stream = torch._C._cuda_getCurrentRawStream(index)
     heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
     if key.__class__ is tuple and key[1] == "pair":  # grid over head pairs
@@ -309,8 +289,6 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
         key = launch_key(plan, problem, block_table, cu_seqlens_q, seq_lens, lse, status, opts)
     if _runs_as_float16(plan, q):
         q, k, v, scale = _float16_operands(q, k, v, scale)
-    elif plan.constexpr_map.get("QK_FP8", False):
-        v, opts = _fp8_score_call(plan, v, opts, q, cu_seqlens_q, max_query_len)
     key = _variant(plan, key, max_query_len, q, k_cache, seq_lens.shape[0])
     nhd = plan.kernel in TMA_KERNELS
     fast = _NHD if nhd else _SPLIT
@@ -382,22 +360,18 @@ _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse
 
 def _per_call_plain(params: dict) -> tuple[str, ...]:
     """A frame's per-call plain arguments: :data:`_PER_CALL_PLAIN`, then with an fp8 cache (``CACHE_FP8``)
-    its scales (and with fp8 scores, ``QK_FP8``, q's), in the order warm() passes them (it adds them where
-    the call's options hold them:
+    its scales, in the order warm() passes them (it adds them where the call's options hold them:
     :class:`prefix_prefill.launch.Prepared` gives them to fp8 plans only)."""
-    fp8 = ("KScale", "VScale") + (("QScale",) if params.get("QK_FP8") else ())
-    return _PER_CALL_PLAIN + (fp8 if params.get("CACHE_FP8") else ())
+    return _PER_CALL_PLAIN + (("KScale", "VScale") if params.get("CACHE_FP8") else ())
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
     """A frame's per-call descriptors (parameter, the dimension of its shape that is the token count), in
     the order of the bases warm() passes (q, K rows, V rows, K rows): Q's rows; the new tokens' K and V
-    unless they come from the cache (NHD/HND: the cache's descriptors stand in); with fp8 scores
-    (``QK_FP8``) q's e4m3 parts last; the split kernel's K by TMA
+    unless they come from the cache (NHD/HND: the cache's descriptors stand in); the split kernel's K by TMA
     is ``[kv_heads * D/8, tokens, 8]`` and its full key blocks ``KN_desc`` ``[..., tokens, 8]``."""
-    if nhd:  # (fp8 scores: q's e4m3 parts too)
-        parts = [("Q8_desc", 0)] if params.get("QK_FP8") else []
-        return [("Q_desc", 0), *parts] if k is None else [("Q_desc", 0), ("K_desc", 0), ("V_desc", 0), *parts]
+    if nhd:
+        return [("Q_desc", 0)] if k is None else [("Q_desc", 0), ("K_desc", 0), ("V_desc", 0)]
     k_tma = params["K_TMA"]
     return [("Q_desc", 0), ("K_desc", 1 if k_tma else 0), ("V_desc", 0)] + ([("KN_desc", 2)] if k_tma else [])
 
@@ -438,27 +412,12 @@ def _unswizzled(rank: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=rank)
 
 
-@functools.cache
-def _swizzled8(rows: int, cols: int):
-    """The default NVMMA shared layout of an e4m3 ``[rows, cols]`` block (128-byte swizzle at 128 columns):
-    the fp8 scores' Q parts and K blocks (:func:`_fp8_score_call`), which wgmma reads."""
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float8e4nv)
-
-
 def _rows(t: torch.Tensor, block: int, light: bool):
-    """``t`` ``[tokens, heads, D]`` (the plan checked TMA can read it), or the fp8 scores' e4m3 parts of q
-    ``[tokens, heads, 2, D]`` (contiguous, :func:`_swizzled8`), as ``[tokens, heads * D]`` (``heads * 2 *
-    D``) rows, block ``[block, D]``."""
-    d = t.shape[-1]
-    if light:
-        layout = None
-    elif t.element_size() == 1:
-        layout = _swizzled8(block, d)
-    else:
-        layout = _swizzled(block, d, t.dtype == torch.float16)
-    return _tma(t, [t.shape[0], t[0].numel()], [t.stride(0), 1], [block, d], layout, light)
+    """``t`` ``[tokens, heads, D]`` (the plan checked TMA can read it) as ``[tokens, heads * D]`` rows,
+    block ``[block, D]``."""
+    d = t.shape[2]
+    layout = None if light else _swizzled(block, d, t.dtype == torch.float16)
+    return _tma(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [block, d], layout, light)
 
 
 @functools.cache
@@ -470,14 +429,14 @@ def _fp8_staging():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
 
 
-def _cache_rows(cache: torch.Tensor, view: TmaRows, d: int, rows: int, light: bool, mma: bool = False):
+def _cache_rows(cache: torch.Tensor, view: TmaRows, d: int, rows: int, light: bool):
     """A cache seen as its view of rows ``view`` (``[view.rows, view.row_elems]``, strides
     ``[view.row_stride, 1]``, the plan checked that TMA can read it), block ``[rows, d]`` (an fp8 cache's
-    in :func:`_fp8_staging`'s layout; ``mma``: the fp8 K ring's that wgmma reads, :func:`_swizzled8`)."""
+    in :func:`_fp8_staging`'s layout)."""
     if light:
         layout = None
     elif cache.element_size() == 1:
-        layout = _swizzled8(rows, d) if mma else _fp8_staging()
+        layout = _fp8_staging()
     else:
         layout = _swizzled(rows, d, cache.dtype == torch.float16)
     return _tma(cache, [view.rows, view.row_elems], [view.row_stride, 1], [rows, d], layout, light)
@@ -513,16 +472,13 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
         raise ValueError("the NHD/HND Gluon kernel needs caches TMA reads as one view of rows (see plan())")
     kv, vv = views
     d = kc.head_size
-    fp8_scores = consts.get("QK_FP8", False)  # (the K cache's blocks go to wgmma as they are)
-    kcb = _cache_rows(k_cache, kv, d, block_n, light, fp8_scores)
-    kbox = _cache_rows(k_cache, kv, d, box, light, fp8_scores)
-    vcb, vbox = _cache_rows(v_cache, vv, d, block_n, light), _cache_rows(v_cache, vv, d, box, light)
+    kcb, vcb = _cache_rows(k_cache, kv, d, block_n, light), _cache_rows(v_cache, vv, d, block_n, light)
+    kbox, vbox = _cache_rows(k_cache, kv, d, box, light), _cache_rows(v_cache, vv, d, box, light)
     if k is None:  # the new tokens' K/V come from the cache: K_desc/V_desc only give the rings' layout
         k_desc, v_desc = kcb, vcb  # (an fp8 cache: RING gives it)
     else:
         k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
-    q_rows = block_m // 2 if full else block_m
-    args = (_rows(q, q_rows, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
+    args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
             block_table, cu_seqlens_q, seq_lens, _option_args(consts, scale, opts),
             q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
             max(kv.rows, vv.rows), *kv.kernel_args(), lse, lse.stride(0) if lse is not None else None,
@@ -534,9 +490,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)
     fp8 = consts["CACHE_FP8"]  # (launch() refused an fp8 call without its scales)
     consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None,
-                  RING=_swizzled(block_n, d, True) if fp8 else None,
-                  Q8_desc=_rows(opts.q_parts, q_rows, light) if fp8_scores else None,
-                  QScale=opts.q_scale if fp8_scores else None)  # fmt: skip
+                  RING=_swizzled(block_n, d, True) if fp8 else None)  # fmt: skip
     return args, consts, grid
 
 

@@ -104,12 +104,6 @@ GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: the launch, fewer than a 64 x 256 float32 accumulator's wgmma takes (ptxas C7602). vLLM's split
 #: layout keeps it too (no TMA view of rows over its fp8 K slots of 16 features; not built).
 GLUON_FP8_CACHE_HEADS = frozenset({64, 128})
-#: ... whose context's scores run as fp8 products with bfloat16 q (``QK_FP8``: the K blocks from the cache
-#: straight into wgmma, q as two e4m3 parts with a power-of-two scale per tile and head, which hold every
-#: bfloat16 value of the tile down to about 2**-9 of its largest exactly, see
-#: :mod:`prefix_prefill.fp8_score_operands`; the new tokens' scores in bfloat16). e5m2, and float16 q (11
-#: significant bits, which two e4m3 parts do not hold), keep the float16 rings.
-GLUON_FP8_SCORE_CACHES = (torch.float8_e4m3fn,)
 
 
 @dataclass(frozen=True)
@@ -312,19 +306,13 @@ def _gluon_options(p: Problem) -> dict:
                 HAS_RIGHT=p.use_right and not p.causal, OUT_MAX=out_max)  # fmt: skip
 
 
-def _fp8_scores(p: Problem) -> bool:
-    """Whether ``p`` runs the fp8 scores' form (``QK_FP8``, :data:`GLUON_FP8_SCORE_CACHES`)."""
-    return p.cache_dtype in GLUON_FP8_SCORE_CACHES and p.q_dtype == torch.bfloat16
-
-
 def _options_note(p: Problem) -> str:
     """The options a Gluon plan runs, for its reason (empty for plain attention)."""
     names = [n for n, on in (("non-causal", not p.causal), ("left window", p.use_left),
                              ("right window", p.use_right and not p.causal), ("soft-capping", p.softcap),
                              ("ALiBi", p.alibi), ("sinks", p.sinks), ("skip_decode", p.skip_decode),
                              ("fp8 output", p.out_dtype in GLUON_FP8_OUTS),
-                             ("fp8 cache", p.cache_dtype in GLUON_FP8_CACHES),
-                             ("fp8 scores", _fp8_scores(p))) if on]  # fmt: skip
+                             ("fp8 cache", p.cache_dtype in GLUON_FP8_CACHES)) if on]  # fmt: skip
     return f"; {', '.join(names)}" if names else ""
 
 
@@ -344,9 +332,7 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
                   # an fp8 cache converted into float16 rings (a 4-warp partition; a bf16 call as a fp16 one)
-                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES,
-                  # ... an e4m3 one's K blocks straight into fp8 scores (QK_FP8: bf16 q as two e4m3 parts)
-                  QK_FP8=_fp8_scores(p), **_gluon_options(p))  # fmt: skip
+                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES, **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
