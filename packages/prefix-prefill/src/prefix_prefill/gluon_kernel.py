@@ -26,7 +26,7 @@ logit multiplier (or soft cap's factor) and ``v_scale`` into their P
 (``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
 16-bit forms. q is float16: a bfloat16 call runs as a float16 one
 (``prefix_prefill.gluon_launch._float16_operands``), since every fp8 value is a float16 (one conversion
-instruction a pair) where bfloat16 would take an integer sequence a pair. 16 warps (consumers at 232
+instruction a pair) where bfloat16 would take an integer sequence. 16 warps (consumers at 232
 registers, the converter at 32, the producers at 24).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
@@ -467,9 +467,9 @@ def _v_terms(VScale, C_LO: gl.constexpr, C_HI: gl.constexpr):
     v_scale)`` clamped to ``[C_LO, C_HI]`` (where every value of the fp8 format times ``2**-c`` is a
     finite float16, no subnormal of it lost), so P stays near [0, 1]: float16's precision for a small
     ``v_scale``, no overflow for a large one. ``v_mul`` is float16 (the converter multiplies in the
-    ring's type). A float16 P holds ``v_eff``
-    at most: a ``v_scale`` past float16's range times ``2**C_LO`` (e4m3: 8.4e6, e5m2: 65504) overflows it,
-    far past any dequantisation scale of those formats' values."""
+    ring's type). A float16 P holds ``v_eff`` at most: a ``v_scale`` past float16's range times
+    ``2**C_LO`` (e4m3: 8.4e6, e5m2: 65504) overflows it, far past any dequantisation scale of those
+    formats' values."""
     v_s = gl.load(VScale).to(gl.float32)
     c = gl.minimum(gl.maximum(gl.floor(0.5 - gl.log2(v_s)), C_LO), C_HI).to(gl.int32)
     v_mul = ((127 - c) << 23).to(gl.float32, bitcast=True)  # 2**-c, exact
