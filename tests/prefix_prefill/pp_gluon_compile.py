@@ -3,7 +3,8 @@ scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 
 # compile_nhd(head, box, from_cache, lse, one, llvm_o0, out, **opts) / compile_nhd_fp8(head, box, from_cache,
 # lse, one, q, cache, out, llvm_o0, **opts) (an fp8 cache, CACHE_FP8) / compile_split(head, from_cache, lse,
-# v_tma, k_tma, k_wide, one, llvm_o0, out, **opts): one form of each kernel (bf16, 128-row tiles, the
+# v_tma, k_tma, k_wide, one, llvm_o0, out, **opts) / compile_split_fp8(head, from_cache, lse, one, q, cache,
+# out, llvm_o0, **opts) (an fp8 split cache): one form of each kernel (bf16, 128-row tiles, the
 # plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8
 # warps; ``out``: O's Triton type, bf16 or an fp8 one with OUT_MAX in ``opts``), its score and window
 # options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX;
@@ -127,4 +128,31 @@ def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o
     aligned = tuple(n for n, on in (("K_cache", not k_tma), ("V_cache", not v_tma)) if on)
     return compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=aligned, num_warps=8 if one else 4,
                         llvm_o0=llvm_o0)
+
+
+def compile_split_fp8(head, from_cache, lse, one=False, q="fp16", cache="fp8e4nv", out=None, llvm_o0=False,
+                      **opts):
+    # an fp8 split cache (CACHE_FP8): K and V gathered by pointer into fp8 staging, the rings float16 (q
+    # float16; a bfloat16 call's output ``out="bf16"``), k_scale / v_scale tensors, no V staging
+    bn = itf_plan.GLUON_BLOCK_N[head]
+    rows = 128 if one else 64
+    qt = gl.bfloat16 if q == "bf16" else gl.float16
+    lq = gl.NVMMASharedLayout.get_default_for([rows, head], qt)
+    lk = gl.NVMMASharedLayout.get_default_for([bn, head], qt)
+    lv = gl.NVMMASharedLayout.get_default_for([head, bn], qt)
+    sig = {
+        "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>",
+        "K_desc": f"tensordesc<{q}[{bn}, {head}],{lk!r}>", "V_desc": f"tensordesc<{q}[{bn}, {head}],{lk!r}>",
+        "K_cache": f"*{cache}", "V_cache": f"*{cache}", "O": f"*{out or q}", "BlockTable": "*i32",
+        "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",
+        "stride_oh": "i32", "stride_bt": "i32", "page_size": "i32", "kc_block": "i32", "kc_head": "i32",
+        "kc_group": "i32", "vc_block": "i64", "vc_head": "i32", "vc_dim": "i32", "KScale": "*fp32",
+        "VScale": "*fp32", **option_sig(opts),
+    }
+    consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
+                  NUM_STAGES=itf_plan.GLUON_STAGES, V_TMA=False, ONE_CONSUMER=one, K_TMA=False, K_WIDE=0,
+                  K_CM=False, K_VIEW=None, V_RING=lv, V_STAGE=False, CACHE_FP8=True, **opts)
+    finish(sig, consts, lse)
+    return compile_sm90(itf._gluon_split_kernel, sig, consts, aligned=("K_cache", "V_cache"),
+                        num_warps=8 if one else 4, llvm_o0=llvm_o0)
 """

@@ -52,40 +52,55 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), cache=E4M3, dtype=to
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize("cache", [E4M3, E5M2])
 @pytest.mark.parametrize("head", [64, 128])
-@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED, "split"])
 @pytest.mark.parametrize("from_cache", [False, True])
 def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
-    """fp8 e4m3fn / e5m2 caches TMA reads as views of rows (NHD, HND, interleaved pages) at heads 64 and
-    128 run the NHD/HND Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or not; the
-    reason names the fp8 cache; a 16-bit cache's plan has ``CACHE_FP8`` off."""
+    """fp8 e4m3fn / e5m2 caches at heads 64 and 128 run a Gluon kernel with ``CACHE_FP8``, whatever the
+    query dtype, k given or not: the NHD/HND kernel over caches TMA reads as views of rows (NHD, HND,
+    interleaved pages), the split kernel over vLLM's split layout (``x = 16``), whose form gathers K and V
+    (no TMA producer, no V staging, two consumer partitions); the reason names the fp8 cache; a 16-bit
+    cache's plan has ``CACHE_FP8`` off."""
     for dtype in (torch.bfloat16, torch.float16):
         case = _case(layout, head, cache=cache, dtype=dtype, kv_from_cache=from_cache)
         chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
         assert chosen.kernel == f"gluon-{case.layout}", chosen.reason
         assert chosen.consts()["CACHE_FP8"] is True and "fp8 cache" in chosen.reason
+        if layout == "split":
+            c = chosen.consts()
+            assert not (c["K_TMA"] or c["V_TMA"] or c["V_STAGE"] or c["ONE_CONSUMER"]), c
     plain = _case(layout, head, cache=None)
     assert plan.plan(problem_of(plain, arch="sm90", gluon=True)).consts()["CACHE_FP8"] is False
 
 
 @pytest.mark.parametrize(
     "what,why",
-    [("head_256", "head size 256"), ("split", "SPLIT cache"), ("fnuz", "cache dtype torch.float8_e4m3fnuz"),
-     ("e5m2_fnuz", "cache dtype torch.float8_e5m2fnuz")],
+    [("head_256", "head size 256"), ("split_256", "head size 256"),
+     ("fnuz", "cache dtype torch.float8_e4m3fnuz"), ("e5m2_fnuz", "cache dtype torch.float8_e5m2fnuz")],
 )  # fmt: skip
 def test_fp8_caches_keep_triton(what, why):
-    """Head 256 (the converter's 16 warps leave a consumer too few registers), vLLM's split layout (no TMA
-    view of rows over its fp8 slots) and AMD's fnuz types keep the Triton kernel, its plan's
-    ``CACHE_FP8`` on and the reason saying why; the same call with a 16-bit cache (head 256, split) takes
-    a Gluon kernel."""
-    layout = "split" if what == "split" else "nhd"
-    head = 256 if what == "head_256" else 128
+    """Head 256 (the converter's 16 warps leave a consumer too few registers), in either layout, and AMD's
+    fnuz types keep the Triton kernel, its plan's ``CACHE_FP8`` on and the reason saying why; the same
+    call with a 16-bit cache (head 256) takes a Gluon kernel."""
+    layout = "split" if what == "split_256" else "nhd"
+    head = 256 if what in ("head_256", "split_256") else 128
     cache = {"fnuz": torch.float8_e4m3fnuz, "e5m2_fnuz": torch.float8_e5m2fnuz}.get(what, E4M3)
     chosen = plan.plan(problem_of(_case(layout, head, cache=cache), arch="sm90", gluon=True))
     assert chosen.kernel == "triton" and why in chosen.reason, chosen.reason
     assert chosen.consts()["CACHE_FP8"] is True
-    if what in ("head_256", "split"):
+    if head == 256:
         control = plan.plan(problem_of(_case(layout, head, cache=None), arch="sm90", gluon=True))
         assert control.kernel == f"gluon-{layout}"
+
+
+def test_fp8_split_cache_with_8_feature_slots_keeps_triton():
+    """An fp8 split cache whose K slots hold 8 features (``x = 8``, not vLLM's 16 for one-byte types) is
+    not what the split kernel's 16-byte gathers read: the Triton kernel runs it."""
+    case = _case("split", 128, cache=E4M3)
+    nb, hk, dx, page, _ = case.k_cache.shape
+    k8 = case.k_cache.permute(0, 1, 2, 4, 3).reshape(nb, hk, dx * 2, 8, page).permute(0, 1, 2, 4, 3)
+    k8_case = dataclasses.replace(case, k_cache=k8.contiguous())
+    chosen = plan.plan(problem_of(k8_case, arch="sm90", gluon=True))
+    assert chosen.kernel == "triton", chosen.reason
 
 
 def test_pinned_softcap_form_is_16_bit_only():
@@ -198,6 +213,41 @@ def test_fp8_launch_host_side(layout, from_cache, page, head, dtype, monkeypatch
     as_bytes = dataclasses.replace(case, k_cache=case.k_cache.view(torch.uint8),
                                    v_cache=case.v_cache.view(torch.uint8))  # fmt: skip
     assert _producer_reads_every_slot(as_bytes, args, kw)
+
+
+@pytest.mark.parametrize("from_cache,head,dtype,cache", [(False, 128, torch.bfloat16, E4M3),
+                                                          (True, 64, torch.float16, E5M2),
+                                                          (False, 64, torch.float16, E4M3)])  # fmt: skip
+def test_fp8_split_launch_host_side(from_cache, head, dtype, cache, monkeypatch):
+    """The split kernel's fp8 form's arguments (kernel replaced by a recorder): the caches by pointer as
+    they are (fp8, gathered), no TMA producer or V staging, two consumer partitions (4 warps launched),
+    ``V_RING`` the float16 ``[D, BLOCK_N]`` layout, ``KScale`` / ``VScale`` the call's tensors, q and the
+    new tokens' descriptors float16 rows (a bfloat16 call's shifted copies); the call binds to the
+    kernel's parameters."""
+    from test_pp_gluon import _binds_split_kernel, _record_split
+    from triton.experimental.gluon import language as gl
+
+    rec = _record_split(monkeypatch)
+    _torch_copies(monkeypatch)
+    case = _case("split", head, 16, seqs=[(40, 5), (0, 19), (70, 130)], cache=cache, dtype=dtype,
+                 kv_from_cache=from_cache)  # fmt: skip
+    opts = _scales(case)
+    assert _launch(case, opts) is True
+    ((_, args, kw),) = rec.calls
+    assert _binds_split_kernel(args, kw)
+    assert kw["CACHE_FP8"] is True and kw["KScale"] is opts.k_scale and kw["VScale"] is opts.v_scale
+    assert not (kw["K_TMA"] or kw["V_TMA"] or kw["V_STAGE"] or kw["ONE_CONSUMER"]) and kw["num_warps"] == 4
+    assert args[3] is case.k_cache and args[4] is case.v_cache
+    bn = plan.GLUON_BLOCK_N[head]
+    assert kw["V_RING"] == gl.NVMMASharedLayout.get_default_for([head, bn], gl.float16)
+    shift = 1.0 if dtype == torch.float16 else gluon_launch._Q_SHIFT
+    q_desc, k_desc, v_desc = args[:3]
+    assert q_desc.base.dtype == torch.float16 and list(q_desc.block_shape) == [64, head]
+    assert (q_desc.base.double() - case.q.double() * shift).abs().max() <= 2.0**-25
+    for desc, t in ((k_desc, case.k), (v_desc, case.v)):
+        assert desc.base.dtype == torch.float16 and list(desc.block_shape) == [bn, head]
+        if not from_cache:
+            assert (desc.base.double() - t.double()).abs().max() <= 2.0**-25
 
 
 @pytest.mark.parametrize("with_k", [True, False])
@@ -471,6 +521,27 @@ def test_gpu_fp8_tma_layouts(layout, dtype, cache, monkeypatch):
     _check(layout, False, 128, dtype, cache, 16, SCALES[0], monkeypatch)
 
 
+#: vLLM's split layout (``x = 16``): the split kernel's gathered fp8 form, every head, q dtype, fp8 type
+#: and page class
+SPLIT_FORMS = [
+    (128, torch.bfloat16, E4M3, 16),
+    (128, torch.float16, E5M2, 544),
+    (64, torch.float16, E4M3, 1056),
+    (64, torch.bfloat16, E5M2, 16),
+]
+SPLIT_IDS = [f"d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for h, t, c, p in SPLIT_FORMS]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("scales", SCALES, ids=["k0.02-v300", "k1.9-v0.02", "k300-v1.9"])
+@pytest.mark.parametrize("head,dtype,cache,page", SPLIT_FORMS, ids=SPLIT_IDS)
+@pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
+def test_gpu_fp8_split_matches_reference(from_cache, head, dtype, cache, page, scales, monkeypatch):
+    """Plain causal attention over an fp8 split cache (the split kernel's gathers into fp8 staging)."""
+    _check("split", from_cache, head, dtype, cache, page, scales, monkeypatch)
+
+
 GPU_OPTIONS = {
     "sinks": dict(sinks=True),
     "softcap": dict(softcap=30.0),
@@ -494,6 +565,16 @@ def test_gpu_fp8_options(dtype, cache, page, from_cache, option, monkeypatch):
     _check("nhd", from_cache, 128, dtype, cache, page, SCALES[1], monkeypatch, GPU_OPTIONS[option], lse=True)
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("option", ["softcap", "noncausal_window", "all", "noncausal_all"])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_fp8_split_options(from_cache, option, monkeypatch):
+    """The options on the split kernel's fp8 form (head 128, bfloat16 over e4m3, page 32), with the LSE."""
+    _check("split", from_cache, 128, torch.bfloat16, E4M3, 32, SCALES[1], monkeypatch, GPU_OPTIONS[option],
+           lse=True)  # fmt: skip
+
+
 SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 
 
@@ -502,16 +583,18 @@ SHORT_SEQS = [(2300, 4), (0, 64), (1700, 1), (129, 37), (600, 8), (37, 16)]
 @pytest.mark.parametrize("opts", ["plain", "all"])
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=["paired", "idle"])
-def test_gpu_fp8_short_queries(heads, from_cache, opts, monkeypatch):
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_fp8_short_queries(layout, heads, from_cache, opts, monkeypatch):
     """Queries of at most 64 rows: the paired-heads and idle-warpgroup forms over an fp8 cache."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    _check("nhd", from_cache, 128, torch.float16, E4M3, 16, SCALES[0], monkeypatch, GPU_OPTIONS.get(opts),
+    _check(layout, from_cache, 128, torch.float16, E4M3, 16, SCALES[0], monkeypatch, GPU_OPTIONS.get(opts),
            SHORT_SEQS, heads)  # fmt: skip
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_fp8_quick_form(monkeypatch):
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_fp8_quick_form(layout, monkeypatch):
     """The compile tiers' quick form (one 8-warp consumer partition) over an fp8 cache: a fresh tier key
     runs it first."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "1")
@@ -519,7 +602,9 @@ def test_gpu_fp8_quick_form(monkeypatch):
 
     monkeypatch.setattr(gluon_launch, "_TIERS", runtime.CompileTiers())
     monkeypatch.setattr(gluon_launch, "_NHD", gluon_launch.CompiledLaunches(gluon_launch._gluon_fwd_kernel))
-    _check("nhd", False, 128, torch.bfloat16, E4M3, 16, SCALES[2], monkeypatch)
+    split = gluon_launch.CompiledLaunches(gluon_launch._gluon_split_kernel)
+    monkeypatch.setattr(gluon_launch, "_SPLIT", split)
+    _check(layout, False, 128, torch.bfloat16, E4M3, 16, SCALES[2], monkeypatch)
     gluon_launch.finish_compiles()
 
 
@@ -548,7 +633,8 @@ def test_gpu_fp8_warm_calls_new_scales(monkeypatch):
 @needs_sm90
 @pytest.mark.parametrize("out", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
-def test_gpu_fp8_cache_fp8_output(from_cache, out, monkeypatch):
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_fp8_cache_fp8_output(layout, from_cache, out, monkeypatch):
     """An fp8 output (``fp8_out_scale``, its epilogue unchanged) over an fp8 cache: within one fp8 step of
     the reference quantised alike, at a saturating and a fitting scale; a wrong scale (1.5x) fails."""
     from test_pp_gluon_fp8_out import _fp8_check, _quantise, _scale_for
@@ -557,7 +643,7 @@ def test_gpu_fp8_cache_fp8_output(from_cache, out, monkeypatch):
     launches = []
     orig = gluon_launch.launch
     monkeypatch.setattr(gluon_launch, "launch", lambda *a, **k: orig(*a, **k) and not launches.append(1))
-    case = _case("nhd", 128, 16, [(900, 300), (0, 200), (1700, 1), (129, 128), (37, 93)], cache=E4M3,
+    case = _case(layout, 128, 16, [(900, 300), (0, 200), (1700, 1), (129, 128), (37, 93)], cache=E4M3,
                  dtype=torch.float16, device=DEVICE, heads=(8, 2), kv_from_cache=from_cache, k_scale=1.9,
                  v_scale=0.02)  # fmt: skip
     ref = reference(case)
@@ -567,7 +653,7 @@ def test_gpu_fp8_cache_fp8_output(from_cache, out, monkeypatch):
     for kind in ("saturate", "fit"):
         scale = _scale_for(ref, out_dtype, kind)
         got = poison(torch.empty(case.q.shape, dtype=out_dtype, device=DEVICE))
-        prefix_prefill(*args, kv_layout="nhd", out=got, k_scale=1.9, v_scale=0.02, fp8_out_scale=scale)
+        prefix_prefill(*args, kv_layout=layout, out=got, k_scale=1.9, v_scale=0.02, fp8_out_scale=scale)
         bad = _fp8_check(got, _quantise(ref, scale, out_dtype), out_dtype, scale)
         assert not bad, (kind, bad)
         assert _fp8_check(got, _quantise(ref, scale * 1.5, out_dtype), out_dtype, scale), (

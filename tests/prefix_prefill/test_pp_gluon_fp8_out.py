@@ -78,10 +78,9 @@ def test_plan_takes_fp8_outputs(layout, fp8, opts):
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_plan_keeps_triton_for_other_fp8_outputs(layout):
-    """The fnuz outputs (AMD's), an fp8 output over an fp8 split cache, other architectures and Gluon
-    turned off keep the Triton kernel with its ``OUT_FP8`` / ``FP8_OUT_MAX``; the reason names the
-    output dtype where it is the cause (an fp8 output over an fp8 NHD cache: the Gluon kernel's
-    ``CACHE_FP8`` form, test_pp_gluon_fp8.py)."""
+    """The fnuz outputs (AMD's), other architectures and Gluon turned off keep the Triton kernel with its
+    ``OUT_FP8`` / ``FP8_OUT_MAX``; the reason names the output dtype where it is the cause (an fp8 output
+    over an fp8 cache: the Gluon kernels' ``CACHE_FP8`` forms, test_pp_gluon_fp8.py)."""
     case = _case(layout)
     for dtype in FNUZ:
         chosen = plan.plan(problem_of(case, out=_fp8_out(case, dtype), arch="sm90"))
@@ -93,11 +92,8 @@ def test_plan_keeps_triton_for_other_fp8_outputs(layout):
         assert chosen.kernel == "triton" and chosen.consts()["OUT_FP8"], (kw, chosen.reason)
     fp8_cache = _case(layout, cache_dtype=torch.float8_e4m3fn)
     chosen = plan.plan(problem_of(fp8_cache, out=_fp8_out(fp8_cache, torch.float8_e4m3fn), arch="sm90"))
-    if layout == "split":
-        assert chosen.kernel == "triton" and chosen.consts()["OUT_FP8"] and chosen.consts()["CACHE_FP8"]
-    else:
-        assert chosen.kernel == "gluon-nhd" and chosen.consts()["OUT_MAX"] == 448.0
-        assert chosen.consts()["CACHE_FP8"]
+    assert chosen.kernel == f"gluon-{layout}" and chosen.consts()["OUT_MAX"] == 448.0
+    assert chosen.consts()["CACHE_FP8"]
 
 
 def test_fp8_output_needs_its_scale():

@@ -413,7 +413,8 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
     slot ``ring`` (released: ``r_empty`` at ``r_phase``), exactly (every e4m3 and e5m2 value is a
     float16), times ``mul`` (a power of two, float16) with ``SHIFT``; then the ring slot announced on
     ``r_ready`` (after a proxy fence: wgmma reads it) and the staging slot released on ``st_empty``.
-    Passes of 16 elements a thread (``2048 / D`` rows)."""
+    Slots ``[BLOCK_N, HEAD_DIM]`` (rows, columns: the split kernel's V slots pass ``[D, BLOCK_N]``), in
+    passes of 16 elements a thread (``2048 / HEAD_DIM`` rows)."""
     ROWS: gl.constexpr = 2048 // HEAD_DIM
     layout: gl.constexpr = _fp8_pass_layout(HEAD_DIM)
     PASSES: gl.constexpr = BLOCK_N // ROWS
@@ -437,13 +438,17 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
 
 
 @gluon.jit
-def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   V_T: gl.constexpr = False):  # fmt: skip
     """The 4-warp partition of the fp8 forms: the ``n_a`` context blocks, K then V, each from its staging
-    slot (filled by :func:`_fp8_producer`) into its ring slot (block ``j``: slot ``j % NUM_STAGES``, once
-    both consumers released it), as :func:`_fp8_convert_block` does. K converts unscaled (``k_scale`` is
-    folded into the consumers' logit multiplier); V times ``v_mul = 2**-c`` (see :func:`_v_terms`).
-    ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready,
-    k_empty, v_ready, v_empty, n_a, v_mul)``."""
+    slot (filled by :func:`_fp8_producer`, or the split kernel's gathering producers) into its ring slot
+    (block ``j``: slot ``j % NUM_STAGES``, once both consumers released it), as :func:`_fp8_convert_block`
+    does. K converts unscaled (``k_scale`` is folded into the consumers' logit multiplier); V times
+    ``v_mul = 2**-c`` (see :func:`_v_terms`). ``V_T``: V's staging and ring slots are ``[D, BLOCK_N]``
+    (the split kernel's), converted as such. ``args``: ``(k_stage, v_stage, ks_ready, ks_empty, vs_ready,
+    vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, n_a, v_mul)``."""
+    V_ROWS: gl.constexpr = HEAD_DIM if V_T else BLOCK_N  # a V slot's rows and columns
+    V_COLS: gl.constexpr = BLOCK_N if V_T else HEAD_DIM
     (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready,
      v_empty, n_a, v_mul) = args  # fmt: skip
     for j in range(n_a):
@@ -456,7 +461,7 @@ def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAG
                            False, BLOCK_N, HEAD_DIM)  # fmt: skip
         _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
                            v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
-                           True, BLOCK_N, HEAD_DIM)  # fmt: skip
+                           True, V_ROWS, V_COLS)  # fmt: skip
 
 
 @gluon.jit
@@ -475,6 +480,48 @@ def _v_terms(VScale, C_LO: gl.constexpr, C_HI: gl.constexpr):
     v_mul = ((127 - c) << 23).to(gl.float32, bitcast=True)  # 2**-c, exact
     v_eff = v_s * ((127 + c) << 23).to(gl.float32, bitcast=True)  # v_scale * 2**c
     return v_mul.to(gl.float16), gl.log2(v_eff), 1.0 / v_eff
+
+
+@gluon.jit
+def _tiles(m0, q_tok0, q_len, head, seg, qk_scale, tanh_scale, score, Sinks, Slopes, w_left, w_right,
+           stride_ot, stride_oh, out_scale, KScale, VScale, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+           HAS_SINKS: gl.constexpr, PAIR_HEADS: gl.constexpr, CACHE_FP8: gl.constexpr,
+           E5M2: gl.constexpr):  # fmt: skip
+    """The consumers' ``(tile, tile1, terms, terms1, v_mul)`` (``tile``: :func:`_prefix_consumer`'s; ``tile1``
+    the second warpgroup's: with ``PAIR_HEADS`` the next head's, with its score terms). ``CACHE_FP8`` (an
+    e4m3fn cache, or e5m2 with ``E5M2``): ``k_scale`` (``KScale[0]``) folds into segment A's logit
+    multiplier (soft-capping: into the tanh's argument; the capped logit's multiplier stays), whose score
+    terms the tiles then carry; ``terms`` ``(qk_scale, score, p_log2, l_mul)`` keeps segment B's and V's
+    scaling (:func:`_v_terms`, ``v_mul`` the converter's V factor). Without it ``terms``, ``terms1`` and
+    ``v_mul`` are None."""
+    qk_a = qk_scale  # segment A's logit multiplier, tanh factor and score terms (an fp8 cache: k_scale)
+    tanh_a = tanh_scale
+    score_a = score
+    terms = None
+    v_mul = None
+    if CACHE_FP8:
+        k_s = gl.load(KScale).to(gl.float32)
+        if SOFTCAP > 0:  # k_scale scales the tanh argument; the capped logit's multiplier stays
+            tanh_a = tanh_scale * k_s
+        else:
+            qk_a = qk_scale * k_s
+        score_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
+        v_mul, p_log2, l_mul = _v_terms(VScale, 0 if E5M2 else -7, 8 if E5M2 else 15)
+        terms = (qk_scale, score, p_log2, l_mul)
+    tile = (m0, q_tok0, q_len, head, seg, qk_a, score_a, w_left, w_right, stride_ot, stride_oh, out_scale)
+    tile1 = tile
+    terms1 = terms
+    if PAIR_HEADS:
+        score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+                             1 if HAS_SINKS else 0)  # fmt: skip
+        score1_a = score1
+        if CACHE_FP8:
+            score1_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
+                                   1 if HAS_SINKS else 0)  # fmt: skip
+            terms1 = (qk_scale, score1, p_log2, l_mul)
+        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_a, score1_a, w_left, w_right, stride_ot, stride_oh,
+                 out_scale)  # fmt: skip
+    return tile, tile1, terms, terms1, v_mul
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "block_rows", "head_rows", "head_cols",
@@ -550,35 +597,13 @@ def _gluon_fwd_kernel(
     )  # fmt: skip
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
-    qk_a = qk_scale  # segment A's logit multiplier, tanh factor and score terms (an fp8 cache: k_scale)
-    tanh_a = tanh_scale
-    score_a = score
+    tile, tile1, terms, terms1, v_mul = _tiles(
+        m0, q_tok0, q_len, head, seg, qk_scale, tanh_scale, score, Sinks, Slopes, w_left, w_right, stride_ot,
+        stride_oh, out_scale, KScale, VScale, SOFTCAP, HAS_ALIBI, HAS_SINKS, PAIR_HEADS, CACHE_FP8,
+        KC_desc.dtype == gl.float8e5,
+    )  # fmt: skip
     if CACHE_FP8:
-        k_s = gl.load(KScale).to(gl.float32)
-        if SOFTCAP > 0:  # k_scale scales the tanh argument; the capped logit's multiplier stays
-            tanh_a = tanh_scale * k_s
-        else:
-            qk_a = qk_scale * k_s
-        score_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0)
         gl.static_assert(Q_desc.dtype == gl.float16, "fp8 caches convert into float16 rings: q is float16")
-        E5M2: gl.constexpr = KC_desc.dtype == gl.float8e5
-        v_mul, p_log2, l_mul = _v_terms(VScale, 0 if E5M2 else -7, 8 if E5M2 else 15)
-        terms = (qk_scale, score, p_log2, l_mul)
-    else:
-        terms = None
-    tile = (m0, q_tok0, q_len, head, seg, qk_a, score_a, w_left, w_right, stride_ot, stride_oh, out_scale)
-    tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
-    terms1 = terms
-    if PAIR_HEADS:
-        score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
-                             1 if HAS_SINKS else 0)  # fmt: skip
-        score1_a = score1
-        if CACHE_FP8:
-            score1_a = score_terms(qk_a, tanh_a, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
-                                   1 if HAS_SINKS else 0)  # fmt: skip
-            terms1 = (qk_scale, score1, p_log2, l_mul)
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_a, score1_a, w_left, w_right, stride_ot, stride_oh,
-                 out_scale)  # fmt: skip
     n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
     k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
               page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,

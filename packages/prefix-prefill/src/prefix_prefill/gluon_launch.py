@@ -611,6 +611,9 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one,
                   IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered())  # fmt: skip
+    # an fp8 cache's scales (the caches gathered by pointer; q and the rings float16, as _nhd_call's)
+    fp8 = consts["CACHE_FP8"]
+    consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None)
     return args, consts, grid
 
 

@@ -12,6 +12,13 @@ Each of the producer's threads arrives on the slot's ready barrier when its own 
 writes) against the async proxy (where wgmma reads) after each wait. The plan picks TMA producers
 instead where the page size allows (``V_TMA``, ``K_TMA``). The new tokens come by TMA from ``k`` / ``v``
 where they are; with ``V_STAGE`` the V producer transposes their rows into the V ring's slot form.
+
+fp8 caches (``CACHE_FP8``: e4m3fn / e5m2, vLLM's ``x = 16``; heads 64 and 128): the gathering producers
+copy each context block's fp8 bytes (16 features of a key, or 16 keys of a feature, a copy) into
+``FP8_STAGING`` swizzled staging slots (:func:`_split_fp8_producer`), and the NHD kernel's 4-warp
+converter (``prefix_prefill.gluon_kernel._fp8_converter``) turns them into the float16 rings, V in its
+``[D, BLOCK_N]`` form; the consumers fold the scales in as the NHD kernel's fp8 forms do (q float16: a
+bfloat16 call runs as a float16 one).
 """
 
 from triton.experimental import gluon
@@ -20,28 +27,51 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from paged_kv_offsets.gluon import slot_offset
-from prefill_runtime.gluon import allocate_rings, load_q_halves, score_terms
-from prefix_prefill.gluon_kernel import _out_scale, _prefix_consumer, _program
+from prefill_runtime.gluon import allocate_rings, load_q_halves
+from prefix_prefill.gluon_kernel import (
+    FP8_STAGING,
+    _fp8_converter,
+    _out_scale,
+    _prefix_consumer,
+    _program,
+    _tiles,
+)
+
+#: a gathering producer's warps
+PRODUCER_WARPS = gl.constexpr(2)
+
+
+@gluon.constexpr_function
+def _x_of(dtype):
+    """Elements of a 16-byte copy of ``dtype`` (vLLM's split K cache's ``x``): 8 (16-bit), 16 (fp8)."""
+    return 128 // dtype.primitive_bitwidth
+
+
+@gluon.constexpr_function
+def _k_threads_along_features(head_dim, x):
+    """A K gather's threads along a key's features: one thread a key row (at most 16 copies a thread a
+    step) up to ``16 * x`` features, more beyond."""
+    return max(head_dim // (16 * x), 1)
 
 
 @gluon.jit
 def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off, max_block,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
-    ``SUB`` keys per step; keys ``>= seq_end`` are zero-filled and read no block-table entry; block ids
-    clamped to ``[0, max_block]``."""
-    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # threads along the features: <= 16 copies a thread a step
+    ``SUB`` keys per step, one 16-byte copy a key's ``x`` features (``x = 16 / element bytes``: 8 for a
+    16-bit cache, 16 for an fp8 one); keys ``>= seq_end`` are zero-filled and read no block-table entry;
+    block ids clamped to ``[0, max_block]``."""
+    X: gl.constexpr = _x_of(Cache.dtype.element_ty)
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, X)
     PW: gl.constexpr = gl.num_warps()
-    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (head <= 128), else the features
-    L: gl.constexpr = gl.BlockedLayout(
-        [1, 8], [32 // TPD, TPD], [WK, PW // WK], [1, 0]
-    )  # 8 features a thread
+    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (one thread a key row), else the features
+    L: gl.constexpr = gl.BlockedLayout([1, X], [32 // TPD, TPD], [WK, PW // WK], [1, 0])  # x features each
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
-    col = (offs_d // 8) * c_group.to(gl.int32) + offs_d % 8  # [D] int32 (the host checks the range), x = 8
+    col = (offs_d // X) * c_group.to(gl.int32) + offs_d % X  # [D] int32 (the host checks the range)
     for i in gl.static_range(BLOCK_N // SUB):
         pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
-        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, 8, max_block) + head_off  # [SUB]
-        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, 8]), [1, 8])  # [SUB, D]
+        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, X, max_block) + head_off  # [SUB]
+        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, X]), [1, X])  # [SUB, D]
         ok = (pos < seq_end)[:, None]  # [SUB, 1]
         async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
 
@@ -51,22 +81,24 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr,
                     TPR: gl.constexpr):  # fmt: skip
     """Context keys ``[pos0, +BLOCK_N)`` of one KV head's V into ``buf`` ``[D, BLOCK_N]``, ``SUB``
-    features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * 8``-key runs
-    of ``32 / TPR`` features (the kernel passes ``BLOCK_N // 8``: the block's whole key run per
-    feature). Copies are 8-key groups; a group that starts before ``seq_end`` is copied whole (its page
-    holds it; the consumers zero the V columns past the segment), one past it is zero-filled. Block ids
-    clamped to ``[0, max_block]``."""
+    features per step, ``TPR`` threads along a feature's keys: one warp copy reads ``TPR * x``-key runs
+    of ``32 / TPR`` features (``x = 16 / element bytes`` keys a 16-byte copy: 8 for a 16-bit cache, 16
+    for an fp8 one; the kernel passes ``BLOCK_N // x``: the block's whole key run per feature). Copies
+    are ``x``-key groups (a page holds whole groups: pages are multiples of 16); a group that starts
+    before ``seq_end`` is copied whole (its page holds it; the consumers zero the V columns past the
+    segment), one past it is zero-filled. Block ids clamped to ``[0, max_block]``."""
+    X: gl.constexpr = _x_of(Cache.dtype.element_ty)
     PW: gl.constexpr = gl.num_warps()
-    RUN: gl.constexpr = TPR * 8  # keys of one run
+    RUN: gl.constexpr = TPR * X  # keys of one run
     NR: gl.constexpr = BLOCK_N // RUN  # runs per block
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [PW, 1], [1, 0])  # a thread: 8 keys
+    L: gl.constexpr = gl.BlockedLayout([1, X], [32 // TPR, TPR], [PW, 1], [1, 0])  # a thread: x keys
     offs_n = gl.arange(0, RUN, layout=gl.SliceLayout(0, L))  # [RUN]
     rows = gl.arange(0, SUB, layout=gl.SliceLayout(1, L)) * c_dim.to(gl.int32)  # [SUB] int32 (host-checked)
     step = SUB * c_dim
     for r in gl.static_range(NR):
-        grp = pos0 + r * RUN + (offs_n // 8) * 8  # [RUN] the key's 8-key group
+        grp = pos0 + r * RUN + (offs_n // X) * X  # [RUN] the key's x-key group
         col = slot_offset(p_table_row, grp, seq_end, page_size, c_block, 1, max_block)  # [RUN]
-        col += offs_n % 8 + head_off  # [RUN]
+        col += offs_n % X + head_off  # [RUN]
         ok = grp < seq_end  # [RUN]
         if RUN == BLOCK_N:
             dst = buf
@@ -75,8 +107,8 @@ def _gather_v_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, 
         for i in gl.static_range(HEAD_DIM // SUB):
             # each step's feature offset is added to the run's key offsets in a chain (not to the loop-
             # invariant rows), so the compiler does not keep every step's offsets live across the block loop
-            off = gl.multiple_of(rows[:, None] + col[None, :], [1, 8])  # [SUB, RUN]
-            off = gl.max_contiguous(off, [1, 8])
+            off = gl.multiple_of(rows[:, None] + col[None, :], [1, X])  # [SUB, RUN]
+            off = gl.max_contiguous(off, [1, X])
             async_copy.async_copy_global_to_shared(dst.slice(i * SUB, SUB), Cache + off, mask=ok[None, :])
             col += step
 
@@ -396,6 +428,135 @@ def _split_v_partition(
         _split_producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, STAGE, stage, stage_bar)
 
 
+@gluon.constexpr_function
+def _fp8_staging(cols):
+    """An fp8 staging slot's layout (``[rows, cols]``, 8-bit, swizzled by its row's bytes up to 128): the
+    gathers' 16-byte copies of consecutive rows land in distinct banks, the converter's loads read whole
+    rows."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(cols, 128), element_bitwidth=8, rank=2)
+
+
+@gluon.jit
+def _split_fp8_producer(
+    KV: gl.constexpr, args, stage_args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, PAIRED: gl.constexpr = False,
+    NEW: gl.constexpr = True,
+):  # fmt: skip
+    """:func:`_split_producer` over an fp8 split cache (``args`` as there): context blocks ``j < n_a`` are
+    gathered as fp8 bytes into staging slot ``j % FP8_STAGING`` of ``stage_args = (stage, st_ready,
+    st_empty)`` (K ``[BLOCK_N, D]``, V ``[D, BLOCK_N]``) once ``prefix_prefill.gluon_kernel._fp8_converter``
+    released it, each thread arriving on ``st_ready`` when its copies land; the converter turns them into
+    the float16 ring. The new tokens' blocks (``NEW``) go to the ring by TMA as the 16-bit forms' do, after
+    the converter's last context block (the wait ``_fp8_producer`` explains)."""
+    (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
+     c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, _,
+     max_block) = args  # fmt: skip
+    stage, st_ready, st_empty = stage_args
+    if KV == 0:
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+    head_off = kv_head.to(gl.int64) * c_head
+    for j in range(n_a):
+        st = j % FP8_STAGING
+        mbarrier.wait(st_empty.index(st), ((j // FP8_STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
+        pos0 = a_base + j * BLOCK_N
+        if KV == 0:
+            _gather_k_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
+                            head_off, max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
+        else:
+            _gather_v_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
+                            head_off, max_block, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
+        _publish_gathers(st_ready.index(st))
+    if NEW:
+        if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done
+            last = n_a - 1
+            mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
+        for j in range(n_a, n_blocks):
+            slot = j % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+            tok = n_tok0 + (j - n_a) * BLOCK_N
+            if KV == 0:
+                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, smem.index(slot))
+            else:  # V as key rows: the slot seen in N_desc's layout
+                rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+
+
+@gluon.jit
+def _split_fp8_partitions(
+    O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul, K_cache,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    K_SUB: gl.constexpr, V_SUB: gl.constexpr, V_TPR: gl.constexpr, V_ROWS: gl.constexpr,
+    RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
+    HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr, PAIR_HEADS: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr, NEW: gl.constexpr,
+):  # fmt: skip
+    """The partitions of :func:`_gluon_split_kernel`'s ``CACHE_FP8`` forms: the consumers (segment A's terms
+    from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (4 warps, V slots ``[D,
+    BLOCK_N]``) and the two gathering :func:`_split_fp8_producer` partitions (2 warps each), over
+    ``FP8_STAGING`` fp8 staging slots a ring (:func:`_fp8_staging`). 16 warps: the consumers at 224
+    registers, the converter and the producers at 32. ``NEW``: the new tokens' K/V come from ``k``/``v``
+    (float16, by TMA into the rings)."""
+    _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
+    dtype: gl.constexpr = K_cache.dtype.element_ty
+    k_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], _fp8_staging(HEAD_DIM))
+    v_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, HEAD_DIM, BLOCK_N], _fp8_staging(BLOCK_N))
+    ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    vs_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    vs_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(FP8_STAGING):
+        mbarrier.init(ks_ready.index(i), count=32 * PRODUCER_WARPS)  # (a gathering thread's arrival each)
+        mbarrier.init(ks_empty.index(i), count=1)
+        mbarrier.init(vs_ready.index(i), count=32 * PRODUCER_WARPS)
+        mbarrier.init(vs_empty.index(i), count=1)
+    fence_async_shared()
+    conv_args = (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty,
+                 v_ready, v_empty, n_a, v_mul)  # fmt: skip
+    k_stage_args = (k_stage, ks_ready, ks_empty)
+    v_stage_args = (v_stage, vs_ready, vs_empty)
+    if ONE_CONSUMER:
+        gl.warp_specialize(
+            [
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 2, None, 64, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
+                    HAS_RIGHT, OUT_MAX, terms, True,
+                )),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, True)),
+                (_split_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
+                                       V_TPR, False, NEW)),
+                (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR, False, NEW)),
+            ],
+            [4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [32, 32, 32],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_prefix_consumer, (
+                    0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 1, None, 64, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True,
+                )),
+                (_prefix_consumer, (
+                    1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                    True, 1, None, 64, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms1, True,
+                )),
+                (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, True)),
+                (_split_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
+                                       V_TPR, PAIR_HEADS, NEW)),
+                (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
+                                       V_TPR, False, NEW)),
+            ],
+            [4, 4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [224, 32, 32, 32],
+        )  # fmt: skip
+
+
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "stride_lse_h", "kc_block", "kc_head", "kc_group",
                               "vc_block", "vc_head", "vc_dim", "n_bt_cols", "num_blocks",
                               "max_query_len", "window_left", "window_right"])  # fmt: skip
@@ -412,6 +573,7 @@ def _gluon_split_kernel(
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
+    KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False,
 ):  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
     docstring): same grid, warps and segments.
@@ -444,15 +606,17 @@ def _gluon_split_kernel(
     (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
     ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``,
     ``CAUSAL``, ``window_right`` and ``HAS_RIGHT``, ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions
-    only), ``OutScale`` and ``OUT_MAX`` (an fp8 output): the options of
+    only), ``OutScale`` and ``OUT_MAX`` (an fp8 output), ``KScale``, ``VScale`` and ``CACHE_FP8`` (an fp8
+    cache gathered by pointer, K and V: :func:`_split_fp8_partitions`; ``V_RING`` and the descriptors
+    float16): the options of
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first visible key are
     never copied, gathered or boxed). ``n_bt_cols``, ``num_blocks``, ``max_query_len``,
     ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
     clamp: coordinates outside the view read zeros)."""
-    PRODUCER_WARPS: gl.constexpr = 2  # a gathering producer's warps
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
-    V_TPR: gl.constexpr = BLOCK_N // 8  # threads along a feature row's keys in the V gathers
-    TPD: gl.constexpr = max(HEAD_DIM // 128, 1)  # the K gathers' threads along the features (_gather_k_block)
+    CX: gl.constexpr = 16 if CACHE_FP8 else 8  # the caches' elements a 16-byte copy (vLLM's x)
+    V_TPR: gl.constexpr = BLOCK_N // CX  # threads along a feature row's keys in the V gathers
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_k_block)
     K_SUB: gl.constexpr = 32 * PRODUCER_WARPS if TPD == 1 else 32 // TPD  # keys per K gather step
     V_SUB: gl.constexpr = max(16, PRODUCER_WARPS * 32 // V_TPR)  # features per V gather step
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
@@ -490,8 +654,8 @@ def _gluon_split_kernel(
         HEAD_DIM,
         NUM_STAGES,
         True,
-        1 if K_TMA else 32 * K_PW,
-        1 if V_TMA else 32 * PRODUCER_WARPS,
+        1 if K_TMA or CACHE_FP8 else 32 * K_PW,  # (fp8: the converter's one arrival, or a TMA copy's)
+        1 if V_TMA or CACHE_FP8 else 32 * PRODUCER_WARPS,
         256 if ONE_CONSUMER else 2,
         K_ROWS,
         0,
@@ -508,13 +672,16 @@ def _gluon_split_kernel(
         v_stage_bar = k_ready
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
-    tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh, out_scale)
-    tile1 = tile  # the second warpgroup's: with PAIR_HEADS the next head's, with its score terms
-    if PAIR_HEADS:
-        score1 = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head + 1, SOFTCAP, HAS_ALIBI,
-                             1 if HAS_SINKS else 0)  # fmt: skip
-        tile1 = (m0, q_tok0, q_len, head + 1, seg, qk_scale, score1, w_left, w_right, stride_ot, stride_oh,
-                 out_scale)  # fmt: skip
+    if CACHE_FP8:
+        gl.static_assert(Q_desc.dtype == gl.float16, "fp8 caches convert into float16 rings: q is float16")
+        gl.static_assert(not (K_TMA or V_TMA or V_STAGE), "fp8 split caches: K and V gathered, no V staging")
+        E5M2: gl.constexpr = K_cache.dtype.element_ty == gl.float8e5
+    else:
+        E5M2: gl.constexpr = False
+    tile, tile1, terms, terms1, v_mul = _tiles(
+        m0, q_tok0, q_len, head, seg, qk_scale, tanh_scale, score, Sinks, Slopes, w_left, w_right, stride_ot,
+        stride_oh, out_scale, KScale, VScale, SOFTCAP, HAS_ALIBI, HAS_SINKS, PAIR_HEADS, CACHE_FP8, E5M2,
+    )  # fmt: skip
     # the new tokens from B's first block on: rows from n_tok0, n_new of them
     n_tok0, n_new = q_tok0 + b_base, b_end - b_base
     k_args = (Q_desc, K_desc, K_cache, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row, page_size,
@@ -526,7 +693,13 @@ def _gluon_split_kernel(
     kv_heads = gl.num_programs(1) * (2 if PAIR_HEADS else 1) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.
-    if ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
+    if CACHE_FP8:
+        _split_fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a,
+                              v_mul, K_cache, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_SUB, V_TPR,
+                              V_ROWS, RETURN_LSE, ONE_CONSUMER, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                              IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
+                              not KV_FROM_CACHE)  # fmt: skip
+    elif ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
                 (_prefix_consumer, (

@@ -99,10 +99,10 @@ GLUON_FP8_OUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: NHD/HND Gluon kernel: the fp8 cache dtypes it converts (``CACHE_FP8``: NVIDIA's e4m3fn and e5m2, each
 #: value exactly a float16 and a bfloat16; the fnuz types, AMD's, keep the Triton kernel).
 GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
-#: ... at these head sizes. Head 256 keeps the Triton kernel: the converter partition makes the kernel 16
-#: warps, which leaves each consumer thread at most 128 registers under ptxas's per-thread ceiling for
-#: the launch, fewer than a 64 x 256 float32 accumulator's wgmma takes (ptxas C7602). vLLM's split
-#: layout keeps it too (no TMA view of rows over its fp8 K slots of 16 features; not built).
+#: ... at these head sizes, in every layout (vLLM's split one by gathers into fp8 staging slots). Head 256
+#: keeps the Triton kernel: the converter partition makes the kernel 16 warps, which leaves each consumer
+#: thread at most 128 registers under ptxas's per-thread ceiling for the launch, fewer than a 64 x 256
+#: float32 accumulator's wgmma takes (ptxas C7602).
 GLUON_FP8_CACHE_HEADS = frozenset({64, 128})
 
 
@@ -240,21 +240,23 @@ def tma_cache_views(p: Problem) -> bool:
 
 
 def split_gather_ok(p: Problem) -> bool:
-    """vLLM's split caches as the split Gluon kernel's 16-byte gathers read them: K ``x = 8`` features
-    contiguous with 8-element slots, V keys contiguous, every stride and base 16-byte aligned, and the
-    feature offsets of one page within int32 (the kernel keeps them in 32 bits)."""
+    """vLLM's split caches as the split Gluon kernel's 16-byte gathers read them: K ``x = 16 / element
+    bytes`` features contiguous (8 for a 16-bit cache, 16 for an fp8 one) with ``x``-element slots, V keys
+    contiguous, every stride and base 16-byte aligned, and the feature offsets of one page within int32
+    (the kernel keeps them in 32 bits)."""
     kc, vc, d = p.kc, p.vc, p.head_size
+    x = 16 // p.cache_dtype.itemsize
     strides = (kc.stride_block, kc.stride_head, kc.stride_dim, vc.stride_block, vc.stride_head, vc.stride_dim)
     return (
         kc.layout == "split"
-        and kc.x == 8
+        and kc.x == x
         and kc.stride_x == 1
-        and kc.stride_slot == 8
+        and kc.stride_slot == x
         and vc.stride_slot == 1
-        and all(st % 8 == 0 and st > 0 for st in strides)
+        and all(st % x == 0 and st > 0 for st in strides)
         and p.kc_al16
         and p.vc_al16
-        and (d // 8) * kc.stride_dim < 2**31
+        and (d // x) * kc.stride_dim < 2**31
         and d * vc.stride_dim < 2**31
     )
 
@@ -272,10 +274,8 @@ def _gluon_unmet(p: Problem) -> str | None:
             f"cache dtype {p.cache_dtype} (Gluon kernels: q's, float8_e4m3fn or float8_e5m2)",
         ),
         (
-            p.cache_dtype not in GLUON_FP8_CACHES
-            or (p.layout != "split" and p.head_size in GLUON_FP8_CACHE_HEADS),
-            f"an fp8 {p.layout.upper()} cache at head size {p.head_size} (fp8 caches on Gluon: NHD/HND, "
-            "heads 64/128)",
+            p.cache_dtype not in GLUON_FP8_CACHES or p.head_size in GLUON_FP8_CACHE_HEADS,
+            f"an fp8 cache at head size {p.head_size} (fp8 caches on Gluon: heads 64/128)",
         ),
         (
             p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
@@ -382,8 +382,10 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
     if p.k_strides is not None and not _rows_tma(p.k_strides, p.k_al16, hk, d, elem):
         return None
     kc, vc, page, g = p.kc, p.vc, p.kc.page_size, d // 8
+    fp8 = p.cache_dtype in GLUON_FP8_CACHES  # K and V gathered into fp8 staging, converted (one form)
     k_tma = (
-        d in SPLIT_K_TMA_HEADS
+        not fp8
+        and d in SPLIT_K_TMA_HEADS
         and kc.stride_dim == page * 8
         and kc.stride_head == g * page * 8
         and kc.stride_block == hk * g * page * 8
@@ -398,7 +400,7 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
         and vc.num_blocks * hk * d < 2**31
     )
     block_n = GLUON_BLOCK_N[d]
-    one = not p.kv_from_cache and d in SPLIT_ONE_CONSUMER_HEADS and page >= block_n
+    one = not (p.kv_from_cache or fp8) and d in SPLIT_ONE_CONSUMER_HEADS and page >= block_n
     consts = dict(
         HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse,
         NUM_STAGES=GLUON_STAGES, V_TMA=v_tma, K_TMA=k_tma,
@@ -406,7 +408,9 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
         K_WIDE=(1 if page >= block_n else 2) if k_tma else 0, K_CM=k_tma and d in SPLIT_K_CM_HEADS,
         ONE_CONSUMER=one,
         # the new tokens' V transposed by the gathering V producer (head <= 128: shared memory for its stages)
-        V_STAGE=not (p.kv_from_cache or v_tma or one) and d <= 128, **_gluon_options(p),
+        V_STAGE=not (p.kv_from_cache or v_tma or one or fp8) and d <= 128,
+        # an fp8 cache gathered into staging slots and converted into float16 rings (a 4-warp partition)
+        CACHE_FP8=fp8, **_gluon_options(p),
     )  # fmt: skip
     why = (
         f"sm90, vLLM split cache (K by {'TMA' if k_tma else 'gathers'}, V by {'TMA' if v_tma else 'gathers'}"
