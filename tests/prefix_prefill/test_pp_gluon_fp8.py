@@ -422,6 +422,40 @@ def test_fp8_cache_forms_compile_for_sm90():
         assert other == 0 and (mine > 0 or cache == "fp8e5"), (cache, e4, e5)
 
 
+_SPLIT_COMPILE_SCRIPT = """
+import re
+ALL = dict(HAS_LEFT=True, SOFTCAP=2, HAS_ALIBI=True, HAS_SINKS=True, SKIP_DECODE=True)
+FORMS = [
+    dict(head=128, from_cache=False, lse=False, out="bf16"),
+    dict(head=64, from_cache=False, lse=True, cache="fp8e5", **ALL),
+    dict(head=128, from_cache=True, lse=True, CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True),
+    dict(head=128, from_cache=False, lse=False, PAIR_HEADS=True, SOFTCAP=2, out="bf16"),
+    dict(head=128, from_cache=False, lse=False, one=True, llvm_o0=True, out="bf16", **ALL),
+]
+for form in FORMS:
+    _, kernel = compile_split_fp8(**form)
+    cvts = re.findall(r"cvt\\.rn\\.f16x2\\.(e4m3|e5m2)x2", kernel.asm["ptx"])
+    print("fp8", form.get("cache", "fp8e4nv"), cvts.count("e4m3"), cvts.count("e5m2"))
+"""
+
+
+@pytest.mark.compile_check
+def test_fp8_split_cache_forms_compile_for_sm90():
+    """The split kernel's ``CACHE_FP8`` forms compile for sm90 in the forms plans and launches take (heads
+    64 / 128, e4m3 / e5m2, k given or from the cache, every option, non-causal with a window both ways,
+    the LSE, the paired form, the quick one-partition form at LLVM O0) within one program's shared memory,
+    each converting its own fp8 type and no other."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _SPLIT_COMPILE_SCRIPT)
+    assert len(shared) == 5 and max(shared) <= 227 * 1024, out
+    lines = [line.split() for line in out.splitlines() if line.startswith("fp8 ")]
+    assert len(lines) == 5, out
+    for _, cache, e4, e5 in lines:
+        mine, other = (int(e4), int(e5)) if cache == "fp8e4nv" else (int(e5), int(e4))
+        assert other == 0 and (mine > 0 or cache == "fp8e5"), (cache, e4, e5)
+
+
 # ------------------------------------------------------------------------- GPU (sm90)
 #: (k_scale, v_scale): float16 rings' V shift clamped both ways (300: e4m3 -7, e5m2 0; 0.02: 6) and
 #: K's scale far from 1 each way (K converts unscaled: a K times V's shift is off by 2**-c)
