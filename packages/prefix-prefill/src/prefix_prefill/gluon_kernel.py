@@ -493,12 +493,12 @@ def _tiles(m0, q_tok0, q_len, head, seg, qk_scale, tanh_scale, score, Sinks, Slo
     multiplier (soft-capping: into the tanh's argument; the capped logit's multiplier stays), whose score
     terms the tiles then carry; ``terms`` ``(qk_scale, score, p_log2, l_mul)`` keeps segment B's and V's
     scaling (:func:`_v_terms`, ``v_mul`` the converter's V factor). Without it ``terms``, ``terms1`` and
-    ``v_mul`` are None."""
+    ``v_mul`` are ``qk_scale``, placeholders never read (a returned value cannot be None)."""
     qk_a = qk_scale  # segment A's logit multiplier, tanh factor and score terms (an fp8 cache: k_scale)
     tanh_a = tanh_scale
     score_a = score
-    terms = None
-    v_mul = None
+    terms = qk_scale
+    v_mul = qk_scale
     if CACHE_FP8:
         k_s = gl.load(KScale).to(gl.float32)
         if SOFTCAP > 0:  # k_scale scales the tanh argument; the capped logit's multiplier stays
