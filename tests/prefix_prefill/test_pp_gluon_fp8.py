@@ -1,20 +1,22 @@
-"""fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with per-tensor ``k_scale`` / ``v_scale``) on the NHD/HND
-Gluon kernel's ``CACHE_FP8`` forms (:mod:`prefix_prefill.gluon_kernel`: the context's fp8 blocks land by TMA
-in staging slots, a 4-warp partition converts them into float16 rings, the consumers fold the scales into each
-context block's terms; a bfloat16 call runs as a float16 one, its q/k/v copied first).
+"""fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with per-tensor ``k_scale`` / ``v_scale``) on the Gluon
+kernels' ``CACHE_FP8`` forms (:mod:`prefix_prefill.gluon_kernel`: the context's fp8 blocks land by TMA in
+staging slots, or by the split kernel's gathers (:mod:`prefix_prefill.gluon_split_kernel`), a 4-warp partition
+converts them into float16 rings, the consumers fold the scales into each context block's terms; a bfloat16
+call runs as a float16 one, its q/k/v copied first).
 
-CPU: the plan rule (NHD, HND and interleaved caches at heads 64 and 128 take the Gluon kernel with
-``CACHE_FP8``; head 256, vLLM's split layout and AMD's fnuz types keep the Triton kernel and the reason says
-why); the launcher's arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows the
-producer reads, the rings' layout, the scale tensors; a launch without them is refused); a bfloat16 call's
-float16 copies (exact in their stated range); warm frames taking each call's scale tensors; the rings'
-protocol played in random interleavings (``fp8_rings_model``) with its negative control (no wait for the
-converter's last context block); offline sm90 compiles (marker ``compile_check``: registers, spills, shared
-memory). sm90 GPU: against the float64 reference of the dequantised cache into NaN-poisoned outputs, with
-spare cache blocks NaN: e4m3 and e5m2, bfloat16 and float16 queries, scales 0.02 / 1.9 / 300 (a float16 ring's
-V shift both ways), pages 16 / 544 / 1056, ragged batches with empty contexts and one-token queries, k given
-or from the cache, the options (sinks, soft cap, ALiBi, windows, non-causal, the LSE), the short-query forms,
-warm calls with new scale values, each asserting that the Gluon kernel ran.
+CPU: the plan rule (NHD, HND, interleaved and vLLM's split caches at heads 64 and 128 take a Gluon kernel with
+``CACHE_FP8``; head 256 and AMD's fnuz types keep the Triton kernel and the reason says why); the launcher's
+arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows the producer reads, the rings'
+layout, the scale tensors; a launch without them is refused); a bfloat16 call's float16 copies (exact in their
+stated range); warm frames taking each call's scale tensors; the rings' protocol played in random
+interleavings (``fp8_rings_model``) with its negative control (no wait for the converter's last context
+block); offline sm90 compiles of both kernels' forms (marker ``compile_check``: registers, spills, shared
+memory). sm90 GPU (NHD, and the split layout's forms, options, short queries, quick form and fp8 output):
+against the float64 reference of the dequantised cache into NaN-poisoned outputs, with spare cache blocks NaN:
+e4m3 and e5m2, bfloat16 and float16 queries, scales 0.02 / 1.9 / 300 (a float16 ring's V shift both ways),
+pages 16 / 544 / 1056, ragged batches with empty contexts and one-token queries, k given or from the cache,
+the options (sinks, soft cap, ALiBi, windows, non-causal, the LSE), the short-query forms, warm calls with new
+scale values, each asserting that the Gluon kernel ran.
 """
 
 from __future__ import annotations
@@ -303,7 +305,8 @@ def test_fp8_launch_needs_scales(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fp8_warm_frames_take_each_calls_scales(dtype, monkeypatch):
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_fp8_warm_frames_take_each_calls_scales(layout, dtype, monkeypatch):
     """Warm calls of one fp8 signature (same caches, new scale tensors each call) go through one frame whose
     per-call slots carry each call's ``k_scale`` / ``v_scale`` pointers: the C launcher gets what the
     generic direct launch gives it (float16; a bfloat16 call's fresh float16 copies put new q/k/v pointers
@@ -312,9 +315,11 @@ def test_fp8_warm_frames_take_each_calls_scales(dtype, monkeypatch):
         pytest.skip("this Triton has no Gluon")
     from launch_stubs import pointers
 
-    warm_nhd = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
+    nhd = layout == "nhd"
+    kernel, fast_name = ("_gluon_fwd_kernel", "_NHD") if nhd else ("_gluon_split_kernel", "_SPLIT")
+    stub = stub_prefix_gluon(monkeypatch, kernel, fast_name)
     _torch_copies(monkeypatch)
-    case = _case(seqs=[(40, 5), (0, 19), (70, 130)], dtype=dtype)
+    case = _case(layout, seqs=[(40, 5), (0, 19), (70, 130)], dtype=dtype)
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
     problem = problem_of(case, arch="sm90", gluon=True)
     chosen = plan.plan(problem)
@@ -325,7 +330,7 @@ def test_fp8_warm_frames_take_each_calls_scales(dtype, monkeypatch):
     key = gluon_launch.launch_key(chosen, problem, *index[:3], None, opts=first)
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # through Triton
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=first)  # direct: a frame
-    c_calls = warm_nhd.compiled.run.c_calls
+    c_calls = stub.compiled.run.c_calls
     for _ in range(3):
         opts = _scales(case)
         assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
@@ -333,11 +338,11 @@ def test_fp8_warm_frames_take_each_calls_scales(dtype, monkeypatch):
         assert opts.k_scale.data_ptr() in framed and opts.v_scale.data_ptr() in framed
         if dtype == torch.bfloat16:
             continue
-        gluon_launch._warm(
-            gluon_launch._NHD, gluon_launch._nhd_call, chosen, key, *call, kc, vc, *index, opts=opts
-        )
+        fast = getattr(gluon_launch, fast_name)
+        call_of = gluon_launch._nhd_call if nhd else gluon_launch._split_call
+        gluon_launch._warm(fast, call_of, chosen, key, *call, kc, vc, *index, opts=opts)
         assert framed == pointers(c_calls[-1])
-    assert len(gluon_launch._NHD._frames) == 1
+    assert len(getattr(gluon_launch, fast_name)._frames) == 1
 
 
 # ------------------------------------------------------------------------- CPU: the rings' protocol
