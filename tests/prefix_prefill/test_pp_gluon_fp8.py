@@ -416,13 +416,20 @@ def test_fp8_cache_forms_compile_for_sm90():
     quick one with LLVM at O0 as the compile tiers build it)
     within one program's shared memory (227 KiB), each converting its own fp8 type and no other (e4m3
     by the hardware's conversion; e5m2 into float16 by byte moves)."""
+    _check_fp8_compiles(_COMPILE_SCRIPT, 12)
+
+
+def _check_fp8_compiles(script: str, forms: int) -> None:
+    """``script``'s ``forms`` fp8-cache compiles (each printing ``fp8 <cache> <e4m3 cvts> <e5m2 cvts>``) fit
+    one program's shared memory (227 KiB) and each converts its own fp8 type and no other (e4m3 by the
+    hardware's conversion; e5m2, float16's top byte, into float16 by byte moves, no cvt)."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
-    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _COMPILE_SCRIPT)
-    assert len(shared) == 12 and max(shared) <= 227 * 1024, out
+    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + script)
+    assert len(shared) == forms and max(shared) <= 227 * 1024, out
     lines = [line.split() for line in out.splitlines() if line.startswith("fp8 ")]
-    assert len(lines) == 12, out
-    for _, cache, e4, e5 in lines:  # (e5m2 is float16's top byte: into float16 by byte moves, no cvt)
+    assert len(lines) == forms, out
+    for _, cache, e4, e5 in lines:
         mine, other = (int(e4), int(e5)) if cache == "fp8e4nv" else (int(e5), int(e4))
         assert other == 0 and (mine > 0 or cache == "fp8e5"), (cache, e4, e5)
 
@@ -450,15 +457,7 @@ def test_fp8_split_cache_forms_compile_for_sm90():
     64 / 128, e4m3 / e5m2, k given or from the cache, every option, non-causal with a window both ways,
     the LSE, the paired form, the quick one-partition form at LLVM O0) within one program's shared memory,
     each converting its own fp8 type and no other."""
-    if not HAS_GLUON:
-        pytest.skip("this Triton has no Gluon")
-    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 5 and max(shared) <= 227 * 1024, out
-    lines = [line.split() for line in out.splitlines() if line.startswith("fp8 ")]
-    assert len(lines) == 5, out
-    for _, cache, e4, e5 in lines:
-        mine, other = (int(e4), int(e5)) if cache == "fp8e4nv" else (int(e5), int(e4))
-        assert other == 0 and (mine > 0 or cache == "fp8e5"), (cache, e4, e5)
+    _check_fp8_compiles(_SPLIT_COMPILE_SCRIPT, 5)
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -536,18 +535,28 @@ FORMS = [
     (64, torch.bfloat16, E5M2, 16),
     (64, torch.float16, E5M2, 544),
 ]
-FORM_IDS = [f"d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for h, t, c, p in FORMS]
+#: vLLM's split layout (``x = 16``): the split kernel's gathered fp8 form, every head, q dtype, fp8 type and
+#: page class
+SPLIT_FORMS = [
+    (128, torch.bfloat16, E4M3, 16),
+    (128, torch.float16, E5M2, 544),
+    (64, torch.float16, E4M3, 1056),
+    (64, torch.bfloat16, E5M2, 16),
+]
+LAYOUT_FORMS = [("nhd", *f) for f in FORMS] + [("split", *f) for f in SPLIT_FORMS]
+FORM_IDS = [f"{lay}-d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for lay, h, t, c, p in LAYOUT_FORMS]
 
 
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("scales", SCALES, ids=["k0.02-v300", "k1.9-v0.02", "k300-v1.9"])
-@pytest.mark.parametrize("head,dtype,cache,page", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("layout,head,dtype,cache,page", LAYOUT_FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
-def test_gpu_fp8_matches_reference(from_cache, head, dtype, cache, page, scales, monkeypatch):
-    """Plain causal attention over an fp8 NHD cache: every head, query dtype, fp8 type and page class, k
-    given or from the cache, scales far from 1 each way."""
-    _check("nhd", from_cache, head, dtype, cache, page, scales, monkeypatch)
+def test_gpu_fp8_matches_reference(from_cache, layout, head, dtype, cache, page, scales, monkeypatch):
+    """Plain causal attention over an fp8 NHD cache (the split layout's too: the split kernel's gathers into
+    fp8 staging): every head, query dtype, fp8 type and page class, k given or from the cache, scales far
+    from 1 each way."""
+    _check(layout, from_cache, head, dtype, cache, page, scales, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -558,27 +567,6 @@ def test_gpu_fp8_matches_reference(from_cache, head, dtype, cache, page, scales,
 def test_gpu_fp8_tma_layouts(layout, dtype, cache, monkeypatch):
     """HND caches and interleaved K/V pages ride the same kernel."""
     _check(layout, False, 128, dtype, cache, 16, SCALES[0], monkeypatch)
-
-
-#: vLLM's split layout (``x = 16``): the split kernel's gathered fp8 form, every head, q dtype, fp8 type
-#: and page class
-SPLIT_FORMS = [
-    (128, torch.bfloat16, E4M3, 16),
-    (128, torch.float16, E5M2, 544),
-    (64, torch.float16, E4M3, 1056),
-    (64, torch.bfloat16, E5M2, 16),
-]
-SPLIT_IDS = [f"d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for h, t, c, p in SPLIT_FORMS]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("scales", SCALES, ids=["k0.02-v300", "k1.9-v0.02", "k300-v1.9"])
-@pytest.mark.parametrize("head,dtype,cache,page", SPLIT_FORMS, ids=SPLIT_IDS)
-@pytest.mark.parametrize("from_cache", [False, True], ids=["kv", "from_cache"])
-def test_gpu_fp8_split_matches_reference(from_cache, head, dtype, cache, page, scales, monkeypatch):
-    """Plain causal attention over an fp8 split cache (the split kernel's gathers into fp8 staging)."""
-    _check("split", from_cache, head, dtype, cache, page, scales, monkeypatch)
 
 
 GPU_OPTIONS = {

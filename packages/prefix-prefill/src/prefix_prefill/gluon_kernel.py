@@ -652,6 +652,46 @@ def _gluon_fwd_kernel(
 
 
 @gluon.jit
+def _fp8_staging(
+    rings,
+    n_a,
+    v_mul,
+    dtype: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    K_LAYOUT: gl.constexpr,
+    V_LAYOUT: gl.constexpr,
+    V_T: gl.constexpr,
+    READY_COUNT: gl.constexpr,
+):
+    """The fp8 forms' staging slots, ``FP8_STAGING`` a ring in ``dtype``: K ``[BLOCK_N, D]`` slots in
+    ``K_LAYOUT``, V ``[BLOCK_N, D]`` (``V_T``: ``[D, BLOCK_N]``) in ``V_LAYOUT``, their ready barriers
+    counting ``READY_COUNT`` arrivals (1: a TMA copy's expect-tx; a gathering partition's threads) and empty
+    ones 1 (the converter), initialised. Returns ``(conv_args, k_stage_args, v_stage_args)``: the
+    :func:`_fp8_converter`'s arguments over ``rings`` (``allocate_rings``' nine values), ``n_a`` and
+    ``v_mul``, and each producer's ``(stage, st_ready, st_empty)``."""
+    _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
+    k_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], K_LAYOUT)
+    if V_T:
+        v_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, HEAD_DIM, BLOCK_N], V_LAYOUT)
+    else:
+        v_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], V_LAYOUT)
+    ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    vs_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    vs_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(FP8_STAGING):
+        mbarrier.init(ks_ready.index(i), count=READY_COUNT)
+        mbarrier.init(ks_empty.index(i), count=1)
+        mbarrier.init(vs_ready.index(i), count=READY_COUNT)
+        mbarrier.init(vs_empty.index(i), count=1)
+    fence_async_shared()
+    conv_args = (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty,
+                 v_ready, v_empty, n_a, v_mul)  # fmt: skip
+    return conv_args, (k_stage, ks_ready, ks_empty), (v_stage, vs_ready, vs_empty)
+
+
+@gluon.jit
 def _fp8_partitions(
     O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul, KCB_desc,
     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -668,23 +708,10 @@ def _fp8_partitions(
     within the register file's 64K: the converter's 32 hold one pass's load ahead), or with
     ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
     straight into the rings)."""
-    _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
-    k_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
-    v_stage = gl.allocate_shared_memory(KCB_desc.dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], KCB_desc.layout)
-    ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    vs_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    vs_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(FP8_STAGING):
-        mbarrier.init(ks_ready.index(i), count=1)
-        mbarrier.init(ks_empty.index(i), count=1)
-        mbarrier.init(vs_ready.index(i), count=1)
-        mbarrier.init(vs_empty.index(i), count=1)
-    fence_async_shared()
-    conv_args = (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty,
-                 v_ready, v_empty, n_a, v_mul)  # fmt: skip
-    k_stage_args = (k_stage, ks_ready, ks_empty)
-    v_stage_args = (v_stage, vs_ready, vs_empty)
+    STAGE: gl.constexpr = KCB_desc.layout  # (TMA lands the blocks in the descriptor's layout)
+    conv_args, k_stage_args, v_stage_args = _fp8_staging(
+        rings, n_a, v_mul, KCB_desc.dtype, BLOCK_N, HEAD_DIM, STAGE, STAGE, False, 1
+    )
     if ONE_CONSUMER:
         gl.warp_specialize(
             [

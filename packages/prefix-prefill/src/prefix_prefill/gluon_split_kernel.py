@@ -31,6 +31,7 @@ from prefill_runtime.gluon import allocate_rings, load_q_halves
 from prefix_prefill.gluon_kernel import (
     FP8_STAGING,
     _fp8_converter,
+    _fp8_staging,
     _out_scale,
     _prefix_consumer,
     _program,
@@ -429,7 +430,7 @@ def _split_v_partition(
 
 
 @gluon.constexpr_function
-def _fp8_staging(cols):
+def _staging_layout(cols):
     """An fp8 staging slot's layout (``[rows, cols]``, 8-bit, swizzled by its row's bytes up to 128): the
     gathers' 16-byte copies of consecutive rows land in distinct banks, the converter's loads read whole
     rows."""
@@ -495,27 +496,14 @@ def _split_fp8_partitions(
     """The partitions of :func:`_gluon_split_kernel`'s ``CACHE_FP8`` forms: the consumers (segment A's terms
     from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (4 warps, V slots ``[D,
     BLOCK_N]``) and the two gathering :func:`_split_fp8_producer` partitions (2 warps each), over
-    ``FP8_STAGING`` fp8 staging slots a ring (:func:`_fp8_staging`). 16 warps: the consumers at 224
+    ``FP8_STAGING`` fp8 staging slots a ring (:func:`_staging_layout`). 16 warps: the consumers at 224
     registers, the converter and the producers at 32. ``NEW``: the new tokens' K/V come from ``k``/``v``
     (float16, by TMA into the rings)."""
-    _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
-    dtype: gl.constexpr = K_cache.dtype.element_ty
-    k_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], _fp8_staging(HEAD_DIM))
-    v_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, HEAD_DIM, BLOCK_N], _fp8_staging(BLOCK_N))
-    ks_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    ks_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    vs_ready = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    vs_empty = gl.allocate_shared_memory(gl.int64, [FP8_STAGING, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(FP8_STAGING):
-        mbarrier.init(ks_ready.index(i), count=32 * PRODUCER_WARPS)  # (a gathering thread's arrival each)
-        mbarrier.init(ks_empty.index(i), count=1)
-        mbarrier.init(vs_ready.index(i), count=32 * PRODUCER_WARPS)
-        mbarrier.init(vs_empty.index(i), count=1)
-    fence_async_shared()
-    conv_args = (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty,
-                 v_ready, v_empty, n_a, v_mul)  # fmt: skip
-    k_stage_args = (k_stage, ks_ready, ks_empty)
-    v_stage_args = (v_stage, vs_ready, vs_empty)
+    # (ready barriers: one arrival per gathering thread)
+    conv_args, k_stage_args, v_stage_args = _fp8_staging(
+        rings, n_a, v_mul, K_cache.dtype.element_ty, BLOCK_N, HEAD_DIM, _staging_layout(HEAD_DIM),
+        _staging_layout(BLOCK_N), True, 32 * PRODUCER_WARPS,
+    )  # fmt: skip
     if ONE_CONSUMER:
         gl.warp_specialize(
             [
