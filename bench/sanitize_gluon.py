@@ -99,10 +99,11 @@ PREFIX_HND = [
     ("hnd", 128, 544, False, True, "gluon-hnd"),
     ("hnd", 256, 16, True, False, "gluon-hnd"),
 ]
-# fp8 caches on the NHD/HND kernel (CACHE_FP8: staging slots, the converter partition), numbered after the
-# cases above: (layout, head, page, kv_from_cache, return_lse, plan, options, queries <= 64, heads, fp8
-# dtype, aligned), with k_scale 0.5 and v_scale 1.5; aligned: every context and new-token length a
-# multiple of the key block, so no block sticks out of its segment and the consumers zero no V rows
+# fp8 caches on the NHD/HND kernel (CACHE_FP8: staging slots, the converter partition) and, last, on the
+# split kernel (the gathering producers fill the staging slots; vLLM's x = 16), numbered after the cases
+# above: (layout, head, page, kv_from_cache, return_lse, plan, options, queries <= 64, heads, fp8 dtype,
+# aligned), with k_scale 0.5 and v_scale 1.5; aligned: every context and new-token length a multiple of the
+# key block, so no block sticks out of its segment and the consumers zero no V rows
 PREFIX_FP8 = [
     ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn, False),
     ("nhd", 64, 544, True, False, "gluon-nhd", True, False, (8, 2), torch.float8_e5m2, False),
@@ -110,6 +111,9 @@ PREFIX_FP8 = [
     ("hnd", 128, 16, False, True, "gluon-hnd", False, True, (6, 2), torch.float8_e5m2, False),  # idle
     ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn, True),
     ("nhd", 64, 544, True, False, "gluon-nhd", False, False, (8, 2), torch.float8_e5m2, True),
+    ("split", 128, 16, False, True, "gluon-split", False, False, (8, 2), torch.float8_e4m3fn, False),
+    ("split", 64, 32, True, False, "gluon-split", True, False, (8, 2), torch.float8_e5m2, False),
+    ("split", 128, 16, False, False, "gluon-split", True, True, (32, 8), torch.float8_e4m3fn, False),
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -143,9 +147,10 @@ def _prefix_case(
     pages = [-(-s // page) for s in seq]
     nb = sum(pages) + 1
     cdt = DT if fp8 is None else fp8  # (an fp8 cache: values of 2 * N(0, 1), scales 0.5 / 1.5)
-    if layout == "split":
-        k_cache = torch.randn(nb, hk, d // 8, page, 8, device=DEV).to(DT)
-        v_cache = torch.randn(nb, hk, d, page, device=DEV).to(DT)
+    if layout == "split":  # (x = 16 bytes of features a slot: 8 for 16-bit, 16 for fp8)
+        x = 8 if fp8 is None else 16
+        k_cache = (torch.randn(nb, hk, d // x, page, x, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
+        v_cache = (torch.randn(nb, hk, d, page, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
     elif layout == "hnd":
         k_cache = (torch.randn(nb, hk, page, d, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
         v_cache = (torch.randn(nb, hk, page, d, device=DEV) * (1 if fp8 is None else 2)).to(cdt)
