@@ -9,12 +9,13 @@ Writes DIR/feature_cost.{csv,md}, rewritten after each group (package, layout, p
 cut by its time limit keeps what it measured; prints one line per row.
 
 Problems (bf16, block tables a random permutation of the block ids):
-  prefix  head 128: 8 sequences of 4096 cached + 4096 new tokens, 32 q / 8 kv heads;
+  prefix  heads 64 (``--heads 64``, not in the default table) and 128: 8 sequences of 4096 cached + 4096
+          new tokens, 32 q / 8 kv heads;
           head 256: 4 sequences of 8192 cached + 2048 new tokens, 16 q / 2 kv heads;
           vLLM's split cache and the NHD cache (``--layouts``: the HND cache too), pages 16 and 1056
           (``prefix_prefill.prefix_prefill`` with ``kv_layout``; ``skip_decode`` through
           ``context_attention_fwd``, split cache only)
-  window  one 8192-token causal sequence: head 128 with 32 q / 8 kv heads, head 256 with 16 / 2
+  window  one 8192-token causal sequence: heads 64 and 128 with 32 q / 8 kv heads, head 256 with 16 / 2
           (``window_prefill.window_prefill``)
 
 Features (one row each; ``plain`` first): fp8 e4m3 / e5m2 KV caches with per-tensor scales, sinks (both
@@ -141,8 +142,8 @@ QUICK = ("plain", "fp8_e4m3", "sinks", "softcap50", "alibi", "window4095", "wind
          "softcap50+window4095")  # fmt: skip
 
 # (batch, heads, kv_heads, ctx, new) per head size; window-prefill: (tokens, heads, kv_heads)
-PREFIX_SHAPES = {128: (8, 32, 8, 4096, 4096), 256: (4, 16, 2, 8192, 2048)}
-WINDOW_SHAPES = {128: (8192, 32, 8), 256: (8192, 16, 2)}
+PREFIX_SHAPES = {64: (8, 32, 8, 4096, 4096), 128: (8, 32, 8, 4096, 4096), 256: (4, 16, 2, 8192, 2048)}
+WINDOW_SHAPES = {64: (8192, 32, 8), 128: (8192, 32, 8), 256: (8192, 16, 2)}
 SMOKE_PREFIX = {64: (2, 2, 1, 40, 24)}
 SMOKE_WINDOW = {64: (64, 2, 1)}
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
