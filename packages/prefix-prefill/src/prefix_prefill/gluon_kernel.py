@@ -362,11 +362,8 @@ def _fp8_producer(
     """:func:`_producer` over an fp8 cache: one warp filling ring ``KV`` (``args`` as there). Context
     blocks ``j < n_a`` land as fp8 bytes in staging slot ``j % FP8_STAGING`` of ``stage_args = (stage,
     st_ready, st_empty)`` once :func:`_fp8_converter` released it (it converts them into the ring); the
-    new tokens' blocks go to the ring as :func:`_producer` fills it. Before its first new-token block
-    the warp waits for the converter to finish the last context block: running ahead of the converter
-    by its staging slots, the warp's ring wait would otherwise look at the ring's empty barrier two
-    rounds ahead of the converter's fills, where an mbarrier parity wait passes at once (the converter's
-    own ring waits, block after block, keep that block's round the one the wait sees). ``NEW`` False
+    new tokens' blocks go to the ring as :func:`_producer` fills it, after the converter's last context
+    block (:func:`_fp8_new_blocks` says why). ``NEW`` False
     (the new tokens in the cache: every block is a context block) leaves the new-token part out (its
     descriptor is then the fp8 cache's)."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
@@ -383,16 +380,35 @@ def _fp8_producer(
         _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
                       page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
     if NEW:
-        if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done (see above)
-            last = n_a - 1
-            mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
-        for j in range(n_a, n_blocks):
-            slot = j % NUM_STAGES
-            mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar,
-                                            smem.index(slot))  # fmt: skip
+        _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, kv_col, n_a, n_blocks, BLOCK_N,
+                        HEAD_DIM, NUM_STAGES)  # fmt: skip
+
+
+@gluon.jit
+def _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, col, n_a, n_blocks,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    AS_ROWS: gl.constexpr = False):  # fmt: skip
+    """An fp8 form's producer's new-token blocks ``j`` in ``[n_a, n_blocks)``: each ``[BLOCK_N, D]`` box of
+    ``N_desc`` (rows from ``n_tok0 + (j - n_a) * BLOCK_N``, column ``col``) into ring slot ``j %
+    NUM_STAGES`` once both consumers released it (``AS_ROWS``: the slot seen in ``N_desc``'s layout, the
+    split kernel's V ring), announced on its ready barrier by expect-tx. First the wait for the converter's
+    last context block (on its staging slot's ``st_empty``): running ahead of the converter by its staging
+    slots, the ring wait would otherwise look at the ring's empty barrier two rounds ahead of the
+    converter's fills, where an mbarrier parity wait passes at once (the converter's own ring waits, block
+    after block, keep that block's round the one the wait sees)."""
+    if (n_a > 0) & (n_blocks > n_a):
+        last = n_a - 1
+        mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
+    if AS_ROWS:
+        ring = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
+    else:
+        ring = smem
+    for j in range(n_a, n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, col], bar, ring.index(slot))
 
 
 @gluon.constexpr_function

@@ -31,6 +31,7 @@ from prefill_runtime.gluon import allocate_rings, load_q_halves
 from prefix_prefill.gluon_kernel import (
     FP8_STAGING,
     _fp8_converter,
+    _fp8_new_blocks,
     _fp8_staging,
     _out_scale,
     _prefix_consumer,
@@ -447,8 +448,8 @@ def _split_fp8_producer(
     gathered as fp8 bytes into staging slot ``j % FP8_STAGING`` of ``stage_args = (stage, st_ready,
     st_empty)`` (K ``[BLOCK_N, D]``, V ``[D, BLOCK_N]``) once ``prefix_prefill.gluon_kernel._fp8_converter``
     released it, each thread arriving on ``st_ready`` when its copies land; the converter turns them into
-    the float16 ring. The new tokens' blocks (``NEW``) go to the ring by TMA as the 16-bit forms' do, after
-    the converter's last context block (the wait ``_fp8_producer`` explains)."""
+    the float16 ring. The new tokens' blocks (``NEW``) go to the ring by TMA
+    (``prefix_prefill.gluon_kernel._fp8_new_blocks``)."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
      c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, _,
      max_block) = args  # fmt: skip
@@ -467,21 +468,9 @@ def _split_fp8_producer(
             _gather_v_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
                             head_off, max_block, BLOCK_N, HEAD_DIM, SUB, V_TPR)  # fmt: skip
         _publish_gathers(st_ready.index(st))
-    if NEW:
-        if (n_a > 0) & (n_blocks > n_a):  # the converter's last context block done
-            last = n_a - 1
-            mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
-        for j in range(n_a, n_blocks):
-            slot = j % NUM_STAGES
-            mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-            tok = n_tok0 + (j - n_a) * BLOCK_N
-            if KV == 0:
-                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, smem.index(slot))
-            else:  # V as key rows: the slot seen in N_desc's layout
-                rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
-                tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+    if NEW:  # (V as key rows: the slot seen in N_desc's layout)
+        _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, kv_head * HEAD_DIM, n_a, n_blocks,
+                        BLOCK_N, HEAD_DIM, NUM_STAGES, KV == 1)  # fmt: skip
 
 
 @gluon.jit
