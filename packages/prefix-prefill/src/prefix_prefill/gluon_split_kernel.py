@@ -591,7 +591,10 @@ def _gluon_split_kernel(
     ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
     clamp: coordinates outside the view read zeros)."""
     PRODUCER_REGS: gl.constexpr = 32  # every producer's registers (setmaxnreg)
-    CX: gl.constexpr = 16 if CACHE_FP8 else 8  # the caches' elements a 16-byte copy (vLLM's x)
+    if V_TMA:  # (V by TMA implies K by TMA: no gathers)
+        CX: gl.constexpr = 8
+    else:  # the caches' elements a 16-byte gather copy (vLLM's x), from their element type
+        CX: gl.constexpr = _x_of(V_cache.dtype.element_ty)
     V_TPR: gl.constexpr = BLOCK_N // CX  # threads along a feature row's keys in the V gathers
     TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_k_block)
     K_SUB: gl.constexpr = 32 * PRODUCER_WARPS if TPD == 1 else 32 // TPD  # keys per K gather step
