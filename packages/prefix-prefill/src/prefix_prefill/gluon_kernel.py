@@ -281,16 +281,19 @@ def _prefix_consumer(
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
     z = m0 * 0
+    # slots filled by cp.async (the split kernel's gathers) need a proxy fence after each wait; an fp8
+    # cache's rings are filled by the converter (which fences its stores) and by TMA
+    CP_FILL: gl.constexpr = SPLIT and not FP8_KV
     if IDLE:
         drain(k_ready, k_empty, v_ready, v_empty, v_smem, bar_f, n_blocks, n_a, a_base, a_lo, a_end,
               a_full_lo, a_full, b_base, z, b_end, b_full_lo, b_full, a_shift, z, WG, BLOCK_N, NUM_STAGES,
-              NUM_STAGES, SPLIT, SPLIT, V_ROWS)  # fmt: skip
+              NUM_STAGES, SPLIT, CP_FILL, V_ROWS)  # fmt: skip
     else:
         consumer(
             WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
             q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
             b_end, z, b_full_lo, b_full, qk_scale, window_left, window_right, st_o, sh_o, stride_lse_h,
-            HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, SPLIT,
+            HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, CP_FILL,
             WARPGROUPS, K_VIEW, 0,
             K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
             terms, FP8_KV,
