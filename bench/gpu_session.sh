@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times everything: the GPU test suite, then both benchmarks.
 # Usage (repository root, on the GPU machine):
-#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|ncuwindow|ncufeatures|all] [extra bench args]
+#   bash bench/gpu_session.sh [tests|bench|ab|abbench|first|safety|ncu|readme|engine|accept|quick|hostspread|consan|features|anchors|engineab|treesab|shortforms|ncuwindow|ncufeatures|persistent|all] [extra bench args]
 # (tests: the whole suite on the GPU (TEST_PATHS, XDIST workers) into tests.log and junit.xml; with
 #  PYTEST_DONE=FILE (node ids a cut run reported, one a line) only the rest (bench/pytest_resume.py);
 #  bench: bench/window_prefill.py and bench/prefix_prefill.py (BENCHES) with the extra args, into
@@ -43,6 +43,11 @@
 #  (default "plain fp8_e4m3"; bench/feature_ncu.py on NCU_PACKAGE prefix|window, NCU_LAYOUT, default
 #  prefix nhd; kernels matching NCU_KERNEL, default gluon), one process and report each, then
 #  bench/window_ncu.py --summary, into ncu.tgz;
+#  persistent: the persistent form of the prefix NHD/HND Gluon kernel (narrow windows): PERSIST_STEPS
+#  (default tests,time) of: tests (PERSIST_TESTS, default its test file, under TEST_TIMEOUT), time
+#  (bench/feature_cost.py over PERSIST_FEATURE_ARGS with the plan's rule and with the one-tile form,
+#  --set PERSISTENT_MAX_WINDOW=0, interleaved PERSIST_PASSES times), memcheck (compute-sanitizer over the
+#  test file's rows-past-the-grid cases), into results.tgz;
 #  readme: every Python example of the READMEs (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
@@ -222,6 +227,32 @@ if [[ $what == features ]]; then
   timeout ${BENCH_TIMEOUT:-560} python3 bench/feature_cost.py --out "$res" ${FEATURE_ARGS:---quick} "$@" 2>&1 \
     | tee "$res/feature_cost.log" | grep -E "feature=|wrote|Error"
   rc=${PIPESTATUS[0]}
+  tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
+fi
+if [[ $what == persistent ]]; then
+  res=$OUT/res; mkdir -p "$res"
+  steps=${PERSIST_STEPS:-tests,time}
+  if [[ $steps == *tests* ]]; then
+    timeout ${TEST_TIMEOUT:-280} python3 -m pytest ${PERSIST_TESTS:-tests/prefix_prefill/test_pp_gluon_persistent.py} \
+      -m "not compile_check" -n ${XDIST:-16} -v -rfE -p no:cacheprovider --junitxml "$res/junit.xml" 2>&1 \
+      | tee "$res/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+    rc=${PIPESTATUS[0]}
+  fi
+  if [[ $steps == *time* ]]; then
+    fargs=${PERSIST_FEATURE_ARGS:---packages prefix --heads 128 --layouts nhd --pages 16 --rounds 3 --features window127,window127+sinks,window511,window1023}
+    for ((pass = 1; pass <= ${PERSIST_PASSES:-1}; pass++)); do
+      for mode in persistent onetile; do
+        sets=(); [[ $mode == onetile ]] && sets=(--set PERSISTENT_MAX_WINDOW=0)
+        timeout ${TIME_TIMEOUT:-200} python3 bench/feature_cost.py --out "$res/$mode-$pass" $fargs "${sets[@]}" 2>&1 \
+          | tee "$res/$mode-$pass.log" | grep -E "feature=|Error"
+      done
+    done
+  fi
+  if [[ $steps == *memcheck* ]]; then
+    timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool memcheck python3 -m pytest \
+      tests/prefix_prefill/test_pp_gluon_persistent.py -k rows_past -p no:cacheprovider -q >"$res/memcheck.log" 2>&1
+    grep -E "ERROR SUMMARY|passed|failed" "$res/memcheck.log"
+  fi
   tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"
 fi
 if [[ $what == anchors ]]; then

@@ -428,22 +428,24 @@ def _block_step(
     HAS_RIGHT: gl.constexpr, V_T: gl.constexpr, CP_FILL: gl.constexpr, WARPGROUPS: gl.constexpr,
     K_VIEW: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
     S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, SOFTCAP: gl.constexpr,
-    ALIBI: gl.constexpr, SINKS: gl.constexpr, terms=None, FP8_KV: gl.constexpr = False,
+    ALIBI: gl.constexpr, SINKS: gl.constexpr, terms=None, FP8_KV: gl.constexpr = False, base=0,
 ):  # fmt: skip
     """One step of :func:`consumer`'s loop: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (its V
     slot in the ``V_ROWS`` form when that is given, see :func:`_pv_step`), wait for ``S_j`` only, the
     softmax of block ``j`` while ``P @ V`` runs, then wait and rescale. Returns the loop's state: ``(acc,
     b_p, m_i, l_i, n_fix)`` and block ``j``'s ``(n0, lo, hi, out)`` for its own ``P @ V``. ``score``,
     ``SOFTCAP``, ``ALIBI``, ``SINKS``: :func:`softmax_step`'s; ``FP8_KV``: block ``j``'s terms by
-    :func:`segment_terms` of ``terms``."""
+    :func:`segment_terms` of ``terms``; ``base``: the rings' blocks before this tile's (block ``j`` is the
+    rings' block ``base + j``: its slot and phase)."""
     dtype: gl.constexpr = q_buf.dtype
-    slot = j % NUM_STAGES
-    pslot = (j - 1) % VS
-    mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
+    r = base + j  # the rings' block
+    slot = r % NUM_STAGES
+    pslot = (r - 1) % VS
+    mbarrier.wait(k_ready.index(slot), (r // NUM_STAGES) & 1)
     if CP_FILL:
         fence_async_shared()
     b_s = _scores(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # S_j in flight
-    mbarrier.wait(v_ready.index(pslot), ((j - 1) // VS) & 1)
+    mbarrier.wait(v_ready.index(pslot), ((r - 1) // VS) & 1)
     if CP_FILL:
         fence_async_shared()
     n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
@@ -481,7 +483,7 @@ def consumer(
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
     SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
-    terms=None, FP8_KV: gl.constexpr = False,
+    terms=None, FP8_KV: gl.constexpr = False, ring=None,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -511,7 +513,12 @@ def consumer(
     ``FP8_KV`` (segment A's K/V converted from an fp8 cache, segment B's 16-bit): ``qk_scale`` and
     ``score`` are segment A's, ``terms`` segment B's and A's V scaling (:func:`segment_terms`); the
     sinks' start and the LSE read segment A's ``score[1] * qk_scale`` (the slope in log2 units, the
-    same for both segments)."""
+    same for both segments). ``ring`` (a persistent program's tile after tile through one set of rings):
+    ``(base, q_phase, n_fix, q_empty)``: the tile's blocks are the rings' blocks ``base + j`` (their slots
+    and phases), its Q is the ``q_bar`` phase ``q_phase``, the V-row handshake count goes on from
+    ``n_fix``, and once the tile's last ``Q K^T`` is done the warpgroup arrives on ``q_empty`` (count 2:
+    the producer may load the next tile's Q); the handshake count after the tile is returned. None: one
+    tile, from the rings' first block."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
@@ -539,15 +546,22 @@ def consumer(
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)  # [BM / 2, D]
+    if ring is None:
+        base = 0
+        q_phase = 0
+        n_fix = 0
+    else:
+        base, q_phase, n_fix, q_empty = ring
 
     # ---- block 0: scores and softmax, no P @ V yet ----
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(k_ready.index(0), 0)
+    slot0 = base % NUM_STAGES
+    mbarrier.wait(q_bar.index(WG), q_phase)
+    mbarrier.wait(k_ready.index(slot0), (base // NUM_STAGES) & 1)
     if CP_FILL:
         fence_async_shared()
-    b_s = _scores(q_buf, k_smem, 0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
+    b_s = _scores(q_buf, k_smem, slot0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
     b_s = warpgroup_mma_wait(0, deps=[b_s])
-    _release(k_empty.index(0), WARPGROUPS)
+    _release(k_empty.index(slot0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
         0, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo,
         b_full_hi, BLOCK_N,
@@ -561,7 +575,6 @@ def consumer(
     )  # fmt: skip
     b_p = gl.convert_layout(b_p.to(dtype), P_LAYOUT)  # [BM / 2, BN] the A operand of P @ V
     p_n0, p_lo, p_hi, p_out = n0, lo, hi, out  # the previous block's, for its P @ V
-    n_fix = 0
     # Blocks 1 .. n_blocks - 1: S_j, then P_{j-1} V_{j-1}. With V_ROWS segment A's P @ V (V_T slots) and
     # segment B's (key rows) run in loops of their own, one operand form each: a runtime branch between
     # two forms of an asynchronous wgmma makes ptxas serialise every wgmma of the kernel (its advisory
@@ -576,7 +589,7 @@ def consumer(
             v_ready, v_empty, fix_bar, offs_r, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base,
             b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, row0, WG,
             ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS,
-            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS, terms, FP8_KV,
+            K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS, terms, FP8_KV, base,
         )  # fmt: skip
     if V_ROWS is not None:
         for j in range(a_stop, n_blocks):
@@ -586,11 +599,13 @@ def consumer(
                 a_full_hi, b_base, b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left,
                 window_right, score, row0, WG, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT,
                 HAS_RIGHT, V_T, CP_FILL, WARPGROUPS, K_VIEW, K_COLS, V_ROWS, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-                SOFTCAP, ALIBI, SINKS, terms, FP8_KV,
+                SOFTCAP, ALIBI, SINKS, terms, FP8_KV, base,
             )  # fmt: skip
+    if ring is not None:  # every Q K^T of the tile is done (the last step waited for them all)
+        mbarrier.arrive(q_empty, count=1)
 
     # ---- the last block's P @ V (with V_ROWS a block of segment B) ----
-    last = n_blocks - 1
+    last = base + n_blocks - 1  # (the rings' block)
     lslot = last % VS
     mbarrier.wait(v_ready.index(lslot), (last // VS) & 1)
     if CP_FILL:
@@ -620,6 +635,8 @@ def consumer(
         b_lse = gl.where(l_i == 0.0, float("-inf"), b_log2 * 0.6931471805599453)  # [BM / 2]
         p_lse = Lse + head.to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)  # [BM / 2]
         gl.store(p_lse, b_lse, mask=offs_r < n_rows)
+    if ring is not None:
+        return n_fix
 
 
 @gluon.jit

@@ -60,18 +60,21 @@ from prefix_prefill.sequence import sequence_geometry
 
 @gluon.jit
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
-                  KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False):  # fmt: skip
+                  KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False, pid_m=None,
+                  head=None):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
     and status bits of :func:`prefix_prefill.kernel.sequence_geometry` (rows clamped into the
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
-    (1, heads / 2, batch), ``head`` the first of the program's two heads."""
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    if PAIR_HEADS:
-        head = gl.program_id(1) * 2
-    else:
-        head = gl.program_id(1)
+    (1, heads / 2, batch), ``head`` the first of the program's two heads. ``pid_m``/``head`` given (a
+    persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``program_id(2)``."""
+    if pid_m is None:
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        if PAIR_HEADS:
+            head = gl.program_id(1) * 2
+        else:
+            head = gl.program_id(1)
     seq = gl.program_id(2)
     q_tok0, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
         CuSeqlensQ, SeqLens, seq, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
@@ -83,7 +86,7 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
 def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                    num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
                    BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, IDLE_WG1: gl.constexpr,
-                   PAIR_HEADS: gl.constexpr = False):  # fmt: skip
+                   PAIR_HEADS: gl.constexpr = False, n_m=None):  # fmt: skip
     """Program setup of both Gluon kernels, before any program returns: head 0's program of a sequence's
     last query tile reports its malformed metadata into ``Status`` (when given: the bits of
     ``flags``, ``MAX_LEN`` for a query longer than ``max_query_len``, ``BLOCK_ID`` from a scan of the
@@ -91,10 +94,13 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
     the grid (a ``max_query_len`` smaller than the sequence) as 0
     (``prefill_runtime.gluon_bounds.zero_rows``). With ``IDLE_WG1`` (one tile, whose second warpgroup
     computes nothing) or ``PAIR_HEADS`` (one tile, its warpgroups on two heads, ``head`` and ``head + 1``)
-    the grid covers the first ``BLOCK_M / 2`` rows."""
+    the grid covers the first ``BLOCK_M / 2`` rows. ``n_m``: the query tiles of a sequence when they are
+    not the grid's first dimension (a persistent launch)."""
     COVER: gl.constexpr = BLOCK_M // 2 if IDLE_WG1 or PAIR_HEADS else BLOCK_M
-    grid_rows = gl.num_programs(0) * COVER  # query rows the grid covers
-    last = pid_m == gl.num_programs(0) - 1
+    if n_m is None:
+        n_m = gl.num_programs(0)
+    grid_rows = n_m * COVER  # query rows the grid covers
+    last = pid_m == n_m - 1
     if Status is not None:
         if (head == 0) & last:
             flags |= (q_len > max_query_len).to(gl.int32) * MAX_LEN
@@ -190,14 +196,15 @@ def _program_options(q_len, ctx_len, cache_len, m0, head, window_left, window_ri
 
 @gluon.jit
 def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.constexpr,
-                     SKIP_DECODE: gl.constexpr, PAIR_HEADS: gl.constexpr = False):  # fmt: skip
+                     SKIP_DECODE: gl.constexpr, PAIR_HEADS: gl.constexpr = False,
+                     WRITES: gl.constexpr = True):  # fmt: skip
     """Whether this program has nothing to compute: its tile starts past its sequence's new tokens, or
     (``SKIP_DECODE``) the sequence has one new token, left to a decode kernel: that row's output is left as
-    it is and, with ``RETURN_LSE``, its LSE is ``-inf``."""
+    it is and, with ``RETURN_LSE``, its LSE is ``-inf`` (written where ``WRITES``)."""
     skip = m0 >= q_len
     if SKIP_DECODE:
         decode = (q_len == 1) & (m0 == 0)
-        if RETURN_LSE:
+        if RETURN_LSE and WRITES:
             for h in gl.static_range(2 if PAIR_HEADS else 1):
                 gl.store(Lse + (head + h).to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
         skip = skip | decode
@@ -212,6 +219,7 @@ def _program(
     RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
     PAIR_HEADS: gl.constexpr = False, CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
+    pid_m=None, head=None, n_m=None, WRITES: gl.constexpr = True,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
@@ -219,26 +227,33 @@ def _program(
     q_len, m0, p_table_row, w_left, w_right, seg, score)``; ``skip``: the program has nothing (more) to
     do: its tile starts past the sequence, its sequence is a skipped decode row, or (``KV_FROM_CACHE``) the
     table holds no key of the tile, whose rows are then written as 0 here. ``PAIR_HEADS``: the program's
-    heads are ``head`` and ``head + 1`` (``score`` is the first's)."""
+    heads are ``head`` and ``head + 1`` (``score`` is the first's). ``pid_m``, ``head``, ``n_m`` (a
+    persistent program's tile, :func:`_persistent_tile`): the tile, of ``n_m`` query tiles a sequence;
+    ``WRITES`` False: the setup's writes (report, rows past the grid, a skipped row's LSE, an empty
+    tile's rows) are another partition's, this one only reads the tile's geometry."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
-        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS
-    )
+        CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
+        pid_m, head,
+    )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
-    _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
-                   num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
-                   HEAD_DIM, IDLE_WG1, PAIR_HEADS)  # fmt: skip
+    if WRITES:
+        _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
+                       num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
+                       HEAD_DIM, IDLE_WG1, PAIR_HEADS, n_m)  # fmt: skip
     m0 = pid_m * BLOCK_M
-    skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE, PAIR_HEADS)
+    skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE, PAIR_HEADS,
+                            WRITES)  # fmt: skip
     w_left, w_right, seg, score = _program_options(
         q_len, ctx_len, cache_len, m0, head, window_left, window_right, qk_scale, tanh_scale, Sinks, Slopes,
         BLOCK_M, BLOCK_N, KV_FROM_CACHE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT,
     )  # fmt: skip
     if KV_FROM_CACHE:
         empty = (seg[0] == 0) & (m0 < q_len) & (skip == 0)
-        if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
-            for h in gl.static_range(2 if PAIR_HEADS else 1):
-                zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + h, Lse,
-                          stride_lse_h, HEAD_DIM)  # fmt: skip
+        if WRITES:
+            if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
+                for h in gl.static_range(2 if PAIR_HEADS else 1):
+                    zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + h,
+                              Lse, stride_lse_h, HEAD_DIM)  # fmt: skip
         skip = skip | empty
     return skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score
 
@@ -262,7 +277,7 @@ def _prefix_consumer(
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
-    terms=None, FP8_KV: gl.constexpr = False,
+    terms=None, FP8_KV: gl.constexpr = False, ring=None,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -276,7 +291,8 @@ def _prefix_consumer(
     second warpgroup whose rows no query reaches, which runs ``prefill_runtime.gluon.drain`` instead;
     ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
     and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype); ``FP8_KV``, ``terms``: the
-    consumer's (segment A from an fp8 cache: ``tile``'s ``qk_scale`` and ``score`` are A's)."""
+    consumer's (segment A from an fp8 cache: ``tile``'s ``qk_scale`` and ``score`` are A's); ``ring``: the
+    consumer's (a persistent program's tile: the V-row handshake count after it is returned)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
@@ -288,7 +304,7 @@ def _prefix_consumer(
         drain(k_ready, k_empty, v_ready, v_empty, v_smem, bar_f, n_blocks, n_a, a_base, a_lo, a_end,
               a_full_lo, a_full, b_base, z, b_end, b_full_lo, b_full, a_shift, z, WG, BLOCK_N, NUM_STAGES,
               NUM_STAGES, SPLIT, CP_FILL, V_ROWS)  # fmt: skip
-    else:
+    elif ring is None:
         consumer(
             WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
             q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
@@ -298,12 +314,23 @@ def _prefix_consumer(
             K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
             terms, FP8_KV,
         )  # fmt: skip
+    else:
+        n_fix = consumer(
+            WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
+            q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
+            b_end, z, b_full_lo, b_full, qk_scale, window_left, window_right, st_o, sh_o, stride_lse_h,
+            HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, CP_FILL,
+            WARPGROUPS, K_VIEW, 0,
+            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
+            terms, FP8_KV, ring,
+        )  # fmt: skip
+        return n_fix
 
 
 @gluon.jit
 def _producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, ring=None,
 ):  # fmt: skip
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves; ``PAIRED``: the same
     rows of heads ``head`` and ``head + 1``) or V. ``args``:
@@ -315,16 +342,25 @@ def _producer(
     + j * BLOCK_N, +BLOCK_N)`` of the cache (``a_end`` = the segment's end): one copy through ``CB_desc``
     (block [BLOCK_N, D]) when they lie in one page, else ``BLOCK_N / BOX`` copies through ``C_desc``
     (block [BOX, D]), one per page run, at the rows :func:`paged_kv_offsets.gluon.page_row` computes.
-    The rest: new tokens through ``N_desc`` from row ``n_tok0``."""
+    The rest: new tokens through ``N_desc`` from row ``n_tok0``. ``ring`` (a persistent program's tile):
+    ``(base, q_phase, q_empty)``: block ``j`` is the ring's block ``base + j`` (its slot and round), and
+    Q (tile ``q_phase``'s parity) loads once both consumers released the previous tile's (``q_empty``)."""
     (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, oob_row,
      block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end,
      n_blocks) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+    if ring is None:
+        base = 0
+    else:
+        base, q_phase, q_empty = ring
     if KV == 0:
+        if ring is not None:  # (the first tile's wait passes on the fresh barrier)
+            mbarrier.wait(q_empty, q_phase ^ 1)
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        r = base + j  # the ring's block
+        slot = r % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((r // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = ready.index(slot)
         buf = smem.index(slot)
         mbarrier.expect(bar, kv_bytes)
@@ -559,6 +595,7 @@ def _gluon_fwd_kernel(
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
     KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
+    PERSISTENT: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -593,7 +630,21 @@ def _gluon_fwd_kernel(
     staging slots (:func:`_fp8_producer`), a 4-warp partition converts them into the rings
     (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
     (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
-    ``k_scale``; V's scale through P, :func:`_v_terms`)."""
+    ``k_scale``; V's scale through P, :func:`_v_terms`). ``PERSISTENT`` (16-bit caches, two consumer
+    warpgroups): grid ``(programs, 1, batch)``, each program taking tiles of its sequence one after another
+    through one set of rings (:func:`_persistent_partitions`)."""
+    if PERSISTENT:
+        gl.static_assert(not (CACHE_FP8 or ONE_CONSUMER or IDLE_WG1 or PAIR_HEADS), "persistent: 16-bit")
+        prog = (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols,
+                num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left,
+                window_right, qk_scale, tanh_scale, Sinks, Slopes)  # fmt: skip
+        _persistent_partitions(
+            prog, (Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc),
+            (group_size, oob_row, block_rows, head_rows, head_cols), _out_scale(OutScale, qk_scale, OUT_MAX),
+            HEAD_DIM, BLOCK_M, BLOCK_N, BOX, KV_FROM_CACHE, RETURN_LSE, NUM_STAGES, HAS_LEFT, SOFTCAP,
+            HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
+        )  # fmt: skip
+        return
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
@@ -770,3 +821,156 @@ def _fp8_partitions(
             [4, 4, 1, 1],
             [232, 32, 24, 24],
         )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the persistent form
+@gluon.jit
+def _persistent_tile(
+    t, prog, sched, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr,
+    SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, WRITES: gl.constexpr,
+):  # fmt: skip
+    """:func:`_program` of a persistent program's tile ``t`` of its sequence (``sched = (heads, n_m,
+    tiles)``: ``tiles = n_m * heads``): head ``t % heads`` (a KV head's query heads back to back), query
+    tile ``n_m - 1 - t // heads`` (the latest tiles, which carry the most keys, first); ``prog``: the
+    kernel arguments :func:`_program` reads; ``WRITES``: this partition makes the setup's writes."""
+    (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks,
+     page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
+     tanh_scale, Sinks, Slopes) = prog  # fmt: skip
+    heads = sched[0]
+    n_m = sched[1]
+    return _program(
+        O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks,
+        page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
+        tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
+        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL, HAS_RIGHT, n_m - 1 - t // heads,
+        t % heads, n_m, WRITES,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _persistent_consumer(
+    WG: gl.constexpr, prog, sched, rings, q_empty, out_scale, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr,
+    SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+    HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``WG`` of a persistent program: :func:`_prefix_consumer` over the program's tiles
+    ``program_id(0) + i * num_programs(0)`` in turn, the rings' blocks and the V-row handshake counting on
+    from tile to tile, the tile's Q handed back on ``q_empty`` after its last ``Q K^T``. Warpgroup 0 makes
+    each tile's setup writes (:func:`_program`'s ``WRITES``)."""
+    O = prog[0]
+    Lse = prog[4]
+    stride_ot = prog[12]
+    stride_oh = prog[13]
+    stride_lse_h = prog[14]
+    qk_scale = prog[17]
+    base = gl.to_tensor(0)  # the rings' blocks of the tiles before
+    n_fix = gl.to_tensor(0)
+    n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
+    for t in range(gl.program_id(0), sched[2], gl.num_programs(0)):
+        got = _persistent_tile(
+            t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT,
+            SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT, WG == 0,
+        )  # fmt: skip
+        if got[0] == 0:  # (skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score)
+            seg = got[8]
+            tile = (got[4], got[2], got[3], got[1], seg, qk_scale, got[9], got[6], got[7], stride_ot,
+                    stride_oh, out_scale)  # fmt: skip
+            n_fix = _prefix_consumer(
+                WG, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+                False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
+                HAS_RIGHT, OUT_MAX, None, False, (base, n_done & 1, n_fix, q_empty),
+            )  # fmt: skip
+            base += seg[0]
+            n_done += 1
+
+
+@gluon.jit
+def _persistent_producer(
+    KV: gl.constexpr, prog, sched, descs, geo, smem, q_smem, q_bar, ready, empty, q_empty,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr,
+):  # fmt: skip
+    """Producer warp ``KV`` (0: K and Q, 1: V) of a persistent program: :func:`_producer` over the
+    program's tiles in the consumers' order (``descs = (Q_desc, N_desc, C_desc, CB_desc)``, ``geo =
+    (group_size, oob_row, block_rows, head_rows, head_cols)``), each tile's blocks after the previous
+    tile's in the ring, each tile's Q once the consumers handed the last one back (``q_empty``)."""
+    Q_desc, N_desc, C_desc, CB_desc = descs
+    group_size, oob_row, block_rows, head_rows, head_cols = geo
+    page_size = prog[10]
+    base = gl.to_tensor(0)
+    n_done = gl.to_tensor(0)
+    for t in range(gl.program_id(0), sched[2], gl.num_programs(0)):
+        got = _persistent_tile(
+            t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, False, SKIP_DECODE, HAS_LEFT, 0,
+            False, False, CAUSAL, HAS_RIGHT, False,
+        )  # fmt: skip
+        if got[0] == 0:  # (skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score)
+            head = got[1]
+            q_tok0 = got[2]
+            seg = got[8]
+            n_blocks = seg[0]
+            kv_head = head // group_size
+            args = (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, got[5], page_size,
+                    oob_row, block_rows, kv_head * head_rows, kv_head * head_cols, q_tok0, q_tok0 + seg[8],
+                    got[4], head, kv_head * HEAD_DIM, seg[1], seg[2], seg[4], n_blocks)  # fmt: skip
+            ring = (base, n_done & 1, q_empty)
+            _producer(KV, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False, ring)
+            base += n_blocks
+            n_done += 1
+
+
+@gluon.jit
+def _persistent_partitions(
+    prog, descs, geo, out_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
+    HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr,
+    SKIP_DECODE: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
+):  # fmt: skip
+    """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: the 16-bit form's rings plus ``q_empty`` (count 2:
+    both consumers' last ``Q K^T`` of a tile done), then two :func:`_persistent_consumer` warpgroups and
+    two :func:`_persistent_producer` warps over the sequence ``program_id(2)``'s ``n_m * heads`` tiles
+    (``n_m`` from ``max_query_len``, as the one-tile grid's). A row's arithmetic is the one-tile form's:
+    which program computes a tile does not change its result."""
+    Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc = descs
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    heads = Q_desc.shape[1] // HEAD_DIM
+    n_m = gl.maximum((prog[11] + BLOCK_M - 1) // BLOCK_M, 1)
+    sched = (heads, n_m, n_m * heads)
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
+        Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
+    )
+    rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
+    q_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_free.index(0), count=2)
+    fence_async_shared()
+    q_empty = q_free.index(0)
+    gl.warp_specialize(
+        [
+            (_persistent_consumer, (
+                0, prog, sched, rings, q_empty, out_scale, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL,
+                HAS_RIGHT, OUT_MAX,
+            )),
+            (_persistent_consumer, (
+                1, prog, sched, rings, q_empty, out_scale, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL,
+                HAS_RIGHT, OUT_MAX,
+            )),
+            (_persistent_producer, (
+                0, prog, sched, (Q_desc, K_desc, KC_desc, KCB_desc), geo, k_smem, q_smem, q_bar, k_ready,
+                k_empty, q_empty, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, KV_FROM_CACHE, SKIP_DECODE,
+                HAS_LEFT, CAUSAL, HAS_RIGHT,
+            )),
+            (_persistent_producer, (
+                1, prog, sched, (Q_desc, V_desc, VC_desc, VCB_desc), geo, v_smem, q_smem, q_bar, v_ready,
+                v_empty, q_empty, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, KV_FROM_CACHE, SKIP_DECODE,
+                HAS_LEFT, CAUSAL, HAS_RIGHT,
+            )),
+        ],
+        [4, 1, 1],
+        [240, 24, 24],
+    )  # fmt: skip

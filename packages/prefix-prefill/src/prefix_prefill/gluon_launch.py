@@ -50,7 +50,13 @@ from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefix_prefill.float16_copies import float16_copies
 from prefix_prefill.kernel import LOG2E
-from prefix_prefill.plan import TMA_KERNELS, cache_views, idle_second_warpgroup, pair_heads
+from prefix_prefill.plan import (
+    TMA_KERNELS,
+    cache_views,
+    idle_second_warpgroup,
+    pair_heads,
+    persistent_programs,
+)
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
     from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
@@ -269,9 +275,13 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         plain += (opts.k_scale.data_ptr(), opts.v_scale.data_ptr())
     stream = torch._C._cuda_getCurrentRawStream(index)
     heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
-    if key.__class__ is tuple and key[1] == "pair":  # grid over head pairs
-        heads //= 2
-    frame(max(-(-max_query_len // plan.block_m), 1), heads, batch, stream, tokens, bases, plain)
+    n_m = max(-(-max_query_len // plan.block_m), 1)
+    if key.__class__ is tuple:
+        if key[1] == "pair":  # grid over head pairs
+            heads //= 2
+    elif plan.constexpr_map.get("PERSISTENT", False):  # programs a sequence, tile after tile
+        n_m, heads = persistent_programs(batch, n_m * heads, _multiprocessors(index)), 1
+    frame(n_m, heads, batch, stream, tokens, bases, plain)
     return True
 
 
@@ -332,9 +342,15 @@ def _form(key, full: bool = True) -> str | None:
     return key[1] if full and key.__class__ is tuple else None
 
 
-def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | None) -> tuple[int, int, int]:
-    """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, sequences)."""
-    return max(-(-max_query_len // block_m), 1), heads // 2 if form == "pair" else heads, batch
+def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | None,
+          persistent: bool = False, device: int = -1) -> tuple[int, int, int]:  # fmt: skip
+    """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, sequences); a
+    ``persistent`` launch's: (:func:`prefix_prefill.plan.persistent_programs` on CUDA device ``device``,
+    1, sequences)."""
+    n_m = max(-(-max_query_len // block_m), 1)
+    if persistent:
+        return persistent_programs(batch, n_m * heads, _multiprocessors(device)), 1, batch
+    return n_m, heads // 2 if form == "pair" else heads, batch
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -466,7 +482,9 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     consts = plan.consts()
     block_m, block_n, box = consts["BLOCK_M"], consts["BLOCK_N"], consts["BOX"]
     form = _form(key, full)
-    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form)
+    # the persistent form is the full form's for calls past the short-query forms
+    persistent = consts.get("PERSISTENT", False) and full and form is None
+    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form, persistent, q.get_device())
     views = cache_views(kc, vc, k_cache.element_size())
     if views is None:
         raise ValueError("the NHD/HND Gluon kernel needs caches TMA reads as one view of rows (see plan())")
@@ -484,7 +502,7 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             max(kv.rows, vv.rows), *kv.kernel_args(), lse, lse.stride(0) if lse is not None else None,
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
-                  LLVM_O0=not full and _tiered())  # fmt: skip
+                  LLVM_O0=not full and _tiered(), PERSISTENT=persistent)  # fmt: skip
     # an fp8 cache's scales and the float16 rings' layout (its descriptors are fp8; q is float16 there:
     # launch() and warm() make a bfloat16 call a float16 one); every parameter given,
     # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)

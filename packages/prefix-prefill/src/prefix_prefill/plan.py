@@ -59,6 +59,13 @@ GLUON_BLOCK_M = 128
 #: the faster (a 128-row tile of a 128-key band computes mostly masked blocks, and still takes 0.5-0.8x
 #: the Triton kernel's time, both layouts, heads 128 and 256); narrower bands are not measured.
 GLUON_MIN_WINDOW = 128
+#: NHD/HND Gluon kernel: windows that let a row see at most this many keys (``left + 1``, or ``left + right +
+#: 1`` not causal) run its persistent form (``PERSISTENT``, 16-bit caches): a tile there has a few key
+#: blocks, and one program a tile spends most of its time on its Q load, its first blocks and its epilogue,
+#: which the persistent form overlaps with the previous tile's work (grid: :func:`persistent_programs`).
+PERSISTENT_MAX_WINDOW = 1024
+#: ... its programs keep at least this share of the multiprocessors busy (:func:`persistent_programs`).
+PERSISTENT_BUSY = 0.9
 #: Key blocks of the Gluon kernels: 64 keys at head 256 (shared memory), else 128.
 GLUON_BLOCK_N = {64: 128, 128: 128, 256: 64}
 #: Ring slots of the Gluon kernels' K and V rings.
@@ -115,7 +122,8 @@ class Problem:
     2 hardware tanh, 3 hardware tanh with a cap the Gluon consumers may pin the max for:
     :func:`prefill_runtime.softcap_form`). ``wide_window``: a row may see at least
     :data:`GLUON_MIN_WINDOW` keys: causal, no left window or ``left + 1`` keys; not causal, a side
-    unbounded or ``left + right + 1`` keys (the window-prefill package's rule)."""
+    unbounded or ``left + right + 1`` keys (the window-prefill package's rule). ``narrow_window``: a row
+    sees at most :data:`PERSISTENT_MAX_WINDOW` keys (:func:`narrow_window`)."""
 
     arch: str
     gluon: bool
@@ -149,6 +157,7 @@ class Problem:
     skip_decode: bool
     lse: bool
     wide_window: bool = True
+    narrow_window: bool = False
 
     @property
     def layout(self) -> str:
@@ -200,6 +209,7 @@ def make_problem(
         skip_decode=bool(skip_decode),
         lse=lse,
         wide_window=wide_window(bool(causal), left, right),
+        narrow_window=narrow_window(bool(causal), left, right),
     )
 
 
@@ -210,6 +220,31 @@ def wide_window(causal: bool, left: int, right: int) -> bool:
     if causal:
         return left < 0 or left + 1 >= GLUON_MIN_WINDOW
     return left < 0 or right < 0 or left + right + 1 >= GLUON_MIN_WINDOW
+
+
+def narrow_window(causal: bool, left: int, right: int) -> bool:
+    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at most
+    :data:`PERSISTENT_MAX_WINDOW` keys: causal calls ``left + 1``; others ``left + right + 1``, both sides
+    bounded."""
+    if causal:
+        return 0 <= left < PERSISTENT_MAX_WINDOW
+    return left >= 0 and right >= 0 and left + right + 1 <= PERSISTENT_MAX_WINDOW
+
+
+@functools.lru_cache(maxsize=1024)
+def persistent_programs(batch: int, tiles: int, sms: int) -> int:
+    """Programs a sequence of a persistent launch (grid ``(programs, 1, batch)``, one program a
+    multiprocessor at a time; each sequence has ``tiles`` tiles): the fewest from ``sms // batch`` on whose
+    waves keep at least :data:`PERSISTENT_BUSY` of the ``sms`` multiprocessors busy (8 sequences on 132:
+    16, 97%; 70: 7, not 1 (53%)), never more than ``tiles``; else ``max(1, sms // batch)``. Integers
+    only, cached: the launcher asks it per call (``sms`` 0 off CUDA: one multiprocessor)."""
+    sms = max(sms, 1)
+    first = max(1, sms // max(batch, 1))
+    for programs in range(first, min(tiles, 4 * first + 8) + 1):
+        ctas = programs * batch
+        if ctas >= PERSISTENT_BUSY * sms * -(-ctas // sms):
+            return programs
+    return max(1, min(first, tiles))
 
 
 # --------------------------------------------------------------------------- the Gluon kernels' rules
@@ -332,8 +367,13 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
                   # an fp8 cache converted into float16 rings (a 4-warp partition; a bf16 call as a fp16 one)
-                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES, **_gluon_options(p))  # fmt: skip
+                  CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES,
+                  # narrow windows: one program takes tile after tile (16-bit caches)
+                  PERSISTENT=p.narrow_window and p.cache_dtype not in GLUON_FP8_CACHES,
+                  **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
+    if consts["PERSISTENT"]:
+        why += "; persistent (a narrow window)"
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
 

@@ -1,0 +1,282 @@
+"""The persistent form of prefix-prefill's NHD/HND Gluon kernel (``PERSISTENT``): a window that lets a row
+see at most :data:`prefix_prefill.plan.PERSISTENT_MAX_WINDOW` keys runs grid ``(programs, 1, batch)``, each
+program taking tiles of its sequence one after another through one set of rings.
+
+CPU: the plan's rule (narrow windows on NHD/HND with 16-bit caches; not fp8 caches, not the split kernel,
+not wider windows); :func:`~prefix_prefill.plan.persistent_programs` over many batch sizes (at least 90%
+of the multiprocessors busy where any count up to its bound does it, never more programs than tiles); the
+launches' grids (the full form persistent, the quick tier and the short-query forms one tile a program,
+the warm frame's grid the generic launch's); the form compiles for sm90 offline with its options at heads
+64/128/256. sm90 GPU: against the float64 reference with every option and few programs (many tiles a
+program: the rings' slots and phases, Q's hand-back and the V-row handshake carried from tile to tile),
+ragged batches with empty contexts, one-token queries, rows past the grid and skipped decode rows; the
+rows bit for bit the one-tile form's whatever the program count.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE, compile_gluon_for_sm90, needs_sm90, poison
+from launch_stubs import stub_prefix_gluon
+from pp_cases import FP8_E4M3, make_layout_case, problem_of, reference
+from pp_gluon_compile import PP_COMPILE_HEAD
+from test_pp_gluon_features import GPU_OPTIONS, _kw, _nan_invisible_slots, record_gluon_kernel
+
+from attn_reference import compare
+from paged_kv_offsets import describe_kv_cache
+from prefix_prefill import explain, gluon_launch, plan, prefix_prefill
+
+HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None
+NARROW = plan.PERSISTENT_MAX_WINDOW - 1  # the widest causal left window of the persistent form
+
+
+def _case(layout="nhd", seqs=((40, 5),), device="cpu", **kw):
+    return make_layout_case(list(seqs), num_heads=4, num_kv_heads=2, head_size=128, page=16,
+                            dtype=torch.bfloat16, device=device, layout=layout, **kw)  # fmt: skip
+
+
+# ------------------------------------------------------------------------- CPU: the plan's rule
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "nhd-interleaved"])
+def test_narrow_windows_run_persistent(layout):
+    """Causal windows of 128 to ``PERSISTENT_MAX_WINDOW`` keys a row, and non-causal ones of at most that
+    many keys both ways, take the persistent form (named in the reason); one key more, no window, or a
+    side unbounded do not."""
+    case = _case(layout)
+    for opts, want in (
+        (dict(left=127), True),
+        (dict(left=NARROW, sinks=True, softcap_form=2, alibi=True, skip_decode=True, lse=True), True),
+        (dict(left=NARROW + 1), False),
+        ({}, False),
+        (dict(causal=False, left=500, right=NARROW - 500), True),
+        (dict(causal=False, left=500, right=NARROW - 499), False),
+        (dict(causal=False, left=100), False),  # the right side unbounded
+        (dict(causal=False, right=100), False),
+    ):
+        chosen = plan.plan(problem_of(case, arch="sm90", **opts))
+        assert chosen.kernel.startswith("gluon-"), chosen.reason
+        assert chosen.consts()["PERSISTENT"] is want, opts
+        assert ("persistent" in chosen.reason) is want
+
+
+def test_persistent_form_only_for_16_bit_caches():
+    """An fp8 cache keeps the one-tile form (its converter partition has no persistent form); the split
+    kernel has none."""
+    case = _case("nhd")
+    k8, v8 = case.k_cache.to(FP8_E4M3), case.v_cache.to(FP8_E4M3)
+    kc, vc = describe_kv_cache(k8, v8, "nhd")
+    p = plan.make_problem(case.q, case.k, case.v, torch.empty_like(case.q), k8, v8, kc, vc, case.block_table,
+                          arch="sm90", gluon=True, causal=True, left=127, right=-1, scale=0.1, alibi=False,
+                          sinks=False, softcap_form=0, skip_decode=False, lse=False)  # fmt: skip
+    chosen = plan.plan(p)
+    assert chosen.kernel == "gluon-nhd" and chosen.consts()["CACHE_FP8"] and not chosen.consts()["PERSISTENT"]
+    split = plan.plan(problem_of(_case("split"), arch="sm90", left=127))
+    assert split.kernel == "gluon-split" and "PERSISTENT" not in split.consts()
+
+
+@pytest.mark.parametrize("sms", [1, 16, 78, 114, 132, 141])
+def test_persistent_programs(sms):
+    """At least :data:`~prefix_prefill.plan.PERSISTENT_BUSY` of the multiprocessors busy over the launch's
+    waves wherever a count from ``sms // batch`` up to the search's bound gives it, the fewest such;
+    never more programs than tiles, never fewer than one."""
+    for batch in range(1, 300):
+        for tiles in (1, 3, 32, 256, 8192):
+            n = plan.persistent_programs(batch, tiles, sms)
+            assert 1 <= n <= max(1, tiles)
+            first = max(1, sms // batch)
+            bound = min(tiles, 4 * first + 8)
+
+            def busy(p):
+                return p * batch >= plan.PERSISTENT_BUSY * sms * -(-(p * batch) // sms)
+
+            ok = [p for p in range(first, bound + 1) if busy(p)]
+            assert n == (ok[0] if ok else max(1, min(first, tiles))), (batch, tiles, n)
+    assert plan.persistent_programs(8, 8192, 132) == 16  # 128 of 132 busy
+    assert plan.persistent_programs(70, 8192, 132) == 7  # not 1: 70 of 132
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_persistent_grids(layout, monkeypatch):
+    """The full form of a persistent plan launches grid ``(persistent_programs(...), 1, batch)`` with
+    ``PERSISTENT``; queries of at most 64 rows take the short-query form (one tile a program, not
+    persistent)."""
+    rec = record_gluon_kernel(layout, monkeypatch)
+    monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: 3)
+    for seqs, persistent in (([(40, 300), (0, 19)], True), ([(40, 5), (0, 19)], False)):
+        case = _case(layout, seqs=seqs)
+        kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
+        problem = problem_of(case, arch="sm90", left=127)
+        chosen = plan.plan(problem)
+        assert chosen.consts()["PERSISTENT"]
+        o = torch.empty_like(case.q)
+        opts = gluon_launch.Options(0.0, 127)
+        assert gluon_launch.launch(chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc,
+                                   vc, case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len,
+                                   0.1, None, opts=opts)  # fmt: skip
+        grid, _, kw = rec.calls[-1]
+        assert kw["PERSISTENT"] is persistent
+        if persistent:
+            assert grid == (3, 1, 2)
+        else:
+            assert grid[0] == 1 and (kw["IDLE_WG1"] or kw["PAIR_HEADS"])
+
+
+def test_quick_tier_is_one_tile(monkeypatch):
+    """With the compile tiers on, the quick form (one 8-warp consumer partition) of a persistent plan runs
+    one tile a program (its grid the one-tile grid)."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    case = _case("nhd", seqs=[(40, 300), (0, 19)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "nhd")
+    chosen = plan.plan(problem_of(case, arch="sm90", left=127))
+    opts = gluon_launch.Options(0.0, 127)
+    for full in (False, True):
+        o = torch.empty_like(case.q)
+        _, consts, grid = gluon_launch._nhd_call(
+            chosen, 1, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc, case.block_table,
+            case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1, None, None, opts, full, False,
+        )  # fmt: skip
+        assert consts["PERSISTENT"] is full and consts["ONE_CONSUMER"] is not full
+        assert grid == ((1, 1, 2) if full else (3, 4, 2))
+
+
+def test_warm_frame_grid_is_persistent(monkeypatch):
+    """A warm call of a persistent plan (through its frame) launches the generic launch's grid."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    stub = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
+    monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: 5)
+    case = _case("nhd", seqs=[(40, 300), (0, 19), (70, 130)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "nhd")
+    problem = problem_of(case, arch="sm90", left=127)
+    chosen = plan.plan(problem)
+    o = torch.empty_like(case.q)
+    call = (case.q, case.k, case.v, o, case.k_cache, case.v_cache)
+    index = (case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1, None)
+    opts = gluon_launch.Options(0.0, 127)
+    key = gluon_launch.launch_key(chosen, problem, *index[:3], None, opts=opts)
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=opts)  # through Triton
+    assert stub.triton_calls[-1][0] == (5, 1, 3)
+    assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=opts)  # direct: a frame
+    direct = stub.compiled.run.c_calls[-1][:3]
+    assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
+    assert stub.compiled.run.c_calls[-1][:3] == direct == [5, 1, 3]
+
+
+# ------------------------------------------------------------------------- CPU: offline compiles
+_COMPILE_SCRIPT = """
+ALL = dict(HAS_LEFT=True, SOFTCAP=2, HAS_ALIBI=True, HAS_SINKS=True, SKIP_DECODE=True)
+BOTH_WAYS = dict(CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True, HAS_ALIBI=True, HAS_SINKS=True)
+for head, box, from_cache, lse, opts in [
+    (128, 16, False, False, dict(HAS_LEFT=True)),
+    (128, 128, True, True, ALL),
+    (64, 16, False, True, dict(ALL, SOFTCAP=3, HAS_ALIBI=False, HAS_SINKS=False)),
+    (256, 16, False, True, BOTH_WAYS),
+    (128, 16, False, False, dict(HAS_LEFT=True, OUT_MAX=448.0)),
+]:
+    out = "fp8e4nv" if opts.get("OUT_MAX") else "bf16"
+    if out != "bf16":
+        opts = dict(opts)
+    _, k = compile_nhd(head, box, from_cache, lse, out=out, PERSISTENT=True, **opts)
+"""
+
+
+@pytest.mark.compile_check
+def test_persistent_forms_compile_for_sm90():
+    """The persistent form compiles for sm90 (no GPU needed) at heads 64/128/256 with its options (k given
+    or from the cache, every score option, both-way windows, an fp8 output), within one program's shared
+    memory."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    shared, out = compile_gluon_for_sm90(PP_COMPILE_HEAD + _COMPILE_SCRIPT)
+    assert len(shared) == 5 and max(shared) <= 227 * 1024, out
+
+
+# ------------------------------------------------------------------------- GPU (sm90)
+SEQS = [(2500, 600), (0, 300), (1700, 1), (129, 128), (37, 930), (900, 1), (0, 1), (4000, 257)]
+
+
+def _run(case, kw, lse_heads, max_query_len=None):
+    out = poison(torch.empty_like(case.q))
+    lse = poison(torch.empty(lse_heads, case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    mql = case.max_query_len if max_query_len is None else max_query_len
+    prefix_prefill(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+                   case.seq_lens, mql, kv_layout=case.layout, out=out, return_lse=True, lse=lse,
+                   validate=True, **kw)  # fmt: skip
+    return out, lse
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("programs", [1, 2, 7, None], ids=["p1", "p2", "p7", "rule"])
+@pytest.mark.parametrize(
+    "layout,from_cache,head,dtype,page,option",
+    [("nhd", False, 128, torch.bfloat16, 16, "window_sinks"),
+     ("hnd", True, 128, torch.bfloat16, 544, "all"),
+     ("nhd", False, 64, torch.float16, 1056, "softcap_window"),
+     ("nhd-interleaved", False, 256, torch.bfloat16, 16, "noncausal_window"),
+     ("nhd", True, 256, torch.float16, 16, "window")],
+)  # fmt: skip
+def test_gpu_persistent_against_reference(layout, from_cache, head, dtype, page, option, programs,
+                                          monkeypatch):  # fmt: skip
+    """The persistent form with few programs a sequence (1: every tile of a sequence in one program) or the
+    rule's, against the float64 reference (output and LSE), NaN in every slot no query may read, and bit
+    for bit the one-tile form's rows (``PERSISTENT_MAX_WINDOW`` 0)."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    if programs is not None:
+        monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: min(programs, t))
+    case = make_layout_case(SEQS, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype,
+                            device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    opts = GPU_OPTIONS[option]
+    kw = _kw(opts, 8)
+    ref, ref_lse = reference(case, return_lse=True, **kw)
+    _nan_invisible_slots(case, opts.get("left", -1))
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    chosen = explain(*args, kv_layout=case.layout, **kw)
+    assert chosen.kernel.startswith("gluon-") and chosen.consts()["PERSISTENT"], chosen.reason
+    out, lse = _run(case, kw, 8)
+    c = compare(out, ref)
+    assert c, c
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    monkeypatch.setattr(plan, "PERSISTENT_MAX_WINDOW", 0)
+    plan.plan.cache_clear()
+    try:
+        assert not explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
+        one_out, one_lse = _run(case, kw, 8)
+    finally:
+        plan.plan.cache_clear()
+    assert torch.equal(out, one_out) and torch.equal(lse, one_lse)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("programs", [1, 3])
+def test_gpu_persistent_rows_past_grid_and_skip_decode(programs, monkeypatch):
+    """A ``max_query_len`` smaller than a sequence (its rows past the grid written as 0, the status
+    reporting it) and skip_decode (one-token sequences left alone, their LSE -inf) in the persistent
+    form, with few programs."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: min(programs, t))
+    case = _case("nhd", seqs=[(300, 1), (120, 700), (0, 1), (400, 190)], device=DEVICE)
+    kw = dict(window=(200, -1), sinks=torch.randn(4, device=DEVICE))
+    out = poison(torch.empty_like(case.q))
+    lse = poison(torch.empty(4, case.q.shape[0], dtype=torch.float32, device=DEVICE))
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, 300)  # fmt: skip
+    assert explain(*args, kv_layout="nhd", **kw).consts()["PERSISTENT"]
+    prefix_prefill(*args, kv_layout="nhd", out=out, return_lse=True, lse=lse, skip_decode=True, **kw)
+    ref = reference(case, **kw)
+    starts = case.cu_seqlens_q.tolist()
+    decode = [starts[0], starts[2]]
+    assert torch.isnan(out[decode].float()).all() and (lse[:, decode] == float("-inf")).all()
+    past = torch.zeros(case.q.shape[0], dtype=torch.bool, device=DEVICE)
+    past[starts[1] + 300 : starts[2]] = True  # the second sequence's rows past the grid
+    assert (out[past] == 0).all()
+    keep = torch.ones_like(past)
+    keep[decode] = False
+    keep &= ~past
+    c = compare(out[keep], ref[keep])
+    assert c, c
