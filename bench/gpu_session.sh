@@ -44,7 +44,7 @@
 #  prefix nhd; kernels matching NCU_KERNEL, default gluon), one process and report each, then
 #  bench/window_ncu.py --summary, into ncu.tgz;
 #  persistent: the persistent form of the prefix NHD/HND Gluon kernel (narrow windows): PERSIST_STEPS
-#  (default tests,time) of: tests (PERSIST_TESTS, default its test file, under TEST_TIMEOUT), time
+#  (default smoke,tests,time) of: smoke (one GPU case under SMOKE_TIMEOUT; a failure skips the rest), tests (PERSIST_TESTS, default its test file, under TEST_TIMEOUT), time
 #  (bench/feature_cost.py over PERSIST_FEATURE_ARGS with the plan's rule and with the one-tile form,
 #  --set PERSISTENT_MAX_WINDOW=0, interleaved PERSIST_PASSES times), memcheck (compute-sanitizer over the
 #  test file's rows-past-the-grid cases), into results.tgz;
@@ -231,7 +231,13 @@ if [[ $what == features ]]; then
 fi
 if [[ $what == persistent ]]; then
   res=$OUT/res; mkdir -p "$res"
-  steps=${PERSIST_STEPS:-tests,time}
+  steps=${PERSIST_STEPS:-smoke,tests,time}
+  if [[ $steps == *smoke* ]]; then  # one case alone first: a hang stops the part here
+    timeout ${SMOKE_TIMEOUT:-120} python3 -m pytest tests/prefix_prefill/test_pp_gluon_persistent.py -x -q \
+      -p no:cacheprovider -k "against_reference and window_sinks and p1" >"$res/smoke.log" 2>&1
+    rc=$?; tail -3 "$res/smoke.log"
+    (( rc != 0 )) && steps=none && echo "smoke failed (rc $rc): the rest of the part skipped"
+  fi
   if [[ $steps == *tests* ]]; then
     timeout ${TEST_TIMEOUT:-280} python3 -m pytest ${PERSIST_TESTS:-tests/prefix_prefill/test_pp_gluon_persistent.py} \
       -m "not compile_check" -n ${XDIST:-16} -v -rfE -p no:cacheprovider --junitxml "$res/junit.xml" 2>&1 \

@@ -25,7 +25,7 @@ from test_pp_gluon_features import GPU_OPTIONS, _kw, _nan_invisible_slots, recor
 
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
-from prefix_prefill import explain, gluon_launch, plan, prefix_prefill
+from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None
 NARROW = plan.PERSISTENT_MAX_WINDOW - 1  # the widest causal left window of the persistent form
@@ -264,10 +264,11 @@ def test_gpu_persistent_rows_past_grid_and_skip_decode(programs, monkeypatch):
     kw = dict(window=(200, -1), sinks=torch.randn(4, device=DEVICE))
     out = poison(torch.empty_like(case.q))
     lse = poison(torch.empty(4, case.q.shape[0], dtype=torch.float32, device=DEVICE))
-    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
-            case.seq_lens, 300)  # fmt: skip
-    assert explain(*args, kv_layout="nhd", **kw).consts()["PERSISTENT"]
-    prefix_prefill(*args, kv_layout="nhd", out=out, return_lse=True, lse=lse, skip_decode=True, **kw)
+    chosen = plan.plan(problem_of(case, skip_decode=True, lse=True, left=200, sinks=True))
+    assert chosen.consts()["PERSISTENT"] and chosen.consts()["SKIP_DECODE"]
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "nhd")
+    launch.forward(case.q, case.k, case.v, out, case.k_cache, case.v_cache, kc, vc, case.block_table,
+                   case.cu_seqlens_q, case.seq_lens, 300, skip_decode=True, lse=lse, **kw)  # fmt: skip
     ref = reference(case, **kw)
     starts = case.cu_seqlens_q.tolist()
     decode = [starts[0], starts[2]]

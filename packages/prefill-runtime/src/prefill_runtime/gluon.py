@@ -516,8 +516,9 @@ def consumer(
     same for both segments). ``ring`` (a persistent program's tile after tile through one set of rings):
     ``(base, q_phase, n_fix, q_empty)``: the tile's blocks are the rings' blocks ``base + j`` (their slots
     and phases), its Q is the ``q_bar`` phase ``q_phase``, the V-row handshake count goes on from
-    ``n_fix``, and once the tile's last ``Q K^T`` is done the warpgroup arrives on ``q_empty`` (count 2:
-    the producer may load the next tile's Q); the handshake count after the tile is returned. None: one
+    ``n_fix``, once the tile's last ``Q K^T`` is done the warpgroup arrives on ``q_empty`` (count 2: the
+    producer may load the next tile's Q), and the last block's V slot is released too (the next tile's
+    blocks reuse it); the handshake count after the tile is returned. None: one
     tile, from the rings' first block."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
@@ -613,6 +614,8 @@ def consumer(
     n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
                           BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
     acc = warpgroup_mma_wait(0, deps=[acc])
+    if ring is not None:  # (a one-tile program never refills it: the ring ends here)
+        _release(v_empty.index(lslot), WARPGROUPS)
 
     # ---- epilogue: rows that saw no key (l == 0) write 0 ----
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # [BM / 2]
