@@ -61,14 +61,15 @@ from prefix_prefill.sequence import sequence_geometry
 @gluon.jit
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
                   KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False, pid_m=None,
-                  head=None):  # fmt: skip
+                  head=None, seq_geo=None):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
     and status bits of :func:`prefix_prefill.kernel.sequence_geometry` (rows clamped into the
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
     (1, heads / 2, batch), ``head`` the first of the program's two heads. ``pid_m``/``head`` given (a
-    persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``program_id(2)``."""
+    persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``program_id(2)``, whose
+    lengths and status bits ``seq_geo`` holds (read once per program: :func:`_persistent_partitions`)."""
     if pid_m is None:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         if PAIR_HEADS:
@@ -76,10 +77,20 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
         else:
             head = gl.program_id(1)
     seq = gl.program_id(2)
+    if seq_geo is None:
+        seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE)
+    q_tok0, q_len, ctx_len, need, cache_len, flags = seq_geo
+    return head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags
+
+
+@gluon.jit
+def _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE: gl.constexpr):
+    """Sequence ``program_id(2)``'s ``(q_tok0, q_len, ctx_len, need, cache_len, flags)``
+    (:func:`prefix_prefill.sequence.sequence_geometry`, ``q_tok0`` as int32)."""
     q_tok0, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
-        CuSeqlensQ, SeqLens, seq, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
+        CuSeqlensQ, SeqLens, gl.program_id(2), n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
     )
-    return head, seq, pid_m, q_tok0.to(gl.int32), q_len, ctx_len, need, cache_len, flags
+    return q_tok0.to(gl.int32), q_len, ctx_len, need, cache_len, flags
 
 
 @gluon.jit
@@ -219,7 +230,7 @@ def _program(
     RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
     PAIR_HEADS: gl.constexpr = False, CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
-    pid_m=None, head=None, n_m=None, WRITES: gl.constexpr = True,
+    pid_m=None, head=None, n_m=None, WRITES: gl.constexpr = True, seq_geo=None,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
@@ -233,7 +244,7 @@ def _program(
     tile's rows) are another partition's, this one only reads the tile's geometry."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
         CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
-        pid_m, head,
+        pid_m, head, seq_geo,
     )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     if WRITES:
@@ -833,8 +844,9 @@ def _persistent_tile(
 ):  # fmt: skip
     """:func:`_program` of a persistent program's tile ``t`` of its sequence (``sched = (heads, n_m,
     tiles)``: ``tiles = n_m * heads``): head ``t % heads`` (a KV head's query heads back to back), query
-    tile ``n_m - 1 - t // heads`` (the latest tiles, which carry the most keys, first); ``prog``: the
-    kernel arguments :func:`_program` reads; ``WRITES``: this partition makes the setup's writes."""
+    tile ``n_m - 1 - t // heads`` (the latest tiles, which carry the most keys, first), its sequence's
+    lengths ``sched[3]`` (:func:`_sequence`); ``prog``: the kernel arguments :func:`_program` reads;
+    ``WRITES``: this partition makes the setup's writes."""
     (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks,
      page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
      tanh_scale, Sinks, Slopes) = prog  # fmt: skip
@@ -845,7 +857,7 @@ def _persistent_tile(
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
         tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL, HAS_RIGHT, n_m - 1 - t // heads,
-        t % heads, n_m, WRITES,
+        t % heads, n_m, WRITES, sched[3],
     )  # fmt: skip
 
 
@@ -933,13 +945,16 @@ def _persistent_partitions(
     """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: the 16-bit form's rings plus ``q_empty`` (count 2:
     both consumers' last ``Q K^T`` of a tile done), then two :func:`_persistent_consumer` warpgroups and
     two :func:`_persistent_producer` warps over the sequence ``program_id(2)``'s ``n_m * heads`` tiles
-    (``n_m`` from ``max_query_len``, as the one-tile grid's). A row's arithmetic is the one-tile form's:
-    which program computes a tile does not change its result."""
+    (``n_m`` from ``max_query_len``, as the one-tile grid's; ``sched = (heads, n_m, tiles,
+    seq_geo)``). A row's arithmetic is the one-tile form's: which program computes a tile does not change its
+    result."""
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc = descs
     HALF_M: gl.constexpr = BLOCK_M // 2
     heads = Q_desc.shape[1] // HEAD_DIM
     n_m = gl.maximum((prog[11] + BLOCK_M - 1) // BLOCK_M, 1)
-    sched = (heads, n_m, n_m * heads)
+    # the sequence's lengths, read once here rather than on every tile's critical path
+    seq_geo = _sequence(prog[2], prog[3], prog[6], prog[8], prog[9], prog[10], KV_FROM_CACHE)
+    sched = (heads, n_m, n_m * heads, seq_geo)
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
