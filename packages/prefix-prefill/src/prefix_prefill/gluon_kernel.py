@@ -18,6 +18,12 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
   context (``shift = ctx_len``: every context key precedes every query), segment B = the new tokens
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
 
+Persistent form (``PERSISTENT``, 16-bit caches, :func:`_persistent_partitions`; the plan's choice for
+narrow windows): grid ``(programs, 1, batch)``; every partition loops over its program's tiles ``t =
+program_id(0) + i * programs`` of the sequence's ``n_m * heads`` (:func:`_persistent_tile`), the rings'
+blocks counting on from tile to tile and Q handed back after each tile's last ``Q K^T`` (``q_empty``), so the
+next tile's Q and first blocks load while the consumers finish the current one.
+
 fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
 :data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
 (:func:`_fp8_converter`) converts each exactly into the float16 K/V rings the consumers read (K as it is,

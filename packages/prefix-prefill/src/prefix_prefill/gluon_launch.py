@@ -26,6 +26,11 @@ pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
 own (:func:`_variant`, which decides it once per call; the launch code reads it back from the
 variant's key), the same rows bit for bit.
 
+Persistent plans (``PERSISTENT``: narrow windows): the full form's grid is ``(programs, 1, batch)`` with
+``programs`` from :func:`prefix_prefill.plan.persistent_programs` (the batch, the tiles a sequence, the
+device's multiprocessors; :func:`_grid`, and inline in :func:`warm`); the quick form and the short-query
+forms run one tile a program.
+
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
 daemon thread compiles the full form (two warpgroups ping-ponging over the tensor cores; for a split

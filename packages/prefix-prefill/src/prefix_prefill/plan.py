@@ -21,7 +21,9 @@ kernel                  when
                         aligned bases), and q/k/v rows TMA can read (unit feature stride, heads
                         adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, the windows (a right
                         one only without causality, where it is moot), causal or not, and
-                        skip_decode are its constexprs
+                        skip_decode are its constexprs; a window of at most
+                        :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache its persistent form
+                        (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
@@ -34,7 +36,7 @@ edges, the merged masked loop, block ids read ahead); every one is a function of
 reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup` and
 :func:`pair_heads` (which also weighs the batch against the device's multiprocessors), the Gluon form a
 launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's (rows the same bit for bit in every
-form).
+form); :func:`persistent_programs` sizes a persistent launch's grid from the batch and the device.
 """
 
 from __future__ import annotations
