@@ -321,16 +321,6 @@ def _prefix_consumer(
         drain(k_ready, k_empty, v_ready, v_empty, v_smem, bar_f, n_blocks, n_a, a_base, a_lo, a_end,
               a_full_lo, a_full, b_base, z, b_end, b_full_lo, b_full, a_shift, z, WG, BLOCK_N, NUM_STAGES,
               NUM_STAGES, SPLIT, CP_FILL, V_ROWS)  # fmt: skip
-    elif ring is None:
-        consumer(
-            WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
-            q_tok0, q_len, head, n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, z,
-            b_end, z, b_full_lo, b_full, qk_scale, window_left, window_right, st_o, sh_o, stride_lse_h,
-            HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, CP_FILL,
-            WARPGROUPS, K_VIEW, 0,
-            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
-            terms, FP8_KV,
-        )  # fmt: skip
     else:
         n_fix = consumer(
             WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0,
@@ -341,7 +331,8 @@ def _prefix_consumer(
             K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
             terms, FP8_KV, ring,
         )  # fmt: skip
-        return n_fix
+        if ring is not None:  # (a one-tile consumer returns nothing)
+            return n_fix
 
 
 @gluon.jit
