@@ -180,7 +180,9 @@ def test_prefix_prefill_kernels_one_launch(layout, dtype, head, page):
     ["non_causal", "window", "softcap", "sinks", "alibi", "fp8_tensor_scales", "fp8_float_scales"],
 )
 def test_prefix_prefill_options_one_launch(option):
-    """Options route to other kernels or forms; each call is still one launch."""
+    """Options route to other kernels or forms; each call is still one launch, but a bfloat16 call over an
+    fp8 cache on a Gluon kernel: two, the float16 copies of q, k and v (``prefix_prefill.float16_copies``,
+    one launch) and the kernel."""
     kw: dict = {}
     case_kw: dict = {}
     if option == "non_causal":
@@ -200,7 +202,15 @@ def test_prefix_prefill_options_one_launch(option):
             kw["v_scale"] = torch.full((1,), 1.5, device="cuda")
         else:
             kw["k_scale"], kw["v_scale"] = 0.5, 1.5
-    assert_one_launch(_pp_call(_prefix_case("nhd", "given", **case_kw), **kw))
+    case = _prefix_case("nhd", "given", **case_kw)
+    chosen = prefix_prefill.explain(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table,
+                                    case.cu_seqlens_q, case.seq_lens, case.max_query_len, **kw)  # fmt: skip
+    if not (case_kw and chosen.kernel.startswith("gluon") and case.q.dtype == torch.bfloat16):
+        assert_one_launch(_pp_call(case, **kw))
+        return
+    r = profile_one_call(_pp_call(case, **kw))
+    assert len(r.kernels) == 2 and r.memops == 0 and r.mallocs == 0, r
+    assert sum("float16_copies" in k for k in r.kernels) == 1, r.kernels
 
 
 @pytest.mark.gpu
