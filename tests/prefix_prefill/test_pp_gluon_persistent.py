@@ -6,8 +6,9 @@ CPU: the plan's rule (narrow windows on NHD/HND with 16-bit caches; not fp8 cach
 not wider windows); :func:`~prefix_prefill.plan.persistent_programs` over many batch sizes (at least 90%
 of the multiprocessors busy where any count up to its bound does it, never more programs than tiles); the
 launches' grids (the full form persistent, the quick tier and the short-query forms one tile a program,
-the warm frame's grid the generic launch's); the form compiles for sm90 offline with its options at heads
-64/128/256. sm90 GPU: against the float64 reference with every option and few programs (many tiles a
+the warm frame's grid the generic launch's); a model of the ring protocol over random programs, and its
+negative controls (:mod:`persistent_rings_model`); the form compiles for sm90 offline with its options at
+heads 64/128/256. sm90 GPU: against the float64 reference with every option and few programs (many tiles a
 program: the rings' slots and phases, Q's hand-back and the V-row handshake carried from tile to tile),
 ragged batches with empty contexts, one-token queries, rows past the grid and skipped decode rows; the
 rows bit for bit the one-tile form's whatever the program count.
@@ -19,6 +20,7 @@ import pytest
 import torch
 from conftest import DEVICE, compile_gluon_for_sm90, needs_sm90, poison
 from launch_stubs import stub_prefix_gluon
+from persistent_rings_model import Faults, ProtocolError, check
 from pp_cases import FP8_E4M3, make_layout_case, problem_of, reference
 from pp_gluon_compile import PP_COMPILE_HEAD
 from test_pp_gluon_features import GPU_OPTIONS, _kw, _nan_invisible_slots, record_gluon_kernel
@@ -161,6 +163,33 @@ def test_warm_frame_grid_is_persistent(monkeypatch):
     direct = stub.compiled.run.c_calls[-1][:3]
     assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
     assert stub.compiled.run.c_calls[-1][:3] == direct == [5, 1, 3]
+
+
+# ------------------------------------------------------------------------- CPU: the protocol's model
+def test_persistent_protocol_model():
+    """The persistent form's ring protocol (:mod:`persistent_rings_model`: the four partitions, parity waits,
+    copies landing at random later steps) over random programs of skipped tiles and 1-5-block tiles with
+    V-row fixes, 2 and 3 ring slots: no overwrite, no wrong read, no deadlock."""
+    for seed in range(300):
+        check(seed, tiles=10, stages=2 + seed % 2)
+
+
+@pytest.mark.parametrize(
+    "faults,caught",
+    [(Faults(keep_last_v=True), "deadlock"), (Faults(reset_base=True), ""), (Faults(skip_q_empty=True), "")],
+    ids=["last_v_kept", "rings_from_0", "q_without_q_empty"],
+)
+def test_persistent_protocol_model_catches_faults(faults, caught):
+    """Negative controls: the model catches each broken rule (the last V slot never released: the next
+    tile's V producer waits forever; the rings counted from 0 at each tile; Q loaded before the consumers
+    handed the last one back) as a deadlock, an overwrite or a wrong read within a few random programs."""
+    errors = []
+    for seed in range(40):
+        try:
+            check(seed, tiles=10, faults=faults)
+        except ProtocolError as e:
+            errors.append(str(e))
+    assert errors and all(caught in e for e in errors), errors[:3]
 
 
 # ------------------------------------------------------------------------- CPU: offline compiles
