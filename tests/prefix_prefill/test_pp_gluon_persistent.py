@@ -23,7 +23,7 @@ from launch_stubs import stub_prefix_gluon
 from persistent_rings_model import Faults, ProtocolError, check
 from pp_cases import FP8_E4M3, make_layout_case, problem_of, reference
 from pp_gluon_compile import PP_COMPILE_HEAD
-from test_pp_gluon_features import GPU_OPTIONS, _kw, _nan_invisible_slots, record_gluon_kernel
+from test_pp_gluon_features import GPU_OPTIONS, _case, _kw, _nan_invisible_slots, record_gluon_kernel
 
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
@@ -31,11 +31,6 @@ from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None
 NARROW = plan.PERSISTENT_MAX_WINDOW - 1  # the widest causal left window of the persistent form
-
-
-def _case(layout="nhd", seqs=((40, 5),), device="cpu", **kw):
-    return make_layout_case(list(seqs), num_heads=4, num_kv_heads=2, head_size=128, page=16,
-                            dtype=torch.bfloat16, device=device, layout=layout, **kw)  # fmt: skip
 
 
 # ------------------------------------------------------------------------- CPU: the plan's rule

@@ -380,6 +380,22 @@ def _producer(
 
 
 @gluon.jit
+def _producer_args(descs, q_smem, smem, q_bar, ready, empty, p_table_row, geo, q_tok0, m0, head, seg,
+                   HEAD_DIM: gl.constexpr):  # fmt: skip
+    """:func:`_producer`'s ``args`` for one ring of the tile at rows ``m0`` of query head ``head``:
+    ``descs = (Q_desc, N_desc, C_desc, CB_desc)``, ``geo = (group_size, page_size, oob_row, block_rows,
+    head_rows, head_cols)`` (the caches' views of rows), ``seg`` :func:`_program_segments`' tuple."""
+    Q_desc, N_desc, C_desc, CB_desc = descs
+    group_size, page_size, oob_row, block_rows, head_rows, head_cols = geo
+    kv_head = head // group_size
+    # the KV head's row and column in the caches' views, its column in the new tokens' rows; the first new
+    # token a block of segment B holds
+    return (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
+            oob_row, block_rows, kv_head * head_rows, kv_head * head_cols, q_tok0, q_tok0 + seg[8], m0, head,
+            kv_head * HEAD_DIM, seg[1], seg[2], seg[4], seg[0])  # fmt: skip
+
+
+@gluon.jit
 def _context_copy(C_desc, CB_desc, bar, buf, p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row,
                   c_col, BLOCK_N: gl.constexpr, BOX: gl.constexpr):  # fmt: skip
     """The TMA copies of the context block at cache position ``pos0`` into ``buf`` (``[BLOCK_N, D]``),
@@ -648,7 +664,8 @@ def _gluon_fwd_kernel(
                 window_right, qk_scale, tanh_scale, Sinks, Slopes)  # fmt: skip
         _persistent_partitions(
             prog, (Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc),
-            (group_size, oob_row, block_rows, head_rows, head_cols), _out_scale(OutScale, qk_scale, OUT_MAX),
+            (group_size, page_size, oob_row, block_rows, head_rows, head_cols),
+            _out_scale(OutScale, qk_scale, OUT_MAX),
             HEAD_DIM, BLOCK_M, BLOCK_N, BOX, KV_FROM_CACHE, RETURN_LSE, NUM_STAGES, HAS_LEFT, SOFTCAP,
             HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
         )  # fmt: skip
@@ -661,11 +678,7 @@ def _gluon_fwd_kernel(
     )  # fmt: skip
     if skip:
         return
-    n_blocks, n_a, a_base, _, a_end, _, _, _, b_base, _, _, _ = seg
-    kv_head = head // group_size
-    kv_col = kv_head * HEAD_DIM  # the KV head's column in the new tokens' rows
-    c_row = kv_head * head_rows  # ... its row and column in the caches' views
-    c_col = kv_head * head_cols
+    n_a = seg[1]
     HALF_M: gl.constexpr = BLOCK_M // 2
 
     # (RING: None for a 16-bit cache, the rings then in the descriptors' layouts)
@@ -682,13 +695,11 @@ def _gluon_fwd_kernel(
     )  # fmt: skip
     if CACHE_FP8:
         gl.static_assert(Q_desc.dtype == gl.float16, "fp8 caches convert into float16 rings: q is float16")
-    n_tok0 = q_tok0 + b_base  # the first new token a block of B holds
-    k_args = (Q_desc, K_desc, KC_desc, KCB_desc, q_smem, k_smem, q_bar, k_ready, k_empty, p_table_row,
-              page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
-              a_end, n_blocks)  # fmt: skip
-    v_args = (Q_desc, V_desc, VC_desc, VCB_desc, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row,
-              page_size, oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base,
-              a_end, n_blocks)  # fmt: skip
+    geo = (group_size, page_size, oob_row, block_rows, head_rows, head_cols)
+    k_args = _producer_args((Q_desc, K_desc, KC_desc, KCB_desc), q_smem, k_smem, q_bar, k_ready, k_empty,
+                            p_table_row, geo, q_tok0, m0, head, seg, HEAD_DIM)  # fmt: skip
+    v_args = _producer_args((Q_desc, V_desc, VC_desc, VCB_desc), q_smem, v_smem, q_bar, v_ready, v_empty,
+                            p_table_row, geo, q_tok0, m0, head, seg, HEAD_DIM)  # fmt: skip
     if CACHE_FP8:
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
@@ -869,24 +880,19 @@ def _persistent_consumer(
     ``program_id(0) + i * num_programs(0)`` in turn, the rings' blocks and the V-row handshake counting on
     from tile to tile, the tile's Q handed back on ``q_empty`` after its last ``Q K^T``. Warpgroup 0 makes
     each tile's setup writes (:func:`_program`'s ``WRITES``)."""
-    O = prog[0]
-    Lse = prog[4]
-    stride_ot = prog[12]
-    stride_oh = prog[13]
-    stride_lse_h = prog[14]
-    qk_scale = prog[17]
+    (O, _bt, _cu, _sl, Lse, _st, _nt, _sbt, _nbc, _nb, _ps, _mql, stride_ot, stride_oh, stride_lse_h, _wl,
+     _wr, qk_scale, _ts, _sk, _sp) = prog  # fmt: skip
     base = gl.to_tensor(0)  # the rings' blocks of the tiles before
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
     for t in range(gl.program_id(0), sched[2], gl.num_programs(0)):
-        got = _persistent_tile(
+        skip, head, q_tok0, q_len, m0, _ptr, w_left, w_right, seg, score = _persistent_tile(
             t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT,
             SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT, WG == 0,
         )  # fmt: skip
-        if got[0] == 0:  # (skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score)
-            seg = got[8]
-            tile = (got[4], got[2], got[3], got[1], seg, qk_scale, got[9], got[6], got[7], stride_ot,
-                    stride_oh, out_scale)  # fmt: skip
+        if skip == 0:
+            tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh,
+                    out_scale)  # fmt: skip
             n_fix = _prefix_consumer(
                 WG, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                 False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
@@ -904,31 +910,22 @@ def _persistent_producer(
     CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
     """Producer warp ``KV`` (0: K and Q, 1: V) of a persistent program: :func:`_producer` over the
-    program's tiles in the consumers' order (``descs = (Q_desc, N_desc, C_desc, CB_desc)``, ``geo =
-    (group_size, oob_row, block_rows, head_rows, head_cols)``), each tile's blocks after the previous
-    tile's in the ring, each tile's Q once the consumers handed the last one back (``q_empty``)."""
-    Q_desc, N_desc, C_desc, CB_desc = descs
-    group_size, oob_row, block_rows, head_rows, head_cols = geo
-    page_size = prog[10]
+    program's tiles in the consumers' order (``descs``, ``geo``: :func:`_producer_args`'), each tile's
+    blocks after the previous tile's in the ring, each tile's Q once the consumers handed the last one
+    back (``q_empty``)."""
     base = gl.to_tensor(0)
     n_done = gl.to_tensor(0)
     for t in range(gl.program_id(0), sched[2], gl.num_programs(0)):
-        got = _persistent_tile(
+        skip, head, q_tok0, _ql, m0, p_table_row, _wl, _wr, seg, _sc = _persistent_tile(
             t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, False, SKIP_DECODE, HAS_LEFT, 0,
             False, False, CAUSAL, HAS_RIGHT, False,
         )  # fmt: skip
-        if got[0] == 0:  # (skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score)
-            head = got[1]
-            q_tok0 = got[2]
-            seg = got[8]
-            n_blocks = seg[0]
-            kv_head = head // group_size
-            args = (Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, got[5], page_size,
-                    oob_row, block_rows, kv_head * head_rows, kv_head * head_cols, q_tok0, q_tok0 + seg[8],
-                    got[4], head, kv_head * HEAD_DIM, seg[1], seg[2], seg[4], n_blocks)  # fmt: skip
+        if skip == 0:
+            args = _producer_args(descs, q_smem, smem, q_bar, ready, empty, p_table_row, geo, q_tok0, m0,
+                                  head, seg, HEAD_DIM)  # fmt: skip
             ring = (base, n_done & 1, q_empty)
             _producer(KV, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False, ring)
-            base += n_blocks
+            base += seg[0]
             n_done += 1
 
 
@@ -947,10 +944,12 @@ def _persistent_partitions(
     result."""
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc = descs
     HALF_M: gl.constexpr = BLOCK_M // 2
+    (_o, _bt, CuSeqlensQ, SeqLens, _lse, _st, n_tokens, _sbt, n_bt_cols, num_blocks, page_size, max_query_len,
+     _sot, _soh, _slh, _wl, _wr, _qk, _ts, _sk, _sp) = prog  # fmt: skip
     heads = Q_desc.shape[1] // HEAD_DIM
-    n_m = gl.maximum((prog[11] + BLOCK_M - 1) // BLOCK_M, 1)
+    n_m = gl.maximum((max_query_len + BLOCK_M - 1) // BLOCK_M, 1)
     # the sequence's lengths, read once here rather than on every tile's critical path
-    seq_geo = _sequence(prog[2], prog[3], prog[6], prog[8], prog[9], prog[10], KV_FROM_CACHE)
+    seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE)
     sched = (heads, n_m, n_m * heads, seq_geo)
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
