@@ -46,7 +46,9 @@
 #  persistent: the persistent form of the prefix NHD/HND Gluon kernel (narrow windows): PERSIST_STEPS
 #  (default smoke,tests,time) of: smoke (one GPU case under SMOKE_TIMEOUT; a failure skips the rest), tests (PERSIST_TESTS, default its test file, under TEST_TIMEOUT), time
 #  (bench/feature_cost.py over PERSIST_FEATURE_ARGS with the plan's rule and with the one-tile form,
-#  --set PERSISTENT_MAX_WINDOW=0, interleaved PERSIST_PASSES times), memcheck (compute-sanitizer over the
+#  --set PERSISTENT_MAX_WINDOW=0, interleaved PERSIST_PASSES times; PERSIST_MODES lists the runs of a pass,
+#  default "persistent onetile"; a mode ab-NAME runs the packages under bench/_ab/NAME/ (copies of
+#  prefix_prefill and prefill_runtime, ignored by git: pass carry=["bench/_ab"]) ahead of the tree's), memcheck (compute-sanitizer over the
 #  test file's rows-past-the-grid cases), into results.tgz;
 #  readme: every Python example of the READMEs (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
@@ -247,10 +249,11 @@ if [[ $what == persistent ]]; then
   if [[ $steps == *time* ]]; then
     fargs=${PERSIST_FEATURE_ARGS:---packages prefix --heads 128 --layouts nhd --pages 16 --rounds 3 --features window127,window127+sinks,window511,window1023}
     for ((pass = 1; pass <= ${PERSIST_PASSES:-1}; pass++)); do
-      for mode in persistent onetile; do
+      for mode in ${PERSIST_MODES:-persistent onetile}; do
         sets=(); [[ $mode == onetile ]] && sets=(--set PERSISTENT_MAX_WINDOW=0)
-        timeout ${TIME_TIMEOUT:-200} python3 bench/feature_cost.py --out "$res/$mode-$pass" $fargs "${sets[@]}" 2>&1 \
-          | tee "$res/$mode-$pass.log" | grep -E "feature=|Error"
+        pp=$PYTHONPATH; [[ $mode == ab-* ]] && pp=$PWD/bench/_ab/${mode#ab-}:$PYTHONPATH
+        PYTHONPATH=$pp timeout ${TIME_TIMEOUT:-200} python3 bench/feature_cost.py --out "$res/$mode-$pass" $fargs \
+          "${sets[@]}" 2>&1 | tee "$res/$mode-$pass.log" | grep -E "feature=|Error"
       done
     done
   fi
