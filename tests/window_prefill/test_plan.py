@@ -199,11 +199,11 @@ def test_triton_options_reach_its_constexprs(over, want):
     "causal,window,wide",
     [
         (True, (4095, -1), True),  # the LLM shape
-        (True, (510, -1), False),  # 511 keys
-        (True, (511, -1), True),  # 512 keys
-        (False, (64, 64), False),  # the PR shape
+        (True, (126, -1), False),  # 127 keys
+        (True, (127, -1), True),  # 128 keys
+        (False, (64, 64), True),  # the PR shape: 129 keys
+        (False, (63, 63), False),  # 127
         (False, (256, 256), True),  # 513 keys
-        (False, (255, 255), False),  # 511
         (True, (-1, -1), True),  # unbounded: however short the sequences
         (True, (-1, 5), True),  # a causal right side is 0 whatever it says
         (False, (-1, 0), True),  # non-causal, right side 0
@@ -225,7 +225,7 @@ def test_kernel_choice_does_not_depend_on_the_batch(monkeypatch):
     monkeypatch.setattr(wl, "_gluon_ok", True)
     monkeypatch.setenv("PREFILL_GLUON", "1")
     kw = dict(softmax_scale=0.1, sinks=None, bias_key0=False, softcap=0.0, return_lse=False)
-    for window, kernel in (((-1, -1), "gluon"), ((4095, -1), "gluon"), ((255, -1), "triton")):
+    for window, kernel in (((-1, -1), "gluon"), ((4095, -1), "gluon"), ((63, -1), "triton")):
         plans = set()
         for lens in ([1000], [4000, 1000], [1000, 2500], [17, 1000, 1]):
             q, k, v, _ = make_qkv(lens, 16, 4, 128, torch.bfloat16)

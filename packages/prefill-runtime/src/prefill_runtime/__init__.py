@@ -37,7 +37,7 @@ Modules, each owning one concern (every public name below is importable from ``p
   :func:`~prefill_runtime.signatures.bump_versions` (the version counters of a launch's outputs).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
-Versioned on its own: window-prefill pins ``prefill-runtime>=0.20.0,<1``, prefix-prefill ``>=0.21.0,<1``.
+Versioned on its own: window-prefill pins ``prefill-runtime>=0.21.1,<1``, prefix-prefill ``>=0.21.0,<1``.
 """
 
 __version__ = "0.21.1"

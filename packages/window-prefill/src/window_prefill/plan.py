@@ -41,9 +41,9 @@ from prefill_runtime.checks import kernel_softcap
 from window_prefill.configs import Config, block_d, get_config, wide_offsets_config
 
 # A row's window must hold at least this many keys (the window alone, whatever the lengths) for the Gluon
-# kernel: its 128-row tiles pay a fixed cost per program that narrow bands do not repay. At 512 keys it is
-# the faster at heads 128 and 256; at 128 keys the Triton kernel is at head 128 (by 6-7%).
-_GLUON_MIN_WIDTH = 512
+# kernel: its 128-row tiles pay a fixed cost per program that narrower bands do not repay. At 128 keys it is
+# the faster at heads 128 (by 3%) and 256 (by 26%); narrower bands are not measured.
+_GLUON_MIN_WIDTH = 128
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
 # Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+).
