@@ -171,7 +171,8 @@ def test_gpu_gluon_default_route(monkeypatch):
     gluon_launches = count_gluon_launches(monkeypatch)
     for d in (64, 128):
         q, k, v, cu = make_qkv([2500, 300], 4, 1, d, torch.bfloat16)
-        for causal, window, took in ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (255, -1), 0)):
+        cases = ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (127, -1), 1), (True, (126, -1), 0))
+        for causal, window, took in cases:
             before = len(gluon_launches)
             out = run(q, k, v, cu, 2500, causal=causal, window=window)
             assert len(gluon_launches) - before == took, (d, causal, window)
