@@ -2,14 +2,17 @@
 
 Gluon kernels do not run under the Triton interpreter, so this file replays the step's mask formula
 (each row's run of keys ``[k_min, k_max]``, then one unsigned compare of the column index against the
-run) with numpy's wrapping int32/uint32 arrays and compares it with the definition (module docstring of
-``prefill_runtime.gluon``) in int64: random geometries, positions up to ``2**31 - 2**20`` (the largest
-a sequence reaches), windows of 0, 1, ``2**30`` and ``2**31 - 1``. A negative control shows the
-comparison catches a run that is off by one key. The GPU tests check the compiled kernels themselves.
+run) with numpy's wrapping int32/uint32 arrays and compares it with the float64 reference's visibility
+(``attn_reference``) in int64: random geometries, positions up to ``2**31 - 2**20`` (the largest a
+sequence reaches), windows of 0, 1, ``2**30`` and ``2**31 - 1``. A negative control shows the comparison
+catches a run that is off by one key. The GPU tests check the compiled kernels themselves.
 """
 
 import numpy as np
 import pytest
+import torch
+
+from attn_reference.dense import _visible
 
 TOP = 2**31 - 2**20  # prefix_prefill.sequence.MAX_POSITION: positions stay below it
 
@@ -35,17 +38,12 @@ def model_mask(offs_r, n0, lo, hi, shift, left, right, causal, has_left, has_rig
 
 
 def definition(offs_r, n0, lo, hi, shift, left, right, causal, has_left, has_right, block_n):
-    r = offs_r.astype(np.int64)[:, None]
-    k = (n0 + np.arange(block_n, dtype=np.int64))[None, :]
-    q = r + shift
-    vis = (k >= lo) & (k < hi) & (r >= 0)
-    if causal:
-        vis &= k <= q
-    if has_left:
-        vis &= q - k <= left
-    if has_right:
-        vis &= k - q <= right
-    return vis
+    """The float64 reference's visibility (``attn_reference.dense._visible``) over the block's keys, cut to
+    the segment ``[lo, hi)`` and the rows in the sequence (``offs_r >= 0``)."""
+    r = torch.from_numpy(offs_r.astype(np.int64))
+    k = n0 + torch.arange(block_n, dtype=torch.int64)
+    vis = _visible(r + shift, k, causal, left if has_left else -1, right if has_right else -1)
+    return (vis & ((k >= lo) & (k < hi))[None, :] & (r >= 0)[:, None]).numpy()
 
 
 def _cases(seed, count):
