@@ -12,6 +12,8 @@ Rows (bf16; ``useful`` FLOPs = visible (query, key) pairs * heads * 4 * head siz
   short2k     16 causal sequences of 2048 tokens, 32/8, head 128 (``window_prefill``)
   window32k   one 32768-token causal sequence, left window 4095, 32/8, head 128 (``window_prefill``)
   llama       8 x (4096 cached + 4096 new) tokens, 32/8, head 128, NHD cache, page 16 (``prefix_prefill``)
+  llama_w127  llama with a left window of 127 keys (gpt-oss's sliding layers; FlashInfer's windowed form)
+  window8k_w127  causal8k with a left window of 127 keys (``window_prefill``)
   qwen        4 x (8192 cached + 2048 new) tokens, 16/2, head 256, NHD cache, page 16 (``prefix_prefill``)
   (one layer of bench/engine_step.py's scenarios, 32/8 heads, head 128, NHD page 16 where paged:)
   prompts8    8 causal prompts of 100-500 tokens (``window_prefill``; varlen_8prompts_100-500)
@@ -107,6 +109,8 @@ ROWS = [
     Row("window32k", "varlen", 1, 32768, 32, 8, 128, left=4095),
     Row("llama", "prefix", 8, 4096, 32, 8, 128, ctx=4096),
     Row("qwen", "prefix", 4, 2048, 16, 2, 256, ctx=8192),
+    Row("llama_w127", "prefix", 8, 4096, 32, 8, 128, ctx=4096, left=127),
+    Row("window8k_w127", "varlen", 1, 8192, 32, 8, 128, left=127),
     Row("prompts8", "varlen", 0, 0, 32, 8, 128, lens=_PROMPTS8),
     Row("chunks4", "prefix", 0, 0, 32, 8, 128, lens=((0, 1024), (2600, 768), (5300, 512), (8000, 256))),
     Row("specdec", "prefix", 0, 0, 32, 8, 128, lens=_SPEC),
@@ -119,6 +123,7 @@ SMOKE_ROWS = [
     Row("window32k", "varlen", 2, 40, 2, 1, 64, left=7),
     Row("noncausal8k", "varlen", 2, 33, 2, 1, 64, causal=False),
     Row("llama", "prefix", 2, 16, 2, 1, 64, ctx=24),
+    Row("llama_w127", "prefix", 2, 16, 2, 1, 64, ctx=24, left=7),
     Row("prompts8", "varlen", 0, 0, 2, 1, 64, lens=((0, 9), (0, 30))),
     Row("specdec", "prefix", 0, 0, 2, 1, 64, lens=((40, 4), (17, 4), (0, 6))),
     Row("causal8k_cap50", "varlen", 1, 48, 2, 1, 64, softcap=50.0),
@@ -203,7 +208,7 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     q, kc, vc, bt, cu, sl = p["q"], p["k_cache"], p["v_cache"], p["block_table"], p["cu"], p["seq_lens"]
     longest = max(new for _, new in pairs)
     out, out_kv = torch.empty_like(q), torch.empty_like(q)
-    kw: dict = {"softcap": row.softcap}
+    kw: dict = {"softcap": row.softcap, "window": (row.left, -1)}
     fp8 = torch.float8_e4m3fn if row.fp8 else None
     if fp8 is not None:  # the cache's values times 4 in e4m3, read back with scales 0.25
         kc, vc = (kc * 4).to(fp8), (vc * 4).to(fp8)
@@ -217,7 +222,9 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         return calls, [*notes, "peers: no CUDA device" if device != "cuda" else "peers: NHD rows only"]
     keys = [c + n for c, n in pairs]
     pages = p["pages"]
-    fa3 = _fa3(notes)
+    fa3 = _fa3(notes) if row.left < 0 else None
+    if row.left >= 0:
+        notes.append("fa3: the wheel is built without local attention")
     if fa3 is not None:
         k_all, v_all, cu_k = gathered_kv(p)
         fa_kw: dict = {"softcap": row.softcap}
@@ -237,7 +244,8 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
             last = torch.tensor([k - (n - 1) * row.page for k, n in zip(keys, pages, strict=True)],
                                 dtype=torch.int32, device=device)  # fmt: skip
             w.plan(cu, indptr, ids, last, row.heads, row.kv_heads, row.head, row.page, causal=True,
-                   logits_soft_cap=row.softcap or None, q_data_type=dtype, kv_data_type=kc.dtype)  # fmt: skip
+                   window_left=row.left, logits_soft_cap=row.softcap or None, q_data_type=dtype,
+                   kv_data_type=kc.dtype)  # fmt: skip
             fi_kw = {"k_scale": _FP8_SCALE, "v_scale": _FP8_SCALE} if fp8 is not None else {}
             calls["flashinfer"] = lambda: w.run(q, (kc, vc), **fi_kw)
         except Exception as e:

@@ -602,8 +602,11 @@ def tiny_problem(env: Env, dt=None) -> dict:
     return p
 
 
-def tiny_call(env: Env, p: dict, entry: str, layout: str = "split", kv: str = "given", lse: bool = False):
-    """A callable for one entry point on the tiny problem (None when it does not exist)."""
+def tiny_call(
+    env: Env, p: dict, entry: str, layout: str = "split", kv: str = "given", lse: bool = False, left: int = -1
+):
+    """A callable for one entry point on the tiny problem (None when it does not exist); ``left`` >= 0: a
+    causal window of ``left`` keys behind each query (``ours_pp`` / ``ours_wp``)."""
     q, o = p["q"], p["o"]
     k, v = (p["k"], p["v"]) if kv == "given" else (None, None)
     kc, vc = {"split": ("k_cache", "v_cache"), "nhd": ("k_nhd", "v_nhd"), "hnd": ("k_hnd", "v_hnd")}[layout]
@@ -621,6 +624,8 @@ def tiny_call(env: Env, p: dict, entry: str, layout: str = "split", kv: str = "g
         pp = env.pp.prefix_prefill
         args = (q, k, v, kc, vc, p["block_table"], p["cu"], p["seq_lens"], p["max_q"])
         extra = {"return_lse": True, "lse": p["lse"]} if lse else {}
+        if left >= 0:
+            extra["window"] = (left, -1)
         return lambda: pp(*args, kv_layout=layout, out=o, **extra)
     kk, vv = p["k"], p["v"]  # varlen: the new tokens' own K/V (8/2 heads)
     if entry in ("ours_wp_caf", "vllm_wp"):
@@ -632,6 +637,8 @@ def tiny_call(env: Env, p: dict, entry: str, layout: str = "split", kv: str = "g
     if entry == "ours_wp":
         wp = env.wp.window_prefill
         extra = {"return_lse": True, "lse": p["lse"]} if lse else {}
+        if left >= 0:
+            extra["window"] = (left, -1)
         return lambda: wp(q, kk, vv, p["cu"], p["max_q"], causal=True, out=o, **extra)
     if entry == "sdpa":
         sdpa = env.torch.nn.functional.scaled_dot_product_attention
@@ -640,22 +647,26 @@ def tiny_call(env: Env, p: dict, entry: str, layout: str = "split", kv: str = "g
     raise ValueError(entry)
 
 
-HOST_ROWS = [  # (row name, entry, layout)
-    ("ours_pp_caf", "ours_pp_caf", "split"),
-    ("ours_pp_split", "ours_pp", "split"),
-    ("ours_pp_nhd", "ours_pp", "nhd"),
-    ("ours_wp_caf", "ours_wp_caf", "split"),
-    ("ours_wp", "ours_wp", "split"),
-    ("vllm_pp", "vllm_pp", "split"),
-    ("vllm_wp", "vllm_wp", "split"),
-    ("sdpa", "sdpa", "split"),
+HOST_ROWS = [  # (row name, entry, layout, left window or -1)
+    ("ours_pp_caf", "ours_pp_caf", "split", -1),
+    ("ours_pp_split", "ours_pp", "split", -1),
+    ("ours_pp_nhd", "ours_pp", "nhd", -1),
+    ("ours_pp_nhd_w127", "ours_pp", "nhd", 127),
+    ("ours_wp_caf", "ours_wp_caf", "split", -1),
+    ("ours_wp", "ours_wp", "split", -1),
+    ("ours_wp_w127", "ours_wp", "split", 127),
+    ("vllm_pp", "vllm_pp", "split", -1),
+    ("vllm_wp", "vllm_wp", "split", -1),
+    ("sdpa", "sdpa", "split", -1),
 ]
 HOST_NOTES = {
     "ours_pp_caf": "prefix_prefill.context_attention_fwd, split cache",
     "ours_pp_split": "prefix_prefill.prefix_prefill(), split cache",
     "ours_pp_nhd": "prefix_prefill.prefix_prefill(), NHD cache",
+    "ours_pp_nhd_w127": "prefix_prefill.prefix_prefill(), NHD cache, window (127, -1) (the persistent form)",
     "ours_wp_caf": "window_prefill.context_attention_fwd",
     "ours_wp": "window_prefill.window_prefill()",
+    "ours_wp_w127": "window_prefill.window_prefill(), window (127, -1) (the Gluon kernel on sm90)",
     "vllm_pp": "vLLM 0.33 prefix_prefill.context_attention_fwd",
     "vllm_wp": "vLLM 0.33 triton_prefill_attention.context_attention_fwd",
     "sdpa": "torch SDPA [1, 8, 16, 128] (q, k, v), default backend",
@@ -674,8 +685,8 @@ def host_table(env: Env, cfg: dict) -> list[dict]:
     slower after it), then each entry's launches and CUDA-graph time."""
     p = tiny_problem(env)
     rows, fns = [], []
-    for name, entry, layout in HOST_ROWS:
-        fn = tiny_call(env, p, entry, layout)
+    for name, entry, layout, left in HOST_ROWS:
+        fn = tiny_call(env, p, entry, layout, left=left)
         if fn is None:
             continue
         row = {
