@@ -1,8 +1,9 @@
 """The visibility mask of ``prefill_runtime.gluon.softmax_step`` in int32 arithmetic, on the CPU.
 
-Gluon kernels do not run under the Triton interpreter, so this file replays the step's mask formula
-(each row's run of keys ``[k_min, k_max]``, then one unsigned compare of the column index against the
-run) with numpy's wrapping int32/uint32 arrays and compares it with the float64 reference's visibility
+Gluon kernels do not run under the Triton interpreter, so this file replays the step's mask formulas
+(with a left window: each row's run of keys ``[k_min, k_max]``, then one unsigned compare of the column
+index against the run; without: the segment's bounds per key, then the causal / right-window bound per
+score) with numpy's wrapping int32/uint32 arrays and compares it with the float64 reference's visibility
 (``attn_reference``) in int64: random geometries, positions up to ``2**31 - 2**20`` (the largest a
 sequence reaches), windows of 0, 1, ``2**30`` and ``2**31 - 1``. A negative control shows the comparison
 catches a run that is off by one key. The GPU tests check the compiled kernels themselves.
@@ -22,10 +23,16 @@ def model_mask(offs_r, n0, lo, hi, shift, left, right, causal, has_left, has_rig
     i32, u32 = np.int32, np.uint32
     with np.errstate(over="ignore"):
         q_pos = (offs_r + i32(shift)).astype(i32)
-        k_min = np.full_like(q_pos, lo)
+        if not has_left:
+            offs_k = (i32(n0) + np.arange(block_n, dtype=i32)).astype(i32)
+            vis = ((offs_k >= i32(lo)) & (offs_k < i32(hi) + i32(off_by)))[None, :] & (offs_r >= 0)[:, None]
+            if causal:
+                vis &= offs_k[None, :] <= q_pos[:, None] + i32(off_by)
+            if has_right:
+                vis &= (offs_k[None, :] - q_pos[:, None]).astype(i32) <= i32(right) + i32(off_by)
+            return vis
+        k_min = np.maximum(q_pos - i32(left), i32(lo))
         k_max = np.full_like(q_pos, hi - 1)
-        if has_left:
-            k_min = np.maximum(q_pos - i32(left), i32(lo))
         if causal:
             k_max = np.minimum(q_pos, k_max)
         if has_right:

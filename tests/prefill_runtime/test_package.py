@@ -20,7 +20,7 @@ _PUBLIC = (
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.21.1"
+    assert prefill_runtime.__version__ == "0.21.2"
 
 
 def test_public_names():

@@ -40,7 +40,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 Versioned on its own: window-prefill pins ``prefill-runtime>=0.21.1,<1``, prefix-prefill ``>=0.21.0,<1``.
 """
 
-__version__ = "0.21.1"
+__version__ = "0.21.2"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles

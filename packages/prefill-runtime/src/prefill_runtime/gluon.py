@@ -211,26 +211,37 @@ def softmax_step(
             q_f = (offs_r + shift).to(gl.float32)  # [BM]
             b_s = b_s - score[1] * gl.abs(q_f[:, None] - k_f[None, :])  # [BM, BN]
     if masked:
-        # each row sees one run of keys [k_min, k_max]: [lo, hi) cut by the causal and window terms. Key
-        # n0 + c is visible iff (c - (k_min - n0)) mod 2**32 <= k_max - k_min: one unsigned compare a
-        # score against the column index (a constant). A row with no visible key (or before the tile)
-        # gets the run [n0 + BLOCK_N, n0 + BLOCK_N], past every column. Positions lie in [0, 2**31).
-        q_pos = offs_r + shift  # [BM] the rows' positions in the key coordinates
-        k_min = lo
-        k_max = hi - 1
         if HAS_LEFT:
+            # each row sees one run of keys [k_min, k_max]: [lo, hi) cut by the causal and window terms.
+            # Key n0 + c is visible iff (c - (k_min - n0)) mod 2**32 <= k_max - k_min: one unsigned compare
+            # a score against the column index (a constant), where the window's two bounds would take
+            # two. A row with no visible key (or before the tile) gets the run [n0 + BLOCK_N, n0 +
+            # BLOCK_N], past every column. Positions lie in [0, 2**31).
+            q_pos = offs_r + shift  # [BM] the rows' positions in the key coordinates
+            k_max = hi - 1
             k_min = gl.maximum(q_pos - window_left, lo)  # [BM]
-        if CAUSAL:
-            k_max = gl.minimum(q_pos, k_max)  # [BM]
-        if HAS_RIGHT:  # min(q_pos + window_right, k_max) without forming a sum past 2**31
-            k_max = gl.where(q_pos > k_max - window_right, k_max, q_pos + window_right)  # [BM]
-        run = (offs_r >= 0) & (k_max >= k_min)  # [BM]
-        first = gl.where(run, k_min - n0, BLOCK_N)  # [BM]
-        span = gl.where(run, k_max - k_min, 0).to(gl.uint32)  # [BM]
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
-        m_vis = (cols[None, :] - first[:, None]).to(gl.uint32) <= span[:, None]  # [BM, BN]
-        if SINKS == 2:
-            b_s = gl.where((n0 + cols)[None, :] == 0, b_s + score[2], b_s)  # [BM, BN] the bias of key 0
+            if CAUSAL:
+                k_max = gl.minimum(q_pos, k_max)  # [BM]
+            if HAS_RIGHT:  # min(q_pos + window_right, k_max) without forming a sum past 2**31
+                k_max = gl.where(q_pos > k_max - window_right, k_max, q_pos + window_right)  # [BM]
+            run = (offs_r >= 0) & (k_max >= k_min)  # [BM]
+            first = gl.where(run, k_min - n0, BLOCK_N)  # [BM]
+            span = gl.where(run, k_max - k_min, 0).to(gl.uint32)  # [BM]
+            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
+            m_vis = (cols[None, :] - first[:, None]).to(gl.uint32) <= span[:, None]  # [BM, BN]
+            if SINKS == 2:
+                b_s = gl.where((n0 + cols)[None, :] == 0, b_s + score[2], b_s)  # [BM, BN] the bias of key 0
+        else:
+            # no left window: [lo, hi) per column, then the causal / right-window bound per score (the
+            # run form above costs one more operation a score here and moves the fp8 forms' registers)
+            offs_k = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN] key coordinates
+            m_vis = ((offs_k >= lo) & (offs_k < hi))[None, :] & (offs_r >= 0)[:, None]  # [BM, BN]
+            if CAUSAL:  # (offs_r + shift: the rows' positions in the key coordinates)
+                m_vis = m_vis & (offs_k[None, :] <= (offs_r + shift)[:, None])  # [BM, BN]
+            if HAS_RIGHT:
+                m_vis = m_vis & (offs_k[None, :] - (offs_r + shift)[:, None] <= window_right)  # [BM, BN]
+            if SINKS == 2:
+                b_s = gl.where(offs_k[None, :] == 0, b_s + score[2], b_s)  # [BM, BN] the bias of key 0
         b_s = gl.where(m_vis, b_s, float("-inf"))  # [BM, BN]
     if SOFTCAP == 3:  # the max pinned: every capped logit is below it by at most 2 * qk_scale
         gl.static_assert(not SCALED_V, "pinned max (SOFTCAP 3): no fp8 V scaling")

@@ -320,11 +320,10 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
 
 
 @functools.cache
-@functools.cache
 def _multiprocessors(index: int) -> int:
     """Multiprocessors of CUDA device ``index``; 0 off CUDA (index -1: only the CPU tests' stand-in
     kernels launch there, so every short-query call with an even group pairs). Cached: a persistent
-    plan's warm call asks it each call."""
+    plan's warm call and each short-query launch ask it."""
     return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
 
 
