@@ -277,9 +277,10 @@ def prefix_bench_module():
 
 def set_constants(sets: list[str], error, module: str) -> None:
     """Apply ``--set NAME=VALUE`` options to a kernel package's plan module (``prefix_prefill.plan``,
-    ``window_prefill.plan``): NAME one of its int tuning constants (``NAME=N``) or booleans
-    (``NAME=0|1``), set before the first call; ``error(msg)`` reports a bad one (argparse's
-    ``ap.error``). Plan overrides of single constexprs are :mod:`plan_override`'s."""
+    ``window_prefill.plan``): NAME one of its int tuning constants (``NAME=N``; a per-head-size table of
+    ints, such as ``_GLUON_MIN_WIDTH``, takes N at every head size) or booleans (``NAME=0|1``), set
+    before the first call; ``error(msg)`` reports a bad one (argparse's ``ap.error``). Plan overrides of
+    single constexprs are :mod:`plan_override`'s."""
     import importlib
 
     mod = importlib.import_module(module)
@@ -290,6 +291,8 @@ def set_constants(sets: list[str], error, module: str) -> None:
             setattr(mod, name, val == "1")
         elif isinstance(cur, int) and not isinstance(cur, bool) and val.isdigit():
             setattr(mod, name, int(val))
+        elif isinstance(cur, dict) and cur and all(type(x) is int for x in cur.values()) and val.isdigit():
+            setattr(mod, name, dict.fromkeys(cur, int(val)))
         else:
             error(f"--set {kv}: expected NAME=0|1 or NAME=N with NAME a bool or int constant of {module}")
     if hasattr(getattr(mod, "plan", None), "cache_clear"):

@@ -310,7 +310,8 @@ def _gluon_width(spec):
     if spec[6] != "gluon":
         yield
         return
-    old, wp_plan._GLUON_MIN_WIDTH = wp_plan._GLUON_MIN_WIDTH, 1
+    old = wp_plan._GLUON_MIN_WIDTH
+    wp_plan._GLUON_MIN_WIDTH = dict.fromkeys(old, 1)
     try:
         yield
     finally:

@@ -31,7 +31,6 @@ from wp_util import (
 )
 
 import window_prefill.launch as wl
-import window_prefill.plan as wp_plan
 from attn_reference import compare
 from window_prefill import context_attention_fwd, explain, window_prefill
 from window_prefill.configs import Config
@@ -53,7 +52,7 @@ def test_gluon_plan_is_offered_then_falls_back(monkeypatch):
     call's window flags, form and LSE in its constexprs); when it does not launch, the plan's Triton
     fallback writes the right answer. Narrow windows never reach it."""
     offered = refuse_gluon(monkeypatch)
-    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 24)  # the test sequences are short
+    any_width_is_wide(monkeypatch, 24)  # the test sequences are short
     q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
     out = run(q, k, v, cu, 30, causal=True, window=(40, -1))  # 30 keys visible: Gluon planned
     assert compare(out, reference(q, k, v, cu, causal=True, window=(40, -1)))
@@ -84,7 +83,7 @@ def test_gluon_launch_failure_falls_back_for_good(monkeypatch):
     monkeypatch.setattr(wl, "_gluon_ok", True)
     monkeypatch.setenv("PREFILL_GLUON", "1")  # (offered outside the Triton allowlist too)
     monkeypatch.setattr(wl, "_gluon_fwd_kernel", Broken())
-    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 24)
+    any_width_is_wide(monkeypatch, 24)
     q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
     assert explain(q, k, v, cu, 30).kernel == "gluon"
     with pytest.warns(RuntimeWarning, match="Gluon kernel failed"):
@@ -167,11 +166,13 @@ def test_gpu_gluon_matches_reference(case, gluon_launches):
 def test_gpu_gluon_default_route(monkeypatch):
     """With no config given (the table) and the shipped width rule: a wide window takes the Gluon
     kernel at heads 64 and 128 (an unbounded one too, however short the sequences), a narrow one the
-    Triton kernel; both right."""
+    Triton kernel (head 128: below 128 keys, head 64: below 512); both right."""
     gluon_launches = count_gluon_launches(monkeypatch)
     for d in (64, 128):
         q, k, v, cu = make_qkv([2500, 300], 4, 1, d, torch.bfloat16)
-        cases = ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (127, -1), 1), (True, (126, -1), 0))
+        narrow = 512 if d == 64 else 128  # keys a row
+        cases = ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (narrow - 1, -1), 1),
+                 (True, (narrow - 2, -1), 0))  # fmt: skip
         for causal, window, took in cases:
             before = len(gluon_launches)
             out = run(q, k, v, cu, 2500, causal=causal, window=window)

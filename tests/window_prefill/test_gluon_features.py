@@ -26,7 +26,6 @@ from wp_util import (
 )
 
 import window_prefill.launch as wl
-import window_prefill.plan as wp_plan
 from attn_reference import attention_varlen, compare
 from prefill_runtime.checks import PINNED_SOFTCAP_MAX
 from window_prefill import explain, window_prefill
@@ -48,7 +47,7 @@ def test_options_are_offered_to_gluon(opts, want, monkeypatch):
     as constexprs (soft-capping through exp2 on the CPU, the hardware tanh on a GPU), and the fallback's
     answer is right when it refuses."""
     offered = refuse_gluon(monkeypatch)
-    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 8)
+    any_width_is_wide(monkeypatch, 8)
     q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
     kw = dict(causal=opts.get("causal", True), window=opts.get("window", (-1, -1)),
               softcap=opts.get("softcap", 0.0))  # fmt: skip

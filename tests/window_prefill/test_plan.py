@@ -111,7 +111,7 @@ REFUSALS = [
     ("scale", dict(scale_positive=False), "softmax_scale"),
     ("q-rows", dict(q_tma=False), "TMA"),
     ("kv-rows", dict(kv_tma=False), "TMA"),
-    ("narrow", dict(wide_window=False), f"fewer than {wp_plan._GLUON_MIN_WIDTH} keys"),
+    ("narrow", dict(wide_window=False), f"fewer than {wp_plan._GLUON_MIN_WIDTH[128]} keys"),
     ("config", dict(config=Config(64, 32, 4, 3)), "config does not ask"),
 ]
 
@@ -196,25 +196,31 @@ def test_triton_options_reach_its_constexprs(over, want):
 
 
 @pytest.mark.parametrize(
-    "causal,window,wide",
+    "causal,window,head,wide",
     [
-        (True, (4095, -1), True),  # the LLM shape
-        (True, (126, -1), False),  # 127 keys
-        (True, (127, -1), True),  # 128 keys
-        (False, (64, 64), True),  # the PR shape: 129 keys
-        (False, (63, 63), False),  # 127
-        (False, (256, 256), True),  # 513 keys
-        (True, (-1, -1), True),  # unbounded: however short the sequences
-        (True, (-1, 5), True),  # a causal right side is 0 whatever it says
-        (False, (-1, 0), True),  # non-causal, right side 0
-        (False, (0, -1), True),
-        (False, (10, 10), False),
+        (True, (4095, -1), 128, True),  # the LLM shape
+        (True, (126, -1), 128, False),  # 127 keys
+        (True, (127, -1), 128, True),  # 128 keys
+        (True, (127, -1), 256, True),
+        (True, (127, -1), 64, False),  # head 64: from 512 keys
+        (True, (510, -1), 64, False),  # 511 keys
+        (True, (511, -1), 64, True),  # 512 keys
+        (False, (64, 64), 128, True),  # 129 keys
+        (False, (64, 64), 64, False),  # the PR shape (head 64): 129 keys
+        (False, (63, 63), 128, False),  # 127
+        (False, (256, 256), 64, True),  # 513 keys
+        (True, (-1, -1), 64, True),  # unbounded: however short the sequences
+        (True, (-1, 5), 128, True),  # a causal right side is 0 whatever it says
+        (False, (-1, 0), 128, True),  # non-causal, right side 0
+        (False, (0, -1), 64, True),
+        (False, (10, 10), 128, False),
+        (True, (4095, -1), 96, False),  # a head size the Gluon kernel has no entry for
     ],
 )
-def test_width_rule(causal, window, wide):
-    """Narrow bands keep the Triton kernel: host arithmetic on the window alone (no length of the call),
-    one flag of the problem."""
-    assert wide_window(causal, window[0], window[1]) is wide
+def test_width_rule(causal, window, head, wide):
+    """Narrow bands keep the Triton kernel: host arithmetic on the window and the head size alone (no
+    length of the call), one flag of the problem."""
+    assert wide_window(causal, window[0], window[1], head) is wide
 
 
 def test_kernel_choice_does_not_depend_on_the_batch(monkeypatch):

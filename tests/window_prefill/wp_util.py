@@ -196,10 +196,10 @@ def refuse_gluon(monkeypatch: pytest.MonkeyPatch) -> list[LaunchPlan]:
     return offered
 
 
-def any_width_is_wide(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Gluon width rule (``plan._GLUON_MIN_WIDTH``) holds for every window: short test sequences
-    and narrow windows may take the Gluon kernel."""
-    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", 1)
+def any_width_is_wide(monkeypatch: pytest.MonkeyPatch, width: int = 1) -> None:
+    """The Gluon width rule (``plan._GLUON_MIN_WIDTH``) holds for every window of at least ``width`` keys
+    at every head size: short test sequences and narrow windows may take the Gluon kernel."""
+    monkeypatch.setattr(wp_plan, "_GLUON_MIN_WIDTH", dict.fromkeys(wp_plan._GLUON_MIN_WIDTH, width))
 
 
 # Head of the scripts that compile the Gluon kernel offline (after conftest's GLUON_COMPILE_PREAMBLE):

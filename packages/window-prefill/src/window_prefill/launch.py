@@ -145,7 +145,7 @@ def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sin
         causal,
         window_left >= 0,  # has_left
         window_right >= 0,  # has_right
-        wide_window(causal, window_left, window_right),
+        wide_window(causal, window_left, window_right, head_dim),
         sinks is not None,
         sinks is not None and bias_key0,
         softcap_form(softcap, q) if softcap > 0 else 0,

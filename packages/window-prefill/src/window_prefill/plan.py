@@ -17,9 +17,9 @@ kernel      when
 ==========  =========================================================================================
 ``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
-            readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys; sinks (both
-            modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``. Tiles 128 x 128 (128 x
-            64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
+            readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per head
+            size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``.
+            Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
             interpreter), 16-bit, an unpadded head size and K/V readable by TMA.
@@ -41,9 +41,10 @@ from prefill_runtime.checks import kernel_softcap
 from window_prefill.configs import Config, block_d, get_config, wide_offsets_config
 
 # A row's window must hold at least this many keys (the window alone, whatever the lengths) for the Gluon
-# kernel: its 128-row tiles pay a fixed cost per program that narrower bands do not repay. At 128 keys it is
-# the faster at heads 128 (by 3%) and 256 (by 26%); narrower bands are not measured.
-_GLUON_MIN_WIDTH = 128
+# kernel, per head size: its 128-row tiles pay a fixed cost per program that narrower bands do not repay.
+# At 128 keys it is the faster at heads 128 (by 1-3%) and 256 (by 26%); at head 64 the Triton kernel is
+# 1.7x faster there (causal, left 127; and a (64, 64) band), so head 64 keeps the 512 of before.
+_GLUON_MIN_WIDTH = {64: 512, 128: 128, 256: 128}
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
 # Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+).
@@ -63,7 +64,7 @@ class Problem:
     elements from its tensor's start (int64 token offsets). ``q_tma`` / ``kv_tma``: q (k and v) can be
     TMA descriptors over ``[tokens, heads * head_dim]``: unit feature stride, heads ``head_dim`` apart,
     16-byte aligned base and token rows, fewer than 2**31 tokens (``kv_tma`` also: this Triton has host
-    tensor descriptors). ``wide_window``: a row may see at least ``_GLUON_MIN_WIDTH`` keys
+    tensor descriptors). ``wide_window``: a row may see at least ``_GLUON_MIN_WIDTH[head_dim]`` keys
     (:func:`wide_window`). ``gluon``: this process runs the Gluon kernel (Triton has Gluon,
     ``WINDOW_PREFILL_GLUON`` is not 0, no launch of it failed)."""
 
@@ -89,14 +90,15 @@ class Problem:
     config: Config | None = None
 
 
-def wide_window(causal: bool, window_left: int, window_right: int) -> bool:
-    """Whether the window lets a row see at least ``_GLUON_MIN_WIDTH`` keys: its width, ``-1`` sides
-    unbounded, a causal right side 0. The window alone decides, never a length of the call: a sequence
-    runs the same kernel whatever batch it is in (batch invariance)."""
+def wide_window(causal: bool, window_left: int, window_right: int, head_dim: int) -> bool:
+    """Whether the window lets a row see at least ``_GLUON_MIN_WIDTH[head_dim]`` keys (a head size the
+    Gluon kernel has no entry for: never): its width, ``-1`` sides unbounded, a causal right side 0. The
+    window and the head size alone decide, never a length of the call: a sequence runs the same kernel
+    whatever batch it is in (batch invariance)."""
     if window_left < 0 or (not causal and window_right < 0):
         return True
     right = 0 if causal else window_right
-    return window_left + right + 1 >= _GLUON_MIN_WIDTH
+    return window_left + right + 1 >= _GLUON_MIN_WIDTH.get(head_dim, 2**62)
 
 
 def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
@@ -110,7 +112,7 @@ def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
         (p.head_dim in _GLUON_HEADS, f"head size {p.head_dim}"),
         (p.scale_positive or p.softcap > 0, "softmax_scale <= 0"),
         (p.q_tma and p.kv_tma, "q/k/v not readable by TMA"),
-        (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH} keys"),
+        (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH.get(p.head_dim)} keys"),
     )
     return next((why for ok, why in checks if not ok), None)
 
