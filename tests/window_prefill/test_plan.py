@@ -202,13 +202,14 @@ def test_triton_options_reach_its_constexprs(over, want):
         (True, (126, -1), 128, False),  # 127 keys
         (True, (127, -1), 128, True),  # 128 keys
         (True, (127, -1), 256, True),
-        (True, (127, -1), 64, False),  # head 64: from 512 keys
-        (True, (510, -1), 64, False),  # 511 keys
-        (True, (511, -1), 64, True),  # 512 keys
+        (True, (127, -1), 64, False),  # head 64: from 2048 keys
+        (True, (2046, -1), 64, False),  # 2047 keys
+        (True, (2047, -1), 64, True),  # 2048 keys
         (False, (64, 64), 128, True),  # 129 keys
         (False, (64, 64), 64, False),  # the PR shape (head 64): 129 keys
         (False, (63, 63), 128, False),  # 127
-        (False, (256, 256), 64, True),  # 513 keys
+        (False, (1024, 1024), 64, True),  # 2049 keys
+        (False, (256, 256), 64, False),  # 513 keys
         (True, (-1, -1), 64, True),  # unbounded: however short the sequences
         (True, (-1, 5), 128, True),  # a causal right side is 0 whatever it says
         (False, (-1, 0), 128, True),  # non-causal, right side 0
