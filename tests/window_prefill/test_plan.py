@@ -224,6 +224,12 @@ def test_width_rule(causal, window, head, wide):
     assert wide_window(causal, window[0], window[1], head) is wide
 
 
+def test_width_rule_covers_the_gluon_heads():
+    """Every head size the Gluon kernel is written for has its own width (and no other does)."""
+    assert set(wp_plan._GLUON_MIN_WIDTH) == set(wp_plan._GLUON_HEADS)
+    assert all(type(w) is int and w >= 1 for w in wp_plan._GLUON_MIN_WIDTH.values())
+
+
 def test_kernel_choice_does_not_depend_on_the_batch(monkeypatch):
     """On sm90 with the Gluon kernel offered, a sequence plans the same kernel and tiles alone and
     beside longer or shorter ones (an unbounded causal window, a wide and a narrow band): the choice
