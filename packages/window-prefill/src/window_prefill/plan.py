@@ -48,8 +48,9 @@ from window_prefill.configs import Config, block_d, get_config, wide_offsets_con
 _GLUON_MIN_WIDTH = {64: 2048, 128: 128, 256: 128}
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
-# Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+).
-_GLUON_HEADS = (64, 128, 256)
+# Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+): those of the
+# width table.
+_GLUON_HEADS = tuple(_GLUON_MIN_WIDTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,8 @@ def wide_window(causal: bool, window_left: int, window_right: int, head_dim: int
     if window_left < 0 or (not causal and window_right < 0):
         return True
     right = 0 if causal else window_right
-    return window_left + right + 1 >= _GLUON_MIN_WIDTH.get(head_dim, 2**62)
+    need = _GLUON_MIN_WIDTH.get(head_dim)
+    return need is not None and window_left + right + 1 >= need
 
 
 def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
