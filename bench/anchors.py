@@ -222,9 +222,11 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         return calls, [*notes, "peers: no CUDA device" if device != "cuda" else "peers: NHD rows only"]
     keys = [c + n for c, n in pairs]
     pages = p["pages"]
-    fa3 = _fa3(notes) if row.left < 0 else None
     if row.left >= 0:
+        fa3 = None
         notes.append("fa3: the wheel is built without local attention")
+    else:
+        fa3 = _fa3(notes)
     if fa3 is not None:
         k_all, v_all, cu_k = gathered_kv(p)
         fa_kw: dict = {"softcap": row.softcap}
