@@ -48,6 +48,9 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("rand64_1k", "varlen", 0, 0, 32, 8, 128, {"lens": _RAND64}),
     ("llama_split", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "layout": "split"}),
     ("llama_p1056", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1056}),
+    ("llama_w127_p1056", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1056, "left": 127}),
+    ("llama_w511", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "left": 511}),
+    ("llama_fp8_w127", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "left": 127, "fp8": True}),
 )
 
 
