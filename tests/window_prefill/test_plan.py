@@ -202,9 +202,10 @@ def test_triton_options_reach_its_constexprs(over, want):
         (True, (126, -1), 128, False),  # 127 keys
         (True, (127, -1), 128, True),  # 128 keys
         (True, (127, -1), 256, True),
-        (True, (127, -1), 64, False),  # head 64: from 2048 keys
-        (True, (2046, -1), 64, False),  # 2047 keys
-        (True, (2047, -1), 64, True),  # 2048 keys
+        (True, (127, -1), 64, False),  # head 64: from 1536 keys
+        (True, (1534, -1), 64, False),  # 1535 keys
+        (True, (1535, -1), 64, True),  # 1536 keys
+        (True, (2047, -1), 64, True),
         (False, (64, 64), 128, True),  # 129 keys
         (False, (64, 64), 64, False),  # the PR shape (head 64): 129 keys
         (False, (63, 63), 128, False),  # 127

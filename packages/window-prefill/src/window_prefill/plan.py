@@ -42,10 +42,11 @@ from window_prefill.configs import Config, block_d, get_config, wide_offsets_con
 
 # A row's window must hold at least this many keys (the window alone, whatever the lengths) for the Gluon
 # kernel, per head size: its 128-row tiles pay a fixed cost per program that narrower bands do not repay.
-# At 128 keys it is the faster at heads 128 (by 1-3%) and 256 (by 26%). At head 64 the Triton kernel is the
-# faster up to 1024 keys (1.7x at 128, 1.2x at 512, 1.04x at 1024) and the slower at 4096 (by 18%), so
-# head 64 takes the Gluon kernel from 2048 keys (the crossover lies between; 2048 itself not measured).
-_GLUON_MIN_WIDTH = {64: 2048, 128: 128, 256: 128}
+# At 128 keys it is the faster at heads 128 (by 1-3%) and 256 (by 26%); at 64 keys the Triton kernel is
+# (by 10% at head 128). At head 64 the Triton kernel is the faster up to 1024 keys (1.7x at 128, 1.2x at
+# 512, 1.04x at 1024) and the slower from 1536 (by 4-7%; 10% at 2048, 18% at 4096), so head 64 takes the
+# Gluon kernel from 1536 keys.
+_GLUON_MIN_WIDTH = {64: 1536, 128: 128, 256: 128}
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
 # Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+): those of the
