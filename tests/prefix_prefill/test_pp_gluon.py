@@ -84,7 +84,7 @@ def test_gluon_not_taken(what, layout):
     over = {
         "interpreter": {"arch": "interpreter"},
         "narrow_window": {"left": plan.GLUON_MIN_WINDOW - 2},
-        "narrow_two_sided": {"causal": False, "left": 100, "right": plan.GLUON_MIN_WINDOW - 102},
+        "narrow_two_sided": {"causal": False, "left": 40, "right": plan.GLUON_MIN_WINDOW - 42},
         "scale": {"scale": -0.5},
         "no_gluon": {"gluon": False},
     }.get(what, {})

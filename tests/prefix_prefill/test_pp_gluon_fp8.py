@@ -94,6 +94,26 @@ def test_fp8_caches_keep_triton(what, why):
         assert control.kernel == f"gluon-{layout}"
 
 
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_fp8_window_floor(layout):
+    """Over an fp8 cache a window must let a row see :data:`~prefix_prefill.plan.GLUON_MIN_WINDOW_FP8` keys
+    for the Gluon kernels (``left + 1``; not causal ``left + right + 1``); one key fewer keeps the Triton
+    kernel, the reason naming that floor, where the same window over a 16-bit cache takes a Gluon kernel."""
+    fp8_floor = plan.GLUON_MIN_WINDOW_FP8
+    assert fp8_floor > plan.GLUON_MIN_WINDOW
+    case = _case(layout, 128, seqs=((900, 300),), cache=E4M3)
+    plain = _case(layout, 128, seqs=((900, 300),), cache=None)
+    wide = plan.plan(problem_of(case, arch="sm90", gluon=True, left=fp8_floor - 1))
+    assert wide.kernel == f"gluon-{layout}" and wide.consts()["CACHE_FP8"] is True, wide.reason
+    for kw in (dict(left=fp8_floor - 2), dict(causal=False, left=fp8_floor // 2, right=fp8_floor // 2 - 2)):
+        narrow = plan.plan(problem_of(case, arch="sm90", gluon=True, **kw))
+        assert narrow.kernel == "triton" and f"narrower than {fp8_floor} keys" in narrow.reason, narrow.reason
+        assert plan.plan(problem_of(plain, arch="sm90", gluon=True, **kw)).kernel == f"gluon-{layout}"
+    not_causal = plan.plan(problem_of(case, arch="sm90", gluon=True, causal=False, left=fp8_floor // 2,
+                                      right=fp8_floor // 2 - 1))  # fmt: skip
+    assert not_causal.kernel == f"gluon-{layout}", not_causal.reason
+
+
 def test_fp8_split_cache_with_8_feature_slots_keeps_triton():
     """An fp8 split cache whose K slots hold 8 features (``x = 8``, not vLLM's 16 for one-byte types) is
     not what the split kernel's 16-byte gathers read: the Triton kernel runs it."""
@@ -483,6 +503,7 @@ def _check(layout, from_cache, head, dtype, cache, page, scales, monkeypatch, op
     kernel with ``CACHE_FP8`` and one Gluon launch ran."""
     opts = opts or {}
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW_FP8", 1)
     launches = []
     orig = gluon_launch.launch
 

@@ -330,6 +330,7 @@ def _check_fp8(layout, from_cache, head, dtype, page, fp8, opts, monkeypatch, se
     failing against a wrong scale (1.5x); ``triton``: also within one step of the Triton kernel's output
     (``PREFIX_PREFILL_GLUON=0``), most elements the same."""
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW_FP8", 1)
     taken = _gluon_launches(monkeypatch)
     if seqs is None:
         seqs = [(900, 300), (0, 200), (1700, 1), (129, 128), (37, 93)]
@@ -424,6 +425,7 @@ def test_gpu_vllm_fp8_out(fp8, monkeypatch):
     sliding window, sinks): the split Gluon kernel runs it; repeated calls of the signature (the warm
     path, through its frame) with another scale tensor each, or a float, write each call's quantisation."""
     monkeypatch.setattr(plan, "GLUON_MIN_WINDOW", 1)
+    monkeypatch.setattr(plan, "GLUON_MIN_WINDOW_FP8", 1)
     taken = _gluon_launches(monkeypatch)
     dtype = FP8[fp8]
     case = _case("split", seqs=[(900, 300), (0, 64), (2000, 1)], device=DEVICE, dtype=torch.float16)

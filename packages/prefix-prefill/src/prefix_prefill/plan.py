@@ -14,7 +14,7 @@ kernel                  when
                         fp8 cache of :data:`GLUON_FP8_CACHES`, ``CACHE_FP8``), out in it or in one of
                         :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
-                        :data:`GLUON_MIN_WINDOW` keys (or none), pages a multiple of 16, an NHD cache
+                        :func:`min_window` keys (or none), pages a multiple of 16, an NHD cache
                         TMA reads as one view of rows (:func:`paged_kv_offsets.tma_rows`: unit feature
                         stride, a slot's heads adjacent, 16-byte slots, a block stride of whole slots,
                         so FlashInfer's interleaved K/V pages too; K and V of one geometry, 16-byte
@@ -57,10 +57,16 @@ TMA_KERNELS = ("gluon-nhd", "gluon-hnd")
 #: Gluon kernels: query rows per program (two consumer warpgroups of 64).
 GLUON_BLOCK_M = 128
 #: Gluon kernels: a window must let a row see at least this many keys (``left + 1``, or ``left + right
-#: + 1`` not causal); narrower windows keep the Triton kernel. From 128 keys up the Gluon kernels are
-#: the faster (a 128-row tile of a 128-key band computes mostly masked blocks, and still takes 0.5-0.8x
-#: the Triton kernel's time, both layouts, heads 128 and 256); narrower bands are not measured.
-GLUON_MIN_WINDOW = 128
+#: + 1`` not causal); narrower windows keep the Triton kernel. From 64 keys up the Gluon kernels are
+#: the faster (a 128-row tile of a 64-key band computes mostly masked blocks, and still takes 0.57-0.83x
+#: the Triton kernel's time, both layouts, heads 64 and 128; 0.5-0.8x at 128 keys, heads 64 to 256);
+#: narrower bands are not measured.
+GLUON_MIN_WINDOW = 64
+#: ... over an fp8 cache (:data:`GLUON_FP8_CACHES`): from 512 keys up the Gluon kernels are the faster
+#: (0.9x the Triton kernel's time at 512 keys, 0.8x at 1024, both layouts, head 128); at 128 keys they
+#: take 1.07x its time, at 64 keys 1.22x (the Triton kernel reads the fp8 bytes directly); 256 keys are
+#: not measured.
+GLUON_MIN_WINDOW_FP8 = 512
 #: NHD/HND Gluon kernel: windows that let a row see at most this many keys (``left + 1``, or ``left + right +
 #: 1`` not causal) run its persistent form (``PERSISTENT``, 16-bit caches): a tile there has a few key
 #: blocks, and one program a tile spends most of its time on its Q load, its first blocks and its epilogue,
@@ -122,10 +128,10 @@ class Problem:
     new tokens' K/V are read from the cache. ``new_rows_fit32``: every new-token offset a program forms
     from its sequence's first row fits int32. ``softcap``: the kernel's SOFTCAP form (0 off, 1 exp2,
     2 hardware tanh, 3 hardware tanh with a cap the Gluon consumers may pin the max for:
-    :func:`prefill_runtime.softcap_form`). ``wide_window``: a row may see at least
-    :data:`GLUON_MIN_WINDOW` keys: causal, no left window or ``left + 1`` keys; not causal, a side
-    unbounded or ``left + right + 1`` keys (the window-prefill package's rule). ``narrow_window``: a row
-    sees at most :data:`PERSISTENT_MAX_WINDOW` keys (:func:`narrow_window`)."""
+    :func:`prefill_runtime.softcap_form`). ``wide_window``: a row may see at least :func:`min_window`
+    keys (by the cache's dtype): causal, no left window or ``left + 1`` keys; not causal, a side unbounded
+    or ``left + right + 1`` keys (the window-prefill package's rule). ``narrow_window``: a row sees at
+    most :data:`PERSISTENT_MAX_WINDOW` keys (:func:`narrow_window`)."""
 
     arch: str
     gluon: bool
@@ -210,18 +216,25 @@ def make_problem(
         scale_positive=scale > 0,
         skip_decode=bool(skip_decode),
         lse=lse,
-        wide_window=wide_window(bool(causal), left, right),
+        wide_window=wide_window(bool(causal), left, right, k_cache.dtype in GLUON_FP8_CACHES),
         narrow_window=narrow_window(bool(causal), left, right),
     )
 
 
-def wide_window(causal: bool, left: int, right: int) -> bool:
-    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at least :data:`GLUON_MIN_WINDOW`
-    keys: causal calls see ``left + 1`` (a right window is moot); others ``left + right + 1``, unbounded
-    when either side is."""
+def min_window(fp8_cache: bool) -> int:
+    """The keys a row's window must hold for the Gluon kernels: :data:`GLUON_MIN_WINDOW`, over an fp8
+    cache :data:`GLUON_MIN_WINDOW_FP8`."""
+    return GLUON_MIN_WINDOW_FP8 if fp8_cache else GLUON_MIN_WINDOW
+
+
+def wide_window(causal: bool, left: int, right: int, fp8_cache: bool = False) -> bool:
+    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at least :func:`min_window` keys
+    (``fp8_cache``: the cache holds fp8): causal calls see ``left + 1`` (a right window is moot); others
+    ``left + right + 1``, unbounded when either side is."""
+    need = min_window(fp8_cache)
     if causal:
-        return left < 0 or left + 1 >= GLUON_MIN_WINDOW
-    return left < 0 or right < 0 or left + right + 1 >= GLUON_MIN_WINDOW
+        return left < 0 or left + 1 >= need
+    return left < 0 or right < 0 or left + right + 1 >= need
 
 
 def narrow_window(causal: bool, left: int, right: int) -> bool:
@@ -318,7 +331,7 @@ def _gluon_unmet(p: Problem) -> str | None:
             p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
             f"output dtype {p.out_dtype} (Gluon kernels: q's, float8_e4m3fn or float8_e5m2)",
         ),
-        (p.wide_window, f"a window narrower than {GLUON_MIN_WINDOW} keys"),
+        (p.wide_window, f"a window narrower than {min_window(p.cache_dtype in GLUON_FP8_CACHES)} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
         (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
