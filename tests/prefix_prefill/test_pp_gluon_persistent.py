@@ -57,13 +57,16 @@ def test_narrow_windows_run_persistent(layout):
 
 
 def test_persistent_form_only_for_16_bit_caches():
-    """An fp8 cache keeps the one-tile form (its converter partition has no persistent form); the split
+    """An fp8 cache keeps the one-tile form (its converter partition has no persistent form) at a window the
+    persistent form would take over a 16-bit cache (the narrowest the fp8 Gluon forms take); the split
     kernel has none."""
+    left = plan.GLUON_MIN_WINDOW_FP8 - 1
+    assert left < plan.PERSISTENT_MAX_WINDOW
     case = _case("nhd")
     k8, v8 = case.k_cache.to(FP8_E4M3), case.v_cache.to(FP8_E4M3)
     kc, vc = describe_kv_cache(k8, v8, "nhd")
     p = plan.make_problem(case.q, case.k, case.v, torch.empty_like(case.q), k8, v8, kc, vc, case.block_table,
-                          arch="sm90", gluon=True, causal=True, left=127, right=-1, scale=0.1, alibi=False,
+                          arch="sm90", gluon=True, causal=True, left=left, right=-1, scale=0.1, alibi=False,
                           sinks=False, softcap_form=0, skip_decode=False, lse=False)  # fmt: skip
     chosen = plan.plan(p)
     assert chosen.kernel == "gluon-nhd" and chosen.consts()["CACHE_FP8"] and not chosen.consts()["PERSISTENT"]
