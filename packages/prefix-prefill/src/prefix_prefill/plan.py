@@ -227,23 +227,26 @@ def min_window(fp8_cache: bool) -> int:
     return GLUON_MIN_WINDOW_FP8 if fp8_cache else GLUON_MIN_WINDOW
 
 
-def wide_window(causal: bool, left: int, right: int, fp8_cache: bool = False) -> bool:
-    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at least :func:`min_window` keys
-    (``fp8_cache``: the cache holds fp8): causal calls see ``left + 1`` (a right window is moot); others
-    ``left + right + 1``, unbounded when either side is."""
-    need = min_window(fp8_cache)
+def window_keys(causal: bool, left: int, right: int) -> int | None:
+    """The keys a window (``left``/``right``, -1 unbounded) lets a row see, None when unbounded: causal
+    calls ``left + 1`` (a right window is moot); others ``left + right + 1``, unbounded when either side
+    is."""
     if causal:
-        return left < 0 or left + 1 >= need
-    return left < 0 or right < 0 or left + right + 1 >= need
+        return None if left < 0 else left + 1
+    return None if left < 0 or right < 0 else left + right + 1
+
+
+def wide_window(causal: bool, left: int, right: int, fp8_cache: bool) -> bool:
+    """Whether a window lets a row see at least :func:`min_window` keys (``fp8_cache``: the cache holds
+    fp8; :func:`window_keys`)."""
+    keys = window_keys(causal, left, right)
+    return keys is None or keys >= min_window(fp8_cache)
 
 
 def narrow_window(causal: bool, left: int, right: int) -> bool:
-    """Whether a window (``left``/``right``, -1 unbounded) lets a row see at most
-    :data:`PERSISTENT_MAX_WINDOW` keys: causal calls ``left + 1``; others ``left + right + 1``, both sides
-    bounded."""
-    if causal:
-        return 0 <= left < PERSISTENT_MAX_WINDOW
-    return left >= 0 and right >= 0 and left + right + 1 <= PERSISTENT_MAX_WINDOW
+    """Whether a window lets a row see at most :data:`PERSISTENT_MAX_WINDOW` keys (:func:`window_keys`)."""
+    keys = window_keys(causal, left, right)
+    return keys is not None and keys <= PERSISTENT_MAX_WINDOW
 
 
 @functools.lru_cache(maxsize=1024)
