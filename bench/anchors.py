@@ -14,6 +14,8 @@ Rows (bf16; ``useful`` FLOPs = visible (query, key) pairs * heads * 4 * head siz
   llama       8 x (4096 cached + 4096 new) tokens, 32/8, head 128, NHD cache, page 16 (``prefix_prefill``)
   llama_w127  llama with a left window of 127 keys (gpt-oss's sliding layers; FlashInfer's windowed form)
   window8k_w127  causal8k with a left window of 127 keys (``window_prefill``)
+  ragged_w127    one 8192-token and seven 128-token causal sequences, left window 127 (``window_prefill``)
+  llama_ragged_w127  8 x 4096 cached tokens, one with 4096 new, seven with 128, left window 127
   qwen        4 x (8192 cached + 2048 new) tokens, 16/2, head 256, NHD cache, page 16 (``prefix_prefill``)
   (one layer of bench/engine_step.py's scenarios, 32/8 heads, head 128, NHD page 16 where paged:)
   prompts8    8 causal prompts of 100-500 tokens (``window_prefill``; varlen_8prompts_100-500)
@@ -37,6 +39,10 @@ implementations' order rotated each pass; the median pass reported):
   flashinfer  FlashInfer 0.7.2, FA3 backend: ``BatchPrefillWithRaggedKVCacheWrapper`` (varlen rows),
               ``BatchPrefillWithPagedKVCacheWrapper`` over our NHD cache and block table (prefix rows);
               planned once per row, the run timed
+  ours_set    with ``--set NAME=V`` (repeatable): ours with those constexprs of the row's Gluon plans changed
+              (``bench/plan_override.py``: window_prefill's ``gluon`` plans on varlen rows, prefix_prefill's
+              NHD/HND ones on prefix rows, every token's K/V from the cache), timed in the same passes: an
+              A/B of a plan setting beside the peers (``diff_vs_ours`` 0: the same bits)
 A peer that cannot be imported or fails is a row note, not an error. ``x_fa3`` / ``x_flashinfer``: the
 peer's time over ours (> 1: ours is faster); ``diff_vs_ours``: max |peer - ours| on the row (a peer
 called wrongly shows here). The peers come from ``../shared/peers/wheels/`` (install them into a folder
@@ -46,6 +52,7 @@ on ``PYTHONPATH``, see that folder's README).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
 import os
@@ -57,6 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import attn_flops, prefix_problem, run_device, settle, start, tflops, write_rows
+from plan_override import overridden, parse_sets
 
 SMOKE = "--smoke" in sys.argv
 start(interpret=SMOKE)
@@ -100,6 +108,9 @@ _RNG = random.Random(32)
 _DECODE_CTX = [_RNG.randint(1024, 4096) for _ in range(64)]
 _SPEC = tuple((_RNG.randint(2048, 8192), 4) for _ in range(32))
 _PROMPTS8 = tuple((0, n) for n in (100, 500, 230, 370, 150, 440, 280, 330))
+# one long sequence among short ones (a persistent form's balance across sequences)
+_RAGGED = ((0, 8192),) + ((0, 128),) * 7
+_RAGGED_PREFIX = ((4096, 4096),) + ((4096, 128),) * 7
 
 
 ROWS = [
@@ -111,6 +122,8 @@ ROWS = [
     Row("qwen", "prefix", 4, 2048, 16, 2, 256, ctx=8192),
     Row("llama_w127", "prefix", 8, 4096, 32, 8, 128, ctx=4096, left=127),
     Row("window8k_w127", "varlen", 1, 8192, 32, 8, 128, left=127),
+    Row("ragged_w127", "varlen", 0, 0, 32, 8, 128, left=127, lens=_RAGGED),
+    Row("llama_ragged_w127", "prefix", 0, 0, 32, 8, 128, left=127, lens=_RAGGED_PREFIX),
     Row("prompts8", "varlen", 0, 0, 32, 8, 128, lens=_PROMPTS8),
     Row("chunks4", "prefix", 0, 0, 32, 8, 128, lens=((0, 1024), (2600, 768), (5300, 512), (8000, 256))),
     Row("specdec", "prefix", 0, 0, 32, 8, 128, lens=_SPEC),
@@ -170,6 +183,12 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     out = torch.empty_like(q)
     calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1),
                                             softcap=row.softcap, out=out)}  # fmt: skip
+    if _SETS:
+        out_set = torch.empty_like(q)
+        calls["ours_set"] = lambda: window_prefill(q, k, v, cu, longest, causal=row.causal,
+                                                   softcap=row.softcap, window=(row.left, -1),
+                                                   out=out_set)  # fmt: skip
+        _SET_PLANS["ours_set"] = ("window_prefill", "gluon")
     notes: list[str] = []
     if device != "cuda":
         return calls, ["peers: no CUDA device"]
@@ -217,6 +236,12 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         "ours": lambda: prefix_prefill(q, None, None, kc, vc, bt, cu, sl, longest, out=out, **kw),
         "ours_kv": lambda: prefix_prefill(q, p["k"], p["v"], kc, vc, bt, cu, sl, longest, out=out_kv, **kw),
     }
+    if _SETS:
+        out_set = torch.empty_like(q)
+        calls["ours_set"] = lambda: prefix_prefill(
+            q, None, None, kc, vc, bt, cu, sl, longest, out=out_set, **kw
+        )
+        _SET_PLANS["ours_set"] = ("prefix_prefill", "gluon-tma")
     notes = ["ours_kv: other new-token K/V than the cache's (no diff)"]
     if device != "cuda" or row.layout != "nhd":
         return calls, [*notes, "peers: no CUDA device" if device != "cuda" else "peers: NHD rows only"]
@@ -272,6 +297,16 @@ def gathered_kv(p: dict) -> tuple:
 
 
 _RUN_PEERS = set(PEERS)  # (main's --peers)
+_SETS: dict = {}  # (main's --set: constexprs of ours_set's plans)
+_SET_PLANS: dict = {}  # implementation -> (package, plan filter) whose plans --set changes
+
+
+def _plans(impl: str):
+    """The context an implementation runs in: ``--set``'s plan override for ``ours_set``, else none."""
+    if impl not in _SET_PLANS:
+        return contextlib.nullcontext()
+    package, kernel = _SET_PLANS[impl]
+    return overridden(package, _SETS, kernel=kernel)
 
 
 def _peer(peer: str, module: str, notes: list[str], attr: str | None = None):
@@ -318,7 +353,8 @@ def time_row(row: Row, calls: dict, notes: list[str], rounds: int, device: str) 
     diffs, live = {}, {}
     for impl, fn in calls.items():
         try:
-            got = fn()
+            with _plans(impl):
+                got = fn()
             got = got[0] if isinstance(got, tuple) else got
             diffs[impl] = float((got.float() - ref).abs().max()) if impl not in ("ours", "ours_kv") else None
             live[impl] = fn
@@ -328,7 +364,8 @@ def time_row(row: Row, calls: dict, notes: list[str], rounds: int, device: str) 
     order = list(live)
     for r in range(rounds):
         for impl in order[r % len(order) :] + order[: r % len(order)]:
-            passes[impl].append(_ms(live[impl], device))
+            with _plans(impl):
+                passes[impl].append(_ms(live[impl], device))
     flops = attn_flops(visible_pairs(row), row.head, row.heads)
     ours_ms = statistics.median(passes["ours"])
     rows = []
@@ -378,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(PEERS),
         help="the peers to run (one left out is a row note; FlashInfer's first fp8 call builds for minutes)",
     )
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
+                    help="a Gluon plan constexpr of ours_set, e.g. PERSISTENT=1")  # fmt: skip
     args = ap.parse_args(argv)
+    _SETS.update(parse_sets(args.set, ap.error))
     if args.rounds < 3 and not args.smoke:
         ap.error("--rounds must be >= 3 (issue 47: medians of at least 3 rounds)")
     table = SMOKE_ROWS if args.smoke else ROWS

@@ -21,7 +21,10 @@ def option_sig(opts):
           "OutScale": opts.get("OUT_MAX")}
     types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32",
              "window_right": "i32", "OutScale": "*fp32"}
-    return {n: types[n] if on[n] else "constexpr" for n in on}
+    sig = {n: types[n] if on[n] else "constexpr" for n in on}
+    if opts.get("PERSISTENT"):  # the persistent form's batch (NHD/HND kernel only)
+        sig["n_seqs"] = "i32"
+    return sig
 
 
 def finish(sig, consts, lse):

@@ -1,17 +1,17 @@
 """The persistent form of prefix-prefill's NHD/HND Gluon kernel (``PERSISTENT``): a window that lets a row
-see at most :data:`prefix_prefill.plan.PERSISTENT_MAX_WINDOW` keys runs grid ``(programs, 1, batch)``, each
-program taking tiles of its sequence one after another through one set of rings.
+see at most :data:`prefix_prefill.plan.PERSISTENT_MAX_WINDOW` keys runs grid ``(programs, 1, 1)``, each
+program taking tiles of the whole launch (every sequence's, the latest query tiles first) one after another
+through one set of rings.
 
 CPU: the plan's rule (narrow windows on NHD/HND with 16-bit caches; not fp8 caches, not the split kernel,
-not wider windows); :func:`~prefix_prefill.plan.persistent_programs` over many batch sizes (at least 90%
-of the multiprocessors busy where any count up to its bound does it, never more programs than tiles); the
+not wider windows); the grid (one program a multiprocessor, at most the one-tile grid's tiles); the
 launches' grids (the full form persistent, the quick tier and the short-query forms one tile a program,
 the warm frame's grid the generic launch's); a model of the ring protocol over random programs, and its
 negative controls (:mod:`persistent_rings_model`); the form compiles for sm90 offline with its options at
 heads 64/128/256. sm90 GPU: against the float64 reference with every option and few programs (many tiles a
-program: the rings' slots and phases, Q's hand-back and the V-row handshake carried from tile to tile),
-ragged batches with empty contexts, one-token queries, rows past the grid and skipped decode rows; the
-rows bit for bit the one-tile form's whatever the program count.
+program, of several sequences: the rings' slots and phases, Q's hand-back and the V-row handshake carried
+from tile to tile), ragged batches with empty contexts, one-token queries, rows past the grid and skipped
+decode rows; the rows bit for bit the one-tile form's whatever the program count.
 """
 
 from __future__ import annotations
@@ -74,34 +74,23 @@ def test_persistent_form_only_for_16_bit_caches():
     assert split.kernel == "gluon-split" and "PERSISTENT" not in split.consts()
 
 
-@pytest.mark.parametrize("sms", [1, 16, 78, 114, 132, 141])
-def test_persistent_programs(sms):
-    """At least :data:`~prefix_prefill.plan.PERSISTENT_BUSY` of the multiprocessors busy over the launch's
-    waves wherever a count from ``sms // batch`` up to the search's bound gives it, the fewest such;
-    never more programs than tiles, never fewer than one."""
-    for batch in range(1, 300):
-        for tiles in (1, 3, 32, 256, 8192):
-            n = plan.persistent_programs(batch, tiles, sms)
-            assert 1 <= n <= max(1, tiles)
-            first = max(1, sms // batch)
-            bound = min(tiles, 4 * first + 8)
-
-            def busy(p):
-                return p * batch >= plan.PERSISTENT_BUSY * sms * -(-(p * batch) // sms)
-
-            ok = [p for p in range(first, bound + 1) if busy(p)]
-            assert n == (ok[0] if ok else max(1, min(first, tiles))), (batch, tiles, n)
-    assert plan.persistent_programs(8, 8192, 132) == 16  # 128 of 132 busy
-    assert plan.persistent_programs(70, 8192, 132) == 7  # not 1: 70 of 132
+def test_persistent_grid(monkeypatch):
+    """A persistent launch's grid is one program a multiprocessor over the whole launch's tiles, never more
+    programs than the one-tile grid's tiles: ``(min(sms, n_m * heads * batch), 1, 1)``."""
+    for max_q, heads, batch, sms, want in ((300, 8, 2, 132, 48), (4096, 32, 8, 132, 132), (0, 2, 1, 132, 2),
+                                           (129, 4, 3, 5, 5)):  # fmt: skip
+        monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index, sms=sms: sms)
+        assert gluon_launch._grid(128, max_q, heads, batch, None, True, 0) == (want, 1, 1)
+    assert gluon_launch._grid(128, 300, 8, 2, None) == (3, 8, 2)
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
 def test_persistent_grids(layout, monkeypatch):
-    """The full form of a persistent plan launches grid ``(persistent_programs(...), 1, batch)`` with
-    ``PERSISTENT``; queries of at most 64 rows take the short-query form (one tile a program, not
-    persistent)."""
+    """The full form of a persistent plan launches grid ``(programs, 1, 1)`` with ``PERSISTENT`` and the
+    batch as ``n_seqs``; queries of at most 64 rows take the short-query form (one tile a program, not
+    persistent, ``n_seqs`` None)."""
     rec = record_gluon_kernel(layout, monkeypatch)
-    monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: 3)
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
     for seqs, persistent in (([(40, 300), (0, 19)], True), ([(40, 5), (0, 19)], False)):
         case = _case(layout, seqs=seqs)
         kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
@@ -116,9 +105,9 @@ def test_persistent_grids(layout, monkeypatch):
         grid, _, kw = rec.calls[-1]
         assert kw["PERSISTENT"] is persistent
         if persistent:
-            assert grid == (3, 1, 2)
+            assert grid == (3, 1, 1) and kw["n_seqs"] == 2
         else:
-            assert grid[0] == 1 and (kw["IDLE_WG1"] or kw["PAIR_HEADS"])
+            assert grid[0] == 1 and (kw["IDLE_WG1"] or kw["PAIR_HEADS"]) and kw["n_seqs"] is None
 
 
 def test_quick_tier_is_one_tile(monkeypatch):
@@ -137,7 +126,7 @@ def test_quick_tier_is_one_tile(monkeypatch):
             case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1, None, None, opts, full, False,
         )  # fmt: skip
         assert consts["PERSISTENT"] is full and consts["ONE_CONSUMER"] is not full
-        assert grid == ((1, 1, 2) if full else (3, 4, 2))
+        assert grid == ((1, 1, 1) if full else (3, 4, 2))  # (off CUDA: one multiprocessor)
 
 
 def test_warm_frame_grid_is_persistent(monkeypatch):
@@ -145,7 +134,7 @@ def test_warm_frame_grid_is_persistent(monkeypatch):
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     stub = stub_prefix_gluon(monkeypatch, "_gluon_fwd_kernel", "_NHD")
-    monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: 5)
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 5)
     case = _case("nhd", seqs=[(40, 300), (0, 19), (70, 130)])
     kc, vc = describe_kv_cache(case.k_cache, case.v_cache, "nhd")
     problem = problem_of(case, arch="sm90", left=127)
@@ -156,11 +145,11 @@ def test_warm_frame_grid_is_persistent(monkeypatch):
     opts = gluon_launch.Options(0.0, 127)
     key = gluon_launch.launch_key(chosen, problem, *index[:3], None, opts=opts)
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=opts)  # through Triton
-    assert stub.triton_calls[-1][0] == (5, 1, 3)
+    assert stub.triton_calls[-1][0] == (5, 1, 1)
     assert gluon_launch.launch(chosen, problem, *call, kc, vc, *index, key, opts=opts)  # direct: a frame
     direct = stub.compiled.run.c_calls[-1][:3]
     assert gluon_launch.warm(chosen, key, *call, *index, opts=opts)
-    assert stub.compiled.run.c_calls[-1][:3] == direct == [5, 1, 3]
+    assert stub.compiled.run.c_calls[-1][:3] == direct == [5, 1, 1]
 
 
 # ------------------------------------------------------------------------- CPU: the protocol's model
@@ -246,12 +235,12 @@ def _run(case, kw, lse_heads, max_query_len=None):
 )  # fmt: skip
 def test_gpu_persistent_against_reference(layout, from_cache, head, dtype, page, option, programs,
                                           monkeypatch):  # fmt: skip
-    """The persistent form with few programs a sequence (1: every tile of a sequence in one program) or the
-    rule's, against the float64 reference (output and LSE), NaN in every slot no query may read, and bit
-    for bit the one-tile form's rows (``PERSISTENT_MAX_WINDOW`` 0)."""
+    """The persistent form with few programs (1: every tile of the launch in one program) or one a
+    multiprocessor, against the float64 reference (output and LSE), NaN in every slot no query may read,
+    and bit for bit the one-tile form's rows (``PERSISTENT_MAX_WINDOW`` 0)."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
     if programs is not None:
-        monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: min(programs, t))
+        monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: programs)
     case = make_layout_case(SEQS, num_heads=8, num_kv_heads=2, head_size=head, page=page, dtype=dtype,
                             device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
     opts = GPU_OPTIONS[option]
@@ -286,7 +275,7 @@ def test_gpu_persistent_rows_past_grid_and_skip_decode(programs, monkeypatch):
     reporting it) and skip_decode (one-token sequences left alone, their LSE -inf) in the persistent
     form, with few programs."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    monkeypatch.setattr(gluon_launch, "persistent_programs", lambda b, t, s: min(programs, t))
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: programs)
     case = _case("nhd", seqs=[(300, 1), (120, 700), (0, 1), (400, 190)], device=DEVICE)
     kw = dict(window=(200, -1), sinks=torch.randn(4, device=DEVICE))
     out = poison(torch.empty_like(case.q))

@@ -166,11 +166,11 @@ def test_gpu_gluon_matches_reference(case, gluon_launches):
 def test_gpu_gluon_default_route(monkeypatch):
     """With no config given (the table) and the shipped width rule: a wide window takes the Gluon
     kernel at heads 64 and 128 (an unbounded one too, however short the sequences), a narrow one the
-    Triton kernel (head 128: below 128 keys, head 64: below 1536); both right."""
+    Triton kernel (head 128: below 64 keys, head 64: below 1024); both right."""
     gluon_launches = count_gluon_launches(monkeypatch)
     for d in (64, 128):
         q, k, v, cu = make_qkv([2500, 300], 4, 1, d, torch.bfloat16)
-        narrow = 1536 if d == 64 else 128  # keys a row
+        narrow = 1024 if d == 64 else 64  # keys a row
         cases = ((True, (2047, -1), 1), (False, (1500, 600), 1), (True, (narrow - 1, -1), 1),
                  (True, (narrow - 2, -1), 0))  # fmt: skip
         for causal, window, took in cases:

@@ -35,6 +35,7 @@ def problem(**over) -> Problem:
         dtype=torch.bfloat16, heads=8, kv_heads=2, head_dim=128, arch="sm90", causal=True, has_left=False,
         has_right=False, wide_window=True, sinks=False, bias_key0=False, softcap=0, scale_positive=True,
         cumulative_starts=True, return_lse=False, wide_offsets=False, q_tma=True, kv_tma=True, gluon=True,
+        narrow_window=False,
     )  # fmt: skip
     return Problem(**{**base, **over})
 
@@ -199,17 +200,18 @@ def test_triton_options_reach_its_constexprs(over, want):
     "causal,window,head,wide",
     [
         (True, (4095, -1), 128, True),  # the LLM shape
-        (True, (126, -1), 128, False),  # 127 keys
-        (True, (127, -1), 128, True),  # 128 keys
-        (True, (127, -1), 256, True),
-        (True, (127, -1), 64, False),  # head 64: from 1536 keys
-        (True, (1534, -1), 64, False),  # 1535 keys
-        (True, (1535, -1), 64, True),  # 1536 keys
+        (True, (62, -1), 128, False),  # 63 keys
+        (True, (63, -1), 128, True),  # 64 keys
+        (True, (126, -1), 256, False),  # 127 keys
+        (True, (127, -1), 256, True),  # 128 keys
+        (True, (127, -1), 64, False),  # head 64: from 1024 keys
+        (True, (1022, -1), 64, False),  # 1023 keys
+        (True, (1023, -1), 64, True),  # 1024 keys
         (True, (2047, -1), 64, True),
-        (False, (64, 64), 128, True),  # 129 keys
+        (False, (32, 31), 128, True),  # 64 keys
         (False, (64, 64), 64, False),  # the PR shape (head 64): 129 keys
-        (False, (63, 63), 128, False),  # 127
-        (False, (1024, 1024), 64, True),  # 2049 keys
+        (False, (31, 31), 128, False),  # 63
+        (False, (512, 511), 64, True),  # 1024 keys
         (False, (256, 256), 64, False),  # 513 keys
         (True, (-1, -1), 64, True),  # unbounded: however short the sequences
         (True, (-1, 5), 128, True),  # a causal right side is 0 whatever it says
@@ -233,13 +235,15 @@ def test_width_rule_covers_the_gluon_heads():
 
 def test_kernel_choice_does_not_depend_on_the_batch(monkeypatch):
     """On sm90 with the Gluon kernel offered, a sequence plans the same kernel and tiles alone and
-    beside longer or shorter ones (an unbounded causal window, a wide and a narrow band): the choice
-    never reads a length, so a sequence's rows do not change with the batch around it."""
+    beside longer or shorter ones (an unbounded causal window, a wide band, a narrow one on the persistent
+    form, a narrower one on the Triton kernel): the choice never reads a length, so a sequence's rows do
+    not change with the batch around it."""
     monkeypatch.setattr(wl, "detect_arch", lambda device: "sm90")
     monkeypatch.setattr(wl, "_gluon_ok", True)
     monkeypatch.setenv("PREFILL_GLUON", "1")
     kw = dict(softmax_scale=0.1, sinks=None, bias_key0=False, softcap=0.0, return_lse=False)
-    for window, kernel in (((-1, -1), "gluon"), ((4095, -1), "gluon"), ((63, -1), "triton")):
+    for window, kernel in (((-1, -1), "gluon"), ((4095, -1), "gluon"), ((127, -1), "gluon"),
+                           ((62, -1), "triton")):  # fmt: skip
         plans = set()
         for lens in ([1000], [4000, 1000], [1000, 2500], [17, 1000, 1]):
             q, k, v, _ = make_qkv(lens, 16, 4, 128, torch.bfloat16)

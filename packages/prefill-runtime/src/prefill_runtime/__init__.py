@@ -16,6 +16,7 @@ Modules, each owning one concern (every public name below is importable from ``p
   device), :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call),
   :func:`~prefill_runtime.checks.validate_requested` (``validate=True`` or ``PREFILL_VALIDATE=1``).
 * :mod:`~prefill_runtime.gluon_host`: the Gluon kernels' host side: :func:`gluon_applies`,
+  :func:`~prefill_runtime.gluon_host.multiprocessors` (the persistent forms' grids),
   :func:`gluon_token_rows` / :func:`gluon_descriptor` (TMA descriptors; Gluon imported on first use),
   :func:`gluon_try_launch` (a launch that falls back on failure).
 * :mod:`~prefill_runtime.status`: the status bits a kernel reports on malformed device metadata
@@ -27,7 +28,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 * Gluon device code (sm90, :mod:`prefill_runtime.gluon`, imported only by the kernels' Gluon
   modules): ``consumer`` (the compute warpgroup of both packages' warp-specialised kernels),
   ``softmax_step``, ``score_terms``, ``segment_terms`` (an fp8 segment's scales per key block),
-  ``zero_v_rows``, ``allocate_rings``.
+  ``zero_v_rows``, ``allocate_rings``, ``allocate_q_empty``.
 * :mod:`~prefill_runtime.plan`: :class:`LaunchPlan` (the plan both kernel packages' ``plan()`` returns).
 * :mod:`~prefill_runtime.compiled_launch`: :class:`~prefill_runtime.compiled_launch.CompiledLaunches` (a
   kernel's compiled variants launched directly, by the caller's key; their frames, the C-launcher
@@ -37,10 +38,10 @@ Modules, each owning one concern (every public name below is importable from ``p
   :func:`~prefill_runtime.signatures.bump_versions` (the version counters of a launch's outputs).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
-Versioned on its own: window-prefill pins ``prefill-runtime>=0.21.1,<1``, prefix-prefill ``>=0.21.0,<1``.
+Versioned on its own: window-prefill and prefix-prefill pin ``prefill-runtime>=0.22.0,<1``.
 """
 
-__version__ = "0.21.2"
+__version__ = "0.22.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles

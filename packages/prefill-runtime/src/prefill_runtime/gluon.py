@@ -124,6 +124,16 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
+def allocate_q_empty():
+    """A persistent form's ``q_empty`` mbarrier (count 2: both consumers' last ``Q K^T`` of a tile done, so
+    the producer may load the next tile's Q; :func:`consumer`'s ``ring``), initialised."""
+    q_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_free.index(0), count=2)
+    fence_async_shared()
+    return q_free.index(0)
+
+
+@gluon.jit
 def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                   PAIRED: gl.constexpr = False):  # fmt: skip
     """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of

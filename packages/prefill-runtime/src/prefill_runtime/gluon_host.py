@@ -1,6 +1,7 @@
 """The Gluon kernels' host side, shared by both kernel packages.
 
-Owns :func:`gluon_applies` (what both packages' Gluon kernels need of a call), the TMA descriptors
+Owns :func:`gluon_applies` (what both packages' Gluon kernels need of a call), :func:`multiprocessors`
+(the device's multiprocessors, which the persistent forms' grids take), the TMA descriptors
 :func:`gluon_descriptor` / :func:`gluon_token_rows` (the one place their shared-memory layout is
 chosen) and :func:`gluon_try_launch` (a Gluon launch that falls back to the Triton kernel when this
 Triton cannot build it). Gluon is imported on first use, so ``import prefill_runtime`` does not import
@@ -16,6 +17,14 @@ from collections.abc import Callable
 import torch
 
 from prefill_runtime.compiled_launch import VariantMismatch
+
+
+@functools.cache
+def multiprocessors(index: int) -> int:
+    """Multiprocessors of CUDA device ``index``; 0 off CUDA (index -1: the CPU tests' stand-in kernels
+    launch there). Cached: the persistent plans' warm calls and prefix-prefill's short-query launches
+    ask it per call."""
+    return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
 
 
 @functools.cache

@@ -19,10 +19,11 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
 
 Persistent form (``PERSISTENT``, 16-bit caches, :func:`_persistent_partitions`; the plan's choice for
-narrow windows): grid ``(programs, 1, batch)``; every partition loops over its program's tiles ``t =
-program_id(0) + i * programs`` of the sequence's ``n_m * heads`` (:func:`_persistent_tile`), the rings'
-blocks counting on from tile to tile and Q handed back after each tile's last ``Q K^T`` (``q_empty``), so the
-next tile's Q and first blocks load while the consumers finish the current one.
+narrow windows): grid ``(programs, 1, 1)``; every partition loops over its program's tiles ``t =
+program_id(0) + i * programs`` of the launch's ``n_m * batch * heads`` (:func:`_persistent_tile`: the
+latest query tiles of every sequence first), the rings' blocks counting on from tile to tile and Q handed
+back after each tile's last ``Q K^T`` (``q_empty``), so the next tile's Q and first blocks load while the
+consumers finish the current one.
 
 fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
 :data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
@@ -59,7 +60,14 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from paged_kv_offsets.gluon import bad_block_ids, page_row
 from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report
-from prefill_runtime.gluon import allocate_rings, consumer, drain, load_q_halves, score_terms
+from prefill_runtime.gluon import (
+    allocate_q_empty,
+    allocate_rings,
+    consumer,
+    drain,
+    load_q_halves,
+    score_terms,
+)
 from prefill_runtime.gluon_bounds import zero_rows
 from prefix_prefill.sequence import sequence_geometry
 
@@ -67,22 +75,23 @@ from prefix_prefill.sequence import sequence_geometry
 @gluon.jit
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
                   KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False, pid_m=None,
-                  head=None, seq_geo=None):  # fmt: skip
+                  head=None, seq_geo=None, seq=None):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
     and status bits of :func:`prefix_prefill.kernel.sequence_geometry` (rows clamped into the
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
     (1, heads / 2, batch), ``head`` the first of the program's two heads. ``pid_m``/``head`` given (a
-    persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``program_id(2)``, whose
-    lengths and status bits ``seq_geo`` holds (read once per program: :func:`_persistent_partitions`)."""
+    persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and
+    status bits ``seq_geo`` holds."""
     if pid_m is None:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         if PAIR_HEADS:
             head = gl.program_id(1) * 2
         else:
             head = gl.program_id(1)
-    seq = gl.program_id(2)
+    if seq is None:
+        seq = gl.program_id(2)
     if seq_geo is None:
         seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE)
     q_tok0, q_len, ctx_len, need, cache_len, flags = seq_geo
@@ -90,11 +99,14 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
 
 
 @gluon.jit
-def _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE: gl.constexpr):
-    """Sequence ``program_id(2)``'s ``(q_tok0, q_len, ctx_len, need, cache_len, flags)``
+def _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE: gl.constexpr,
+              seq=None):  # fmt: skip
+    """Sequence ``seq``'s (None: ``program_id(2)``'s) ``(q_tok0, q_len, ctx_len, need, cache_len, flags)``
     (:func:`prefix_prefill.sequence.sequence_geometry`, ``q_tok0`` as int32)."""
+    if seq is None:
+        seq = gl.program_id(2)
     q_tok0, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
-        CuSeqlensQ, SeqLens, gl.program_id(2), n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
+        CuSeqlensQ, SeqLens, seq, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
     )
     return q_tok0.to(gl.int32), q_len, ctx_len, need, cache_len, flags
 
@@ -236,7 +248,7 @@ def _program(
     RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
     PAIR_HEADS: gl.constexpr = False, CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
-    pid_m=None, head=None, n_m=None, WRITES: gl.constexpr = True, seq_geo=None,
+    pid_m=None, head=None, n_m=None, WRITES: gl.constexpr = True, seq_geo=None, seq=None,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
@@ -245,12 +257,13 @@ def _program(
     do: its tile starts past the sequence, its sequence is a skipped decode row, or (``KV_FROM_CACHE``) the
     table holds no key of the tile, whose rows are then written as 0 here. ``PAIR_HEADS``: the program's
     heads are ``head`` and ``head + 1`` (``score`` is the first's). ``pid_m``, ``head``, ``n_m`` (a
-    persistent program's tile, :func:`_persistent_tile`): the tile, of ``n_m`` query tiles a sequence;
+    persistent program's tile, :func:`_persistent_tile`): the tile, of ``n_m`` query tiles a sequence
+    (``seq``, whose geometry ``seq_geo`` holds);
     ``WRITES`` False: the setup's writes (report, rows past the grid, a skipped row's LSE, an empty
     tile's rows) are another partition's, this one only reads the tile's geometry."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
         CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
-        pid_m, head, seq_geo,
+        pid_m, head, seq_geo, seq,
     )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     if WRITES:
@@ -619,7 +632,7 @@ def _gluon_fwd_kernel(
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
     KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
-    PERSISTENT: gl.constexpr = False,
+    PERSISTENT: gl.constexpr = False, n_seqs=None,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -655,8 +668,9 @@ def _gluon_fwd_kernel(
     (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
     (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
     ``k_scale``; V's scale through P, :func:`_v_terms`). ``PERSISTENT`` (16-bit caches, two consumer
-    warpgroups): grid ``(programs, 1, batch)``, each program taking tiles of its sequence one after another
-    through one set of rings (:func:`_persistent_partitions`)."""
+    warpgroups): grid ``(programs, 1, 1)``, each program taking tiles of the launch's ``n_seqs`` sequences
+    one after another through one set of rings (:func:`_persistent_partitions`); ``n_seqs`` is read there
+    only (None elsewhere)."""
     if PERSISTENT:
         gl.static_assert(not (CACHE_FP8 or ONE_CONSUMER or IDLE_WG1 or PAIR_HEADS), "persistent: 16-bit")
         prog = (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols,
@@ -665,7 +679,7 @@ def _gluon_fwd_kernel(
         _persistent_partitions(
             prog, (Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc),
             (group_size, page_size, oob_row, block_rows, head_rows, head_cols),
-            _out_scale(OutScale, qk_scale, OUT_MAX),
+            _out_scale(OutScale, qk_scale, OUT_MAX), n_seqs,
             HEAD_DIM, BLOCK_M, BLOCK_N, BOX, KV_FROM_CACHE, RETURN_LSE, NUM_STAGES, HAS_LEFT, SOFTCAP,
             HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
         )  # fmt: skip
@@ -850,22 +864,27 @@ def _persistent_tile(
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_RIGHT: gl.constexpr, WRITES: gl.constexpr,
 ):  # fmt: skip
-    """:func:`_program` of a persistent program's tile ``t`` of its sequence (``sched = (heads, n_m,
-    tiles)``: ``tiles = n_m * heads``): head ``t % heads`` (a KV head's query heads back to back), query
-    tile ``n_m - 1 - t // heads`` (the latest tiles, which carry the most keys, first), its sequence's
-    lengths ``sched[3]`` (:func:`_sequence`); ``prog``: the kernel arguments :func:`_program` reads;
-    ``WRITES``: this partition makes the setup's writes."""
+    """:func:`_program` of tile ``t`` of a persistent launch's tiles (``sched = (heads, n_m, n_seqs,
+    tiles)``, ``tiles = n_m * n_seqs * heads``): the latest query tiles of every sequence first (they carry
+    the most keys), then sequence by sequence, a sequence's heads back to back (a KV head's query heads read
+    its keys while they are in L2): query tile ``n_m - 1 - t // (n_seqs * heads)`` of sequence ``(t //
+    heads) % n_seqs``, head ``t % heads``, the sequence's lengths read here (:func:`_sequence`); ``prog``:
+    the kernel arguments :func:`_program` reads; ``WRITES``: this partition makes the setup's writes."""
     (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks,
      page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
      tanh_scale, Sinks, Slopes) = prog  # fmt: skip
     heads = sched[0]
     n_m = sched[1]
+    per_level = sched[2] * heads
+    r = t % per_level
+    seq = r // heads
+    seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE, seq)
     return _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, n_tokens, stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
         tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
-        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL, HAS_RIGHT, n_m - 1 - t // heads,
-        t % heads, n_m, WRITES, sched[3],
+        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL, HAS_RIGHT, n_m - 1 - t // per_level,
+        r % heads, n_m, WRITES, seq_geo, seq,
     )  # fmt: skip
 
 
@@ -885,7 +904,7 @@ def _persistent_consumer(
     base = gl.to_tensor(0)  # the rings' blocks of the tiles before
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
-    for t in range(gl.program_id(0), sched[2], gl.num_programs(0)):
+    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
         skip, head, q_tok0, q_len, m0, _ptr, w_left, w_right, seg, score = _persistent_tile(
             t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT,
             SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT, WG == 0,
@@ -915,7 +934,7 @@ def _persistent_producer(
     back (``q_empty``)."""
     base = gl.to_tensor(0)
     n_done = gl.to_tensor(0)
-    for t in range(gl.program_id(0), sched[2], gl.num_programs(0)):
+    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
         skip, head, q_tok0, _ql, m0, p_table_row, _wl, _wr, seg, _sc = _persistent_tile(
             t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, False, SKIP_DECODE, HAS_LEFT, 0,
             False, False, CAUSAL, HAS_RIGHT, False,
@@ -931,34 +950,29 @@ def _persistent_producer(
 
 @gluon.jit
 def _persistent_partitions(
-    prog, descs, geo, out_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    prog, descs, geo, out_scale, n_seqs, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
     HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr,
     SKIP_DECODE: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
 ):  # fmt: skip
-    """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: the 16-bit form's rings plus ``q_empty`` (count 2:
-    both consumers' last ``Q K^T`` of a tile done), then two :func:`_persistent_consumer` warpgroups and
-    two :func:`_persistent_producer` warps over the sequence ``program_id(2)``'s ``n_m * heads`` tiles
-    (``n_m`` from ``max_query_len``, as the one-tile grid's; ``sched = (heads, n_m, tiles,
-    seq_geo)``). A row's arithmetic is the one-tile form's: which program computes a tile does not change its
-    result."""
+    """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the ``n_m * n_seqs *
+    heads`` tiles of the one-tile grid (``n_m`` from ``max_query_len``; ``sched = (heads, n_m, n_seqs,
+    tiles)``, :func:`_persistent_tile`), every sequence's tiles in one order, so a long sequence's tiles
+    spread over every program; the 16-bit form's rings plus ``q_empty`` (count 2: both consumers' last ``Q
+    K^T`` of a tile done), then two :func:`_persistent_consumer` warpgroups and two
+    :func:`_persistent_producer` warps. A row's arithmetic is the one-tile form's: which program computes a
+    tile does not change its result."""
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc = descs
     HALF_M: gl.constexpr = BLOCK_M // 2
-    (_o, _bt, CuSeqlensQ, SeqLens, _lse, _st, n_tokens, _sbt, n_bt_cols, num_blocks, page_size, max_query_len,
-     _sot, _soh, _slh, _wl, _wr, _qk, _ts, _sk, _sp) = prog  # fmt: skip
+    max_query_len = prog[11]
     heads = Q_desc.shape[1] // HEAD_DIM
     n_m = gl.maximum((max_query_len + BLOCK_M - 1) // BLOCK_M, 1)
-    # the sequence's lengths, read once here rather than on every tile's critical path
-    seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE)
-    sched = (heads, n_m, n_m * heads, seq_geo)
+    sched = (heads, n_m, n_seqs, n_m * n_seqs * heads)
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    q_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_free.index(0), count=2)
-    fence_async_shared()
-    q_empty = q_free.index(0)
+    q_empty = allocate_q_empty()
     gl.warp_specialize(
         [
             (_persistent_consumer, (

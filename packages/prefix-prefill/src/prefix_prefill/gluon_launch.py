@@ -26,10 +26,9 @@ pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
 own (:func:`_variant`, which decides it once per call; the launch code reads it back from the
 variant's key), the same rows bit for bit.
 
-Persistent plans (``PERSISTENT``: narrow windows): the full form's grid is ``(programs, 1, batch)`` with
-``programs`` from :func:`prefix_prefill.plan.persistent_programs` (the batch, the tiles a sequence, the
-device's multiprocessors; :func:`_grid`, and inline in :func:`warm`); the quick form and the short-query
-forms run one tile a program.
+Persistent plans (``PERSISTENT``: narrow windows): the full form's grid is ``(programs, 1, 1)``, one
+program a multiprocessor, at most the one-tile grid's tiles (:func:`_grid`, and inline in :func:`warm`),
+the batch given as ``n_seqs``; the quick form and the short-query forms run one tile a program.
 
 Compile tiers: the first call of a (kernel, constexprs, dtype) runs the kernel's quick-compiling form
 (both consumer warpgroups as one 8-warp partition, LLVM at O0: it compiles the consumer once) while a
@@ -53,6 +52,7 @@ import prefill_runtime as runtime
 from paged_kv_offsets import TmaRows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
+from prefill_runtime.gluon_host import multiprocessors as _multiprocessors
 from prefix_prefill.float16_copies import float16_copies
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import (
@@ -60,7 +60,6 @@ from prefix_prefill.plan import (
     cache_views,
     idle_second_warpgroup,
     pair_heads,
-    persistent_programs,
 )
 
 try:  # Gluon (triton >= 3.5) with its Hopper module; without it the Triton kernel runs everywhere
@@ -284,8 +283,9 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if key.__class__ is tuple:
         if key[1] == "pair":  # grid over head pairs
             heads //= 2
-    elif plan.constexpr_map.get("PERSISTENT", False):  # programs a sequence, tile after tile
-        n_m, heads = persistent_programs(batch, n_m * heads, _multiprocessors(index)), 1
+    elif plan.constexpr_map.get("PERSISTENT", False):  # one program a multiprocessor, tile after tile
+        n_m, heads, batch = min(max(_multiprocessors(index), 1), n_m * heads * batch), 1, 1
+        plain += (seq_lens.shape[0],)  # (n_seqs: the frame's last per-call slot, _per_call_plain)
     frame(n_m, heads, batch, stream, tokens, bases, plain)
     return True
 
@@ -319,14 +319,6 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
     return False
 
 
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    """Multiprocessors of CUDA device ``index``; 0 off CUDA (index -1: only the CPU tests' stand-in
-    kernels launch there, so every short-query call with an even group pairs). Cached: a persistent
-    plan's warm call and each short-query launch ask it."""
-    return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
-
-
 def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache, batch: int):
     """The compiled variant's key of a call over ``batch`` sequences with :func:`launch_key` ``key``:
     ``key``, or ``(key, form)`` for a short-query form (:func:`prefix_prefill.plan.idle_second_warpgroup`):
@@ -351,11 +343,11 @@ def _form(key, full: bool = True) -> str | None:
 def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | None,
           persistent: bool = False, device: int = -1) -> tuple[int, int, int]:  # fmt: skip
     """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, sequences); a
-    ``persistent`` launch's: (:func:`prefix_prefill.plan.persistent_programs` on CUDA device ``device``,
-    1, sequences)."""
+    ``persistent`` launch's: (one program a multiprocessor of CUDA device ``device``, at most the one-tile
+    grid's tiles; 1; 1)."""
     n_m = max(-(-max_query_len // block_m), 1)
     if persistent:
-        return persistent_programs(batch, n_m * heads, _multiprocessors(device)), 1, batch
+        return min(max(_multiprocessors(device), 1), n_m * heads * batch), 1, 1
     return n_m, heads // 2 if form == "pair" else heads, batch
 
 
@@ -383,8 +375,10 @@ _PER_CALL_PLAIN = ("O", "BlockTable", "CuSeqlensQ", "SeqLens", "stride_bt", "Lse
 def _per_call_plain(params: dict) -> tuple[str, ...]:
     """A frame's per-call plain arguments: :data:`_PER_CALL_PLAIN`, then with an fp8 cache (``CACHE_FP8``)
     its scales, in the order warm() passes them (it adds them where the call's options hold them:
-    :class:`prefix_prefill.launch.Prepared` gives them to fp8 plans only)."""
-    return _PER_CALL_PLAIN + (("KScale", "VScale") if params.get("CACHE_FP8") else ())
+    :class:`prefix_prefill.launch.Prepared` gives them to fp8 plans only), then a persistent form's
+    ``n_seqs``."""
+    return (_PER_CALL_PLAIN + (("KScale", "VScale") if params.get("CACHE_FP8") else ())
+            + (("n_seqs",) if params.get("PERSISTENT") else ()))  # fmt: skip
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
@@ -508,7 +502,8 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             max(kv.rows, vv.rows), *kv.kernel_args(), lse, lse.stride(0) if lse is not None else None,
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
-                  LLVM_O0=not full and _tiered(), PERSISTENT=persistent)  # fmt: skip
+                  LLVM_O0=not full and _tiered(), PERSISTENT=persistent,
+                  n_seqs=seq_lens.shape[0] if persistent else None)  # fmt: skip
     # an fp8 cache's scales and the float16 rings' layout (its descriptors are fp8; q is float16 there:
     # launch() and warm() make a bfloat16 call a float16 one); every parameter given,
     # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)

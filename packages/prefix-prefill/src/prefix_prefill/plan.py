@@ -36,7 +36,7 @@ edges, the merged masked loop, block ids read ahead); every one is a function of
 reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup` and
 :func:`pair_heads` (which also weighs the batch against the device's multiprocessors), the Gluon form a
 launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's (rows the same bit for bit in every
-form); :func:`persistent_programs` sizes a persistent launch's grid from the batch and the device.
+form).
 """
 
 from __future__ import annotations
@@ -70,10 +70,9 @@ GLUON_MIN_WINDOW_FP8 = 512
 #: NHD/HND Gluon kernel: windows that let a row see at most this many keys (``left + 1``, or ``left + right +
 #: 1`` not causal) run its persistent form (``PERSISTENT``, 16-bit caches): a tile there has a few key
 #: blocks, and one program a tile spends most of its time on its Q load, its first blocks and its epilogue,
-#: which the persistent form overlaps with the previous tile's work (grid: :func:`persistent_programs`).
+#: which the persistent form overlaps with the previous tile's work (grid: one program a multiprocessor over
+#: every sequence's tiles, so a long sequence among short ones spreads over all of them).
 PERSISTENT_MAX_WINDOW = 1024
-#: ... its programs keep at least this share of the multiprocessors busy (:func:`persistent_programs`).
-PERSISTENT_BUSY = 0.9
 #: Key blocks of the Gluon kernels: 64 keys at head 256 (shared memory), else 128.
 GLUON_BLOCK_N = {64: 128, 128: 128, 256: 64}
 #: Ring slots of the Gluon kernels' K and V rings.
@@ -247,22 +246,6 @@ def narrow_window(causal: bool, left: int, right: int) -> bool:
     """Whether a window lets a row see at most :data:`PERSISTENT_MAX_WINDOW` keys (:func:`window_keys`)."""
     keys = window_keys(causal, left, right)
     return keys is not None and keys <= PERSISTENT_MAX_WINDOW
-
-
-@functools.lru_cache(maxsize=1024)
-def persistent_programs(batch: int, tiles: int, sms: int) -> int:
-    """Programs a sequence of a persistent launch (grid ``(programs, 1, batch)``, one program a
-    multiprocessor at a time; each sequence has ``tiles`` tiles): the fewest from ``sms // batch`` on whose
-    waves keep at least :data:`PERSISTENT_BUSY` of the ``sms`` multiprocessors busy (8 sequences on 132:
-    16, 97%; 70: 7, not 1 (53%)), never more than ``tiles``; else ``max(1, sms // batch)``. Integers
-    only, cached: the launcher asks it per call (``sms`` 0 off CUDA: one multiprocessor)."""
-    sms = max(sms, 1)
-    first = max(1, sms // max(batch, 1))
-    for programs in range(first, min(tiles, 4 * first + 8) + 1):
-        ctas = programs * batch
-        if ctas >= PERSISTENT_BUSY * sms * -(-ctas // sms):
-            return programs
-    return max(1, min(first, tiles))
 
 
 # --------------------------------------------------------------------------- the Gluon kernels' rules

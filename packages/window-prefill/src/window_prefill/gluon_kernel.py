@@ -24,6 +24,15 @@ bias on key 0, whose block is then always masked), soft-capping (``SOFTCAP``: th
 ``tanh``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``). Query tiles of 128
 rows, key blocks of 128 (64 at head 256: the [64, 256] output tile takes the registers).
 
+Persistent form (``PERSISTENT``, the plan's choice for windows of at most ``plan._PERSISTENT_MAX_WIDTH``
+keys, :func:`_persistent_partitions`): grid ``(programs, 1, 1)``, one program a multiprocessor; every
+partition loops over the program's tiles ``program_id(0) + i * programs`` of the launch's ``n_m * batch *
+heads`` (:func:`_persistent_tile`: the latest query tiles of every sequence first, a sequence's heads back to
+back), the sequences' spans read from a shared-memory table the program fills once
+(:func:`_fill_seq_table`), the rings' blocks counting on from tile to tile and Q handed back after each
+tile's last ``Q K^T`` (``q_empty``), so the next tile's Q and first blocks load while the consumers finish
+the current one.
+
 Edge blocks: every key block ``[n, n + BLOCK_N)`` of the tile's range ``[key_lo, key_hi)`` is one TMA
 copy (rows past the tensor's end read as 0); blocks wholly outside the range are never loaded.
 Masked blocks set invisible scores to ``-inf``, so keys outside ``[key_lo, key_hi)`` never reach a
@@ -46,24 +55,28 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from prefill_runtime.gluon import allocate_rings, consumer, load_q_halves, score_terms
+from prefill_runtime.bounds import MAX_LEN, ROWS, clamp_span, report
+from prefill_runtime.gluon import allocate_q_empty, allocate_rings, consumer, load_q_halves, score_terms
 from prefill_runtime.gluon_bounds import zero_rows
-from window_prefill.kernel import program_tile, tile_key_range
+from window_prefill.kernel import program_tile, sequence_span, tile_key_range
 
 
 @gluon.jit
 def _ws_producer(
     Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
     tok0, m0, head, kv_col, n_lo, n_blocks,
-    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, base=0,
 ):  # fmt: skip
     """One warp: the two Q halves, then K_j and V_j of every key block into slot j % NUM_STAGES once
-    both consumers released that slot (a fresh barrier passes the first round's wait)."""
+    both consumers released that slot (a fresh barrier passes the first round's wait). ``base`` (a
+    persistent program's tile): the rings' blocks before this tile's, so block ``j`` is the rings' block
+    ``base + j`` (its slot and round)."""
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     load_q_halves(Q_desc, q_smem, q_bar, tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM)
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        phase = ((j // NUM_STAGES) & 1) ^ 1
+        r = base + j  # the rings' block
+        slot = r % NUM_STAGES
+        phase = ((r // NUM_STAGES) & 1) ^ 1
         row = tok0 + n_lo + j * BLOCK_N
         mbarrier.wait(k_empty.index(slot), phase)
         mbarrier.expect(k_ready.index(slot), kv_bytes)
@@ -73,13 +86,234 @@ def _ws_producer(
         tma.async_copy_global_to_shared(V_desc, [row, kv_col], v_ready.index(slot), v_smem.index(slot))
 
 
-@gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len"])
+@gluon.jit
+def _tile_blocks(m0, seq_len, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                 SINKS: gl.constexpr):  # fmt: skip
+    """The key blocks of the query tile at row ``m0`` (``m0 < seq_len``): ``(n_lo, n_blocks, key_lo,
+    key_hi, n_full_lo, n_full_hi)``: ``n_blocks`` blocks of ``BLOCK_N`` keys from ``n_lo`` cover the
+    tile's key range ``[key_lo, key_hi)`` (the Triton kernel's ``tile_key_range``: both kernels skip the
+    same blocks), blocks inside ``[n_full_lo, n_full_hi)`` need no mask (``SINKS == 2``: key 0's block
+    always takes the masked path, it carries the sink's bias)."""
+    m1 = gl.minimum(m0 + BLOCK_M, seq_len)
+    key_lo, key_hi, full_lo, full_hi = tile_key_range(
+        m0, m1, seq_len, window_left, window_right, IS_CAUSAL, HAS_LEFT, HAS_RIGHT
+    )
+    if SINKS == 2:
+        full_lo = gl.maximum(full_lo, 1)
+    n_lo = (key_lo // BLOCK_N) * BLOCK_N
+    n_full_lo = gl.cdiv(full_lo, BLOCK_N) * BLOCK_N
+    n_full_hi = gl.maximum((full_hi // BLOCK_N) * BLOCK_N, n_full_lo)
+    n_blocks = gl.cdiv(key_hi - n_lo, BLOCK_N)
+    return n_lo, n_blocks, key_lo, key_hi, n_full_lo, n_full_hi
+
+
+#: The persistent form's table of sequence spans in shared memory: the first ``SEQ_TABLE`` sequences' first
+#: token and length, filled once per program; a tile of a later sequence reads its span from global memory.
+SEQ_TABLE = gl.constexpr(1024)
+
+
+@gluon.jit
+def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows,
+                    LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
+    """The default partition's prologue of a persistent program: ``table`` ``[2 * SEQ_TABLE, 1]`` int32 gets
+    the clamped spans (``tok0``, ``seq_len``: ``window_prefill.kernel.sequence_span``'s) of the first
+    ``SEQ_TABLE`` sequences.
+    Returns ``(flags, longest)``: the status bits of all ``n_seqs`` sequences (``ROWS`` where a clamp moved
+    a span, ``MAX_LEN`` where a sequence is longer than ``max_len``) and whether some sequence runs past
+    the grid's ``grid_rows`` rows."""
+    NW: gl.constexpr = gl.num_warps()
+    CH: gl.constexpr = 32 * NW
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(1, L)
+    offs = gl.arange(0, CH, layout=LS)  # [CH]
+    flags = gl.zeros([CH], gl.int32, layout=LS)  # [CH]
+    longest = gl.zeros([CH], gl.int32, layout=LS)  # [CH]
+    for s0 in range(0, n_seqs, CH):
+        seqs = s0 + offs  # [CH]
+        m = seqs < n_seqs
+        start = gl.load(Starts + seqs, mask=m, other=0).to(gl.int64)
+        if LENS_FROM_STARTS:
+            end = gl.load(Starts + seqs + 1, mask=m, other=0).to(gl.int64)
+        else:
+            end = start + gl.load(Lens + seqs, mask=m, other=0).to(gl.int64)
+        tok0, tok_end, moved = clamp_span(start, end, n_tokens.to(gl.int64))
+        seq_len = (tok_end - tok0).to(gl.int32)  # [CH]
+        flags |= gl.where(m & moved, ROWS, 0) | gl.where(m & (seq_len > max_len), MAX_LEN, 0)
+        longest = gl.maximum(longest, gl.where(m, seq_len, 0))
+        for c in gl.static_range(SEQ_TABLE // CH):
+            if s0 == c * CH:
+                table.slice(c * CH, CH).store(tok0.to(gl.int32)[:, None])  # rows [0, SEQ_TABLE): tok0
+                table.slice(SEQ_TABLE + c * CH, CH).store(seq_len[:, None])  # then the lengths
+    return gl.reduce_or(flags, 0), gl.max(longest, 0) > grid_rows
+
+
+@gluon.jit
+def _seq_span(table, Starts, Lens, seq, n_tokens, LENS_FROM_STARTS: gl.constexpr):
+    """``(tok0, seq_len)`` of sequence ``seq``: from the program's table (:func:`_fill_seq_table`) for the
+    first ``SEQ_TABLE`` sequences, else from global memory."""
+    NW: gl.constexpr = gl.num_warps()
+    L1: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
+    if seq < SEQ_TABLE:  # the table seen as [2 * SEQ_TABLE] entries of [1, 1]: an entry's one value
+        entries = table._reinterpret(gl.int32, [2 * SEQ_TABLE, 1, 1], table.layout)
+        tok0 = gl.max(gl.max(entries.index(seq).load(L1), 1), 0)
+        seq_len = gl.max(gl.max(entries.index(SEQ_TABLE + seq).load(L1), 1), 0)
+    else:
+        tok0_wide, seq_len, _moved = sequence_span(Starts, Lens, seq, n_tokens, LENS_FROM_STARTS)
+        tok0 = tok0_wide.to(gl.int32)
+    return tok0, seq_len
+
+
+@gluon.jit
+def _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M: gl.constexpr,
+                     LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
+    """Tile ``t`` of a persistent launch's tile space (``sched = (heads, n_m, batch, tiles)``, ``tiles = n_m *
+    batch * heads``) as ``(head, m0, tok0, seq_len)``: the latest query tiles of every sequence first (under
+    causality they carry the most keys), then sequence by sequence, a sequence's heads back to back (a KV
+    head's query heads read its keys while they are in L2). ``m0 >= seq_len``: a tile past its sequence's
+    end."""
+    heads = sched[0]
+    per_level = sched[2] * heads
+    m0 = (sched[1] - 1 - t // per_level) * BLOCK_M
+    r = t % per_level
+    tok0, seq_len = _seq_span(table, Starts, Lens, r // heads, n_tokens, LENS_FROM_STARTS)
+    return r % heads, m0, tok0, seq_len
+
+
+@gluon.jit
+def _persistent_consumer(
+    WG: gl.constexpr, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, sched, Sinks, qk_scale,
+    tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, RETURN_LSE: gl.constexpr,
+    SOFTCAP: gl.constexpr, SINKS: gl.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``WG`` of a persistent program: ``prefill_runtime.gluon.consumer`` over the
+    program's tiles ``program_id(0) + i * num_programs(0)`` (:func:`_persistent_tile`) in turn, the rings'
+    blocks and the V-row handshake counting on from tile to tile, each tile's Q handed back on
+    ``q_empty`` after its last ``Q K^T``."""
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    base = gl.to_tensor(0)  # the rings' blocks of the tiles before
+    n_fix = gl.to_tensor(0)
+    n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
+    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
+        c_head, c_m0, c_tok0, c_len = _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M,
+                                                       LENS_FROM_STARTS)  # fmt: skip
+        if c_m0 < c_len:
+            n_lo, n_blocks, key_lo, key_hi, n_full_lo, n_full_hi = _tile_blocks(
+                c_m0, c_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT,
+                SINKS,
+            )  # fmt: skip
+            score = score_terms(qk_scale, tanh_scale, Sinks, Sinks, c_head, SOFTCAP, False, SINKS)
+            z = c_m0 * 0  # segment B is empty; A is the tile's key range
+            n_fix = consumer(
+                WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, c_m0,
+                c_tok0, c_len, c_head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z,
+                z, z, z, z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
+                HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
+                False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS, False, None, 0.0, None,
+                False, (base, n_done & 1, n_fix, q_empty),
+            )  # fmt: skip
+            base += n_blocks
+            n_done += 1
+
+
+@gluon.jit
+def _persistent_producer(
+    Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, sched, group_size, window_left,
+    window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    LENS_FROM_STARTS: gl.constexpr, SINKS: gl.constexpr,
+):  # fmt: skip
+    """The producer warp of a persistent program: :func:`_ws_producer` over the program's tiles in the
+    consumers' order, each tile's blocks after the previous tile's in the rings, each tile's Q once both
+    consumers handed the last one back (``q_empty``; the first tile's wait passes on the fresh barrier).
+    """
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, _bar_f = rings
+    base = gl.to_tensor(0)
+    n_done = gl.to_tensor(0)
+    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
+        c_head, c_m0, c_tok0, c_len = _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M,
+                                                       LENS_FROM_STARTS)  # fmt: skip
+        if c_m0 < c_len:
+            blocks = _tile_blocks(c_m0, c_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                                  HAS_LEFT, HAS_RIGHT, SINKS)  # fmt: skip
+            n_blocks = blocks[1]
+            mbarrier.wait(q_empty, (n_done & 1) ^ 1)
+            _ws_producer(Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+                         v_empty, c_tok0, c_m0, c_head, (c_head // group_size) * HEAD_DIM, blocks[0],
+                         n_blocks, BLOCK_M // 2, BLOCK_N, HEAD_DIM, NUM_STAGES, base)  # fmt: skip
+            base += n_blocks
+            n_done += 1
+
+
+@gluon.jit
+def _persistent_partitions(
+    Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, qk_scale, tanh_scale, window_left,
+    window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, RETURN_LSE: gl.constexpr,
+    SOFTCAP: gl.constexpr, SINKS: gl.constexpr,
+):  # fmt: skip
+    """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the launch's tile
+    space (the ``n_m * n_seqs * heads`` tiles of the one-tile grid, ``n_m`` from ``max_len``;
+    :func:`_persistent_tile`). First each program's share of the sequences (``n_seqs`` of them, every
+    ``num_programs(0)``-th) is reported into ``Status`` and has its rows past the grid written as 0, as the
+    one-tile form's last query tiles do; then the one-tile form's rings plus ``q_empty`` (count 2: both
+    consumers' last ``Q K^T`` of a tile done), two :func:`_persistent_consumer` warpgroups and the
+    :func:`_persistent_producer` warp. A row's arithmetic is the one-tile form's: which program computes a
+    tile does not change its result."""
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    heads = Q_desc.shape[1] // HEAD_DIM
+    n_tokens = Q_desc.shape[0]
+    n_m = gl.maximum((max_len + BLOCK_M - 1) // BLOCK_M, 1)
+    grid_rows = n_m * BLOCK_M
+    table = gl.allocate_shared_memory(gl.int32, [2 * SEQ_TABLE, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    flags, past = _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows, LENS_FROM_STARTS)
+    if gl.program_id(0) == 0:
+        report(Status, flags)
+    if past:  # rows past the grid (max_len below a sequence's length): 0, each program its share
+        for seq in range(gl.program_id(0), n_seqs, gl.num_programs(0)):
+            tok0, seq_len, _moved = sequence_span(Starts, Lens, seq, n_tokens, LENS_FROM_STARTS)
+            if seq_len > grid_rows:
+                for h in range(heads):
+                    zero_rows(O, stride_ot, stride_oh, tok0, grid_rows, seq_len, h, Lse, stride_lse_h,
+                              HEAD_DIM)  # fmt: skip
+    sched = (heads, n_m, n_seqs, n_m * n_seqs * heads)
+    rings = allocate_rings(Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+    q_empty = allocate_q_empty()
+    gl.warp_specialize(
+        [
+            (_persistent_consumer, (
+                0, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, sched, Sinks, qk_scale, tanh_scale,
+                window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M, BLOCK_N,
+                NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
+            )),
+            (_persistent_consumer, (
+                1, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, sched, Sinks, qk_scale, tanh_scale,
+                window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M, BLOCK_N,
+                NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
+            )),
+            (_persistent_producer, (
+                Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, sched, group_size,
+                window_left, window_right, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT,
+                HAS_RIGHT, LENS_FROM_STARTS, SINKS,
+            )),
+        ],
+        [4, 1],
+        [240, 24],
+    )  # fmt: skip
+
+
+@gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len", "n_seqs"])
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, O, Starts, Lens, qk_scale, window_left, window_right, group_size,
-    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status, Sinks, tanh_scale,
+    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status, Sinks, tanh_scale, n_seqs,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, SOFTCAP: gl.constexpr = 0, SINKS: gl.constexpr = 0,
+    PERSISTENT: gl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
@@ -88,7 +322,16 @@ def _gluon_fwd_kernel(
     key-0 bias), else None. Tensors: see the module docstring. Sequences come clamped into ``Q_desc``'s
     token count and reported into ``Status`` (None: no report) as in the Triton kernel, whose program
     setup this is (``program_tile``); the rows past the grid of a sequence longer than ``max_len`` are
-    written as 0 by each head's program of the last query tile."""
+    written as 0 by each head's program of the last query tile. ``n_seqs``: the batch (read by the
+    persistent form only). ``PERSISTENT``: grid ``(programs, 1, 1)``, each program taking tile after tile of
+    the launch's tiles (:func:`_persistent_partitions`)."""
+    if PERSISTENT:
+        _persistent_partitions(
+            Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, qk_scale, tanh_scale, window_left,
+            window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM, BLOCK_M,
+            BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
+        )  # fmt: skip
+        return
     # (tok0 int32)
     pid_m, head, tok0, seq_len = program_tile(Starts, Lens, Q_desc.shape[0], max_len, Status, BLOCK_M,
                                               IS_CAUSAL, LENS_FROM_STARTS, False)  # fmt: skip
@@ -98,17 +341,9 @@ def _gluon_fwd_kernel(
     grid_rows = gl.num_programs(0) * BLOCK_M
     if (pid_m == gl.num_programs(0) - 1) & (seq_len > grid_rows):  # rows past the grid: 0
         zero_rows(O, stride_ot, stride_oh, tok0, grid_rows, seq_len, head, Lse, stride_lse_h, HEAD_DIM)
-    m1 = gl.minimum(m0 + BLOCK_M, seq_len)
-    # the tile's key range and interior: the Triton kernel's own helper (same blocks skipped)
-    key_lo, key_hi, full_lo, full_hi = tile_key_range(
-        m0, m1, seq_len, window_left, window_right, IS_CAUSAL, HAS_LEFT, HAS_RIGHT
+    n_lo, n_blocks, key_lo, key_hi, n_full_lo, n_full_hi = _tile_blocks(
+        m0, seq_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, SINKS
     )
-    if SINKS == 2:
-        full_lo = gl.maximum(full_lo, 1)  # key 0 carries the sink's bias: its block takes the masked path
-    n_lo = (key_lo // BLOCK_N) * BLOCK_N
-    n_full_lo = gl.cdiv(full_lo, BLOCK_N) * BLOCK_N
-    n_full_hi = gl.maximum((full_hi // BLOCK_N) * BLOCK_N, n_full_lo)
-    n_blocks = gl.cdiv(key_hi - n_lo, BLOCK_N)
     kv_col = (head // group_size) * HEAD_DIM
     HALF_M: gl.constexpr = BLOCK_M // 2
 

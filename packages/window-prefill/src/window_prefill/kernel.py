@@ -249,20 +249,29 @@ def program_tile(
     else:
         pid_m = tl.program_id(0)
     head = tl.program_id(1)
-    seq = tl.program_id(2)
-    start = tl.load(Starts + seq).to(tl.int64)
-    if LENS_FROM_STARTS:
-        end = tl.load(Starts + seq + 1).to(tl.int64)
-    else:
-        end = start + tl.load(Lens + seq).to(tl.int64)
-    tok0, tok_end, moved = clamp_span(start, end, n_tokens.to(tl.int64))
-    seq_len = (tok_end - tok0).to(tl.int32)
+    tok0, seq_len, moved = sequence_span(Starts, Lens, tl.program_id(2), n_tokens, LENS_FROM_STARTS)
     if Status is not None:
         if (head == 0) & (pid_m == tl.num_programs(0) - 1):
             report(Status, tl.where(moved, ROWS, 0) | tl.where(seq_len > max_len, MAX_LEN, 0))
     if not TOK_I64:
         tok0 = tok0.to(tl.int32)
     return pid_m, head, tok0, seq_len
+
+
+@triton.jit
+def sequence_span(Starts, Lens, seq, n_tokens, LENS_FROM_STARTS: tl.constexpr):
+    """``(tok0, seq_len, moved)`` of sequence ``seq``: its span ``[Starts[seq], Starts[seq + 1])`` (with
+    ``LENS_FROM_STARTS``, else ``[Starts[seq], Starts[seq] + Lens[seq])``) clamped into the ``n_tokens``
+    rows of the tensors (:func:`prefill_runtime.bounds.clamp_span`), ``tok0`` int64, ``seq_len`` int32,
+    ``moved`` whether the clamp changed it. Shared by :func:`program_tile` and the Gluon kernel's
+    persistent form."""
+    start = tl.load(Starts + seq).to(tl.int64)
+    if LENS_FROM_STARTS:
+        end = tl.load(Starts + seq + 1).to(tl.int64)
+    else:
+        end = start + tl.load(Lens + seq).to(tl.int64)
+    tok0, tok_end, moved = clamp_span(start, end, n_tokens.to(tl.int64))
+    return tok0, (tok_end - tok0).to(tl.int32), moved
 
 
 @triton.jit

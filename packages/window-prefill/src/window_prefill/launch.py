@@ -35,9 +35,10 @@ from prefill_runtime import (
     softcap_form,
 )
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
+from prefill_runtime.gluon_host import multiprocessors
 from window_prefill.configs import detect_arch
 from window_prefill.kernel import _fwd_kernel
-from window_prefill.plan import Problem, plan, wide_window
+from window_prefill.plan import Problem, narrow_window, plan, wide_window
 
 try:  # triton >= 3.4; without it the Triton kernel loads K/V by pointer
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -146,6 +147,7 @@ def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sin
         window_left >= 0,  # has_left
         window_right >= 0,  # has_right
         wide_window(causal, window_left, window_right, head_dim),
+        narrow_window(causal, window_left, window_right),
         sinks is not None,
         sinks is not None and bias_key0,
         softcap_form(softcap, q) if softcap > 0 else 0,
@@ -265,12 +267,14 @@ def repeat(
             max_len)  # fmt: skip
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if gluon:
-        bases, plain = (qp, kp, vp), (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr())
+        bases, plain = (qp, kp, vp), (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr(), batch)
     else:
         s = sinks if sinks is not None else q
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, q.shape[0])
     stream = torch._C._cuda_getCurrentRawStream(index)
-    prep.frame[1](max(-(-max_len // p.block_m), 1), q.shape[1], batch, stream, q.shape[0], bases, plain)
+    grid = _gluon_grid(p, max_len, q.shape[1], batch, index) if gluon else (
+        max(-(-max_len // p.block_m), 1), q.shape[1], batch)  # fmt: skip
+    prep.frame[1](*grid, stream, q.shape[0], bases, plain)
     return True
 
 
@@ -383,7 +387,7 @@ _TRITON_PER_CALL = (
     "n_tokens",
 )
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
-_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks")
+_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks", "n_seqs")
 
 
 def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
@@ -397,6 +401,16 @@ def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
         p, q.stride(), k.stride(), v.stride(), o.stride(), q.shape[1] // k.shape[1],
         tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors), q.get_device(),
     )  # fmt: skip
+
+
+def _gluon_grid(p: LaunchPlan, max_len: int, heads: int, batch: int, index: int) -> tuple[int, int, int]:
+    """The Gluon launch's grid: ``(cdiv(max_len, block_m), heads, batch)`` (at least one query tile), or for
+    a persistent plan ``(programs, 1, 1)``: one program a multiprocessor of device ``index``, never more
+    than the tiles of the one-tile grid."""
+    n_m = max(-(-max_len // p.block_m), 1)
+    if p.constexpr_map.get("PERSISTENT", False):
+        return min(max(multiprocessors(index), 1), n_m * heads * batch), 1, 1
+    return n_m, heads, batch
 
 
 def _launch_gluon(
@@ -415,14 +429,14 @@ def _launch_gluon(
             gluon_descriptor(t, [t.shape[0], t.shape[1] * d], t.stride(0), rows, d)
             for t, rows in ((q, p.block_m // 2), (k, bn), (v, bn))
         ]
-    grid = (max(-(-max_len // p.block_m), 1), q.shape[1], batch)
+    grid = _gluon_grid(p, max_len, q.shape[1], batch, q.get_device())
     capped = softcap > 0  # (the kernel's Sinks and tanh_scale: None, a constexpr, where off)
     logit = (softcap if capped else softmax_scale) * _LOG2E  # the multiplier of the (capped) score
     args = (
         *descs, o, starts, lens if lens is not None else starts, logit, max(window_left, 0),
         max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
         lse.stride(0) if lse is not None else None, max_len, status, sinks,
-        softmax_scale / softcap if capped else None,
+        softmax_scale / softcap if capped else None, batch,
     )  # fmt: skip
     if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731

@@ -41,12 +41,20 @@ from prefill_runtime.checks import kernel_softcap
 from window_prefill.configs import Config, block_d, get_config, wide_offsets_config
 
 # A row's window must hold at least this many keys (the window alone, whatever the lengths) for the Gluon
-# kernel, per head size: its 128-row tiles pay a fixed cost per program that narrower bands do not repay.
-# At 128 keys it is the faster at heads 128 (by 1-3%) and 256 (by 26%); at 64 keys the Triton kernel is
-# (by 10% at head 128). At head 64 the Triton kernel is the faster up to 1024 keys (1.7x at 128, 1.2x at
-# 512, 1.04x at 1024) and the slower from 1536 (by 4-7%; 10% at 2048, 18% at 4096), so head 64 takes the
-# Gluon kernel from 1536 keys.
-_GLUON_MIN_WIDTH = {64: 1536, 128: 128, 256: 128}
+# kernel, per head size: its 128-row tiles pay a fixed cost per tile that narrower bands do not repay.
+# Narrow windows run its persistent form (below), which hides much of that cost: at head 128 it is the
+# faster from 64 keys (by 10%; narrower bands are not measured), at head 256 from 128 keys (by 26%, the
+# one-tile form). At head 64 the Triton kernel is the faster up to 512 keys (1.6x at 64 and 128, 1.1x at
+# 512) and the slower from 1024 (by 5%; 4-7% at 1536, 18% at 4096), so head 64 takes the Gluon kernel from
+# 1024 keys.
+_GLUON_MIN_WIDTH = {64: 1024, 128: 64, 256: 128}
+# Windows that let a row see at most this many keys run the Gluon kernel's persistent form (``PERSISTENT``:
+# one program a multiprocessor, each taking tile after tile of the launch's tiles, every sequence's in one
+# order): a tile there has a few key blocks, and a one-tile program spends most of its time on its Q load,
+# its first block and its epilogue, which the persistent form overlaps with the previous tile's work. Its
+# tiles are dealt out in a fixed order, which balances only tiles of like cost: wider windows, whose
+# tiles' costs grow with their position in a sequence of any length, keep one program a tile.
+_PERSISTENT_MAX_WIDTH = 1024
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
 # Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+): those of the
@@ -68,7 +76,8 @@ class Problem:
     TMA descriptors over ``[tokens, heads * head_dim]``: unit feature stride, heads ``head_dim`` apart,
     16-byte aligned base and token rows, fewer than 2**31 tokens (``kv_tma`` also: this Triton has host
     tensor descriptors). ``wide_window``: a row may see at least ``_GLUON_MIN_WIDTH[head_dim]`` keys
-    (:func:`wide_window`). ``gluon``: this process runs the Gluon kernel (Triton has Gluon,
+    (:func:`wide_window`); ``narrow_window``: at most :data:`_PERSISTENT_MAX_WIDTH` (:func:`narrow_window`).
+    ``gluon``: this process runs the Gluon kernel (Triton has Gluon,
     ``WINDOW_PREFILL_GLUON`` is not 0, no launch of it failed)."""
 
     dtype: torch.dtype
@@ -80,6 +89,7 @@ class Problem:
     has_left: bool
     has_right: bool
     wide_window: bool
+    narrow_window: bool
     sinks: bool
     bias_key0: bool
     softcap: int
@@ -103,6 +113,15 @@ def wide_window(causal: bool, window_left: int, window_right: int, head_dim: int
     right = 0 if causal else window_right
     need = _GLUON_MIN_WIDTH.get(head_dim)
     return need is not None and window_left + right + 1 >= need
+
+
+def narrow_window(causal: bool, window_left: int, window_right: int) -> bool:
+    """Whether the window lets a row see at most :data:`_PERSISTENT_MAX_WIDTH` keys (its width as
+    :func:`wide_window` counts it; an unbounded side: never)."""
+    if window_left < 0 or (not causal and window_right < 0):
+        return False
+    right = 0 if causal else window_right
+    return window_left + right + 1 <= _PERSISTENT_MAX_WIDTH
 
 
 def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
@@ -186,10 +205,13 @@ def plan(problem: Problem) -> LaunchPlan:
         SOFTCAP=kernel_softcap(p.softcap, gluon=True, shifted=p.sinks),  # (sinks shift logits past the cap)
         # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
         SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
+        # narrow windows: one program a multiprocessor takes tile after tile
+        PERSISTENT=p.narrow_window,
     )
+    form = ", persistent (a narrow window)" if p.narrow_window else ""
     return LaunchPlan(
         kernel="gluon",
-        reason=f"gluon: {source} asks for it and it applies (128x{block_n}, {_GLUON_STAGES} stages)",
+        reason=f"gluon: {source} asks for it and it applies (128x{block_n}, {_GLUON_STAGES} stages{form})",
         block_m=128,
         constexprs=LaunchPlan.items(consts),
         options=LaunchPlan.items({"num_warps": 4}),
