@@ -18,7 +18,9 @@ kernel      when
 ``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
             readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per head
-            size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``.
+            size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``;
+            windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys run its persistent form
+            (``PERSISTENT``).
             Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
@@ -103,25 +105,31 @@ class Problem:
     config: Config | None = None
 
 
-def wide_window(causal: bool, window_left: int, window_right: int, head_dim: int) -> bool:
-    """Whether the window lets a row see at least ``_GLUON_MIN_WIDTH[head_dim]`` keys (a head size the
-    Gluon kernel has no entry for: never): its width, ``-1`` sides unbounded, a causal right side 0. The
-    window and the head size alone decide, never a length of the call: a sequence runs the same kernel
-    whatever batch it is in (batch invariance)."""
+def window_keys(causal: bool, window_left: int, window_right: int) -> int | None:
+    """The keys a window lets a row see: ``left + 1`` causal (a right side is moot), else ``left + right +
+    1``; None when a side it needs is unbounded (``-1``)."""
     if window_left < 0 or (not causal and window_right < 0):
+        return None
+    return window_left + (0 if causal else window_right) + 1
+
+
+def wide_window(causal: bool, window_left: int, window_right: int, head_dim: int) -> bool:
+    """Whether the window lets a row see at least ``_GLUON_MIN_WIDTH[head_dim]`` keys (:func:`window_keys`;
+    unbounded: always; a head size the Gluon kernel has no entry for: never). The window and the head size
+    alone decide, never a length of the call: a sequence runs the same kernel whatever batch it is in
+    (batch invariance)."""
+    keys = window_keys(causal, window_left, window_right)
+    if keys is None:
         return True
-    right = 0 if causal else window_right
     need = _GLUON_MIN_WIDTH.get(head_dim)
-    return need is not None and window_left + right + 1 >= need
+    return need is not None and keys >= need
 
 
 def narrow_window(causal: bool, window_left: int, window_right: int) -> bool:
-    """Whether the window lets a row see at most :data:`_PERSISTENT_MAX_WIDTH` keys (its width as
-    :func:`wide_window` counts it; an unbounded side: never)."""
-    if window_left < 0 or (not causal and window_right < 0):
-        return False
-    right = 0 if causal else window_right
-    return window_left + right + 1 <= _PERSISTENT_MAX_WIDTH
+    """Whether the window lets a row see at most :data:`_PERSISTENT_MAX_WIDTH` keys (:func:`window_keys`;
+    unbounded: never)."""
+    keys = window_keys(causal, window_left, window_right)
+    return keys is not None and keys <= _PERSISTENT_MAX_WIDTH
 
 
 def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
