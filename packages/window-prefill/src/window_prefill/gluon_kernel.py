@@ -119,7 +119,7 @@ def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows,
     """The default partition's prologue of a persistent program: ``table`` ``[2 * SEQ_TABLE, 1]`` int32 gets
     the clamped spans (``tok0``, ``seq_len``: ``window_prefill.kernel.sequence_span``'s) of the first
     ``SEQ_TABLE`` sequences.
-    Returns ``(flags, longest)``: the status bits of all ``n_seqs`` sequences (``ROWS`` where a clamp moved
+    Returns ``(flags, past)``: the status bits of all ``n_seqs`` sequences (``ROWS`` where a clamp moved
     a span, ``MAX_LEN`` where a sequence is longer than ``max_len``) and whether some sequence runs past
     the grid's ``grid_rows`` rows."""
     NW: gl.constexpr = gl.num_warps()
