@@ -55,7 +55,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from prefill_runtime.bounds import MAX_LEN, ROWS, clamp_span, report
+from prefill_runtime.bounds import MAX_LEN, ROWS, report
 from prefill_runtime.gluon import allocate_q_empty, allocate_rings, consumer, load_q_halves, score_terms
 from prefill_runtime.gluon_bounds import zero_rows
 from window_prefill.kernel import program_tile, sequence_span, tile_key_range
@@ -132,13 +132,7 @@ def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows,
     for s0 in range(0, n_seqs, CH):
         seqs = s0 + offs  # [CH]
         m = seqs < n_seqs
-        start = gl.load(Starts + seqs, mask=m, other=0).to(gl.int64)
-        if LENS_FROM_STARTS:
-            end = gl.load(Starts + seqs + 1, mask=m, other=0).to(gl.int64)
-        else:
-            end = start + gl.load(Lens + seqs, mask=m, other=0).to(gl.int64)
-        tok0, tok_end, moved = clamp_span(start, end, n_tokens.to(gl.int64))
-        seq_len = (tok_end - tok0).to(gl.int32)  # [CH]
+        tok0, seq_len, moved = sequence_span(Starts, Lens, seqs, n_tokens, LENS_FROM_STARTS, m)  # [CH]
         flags |= gl.where(m & moved, ROWS, 0) | gl.where(m & (seq_len > max_len), MAX_LEN, 0)
         longest = gl.maximum(longest, gl.where(m, seq_len, 0))
         for c in gl.static_range(SEQ_TABLE // CH):

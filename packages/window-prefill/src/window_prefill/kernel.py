@@ -259,17 +259,24 @@ def program_tile(
 
 
 @triton.jit
-def sequence_span(Starts, Lens, seq, n_tokens, LENS_FROM_STARTS: tl.constexpr):
+def sequence_span(Starts, Lens, seq, n_tokens, LENS_FROM_STARTS: tl.constexpr, mask=None):
     """``(tok0, seq_len, moved)`` of sequence ``seq``: its span ``[Starts[seq], Starts[seq + 1])`` (with
     ``LENS_FROM_STARTS``, else ``[Starts[seq], Starts[seq] + Lens[seq])``) clamped into the ``n_tokens``
     rows of the tensors (:func:`prefill_runtime.bounds.clamp_span`), ``tok0`` int64, ``seq_len`` int32,
-    ``moved`` whether the clamp changed it. Shared by :func:`program_tile` and the Gluon kernel's
-    persistent form."""
-    start = tl.load(Starts + seq).to(tl.int64)
-    if LENS_FROM_STARTS:
-        end = tl.load(Starts + seq + 1).to(tl.int64)
+    ``moved`` whether the clamp changed it. ``seq`` may be a tensor of sequences, those outside ``mask``
+    read as empty spans. Shared by :func:`program_tile` and the Gluon kernel's persistent form."""
+    if mask is None:
+        start = tl.load(Starts + seq).to(tl.int64)
+        if LENS_FROM_STARTS:
+            end = tl.load(Starts + seq + 1).to(tl.int64)
+        else:
+            end = start + tl.load(Lens + seq).to(tl.int64)
     else:
-        end = start + tl.load(Lens + seq).to(tl.int64)
+        start = tl.load(Starts + seq, mask=mask, other=0).to(tl.int64)
+        if LENS_FROM_STARTS:
+            end = tl.load(Starts + seq + 1, mask=mask, other=0).to(tl.int64)
+        else:
+            end = start + tl.load(Lens + seq, mask=mask, other=0).to(tl.int64)
     tok0, tok_end, moved = clamp_span(start, end, n_tokens.to(tl.int64))
     return tok0, (tok_end - tok0).to(tl.int32), moved
 
