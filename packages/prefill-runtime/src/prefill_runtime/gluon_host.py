@@ -1,7 +1,7 @@
 """The Gluon kernels' host side, shared by both kernel packages.
 
 Owns :func:`gluon_applies` (what both packages' Gluon kernels need of a call), :func:`multiprocessors`
-(the device's multiprocessors, which the persistent forms' grids take), the TMA descriptors
+and :func:`persistent_grid` (the persistent forms' grids), the TMA descriptors
 :func:`gluon_descriptor` / :func:`gluon_token_rows` (the one place their shared-memory layout is
 chosen) and :func:`gluon_try_launch` (a Gluon launch that falls back to the Triton kernel when this
 Triton cannot build it). Gluon is imported on first use, so ``import prefill_runtime`` does not import
@@ -25,6 +25,12 @@ def multiprocessors(index: int) -> int:
     launch there). Cached: the persistent plans' warm calls and prefix-prefill's short-query launches
     ask it per call."""
     return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
+
+
+def persistent_grid(tiles: int, sms: int) -> tuple[int, int, int]:
+    """A persistent Gluon launch's grid ``(programs, 1, 1)``: one program a multiprocessor (``sms`` of them,
+    from :func:`multiprocessors`; at least one), never more programs than the launch's ``tiles``."""
+    return min(max(sms, 1), tiles), 1, 1
 
 
 @functools.cache

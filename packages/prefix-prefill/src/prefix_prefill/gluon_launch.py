@@ -53,6 +53,7 @@ from paged_kv_offsets import TmaRows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefill_runtime.gluon_host import multiprocessors as _multiprocessors
+from prefill_runtime.gluon_host import persistent_grid
 from prefix_prefill.float16_copies import float16_copies
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import (
@@ -284,7 +285,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         if key[1] == "pair":  # grid over head pairs
             heads //= 2
     elif plan.constexpr_map.get("PERSISTENT", False):  # one program a multiprocessor, tile after tile
-        n_m, heads, batch = min(max(_multiprocessors(index), 1), n_m * heads * batch), 1, 1
+        n_m, heads, batch = persistent_grid(n_m * heads * batch, _multiprocessors(index))
         plain += (seq_lens.shape[0],)  # (n_seqs: the frame's last per-call slot, _per_call_plain)
     frame(n_m, heads, batch, stream, tokens, bases, plain)
     return True
@@ -347,7 +348,7 @@ def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | 
     grid's tiles; 1; 1)."""
     n_m = max(-(-max_query_len // block_m), 1)
     if persistent:
-        return min(max(_multiprocessors(device), 1), n_m * heads * batch), 1, 1
+        return persistent_grid(n_m * heads * batch, _multiprocessors(device))
     return n_m, heads // 2 if form == "pair" else heads, batch
 
 

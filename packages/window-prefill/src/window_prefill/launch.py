@@ -35,7 +35,7 @@ from prefill_runtime import (
     softcap_form,
 )
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
-from prefill_runtime.gluon_host import multiprocessors
+from prefill_runtime.gluon_host import multiprocessors, persistent_grid
 from window_prefill.configs import detect_arch
 from window_prefill.kernel import _fwd_kernel
 from window_prefill.plan import Problem, narrow_window, plan, wide_window
@@ -409,7 +409,7 @@ def _gluon_grid(p: LaunchPlan, max_len: int, heads: int, batch: int, index: int)
     than the tiles of the one-tile grid."""
     n_m = max(-(-max_len // p.block_m), 1)
     if p.constexpr_map.get("PERSISTENT", False):
-        return min(max(multiprocessors(index), 1), n_m * heads * batch), 1, 1
+        return persistent_grid(n_m * heads * batch, multiprocessors(index))
     return n_m, heads, batch
 
 
