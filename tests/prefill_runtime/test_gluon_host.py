@@ -64,3 +64,26 @@ def test_gluon_try_launch():
 
     with pytest.warns(RuntimeWarning, match="pkg: the Gluon kernel failed"):
         assert prefill_runtime.gluon_try_launch(boom, "pkg") is False
+
+
+def test_tile_counter_off_cuda():
+    """A persistent launch's tile counter: none for the CPU tests' stand-in kernels (device index -1)."""
+    from prefill_runtime.gluon_host import tile_counter
+
+    assert tile_counter(-1) is None
+    assert tile_counter(-1, 12345) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_tile_counter_one_a_stream():
+    """One int32 ``[2]`` zero counter a (device, stream), the same tensor on every call there."""
+    from prefill_runtime.gluon_host import tile_counter
+
+    index = torch.cuda.current_device()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a, b = tile_counter(index, s1.cuda_stream), tile_counter(index, s2.cuda_stream)
+    assert a is not b and a is tile_counter(index, s1.cuda_stream)
+    assert a.dtype == torch.int32 and a.shape == (2,) and a.tolist() == [0, 0]
+    with torch.cuda.stream(s2):
+        assert tile_counter(index) is b

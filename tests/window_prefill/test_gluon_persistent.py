@@ -1,14 +1,16 @@
 """The persistent form of window-prefill's Gluon kernel (``PERSISTENT``): grid ``(programs, 1, 1)``, each
-program taking tiles of the whole launch (every sequence's, the latest query tiles first) one after another
-through one set of rings.
+program taking the launch's next tile (every sequence's, the latest query tiles first) from a counter one
+after another through one set of rings.
 
-CPU: the plan's rule (narrow windows, not wider or unbounded ones, named in the reason); the launch's grid
+CPU: the plan's rule (causal calls and narrow non-causal windows, not wider or unbounded ones, named in the
+reason); the launch's grid
 (one program a multiprocessor, at most the one-tile grid's tiles); the form compiles for sm90 offline with
 its options at heads 64/128/256. sm90 GPU: against the float64 reference with every option and few
 programs (many tiles a program: the rings' slots and phases, Q's hand-back and the V-row handshake carried
 from tile to tile, tiles of several sequences in one program), ragged batches with one-token sequences,
 unbounded and both-way windows, rows past the grid and a status report; the rows bit for bit the one-tile
-form's whatever the program count (the LSE within an ulp); a negative control.
+form's whatever the program count (the LSE within an ulp); the tile counter back at zero after a launch and
+one a stream (two streams' launches at once); a negative control.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import window_prefill.launch as wl
 import window_prefill.plan as wp_plan
 from attn_reference import attention_varlen, compare
 from prefill_runtime import LaunchPlan
+from prefill_runtime.gluon_host import tile_counter
 from prefill_runtime.status import MAX_LEN, ROWS
 from window_prefill import explain, window_prefill
 
@@ -39,22 +42,23 @@ NARROW = wp_plan._PERSISTENT_MAX_WIDTH - 1  # the widest causal left window of t
 # ------------------------------------------------------------------------- CPU: the plan's rule
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's planned launch (the GPU tests below run the kernel)")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_narrow_windows_run_persistent(head_dim, monkeypatch):
-    """Causal windows of at most ``_PERSISTENT_MAX_WIDTH`` keys a row, and non-causal ones of at most that
-    many keys both ways, take the persistent form (named in the reason); one key more, no window, or a side
-    unbounded do not. The Triton plans carry no such constexpr."""
+def test_causal_and_narrow_windows_run_persistent(head_dim, monkeypatch):
+    """Causal calls (any window) and non-causal windows of at most ``_PERSISTENT_MAX_WIDTH`` keys both
+    ways take the persistent form (named in the reason); a non-causal call with one key more, no window or
+    a side unbounded does not. The Triton plans carry no such constexpr."""
     offered = refuse_gluon(monkeypatch)
     any_width_is_wide(monkeypatch)
     q, k, v, cu = make_qkv([30, 9], 2, 1, head_dim, torch.float16)
     for kw, want in (
         (dict(window=(127, -1)), True),
         (dict(window=(NARROW, -1), sinks=torch.randn(2), softcap=20.0, return_lse=True), True),
-        (dict(window=(NARROW + 1, -1)), False),
-        ({}, False),
+        (dict(window=(NARROW + 1, -1)), True),
+        ({}, True),
         (dict(causal=False, window=(500, NARROW - 500)), True),
         (dict(causal=False, window=(500, NARROW - 499)), False),
         (dict(causal=False, window=(100, -1)), False),  # the right side unbounded
         (dict(causal=False, window=(-1, 100)), False),
+        (dict(causal=False), False),
     ):
         kw = {"causal": True, **kw}
         chosen = explain(q, k, v, cu, 30, **kw)
@@ -243,6 +247,35 @@ def test_gpu_rows_past_the_grid_and_status(programs, forms):
     for rows in (slice(0, 256), slice(700, 956), slice(1000, 1001)):
         assert compare(o[rows], ref[rows]), rows
     assert got[True, "bad"][2] & ROWS
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_tile_counter_reset_and_per_stream(forms):
+    """The tile counter is back at zero after each launch (a launch after another computes every tile
+    again, bit for bit), and each stream has its own: launches on two streams at once each compute every
+    tile of their own call, bit for bit the same call alone."""
+    forms(True, 4)  # few programs: many tiles a program
+    q, k, v, cu = make_qkv([2000, 300], 8, 2, 128, torch.bfloat16)
+    q2, k2, v2, cu2 = make_qkv([1700, 900], 8, 2, 128, torch.bfloat16)
+    calls = ((q, k, v, cu, 2000), (q2, k2, v2, cu2, 1700))
+    alone = [window_prefill(*c, causal=True) for c in calls]
+    assert torch.equal(window_prefill(*calls[0], causal=True), alone[0])
+    index = q.get_device()
+    torch.cuda.synchronize()
+    assert tile_counter(index).tolist() == [0, 0]
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    outs: list[list] = [[], []]
+    for _ in range(3):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                outs[i].append(window_prefill(*calls[i], causal=True))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(o, alone[i]) for o in outs[i]), i
+    counters = [tile_counter(index, s.cuda_stream) for s in streams]
+    assert counters[0] is not counters[1]
+    assert all(c.tolist() == [0, 0] for c in counters)
 
 
 @pytest.mark.gpu

@@ -223,7 +223,7 @@ def compile_wp(head_dim, lse, sinks=0, softcap=0, **consts):
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
         "Sinks": "*fp32" if sinks else "constexpr", "tanh_scale": "fp32" if softcap else "constexpr",
         "max_len": "i32", "Status": "*i32" if lse else "constexpr",  # (with and without status=)
-        "n_seqs": "i32",
+        "n_seqs": "i32", "TileCounter": "*i32" if consts.get("PERSISTENT") else "constexpr",
     }
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, LENS_FROM_STARTS=True, RETURN_LSE=lse,
                   NUM_STAGES=wp_plan._GLUON_STAGES, SOFTCAP=softcap, SINKS=sinks, **consts)

@@ -134,6 +134,46 @@ def allocate_q_empty():
 
 
 @gluon.jit
+def next_tile(TileCounter):
+    """A dynamically scheduled persistent program's next tile: ``TileCounter[0]``'s value before an atomic
+    add of 1 (tiles go out in the launch's order to whichever program asks first; relaxed, as no data
+    passes through the counter). ``TileCounter``: int32 ``[2]``, zero at the launch (:func:`tiles_done`)."""
+    return gl.atomic_add(TileCounter, 1, sem="relaxed")
+
+
+@gluon.jit
+def tiles_done(TileCounter):
+    """A program took its last tile (:func:`next_tile` gave one past the launch's): ``TileCounter[1]``
+    counts the programs done, and the launch's last one sets both counters back to 0 for the next launch
+    that uses them (every program has then made its last :func:`next_tile`)."""
+    if gl.atomic_add(TileCounter + 1, 1) == gl.num_programs(0) - 1:
+        gl.atomic_xchg(TileCounter, 0)
+        gl.atomic_xchg(TileCounter + 1, 0)
+
+
+@gluon.jit
+def allocate_tile_slot():
+    """An int32 ``[1, 1]`` shared-memory slot: a dynamically scheduled program's tile, written by the
+    partition that took it (:func:`write_tile_slot`) and read by the others (:func:`read_tile_slot`)."""
+    return gl.allocate_shared_memory(gl.int32, [1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+
+
+@gluon.jit
+def write_tile_slot(slot, value):
+    """Write the int32 scalar ``value`` into ``slot`` (:func:`allocate_tile_slot`); an mbarrier arrival
+    after it makes it visible to the partitions that wait on that barrier."""
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [gl.num_warps(), 1], [1, 0])
+    slot.store(gl.zeros([1, 1], gl.int32, layout=L) + value)
+
+
+@gluon.jit
+def read_tile_slot(slot):
+    """The int32 value of ``slot`` (:func:`allocate_tile_slot`), as a scalar."""
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [gl.num_warps(), 1], [1, 0])
+    return gl.max(gl.max(slot.load(L), 1), 0)
+
+
+@gluon.jit
 def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                   PAIRED: gl.constexpr = False):  # fmt: skip
     """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of

@@ -1,11 +1,12 @@
 """The Gluon kernels' host side, shared by both kernel packages.
 
 Owns :func:`gluon_applies` (what both packages' Gluon kernels need of a call), :func:`multiprocessors`
-and :func:`persistent_grid` (the persistent forms' grids), the TMA descriptors
-:func:`gluon_descriptor` / :func:`gluon_token_rows` (the one place their shared-memory layout is
-chosen) and :func:`gluon_try_launch` (a Gluon launch that falls back to the Triton kernel when this
-Triton cannot build it). Gluon is imported on first use, so ``import prefill_runtime`` does not import
-it. Whether this Triton may run the Gluon kernels at all: :func:`prefill_runtime.gluon_supported`.
+and :func:`persistent_grid` (the persistent forms' grids), :func:`tile_counter` (their tile counters),
+the TMA descriptors :func:`gluon_descriptor` / :func:`gluon_token_rows` (the one place their
+shared-memory layout is chosen) and :func:`gluon_try_launch` (a Gluon launch that falls back to the
+Triton kernel when this Triton cannot build it). Gluon is imported on first use, so ``import
+prefill_runtime`` does not import it. Whether this Triton may run the Gluon kernels at all:
+:func:`prefill_runtime.gluon_supported`.
 The Gluon device code is :mod:`prefill_runtime.gluon`.
 """
 
@@ -31,6 +32,29 @@ def persistent_grid(tiles: int, sms: int) -> tuple[int, int, int]:
     """A persistent Gluon launch's grid ``(programs, 1, 1)``: one program a multiprocessor (``sms`` of them,
     from :func:`multiprocessors`; at least one), never more programs than the launch's ``tiles``."""
     return min(max(sms, 1), tiles), 1, 1
+
+
+# the persistent forms' tile counters, one a (device, stream)
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def tile_counter(index: int, stream: int | None = None) -> torch.Tensor | None:
+    """The tile counter of a dynamically scheduled persistent Gluon launch on CUDA stream ``stream`` (a raw
+    stream handle; None: the current one) of device ``index``: int32 ``[2]`` (the next tile, the programs
+    done), zero between launches (``prefill_runtime.gluon.tiles_done``), made on first use. One a stream,
+    shared by both packages' kernels: launches on one stream run one after another; launches on two
+    streams may overlap, so each has its own. A CUDA graph keeps the counter of the stream it was captured
+    on (its replays run one after another on their stream). None for ``index`` -1 (the CPU tests'
+    stand-in kernels)."""
+    if index < 0:
+        return None
+    if stream is None:
+        stream = torch._C._cuda_getCurrentRawStream(index)
+    counter = _COUNTERS.get((index, stream))
+    if counter is None:
+        counter = torch.zeros(2, dtype=torch.int32, device=torch.device("cuda", index))
+        _COUNTERS[(index, stream)] = counter
+    return counter
 
 
 @functools.cache

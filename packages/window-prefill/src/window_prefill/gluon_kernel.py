@@ -24,14 +24,16 @@ bias on key 0, whose block is then always masked), soft-capping (``SOFTCAP``: th
 ``tanh``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``). Query tiles of 128
 rows, key blocks of 128 (64 at head 256: the [64, 256] output tile takes the registers).
 
-Persistent form (``PERSISTENT``, the plan's choice for windows of at most ``plan._PERSISTENT_MAX_WIDTH``
-keys, :func:`_persistent_partitions`): grid ``(programs, 1, 1)``, one program a multiprocessor; every
-partition loops over the program's tiles ``program_id(0) + i * programs`` of the launch's ``n_m * batch *
-heads`` (:func:`_persistent_tile`: the latest query tiles of every sequence first, a sequence's heads back to
-back), the sequences' spans read from a shared-memory table the program fills once
-(:func:`_fill_seq_table`), the rings' blocks counting on from tile to tile and Q handed back after each
-tile's last ``Q K^T`` (``q_empty``), so the next tile's Q and first blocks load while the consumers finish
-the current one.
+Persistent form (``PERSISTENT``, the plan's choice for causal calls and windows of at most
+``plan._PERSISTENT_MAX_WIDTH`` keys, :func:`_persistent_partitions`): grid ``(programs, 1, 1)``, one
+program a multiprocessor, over the launch's ``n_m * batch * heads`` tiles (:func:`_persistent_tile`: the
+latest query tiles of every sequence first, a sequence's heads back to back). The producer warp takes the
+launch's next tile from a counter in global memory (an atomic add; the launch's last program sets it back
+to 0) and hands it to the consumers through a shared-memory slot written before the tile's Q lands, so a
+program that finishes early takes more tiles and tiles of unlike cost balance. The sequences' spans come
+from a shared-memory table each program fills once (:func:`_fill_seq_table`); the rings' blocks count on
+from tile to tile and Q is handed back after each tile's last ``Q K^T`` (``q_empty``), so the next tile's Q
+and first blocks load while the consumers finish the current one.
 
 Edge blocks: every key block ``[n, n + BLOCK_N)`` of the tile's range ``[key_lo, key_hi)`` is one TMA
 copy (rows past the tensor's end read as 0); blocks wholly outside the range are never loaded.
@@ -56,7 +58,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from prefill_runtime.bounds import MAX_LEN, ROWS, report
-from prefill_runtime.gluon import allocate_q_empty, allocate_rings, consumer, load_q_halves, score_terms
+from prefill_runtime.gluon import (
+    allocate_q_empty,
+    allocate_rings,
+    allocate_tile_slot,
+    consumer,
+    load_q_halves,
+    next_tile,
+    read_tile_slot,
+    score_terms,
+    tiles_done,
+    write_tile_slot,
+)
 from prefill_runtime.gluon_bounds import zero_rows
 from window_prefill.kernel import program_tile, sequence_span, tile_key_range
 
@@ -176,58 +189,65 @@ def _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M: gl.conste
 
 @gluon.jit
 def _persistent_consumer(
-    WG: gl.constexpr, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, sched, Sinks, qk_scale,
-    tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, RETURN_LSE: gl.constexpr,
-    SOFTCAP: gl.constexpr, SINKS: gl.constexpr,
+    WG: gl.constexpr, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks,
+    qk_scale, tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
+    RETURN_LSE: gl.constexpr, SOFTCAP: gl.constexpr, SINKS: gl.constexpr,
 ):  # fmt: skip
-    """Consumer warpgroup ``WG`` of a persistent program: ``prefill_runtime.gluon.consumer`` over the
-    program's tiles ``program_id(0) + i * num_programs(0)`` (:func:`_persistent_tile`) in turn, the rings'
-    blocks and the V-row handshake counting on from tile to tile, each tile's Q handed back on
-    ``q_empty`` after its last ``Q K^T``."""
+    """Consumer warpgroup ``WG`` of a persistent program: ``prefill_runtime.gluon.consumer`` over the tiles
+    the producer takes (:func:`_persistent_producer`), each read from ``tile_slot`` once its Q has landed
+    (``q_bar``'s phase; -1 ends the program), the rings' blocks and the V-row handshake counting on from
+    tile to tile, each tile's Q handed back on ``q_empty`` after its last ``Q K^T``."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     HALF_M: gl.constexpr = BLOCK_M // 2
     base = gl.to_tensor(0)  # the rings' blocks of the tiles before
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
-    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
+    mbarrier.wait(q_bar.index(WG), 0)
+    t = read_tile_slot(tile_slot)
+    while t >= 0:
         c_head, c_m0, c_tok0, c_len = _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M,
                                                        LENS_FROM_STARTS)  # fmt: skip
-        if c_m0 < c_len:
-            n_lo, n_blocks, key_lo, key_hi, n_full_lo, n_full_hi = _tile_blocks(
-                c_m0, c_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT,
-                SINKS,
-            )  # fmt: skip
-            score = score_terms(qk_scale, tanh_scale, Sinks, Sinks, c_head, SOFTCAP, False, SINKS)
-            z = c_m0 * 0  # segment B is empty; A is the tile's key range
-            n_fix = consumer(
-                WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, c_m0,
-                c_tok0, c_len, c_head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z,
-                z, z, z, z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
-                HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS, False, None, 0.0, None,
-                False, (base, n_done & 1, n_fix, q_empty),
-            )  # fmt: skip
-            base += n_blocks
-            n_done += 1
+        n_lo, n_blocks, key_lo, key_hi, n_full_lo, n_full_hi = _tile_blocks(
+            c_m0, c_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, SINKS,
+        )  # fmt: skip
+        score = score_terms(qk_scale, tanh_scale, Sinks, Sinks, c_head, SOFTCAP, False, SINKS)
+        z = c_m0 * 0  # segment B is empty; A is the tile's key range
+        n_fix = consumer(
+            WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, c_m0,
+            c_tok0, c_len, c_head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z,
+            z, z, z, z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
+            HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
+            False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS, False, None, 0.0, None,
+            False, (base, n_done & 1, n_fix, q_empty),
+        )  # fmt: skip
+        base += n_blocks
+        n_done += 1
+        mbarrier.wait(q_bar.index(WG), n_done & 1)  # the next tile's Q, or the end
+        t = read_tile_slot(tile_slot)
 
 
 @gluon.jit
 def _persistent_producer(
-    Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, sched, group_size, window_left,
-    window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    LENS_FROM_STARTS: gl.constexpr, SINKS: gl.constexpr,
+    Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, TileCounter, sched,
+    group_size, window_left, window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, SINKS: gl.constexpr,
 ):  # fmt: skip
-    """The producer warp of a persistent program: :func:`_ws_producer` over the program's tiles in the
-    consumers' order, each tile's blocks after the previous tile's in the rings, each tile's Q once both
-    consumers handed the last one back (``q_empty``; the first tile's wait passes on the fresh barrier).
-    """
+    """The producer warp of a persistent program: takes the launch's next tile from ``TileCounter``
+    (``prefill_runtime.gluon.next_tile``: tiles go out in :func:`_persistent_tile`'s order to whichever
+    program asks first), skips a tile past its sequence, and for a live one waits for ``q_empty`` (both
+    consumers done with the last tile's Q; the first wait passes on the fresh barrier), writes it into
+    ``tile_slot`` and loads its Q and blocks (:func:`_ws_producer`), each tile's blocks after the previous
+    tile's in the rings; past the last tile it writes -1 and completes both Q barriers' phase without a
+    copy, then counts the program done (``prefill_runtime.gluon.tiles_done``: the launch's last program
+    sets the counter back to 0)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, _bar_f = rings
     base = gl.to_tensor(0)
     n_done = gl.to_tensor(0)
-    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
+    t = next_tile(TileCounter)
+    while t < sched[3]:
         c_head, c_m0, c_tok0, c_len = _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M,
                                                        LENS_FROM_STARTS)  # fmt: skip
         if c_m0 < c_len:
@@ -235,11 +255,18 @@ def _persistent_producer(
                                   HAS_LEFT, HAS_RIGHT, SINKS)  # fmt: skip
             n_blocks = blocks[1]
             mbarrier.wait(q_empty, (n_done & 1) ^ 1)
+            write_tile_slot(tile_slot, t)  # (made visible by the Q barriers' arrivals below)
             _ws_producer(Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                          v_empty, c_tok0, c_m0, c_head, (c_head // group_size) * HEAD_DIM, blocks[0],
                          n_blocks, BLOCK_M // 2, BLOCK_N, HEAD_DIM, NUM_STAGES, base)  # fmt: skip
             base += n_blocks
             n_done += 1
+        t = next_tile(TileCounter)
+    mbarrier.wait(q_empty, (n_done & 1) ^ 1)
+    write_tile_slot(tile_slot, -1)
+    mbarrier.arrive(q_bar.index(0), count=1)
+    mbarrier.arrive(q_bar.index(1), count=1)
+    tiles_done(TileCounter)
 
 
 @gluon.jit
@@ -248,16 +275,17 @@ def _persistent_partitions(
     window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, RETURN_LSE: gl.constexpr,
-    SOFTCAP: gl.constexpr, SINKS: gl.constexpr,
+    SOFTCAP: gl.constexpr, SINKS: gl.constexpr, TileCounter,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the launch's tile
     space (the ``n_m * n_seqs * heads`` tiles of the one-tile grid, ``n_m`` from ``max_len``;
-    :func:`_persistent_tile`). First each program's share of the sequences (``n_seqs`` of them, every
-    ``num_programs(0)``-th) is reported into ``Status`` and has its rows past the grid written as 0, as the
-    one-tile form's last query tiles do; then the one-tile form's rings plus ``q_empty`` (count 2: both
-    consumers' last ``Q K^T`` of a tile done), two :func:`_persistent_consumer` warpgroups and the
-    :func:`_persistent_producer` warp. A row's arithmetic is the one-tile form's: which program computes a
-    tile does not change its result."""
+    :func:`_persistent_tile`), the tiles taken one at a time from ``TileCounter`` (int32 ``[2]``, zero at
+    the launch: ``prefill_runtime.gluon_host.tile_counter``). First each program's share of the sequences
+    (``n_seqs`` of them, every ``num_programs(0)``-th) is reported into ``Status`` and has its rows past the
+    grid written as 0, as the one-tile form's last query tiles do; then the one-tile form's rings plus
+    ``q_empty`` (count 2: both consumers' last ``Q K^T`` of a tile done) and the tile slot, two
+    :func:`_persistent_consumer` warpgroups and the :func:`_persistent_producer` warp. A row's arithmetic
+    is the one-tile form's: which program computes a tile does not change its result."""
     HALF_M: gl.constexpr = BLOCK_M // 2
     heads = Q_desc.shape[1] // HEAD_DIM
     n_tokens = Q_desc.shape[0]
@@ -277,22 +305,25 @@ def _persistent_partitions(
     sched = (heads, n_m, n_seqs, n_m * n_seqs * heads)
     rings = allocate_rings(Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
     q_empty = allocate_q_empty()
+    tile_slot = allocate_tile_slot()
     gl.warp_specialize(
         [
             (_persistent_consumer, (
-                0, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, sched, Sinks, qk_scale, tanh_scale,
-                window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M, BLOCK_N,
-                NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
+                0, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, qk_scale,
+                tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M,
+                BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP,
+                SINKS,
             )),
             (_persistent_consumer, (
-                1, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, sched, Sinks, qk_scale, tanh_scale,
-                window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M, BLOCK_N,
-                NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
+                1, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, qk_scale,
+                tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M,
+                BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP,
+                SINKS,
             )),
             (_persistent_producer, (
-                Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, sched, group_size,
-                window_left, window_right, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT,
-                HAS_RIGHT, LENS_FROM_STARTS, SINKS,
+                Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, TileCounter,
+                sched, group_size, window_left, window_right, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES,
+                IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, SINKS,
             )),
         ],
         [4, 1],
@@ -307,7 +338,7 @@ def _gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, SOFTCAP: gl.constexpr = 0, SINKS: gl.constexpr = 0,
-    PERSISTENT: gl.constexpr = False,
+    PERSISTENT: gl.constexpr = False, TileCounter=None,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
     the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
@@ -317,13 +348,15 @@ def _gluon_fwd_kernel(
     token count and reported into ``Status`` (None: no report) as in the Triton kernel, whose program
     setup this is (``program_tile``); the rows past the grid of a sequence longer than ``max_len`` are
     written as 0 by each head's program of the last query tile. ``n_seqs``: the batch (read by the
-    persistent form only). ``PERSISTENT``: grid ``(programs, 1, 1)``, each program taking tile after tile of
-    the launch's tiles (:func:`_persistent_partitions`)."""
+    persistent form only). ``PERSISTENT``: grid ``(programs, 1, 1)``, each program taking the launch's next
+    tile from ``TileCounter`` until none is left (:func:`_persistent_partitions`; None in the one-tile
+    form)."""
     if PERSISTENT:
         _persistent_partitions(
             Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, qk_scale, tanh_scale, window_left,
             window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM, BLOCK_M,
             BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
+            TileCounter,
         )  # fmt: skip
         return
     # (tok0 int32)

@@ -35,7 +35,7 @@ from prefill_runtime import (
     softcap_form,
 )
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
-from prefill_runtime.gluon_host import multiprocessors, persistent_grid
+from prefill_runtime.gluon_host import multiprocessors, persistent_grid, tile_counter
 from window_prefill.configs import detect_arch
 from window_prefill.kernel import _fwd_kernel
 from window_prefill.plan import Problem, narrow_window, plan, wide_window
@@ -266,12 +266,14 @@ def repeat(
             None if lse is None else lse.stride(0), None if status is None else status.data_ptr(),
             max_len)  # fmt: skip
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    stream = torch._C._cuda_getCurrentRawStream(index)
     if gluon:
-        bases, plain = (qp, kp, vp), (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr(), batch)
+        counter = tile_counter(index, stream) if prep.kw.get("PERSISTENT") else None
+        bases = (qp, kp, vp)
+        plain = (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr(), batch, counter)
     else:
         s = sinks if sinks is not None else q
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, q.shape[0])
-    stream = torch._C._cuda_getCurrentRawStream(index)
     grid = _gluon_grid(p, max_len, q.shape[1], batch, index) if gluon else (
         max(-(-max_len // p.block_m), 1), q.shape[1], batch)  # fmt: skip
     prep.frame[1](*grid, stream, q.shape[0], bases, plain)
@@ -387,7 +389,9 @@ _TRITON_PER_CALL = (
     "n_tokens",
 )
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
-_GLUON_PER_CALL = ("O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks", "n_seqs")
+_GLUON_PER_CALL = (
+    "O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks", "n_seqs", "TileCounter",
+)  # fmt: skip
 
 
 def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
@@ -438,6 +442,7 @@ def _launch_gluon(
         lse.stride(0) if lse is not None else None, max_len, status, sinks,
         softmax_scale / softcap if capped else None, batch,
     )  # fmt: skip
+    kw = {**kw, "TileCounter": tile_counter(q.get_device()) if kw.get("PERSISTENT") else None}
     if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731
     elif not _GLUON.verify and _GLUON.has(key):  # then its later calls through a frame (repeat())

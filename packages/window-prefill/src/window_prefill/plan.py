@@ -19,8 +19,8 @@ kernel      when
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
             readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per head
             size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``;
-            windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys run its persistent form
-            (``PERSISTENT``).
+            causal calls and windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys run its
+            persistent form (``PERSISTENT``).
             Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
@@ -50,12 +50,13 @@ from window_prefill.configs import Config, block_d, get_config, wide_offsets_con
 # 512) and the slower from 1024 (by 5%; 4-7% at 1536, 18% at 4096), so head 64 takes the Gluon kernel from
 # 1024 keys.
 _GLUON_MIN_WIDTH = {64: 1024, 128: 64, 256: 128}
-# Windows that let a row see at most this many keys run the Gluon kernel's persistent form (``PERSISTENT``:
-# one program a multiprocessor, each taking tile after tile of the launch's tiles, every sequence's in one
-# order): a tile there has a few key blocks, and a one-tile program spends most of its time on its Q load,
-# its first block and its epilogue, which the persistent form overlaps with the previous tile's work. Its
-# tiles are dealt out in a fixed order, which balances only tiles of like cost: wider windows, whose
-# tiles' costs grow with their position in a sequence of any length, keep one program a tile.
+# Causal calls and windows that let a row see at most this many keys run the Gluon kernel's persistent
+# form (``PERSISTENT``: one program a multiprocessor, each taking the launch's next tile from a counter
+# until none is left, the latest query tiles first): a program overlaps a tile's Q load, first block and
+# epilogue with the previous tile's work, and the tiles, whose costs grow with their position in a
+# causal sequence, go to whichever program is free first. Wider non-causal windows and non-causal calls,
+# whose tiles all cost alike, keep one program a tile (the persistent form gains nothing there and costs
+# a head-64 call 11%).
 _PERSISTENT_MAX_WIDTH = 1024
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
@@ -213,10 +214,10 @@ def plan(problem: Problem) -> LaunchPlan:
         SOFTCAP=kernel_softcap(p.softcap, gluon=True, shifted=p.sinks),  # (sinks shift logits past the cap)
         # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
         SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
-        # narrow windows: one program a multiprocessor takes tile after tile
-        PERSISTENT=p.narrow_window,
+        # causal calls and narrow windows: one program a multiprocessor takes tile after tile
+        PERSISTENT=p.causal or p.narrow_window,
     )
-    form = ", persistent (a narrow window)" if p.narrow_window else ""
+    form = ", persistent" if p.causal or p.narrow_window else ""
     return LaunchPlan(
         kernel="gluon",
         reason=f"gluon: {source} asks for it and it applies (128x{block_n}, {_GLUON_STAGES} stages{form})",
