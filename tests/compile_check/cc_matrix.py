@@ -330,6 +330,9 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
                    lse=lse)  # fmt: skip
     finally:
         launch._fwd_kernel, launch._gluon_fwd_kernel = saved
+    for _kernel, _grid, _args, kwargs in record:  # a persistent launch's tile counter: made on CUDA only
+        if kwargs.get("PERSISTENT") and kwargs.get("TileCounter") is None:
+            kwargs["TileCounter"] = _meta(2, dtype=torch.int32)
     return [Launch(*r, chosen) for r in record]
 
 
