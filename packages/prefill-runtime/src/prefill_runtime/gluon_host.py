@@ -42,7 +42,7 @@ def tile_counter(index: int, stream: int | None = None) -> torch.Tensor | None:
     """The tile counter of a dynamically scheduled persistent Gluon launch on CUDA stream ``stream`` (a raw
     stream handle; None: the current one) of device ``index``: int32 ``[2]`` (the next tile, the programs
     done), zero between launches (``prefill_runtime.gluon.tiles_done``), made on first use. One a stream,
-    shared by both packages' kernels: launches on one stream run one after another; launches on two
+    whichever kernel launches there: launches on one stream run one after another; launches on two
     streams may overlap, so each has its own. A CUDA graph keeps the counter of the stream it was captured
     on (its replays run one after another on their stream). None for ``index`` -1 (the CPU tests'
     stand-in kernels)."""
