@@ -39,6 +39,8 @@ _RAND64 = tuple((0, _RND.randint(64, 1024)) for _ in range(64))
 EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords (anchors.Row)
     ("causal8k_d64", "varlen", 1, 8192, 32, 8, 64, {}),
     ("causal8k_d256", "varlen", 1, 8192, 16, 2, 256, {}),
+    ("short1k_d256", "varlen", 16, 1024, 16, 2, 256, {}),
+    ("rand16_4k_d256", "varlen", 0, 0, 16, 2, 256, {"lens": _RAND16}),
     ("noncausal8k", "varlen", 1, 8192, 32, 8, 128, {"causal": False}),
     ("batch4x16k", "varlen", 4, 16384, 32, 8, 128, {}),
     ("ragged", "varlen", 0, 0, 32, 8, 128, {"lens": _RAGGED}),

@@ -2,7 +2,7 @@
 program taking the launch's next tile (every sequence's, the latest query tiles first) from a counter one
 after another through one set of rings.
 
-CPU: the plan's rule (narrow windows, and wider causal calls at heads 64/128; not wider non-causal or
+CPU: the plan's rule (narrow windows, and wider causal calls; not wider non-causal or
 unbounded ones, named in the reason); the launch's grid
 (one program a multiprocessor, at most the one-tile grid's tiles); the form compiles for sm90 offline with
 its options at heads 64/128/256. sm90 GPU: against the float64 reference with every option and few
@@ -44,19 +44,16 @@ NARROW = wp_plan._PERSISTENT_MAX_WIDTH - 1  # the widest causal left window of t
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_causal_and_narrow_windows_run_persistent(head_dim, monkeypatch):
     """Windows of at most ``_PERSISTENT_MAX_WIDTH`` keys (causal, or both ways) take the persistent form
-    (named in the reason), and so do wider causal calls at heads 64 and 128; a non-causal call with one key
-    more, no window or a side unbounded does not, nor a wider causal call at head 256. The Triton plans
-    carry no such constexpr."""
+    (named in the reason), and so do wider causal calls; a non-causal call with one key more, no window or
+    a side unbounded does not. The Triton plans carry no such constexpr."""
     offered = refuse_gluon(monkeypatch)
     any_width_is_wide(monkeypatch)
     q, k, v, cu = make_qkv([30, 9], 2, 1, head_dim, torch.float16)
-    wide_causal = head_dim != 256
-    assert wide_causal is (head_dim in wp_plan._PERSISTENT_CAUSAL_HEADS)
     for kw, want in (
         (dict(window=(127, -1)), True),
         (dict(window=(NARROW, -1), sinks=torch.randn(2), softcap=20.0, return_lse=True), True),
-        (dict(window=(NARROW + 1, -1)), wide_causal),
-        ({}, wide_causal),
+        (dict(window=(NARROW + 1, -1)), True),
+        ({}, True),
         (dict(causal=False, window=(500, NARROW - 500)), True),
         (dict(causal=False, window=(500, NARROW - 499)), False),
         (dict(causal=False, window=(100, -1)), False),  # the right side unbounded

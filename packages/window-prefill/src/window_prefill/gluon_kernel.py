@@ -25,15 +25,15 @@ bias on key 0, whose block is then always masked), soft-capping (``SOFTCAP``: th
 rows, key blocks of 128 (64 at head 256: the [64, 256] output tile takes the registers).
 
 Persistent form (``PERSISTENT``, the plan's choice for causal calls and windows of at most
-``plan._PERSISTENT_MAX_WIDTH`` keys, :func:`_persistent_partitions`): grid ``(programs, 1, 1)``, one
-program a multiprocessor, over the launch's ``n_m * batch * heads`` tiles (:func:`_persistent_tile`: the
-latest query tiles of every sequence first, a sequence's heads back to back). The producer warp takes the
-launch's next tile from a counter in global memory (an atomic add; the launch's last program sets it back
-to 0) and hands it to the consumers through a shared-memory slot written before the tile's Q lands, so a
-program that finishes early takes more tiles and tiles of unlike cost balance. The sequences' spans come
-from a shared-memory table each program fills once (:func:`_fill_seq_table`); the rings' blocks count on
-from tile to tile and Q is handed back after each tile's last ``Q K^T`` (``q_empty``), so the next tile's Q
-and first blocks load while the consumers finish the current one.
+``plan._PERSISTENT_MAX_WIDTH`` keys, :func:`_persistent_partitions`): grid ``(programs, 1, 1)``, one program
+a multiprocessor, over the launch's ``n_m * batch * heads`` tiles (:func:`_persistent_tile`: the latest
+query tiles of every sequence first, a sequence's heads back to back). The producer warp takes tile
+``program_id`` first and each later tile from a counter in global memory (an atomic add; the launch's last
+program sets it back to 0) and hands it to the consumers through a shared-memory slot written before the
+tile's Q lands, so a program that finishes early takes more tiles and tiles of unlike cost balance. The
+sequences' spans come from a shared-memory table each program fills once (:func:`_fill_seq_table`); the
+rings' blocks count on from tile to tile and Q is handed back after each tile's last ``Q K^T``
+(``q_empty``), so the next tile's Q and first blocks load while the consumers finish the current one.
 
 Edge blocks: every key block ``[n, n + BLOCK_N)`` of the tile's range ``[key_lo, key_hi)`` is one TMA
 copy (rows past the tensor's end read as 0); blocks wholly outside the range are never loaded.
@@ -235,18 +235,20 @@ def _persistent_producer(
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, SINKS: gl.constexpr,
 ):  # fmt: skip
-    """The producer warp of a persistent program: takes the launch's next tile from ``TileCounter``
+    """The producer warp of a persistent program: its first tile is tile ``program_id(0)`` (the grid has
+    no more programs than tiles), the later ones come from ``TileCounter``, offset by the programs
     (``prefill_runtime.gluon.next_tile``: tiles go out in :func:`_persistent_tile`'s order to whichever
-    program asks first), skips a tile past its sequence, and for a live one waits for ``q_empty`` (both
-    consumers done with the last tile's Q; the first wait passes on the fresh barrier), writes it into
-    ``tile_slot`` and loads its Q and blocks (:func:`_ws_producer`), each tile's blocks after the previous
-    tile's in the rings; past the last tile it writes -1 and completes both Q barriers' phase without a
-    copy, then counts the program done (``prefill_runtime.gluon.tiles_done``: the launch's last program
-    sets the counter back to 0)."""
+    program asks first), so no atomic stands before the first tile's Q load. It skips a tile past its
+    sequence, and for a live one waits for ``q_empty`` (both consumers done with the last tile's Q; the
+    first wait passes on the fresh barrier), writes it into ``tile_slot`` and loads its Q and blocks
+    (:func:`_ws_producer`), each tile's blocks after the previous tile's in the rings. Past the last tile
+    it counts the program done at once (``prefill_runtime.gluon.tiles_done``: the launch's last program
+    sets the counter back to 0; those atomics overlap the consumers' last tile), then writes -1 and
+    completes both Q barriers' phase without a copy."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, _bar_f = rings
     base = gl.to_tensor(0)
     n_done = gl.to_tensor(0)
-    t = next_tile(TileCounter)
+    t = gl.program_id(0)
     while t < sched[3]:
         c_head, c_m0, c_tok0, c_len = _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M,
                                                        LENS_FROM_STARTS)  # fmt: skip
@@ -261,12 +263,12 @@ def _persistent_producer(
                          n_blocks, BLOCK_M // 2, BLOCK_N, HEAD_DIM, NUM_STAGES, base)  # fmt: skip
             base += n_blocks
             n_done += 1
-        t = next_tile(TileCounter)
+        t = next_tile(TileCounter) + gl.num_programs(0)
+    tiles_done(TileCounter)
     mbarrier.wait(q_empty, (n_done & 1) ^ 1)
     write_tile_slot(tile_slot, -1)
     mbarrier.arrive(q_bar.index(0), count=1)
     mbarrier.arrive(q_bar.index(1), count=1)
-    tiles_done(TileCounter)
 
 
 @gluon.jit

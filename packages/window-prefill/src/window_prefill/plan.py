@@ -19,8 +19,8 @@ kernel      when
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
             readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per head
             size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``;
-            windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys and causal calls at heads 64 and
-            128 run its persistent form (``PERSISTENT``).
+            windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys and causal calls run its persistent
+            form (``PERSISTENT``).
             Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
@@ -50,16 +50,14 @@ from window_prefill.configs import Config, block_d, get_config, wide_offsets_con
 # 512) and the slower from 1024 (by 5%; 4-7% at 1536, 18% at 4096), so head 64 takes the Gluon kernel from
 # 1024 keys.
 _GLUON_MIN_WIDTH = {64: 1024, 128: 64, 256: 128}
-# Windows that let a row see at most this many keys, and causal calls of the head sizes in
-# :data:`_PERSISTENT_CAUSAL_HEADS`, run the Gluon kernel's persistent form (``PERSISTENT``: one program a
-# multiprocessor, each taking the launch's next tile from a counter until none is left, the latest query
-# tiles first): a program overlaps a tile's Q load, first block and epilogue with the previous tile's
-# work, and the tiles, whose costs grow with their position in a causal sequence, go to whichever program
-# is free first. Wider non-causal windows and non-causal calls, whose tiles all cost alike, keep one
-# program a tile (the persistent form gains nothing there and costs a head-64 call 11%); so do head-256
-# causal calls wider than this, whose persistent form spills registers and has no timing that favours it.
+# Causal calls and windows that let a row see at most this many keys run the Gluon kernel's persistent form
+# (``PERSISTENT``: one program a multiprocessor, each taking the launch's next tile from a counter until
+# none is left, the latest query tiles first): a program overlaps a tile's Q load, first block and
+# epilogue with the previous tile's work, and the tiles, whose costs grow with their position in a causal
+# sequence, go to whichever program is free first. Wider non-causal windows and non-causal calls, whose
+# tiles all cost alike, keep one program a tile (the persistent form gains nothing there and costs a
+# head-64 call 11%).
 _PERSISTENT_MAX_WIDTH = 1024
-_PERSISTENT_CAUSAL_HEADS = (64, 128)
 # K/V ring slots of the Gluon kernel: 2 and 3 run alike on the H200, and 2 needs less shared memory.
 _GLUON_STAGES = 2
 # Head sizes the Gluon kernel is written for (its tiles need an unpadded power of two of 64+): those of the
@@ -203,7 +201,7 @@ def plan(problem: Problem) -> LaunchPlan:
     if why_not is not None:
         return _triton_plan(p, cfg, source, why_not)
     block_n = 64 if p.head_dim == 256 else 128  # head 256: the [64, 256] output tiles take the registers
-    persistent = p.narrow_window or (p.causal and p.head_dim in _PERSISTENT_CAUSAL_HEADS)
+    persistent = p.narrow_window or p.causal
     consts = dict(
         HEAD_DIM=p.head_dim,
         BLOCK_M=128,
@@ -217,7 +215,7 @@ def plan(problem: Problem) -> LaunchPlan:
         SOFTCAP=kernel_softcap(p.softcap, gluon=True, shifted=p.sinks),  # (sinks shift logits past the cap)
         # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
         SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
-        # narrow windows and causal calls at heads 64/128: one program a multiprocessor takes tile after tile
+        # narrow windows and causal calls: one program a multiprocessor takes tile after tile
         PERSISTENT=persistent,
     )
     form = ", persistent" if persistent else ""
