@@ -292,7 +292,7 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
         with emulated_device(target) as device:
             extra = ptxas_launch_options(chosen.opts().get("register_usage_level", 0), device)
         record = [(k, g, a, {**kw, **extra}) for k, g, a, kw in record]
-    return [Launch(*r, chosen) for r in record]
+    return [Launch(*r, chosen) for r in _with_tile_counters(record)]
 
 
 def _window_launches(case: Case, target: Target) -> list[Launch]:
@@ -330,10 +330,16 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
                    lse=lse)  # fmt: skip
     finally:
         launch._fwd_kernel, launch._gluon_fwd_kernel = saved
-    for _kernel, _grid, _args, kwargs in record:  # a persistent launch's tile counter: made on CUDA only
+    return [Launch(*r, chosen) for r in _with_tile_counters(record)]
+
+
+def _with_tile_counters(record: list) -> list:
+    """``record`` with a stand-in tile counter in each persistent launch (``tile_counter`` makes one on
+    CUDA only)."""
+    for _kernel, _grid, _args, kwargs in record:
         if kwargs.get("PERSISTENT") and kwargs.get("TileCounter") is None:
             kwargs["TileCounter"] = _meta(2, dtype=torch.int32)
-    return [Launch(*r, chosen) for r in record]
+    return record
 
 
 def launches(case: Case) -> list[Launch]:

@@ -22,8 +22,9 @@ def option_sig(opts):
     types = {"Sinks": "*fp32", "Slopes": "*fp32", "tanh_scale": "fp32", "window_left": "i32",
              "window_right": "i32", "OutScale": "*fp32"}
     sig = {n: types[n] if on[n] else "constexpr" for n in on}
-    if opts.get("PERSISTENT"):  # the persistent form's batch (NHD/HND kernel only)
+    if opts.get("PERSISTENT"):  # the persistent form's batch and tile counter (NHD/HND kernel only)
         sig["n_seqs"] = "i32"
+        sig["TileCounter"] = "*i32"
     return sig
 
 

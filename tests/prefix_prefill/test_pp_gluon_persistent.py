@@ -1,7 +1,7 @@
 """The persistent form of prefix-prefill's NHD/HND Gluon kernel (``PERSISTENT``): a window that lets a row
 see at most :data:`prefix_prefill.plan.PERSISTENT_MAX_WINDOW` keys runs grid ``(programs, 1, 1)``, each
-program taking tiles of the whole launch (every sequence's, the latest query tiles first) one after another
-through one set of rings.
+program taking the whole launch's tiles that hold rows (every sequence's, the latest query tiles first) one
+after another from a counter, through one set of rings.
 
 CPU: the plan's rule (narrow windows on NHD/HND with 16-bit caches; not fp8 caches, not the split kernel,
 not wider windows); the grid (one program a multiprocessor, at most the one-tile grid's tiles); the
@@ -11,10 +11,13 @@ negative controls (:mod:`persistent_rings_model`); the form compiles for sm90 of
 heads 64/128/256. sm90 GPU: against the float64 reference with every option and few programs (many tiles a
 program, of several sequences: the rings' slots and phases, Q's hand-back and the V-row handshake carried
 from tile to tile), ragged batches with empty contexts, one-token queries, rows past the grid and skipped
-decode rows; the rows bit for bit the one-tile form's whatever the program count.
+decode rows, more sequences than the tile-count table holds; the status report of a sequence with no tile
+at the last query level; the rows bit for bit the one-tile form's whatever the program count.
 """
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
@@ -27,6 +30,7 @@ from test_pp_gluon_features import GPU_OPTIONS, _case, _kw, _nan_invisible_slots
 
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
+from prefill_runtime import status
 from prefix_prefill import explain, gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None
@@ -297,3 +301,65 @@ def test_gpu_persistent_rows_past_grid_and_skip_decode(programs, monkeypatch):
     keep &= ~past
     c = compare(out[keep], ref[keep])
     assert c, c
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("programs", [3, None], ids=["p3", "rule"])
+def test_gpu_persistent_many_sequences(programs, monkeypatch):
+    """More sequences than the persistent form's tile-count table holds (``gluon_kernel.SEQ_TABLE``: the K
+    warp reads the later ones' counts from global memory as its cursor passes them), of 0 to 300 new tokens
+    on short contexts: against the float64 reference (output and LSE), and bit for bit the one-tile form's
+    rows."""
+    from prefix_prefill.gluon_kernel import SEQ_TABLE
+
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    if programs is not None:
+        monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: programs)
+    gen = random.Random(11)
+    n_seqs = SEQ_TABLE.value + 77
+    seqs = [(gen.choice([0, 16, 40]), gen.choice([0, 1, 3, 64, 129, 300])) for _ in range(n_seqs)]
+    case = make_layout_case(seqs, num_heads=4, num_kv_heads=2, head_size=64, page=16, dtype=torch.bfloat16,
+                            device=DEVICE, layout="nhd")  # fmt: skip
+    kw = dict(window=(100, -1))
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    assert explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
+    ref, ref_lse = reference(case, return_lse=True, **kw)
+    out, lse = _run(case, kw, 4)
+    c = compare(out, ref)
+    assert c, c
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    monkeypatch.setattr(plan, "PERSISTENT_MAX_WINDOW", 0)
+    plan.plan.cache_clear()
+    try:
+        one_out, one_lse = _run(case, kw, 4)
+    finally:
+        plan.plan.cache_clear()
+    assert torch.equal(out, one_out) and torch.equal(lse, one_lse)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("programs", [1, 3])
+def test_gpu_persistent_reports_sequences_without_a_last_level_tile(programs, monkeypatch):
+    """A block id past the cache in a sequence with no tile at the launch's last query level (no program
+    takes one there; the one-tile form's program of that tile reports): ``status`` still says
+    ``BLOCK_ID``, and the same call over the intact table reports nothing."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: programs)
+    case = _case("nhd", seqs=[(300, 400), (100, 50)], device=DEVICE)
+    kw = dict(window=(200, -1))
+    for bad in (False, True):
+        table = case.block_table.clone()
+        if bad:
+            table[1, 2] = case.k_cache.shape[0] + 7  # sequence 1's third page (its 150 tokens take ten)
+        st = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        out = torch.empty_like(case.q)
+        args = (case.q, case.k, case.v, case.k_cache, case.v_cache, table, case.cu_seqlens_q, case.seq_lens,
+                case.max_query_len)  # fmt: skip
+        assert explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
+        prefix_prefill(*args, kv_layout=case.layout, out=out, status=st, **kw)
+        assert int(st) == (status.BLOCK_ID if bad else 0), bad

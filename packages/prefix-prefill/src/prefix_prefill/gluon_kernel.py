@@ -19,11 +19,14 @@ window-prefill's Gluon kernel (``window_prefill.gluon_kernel``):
   (:func:`_program_segments`); with ``k = v = None`` one segment over the whole sequence in the cache.
 
 Persistent form (``PERSISTENT``, 16-bit caches, :func:`_persistent_partitions`; the plan's choice for
-narrow windows): grid ``(programs, 1, 1)``; every partition loops over its program's tiles ``t =
-program_id(0) + i * programs`` of the launch's ``n_m * batch * heads`` (:func:`_persistent_tile`: the
-latest query tiles of every sequence first), the rings' blocks counting on from tile to tile and Q handed
-back after each tile's last ``Q K^T`` (``q_empty``), so the next tile's Q and first blocks load while the
-consumers finish the current one.
+narrow windows): grid ``(programs, 1, 1)`` over the live tiles (those holding rows) of the launch's ``n_m *
+batch * heads`` (:func:`_persistent_tile`: the latest query tiles of every sequence first, a sequence's
+heads back to back). The K producer warp takes live tile ``program_id`` first and each later one from a
+counter in global memory (an atomic add; the launch's last program sets it back to 0), maps it to its
+tile through the sequences' tile counts (a shared-memory table, :func:`_live_tile`), and hands it to the
+V warp and the consumers through shared-memory slots; the rings' blocks count on from tile to tile and Q
+is handed back after each tile's last ``Q K^T`` (``q_empty``), so the next tile's Q and first blocks load
+while the consumers finish the current one.
 
 fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
 :data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
@@ -59,17 +62,26 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from paged_kv_offsets.gluon import bad_block_ids, page_row
-from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, report
+from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, clamp_span, report
 from prefill_runtime.gluon import (
     allocate_q_empty,
     allocate_rings,
+    allocate_tile_slot,
     consumer,
     drain,
     load_q_halves,
+    next_tile,
+    read_tile_slot,
     score_terms,
+    tiles_done,
+    write_tile_slot,
 )
 from prefill_runtime.gluon_bounds import zero_rows
 from prefix_prefill.sequence import sequence_geometry
+
+#: sequences whose query-tile counts a persistent program keeps in shared memory (4 KB); the K warp reads a
+#: later sequence's from global memory as its tile cursor passes it (:func:`_chunk_live`).
+SEQ_TABLE = gl.constexpr(1024)
 
 
 @gluon.jit
@@ -632,7 +644,7 @@ def _gluon_fwd_kernel(
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
     KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
-    PERSISTENT: gl.constexpr = False, n_seqs=None,
+    PERSISTENT: gl.constexpr = False, n_seqs=None, TileCounter=None,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -669,8 +681,9 @@ def _gluon_fwd_kernel(
     (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
     ``k_scale``; V's scale through P, :func:`_v_terms`). ``PERSISTENT`` (16-bit caches, two consumer
     warpgroups): grid ``(programs, 1, 1)``, each program taking tiles of the launch's ``n_seqs`` sequences
-    one after another through one set of rings (:func:`_persistent_partitions`); ``n_seqs`` is read there
-    only (None elsewhere)."""
+    one after another through one set of rings, each taken from ``TileCounter`` (int32 ``[2]``, zero at the
+    launch; :func:`_persistent_partitions`); ``n_seqs`` and ``TileCounter`` are read there only (None
+    elsewhere)."""
     if PERSISTENT:
         gl.static_assert(not (CACHE_FP8 or ONE_CONSUMER or IDLE_WG1 or PAIR_HEADS), "persistent: 16-bit")
         prog = (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols,
@@ -679,7 +692,7 @@ def _gluon_fwd_kernel(
         _persistent_partitions(
             prog, (Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc),
             (group_size, page_size, oob_row, block_rows, head_rows, head_cols),
-            _out_scale(OutScale, qk_scale, OUT_MAX), n_seqs,
+            _out_scale(OutScale, qk_scale, OUT_MAX), n_seqs, TileCounter,
             HEAD_DIM, BLOCK_M, BLOCK_N, BOX, KV_FROM_CACHE, RETURN_LSE, NUM_STAGES, HAS_LEFT, SOFTCAP,
             HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
         )  # fmt: skip
@@ -864,8 +877,8 @@ def _persistent_tile(
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_RIGHT: gl.constexpr, WRITES: gl.constexpr,
 ):  # fmt: skip
-    """:func:`_program` of tile ``t`` of a persistent launch's tiles (``sched = (heads, n_m, n_seqs,
-    tiles)``, ``tiles = n_m * n_seqs * heads``): the latest query tiles of every sequence first (they carry
+    """:func:`_program` of tile ``t`` of a persistent launch's ``n_m * n_seqs * heads`` tiles (``sched =
+    (heads, n_m, n_seqs, live tiles)``): the latest query tiles of every sequence first (they carry
     the most keys), then sequence by sequence, a sequence's heads back to back (a KV head's query heads read
     its keys while they are in L2): query tile ``n_m - 1 - t // (n_seqs * heads)`` of sequence ``(t //
     heads) % n_seqs``, head ``t % heads``, the sequence's lengths read here (:func:`_sequence`); ``prog``:
@@ -889,111 +902,277 @@ def _persistent_tile(
 
 
 @gluon.jit
+def _seq_tiles(CuSeqlensQ, seqs, mask, n_tokens, n_m, BLOCK_M: gl.constexpr):
+    """The query tiles a persistent launch computes of sequences ``seqs`` (a tensor; 0 outside ``mask``):
+    ``min(cdiv(q_len, BLOCK_M), n_m)``, ``q_len`` clamped into the ``n_tokens`` rows as
+    :func:`prefix_prefill.sequence.sequence_geometry` clamps it, so a tile counts exactly where
+    :func:`_program` finds rows of its sequence in it (an empty sequence has none; rows past the grid
+    belong to the last level's tile)."""
+    start = gl.load(CuSeqlensQ + seqs, mask=mask, other=0).to(gl.int64)
+    end = gl.load(CuSeqlensQ + seqs + 1, mask=mask, other=0).to(gl.int64)
+    q_start, q_end, _moved = clamp_span(start, end, n_tokens.to(gl.int64))
+    q_len = (q_end - q_start).to(gl.int32)
+    return gl.minimum((q_len + BLOCK_M - 1) // BLOCK_M, n_m)
+
+
+@gluon.jit
+def _fill_tile_table(table, CuSeqlensQ, n_seqs, n_tokens, n_m, BLOCK_M: gl.constexpr):
+    """A persistent program's prologue (its default partition): ``table`` (int32 ``[SEQ_TABLE, 1]``) gets
+    the query tiles (:func:`_seq_tiles`) of the first :data:`SEQ_TABLE` sequences. Returns the tiles of
+    all ``n_seqs`` sequences, summed."""
+    NW: gl.constexpr = gl.num_warps()
+    CH: gl.constexpr = 32 * NW
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
+    offs = gl.arange(0, CH, layout=gl.SliceLayout(1, L))  # [CH]
+    total = gl.zeros([CH], gl.int32, layout=gl.SliceLayout(1, L))  # [CH]
+    for s0 in range(0, n_seqs, CH):
+        seqs = s0 + offs  # [CH]
+        tiles = _seq_tiles(CuSeqlensQ, seqs, seqs < n_seqs, n_tokens, n_m, BLOCK_M)  # [CH]
+        total += tiles
+        for c in gl.static_range(SEQ_TABLE // CH):
+            if s0 == c * CH:
+                table.slice(c * CH, CH).store(tiles[:, None])
+    return gl.sum(total, 0)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _chunk_live(table, CuSeqlensQ, c0, level, n_seqs, n_tokens, n_m, BLOCK_M: gl.constexpr):
+    """The K warp's view of sequences ``[c0, c0 + 32 * num_warps)`` (``c0`` a multiple of that): ``(seqs,
+    live)``, ``live`` whether each has a tile at query level ``level``; tile counts from ``table`` for the
+    first :data:`SEQ_TABLE` sequences (:func:`_fill_tile_table`), else read (:func:`_seq_tiles`)."""
+    NW: gl.constexpr = gl.num_warps()
+    CH: gl.constexpr = 32 * NW
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])  # (a scan's layout, :func:`_live_tile`)
+    seqs = c0 + gl.arange(0, CH, layout=L1)  # [CH]
+    inside = seqs < n_seqs
+    if c0 < SEQ_TABLE:
+        rows = table._reinterpret(gl.int32, [SEQ_TABLE // CH, CH, 1], table.layout)
+        tiles = gl.convert_layout(gl.max(rows.index(c0 // CH).load(L), 1), L1)  # [CH]
+    else:
+        tiles = _seq_tiles(CuSeqlensQ, seqs, inside, n_tokens, n_m, BLOCK_M)
+    return seqs, inside & (tiles > level)
+
+
+@gluon.jit
+def _live_tile(u, cursor, table, CuSeqlensQ, sched, n_tokens, BLOCK_M: gl.constexpr):
+    """The tile number (:func:`_persistent_tile`'s ``t``) of live tile ``u``: the launch's tiles that hold
+    rows, in :func:`_persistent_tile`'s order (tiles past their sequence left out, so a program never takes
+    one). ``cursor = (k, c0, u_base, count)``: query level ``k`` from the latest, the sequences from ``c0``
+    (:func:`_chunk_live`), ``u_base`` live tiles before them, ``count`` theirs (times the heads); it only
+    moves forward, as a program's ``u`` grow. Starts at ``(0, -CH, 0, 0)``. Returns ``(t, cursor)``."""
+    CH: gl.constexpr = 32 * gl.num_warps()
+    heads = sched[0]
+    n_m = sched[1]
+    n_seqs = sched[2]
+    k, c0, u_base, count = cursor
+    while u >= u_base + count:
+        u_base += count
+        c0 += CH
+        if c0 >= n_seqs:
+            c0 = c0 * 0
+            k += 1
+        _seqs, live = _chunk_live(table, CuSeqlensQ, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M)
+        count = gl.sum(live.to(gl.int32), 0) * heads
+    seqs, live = _chunk_live(table, CuSeqlensQ, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M)
+    j = u - u_base
+    rank = gl.associative_scan(live.to(gl.int32), 0, _add)  # [CH] live sequences up to each, inclusive
+    seq = gl.sum(gl.where(live & (rank == j // heads + 1), seqs, 0), 0)
+    return (k * n_seqs + seq) * heads + j % heads, (k, c0, u_base, count)
+
+
+@gluon.jit
+def _slot_of(slots, i):
+    """Slot ``i & 1`` of a program's two tile slots (:func:`_persistent_partitions`), read."""
+    if (i & 1) == 0:
+        t = read_tile_slot(slots[0])
+    else:
+        t = read_tile_slot(slots[1])
+    return t
+
+
+@gluon.jit
 def _persistent_consumer(
-    WG: gl.constexpr, prog, sched, rings, q_empty, out_scale, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr,
-    SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-    HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
+    WG: gl.constexpr, prog, sched, rings, q_empty, slots, out_scale, HALF_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, KV_FROM_CACHE: gl.constexpr,
+    RETURN_LSE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
+    HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    OUT_MAX: gl.constexpr,
 ):  # fmt: skip
-    """Consumer warpgroup ``WG`` of a persistent program: :func:`_prefix_consumer` over the program's tiles
-    ``program_id(0) + i * num_programs(0)`` in turn, the rings' blocks and the V-row handshake counting on
-    from tile to tile, the tile's Q handed back on ``q_empty`` after its last ``Q K^T``. Warpgroup 0 makes
-    each tile's setup writes (:func:`_program`'s ``WRITES``)."""
+    """Consumer warpgroup ``WG`` of a persistent program: :func:`_prefix_consumer` over each tile the K
+    producer took (:func:`_persistent_producer`), read from tile slot ``i & 1`` once the ``i``-th tile's Q
+    has landed (``q_bar``'s phase; -1 ends the program), the rings' blocks and the V-row handshake
+    counting on from tile to tile, the tile's Q handed back on ``q_empty`` after its last ``Q K^T``."""
     (O, _bt, _cu, _sl, Lse, _st, _nt, _sbt, _nbc, _nb, _ps, _mql, stride_ot, stride_oh, stride_lse_h, _wl,
      _wr, qk_scale, _ts, _sk, _sp) = prog  # fmt: skip
+    q_bar = rings[3]
     base = gl.to_tensor(0)  # the rings' blocks of the tiles before
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
-    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
-        skip, head, q_tok0, q_len, m0, _ptr, w_left, w_right, seg, score = _persistent_tile(
+    mbarrier.wait(q_bar.index(WG), 0)
+    t = _slot_of(slots, n_done)
+    while t >= 0:
+        _skip, head, q_tok0, q_len, m0, _ptr, w_left, w_right, seg, score = _persistent_tile(
             t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT,
-            SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT, WG == 0,
+            SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT, False,
         )  # fmt: skip
-        if skip == 0:
-            tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh,
-                    out_scale)  # fmt: skip
-            n_fix = _prefix_consumer(
-                WG, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
-                False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
-                HAS_RIGHT, OUT_MAX, None, False, (base, n_done & 1, n_fix, q_empty),
-            )  # fmt: skip
-            base += seg[0]
-            n_done += 1
+        tile = (m0, q_tok0, q_len, head, seg, qk_scale, score, w_left, w_right, stride_ot, stride_oh,
+                out_scale)  # fmt: skip
+        n_fix = _prefix_consumer(
+            WG, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
+            False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
+            HAS_RIGHT, OUT_MAX, None, False, (base, n_done & 1, n_fix, q_empty),
+        )  # fmt: skip
+        base += seg[0]
+        n_done += 1
+        mbarrier.wait(q_bar.index(WG), n_done & 1)  # the next tile's Q, or the end
+        t = _slot_of(slots, n_done)
 
 
 @gluon.jit
 def _persistent_producer(
-    KV: gl.constexpr, prog, sched, descs, geo, smem, q_smem, q_bar, ready, empty, q_empty,
-    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-    BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr,
-    CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    KV: gl.constexpr, prog, sched, descs, geo, smem, q_smem, q_bar, ready, empty, q_empty, slots, handoff,
+    table, TileCounter, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr,
+    SKIP_DECODE: gl.constexpr, HAS_LEFT: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Producer warp ``KV`` (0: K and Q, 1: V) of a persistent program: :func:`_producer` over the
-    program's tiles in the consumers' order (``descs``, ``geo``: :func:`_producer_args`'), each tile's
-    blocks after the previous tile's in the ring, each tile's Q once the consumers handed the last one
-    back (``q_empty``)."""
+    """Producer warp ``KV`` of a persistent program. The K warp (``KV == 0``) takes the launch's live tiles
+    (:func:`_live_tile`): live tile ``program_id(0)`` first, each later one from ``TileCounter`` offset by
+    the programs (``prefill_runtime.gluon.next_tile``). It makes each taken tile's setup writes
+    (:func:`_program`'s ``WRITES``) and, for a tile with work, writes it into tile slot ``i & 1`` (once
+    the V warp read that slot's tile before: ``handoff = (full, free)``, two mbarriers each), announces
+    it to the V warp (``full``), then loads its Q and K blocks (:func:`_producer`). Past the last tile it
+    counts the program done (``prefill_runtime.gluon.tiles_done``, while the consumers finish), hands
+    over -1 and completes both Q barriers' phase without a copy, the consumers' end. The V warp takes
+    each tile from the slots (``full``), frees the slot and loads its V blocks, until -1."""
+    full, free = handoff
     base = gl.to_tensor(0)
     n_done = gl.to_tensor(0)
-    for t in range(gl.program_id(0), sched[3], gl.num_programs(0)):
-        skip, head, q_tok0, _ql, m0, p_table_row, _wl, _wr, seg, _sc = _persistent_tile(
-            t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, False, SKIP_DECODE, HAS_LEFT, 0,
-            False, False, CAUSAL, HAS_RIGHT, False,
-        )  # fmt: skip
-        if skip == 0:
+    if KV == 0:
+        CH: gl.constexpr = 32 * gl.num_warps()
+        n_tokens = prog[6]
+        cursor = (n_done, n_done - CH, n_done, n_done)
+        u = gl.program_id(0)
+        while u < sched[3]:
+            t, cursor = _live_tile(u, cursor, table, prog[2], sched, n_tokens, 2 * HALF_M)
+            skip, head, q_tok0, _ql, m0, p_table_row, _wl, _wr, seg, _sc = _persistent_tile(
+                t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
+                HAS_LEFT, 0, False, False, CAUSAL, HAS_RIGHT, True,
+            )  # fmt: skip
+            if skip == 0:
+                _hand_over(slots, full, free, n_done, t)
+                args = _producer_args(descs, q_smem, smem, q_bar, ready, empty, p_table_row, geo, q_tok0, m0,
+                                      head, seg, HEAD_DIM)  # fmt: skip
+                ring = (base, n_done & 1, q_empty)
+                _producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False, ring)
+                base += seg[0]
+                n_done += 1
+            u = next_tile(TileCounter) + gl.num_programs(0)
+        tiles_done(TileCounter)
+        _hand_over(slots, full, free, n_done, -1)
+        mbarrier.wait(q_empty, (n_done & 1) ^ 1)  # the consumers are done with the last tile's Q
+        mbarrier.arrive(q_bar.index(0), count=1)
+        mbarrier.arrive(q_bar.index(1), count=1)
+    else:
+        mbarrier.wait(full.index(0), 0)
+        t = _slot_of(slots, n_done)
+        while t >= 0:
+            mbarrier.arrive(free.index(n_done & 1), count=1)
+            skip, head, q_tok0, _ql, m0, p_table_row, _wl, _wr, seg, _sc = _persistent_tile(
+                t, prog, sched, 2 * HALF_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, False, SKIP_DECODE, HAS_LEFT, 0,
+                False, False, CAUSAL, HAS_RIGHT, False,
+            )  # fmt: skip
             args = _producer_args(descs, q_smem, smem, q_bar, ready, empty, p_table_row, geo, q_tok0, m0,
                                   head, seg, HEAD_DIM)  # fmt: skip
             ring = (base, n_done & 1, q_empty)
-            _producer(KV, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False, ring)
+            _producer(1, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False, ring)
             base += seg[0]
             n_done += 1
+            mbarrier.wait(full.index(n_done & 1), (n_done >> 1) & 1)
+            t = _slot_of(slots, n_done)
+
+
+@gluon.jit
+def _hand_over(slots, full, free, i, t):
+    """The K warp hands tile ``t`` (its ``i``-th; -1: the end) to the V warp and the consumers: into slot
+    ``i & 1`` once the V warp freed it (its tile ``i - 2``), announced on ``full``."""
+    mbarrier.wait(free.index(i & 1), ((i >> 1) & 1) ^ 1)  # (a fresh barrier passes its first round)
+    if (i & 1) == 0:
+        write_tile_slot(slots[0], t)
+    else:
+        write_tile_slot(slots[1], t)
+    mbarrier.arrive(full.index(i & 1), count=1)
 
 
 @gluon.jit
 def _persistent_partitions(
-    prog, descs, geo, out_scale, n_seqs, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr,
-    HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr,
-    SKIP_DECODE: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
+    prog, descs, geo, out_scale, n_seqs, TileCounter, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, BOX: gl.constexpr, KV_FROM_CACHE: gl.constexpr, RETURN_LSE: gl.constexpr,
+    NUM_STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+    HAS_SINKS: gl.constexpr, SKIP_DECODE: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    OUT_MAX: gl.constexpr,
 ):  # fmt: skip
-    """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the ``n_m * n_seqs *
-    heads`` tiles of the one-tile grid (``n_m`` from ``max_query_len``; ``sched = (heads, n_m, n_seqs,
-    tiles)``, :func:`_persistent_tile`), every sequence's tiles in one order, so a long sequence's tiles
-    spread over every program; the 16-bit form's rings plus ``q_empty`` (count 2: both consumers' last ``Q
-    K^T`` of a tile done), then two :func:`_persistent_consumer` warpgroups and two
-    :func:`_persistent_producer` warps. A row's arithmetic is the one-tile form's: which program computes a
-    tile does not change its result."""
+    """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the live tiles of the
+    one-tile grid's ``n_m * n_seqs * heads`` (``n_m`` from ``max_query_len``; ``sched = (heads, n_m, n_seqs,
+    live tiles)``, :func:`_persistent_tile`, :func:`_live_tile`), taken one at a time from
+    ``TileCounter`` (int32 ``[2]``, zero at the launch: ``prefill_runtime.gluon_host.tile_counter``), so a
+    long sequence's tiles spread over every program and a program that finishes early takes more. First
+    the sequences' tile counts go into a shared-memory table (:func:`_fill_tile_table`) and, with a
+    ``Status``, each program reports its share of the sequences (every ``num_programs(0)``-th; the last
+    query level's head-0 tile reports, live or not); then the 16-bit form's rings plus ``q_empty`` (count
+    2: both consumers' last ``Q K^T`` of a tile done), two tile slots and the K warp's handoff mbarriers to
+    the V warp, two :func:`_persistent_consumer` warpgroups and two :func:`_persistent_producer` warps. A
+    row's arithmetic is the one-tile form's: which program computes a tile does not change its result."""
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc = descs
     HALF_M: gl.constexpr = BLOCK_M // 2
     max_query_len = prog[11]
     heads = Q_desc.shape[1] // HEAD_DIM
     n_m = gl.maximum((max_query_len + BLOCK_M - 1) // BLOCK_M, 1)
-    sched = (heads, n_m, n_seqs, n_m * n_seqs * heads)
+    table = gl.allocate_shared_memory(gl.int32, [SEQ_TABLE, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    live = _fill_tile_table(table, prog[2], n_seqs, prog[6], n_m, BLOCK_M)
+    sched = (heads, n_m, n_seqs, live * heads)
+    if prog[5] is not None:  # Status: the reports of tiles past their sequence, which no program takes
+        for seq in range(gl.program_id(0), n_seqs, gl.num_programs(0)):
+            _persistent_tile(seq * heads, prog, sched, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE,
+                             SKIP_DECODE, HAS_LEFT, 0, False, False, CAUSAL, HAS_RIGHT, True)  # fmt: skip
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
     q_empty = allocate_q_empty()
+    slots = (allocate_tile_slot(), allocate_tile_slot())
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(free.index(i), count=1)
+    fence_async_shared()
     gl.warp_specialize(
         [
             (_persistent_consumer, (
-                0, prog, sched, rings, q_empty, out_scale, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                0, prog, sched, rings, q_empty, slots, out_scale, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                 KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL,
                 HAS_RIGHT, OUT_MAX,
             )),
             (_persistent_consumer, (
-                1, prog, sched, rings, q_empty, out_scale, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                1, prog, sched, rings, q_empty, slots, out_scale, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
                 KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL,
                 HAS_RIGHT, OUT_MAX,
             )),
             (_persistent_producer, (
                 0, prog, sched, (Q_desc, K_desc, KC_desc, KCB_desc), geo, k_smem, q_smem, q_bar, k_ready,
-                k_empty, q_empty, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, KV_FROM_CACHE, SKIP_DECODE,
-                HAS_LEFT, CAUSAL, HAS_RIGHT,
+                k_empty, q_empty, slots, (full, free), table, TileCounter, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, BOX, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, CAUSAL, HAS_RIGHT,
             )),
             (_persistent_producer, (
                 1, prog, sched, (Q_desc, V_desc, VC_desc, VCB_desc), geo, v_smem, q_smem, q_bar, v_ready,
-                v_empty, q_empty, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, KV_FROM_CACHE, SKIP_DECODE,
-                HAS_LEFT, CAUSAL, HAS_RIGHT,
+                v_empty, q_empty, slots, (full, free), table, TileCounter, HALF_M, BLOCK_N, HEAD_DIM,
+                NUM_STAGES, BOX, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE, HAS_LEFT, CAUSAL, HAS_RIGHT,
             )),
         ],
         [4, 1, 1],

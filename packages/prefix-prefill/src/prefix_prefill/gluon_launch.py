@@ -53,7 +53,7 @@ from paged_kv_offsets import TmaRows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefill_runtime.gluon_host import multiprocessors as _multiprocessors
-from prefill_runtime.gluon_host import persistent_grid
+from prefill_runtime.gluon_host import persistent_grid, tile_counter
 from prefix_prefill.float16_copies import float16_copies
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import (
@@ -286,7 +286,7 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
             heads //= 2
     elif plan.constexpr_map.get("PERSISTENT", False):  # one program a multiprocessor, tile after tile
         n_m, heads, batch = persistent_grid(n_m * heads * batch, _multiprocessors(index))
-        plain += (seq_lens.shape[0],)  # (n_seqs: the frame's last per-call slot, _per_call_plain)
+        plain += (seq_lens.shape[0], tile_counter(index, stream))  # (_per_call_plain's last two slots)
     frame(n_m, heads, batch, stream, tokens, bases, plain)
     return True
 
@@ -377,9 +377,9 @@ def _per_call_plain(params: dict) -> tuple[str, ...]:
     """A frame's per-call plain arguments: :data:`_PER_CALL_PLAIN`, then with an fp8 cache (``CACHE_FP8``)
     its scales, in the order warm() passes them (it adds them where the call's options hold them:
     :class:`prefix_prefill.launch.Prepared` gives them to fp8 plans only), then a persistent form's
-    ``n_seqs``."""
+    ``n_seqs`` and tile counter (one a stream)."""
     return (_PER_CALL_PLAIN + (("KScale", "VScale") if params.get("CACHE_FP8") else ())
-            + (("n_seqs",) if params.get("PERSISTENT") else ()))  # fmt: skip
+            + (("n_seqs", "TileCounter") if params.get("PERSISTENT") else ()))  # fmt: skip
 
 
 def _per_call_descs(nhd: bool, k, params: dict) -> list[tuple[str, int]]:
@@ -504,7 +504,8 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
             block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
     consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
                   LLVM_O0=not full and _tiered(), PERSISTENT=persistent,
-                  n_seqs=seq_lens.shape[0] if persistent else None)  # fmt: skip
+                  n_seqs=seq_lens.shape[0] if persistent else None,
+                  TileCounter=tile_counter(q.get_device()) if persistent else None)  # fmt: skip
     # an fp8 cache's scales and the float16 rings' layout (its descriptors are fp8; q is float16 there:
     # launch() and warm() make a bfloat16 call a float16 one); every parameter given,
     # so that the compiled variant launches directly (CompiledLaunches keeps no key with one left out)
