@@ -115,6 +115,13 @@ PREFIX_FP8 = [
     ("split", 64, 32, True, False, "gluon-split", True, False, (8, 2), torch.float8_e5m2, False),
     ("split", 128, 16, False, False, "gluon-split", True, True, (32, 8), torch.float8_e4m3fn, False),
 ]
+# the persistent form of the NHD/HND kernel (a narrow left window, 127, with sinks; PERSISTENT), numbered
+# after the cases above: the fields of PREFIX_FP8 (no fp8 cache) and ``narrow``; with 32 / 8 heads the
+# launch has several tiles a program (the tile slots' handoff and the rings carried from tile to tile)
+PREFIX_PERSISTENT = [
+    ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (32, 8), None, False, True),
+    ("hnd", 64, 544, True, False, "gluon-hnd", False, False, (8, 2), None, False, True),
+]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
     (64, [2100, 300], (2047, -1), False),
@@ -135,8 +142,11 @@ def _prefix_case(
     heads: tuple[int, int] = (8, 2),
     fp8: torch.dtype | None = None,
     aligned: bool = False,
+    narrow: bool = False,
 ) -> list[str]:
     ctx, new = ([2400, 37], [300, 70]) if options else ([300, 37], [150, 70])
+    if narrow:  # (one long query, a short one, a one-token one: live and dead tiles of the persistent form)
+        ctx, new = [300, 37, 900], [1500, 70, 1]
     if aligned:  # (every segment whole key blocks of 128: the kernels' BLOCK_N at heads 64 and 128)
         ctx, new = [256, 128], [128, 256]
     h, hk = heads
@@ -177,6 +187,8 @@ def _prefix_case(
                   sinks=torch.randn(h, device=DEV), alibi_slopes=torch.rand(h, device=DEV) * 0.1)  # fmt: skip
     if fp8 is not None:
         kw.update(k_scale=0.5, v_scale=1.5)
+    if narrow:
+        kw = dict(window=(127, -1), sinks=torch.randn(h, device=DEV))
     kernel = pp.explain(*args, kv_layout=layout, return_lse=lse, **kw).kernel
     if kernel != want_kernel:
         return [f"planned {kernel}, not {want_kernel}"]
@@ -242,6 +254,10 @@ def _cases() -> list[tuple[str, object, tuple]]:
          f"heads {c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}"
          f"{', aligned (no V-row zeroing)' if c[10] else ''}", _prefix_case, c)
         for c in PREFIX_FP8
+    ] + [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} persistent (left 127, sinks), "
+         f"heads {c[8][0]}/{c[8][1]}", _prefix_case, c)
+        for c in PREFIX_PERSISTENT
     ]  # fmt: skip
 
 
