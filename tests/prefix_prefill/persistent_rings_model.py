@@ -1,7 +1,8 @@
 """A model of the persistent form's ring protocol (``prefix_prefill.gluon_kernel._persistent_partitions``),
 for the CPU tests: the four partitions (two consumer warpgroups, the K-and-Q producer, the V producer) as
 Python generators over mbarriers with the hardware's parity waits, TMA copies that land at random later
-steps, and a scheduler that runs whichever partition or copy it picks at random.
+steps, and a scheduler that runs whichever partition or copy it picks at random (in some runs one
+partition picked far less often than the others: a lagging warp).
 
 Each partition follows the kernel's arithmetic: tile ``i`` of the program has ``n`` key blocks, block ``j``
 is the rings' block ``r = base + j`` in slot ``r % S`` of round ``r // S`` (``base`` the blocks of the tiles
@@ -12,8 +13,17 @@ after its ``P @ V`` (the last block's too), arrive on ``q_empty`` after the tile
 expects, at the wait and again at the release (the wgmma reads in between), so a copy that lands too early
 shows as an overwrite; a state where nothing can run shows as a deadlock.
 
+The tiles reach the partitions as the kernel hands them over: the K producer takes every tile, skips
+those with nothing to compute, and writes each other one (then -1, the end) into tile slot ``n & 1`` once
+the V producer freed that slot (``free``, parity ``((n >> 1) & 1) ^ 1``), announced on ``full``; the V
+producer reads it after ``full`` and frees the slot; the consumers read it once the tile's Q landed (after
+the end, the K producer's bare arrival on both Q barriers once ``q_empty`` says the last Q is free). A slot
+written while a partition still has to read its tile shows as an overwrite; a read of another tile than
+the reader's next one as a wrong read.
+
 ``Faults`` switches off one rule each, for the negative controls: the last V slot never released (a
-one-tile program's end), the rings counted from 0 at each tile, Q loaded without waiting for ``q_empty``.
+one-tile program's end), the rings counted from 0 at each tile, Q loaded without waiting for ``q_empty``,
+one tile slot instead of two, a slot written without waiting for ``free``.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ class Faults:
     keep_last_v: bool = False  # the consumers never release the last block's V slot
     reset_base: bool = False  # the rings counted from block 0 at each tile
     skip_q_empty: bool = False  # the K producer loads Q without waiting for q_empty
+    one_slot: bool = False  # one tile slot (and one full/free pair) instead of two
+    skip_free: bool = False  # the K producer writes a tile slot without waiting for free
 
 
 @dataclass(frozen=True)
@@ -81,43 +93,82 @@ class Program:
         self.q_empty = Barrier(2)
         self.fix_bar = Barrier(2)
         self.copies: list[tuple] = []  # TMA copies in flight: (buffer, index, tag, barrier)
+        self.n_slots = 1 if faults.one_slot else 2
+        self.slots: list = [None] * self.n_slots  # (n, tile index or -1): the K producer's n-th handover
+        self.unread: list[set] = [set() for _ in range(self.n_slots)]  # readers yet to read each slot
+        self.full = [Barrier(1) for _ in range(self.n_slots)]
+        self.free = [Barrier(1) for _ in range(self.n_slots)]
 
     # ---------------------------------------------------------------- the partitions
     def _base(self, base: int) -> int:
         return 0 if self.f.reset_base else base
 
     def producer(self, kv: int):
-        base = done = 0
-        if kv == 0:
-            ring, empty, ready = self.k, self.k_empty, self.k_ready
-        else:
-            ring, empty, ready = self.v, self.v_empty, self.v_ready
-        for i, t in enumerate(self.tiles):
-            if t.skip:
-                continue
-            if kv == 0:
+        base = n = 0
+        if kv == 0:  # takes every tile, hands over those with work, then -1
+            for i, t in enumerate(self.tiles):
+                if t.skip:
+                    continue
+                yield from self._hand_over(n, i)
                 if not self.f.skip_q_empty:
-                    yield from self._wait(self.q_empty, (done & 1) ^ 1)
+                    yield from self._wait(self.q_empty, (n & 1) ^ 1)
                 for h in range(2):
                     self.copies.append((self.q, h, i, self.q_bar[h]))
-            for j in range(t.blocks):
-                r = self._base(base) + j
-                yield from self._wait(empty[r % self.s], ((r // self.s) & 1) ^ 1)
-                self.copies.append((ring, r % self.s, (i, j), ready[r % self.s]))
-            base += t.blocks
-            done += 1
+                yield from self._blocks(self.k, self.k_empty, self.k_ready, base, i)
+                base += self.tiles[i].blocks
+                n += 1
+            yield from self._hand_over(n, -1)
+            yield from self._wait(self.q_empty, (n & 1) ^ 1)
+            for h in range(2):
+                self.q_bar[h].arrive()
+            return
+        i = yield from self._take("v", n, self.full)
+        while i >= 0:
+            self.free[n % self.n_slots].arrive()
+            yield from self._blocks(self.v, self.v_empty, self.v_ready, base, i)
+            base += self.tiles[i].blocks
+            n += 1
+            i = yield from self._take("v", n, self.full)
+
+    def _blocks(self, ring: list, empty: list, ready: list, base: int, i: int):
+        for j in range(self.tiles[i].blocks):
+            r = self._base(base) + j
+            yield from self._wait(empty[r % self.s], ((r // self.s) & 1) ^ 1)
+            self.copies.append((ring, r % self.s, (i, j), ready[r % self.s]))
+
+    def _hand_over(self, n: int, i: int):
+        """The K producer's ``n``-th handover (tile ``i``, -1: the end) into slot ``n % slots``."""
+        s = n % self.n_slots
+        if not self.f.skip_free:
+            yield from self._wait(self.free[s], ((n // self.n_slots) & 1) ^ 1)
+        if self.unread[s]:
+            readers = sorted(map(str, self.unread[s]))
+            raise ProtocolError(f"tile slot {s} overwritten before {readers} read it")
+        self.slots[s], self.unread[s] = (n, i), {"v", 0, 1}
+        self.full[s].arrive()
+
+    def _take(self, reader, n: int, bar: list | None):
+        """Reader ``reader``'s ``n``-th tile from its slot (after ``bar[slot]``'s wait when given: the V
+        producer's ``full``; the consumers read after their Q barrier's)."""
+        s = n % self.n_slots
+        if bar is not None:
+            yield from self._wait(bar[s], (n // self.n_slots) & 1)
+        if self.slots[s] is None or self.slots[s][0] != n:
+            raise ProtocolError(f"tile slot {s} holds {self.slots[s]}, {reader} expected handover {n}")
+        self.unread[s].discard(reader)
+        return self.slots[s][1]
 
     def _read(self, buf: list, slot: int, tag) -> None:
         if buf[slot] != tag:
             raise ProtocolError(f"slot {slot} holds {buf[slot]}, expected {tag}")
 
     def consumer(self, wg: int):
-        base = done = n_fix = 0
-        for i, t in enumerate(self.tiles):
-            if t.skip:
-                continue
+        base = n = n_fix = 0
+        yield from self._wait(self.q_bar[wg], 0)
+        i = yield from self._take(wg, n, None)
+        while i >= 0:
+            t = self.tiles[i]
             b = self._base(base)
-            yield from self._wait(self.q_bar[wg], done & 1)
             self._read(self.q, wg, i)
             s0 = b % self.s
             yield from self._wait(self.k_ready[s0], (b // self.s) & 1)
@@ -151,7 +202,9 @@ class Program:
             if not self.f.keep_last_v:
                 self.v_empty[last % self.s].arrive()
             base += t.blocks
-            done += 1
+            n += 1
+            yield from self._wait(self.q_bar[wg], n & 1)  # the next tile's Q, or the end
+            i = yield from self._take(wg, n, None)
 
     @staticmethod
     def _wait(bar: Barrier, parity: int):
@@ -170,11 +223,15 @@ class Program:
         """Runs to the end; raises :class:`ProtocolError` on an overwrite, a wrong read or a deadlock (no
         copy in flight and no partition moving over many random picks)."""
         agents = [self.consumer(0), self.consumer(1), self.producer(0), self.producer(1)]
+        # each partition's pace for this run: some runs have a partition picked 20x less often than the
+        # others (a lagging warp), which is what exposes a handover written before a slow reader read it
+        pace = {id(a): self.rng.choice((1.0, 1.0, 0.05)) for a in agents}
         blocked = 0
         for _ in range(max_steps):
             if not agents and not self.copies:
                 return
-            pick = self.rng.randrange(len(agents) + len(self.copies))
+            weights = [pace[id(a)] for a in agents] + [1.0] * len(self.copies)
+            pick = self.rng.choices(range(len(weights)), weights)[0]
             if pick >= len(agents):  # a copy lands
                 buf, index, tag, bar = self.copies.pop(pick - len(agents))
                 buf[index] = tag
@@ -189,7 +246,7 @@ class Program:
                 blocked = 0
                 continue
             blocked = 0 if moved or self.copies else blocked + 1
-            if blocked > 400 * len(agents):
+            if blocked > 8000 * len(agents):
                 raise ProtocolError("deadlock: every partition waits and no copy is in flight")
         raise ProtocolError("no end within the step limit")
 

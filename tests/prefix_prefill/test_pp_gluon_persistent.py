@@ -158,26 +158,31 @@ def test_warm_frame_grid_is_persistent(monkeypatch):
 
 # ------------------------------------------------------------------------- CPU: the protocol's model
 def test_persistent_protocol_model():
-    """The persistent form's ring protocol (:mod:`persistent_rings_model`: the four partitions, parity waits,
-    copies landing at random later steps) over random programs of skipped tiles and 1-5-block tiles with
-    V-row fixes, 2 and 3 ring slots: no overwrite, no wrong read, no deadlock."""
+    """The persistent form's ring and tile-slot protocol (:mod:`persistent_rings_model`: the four
+    partitions, parity waits, copies landing at random later steps, partitions lagging at random) over
+    random programs of skipped tiles and 1-5-block tiles with V-row fixes, 2 and 3 ring slots: no
+    overwrite, no wrong read, no deadlock."""
     for seed in range(300):
         check(seed, tiles=10, stages=2 + seed % 2)
 
 
 @pytest.mark.parametrize(
-    "faults,caught",
-    [(Faults(keep_last_v=True), "deadlock"), (Faults(reset_base=True), ""), (Faults(skip_q_empty=True), "")],
-    ids=["last_v_kept", "rings_from_0", "q_without_q_empty"],
-)
-def test_persistent_protocol_model_catches_faults(faults, caught):
+    "faults,caught,seeds,tiles",
+    [(Faults(keep_last_v=True), "deadlock", 40, 10), (Faults(reset_base=True), "", 40, 10),
+     (Faults(skip_q_empty=True), "", 40, 10), (Faults(one_slot=True), "tile slot 0 overwritten", 40, 10),
+     (Faults(skip_free=True), "overwritten before ['v']", 200, 16)],
+    ids=["last_v_kept", "rings_from_0", "q_without_q_empty", "one_tile_slot", "slot_without_free"],
+)  # fmt: skip
+def test_persistent_protocol_model_catches_faults(faults, caught, seeds, tiles):
     """Negative controls: the model catches each broken rule (the last V slot never released: the next
     tile's V producer waits forever; the rings counted from 0 at each tile; Q loaded before the consumers
-    handed the last one back) as a deadlock, an overwrite or a wrong read within a few random programs."""
+    handed the last one back; one tile slot, which the K producer refills before the consumers read it;
+    a slot refilled without waiting for the V producer's ``free``, caught when the V producer lags) as a
+    deadlock, an overwrite or a wrong read within a few random programs."""
     errors = []
-    for seed in range(40):
+    for seed in range(seeds):
         try:
-            check(seed, tiles=10, faults=faults)
+            check(seed, tiles=tiles, faults=faults)
         except ProtocolError as e:
             errors.append(str(e))
     assert errors and all(caught in e for e in errors), errors[:3]
