@@ -274,8 +274,8 @@ def repeat(
     else:
         s = sinks if sinks is not None else q
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, q.shape[0])
-    grid = _gluon_grid(p, max_len, q.shape[1], batch, index) if gluon else (
-        max(-(-max_len // p.block_m), 1), q.shape[1], batch)  # fmt: skip
+    heads = q.shape[1]
+    grid = _gluon_grid(p, max_len, heads, batch, index) if gluon else _one_tile_grid(p, max_len, heads, batch)
     prep.frame[1](*grid, stream, q.shape[0], bases, plain)
     return True
 
@@ -340,7 +340,7 @@ def _launch_triton(
             v_desc = TensorDescriptor(v, [v.shape[0], v.shape[1] * d], [v.stride(0), 1], [bn, d])
     qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
     capped = softcap > 0
-    grid = (max(-(-max_len // p.block_m), 1), q.shape[1], batch)  # plain ints: triton.cdiv costs ~2 us
+    grid = _one_tile_grid(p, max_len, q.shape[1], batch)
     args = (
         q, k, v, o,
         sinks if sinks is not None else q,  # unread without HAS_SINKS
@@ -407,14 +407,20 @@ def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
     )  # fmt: skip
 
 
+def _one_tile_grid(p: LaunchPlan, max_len: int, heads: int, batch: int) -> tuple[int, int, int]:
+    """One program a query tile: ``(cdiv(max_len, block_m), heads, batch)``, at least one query tile (plain
+    ints: ``triton.cdiv`` costs ~2 us)."""
+    return max(-(-max_len // p.block_m), 1), heads, batch
+
+
 def _gluon_grid(p: LaunchPlan, max_len: int, heads: int, batch: int, index: int) -> tuple[int, int, int]:
     """The Gluon launch's grid: ``(cdiv(max_len, block_m), heads, batch)`` (at least one query tile), or for
     a persistent plan ``(programs, 1, 1)``: one program a multiprocessor of device ``index``, never more
     than the tiles of the one-tile grid."""
-    n_m = max(-(-max_len // p.block_m), 1)
+    grid = _one_tile_grid(p, max_len, heads, batch)
     if p.constexpr_map.get("PERSISTENT", False):
-        return persistent_grid(n_m * heads * batch, multiprocessors(index))
-    return n_m, heads, batch
+        return persistent_grid(grid[0] * heads * batch, multiprocessors(index))
+    return grid
 
 
 def _launch_gluon(
