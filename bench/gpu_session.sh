@@ -52,11 +52,13 @@
 #  test file's rows-past-the-grid cases), into results.tgz;
 #  readme: every Python example of the READMEs (bench/readme_examples.py) and the demo, into $OUT/readme.log)
 # Pass BENCH_COMMIT=<sha> in the command: the device copy of .git may be older than the tree it runs.
+# PACKAGES_DIR=DIR runs a part over another tree's packages (DIR holds its packages/*/src; default this
+# checkout's), e.g. this checkout's bench scripts over an older commit's kernels.
 # Writes under $OUT (or ./gpu-out): tests.log, junit.xml, bench.log, results.tgz (csv/md/png).
 set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
-export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/.peers"
+export PYTHONPATH="$(ls -d "${PACKAGES_DIR:-$PWD/packages}"/*/src | paste -sd:):$PWD/.peers"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 {
   date -u; echo "commit ${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
