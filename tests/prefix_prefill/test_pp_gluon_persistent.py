@@ -260,7 +260,14 @@ def test_gpu_persistent_against_reference(layout, from_cache, head, dtype, page,
             case.seq_lens, case.max_query_len)  # fmt: skip
     chosen = explain(*args, kv_layout=case.layout, **kw)
     assert chosen.kernel.startswith("gluon-") and chosen.consts()["PERSISTENT"], chosen.reason
-    out, lse = _run(case, kw, 8)
+    _check_against_reference_and_one_tile(case, kw, 8, ref, ref_lse, args, monkeypatch)
+
+
+def _check_against_reference_and_one_tile(case, kw, lse_heads, ref, ref_lse, args, monkeypatch):
+    """The persistent call (:func:`_run`) against the float64 reference ``ref`` (the output; the LSE within
+    1e-3 where ``ref_lse`` is finite, infinite where it is), then bit for bit the one-tile form's rows
+    (``PERSISTENT_MAX_WINDOW`` 0, which ``args``' plan then no longer takes)."""
+    out, lse = _run(case, kw, lse_heads)
     c = compare(out, ref)
     assert c, c
     finite = torch.isfinite(ref_lse)
@@ -270,7 +277,7 @@ def test_gpu_persistent_against_reference(layout, from_cache, head, dtype, page,
     plan.plan.cache_clear()
     try:
         assert not explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
-        one_out, one_lse = _run(case, kw, 8)
+        one_out, one_lse = _run(case, kw, lse_heads)
     finally:
         plan.plan.cache_clear()
     assert torch.equal(out, one_out) and torch.equal(lse, one_lse)
@@ -331,19 +338,7 @@ def test_gpu_persistent_many_sequences(programs, monkeypatch):
             case.seq_lens, case.max_query_len)  # fmt: skip
     assert explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
     ref, ref_lse = reference(case, return_lse=True, **kw)
-    out, lse = _run(case, kw, 4)
-    c = compare(out, ref)
-    assert c, c
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite)
-    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
-    monkeypatch.setattr(plan, "PERSISTENT_MAX_WINDOW", 0)
-    plan.plan.cache_clear()
-    try:
-        one_out, one_lse = _run(case, kw, 4)
-    finally:
-        plan.plan.cache_clear()
-    assert torch.equal(out, one_out) and torch.equal(lse, one_lse)
+    _check_against_reference_and_one_tile(case, kw, 4, ref, ref_lse, args, monkeypatch)
 
 
 @pytest.mark.gpu
