@@ -117,7 +117,10 @@ PREFIX_FP8 = [
 ]
 # the persistent form of the NHD/HND kernel (a narrow left window, 127, with sinks; PERSISTENT), numbered
 # after the cases above: the fields of PREFIX_FP8 (no fp8 cache) and ``narrow``; with 32 / 8 heads the
-# launch has several tiles a program (the tile slots' handoff and the rings carried from tile to tile)
+# launch has several tiles a program (the tile slots' handoff and the rings carried from tile to tile).
+# Both calls of these cases run the persistent form (the compile tiers off): the quick tier's form has
+# 8-warp consumers whose per-thread slot releases Triton 3.6's ConSan does not model (see
+# ``_modeled_arrivals``), so under the shipped arrivals it faults there; the cases above check that form.
 PREFIX_PERSISTENT = [
     ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (32, 8), None, False, True),
     ("hnd", 64, 544, True, False, "gluon-hnd", False, False, (8, 2), None, False, True),
@@ -199,7 +202,8 @@ def _prefix_case(
                                       **ref_kw)  # fmt: skip
     bad = []
     for when in ("first", "full"):
-        res = pp.prefix_prefill(*args, kv_layout=layout, return_lse=lse, **kw)
+        with _tiers_off() if narrow else contextlib.nullcontext():  # (PREFIX_PERSISTENT: that form alone)
+            res = pp.prefix_prefill(*args, kv_layout=layout, return_lse=lse, **kw)
         out = res[0] if lse else res
         torch.cuda.synchronize()
         res = ref.compare(out.cpu(), want)
@@ -207,6 +211,20 @@ def _prefix_case(
             bad.append(f"{when}: {res}")
         pp.finish_compiles()
     return bad
+
+
+@contextlib.contextmanager
+def _tiers_off():
+    """prefix-prefill's compile tiers off for the calls inside (``PREFIX_PREFILL_GLUON_TIERED=0``)."""
+    before = os.environ.get("PREFIX_PREFILL_GLUON_TIERED")
+    os.environ["PREFIX_PREFILL_GLUON_TIERED"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PREFIX_PREFILL_GLUON_TIERED"]
+        else:
+            os.environ["PREFIX_PREFILL_GLUON_TIERED"] = before
 
 
 def _window_case(

@@ -8,9 +8,10 @@ unbounded ones, named in the reason); the launch's grid
 its options at heads 64/128/256. sm90 GPU: against the float64 reference with every option and few
 programs (many tiles a program: the rings' slots and phases, Q's hand-back and the V-row handshake carried
 from tile to tile, tiles of several sequences in one program), ragged batches with one-token sequences,
-unbounded and both-way windows, rows past the grid and a status report; the rows bit for bit the one-tile
-form's whatever the program count (the LSE within an ulp); the tile counter back at zero after a launch and
-one a stream (two streams' launches at once); a negative control.
+unbounded and both-way windows, tile spaces mostly dead (live tiles numbered) or mostly live with about
+as many programs as numbered tiles (no counter), rows past the grid and a status report; the rows bit for
+bit the one-tile form's whatever the program count (the LSE within an ulp); the tile counter back at zero
+after a launch and one a stream (two streams' launches at once); a negative control.
 """
 
 from __future__ import annotations
@@ -276,6 +277,40 @@ def test_gpu_tile_counter_reset_and_per_stream(forms):
     counters = [tile_counter(index, s.cuda_stream) for s in streams]
     assert counters[0] is not counters[1]
     assert all(c.tolist() == [0, 0] for c in counters)
+
+
+# lens, heads, programs: the tiles the producers number (``sched[3]``) against the programs
+FEW_TILES = [
+    # 3 query tiles a sequence, 10 of the 18 tiles live: the whole space numbered, dead tiles skipped, the
+    # counter handing out the numbers past the programs
+    ([300, 1, 1], 2, 12),
+    ([300, 1, 1], 2, 9),
+    # 8 query tiles a sequence, 11 of the 32 tiles live: only the live tiles numbered; with at least 11
+    # programs each runs its one tile and none touches the counter
+    ([1000, 1, 1, 1], 1, 12),
+    ([1000, 1, 1, 1], 1, 11),
+    ([1000, 1, 1, 1], 1, 10),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lens, heads, programs", FEW_TILES)
+def test_gpu_dead_tiles_and_few_programs(lens, heads, programs, forms):
+    """Ragged batches whose tile space is mostly dead or mostly live, with about as many programs as
+    numbered tiles: bit for bit the one-tile form's rows, the reference's values, the counter at 0 after."""
+    q, k, v, cu = make_qkv(lens, heads, 1, 128, torch.bfloat16)
+    outs = {}
+    for persistent in (False, True):
+        grids = forms(persistent, programs)
+        outs[persistent] = window_prefill(q, k, v, cu, max(lens), causal=True, window=(127, -1),
+                                          out=poison(torch.empty_like(q)))  # fmt: skip
+        assert grids[-1][0] is persistent
+    assert grids[-1][1] == (programs, 1, 1)
+    torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0, equal_nan=True)
+    assert compare(outs[True], reference(q, k, v, cu, causal=True, window=(127, -1)))
+    torch.cuda.synchronize()
+    assert tile_counter(q.get_device()).tolist() == [0, 0]
 
 
 @pytest.mark.gpu

@@ -27,10 +27,13 @@ rows, key blocks of 128 (64 at head 256: the [64, 256] output tile takes the reg
 Persistent form (``PERSISTENT``, the plan's choice for causal calls and windows of at most
 ``plan._PERSISTENT_MAX_WIDTH`` keys, :func:`_persistent_partitions`): grid ``(programs, 1, 1)``, one program
 a multiprocessor, over the launch's ``n_m * batch * heads`` tiles (:func:`_persistent_tile`: the latest
-query tiles of every sequence first, a sequence's heads back to back). The producer warp takes tile
-``program_id`` first and each later tile from a counter in global memory (an atomic add; the launch's last
-program sets it back to 0) and hands it to the consumers through a shared-memory slot written before the
-tile's Q lands, so a program that finishes early takes more tiles and tiles of unlike cost balance. The
+query tiles of every sequence first, a sequence's heads back to back). Where under half the tiles hold
+rows (one long sequence among short ones) only those are numbered (:func:`_live_tile`), so a tile past
+its sequence costs no atomic. The producer warp takes number ``program_id`` first and each later one from
+a counter in global memory (an atomic add; the launch's last program sets it back to 0; no counter when
+the numbers are no more than the programs) and hands the tile to the consumers through a shared-memory
+slot written before the tile's Q lands, so a program that finishes early takes more tiles and tiles of
+unlike cost balance. The
 sequences' spans come from a shared-memory table each program fills once (:func:`_fill_seq_table`); the
 rings' blocks count on from tile to tile and Q is handed back after each tile's last ``Q K^T``
 (``q_empty``), so the next tile's Q and first blocks load while the consumers finish the current one.
@@ -127,14 +130,15 @@ SEQ_TABLE = gl.constexpr(1024)
 
 
 @gluon.jit
-def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows,
+def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows, n_m, BLOCK_M: gl.constexpr,
                     LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
     """The default partition's prologue of a persistent program: ``table`` ``[2 * SEQ_TABLE, 1]`` int32 gets
     the clamped spans (``tok0``, ``seq_len``: ``window_prefill.kernel.sequence_span``'s) of the first
     ``SEQ_TABLE`` sequences.
-    Returns ``(flags, past)``: the status bits of all ``n_seqs`` sequences (``ROWS`` where a clamp moved
-    a span, ``MAX_LEN`` where a sequence is longer than ``max_len``) and whether some sequence runs past
-    the grid's ``grid_rows`` rows."""
+    Returns ``(flags, past, live)``: the status bits of all ``n_seqs`` sequences (``ROWS`` where a clamp
+    moved a span, ``MAX_LEN`` where a sequence is longer than ``max_len``), whether some sequence runs past
+    the grid's ``grid_rows`` rows, and the query tiles of the ``n_m`` levels that hold rows, summed over
+    the sequences (:func:`_chunk_live`)."""
     NW: gl.constexpr = gl.num_warps()
     CH: gl.constexpr = 32 * NW
     L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
@@ -142,17 +146,76 @@ def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows,
     offs = gl.arange(0, CH, layout=LS)  # [CH]
     flags = gl.zeros([CH], gl.int32, layout=LS)  # [CH]
     longest = gl.zeros([CH], gl.int32, layout=LS)  # [CH]
+    live = gl.zeros([CH], gl.int32, layout=LS)  # [CH]
     for s0 in range(0, n_seqs, CH):
         seqs = s0 + offs  # [CH]
         m = seqs < n_seqs
         tok0, seq_len, moved = sequence_span(Starts, Lens, seqs, n_tokens, LENS_FROM_STARTS, m)  # [CH]
         flags |= gl.where(m & moved, ROWS, 0) | gl.where(m & (seq_len > max_len), MAX_LEN, 0)
         longest = gl.maximum(longest, gl.where(m, seq_len, 0))
+        live += gl.where(m, gl.minimum((seq_len + BLOCK_M - 1) // BLOCK_M, n_m), 0)
         for c in gl.static_range(SEQ_TABLE // CH):
             if s0 == c * CH:
                 table.slice(c * CH, CH).store(tok0.to(gl.int32)[:, None])  # rows [0, SEQ_TABLE): tok0
                 table.slice(SEQ_TABLE + c * CH, CH).store(seq_len[:, None])  # then the lengths
-    return gl.reduce_or(flags, 0), gl.max(longest, 0) > grid_rows
+    return gl.reduce_or(flags, 0), gl.max(longest, 0) > grid_rows, gl.sum(live, 0)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _chunk_live(table, Starts, Lens, c0, level, n_seqs, n_tokens, n_m, BLOCK_M: gl.constexpr,
+                LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
+    """The producer's view of sequences ``[c0, c0 + 32 * num_warps)`` (``c0`` a multiple of that):
+    ``(seqs, live)``, ``live`` whether each has rows at query level ``level`` (``min(cdiv(seq_len,
+    BLOCK_M), n_m)`` levels a sequence); lengths from the table for the first :data:`SEQ_TABLE`
+    sequences, else read (``sequence_span``)."""
+    NW: gl.constexpr = gl.num_warps()
+    CH: gl.constexpr = 32 * NW
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])  # (a scan's layout, :func:`_live_tile`)
+    seqs = c0 + gl.arange(0, CH, layout=L1)  # [CH]
+    inside = seqs < n_seqs
+    if c0 < SEQ_TABLE:
+        rows = table._reinterpret(gl.int32, [2 * SEQ_TABLE // CH, CH, 1], table.layout)
+        seq_len = gl.convert_layout(gl.max(rows.index((SEQ_TABLE + c0) // CH).load(L), 1), L1)  # [CH]
+    else:
+        _tok0, seq_len, _moved = sequence_span(Starts, Lens, seqs, n_tokens, LENS_FROM_STARTS, inside)
+    tiles = gl.minimum((seq_len + BLOCK_M - 1) // BLOCK_M, n_m)
+    return seqs, inside & (tiles > level)
+
+
+@gluon.jit
+def _live_tile(u, cursor, table, Starts, Lens, sched, n_tokens, BLOCK_M: gl.constexpr,
+               LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
+    """The tile number (:func:`_persistent_tile`'s ``t``) of live tile ``u``: the launch's tiles that hold
+    rows, in :func:`_persistent_tile`'s order. ``cursor = (k, c0, u_base, count)``: query level ``k`` from
+    the latest, the sequences from ``c0`` (:func:`_chunk_live`), ``u_base`` live tiles before them,
+    ``count`` theirs (times the heads); it only moves forward, as a program's ``u`` grow. Starts at ``(0,
+    -CH, 0, 0)``. Returns ``(t, cursor)``."""
+    heads = sched[0]
+    n_m = sched[1]
+    n_seqs = sched[2]
+    CH: gl.constexpr = 32 * gl.num_warps()
+    k, c0, u_base, count = cursor
+    while u >= u_base + count:
+        u_base += count
+        c0 += CH
+        if c0 >= n_seqs:
+            c0 = c0 * 0
+            k += 1
+        _seqs, live = _chunk_live(table, Starts, Lens, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M,
+                                  LENS_FROM_STARTS)  # fmt: skip
+        count = gl.sum(live.to(gl.int32), 0) * heads
+    seqs, live = _chunk_live(table, Starts, Lens, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M,
+                             LENS_FROM_STARTS)  # fmt: skip
+    j = u - u_base
+    rank = gl.associative_scan(live.to(gl.int32), 0, _add)  # [CH] live sequences up to each, inclusive
+    seq = gl.sum(gl.where(live & (rank == j // heads + 1), seqs, 0), 0)
+    return (k * n_seqs + seq) * heads + j % heads, (k, c0, u_base, count)
 
 
 @gluon.jit
@@ -235,11 +298,14 @@ def _persistent_producer(
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, SINKS: gl.constexpr,
 ):  # fmt: skip
-    """The producer warp of a persistent program: its first tile is tile ``program_id(0)`` (the grid has
-    no more programs than tiles), the later ones come from ``TileCounter``, offset by the programs
-    (``prefill_runtime.gluon.next_tile``: tiles go out in :func:`_persistent_tile`'s order to whichever
-    program asks first), so no atomic stands before the first tile's Q load. It skips a tile past its
-    sequence, and for a live one waits for ``q_empty`` (both consumers done with the last tile's Q; the
+    """The producer warp of a persistent program. It numbers ``sched[3]`` tiles: where that is below the
+    tile space's size only the live ones (those holding rows; :func:`_live_tile` maps number ``u`` to its
+    tile), else every tile of the space (number ``u`` is tile ``u``, a dead one skipped). Its first number
+    is ``program_id(0)`` (the grid has no more programs than tiles), the later ones come from
+    ``TileCounter``, offset by the programs (``prefill_runtime.gluon.next_tile``: tiles go out in
+    :func:`_persistent_tile`'s order to whichever program asks first), so no atomic stands before the
+    first tile's Q load; with no more numbers than programs each program runs its one tile and touches no
+    counter. For each live tile it waits for ``q_empty`` (both consumers done with the last tile's Q; the
     first wait passes on the fresh barrier), writes it into ``tile_slot`` and loads its Q and blocks
     (:func:`_ws_producer`), each tile's blocks after the previous tile's in the rings. Past the last tile
     it counts the program done at once (``prefill_runtime.gluon.tiles_done``: the launch's last program
@@ -248,11 +314,16 @@ def _persistent_producer(
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, _bar_f = rings
     base = gl.to_tensor(0)
     n_done = gl.to_tensor(0)
-    t = gl.program_id(0)
-    while t < sched[3]:
+    CH: gl.constexpr = 32 * gl.num_warps()
+    cursor = (n_done, n_done - CH, n_done, n_done)
+    u = gl.program_id(0)
+    while u < sched[3]:
+        t = u
+        if sched[3] < sched[0] * sched[1] * sched[2]:  # the live tiles numbered (sparse): map u to its tile
+            t, cursor = _live_tile(u, cursor, table, Starts, Lens, sched, n_tokens, BLOCK_M, LENS_FROM_STARTS)
         c_head, c_m0, c_tok0, c_len = _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M,
                                                        LENS_FROM_STARTS)  # fmt: skip
-        if c_m0 < c_len:
+        if c_m0 < c_len:  # (a dead tile, numbered only when most tiles are live, is skipped)
             blocks = _tile_blocks(c_m0, c_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL,
                                   HAS_LEFT, HAS_RIGHT, SINKS)  # fmt: skip
             n_blocks = blocks[1]
@@ -263,8 +334,12 @@ def _persistent_producer(
                          n_blocks, BLOCK_M // 2, BLOCK_N, HEAD_DIM, NUM_STAGES, base)  # fmt: skip
             base += n_blocks
             n_done += 1
-        t = next_tile(TileCounter) + gl.num_programs(0)
-    tiles_done(TileCounter)
+        if sched[3] > gl.num_programs(0):  # (else each program runs its one tile, no counter)
+            u = next_tile(TileCounter) + gl.num_programs(0)
+        else:
+            u = sched[3]
+    if sched[3] > gl.num_programs(0):
+        tiles_done(TileCounter)
     mbarrier.wait(q_empty, (n_done & 1) ^ 1)
     write_tile_slot(tile_slot, -1)
     mbarrier.arrive(q_bar.index(0), count=1)
@@ -294,7 +369,8 @@ def _persistent_partitions(
     n_m = gl.maximum((max_len + BLOCK_M - 1) // BLOCK_M, 1)
     grid_rows = n_m * BLOCK_M
     table = gl.allocate_shared_memory(gl.int32, [2 * SEQ_TABLE, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    flags, past = _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows, LENS_FROM_STARTS)
+    flags, past, live = _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows, n_m,
+                                        BLOCK_M, LENS_FROM_STARTS)  # fmt: skip
     if gl.program_id(0) == 0:
         report(Status, flags)
     if past:  # rows past the grid (max_len below a sequence's length): 0, each program its share
@@ -304,7 +380,13 @@ def _persistent_partitions(
                 for h in range(heads):
                     zero_rows(O, stride_ot, stride_oh, tok0, grid_rows, seq_len, h, Lse, stride_lse_h,
                               HEAD_DIM)  # fmt: skip
-    sched = (heads, n_m, n_seqs, n_m * n_seqs * heads)
+    # the tiles the producers number: the live ones where they are under half the space (one long sequence
+    # among short ones: the cursor's cost per tile is below the dead tiles' atomics), else the whole space
+    # with its dead tiles skipped (the cursor would cost more than those few atomics)
+    numbered = n_m * n_seqs
+    if live * 2 < numbered:
+        numbered = live
+    sched = (heads, n_m, n_seqs, numbered * heads)
     rings = allocate_rings(Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
     q_empty = allocate_q_empty()
     tile_slot = allocate_tile_slot()
