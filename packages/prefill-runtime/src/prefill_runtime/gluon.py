@@ -152,6 +152,23 @@ def tiles_done(TileCounter):
 
 
 @gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def live_tile_number(u, k, u_base, seqs, live, heads, n_seqs):
+    """The tile number ``(k * n_seqs + seq) * heads + head`` of live tile ``u``, which lies in the chunk
+    of sequences ``seqs`` (``[32 * num_warps]``, a 1-D blocked layout) at query level ``k`` whose live
+    tiles follow ``u_base``; ``live`` marks the sequences with a tile at that level, each ``heads`` tiles
+    in a row."""
+    j = u - u_base
+    rank = gl.associative_scan(live.to(gl.int32), 0, _add)  # [CH] live sequences up to each, inclusive
+    seq = gl.sum(gl.where(live & (rank == j // heads + 1), seqs, 0), 0)
+    return (k * n_seqs + seq) * heads + j % heads
+
+
+@gluon.jit
 def allocate_tile_slot():
     """An int32 ``[1, 1]`` shared-memory slot: a dynamically scheduled program's tile, written by the
     partition that took it (:func:`write_tile_slot`) and read by the others (:func:`read_tile_slot`)."""

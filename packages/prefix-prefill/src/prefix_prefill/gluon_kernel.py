@@ -69,6 +69,7 @@ from prefill_runtime.gluon import (
     allocate_tile_slot,
     consumer,
     drain,
+    live_tile_number,
     load_q_halves,
     next_tile,
     read_tile_slot,
@@ -936,11 +937,6 @@ def _fill_tile_table(table, CuSeqlensQ, n_seqs, n_tokens, n_m, BLOCK_M: gl.const
 
 
 @gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
 def _chunk_live(table, CuSeqlensQ, c0, level, n_seqs, n_tokens, n_m, BLOCK_M: gl.constexpr):
     """The K warp's view of sequences ``[c0, c0 + 32 * num_warps)`` (``c0`` a multiple of that): ``(seqs,
     live)``, ``live`` whether each has a tile at query level ``level``; tile counts from ``table`` for the
@@ -966,24 +962,20 @@ def _live_tile(u, cursor, table, CuSeqlensQ, sched, n_tokens, BLOCK_M: gl.conste
     one). ``cursor = (k, c0, u_base, count)``: query level ``k`` from the latest, the sequences from ``c0``
     (:func:`_chunk_live`), ``u_base`` live tiles before them, ``count`` theirs (times the heads); it only
     moves forward, as a program's ``u`` grow. Starts at ``(0, -CH, 0, 0)``. Returns ``(t, cursor)``."""
-    CH: gl.constexpr = 32 * gl.num_warps()
     heads = sched[0]
     n_m = sched[1]
     n_seqs = sched[2]
     k, c0, u_base, count = cursor
     while u >= u_base + count:
         u_base += count
-        c0 += CH
+        c0 += 32 * gl.num_warps()
         if c0 >= n_seqs:
             c0 = c0 * 0
             k += 1
         _seqs, live = _chunk_live(table, CuSeqlensQ, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M)
         count = gl.sum(live.to(gl.int32), 0) * heads
     seqs, live = _chunk_live(table, CuSeqlensQ, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M)
-    j = u - u_base
-    rank = gl.associative_scan(live.to(gl.int32), 0, _add)  # [CH] live sequences up to each, inclusive
-    seq = gl.sum(gl.where(live & (rank == j // heads + 1), seqs, 0), 0)
-    return (k * n_seqs + seq) * heads + j % heads, (k, c0, u_base, count)
+    return live_tile_number(u, k, u_base, seqs, live, heads, n_seqs), (k, c0, u_base, count)
 
 
 @gluon.jit

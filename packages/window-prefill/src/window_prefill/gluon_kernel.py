@@ -66,6 +66,7 @@ from prefill_runtime.gluon import (
     allocate_rings,
     allocate_tile_slot,
     consumer,
+    live_tile_number,
     load_q_halves,
     next_tile,
     read_tile_slot,
@@ -162,11 +163,6 @@ def _fill_seq_table(table, Starts, Lens, n_seqs, n_tokens, max_len, grid_rows, n
 
 
 @gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
 def _chunk_live(table, Starts, Lens, c0, level, n_seqs, n_tokens, n_m, BLOCK_M: gl.constexpr,
                 LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
     """The producer's view of sequences ``[c0, c0 + 32 * num_warps)`` (``c0`` a multiple of that):
@@ -199,11 +195,10 @@ def _live_tile(u, cursor, table, Starts, Lens, sched, n_tokens, BLOCK_M: gl.cons
     heads = sched[0]
     n_m = sched[1]
     n_seqs = sched[2]
-    CH: gl.constexpr = 32 * gl.num_warps()
     k, c0, u_base, count = cursor
     while u >= u_base + count:
         u_base += count
-        c0 += CH
+        c0 += 32 * gl.num_warps()
         if c0 >= n_seqs:
             c0 = c0 * 0
             k += 1
@@ -212,10 +207,7 @@ def _live_tile(u, cursor, table, Starts, Lens, sched, n_tokens, BLOCK_M: gl.cons
         count = gl.sum(live.to(gl.int32), 0) * heads
     seqs, live = _chunk_live(table, Starts, Lens, c0, n_m - 1 - k, n_seqs, n_tokens, n_m, BLOCK_M,
                              LENS_FROM_STARTS)  # fmt: skip
-    j = u - u_base
-    rank = gl.associative_scan(live.to(gl.int32), 0, _add)  # [CH] live sequences up to each, inclusive
-    seq = gl.sum(gl.where(live & (rank == j // heads + 1), seqs, 0), 0)
-    return (k * n_seqs + seq) * heads + j % heads, (k, c0, u_base, count)
+    return live_tile_number(u, k, u_base, seqs, live, heads, n_seqs), (k, c0, u_base, count)
 
 
 @gluon.jit
