@@ -439,3 +439,45 @@ def test_window_ncu_summary(tmp_path):
     lines = [x for x in text.splitlines() if x.startswith("- ")]
     assert lines[0].startswith("- 90 samples, 800 executions: `@!P1 BRA 0x10` (long_sb 89, barrier 1)"), lines
     assert lines[1].startswith("- 5 samples"), lines
+
+
+_SASS = """
+        /*0100*/                   MOV R1, R2 ;
+        /*0110*/                   WARPGROUP.ARRIVE ;
+        /*0120*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
+        /*0130*/                   HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;
+        /*0140*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0150*/                   MUFU.EX2 R3, R3 ;
+        /*0160*/                   MUFU.EX2 R4, R4 ;
+        /*0170*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0180*/                   MUFU.EX2 R5, R5 ;
+        /*0190*/                   FMUL R88, R88, R6 ;
+        /*01a0*/               @P2 BRA 0x110 ;
+        /*01b0*/               @P3 BRA 0x100 ;
+        /*01c0*/                   EXIT ;
+        /*01d0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R0 ;
+        /*01e0*/                   BRA 0x120 ;
+"""
+
+
+def test_sass_loops_finds_the_block_loop():
+    """bench/sass_loops.py on a hand-written SASS: the innermost conditional backward branch with wgmma is
+    the one block loop (the tile loop around it and a wait's plain retry branch are not), with its op
+    counts and the exp2 between the wait for S and the wait for all."""
+    sl = bench_module("sass_loops")
+    (loop,) = sl.block_loops(_SASS)
+    assert loop["range"] == "0x110-0x1a0" and loop["instructions"] == 10, loop
+    assert loop["HGMMA"] == 2 and loop["MUFU.EX2"] == 3 and loop["FMUL"] == 1, loop
+    assert loop["ex2_beside_pv"] == 2, loop
+
+
+def test_sass_loops_compiles_ours():
+    """bench/sass_loops.py compiles our window causal head-128 form offline (sm90): two consumer copies of
+    the block loop, each two wgmma groups of 8 and a thread's 64 exp2 (plus the two of the row's rescale)."""
+    sl = bench_module("sass_loops")
+    import window_prefill.launch as wl
+
+    if wl._gluon_fwd_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    loops = sl.block_loops(sl.ours_sass("window-causal-d128"))
+    assert len(loops) == 2 and all(r["HGMMA"] == 16 and r["MUFU.EX2"] >= 64 for r in loops), loops
