@@ -37,6 +37,7 @@ add_package_paths()
 
 OPS = ("HGMMA", "MUFU.EX2", "FFMA", "FMNMX", "FADD", "FMUL", "F2FP", "SHFL", "BAR.SYNC", "BAR.ARV", "SYNCS")
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+BACK_EDGE = re.compile(r"^@!?P\d+\s+BRA\s+(?:!?P\d+, )?0x([0-9a-f]+)$")  # conditional (a plain BRA: a retry)
 FA3_KERNEL = (
     "cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, 128, cutlass::bfloat16_t, float, "
     "cutlass::arch::Sm90, true, false, false, false, false, false, false, true, true, false, false, false>"
@@ -66,11 +67,9 @@ def block_loops(sass: str) -> list[dict]:
     """The block loops of ``sass`` (a function's SASS): per loop its address range, instruction count, the
     :data:`OPS` counts and ``ex2_beside_pv`` (module docstring)."""
     ins = instructions(sass)
-    loops = []
+    loops, spans = [], []
     for addr, text in ins:
-        m = re.search(
-            r"^@!?P\d+\s+BRA\s+(?:!?P\d+, )?0x([0-9a-f]+)$", text
-        )  # (a plain BRA back: a wait's retry)
+        m = BACK_EDGE.search(text)
         if not m or int(m.group(1), 16) >= addr:
             continue
         start = int(m.group(1), 16)
@@ -86,9 +85,8 @@ def block_loops(sass: str) -> list[dict]:
                 end = waits[0] if waits else len(body)
                 best = max(best, sum("MUFU.EX2" in b for b in body[k:end]))
         row["ex2_beside_pv"] = best
-        row["span"] = (start, addr)
         loops.append(row)
-    spans = [r.pop("span") for r in loops]
+        spans.append((start, addr))
 
     def outer(lo: int, hi: int) -> bool:  # another loop lies inside [lo, hi]
         return any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans)
