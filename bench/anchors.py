@@ -43,6 +43,11 @@ implementations' order rotated each pass; the median pass reported):
               (``bench/plan_override.py``: window_prefill's ``gluon`` plans on varlen rows, prefix_prefill's
               NHD/HND ones on prefix rows, every token's K/V from the cache), timed in the same passes: an
               A/B of a plan setting beside the peers (``diff_vs_ours`` 0: the same bits)
+With ``--sustained S``, each pass also runs every implementation back to back for ``S`` seconds
+(``bench/sustained.py``): ``sust_ms`` per call, the median SM clock ``sm_mhz`` and board power
+``power_w``, and ``mcycles`` (their product: the call in millions of SM cycles). At the card's power
+cap an implementation's clock depends on its energy per cycle, so ``mcycles`` separates a schedule's
+cost from a clock's.
 A peer that cannot be imported or fails is a row note, not an error. ``x_fa3`` / ``x_flashinfer``: the
 peer's time over ours (> 1: ours is faster); ``diff_vs_ours``: max |peer - ours| on the row (a peer
 called wrongly shows here). The peers come from ``../shared/peers/wheels/`` (install them into a folder
@@ -63,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sustained as sustained_runs
 from common import attn_flops, prefix_problem, run_device, settle, start, tflops, write_rows
 from plan_override import overridden, parse_sets
 
@@ -342,8 +348,11 @@ def _workspace(device: str) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------- timing
-def time_row(row: Row, calls: dict, notes: list[str], rounds: int, device: str) -> list[dict]:
-    """One result row per implementation that ran (its first call checked against ours)."""
+def time_row(
+    row: Row, calls: dict, notes: list[str], rounds: int, device: str, sustained: float = 0.0
+) -> list[dict]:
+    """One result row per implementation that ran (its first call checked against ours); with
+    ``sustained`` seconds, each also run back to back that long in each pass (``bench/sustained.py``)."""
     ref = calls["ours"]().float()
     if device == "cuda":
         from prefix_prefill import finish_compiles
@@ -361,11 +370,15 @@ def time_row(row: Row, calls: dict, notes: list[str], rounds: int, device: str) 
         except Exception as e:
             notes.append(f"{impl}: {type(e).__name__}: {str(e)[:120]}")
     passes: dict[str, list[float]] = {impl: [] for impl in live}
+    runs: dict[str, list[dict]] = {impl: [] for impl in live}
+    sustain = sustained > 0 and device == "cuda" and sustained_runs.available()
     order = list(live)
     for r in range(rounds):
         for impl in order[r % len(order) :] + order[: r % len(order)]:
             with _plans(impl):
                 passes[impl].append(_ms(live[impl], device))
+                if sustain:
+                    runs[impl].append(sustained_runs.run(live[impl], sustained))
     flops = attn_flops(visible_pairs(row), row.head, row.heads)
     ours_ms = statistics.median(passes["ours"])
     rows = []
@@ -376,6 +389,8 @@ def time_row(row: Row, calls: dict, notes: list[str], rounds: int, device: str) 
             "diff_vs_ours": "" if diffs[impl] is None else diffs[impl],
             "passes_ms": "/".join(f"{m:.4g}" for m in ms_all), "note": "; ".join(notes),
         })  # fmt: skip
+        if sustain:
+            rows[-1].update(sustained_runs.median_runs(runs[impl]))
     peer_ms = {x["impl"]: x["ms"] for x in rows if x["impl"] in PEERS}
     for x in rows:  # (every row has the columns; the ours row holds the ratios)
         for peer in PEERS:
@@ -388,6 +403,9 @@ def print_row(r: dict) -> None:
     ratios = "  ".join(f"{k}={r[k]:.3g}" for k in ("x_fa3", "x_flashinfer") if isinstance(r.get(k), float))
     diff = f"  diff={r['diff_vs_ours']:.3g}" if isinstance(r["diff_vs_ours"], float) else ""
     line = f"{r['row']:14s} {r['impl']:11s} {r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s{diff}  {ratios}"
+    if "sust_ms" in r:
+        line += (f"  sustained {r['sust_ms']:.4f} ms at {r['sm_mhz']:.0f} MHz {r['power_w']:.0f} W"
+                 f" ({r['mcycles']:.4g} Mcycles)")  # fmt: skip
     print(line, flush=True)
 
 
@@ -415,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(PEERS),
         help="the peers to run (one left out is a row note; FlashInfer's first fp8 call builds for minutes)",
     )
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                    help="also run each implementation back to back this long per pass, with its SM clock "
+                    "and power (bench/sustained.py)")  # fmt: skip
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
                     help="a Gluon plan constexpr of ours_set, e.g. PERSISTENT=1")  # fmt: skip
     args = ap.parse_args(argv)
@@ -440,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         build = varlen_calls if row.kind == "varlen" else prefix_calls
         calls, notes = build(row, device, dtype)
-        new = time_row(row, calls, notes, rounds, device)
+        new = time_row(row, calls, notes, rounds, device, args.sustained)
         for r in new:
             print_row(r)
         rows += new

@@ -101,16 +101,21 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False):
         host._LLVM_LEVEL.value = None
         host._DESC_FIX.value = False
     print("cleared", host._DESC_FIX.cleared)
-    assert "wgmma.mma_async" in kernel.asm["ptx"], "no wgmma in the PTX"
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx, "no wgmma in the PTX"
     print("shared", kernel.metadata.shared)
+    # the consumers' turns at the tensor cores: 256-thread named barriers 14 and 15 (check_turns)
+    print("turns", consts.get("HEAD_DIM"), int(consts.get("PERSISTENT") is True),
+          *(ptx.count(f"{op} {b}, 256;") for op in ("bar.sync", "bar.arrive") for b in (14, 15)))
     return src, kernel
 """
 
 
 def compile_gluon_for_sm90(script: str) -> tuple[list[int], str]:
     """Run ``GLUON_COMPILE_PREAMBLE + script`` in a subprocess (no GPU needed; a fresh interpreter, since
-    this one's interpreter mode swaps Triton's library functions); it must succeed. Returns the shared
-    memory (bytes) of every kernel it compiled through ``compile_sm90``, and its stdout."""
+    this one's interpreter mode swaps Triton's library functions); it must succeed, and every kernel
+    takes the turns :func:`check_turns` expects. Returns the shared memory (bytes) of every kernel it
+    compiled through ``compile_sm90``, and its stdout."""
     import subprocess
     import sys
 
@@ -119,6 +124,7 @@ def compile_gluon_for_sm90(script: str) -> tuple[list[int], str]:
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     shared = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("shared ")]
+    check_turns(r.stdout)
     return shared, r.stdout
 
 
@@ -129,6 +135,23 @@ def check_tanh_forms(out: str) -> None:
     assert lines, out
     for _, form, count in lines:
         assert (int(count) > 0) is (form in ("2", "3")), (form, count)
+
+
+def check_turns(out: str) -> None:
+    """A compile script's lines ``turns <HEAD_DIM> <PERSISTENT> <bar.sync 14> <bar.sync 15> <bar.arrive
+    14> <bar.arrive 15>`` (256-thread named barriers in the PTX, one line a kernel ``compile_sm90``
+    compiled): the persistent forms up to head 128 take turns at the tensor cores
+    (``prefill_runtime.gluon.takes_turns``), consumer 0 waiting on barrier 14 and handing over on 15,
+    consumer 1 the other way round, each barrier with as many arrivals as waits in the code; head 256
+    and every other form take none."""
+    lines = [line.split()[1:] for line in out.splitlines() if line.startswith("turns ")]
+    for head, persistent, *counts in lines:
+        sync14, sync15, arrive14, arrive15 = map(int, counts)
+        if persistent == "1" and head != "None" and int(head) <= 128:
+            assert sync14 > 0 and sync15 > 0, (head, counts)
+            assert (sync14, sync15) == (arrive14, arrive15), (head, counts)
+        else:
+            assert sync14 == sync15 == arrive14 == arrive15 == 0, (head, persistent, counts)
 
 
 def refuse_gluon(monkeypatch: pytest.MonkeyPatch, iface) -> list[dict]:

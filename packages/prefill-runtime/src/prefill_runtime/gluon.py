@@ -491,6 +491,32 @@ def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, n0, lo, hi, WG: gl.con
     return n_fix, pv
 
 
+@gluon.constexpr_function
+def takes_turns(head_dim):
+    """Whether a persistent form's two consumers take turns at the tensor cores (:func:`consumer`'s
+    ``PINGPONG``): at head sizes up to 128. At head 256 (64-key blocks) the turns cost more than they
+    gain, as they do in the one-tile forms, which never take them (bench/results/NOTES.md, entry 137)."""
+    return head_dim <= 128
+
+
+@gluon.constexpr_function
+def _turn_asm(wg, sync):
+    """:func:`turn`'s instruction (a ``mov`` gives the inline asm its one result)."""
+    op = f"bar.sync {14 + wg}, 256;" if sync else f"bar.arrive {15 - wg}, 256;"
+    return op + " mov.b32 $0, $1;"
+
+
+@gluon.jit
+def turn(WG: gl.constexpr, SYNC: gl.constexpr):
+    """The consumers' turns at the tensor cores (FlashAttention-3's ping-pong): ``SYNC`` waits for this
+    warpgroup's turn (``bar.sync`` on hardware barrier ``14 + WG``, completed by the other warpgroup's
+    arrival), else hands the turn to the other warpgroup (``bar.arrive`` on ``15 - WG``); 256 threads each
+    (both consumer warpgroups). Barriers 14 and 15: Triton's own partition barriers take the low ids. One
+    instruction a thread: the operand is a ``[128]`` tensor of one element a thread (4 warps)."""
+    one = gl.full([128], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    gl.inline_asm_elementwise(_turn_asm(WG, SYNC), "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
+
+
 @gluon.jit
 def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
                     b_full_lo, b_full_hi, BLOCK_N: gl.constexpr):  # fmt: skip
@@ -517,6 +543,7 @@ def _block_step(
     K_VIEW: gl.constexpr, K_COLS: gl.constexpr, V_ROWS: gl.constexpr,
     S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr, SOFTCAP: gl.constexpr,
     ALIBI: gl.constexpr, SINKS: gl.constexpr, terms=None, FP8_KV: gl.constexpr = False, base=0,
+    PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """One step of :func:`consumer`'s loop: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (its V
     slot in the ``V_ROWS`` form when that is given, see :func:`_pv_step`), wait for ``S_j`` only, the
@@ -532,12 +559,23 @@ def _block_step(
     mbarrier.wait(k_ready.index(slot), (r // NUM_STAGES) & 1)
     if CP_FILL:
         fence_async_shared()
+    if PINGPONG:  # both operands ready and V's rows fixed before the turn (the other consumer takes part)
+        mbarrier.wait(v_ready.index(pslot), ((r - 1) // VS) & 1)
+        if p_out:
+            n_fix = zero_v_rows(v_smem.index(pslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2, V_T)
+        turn(WG, True)
     b_s = _scores(q_buf, k_smem, slot, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # S_j in flight
-    mbarrier.wait(v_ready.index(pslot), ((r - 1) // VS) & 1)
+    if not PINGPONG:
+        mbarrier.wait(v_ready.index(pslot), ((r - 1) // VS) & 1)
     if CP_FILL:
         fence_async_shared()
-    n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
+    pv_out = p_out
+    if PINGPONG:  # (zeroed before the turn)
+        pv_out = False
+    n_fix, acc = _pv_step(acc, b_p, v_smem, pslot, fix_bar, n_fix, pv_out, p_n0, p_lo, p_hi, WG,
                           BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
+    if PINGPONG:
+        turn(WG, False)
     b_s = warpgroup_mma_wait(1, deps=[b_s])  # S_j done; P @ V may still run
     _release(k_empty.index(slot), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
@@ -571,7 +609,7 @@ def consumer(
     K_VIEW: gl.constexpr = None, V_STAGES: gl.constexpr = 0, K_COLS: gl.constexpr = 64,
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
     SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
-    terms=None, FP8_KV: gl.constexpr = False, ring=None,
+    terms=None, FP8_KV: gl.constexpr = False, ring=None, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -607,7 +645,10 @@ def consumer(
     ``n_fix``, once the tile's last ``Q K^T`` is done the warpgroup arrives on ``q_empty`` (count 2: the
     producer may load the next tile's Q), and the last block's V slot is released too (the next tile's
     blocks reuse it); the handshake count after the tile is returned. None: one
-    tile, from the rings' first block."""
+    tile, from the rings' first block. ``PINGPONG`` (a persistent form's two 4-warp consumers, see
+    :func:`takes_turns`): the warpgroups take turns at the tensor cores (:func:`turn`): each issues its
+    ``S_j`` and ``P_{j-1} V_{j-1}`` in its turn, with every mbarrier wait and its V-row fix made before
+    the turn, so one warpgroup's softmax runs beside the other's wgmmas (FlashAttention-3's ping-pong)."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
@@ -642,13 +683,22 @@ def consumer(
     else:
         base, q_phase, n_fix, q_empty = ring
 
+    # (the persistent forms' callers pair every turn: consumer 1 hands consumer 0 the first one before
+    # its first tile, consumer 0 takes a last one after its last tile, see :func:`turn`)
+    gl.static_assert(not PINGPONG or (WARPGROUPS == 1 and V_ROWS is None and ring is not None),
+                     "PINGPONG: two 4-warp consumers of a persistent form")  # fmt: skip
+
     # ---- block 0: scores and softmax, no P @ V yet ----
     slot0 = base % NUM_STAGES
     mbarrier.wait(q_bar.index(WG), q_phase)
     mbarrier.wait(k_ready.index(slot0), (base // NUM_STAGES) & 1)
     if CP_FILL:
         fence_async_shared()
+    if PINGPONG:
+        turn(WG, True)
     b_s = _scores(q_buf, k_smem, slot0, ROWS, BLOCK_N, HEAD_DIM, S_LAYOUT, K_VIEW, K_COLS)  # [BM / 2, BN]
+    if PINGPONG:
+        turn(WG, False)
     b_s = warpgroup_mma_wait(0, deps=[b_s])
     _release(k_empty.index(slot0), WARPGROUPS)
     n0, lo, hi, shift, masked, out = _block_geometry(
@@ -679,6 +729,7 @@ def consumer(
             b_lo, b_hi, b_shift, b_full_lo, b_full_hi, qk_scale, window_left, window_right, score, row0, WG,
             ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, VS, CAUSAL, HAS_LEFT, HAS_RIGHT, V_T, CP_FILL, WARPGROUPS,
             K_VIEW, K_COLS, None, S_LAYOUT, O_LAYOUT, P_LAYOUT, SOFTCAP, ALIBI, SINKS, terms, FP8_KV, base,
+            PINGPONG,
         )  # fmt: skip
     if V_ROWS is not None:
         for j in range(a_stop, n_blocks):
@@ -699,8 +750,16 @@ def consumer(
     mbarrier.wait(v_ready.index(lslot), (last // VS) & 1)
     if CP_FILL:
         fence_async_shared()
-    n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, p_out, p_n0, p_lo, p_hi, WG,
+    pv_out = p_out
+    if PINGPONG:  # V's rows fixed before the turn
+        if p_out:
+            n_fix = zero_v_rows(v_smem.index(lslot), fix_bar, n_fix, p_n0, p_lo, p_hi, WG, BLOCK_N // 2, V_T)
+        pv_out = False
+        turn(WG, True)
+    n_fix, acc = _pv_step(acc, b_p, v_smem, lslot, fix_bar, n_fix, pv_out, p_n0, p_lo, p_hi, WG,
                           BLOCK_N * WARPGROUPS // 2, V_T, WARPGROUPS, V_ROWS)  # fmt: skip
+    if PINGPONG:
+        turn(WG, False)
     acc = warpgroup_mma_wait(0, deps=[acc])
     if ring is not None:  # (a one-tile program never refills it: the ring ends here)
         _release(v_empty.index(lslot), WARPGROUPS)

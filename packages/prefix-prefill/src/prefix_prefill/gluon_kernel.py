@@ -74,7 +74,9 @@ from prefill_runtime.gluon import (
     next_tile,
     read_tile_slot,
     score_terms,
+    takes_turns,
     tiles_done,
+    turn,
     write_tile_slot,
 )
 from prefill_runtime.gluon_bounds import zero_rows
@@ -320,7 +322,7 @@ def _prefix_consumer(
     HAS_LEFT: gl.constexpr = False, SOFTCAP: gl.constexpr = 0, HAS_ALIBI: gl.constexpr = False,
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
-    terms=None, FP8_KV: gl.constexpr = False, ring=None,
+    terms=None, FP8_KV: gl.constexpr = False, ring=None, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -355,7 +357,7 @@ def _prefix_consumer(
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, CP_FILL,
             WARPGROUPS, K_VIEW, 0,
             K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
-            terms, FP8_KV, ring,
+            terms, FP8_KV, ring, PINGPONG,
         )  # fmt: skip
         if ring is not None:  # (a one-tile consumer returns nothing)
             return n_fix
@@ -1006,6 +1008,9 @@ def _persistent_consumer(
     base = gl.to_tensor(0)  # the rings' blocks of the tiles before
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
+    PINGPONG: gl.constexpr = takes_turns(HEAD_DIM)  # the consumers' turns at the tensor cores
+    if PINGPONG and WG == 1:  # consumer 1 hands consumer 0 the first turn
+        turn(WG, False)
     mbarrier.wait(q_bar.index(WG), 0)
     t = _slot_of(slots, n_done)
     while t >= 0:
@@ -1018,12 +1023,14 @@ def _persistent_consumer(
         n_fix = _prefix_consumer(
             WG, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
             False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, False, CAUSAL,
-            HAS_RIGHT, OUT_MAX, None, False, (base, n_done & 1, n_fix, q_empty),
+            HAS_RIGHT, OUT_MAX, None, False, (base, n_done & 1, n_fix, q_empty), PINGPONG,
         )  # fmt: skip
         base += seg[0]
         n_done += 1
         mbarrier.wait(q_bar.index(WG), n_done & 1)  # the next tile's Q, or the end
         t = _slot_of(slots, n_done)
+    if PINGPONG and WG == 0:  # consumer 1's last hand-over (each turn pairs with one)
+        turn(WG, True)
 
 
 @gluon.jit

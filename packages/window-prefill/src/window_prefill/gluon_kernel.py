@@ -71,7 +71,9 @@ from prefill_runtime.gluon import (
     next_tile,
     read_tile_slot,
     score_terms,
+    takes_turns,
     tiles_done,
+    turn,
     write_tile_slot,
 )
 from prefill_runtime.gluon_bounds import zero_rows
@@ -259,6 +261,9 @@ def _persistent_consumer(
     base = gl.to_tensor(0)  # the rings' blocks of the tiles before
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
+    PINGPONG: gl.constexpr = takes_turns(HEAD_DIM)  # the consumers' turns at the tensor cores
+    if PINGPONG and WG == 1:  # consumer 1 hands consumer 0 the first turn
+        turn(WG, False)
     mbarrier.wait(q_bar.index(WG), 0)
     t = read_tile_slot(tile_slot)
     while t >= 0:
@@ -275,12 +280,14 @@ def _persistent_consumer(
             z, z, z, z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
             False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS, False, None, 0.0, None,
-            False, (base, n_done & 1, n_fix, q_empty),
+            False, (base, n_done & 1, n_fix, q_empty), PINGPONG,
         )  # fmt: skip
         base += n_blocks
         n_done += 1
         mbarrier.wait(q_bar.index(WG), n_done & 1)  # the next tile's Q, or the end
         t = read_tile_slot(tile_slot)
+    if PINGPONG and WG == 0:  # consumer 1's last hand-over (each turn pairs with one)
+        turn(WG, True)
 
 
 @gluon.jit
