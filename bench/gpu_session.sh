@@ -36,7 +36,8 @@
 #  hostspread: bench/host_probe.py --peers in SPREAD_RUNS fresh processes (unpinned), then one pinned to
 #  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
 #  ncuwindow: Nsight Compute (--set full, ncu's clocks) of the window Gluon kernel, one call each of
-#  NCU_SHAPES (bench/window_ncu.py) for each tree of NCU_TREES ("name=DIR ...", empty DIR: this checkout),
+#  NCU_SHAPES (bench/window_ncu.py) for each tree of NCU_TREES ("name=DIR ...", empty DIR: this checkout;
+#  the name fa3: FlashAttention-3's kernel on the same call, from the peer wheels in WHEELS),
 #  each L2 factor of NCU_L2 (a persistent kernel's plan.schedule told the L2 is that fraction of its
 #  size) and each soft-cap of NCU_SOFTCAP (0: off), then bench/window_ncu.py --summary, into ncu.tgz;
 #  ncufeatures: Nsight Compute (--set full, ncu's clocks) of one warm call of each feature of NCU_FEATURES
@@ -303,13 +304,18 @@ if [[ $what == ncuwindow ]]; then
   res=$OUT/ncu; mkdir -p "$res"
   for spec in ${NCU_TREES:-main=.peers/t_main/packages new=}; do
     name=${spec%%=*}; dir=${spec#*=}
+    impl=ours; kre=gluon
+    if [[ $name == fa3 ]]; then  # FlashAttention-3's forward from the peer wheels (its CUTLASS kernel)
+      impl=fa3; kre=device_kernel
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers-site "${WHEELS:-.wheels}"/*.whl
+    fi
     for shape in ${NCU_SHAPES:-noncausal8k causal8k}; do
       for l2 in ${NCU_L2:-1}; do
         for cap in ${NCU_SOFTCAP:-0}; do
           tag=${name}_${shape}_l2-${l2}_cap-${cap}
-          BENCH_PACKAGES=${dir:+$PWD/$dir} timeout 150 ncu --profile-from-start off --set full --import-source no \
-            -k regex:gluon -f -o "$res/$tag" python3 bench/window_ncu.py $shape --l2 $l2 --softcap $cap \
-            >"$res/$tag.log" 2>&1
+          PYTHONPATH=$PYTHONPATH:/tmp/peers-site BENCH_PACKAGES=${dir:+$PWD/$dir} timeout 150 ncu \
+            --profile-from-start off --set full --import-source no -k regex:$kre -f -o "$res/$tag" \
+            python3 bench/window_ncu.py $shape --l2 $l2 --softcap $cap --impl $impl >"$res/$tag.log" 2>&1
           echo "$tag rc $?"
           ncu -i "$res/$tag.ncu-rep" --page details --csv >"$res/$tag.details.csv" 2>&1
           ncu -i "$res/$tag.ncu-rep" --page source --csv --print-source sass >"$res/$tag.sass.csv" 2>&1

@@ -1,7 +1,7 @@
 """One window_prefill call for Nsight Compute to profile, and the summary of the reports.
 
     ncu --profile-from-start off --set full -k regex:gluon -o REP python bench/window_ncu.py SHAPE \
-        [--l2 F] [--softcap C]
+        [--l2 F] [--softcap C] [--impl fa3]
     python bench/window_ncu.py --summary DIR      # DIR: <tag>.details.csv and <tag>.sass.csv pairs
 
 SHAPE is a varlen row of ``bench/trees_ab.py``'s table (``anchors``' rows and its own: ``causal8k``,
@@ -9,8 +9,10 @@ SHAPE is a varlen row of ``bench/trees_ab.py``'s table (``anchors``' rows and it
 settle, then once between ``cudaProfilerStart`` and ``cudaProfilerStop``: the profiled launch is the warm
 one. ``--l2 F`` tells ``plan.schedule`` the L2 is ``F`` of its size (smaller sections of the persistent
 kernel's order); a tree without a schedule ignores it. ``--softcap C`` calls with soft-capping (issue
-46's cost of a feature against the plain call). ``BENCH_PACKAGES`` picks the package tree
-(bench/common.py).
+46's cost of a feature against the plain call). ``--impl fa3`` profiles FlashAttention-3's forward on the
+same inputs instead (``anchors``' call of it; the peer wheels on ``PYTHONPATH``; its kernel is a CUTLASS
+``device_kernel``: ``-k regex:device_kernel``), the counts beside ours. ``BENCH_PACKAGES`` picks the
+package tree (bench/common.py).
 
 The summary (Markdown) has per report the duration, L2 hit rate, DRAM active cycles, executed
 instructions, IPC, local-memory spill requests and the memory units' busiest share and peak bandwidth,
@@ -93,7 +95,7 @@ def summary(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile(shape: str, l2: float, softcap: float) -> None:
+def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from trees_ab import row_table
 
@@ -117,6 +119,16 @@ def profile(shape: str, l2: float, softcap: float) -> None:
     def call():
         window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1), out=out, **kw)
 
+    if impl == "fa3":
+        if row.left >= 0:
+            raise SystemExit("FA3's wheel has no local attention: a row without a window")
+        fa3 = anchors._fa3(notes := [])
+        if fa3 is None:
+            raise SystemExit(f"FA3 did not import: {notes}")
+
+        def call():  # the peer's call in place of ours
+            fa3(q, k, v, cu, cu, longest, longest, causal=row.causal, softcap=softcap)
+
     for _ in range(4):
         call()
     torch.cuda.synchronize()
@@ -124,7 +136,7 @@ def profile(shape: str, l2: float, softcap: float) -> None:
     call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print("profiled", shape, "l2 x", l2, "softcap", softcap)
+    print("profiled", impl, shape, "l2 x", l2, "softcap", softcap)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("shape", nargs="?", help="a varlen row of bench/trees_ab.py's table")
     ap.add_argument("--l2", type=float, default=1.0, help="the L2 size plan.schedule sees, as a fraction")
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capping (0: off)")
+    ap.add_argument("--impl", choices=("ours", "fa3"), default="ours", help="the implementation to profile")
     ap.add_argument("--summary", type=Path, help="summarise the csv exports in this folder instead")
     args = ap.parse_args(argv)
     if args.summary is not None:
@@ -139,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.shape is None:
         ap.error("a SHAPE (or --summary DIR) is required")
-    profile(args.shape, args.l2, args.softcap)
+    profile(args.shape, args.l2, args.softcap, args.impl)
     return 0
 
 
