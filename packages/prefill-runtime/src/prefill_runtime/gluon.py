@@ -492,6 +492,21 @@ def _pv_step(acc, b_p, v_smem, slot, fix_bar, n_fix, out, n0, lo, hi, WG: gl.con
 
 
 @gluon.constexpr_function
+def _store_layout(rows, head_dim, warps):
+    """The layout a 16-bit O's rows are stored from: the accumulator's (each warp's 16 rows, a quad of
+    lanes on a row, two rows a thread 8 apart) with a row's columns dealt out so that each lane holds 4
+    contiguous ones and a quad 32 contiguous bytes, one whole 32-byte sector a store (the accumulator's
+    own has a quad write 16 bytes of a sector per store, and the sector's other half in another store).
+    Rows stay on their lanes and warps, so the conversion is a shuffle within each quad, no shared
+    memory."""
+    bits = [1 << i for i in range((head_dim - 1).bit_length())]  # a column index's bits
+    reg = [[0, bits[0]], [0, bits[1]], [8, 0]] + [[0, b] for b in bits[4:]]
+    lane = [[0, bits[2]], [0, bits[3]], [1, 0], [2, 0], [4, 0]]
+    warp = [[16 << i, 0] for i in range(warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, head_dim])
+
+
+@gluon.constexpr_function
 def takes_turns(head_dim):
     """Whether a persistent form's two consumers take turns at the tensor cores (:func:`consumer`'s
     ``PINGPONG``): at head sizes up to 128. At head 256 (64-key blocks) the turns cost more than they
@@ -773,8 +788,13 @@ def consumer(
     else:
         inv_o = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
         b_o = (acc * inv_o[:, None]).to(O.dtype.element_ty)  # [BM / 2, D]
-    offs_ro = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))  # [BM / 2]
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))  # [D]
+    if OUT_MAX > 0:  # (one-byte O: the quad shuffle takes shared memory the fp8 forms do not have)
+        ST_LAYOUT: gl.constexpr = O_LAYOUT
+    else:
+        ST_LAYOUT: gl.constexpr = _store_layout(ROWS, HEAD_DIM, NW)
+        b_o = gl.convert_layout(b_o, ST_LAYOUT)  # [BM / 2, D] whole sectors a store
+    offs_ro = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ST_LAYOUT))  # [BM / 2]
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ST_LAYOUT))  # [D]
     p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]
     p_o = p_row[:, None] + offs_d[None, :]  # [BM / 2, D]
     gl.store(p_o, b_o, mask=(offs_ro < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :])
