@@ -37,7 +37,8 @@
 #  each CPU of SPREAD_CPUS, then the engine's host table in two processes, into results.tgz;
 #  ncuwindow: Nsight Compute (--set full, ncu's clocks) of the window Gluon kernel, one call each of
 #  NCU_SHAPES (bench/window_ncu.py) for each tree of NCU_TREES ("name=DIR ...", empty DIR: this checkout;
-#  the name fa3: FlashAttention-3's kernel on the same call, from the peer wheels in WHEELS),
+#  the names fa3 / flashinfer: that peer's kernel on the same call, from the wheels in WHEELS, kernel regex
+#  NCU_PEER_KERNEL, default device_kernel; prefix / ours_kv: prefix-prefill on a prefix row, e.g. llama),
 #  each L2 factor of NCU_L2 (a persistent kernel's plan.schedule told the L2 is that fraction of its
 #  size) and each soft-cap of NCU_SOFTCAP (0: off), then bench/window_ncu.py --summary, into ncu.tgz;
 #  ncufeatures: Nsight Compute (--set full, ncu's clocks) of one warm call of each feature of NCU_FEATURES
@@ -305,10 +306,12 @@ if [[ $what == ncuwindow ]]; then
   for spec in ${NCU_TREES:-main=.peers/t_main/packages new=}; do
     name=${spec%%=*}; dir=${spec#*=}
     impl=ours; kre=gluon
-    if [[ $name == fa3 ]]; then  # FlashAttention-3's forward from the peer wheels (its CUTLASS kernel)
-      impl=fa3; kre=device_kernel
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers-site "${WHEELS:-.wheels}"/*.whl
-    fi
+    case $name in  # a name that is an implementation profiles anchors' call of it (window_ncu.py --impl)
+      prefix|ours_kv) impl=$name ;;
+      fa3|flashinfer)  # a peer from the wheels; FA3's kernel is a CUTLASS device_kernel
+        impl=$name; kre=${NCU_PEER_KERNEL:-device_kernel}
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers-site "${WHEELS:-.wheels}"/*.whl ;;
+    esac
     for shape in ${NCU_SHAPES:-noncausal8k causal8k}; do
       for l2 in ${NCU_L2:-1}; do
         for cap in ${NCU_SOFTCAP:-0}; do

@@ -9,10 +9,11 @@ SHAPE is a varlen row of ``bench/trees_ab.py``'s table (``anchors``' rows and it
 settle, then once between ``cudaProfilerStart`` and ``cudaProfilerStop``: the profiled launch is the warm
 one. ``--l2 F`` tells ``plan.schedule`` the L2 is ``F`` of its size (smaller sections of the persistent
 kernel's order); a tree without a schedule ignores it. ``--softcap C`` calls with soft-capping (issue
-46's cost of a feature against the plain call). ``--impl fa3`` profiles FlashAttention-3's forward on the
-same inputs instead (``anchors``' call of it; the peer wheels on ``PYTHONPATH``; its kernel is a CUTLASS
-``device_kernel``: ``-k regex:device_kernel``), the counts beside ours. ``BENCH_PACKAGES`` picks the
-package tree (bench/common.py).
+46's cost of a feature against the plain call). ``--impl`` profiles ``anchors``' call of the row by
+another implementation on the same inputs: ``fa3`` (FlashAttention-3's forward; its kernel is a CUTLASS
+``device_kernel``: ``-k regex:device_kernel``) or ``flashinfer`` (the peer wheels on ``PYTHONPATH``), and on
+a prefix row (``llama``, ``qwen``, ...) ``prefix`` (prefix-prefill, every token's K/V from the cache) or
+``ours_kv`` (the new tokens' K/V given). ``BENCH_PACKAGES`` picks the package tree (bench/common.py).
 
 The summary (Markdown) has per report the duration, L2 hit rate, DRAM active cycles, executed
 instructions, IPC, local-memory spill requests and the memory units' busiest share and peak bandwidth,
@@ -95,20 +96,16 @@ def summary(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from trees_ab import row_table
-
-    rows = {r.name: r for r in row_table(smoke=False) if r.kind == "varlen"}  # (imports anchors: the paths)
-    if shape not in rows:
-        raise SystemExit(f"unknown varlen row {shape!r}; known: {sorted(rows)}")
-    row = rows[shape]
+def _window_call(row, l2: float, softcap: float):
+    """window_prefill's call on the varlen ``row`` (``--l2``: the L2 size ``plan.schedule`` sees)."""
     import anchors
     import torch
 
     import window_prefill.launch as wl
     from window_prefill import window_prefill
 
+    if row.kind != "varlen":
+        raise SystemExit(f"{row.name} is a prefix row: --impl prefix, ours_kv or a peer")
     if l2 != 1 and hasattr(wl, "device_caches"):
         real = wl.device_caches
         wl.device_caches = lambda i: (lambda c: (c[0], int(c[1] * l2)))(real(i))
@@ -119,15 +116,33 @@ def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
     def call():
         window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1), out=out, **kw)
 
-    if impl == "fa3":
-        if row.left >= 0:
-            raise SystemExit("FA3's wheel has no local attention: a row without a window")
-        fa3 = anchors._fa3(notes := [])
-        if fa3 is None:
-            raise SystemExit(f"FA3 did not import: {notes}")
+    return call
 
-        def call():  # the peer's call in place of ours
-            fa3(q, k, v, cu, cu, longest, longest, causal=row.causal, softcap=softcap)
+
+def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from trees_ab import row_table
+
+    rows = {r.name: r for r in row_table(smoke=False)}  # (imports anchors: the paths)
+    if shape not in rows:
+        raise SystemExit(f"unknown row {shape!r}; known: {sorted(rows)}")
+    row = rows[shape]
+    import anchors
+    import torch
+
+    if impl == "ours":
+        call = _window_call(row, l2, softcap)
+    else:  # anchors' call of the row (a peer's, or prefix-prefill's), the row's own options
+        if l2 != 1 or softcap > 0:
+            raise SystemExit("--l2 and --softcap are for window_prefill's own call (a *_cap50 row has a cap)")
+        if (impl in ("prefix", "ours_kv")) != (row.kind == "prefix"):
+            raise SystemExit(f"--impl {impl} on a {row.kind} row: prefix and ours_kv take the prefix rows")
+        build = anchors.varlen_calls if row.kind == "varlen" else anchors.prefix_calls
+        calls, notes = build(row, "cuda", torch.bfloat16)
+        name = "ours" if impl == "prefix" else impl  # (anchors' name of prefix-prefill's call)
+        if name not in calls:
+            raise SystemExit(f"{impl} has no call on {shape}: {notes}")
+        call = calls[name]
 
     for _ in range(4):
         call()
@@ -144,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("shape", nargs="?", help="a varlen row of bench/trees_ab.py's table")
     ap.add_argument("--l2", type=float, default=1.0, help="the L2 size plan.schedule sees, as a fraction")
     ap.add_argument("--softcap", type=float, default=0.0, help="soft-capping (0: off)")
-    ap.add_argument("--impl", choices=("ours", "fa3"), default="ours", help="the implementation to profile")
+    ap.add_argument("--impl", choices=("ours", "ours_kv", "prefix", "fa3", "flashinfer"), default="ours",
+                    help="what to profile (prefix rows: prefix, ours_kv or a peer)")  # fmt: skip
     ap.add_argument("--summary", type=Path, help="summarise the csv exports in this folder instead")
     args = ap.parse_args(argv)
     if args.summary is not None:
