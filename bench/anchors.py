@@ -2,6 +2,7 @@
 
     python bench/anchors.py --out DIR [--rounds 3] [--rows causal8k,short1k,...] [--peers fa3]
     python bench/anchors.py --smoke --out DIR      # CPU: Triton interpreter, tiny shapes, ours only
+    python bench/anchors.py --out DIR --processes 3 [...]   # the same in 3 fresh processes, merged
 
 Writes DIR/anchors.{csv,md} (rewritten after each row, so a run cut by its time limit keeps what it
 measured) and prints one line per implementation.
@@ -48,6 +49,11 @@ With ``--sustained S``, each pass also runs every implementation back to back fo
 ``power_w``, and ``mcycles`` (their product: the call in millions of SM cycles). At the card's power
 cap an implementation's clock depends on its energy per cycle, so ``mcycles`` separates a schedule's
 cost from a clock's.
+With ``--processes P`` (P >= 2) the run is P fresh processes one after another (``DIR/proc1`` ..), each as
+above, and ``DIR/anchors_processes.{csv,md}`` gives per row and implementation the median of the
+processes' times and, for ours, each peer's ratio per process (``x_fa3_processes``) and their median: a
+peer's time moves 3-4% between processes on one card (NOTES entry 139), so a verdict against a bar reads
+the ratios' spread, not one process.
 A peer that cannot be imported or fails is a row note, not an error. ``x_fa3`` / ``x_flashinfer``: the
 peer's time over ours (> 1: ours is faster); ``diff_vs_ours``: max |peer - ours| on the row (a peer
 called wrongly shows here). The peers come from ``../shared/peers/wheels/`` (install them into a folder
@@ -58,11 +64,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import importlib
 import itertools
 import os
 import random
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,6 +430,62 @@ def _ms(fn, device: str) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def across_processes(outs: list[Path]) -> list[dict]:
+    """The rows of several processes' ``anchors.csv`` (``outs``: their folders, a missing file skipped)
+    merged: per row and implementation (in first-seen order) ``ms`` and ``tflops``, the medians over the
+    processes that measured them, ``ms_processes`` their times; on ours' rows, for each peer column
+    ``x_<peer>``, the median of the per-process ratios and ``x_<peer>_processes`` the ratios themselves
+    (each ratio from one process: the peer's time over ours in the same run)."""
+    merged: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for out in outs:
+        path = out / "anchors.csv"
+        if not path.exists():
+            continue
+        with path.open(newline="") as f:
+            for r in csv.DictReader(f):
+                cols = merged.setdefault((r["row"], r["impl"]), {})
+                for key, value in r.items():
+                    if (key in ("ms", "tflops") or key.startswith("x_")) and value not in ("", None):
+                        cols.setdefault(key, []).append(float(value))
+    rows = []
+    for (row, impl), cols in merged.items():
+        r: dict = {"row": row, "impl": impl}
+        for key, values in cols.items():
+            r[key] = statistics.median(values)
+            if key != "tflops":
+                r[f"{key}_processes"] = "/".join(f"{v:.4g}" for v in values)
+        rows.append(r)
+    return rows
+
+
+def _in_processes(args: argparse.Namespace) -> int:
+    """``args``' run in ``args.processes`` fresh processes, one after another, then their merge
+    (:func:`across_processes`) into ``args.out / "anchors_processes.{csv,md}"``."""
+    child = [sys.executable, str(Path(__file__).resolve()), "--rounds", str(args.rounds)]
+    child += ["--peers", args.peers]
+    child += ["--smoke"] if args.smoke else []
+    child += ["--rows", args.rows] if args.rows else []
+    child += ["--sustained", str(args.sustained)] if args.sustained else []
+    for s in args.set:
+        child += ["--set", s]
+    outs = [args.out / f"proc{i + 1}" for i in range(args.processes)]
+    failed = 0
+    for out in outs:
+        print(f"# process {out.name}", flush=True)
+        failed += subprocess.run([*child, "--out", str(out)]).returncode != 0
+    rows = across_processes(outs)
+    if not rows:
+        print("# no process measured a row", flush=True)
+        return 1
+    write_rows(args.out, "anchors_processes", rows)
+    for r in rows:
+        ratios = "  ".join(f"{k}={r[k]:.3g} ({r[k + '_processes']})" for k in r if k.startswith("x_")
+                           and not k.endswith("_processes"))  # fmt: skip
+        print(f"{r['row']:<14} {r['impl']:<14} {r['ms']:8.4g} ms  {ratios}", flush=True)
+    print(f"# wrote {args.out / 'anchors_processes.csv'} and .md ({failed} of {len(outs)} processes failed)")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for anchors.{csv,md}")
@@ -438,10 +502,16 @@ def main(argv: list[str] | None = None) -> int:
                     "and power (bench/sustained.py)")  # fmt: skip
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V",
                     help="a Gluon plan constexpr of ours_set, e.g. PERSISTENT=1")  # fmt: skip
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run in this many fresh processes, merged (anchors_processes.csv)")  # fmt: skip
     args = ap.parse_args(argv)
     _SETS.update(parse_sets(args.set, ap.error))
     if args.rounds < 3 and not args.smoke:
         ap.error("--rounds must be >= 3 (issue 47: medians of at least 3 rounds)")
+    if args.processes < 1:
+        ap.error("--processes must be >= 1")
+    if args.processes > 1:
+        return _in_processes(args)
     table = SMOKE_ROWS if args.smoke else ROWS
     wanted = set(args.rows.split(",")) if args.rows else None
     if wanted and not wanted <= {r.name for r in table}:

@@ -13,7 +13,8 @@
 #  first: bench/first_call.py, cold/warm first-call times per kernel, dtype and head size;
 #  features: bench/feature_cost.py, each model feature's cost against the plain call (FEATURE_ARGS,
 #  default --quick; the full table: FEATURE_ARGS="--heads 128", then "--heads 256");
-#  anchors: bench/anchors.py, ours beside FlashAttention-3 and FlashInfer (issue 47's rows; the peer
+#  anchors: bench/anchors.py, ours beside FlashAttention-3 and FlashInfer (issue 47's rows; `--processes 3`:
+#  three fresh processes and their ratios merged, anchors_processes.md; the peer
 #  wheels installed from WHEELS, default .wheels/, a git-ignored copy of ../shared/peers/wheels/ named in
 #  the call's carry; without them the peers' rows are notes);
 #  safety: the edge suite under compute-sanitizer memcheck in SAN_SHARDS parallel shards beside

@@ -277,6 +277,38 @@ def test_feature_ncu_smoke():
     assert bad.returncode == 2 and "unknown prefix features ['nope']" in bad.stderr, bad.stderr
 
 
+def test_anchors_across_processes(tmp_path):
+    """bench/anchors.py --processes: the merge takes each peer's ratio within its own process and reports
+    their median, not the ratio of the processes' median times; a process without a csv is skipped; on
+    the CPU two smoke processes run and merge."""
+    anchors = bench_module("anchors")
+    runs = {  # process: (ours ms, fa3 ms); x_fa3 = fa3 / ours in that process
+        "proc1": (1.0, 0.90),
+        "proc2": (1.2, 1.14),
+        "proc3": (0.9, 0.90),
+    }
+    for name, (ours, fa3) in runs.items():
+        rows = [
+            {"row": "causal8k", "impl": "ours", "ms": ours, "tflops": 600.0 / ours, "x_fa3": fa3 / ours},
+            {"row": "causal8k", "impl": "fa3", "ms": fa3, "tflops": 600.0 / fa3, "x_fa3": ""},
+        ]
+        anchors.write_rows(tmp_path / name, "anchors", rows)
+    outs = [tmp_path / n for n in (*runs, "proc4")]  # proc4 never wrote a csv
+    merged = {(r["row"], r["impl"]): r for r in anchors.across_processes(outs)}
+    ours, fa3 = merged[("causal8k", "ours")], merged[("causal8k", "fa3")]
+    assert ours["ms"] == 1.0 and fa3["ms"] == 0.90 and ours["ms_processes"] == "1/1.2/0.9"
+    ratios = sorted(f / o for o, f in runs.values())
+    assert abs(ours["x_fa3"] - ratios[1]) < 1e-12  # the median ratio: 0.95
+    assert abs(ours["x_fa3"] - fa3["ms"] / ours["ms"]) > 0.04  # not the ratio of medians (0.90)
+    assert ours["x_fa3_processes"] == "0.9/0.95/1" and "x_fa3" not in fa3
+    assert anchors.across_processes([tmp_path / "proc4"]) == []
+    e2e = tmp_path / "e2e"
+    proc = _bench("anchors.py", "--smoke", "--processes", "2", "--rows", "causal8k", "--out", str(e2e))
+    md = (e2e / "anchors_processes.md").read_text()
+    assert "| causal8k | ours |" in md and (e2e / "proc2" / "anchors.csv").exists(), md
+    assert "(0 of 2 processes failed)" in proc.stdout, proc.stdout
+
+
 def test_anchors_rows_count_visible_pairs():
     """bench/anchors.py's useful work per row: causal rows count the keys at or before each query (within
     the window), non-causal ones every key; a non-causal prefix row is refused, not timed as causal."""
