@@ -14,6 +14,7 @@ Rows (bf16; ``useful`` FLOPs = visible (query, key) pairs * heads * 4 * head siz
   window32k   one 32768-token causal sequence, left window 4095, 32/8, head 128 (``window_prefill``)
   llama       8 x (4096 cached + 4096 new) tokens, 32/8, head 128, NHD cache, page 16 (``prefix_prefill``)
   llama_w127  llama with a left window of 127 keys (gpt-oss's sliding layers; FlashInfer's windowed form)
+  llama_p2048  llama on a page-2048 cache (one TMA box a key block: the paging's cost beside llama)
   window8k_w127  causal8k with a left window of 127 keys (``window_prefill``)
   ragged_w127    one 8192-token and seven 128-token causal sequences, left window 127 (``window_prefill``)
   llama_ragged_w127  8 x 4096 cached tokens, one with 4096 new, seven with 128, left window 127
@@ -135,6 +136,7 @@ ROWS = [
     Row("llama", "prefix", 8, 4096, 32, 8, 128, ctx=4096),
     Row("qwen", "prefix", 4, 2048, 16, 2, 256, ctx=8192),
     Row("llama_w127", "prefix", 8, 4096, 32, 8, 128, ctx=4096, left=127),
+    Row("llama_p2048", "prefix", 8, 4096, 32, 8, 128, ctx=4096, page=2048),
     Row("window8k_w127", "varlen", 1, 8192, 32, 8, 128, left=127),
     Row("ragged_w127", "varlen", 0, 0, 32, 8, 128, left=127, lens=_RAGGED),
     Row("llama_ragged_w127", "prefix", 0, 0, 32, 8, 128, left=127, lens=_RAGGED_PREFIX),
