@@ -533,6 +533,23 @@ def turn(WG: gl.constexpr, SYNC: gl.constexpr):
 
 
 @gluon.jit
+def first_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """A persistent consumer's turn before its first tile: with ``PINGPONG``, consumer 1 hands consumer 0
+    the first turn. With :func:`last_turn` after the last tile, every :func:`turn` of :func:`consumer`
+    pairs with one of the other warpgroup (an unpaired ``bar.sync`` would wait forever)."""
+    if PINGPONG and WG == 1:
+        turn(WG, False)
+
+
+@gluon.jit
+def last_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """A persistent consumer's turn after its last tile: with ``PINGPONG``, consumer 0 takes consumer 1's
+    last hand-over (see :func:`first_turn`)."""
+    if PINGPONG and WG == 0:
+        turn(WG, True)
+
+
+@gluon.jit
 def _block_geometry(j, n_a, a_base, a_lo, a_hi, a_shift, a_full_lo, a_full_hi, b_base, b_lo, b_hi, b_shift,
                     b_full_lo, b_full_hi, BLOCK_N: gl.constexpr):  # fmt: skip
     """(n0, lo, hi, shift, masked, sticks_out) of block ``j`` (see the module docstring)."""

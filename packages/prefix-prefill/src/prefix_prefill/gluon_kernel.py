@@ -69,6 +69,8 @@ from prefill_runtime.gluon import (
     allocate_tile_slot,
     consumer,
     drain,
+    first_turn,
+    last_turn,
     live_tile_number,
     load_q_halves,
     next_tile,
@@ -76,7 +78,6 @@ from prefill_runtime.gluon import (
     score_terms,
     takes_turns,
     tiles_done,
-    turn,
     write_tile_slot,
 )
 from prefill_runtime.gluon_bounds import zero_rows
@@ -1009,8 +1010,7 @@ def _persistent_consumer(
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
     PINGPONG: gl.constexpr = takes_turns(HEAD_DIM)  # the consumers' turns at the tensor cores
-    if PINGPONG and WG == 1:  # consumer 1 hands consumer 0 the first turn
-        turn(WG, False)
+    first_turn(WG, PINGPONG)
     mbarrier.wait(q_bar.index(WG), 0)
     t = _slot_of(slots, n_done)
     while t >= 0:
@@ -1029,8 +1029,7 @@ def _persistent_consumer(
         n_done += 1
         mbarrier.wait(q_bar.index(WG), n_done & 1)  # the next tile's Q, or the end
         t = _slot_of(slots, n_done)
-    if PINGPONG and WG == 0:  # consumer 1's last hand-over (each turn pairs with one)
-        turn(WG, True)
+    last_turn(WG, PINGPONG)
 
 
 @gluon.jit

@@ -66,6 +66,8 @@ from prefill_runtime.gluon import (
     allocate_rings,
     allocate_tile_slot,
     consumer,
+    first_turn,
+    last_turn,
     live_tile_number,
     load_q_halves,
     next_tile,
@@ -73,7 +75,6 @@ from prefill_runtime.gluon import (
     score_terms,
     takes_turns,
     tiles_done,
-    turn,
     write_tile_slot,
 )
 from prefill_runtime.gluon_bounds import zero_rows
@@ -262,8 +263,7 @@ def _persistent_consumer(
     n_fix = gl.to_tensor(0)
     n_done = gl.to_tensor(0)  # tiles computed (Q's phase)
     PINGPONG: gl.constexpr = takes_turns(HEAD_DIM)  # the consumers' turns at the tensor cores
-    if PINGPONG and WG == 1:  # consumer 1 hands consumer 0 the first turn
-        turn(WG, False)
+    first_turn(WG, PINGPONG)
     mbarrier.wait(q_bar.index(WG), 0)
     t = read_tile_slot(tile_slot)
     while t >= 0:
@@ -286,8 +286,7 @@ def _persistent_consumer(
         n_done += 1
         mbarrier.wait(q_bar.index(WG), n_done & 1)  # the next tile's Q, or the end
         t = read_tile_slot(tile_slot)
-    if PINGPONG and WG == 0:  # consumer 1's last hand-over (each turn pairs with one)
-        turn(WG, True)
+    last_turn(WG, PINGPONG)
 
 
 @gluon.jit
