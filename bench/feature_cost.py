@@ -135,6 +135,7 @@ WINDOW = [
     Feature("sinks", sinks="denominator"),
     Feature("sinks_bias_key0", sinks="bias_key0"),
     Feature("softcap50", softcap=50.0),
+    Feature("alibi", alibi=True),
     Feature("window4095", window=4095),
     Feature("window63", window=63),
     Feature("window127", window=127),
@@ -146,6 +147,7 @@ WINDOW = [
     Feature("window127+sinks", window=127, sinks="denominator"),
     Feature("softcap50+window4095", window=4095, softcap=50.0),
     Feature("window4095+sinks", window=4095, sinks="denominator"),
+    Feature("alibi+window4095", window=4095, alibi=True),
 ]
 #: the features of a --quick run
 QUICK = ("plain", "fp8_e4m3", "sinks", "softcap50", "alibi", "window4095", "window127+sinks",
@@ -263,8 +265,9 @@ def window_entries(head: int, features: list[Feature], device: str, dtype) -> li
     for f in features:
         out = torch.empty_like(q)
         kw = dict(causal=True, window=(f.window, -1), softcap=f.softcap, out=out)
+        kw.update(per_head(heads, device, f))
         if f.sinks:
-            kw.update(sinks=per_head(heads, device, f)["sinks"], sinks_mode=f.sinks)
+            kw.update(sinks_mode=f.sinks)
         if f.lse:
             kw.update(return_lse=True, lse=torch.empty(heads, n, device=device, dtype=torch.float32))
         plan = explain(q, k, v, cu, n, **kw)

@@ -220,15 +220,15 @@ def test_feature_cost_smoke(tmp_path):
     import csv
     import importlib.util
 
-    feats = "fp8_e4m3,skip_decode,window127+sinks,sinks_bias_key0,out_fp8_e4m3"
+    feats = "fp8_e4m3,skip_decode,window127+sinks,sinks_bias_key0,out_fp8_e4m3,alibi"
     _bench("feature_cost.py", "--smoke", "--out", str(tmp_path), "--features", feats)
     with (tmp_path / "feature_cost.csv").open() as f:
         rows = list(csv.DictReader(f))
     got = {(r["package"], r["layout"], r["feature"]) for r in rows}
     want = {("prefix", lay, f) for lay in ("nhd", "split")
-            for f in ("plain", "fp8_e4m3", "window127+sinks", "out_fp8_e4m3")}  # fmt: skip
+            for f in ("plain", "fp8_e4m3", "window127+sinks", "out_fp8_e4m3", "alibi")}  # fmt: skip
     want |= {("prefix", "split", "skip_decode")}
-    want |= {("window", "-", f) for f in ("plain", "sinks_bias_key0", "window127+sinks")}
+    want |= {("window", "-", f) for f in ("plain", "sinks_bias_key0", "window127+sinks", "alibi")}
     assert got == want, got
     for r in rows:
         assert float(r["ms"]) > 0 and r["kernel"] and "NON-FINITE" not in r["reason"], r

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from conftest import DEVICE, ON_GPU, poison
-from it_cases import Dense, Paged, dense_case, paged_case
+from it_cases import Dense, H, Paged, dense_case, paged_case
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import prefix_prefill
@@ -102,6 +102,11 @@ OP_CASES = {
         lambda dev, dt: _with_lse(_window_op_args(dev, dt, True)),
         "window_prefill",
     ),
+    # ALiBi slopes, the window op's last argument (after lse and status)
+    "window-cu_seqlens-alibi": (
+        lambda dev, dt: (*_with_lse(_window_op_args(dev, dt, False)), None, torch.rand(H, device=dev)),
+        "window_prefill",
+    ),
     "prefix-new_kv_sinks-lse": (
         lambda dev, dt: _with_lse(_prefix_op_args(dev, dt, False)),
         "prefix_prefill",
@@ -133,8 +138,10 @@ def test_op_namespaces_exist_after_import():
         mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
         # lse: the optional softmax LSE (return_lse=True); status: the optional malformed-metadata report
         assert mutated == ["out", "lse", "status"], schema
-        for arg, name in zip(schema.arguments[-2:], ("lse", "status"), strict=True):
-            assert arg.name == name and str(arg.type) == "Optional[Tensor]" and arg.default_value is None
+        optional = {a.name: a for a in schema.arguments if a.name in ("lse", "status", "alibi_slopes")}
+        for name in ("lse", "status") if pkg == "prefix_prefill" else ("lse", "status", "alibi_slopes"):
+            arg = optional[name]
+            assert str(arg.type) == "Optional[Tensor]" and arg.default_value is None, arg
 
 
 # every case without grad; with a q that requires grad, the case of each op that passes every argument

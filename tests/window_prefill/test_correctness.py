@@ -12,8 +12,8 @@ import torch
 from conftest import DEVICE, DTYPES
 from wp_util import cu_of, make_qkv, reference, run, run_plan, spy_triton
 
-from attn_reference import compare, negative_control
-from window_prefill import explain
+from attn_reference import attention_varlen, compare, negative_control
+from window_prefill import explain, window_prefill
 from window_prefill.configs import Config
 
 LENS = [1, 37, 50, 16]  # ragged; 37 and 50 are not multiples of any tile
@@ -355,3 +355,49 @@ def test_softcap(causal, window, sinks_mode, config):
     c = compare(out, reference(q, k, v, cu, softcap=10.0, **kw))
     assert c, f"causal={causal} window={window} sinks={sinks_mode}: {c}"
     assert not compare(out, reference(q, k, v, cu, **kw)), "the cap changed nothing: the test proves nothing"
+
+
+@pytest.mark.parametrize(
+    "causal,window,extra,config",
+    [
+        (True, (-1, -1), {}, None),
+        (True, (10, -1), dict(sinks_mode="denominator"), Config(32, 16, 1, 1)),
+        (False, (5, 8), dict(sinks_mode="bias_key0"), None),
+        (False, (-1, -1), dict(softcap=10.0), TMA_CONFIGS[0]),
+        (True, (40, -1), dict(softcap=10.0, sinks_mode="bias_key0"), TMA_CONFIGS[2]),
+    ],
+)
+def test_alibi(causal, window, extra, config):
+    """ALiBi (``alibi_slopes``: ``- slope * |i - j|`` on each logit, after the scale and cap, before a
+    key-0 sink) with windows on both sides, sinks of both modes, soft-capping and the descriptor form,
+    output and LSE against the reference; the answer without the slopes is far from it (the negative
+    control), and the plan takes the scale out of exp2's FMA (the bias is in log2 units)."""
+    lens = [150, 1, 37, 96]
+    q, k, v, cu = make_qkv(lens, 4, 2, 32, torch.float16)
+    slopes = torch.tensor([0.5, 0.25, 0.0625, 0.0], dtype=torch.float32, device=DEVICE)  # one head without
+    kw = dict(causal=causal, window=window, softcap=extra.get("softcap", 0.0))
+    if "sinks_mode" in extra:
+        sinks = torch.randn(4, dtype=torch.float32, device=DEVICE) * 2
+        kw.update(sinks=sinks, sinks_mode=extra["sinks_mode"])
+    chosen = explain(q, k, v, cu, max(lens), alibi_slopes=slopes, config=config, **kw)
+    assert chosen.consts()["FOLD_SCALE"] is False
+    out = run(q, k, v, cu, max(lens), alibi_slopes=slopes, config=config, **kw)
+    ref = reference(q, k, v, cu, alibi_slopes=slopes, **kw)
+    c = compare(out, ref)
+    assert c, f"causal={causal} window={window} {extra}: {c}"
+    assert not compare(out, reference(q, k, v, cu, **kw)), "the slopes changed nothing: the test is void"
+    _, lse = window_prefill(q, k, v, cu, max(lens), alibi_slopes=slopes, config=config, return_lse=True, **kw)
+    _, ref_lse = attention_varlen(q, k, v, cu, cu, alibi_slopes=slopes, return_lse=True, **kw)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+def test_alibi_slopes_in_other_dtypes():
+    """float16 / bfloat16 slopes (read as float32) and a strided slope tensor give the float32 slopes'
+    answer."""
+    q, k, v, cu = make_qkv([40, 9], 2, 1, 32, torch.float16)
+    slopes = torch.tensor([0.5, 0.125], dtype=torch.float32, device=DEVICE)
+    want = run(q, k, v, cu, 40, window=(7, -1), alibi_slopes=slopes)
+    for s in (slopes.half(), slopes.bfloat16(), torch.stack([slopes, slopes], 1)[:, 0]):
+        assert torch.equal(run(q, k, v, cu, 40, window=(7, -1), alibi_slopes=s), want), s

@@ -62,6 +62,23 @@ def test_options_are_offered_to_gluon(opts, want, monkeypatch):
     assert got, got
 
 
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's planned launch")
+def test_alibi_is_not_offered_to_gluon(monkeypatch):
+    """ALiBi keeps a call that the Gluon kernel would otherwise take on the Triton kernel (its plan says
+    why), and that answer is right."""
+    offered = refuse_gluon(monkeypatch)
+    any_width_is_wide(monkeypatch, 8)
+    q, k, v, cu = make_qkv([30, 9], 2, 1, 64, torch.float16)
+    assert explain(q, k, v, cu, 30).kernel == "gluon"  # the control: without ALiBi, Gluon
+    kw = dict(alibi_slopes=torch.tensor([0.5, 0.125]), softcap=7.0, sinks=torch.randn(2))
+    chosen = explain(q, k, v, cu, 30, **kw)
+    assert chosen.kernel == "triton" and chosen.reason.endswith("ALiBi"), chosen.reason
+    out = run(q, k, v, cu, 30, **kw)
+    assert not offered
+    got = compare(out, reference(q, k, v, cu, **kw))
+    assert got, got
+
+
 _COMPILE_SCRIPT = """
 # head, softcap form, sinks mode, left window, causal, lse
 CASES = ((128, 2, 1, True, True, True), (64, 0, 2, False, True, False), (256, 2, 2, True, False, True),

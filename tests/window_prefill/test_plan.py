@@ -33,9 +33,9 @@ def problem(**over) -> Problem:
     ``over``."""
     base = dict(
         dtype=torch.bfloat16, heads=8, kv_heads=2, head_dim=128, arch="sm90", causal=True, has_left=False,
-        has_right=False, wide_window=True, sinks=False, bias_key0=False, softcap=0, scale_positive=True,
-        cumulative_starts=True, return_lse=False, wide_offsets=False, q_tma=True, kv_tma=True, gluon=True,
-        narrow_window=False,
+        has_right=False, wide_window=True, sinks=False, bias_key0=False, alibi=False, softcap=0,
+        scale_positive=True, cumulative_starts=True, return_lse=False, wide_offsets=False, q_tma=True,
+        kv_tma=True, gluon=True, narrow_window=False,
     )  # fmt: skip
     return Problem(**{**base, **over})
 
@@ -53,6 +53,7 @@ def gluon_expected(p: Problem) -> bool:
         and (p.scale_positive or p.softcap > 0)
         and p.q_tma
         and p.kv_tma
+        and not p.alibi
         and p.wide_window
     )
 
@@ -112,6 +113,7 @@ REFUSALS = [
     ("scale", dict(scale_positive=False), "softmax_scale"),
     ("q-rows", dict(q_tma=False), "TMA"),
     ("kv-rows", dict(kv_tma=False), "TMA"),
+    ("alibi", dict(alibi=True), "ALiBi"),
     ("narrow", dict(wide_window=False), f"fewer than {wp_plan._GLUON_MIN_WIDTH[128]} keys"),
     ("config", dict(config=Config(64, 32, 4, 3)), "config does not ask"),
 ]
@@ -170,6 +172,20 @@ def test_gluon_takes_sinks_and_softcap(over, want):
     assert {k: c[k] for k in want} == want
     fb = lp.get("fallback").consts()
     assert fb["HAS_SINKS"] is over.get("sinks", False) and fb["SOFTCAP"] == min(over.get("softcap", 0), 2)
+    assert fb["HAS_ALIBI"] is False
+
+
+ALIBI_WITH = [{}, dict(sinks=True, has_left=True, narrow_window=True), dict(softcap=2)]
+
+
+@pytest.mark.parametrize("over", ALIBI_WITH, ids=["plain", "sinks", "cap"])
+def test_alibi_runs_the_triton_kernel(over):
+    """ALiBi keeps a call on the Triton kernel (``HAS_ALIBI``, the scale not folded), whatever else it
+    asks for, and the plan says why."""
+    lp = plan(problem(alibi=True, **over))
+    assert lp.kernel == "triton" and lp.reason.endswith("not gluon: ALiBi"), lp.reason
+    c = lp.consts()
+    assert c["HAS_ALIBI"] is True and c["FOLD_SCALE"] is False
 
 
 @pytest.mark.parametrize(
@@ -184,6 +200,8 @@ def test_gluon_takes_sinks_and_softcap(over, want):
         (dict(return_lse=True, sinks=True), dict(RETURN_LSE=True)),
         (dict(cumulative_starts=False, sinks=True), dict(LENS_FROM_STARTS=False)),
         (dict(kv_tma=False), dict(TMA_KV=False)),
+        (dict(alibi=True), dict(HAS_ALIBI=True, FOLD_SCALE=False)),  # the bias is in log2 units
+        (dict(alibi=True, softcap=2, sinks=True), dict(HAS_ALIBI=True, FOLD_SCALE=False, SOFTCAP=2)),
     ],
 )
 def test_triton_options_reach_its_constexprs(over, want):

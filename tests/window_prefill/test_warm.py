@@ -35,10 +35,11 @@ def stub_triton(monkeypatch):
     return jit
 
 
-def _generic(prep, q, k, v, out, cu, max_len, status=None) -> None:
+def _generic(prep, q, k, v, out, cu, max_len, status=None, alibi_slopes=None) -> None:
     """``prep``'s call launched as forward() launches it (the direct launch without a frame)."""
     wp_launch._run(prep.plan, prep.kw, q, k, v, out, cu, None, max_len, cu.shape[0] - 1, prep.window_left,
-                   prep.window_right, prep.softmax_scale, None, prep.softcap, None, status)  # fmt: skip
+                   prep.window_right, prep.softmax_scale, None, prep.softcap, None, status,
+                   alibi_slopes)  # fmt: skip
 
 
 def test_frame_call_is_the_generic_launch(stub_triton):
@@ -59,15 +60,34 @@ def test_frame_call_is_the_generic_launch(stub_triton):
         framed = c_calls[-1]
         assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
         assert st is None or st.data_ptr() in framed
-        signature = (scale, window[0], st is not None)  # (a key's last tensor spec: the status)
+        signature = (scale, window[0], st is not None)  # (a key's ninth tensor spec: the status)
         (prep,) = [
             p for p in wp_api.SEEN.entries.values()
-            if (p.softmax_scale, p.window_left, p.key[-2][-1] is not None) == signature
+            if (p.softmax_scale, p.window_left, p.key[-2][8] is not None) == signature
         ]  # fmt: skip
         _generic(prep, q, k, v, out, cu, max(lens), st)
         assert framed == pointers(c_calls[-1]), (lens, scale, window)
     assert len(stub_triton.triton_calls) == 2  # two compiles (with and without status): the rest direct
     assert len(wp_launch._TRITON._frames) == 4  # one frame per (variant, scale, window)
+
+
+def test_frame_takes_each_calls_slopes(stub_triton):
+    """Warm calls with ALiBi slopes: a frame's call passes each call's own slopes tensor (a per-call slot,
+    as the sinks'), and its C arguments are the generic launch's."""
+    c_calls = stub_triton.compiled.run.c_calls
+    q, k, v, cu = make_qkv([30, 7], 4, 2, 64, torch.float16, "cpu")
+    out = torch.empty_like(q)
+    for step in range(4):
+        slopes = torch.rand(4) * (step + 1)
+        window_prefill(q, k, v, cu, 30, window=(15, -1), alibi_slopes=slopes, out=out)
+        if step >= 2:
+            framed = c_calls[-1]
+            assert not any(isinstance(x, torch.Tensor) for x in framed)
+            assert slopes.data_ptr() in framed
+            (prep,) = wp_api.SEEN.entries.values()
+            _generic(prep, q, k, v, out, cu, 30, None, slopes)
+            assert framed == pointers(c_calls[-1])
+    assert len(stub_triton.triton_calls) == 1
 
 
 def test_warm_calls_check_what_the_signature_leaves_open(stub_triton):

@@ -65,6 +65,7 @@ def reference(
     sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """float64 reference (self-attention: cu_seqlens_q = cu_seqlens_k)."""
     return attention_varlen(
@@ -79,6 +80,7 @@ def reference(
         sinks=sinks,
         sinks_mode=sinks_mode,
         softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
 
 

@@ -57,6 +57,7 @@ def window_prefill(
     sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     lse: torch.Tensor | None = None,
@@ -93,6 +94,10 @@ def window_prefill(
         softcap: ``> 0``: logits ``softcap * tanh(softmax_scale * q.k / softcap)`` (Gemma 2's
             soft-capping, FlashAttention's ``softcap``); a ``bias_key0`` sink is added after the cap,
             a denominator sink is not capped. ``0``: off.
+        alibi_slopes: optional ``[num_heads]`` float16/bfloat16/float32 ALiBi slopes (FlashAttention's
+            ``alibi_slopes``): ``- alibi_slopes[h] * |i - j|`` is added to the logit of query ``i`` and
+            key ``j`` of head ``h``, after ``softmax_scale`` and ``softcap``, before a ``bias_key0``
+            sink.
         out: optional ``[total_tokens, num_heads, head_dim]`` buffer of q's dtype, written in place;
             allocated (contiguous) when None. Tokens outside every sequence are left untouched.
         return_lse: also return each row's softmax log-sum-exp (FlashAttention's
@@ -101,7 +106,7 @@ def window_prefill(
             sees, ``s_ij`` the logit the softmax normalises (after ``softmax_scale``, ``softcap`` and
             a ``bias_key0`` sink); a ``"denominator"`` sink adds ``exp(sinks[h])`` to the sum. A row
             that sees no key (a ``bias_key0`` sink of ``-inf`` on the one key its window leaves) gets
-            ``-inf``. Tokens outside every sequence are not written.
+            ``-inf``. Tokens outside every sequence are not written. ALiBi's term is part of ``s_ij``.
         lse: optional float32 ``[num_heads, total_tokens]`` buffer with a unit last stride (heads
             first, FlashAttention's varlen layout), written in place; only with ``return_lse=True``;
             allocated when None.
@@ -146,7 +151,7 @@ def window_prefill(
     key = None
     if _may_repeat(q, config, validate):
         key = _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap,
-                      return_lse, lse, status)  # fmt: skip
+                      return_lse, lse, status, alibi_slopes)  # fmt: skip
         prep = SEEN.lookup(key) if key is not None else None
         if prep is not None:
             tokens, batch = q.shape[0], cu_seqlens.shape[0] - 1
@@ -164,7 +169,8 @@ def window_prefill(
                     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
                 if return_lse and lse is None:
                     lse = torch.empty((q.shape[1], tokens), dtype=torch.float32, device=q.device)
-                launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse, status)
+                launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse, status,
+                              alibi_slopes)  # fmt: skip
                 bump_versions(out, lse, status)
                 return (out, lse) if return_lse else out
     if out is None:
@@ -177,16 +183,23 @@ def window_prefill(
     cu, max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
         q, cu_seqlens, max_seqlen, window, softmax_scale, sinks, sinks_mode, softcap, validate
     )
+    slopes = _check_alibi(alibi_slopes, q.shape[1], q.device)
     ops.call(
         q, k, v, out, cu, None, max_len, bool(causal), left, right, scale, sinks_t, bias_key0,
-        *ops.config_ints(config), cap, lse, status,
+        *ops.config_ints(config), cap, lse, status, slopes,
     )  # fmt: skip
-    if key is not None and cu is cu_seqlens and sinks_t is sinks and (lse is None or lse.stride(1) == 1):
+    if (
+        key is not None
+        and cu is cu_seqlens
+        and sinks_t is sinks
+        and slopes is alibi_slopes
+        and (lse is None or lse.stride(1) == 1)
+    ):
         # (a signature whose checks passed its tensors on as they are; lse with a unit token stride)
         prep = launch.prepare(q, k, v, out, cu, None, max_len, causal=bool(causal),
                               window_left=left, window_right=right, softmax_scale=scale, sinks=sinks_t,
                               bias_key0=bias_key0, config=None, softcap=cap, lse=lse,
-                              status=status)  # fmt: skip
+                              status=status, alibi_slopes=slopes)  # fmt: skip
         if prep is not None:
             SEEN.remember(key, prep)
     if return_lse:
@@ -207,6 +220,7 @@ def explain(
     sinks: torch.Tensor | None = None,
     sinks_mode: str = "denominator",
     softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     lse: torch.Tensor | None = None,
@@ -228,13 +242,14 @@ def explain(
     _cu, _max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
         q, cu_seqlens, max_seqlen, window, softmax_scale, sinks, sinks_mode, softcap, validate
     )
+    slopes = _check_alibi(alibi_slopes, q.shape[1], q.device)
     left = -1 if left >= _UNBOUNDED_WINDOW else left
     right = -1 if right >= _UNBOUNDED_WINDOW else right
     return plan(
         launch.describe(
             q, k, v, None, causal=bool(causal), window_left=left, window_right=right,
             softmax_scale=scale, sinks=sinks_t, bias_key0=bias_key0, softcap=cap, return_lse=bool(return_lse),
-            config=config,
+            config=config, alibi_slopes=slopes,
         )
     )  # fmt: skip
 
@@ -377,7 +392,7 @@ def _may_repeat(q: object, config: object, validate: bool) -> bool:
 
 
 def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap, return_lse,
-            lse, status) -> tuple | None:  # fmt: skip
+            lse, status, alibi_slopes) -> tuple | None:  # fmt: skip
     """The signature of a :func:`window_prefill` call; None where an argument is not of a type the key
     can read (the full checks reject it)."""
     try:
@@ -387,7 +402,7 @@ def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sink
         return ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out), index_key(cu_seqlens), causal,
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(sinks),
                 sinks_mode, softcap, return_lse, lse_key,
-                whole_key(status))  # fmt: skip
+                whole_key(status), whole_key(alibi_slopes))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -494,17 +509,28 @@ def _check_max_len(name: str, value: object) -> int:
 
 
 def _check_sinks(sinks: object, heads: int, device: torch.device) -> torch.Tensor | None:
-    if sinks is None:
+    return _check_per_head("sinks", sinks, (torch.float32,), "float32", heads, device)
+
+
+def _check_alibi(slopes: object, heads: int, device: torch.device) -> torch.Tensor | None:
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    return _check_per_head("alibi_slopes", slopes, floats, "float16, bfloat16 or float32", heads, device)
+
+
+def _check_per_head(name: str, t: object, dtypes: tuple, dtype_doc: str, heads: int,
+                    device: torch.device) -> torch.Tensor | None:  # fmt: skip
+    """A ``[num_heads]`` tensor of one of ``dtypes`` on q's device (None passes), unit-stride."""
+    if t is None:
         return None
-    if not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"sinks must be a float32 torch.Tensor [num_heads], got {type(sinks).__name__}")
-    if sinks.dtype != torch.float32:
-        raise TypeError(f"sinks must be float32 [num_heads], got {sinks.dtype}")
-    if tuple(sinks.shape) != (heads,):
-        raise ValueError(f"sinks must have shape [num_heads] = ({heads},), got {tuple(sinks.shape)}")
-    if sinks.device != device:
-        raise ValueError(f"sinks is on {sinks.device} but q is on {device}")
-    return sinks if sinks.stride(0) == 1 else sinks.contiguous()
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a {dtype_doc} torch.Tensor [num_heads], got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {dtype_doc} [num_heads], got {t.dtype}")
+    if tuple(t.shape) != (heads,):
+        raise ValueError(f"{name} must have shape [num_heads] = ({heads},), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    return t if t.stride(0) == 1 else t.contiguous()
 
 
 def _check_scale(softmax_scale: object, head_dim: int) -> float:

@@ -19,6 +19,8 @@ Conventions (host side documents tensors; here only what the kernel assumes):
   hardware tanh of NVIDIA GPUs, ``tanh.approx.f32``; 1: tanh through exp2, every backend).
 * all token * stride products are int64, or int32 with ``WIDE_OFFSETS=False`` (the host passes it
   only when every element of K and V lies less than 2**31 elements from the tensor's start).
+* ``HAS_ALIBI``: ``- slope * |i - j|`` (``slope`` = ``Alibi[head]``, times log2(e)) joins each score after
+  the scale and cap, before the key-0 sink; the scale is then not folded into exp2's FMA.
 * ``RETURN_LSE``: the epilogue also stores each row's softmax log-sum-exp. The running max ``m_i``
   and sum ``l_i`` are in the log2 domain above (``l_i = sum_j exp2(s2_j - m_i)``, the denominator sink
   included), so the natural-log LSE is ``(m_i + log2(l_i)) * ln(2)``; ``-inf`` where ``l_i == 0``.
@@ -52,7 +54,7 @@ def _attn_block(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BIAS_KEY0: tl.constexpr, MASKED: tl.constexpr,
     IEEE_FP32: tl.constexpr, WIDE_OFFSETS: tl.constexpr, FOLD: tl.constexpr, k_desc, v_desc, kv_col,
-    TMA: tl.constexpr, tanh_scale, SOFTCAP: tl.constexpr,
+    TMA: tl.constexpr, tanh_scale, SOFTCAP: tl.constexpr, slope2, HAS_ALIBI: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of (acc, l_i, m_i) with the key block at ``n0`` (see :func:`_attn_blocks`).
     ``FOLD`` (``qk_scale > 0``, no key-0 bias): the row max is taken on the raw ``q . k`` and scaled
@@ -65,7 +67,9 @@ def _attn_block(
     bulk copy per tile, no per-lane address arithmetic.
     ``SOFTCAP``: the raw ``q . k`` becomes ``tanh(q . k * tanh_scale)`` first (``tanh_scale`` =
     softmax_scale / softcap) and ``qk_scale`` is softcap * log2(e): logits ``softcap * tanh(scale *
-    q . k / softcap)`` in log2 units, with everything after (fold, masks, bias) unchanged."""
+    q . k / softcap)`` in log2 units, with everything after (fold, masks, bias) unchanged.
+    ``HAS_ALIBI``: ``- slope2 * |q - k|`` joins each score after the scale and cap (``slope2`` = the
+    head's slope * log2(e); no folded scale: the bias is in log2 units)."""
     n0 = tl.multiple_of(n0, BLOCK_N)
     offs_k = n0 + offs_n  # [BN] key positions
     if WIDE_OFFSETS:
@@ -96,6 +100,9 @@ def _attn_block(
         b_s = tanh(b_s * tanh_scale, SOFTCAP >= 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if not FOLD:
         b_s = b_s * qk_scale  # [BM, BN] log2 units
+    if HAS_ALIBI:
+        tl.static_assert(not FOLD, "the ALiBi bias is in log2 units: no folded scale")
+        b_s = b_s - slope2 * tl.abs(offs_m[:, None] - offs_k[None, :]).to(tl.float32)  # [BM, BN]
     if MASKED:
         if (IS_CAUSAL or HAS_RIGHT) and HAS_LEFT:
             # visible iff lo <= q - k <= window_left, lo = 0 (causal) or -window_right: one unsigned
@@ -197,6 +204,8 @@ def _attn_blocks(
     TMA: tl.constexpr,
     tanh_scale,
     SOFTCAP: tl.constexpr,
+    slope2,
+    HAS_ALIBI: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over ``n_blocks`` key blocks. MASKED: block ``t`` starts
     at ``n_first + t * BLOCK_N`` for ``t < n_split``, else at ``n_second + (t - n_split) * BLOCK_N``
@@ -224,7 +233,7 @@ def _attn_blocks(
             acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d, m_d, n0,
             key_lo, key_hi, window_left, window_right, qk_scale, sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL,
             HAS_LEFT, HAS_RIGHT, BIAS_KEY0, MASKED, IEEE_FP32, WIDE_OFFSETS, FOLD, k_desc, v_desc, kv_col, TMA,
-            tanh_scale, SOFTCAP,
+            tanh_scale, SOFTCAP, slope2, HAS_ALIBI,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -337,6 +346,7 @@ def _fwd_kernel(
     n_tokens,  # total_tokens: every sequence's rows are clamped into [0, n_tokens)
     max_len,  # the caller's (sizes the grid): a longer sequence is reported
     Status,  # [1] int32 (the caller's status=): malformed metadata ORs its bits in; else None
+    Alibi,  # [num_heads] float ALiBi slopes with HAS_ALIBI, else None
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -353,6 +363,7 @@ def _fwd_kernel(
     TMA_KV: tl.constexpr,  # interior K/V blocks through the descriptors K_desc/V_desc (else None), run first
     SOFTCAP: tl.constexpr,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e); 2: tanh.approx
     RETURN_LSE: tl.constexpr,  # also store each row's softmax log-sum-exp (natural log) in Lse
+    HAS_ALIBI: tl.constexpr,  # - Alibi[head] * |q - k| on every logit (FOLD_SCALE off)
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
@@ -413,6 +424,9 @@ def _fwd_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [BM]
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # [BM]
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BM, BD]
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(Alibi + head).to(tl.float32) * 1.4426950408889634  # log2(e)
 
     # masked edges: leading [n_lo, n_edge_hi) and trailing [n_full_hi, key_hi), one loop (one compiled
     # copy of the masked step: a cold first call compiles less); and the interior [n_full_lo, n_full_hi),
@@ -426,7 +440,7 @@ def _fwd_kernel(
                 acc, l_i, m_i, b_q, p_k_base, p_v_base, tok0, stride_kt, stride_vt, offs_m, offs_n, offs_d,
                 n_lo, n_lead, n_full_hi, n_lead + n_trail, key_lo, key_hi, window_left, window_right, qk_scale,
                 sink2, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, True, IEEE_FP32,
-                WIDE_OFFSETS, FOLD_SCALE, None, None, 0, False, tanh_scale, SOFTCAP,
+                WIDE_OFFSETS, FOLD_SCALE, None, None, 0, False, tanh_scale, SOFTCAP, slope2, HAS_ALIBI,
             )  # fmt: skip
         else:
             acc, l_i, m_i = _attn_blocks(
@@ -434,6 +448,7 @@ def _fwd_kernel(
                 n_full_lo, n_mid, n_full_lo, n_mid, key_lo, key_hi, window_left, window_right, qk_scale, sink2,
                 HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, BIAS_KEY0, False, IEEE_FP32,
                 WIDE_OFFSETS, FOLD_SCALE, K_desc, V_desc, kv_head * HEAD_DIM, TMA_KV, tanh_scale, SOFTCAP,
+                slope2, HAS_ALIBI,
             )  # fmt: skip
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.

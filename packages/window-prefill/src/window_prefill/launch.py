@@ -118,16 +118,17 @@ def describe(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, *,
     causal: bool, window_left: int, window_right: int, softmax_scale: float, sinks: torch.Tensor | None,
     bias_key0: bool, softcap: float, return_lse: bool, config: object = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> Problem:  # fmt: skip
     """The :class:`~window_prefill.plan.Problem` of a checked call (windows inclusive, ``-1`` unbounded,
     widths of ``_UNBOUNDED_WINDOW`` or more already mapped to ``-1``): tensor metadata and host values
     only."""
     return Problem(*_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
-                            bias_key0, softcap, return_lse, config))  # fmt: skip
+                            bias_key0, softcap, return_lse, config, alibi_slopes))  # fmt: skip
 
 
 def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks, bias_key0,
-            softcap, return_lse, config) -> tuple:  # fmt: skip
+            softcap, return_lse, config, alibi_slopes) -> tuple:  # fmt: skip
     """A problem's fields, in :class:`~window_prefill.plan.Problem`'s order: the plan cache's key (a
     tuple is cheaper to build and hash than the dataclass, which is made on a cache miss only)."""
     total, heads, head_dim = q.shape
@@ -150,6 +151,7 @@ def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sin
         narrow_window(causal, window_left, window_right),
         sinks is not None,
         sinks is not None and bias_key0,
+        alibi_slopes is not None,  # alibi
         softcap_form(softcap, q) if softcap > 0 else 0,
         softmax_scale > 0,  # scale_positive
         lens is None,  # cumulative_starts
@@ -170,6 +172,7 @@ def forward(
     lens: torch.Tensor | None, max_len: int, *, causal: bool, window_left: int, window_right: int,
     softmax_scale: float, sinks: torch.Tensor | None, bias_key0: bool, config: object = None,
     softcap: float = 0.0, lse: torch.Tensor | None = None, status: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """The custom op's body (:mod:`window_prefill.ops`): describe the call, look up its plan, launch it.
     A call without sequences or tokens launches nothing; ``max_len`` 0 still launches one query tile a
@@ -184,15 +187,16 @@ def forward(
         wide = torch.empty(out.shape, dtype=torch.float32)
         forward(q.float(), k.float(), v.float(), wide, starts, lens, max_len, causal=causal,
                 window_left=window_left, window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
-                bias_key0=bias_key0, config=config, softcap=softcap, lse=lse, status=status)  # fmt: skip
+                bias_key0=bias_key0, config=config, softcap=softcap, lse=lse, status=status,
+                alibi_slopes=alibi_slopes)  # fmt: skip
         out.copy_(wide)
         return
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     p, kw = _planned(_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
-                             bias_key0, softcap, lse is not None, config))  # fmt: skip
+                             bias_key0, softcap, lse is not None, config, alibi_slopes))  # fmt: skip
     _run(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
-         softcap, lse, status)  # fmt: skip
+         softcap, lse, status, alibi_slopes)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -213,7 +217,7 @@ class Prepared:
 
 
 def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_right, softmax_scale, sinks,
-            bias_key0, config, softcap, lse, status=None) -> Prepared | None:  # fmt: skip
+            bias_key0, config, softcap, lse, status=None, alibi_slopes=None) -> Prepared | None:  # fmt: skip
     """What the later calls of a call's signature repeat (the call, :func:`forward`'s arguments, ran);
     None where they cannot skip :func:`forward` (bf16 under the interpreter, a Gluon plan whose kernel
     failed)."""
@@ -222,10 +226,10 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     p, kw = _planned(_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
-                             bias_key0, softcap, lse is not None, config))  # fmt: skip
+                             bias_key0, softcap, lse is not None, config, alibi_slopes))  # fmt: skip
     if p.kernel == "gluon" and not _gluon_ok:
         return None
-    key = _key(p, q, k, v, out, sinks, starts, lens, lse, status)
+    key = _key(p, q, k, v, out, sinks, starts, lens, lse, status, alibi_slopes)
     return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
 
 
@@ -236,8 +240,9 @@ def still_planned(prep: Prepared) -> bool:
 
 
 def repeat(
-    prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse, status=None
-) -> bool:
+    prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse, status=None,
+    alibi_slopes=None,
+) -> bool:  # fmt: skip
     """A call of ``prep``'s signature (checked for what the signature leaves open): through the frame of
     its compiled variant where one is kept (the grid, the stream and the per-call arguments written into
     it: the kernel's only host work; True), else as :func:`forward` runs it (False)."""
@@ -259,7 +264,7 @@ def repeat(
         index != torch._C._cuda_getDevice()  # (a frame exists only after a CUDA launch: CUDA is initialised)
     ):  # fmt: skip
         _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
-             prep.softmax_scale, sinks, prep.softcap, lse, status)  # fmt: skip
+             prep.softmax_scale, sinks, prep.softcap, lse, status, alibi_slopes)  # fmt: skip
         return False
     lens_ = lens if lens is not None else starts
     tail = (starts.data_ptr(), lens_.data_ptr(), None if lse is None else lse.data_ptr(),
@@ -273,7 +278,8 @@ def repeat(
         plain = (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr(), batch, counter)
     else:
         s = sinks if sinks is not None else q
-        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, q.shape[0])
+        alibi = None if alibi_slopes is None else alibi_slopes.data_ptr()
+        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, alibi, q.shape[0])
     heads = q.shape[1]
     grid = _gluon_grid(p, max_len, heads, batch, index) if gluon else _one_tile_grid(p, max_len, heads, batch)
     prep.frame[1](*grid, stream, q.shape[0], bases, plain)
@@ -296,39 +302,39 @@ def run(
     p: LaunchPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor | None, max_len: int, batch: int, *, window_left: int,
     window_right: int, softmax_scale: float, sinks: torch.Tensor | None, softcap: float,
-    lse: torch.Tensor | None, status: torch.Tensor | None = None,
+    lse: torch.Tensor | None, status: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the kernel ``p`` names on the grid ``(cdiv(max_len, p.block_m), num_heads, batch)``
     (windows as :func:`describe` takes them). A Gluon plan whose launch fails runs its Triton
     fallback (and the Gluon kernel is not offered again in this process). Benchmarks and tests run
     a changed plan through it (:meth:`~prefill_runtime.LaunchPlan.replace`)."""
     _run(p, _kwargs(p), q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale,
-         sinks, softcap, lse, status)  # fmt: skip
+         sinks, softcap, lse, status, alibi_slopes)  # fmt: skip
 
 
 def _run(
     p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
-    softcap, lse, status=None,
+    softcap, lse, status=None, alibi_slopes=None,
 ) -> None:  # fmt: skip
     if not _primed and q.is_cuda:
         _prime_triton()
     if p.kernel == "gluon":
         if _launch_gluon(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                         softmax_scale, sinks, softcap, lse, status):  # fmt: skip
+                         softmax_scale, sinks, softcap, lse, status, alibi_slopes):  # fmt: skip
             return
         p = p.get("fallback")
         kw = _kwargs(p)
     _launch_triton(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                   softmax_scale, sinks, softcap, lse, status)  # fmt: skip
+                   softmax_scale, sinks, softcap, lse, status, alibi_slopes)  # fmt: skip
 
 
 def _launch_triton(
     p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
-    lse, status,
+    lse, status, alibi_slopes,
 ) -> None:  # fmt: skip
     k_desc = v_desc = None
     direct = _fwd_kernel is _TRITON.jit_fn  # (else a test's recorder stands in for the kernel)
-    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status) if direct else None
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes) if direct else None
     warm = direct and not _TRITON.verify and _TRITON.has(key)
     if kw["TMA_KV"]:  # interior K/V blocks: descriptors over [tokens, kv_heads * head_dim]
         d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
@@ -354,6 +360,7 @@ def _launch_triton(
         q.shape[0],
         max_len,
         status,  # None without status=: a constexpr, as lse
+        alibi_slopes,  # None without ALiBi: a constexpr, as lse
     )  # fmt: skip
     if not direct:
         _fwd_kernel[grid](*args, **kw)
@@ -386,6 +393,7 @@ _TRITON_PER_CALL = (
     "stride_lse_h",
     "Status",
     "max_len",
+    "Alibi",
     "n_tokens",
 )
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
@@ -394,13 +402,13 @@ _GLUON_PER_CALL = (
 )  # fmt: skip
 
 
-def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None) -> tuple:
+def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None, alibi_slopes=None) -> tuple:
     """What Triton specialises a launch of plan ``p`` on beyond the plan: the exact strides of q/k/v/o
     and the group size (a superset of "1 or a multiple of 16"), the dtypes and 16-byte alignment of
     every tensor argument (the windows and the LSE stride are ``do_not_specialize``; descriptors
     specialise on the dtype and block shape, both fixed by ``p`` and q's dtype), and the device (a
     variant is loaded on one)."""
-    tensors = (q, k, v, o, sinks, starts, lens, lse, status)
+    tensors = (q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes)
     return (
         p, q.stride(), k.stride(), v.stride(), o.stride(), q.shape[1] // k.shape[1],
         tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors), q.get_device(),
@@ -425,13 +433,13 @@ def _gluon_grid(p: LaunchPlan, max_len: int, heads: int, batch: int, index: int)
 
 def _launch_gluon(
     p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
-    lse, status,
+    lse, status, alibi_slopes,
 ) -> bool:  # fmt: skip
     """Launch the Gluon kernel; False when this Triton's Gluon could not (``_gluon_ok`` then clears)."""
     global _gluon_ok
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
     direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
-    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status) if direct else None
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes) if direct else None
     if direct and not _GLUON.verify and _GLUON.has(key):  # compiled: the descriptors' per-call part only
         descs = [Descriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1]) for t in (q, k, v)]
     else:

@@ -13,7 +13,8 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
                         SymInt max_len, bool causal, SymInt window_left, SymInt window_right,
                         float softmax_scale, Tensor? sinks, bool sinks_bias_key0, SymInt block_m=0,
                         SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, SymInt tma=0,
-                        float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None) -> ()
+                        float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None,
+                        Tensor? alibi_slopes=None) -> ()
 
 Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``cu_seqlens`` when
 ``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
@@ -26,7 +27,8 @@ total_tokens]`` buffer (unit token stride) that the op also mutates, writing eac
 log-sum-exp (``return_lse=True`` of :func:`window_prefill.window_prefill`, which allocates it), or
 None (the kernel compiles without it); ``status``: an int32 ``[1]`` tensor the op also mutates (the
 kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed metadata and
-writes nothing otherwise), or None. The op does no argument
+writes nothing otherwise), or None; ``alibi_slopes``: ``[num_heads]`` floating-point ALiBi slopes
+(``- slope * |i - j|`` on each logit), or None. The op does no argument
 checking (the public functions do), never synchronises with the host and allocates nothing: it is
 CUDA-graph capturable.
 
@@ -55,7 +57,8 @@ SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor starts, Tensor? lens, SymInt max_len, "
     "bool causal, SymInt window_left, SymInt window_right, float softmax_scale, Tensor? sinks, "
     "bool sinks_bias_key0, SymInt block_m=0, SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, "
-    "SymInt tma=0, float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None) -> ()"
+    "SymInt tma=0, float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None, "
+    "Tensor? alibi_slopes=None) -> ()"
 )
 #: The config ints meaning "use the per-architecture table".
 NO_CONFIG = (0, 0, 0, 0, 0)
@@ -101,6 +104,7 @@ def _fwd_impl(
     softcap: float = 0.0,
     lse: torch.Tensor | None = None,
     status: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """The op's kernel on every device: the planned kernel launch on checked arguments, writing ``out``
     (and ``lse``, ``status`` when given)."""
@@ -111,7 +115,7 @@ def _fwd_impl(
         launch.forward(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
             window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, bias_key0=sinks_bias_key0,
-            config=config, softcap=softcap, lse=lse, status=status,
+            config=config, softcap=softcap, lse=lse, status=status, alibi_slopes=alibi_slopes,
         )  # fmt: skip
     bump_versions(out, lse, status)
 

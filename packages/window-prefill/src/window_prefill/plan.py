@@ -17,8 +17,8 @@ kernel      when
 ==========  =========================================================================================
 ``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
-            readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per head
-            size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``;
+            readable by TMA, no ALiBi, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per
+            head size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``;
             windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys and causal calls run its persistent
             form (``PERSISTENT``).
             Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
@@ -69,7 +69,8 @@ _GLUON_HEADS = tuple(_GLUON_MIN_WIDTH)
 class Problem:
     """What the host knows of a call without device reads; the key of the plan cache.
 
-    ``config``: an explicit launch config replacing the table entry (None: the table).
+    ``config``: an explicit launch config replacing the table entry (None: the table). ``alibi``: the call
+    passes ALiBi slopes.
     ``cumulative_starts``: the call gives ``cu_seqlens`` (lengths are differences of successive
     starts), not starts and lengths (vLLM's form). ``softcap``:
     the kernel's soft-capping form (0 none, 1 tanh through exp2, 2 the hardware tanh, 3 the hardware
@@ -95,6 +96,7 @@ class Problem:
     narrow_window: bool
     sinks: bool
     bias_key0: bool
+    alibi: bool
     softcap: int
     scale_positive: bool
     cumulative_starts: bool
@@ -144,6 +146,7 @@ def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
         (p.head_dim in _GLUON_HEADS, f"head size {p.head_dim}"),
         (p.scale_positive or p.softcap > 0, "softmax_scale <= 0"),
         (p.q_tma and p.kv_tma, "q/k/v not readable by TMA"),
+        (not p.alibi, "ALiBi"),
         (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH.get(p.head_dim)} keys"),
     )
     return next((why for ok, why in checks if not ok), None)
@@ -170,11 +173,13 @@ def _triton_plan(p: Problem, cfg: Config, source: str, why_not_gluon: str) -> La
         LENS_FROM_STARTS=p.cumulative_starts,
         IEEE_FP32=p.dtype == torch.float32,
         WIDE_OFFSETS=p.wide_offsets,
-        # the scale folds into exp2's FMA unless it is <= 0 or a key-0 bias must be added in log2 units
-        FOLD_SCALE=(p.scale_positive or p.softcap > 0) and not p.bias_key0,
+        # the scale folds into exp2's FMA unless it is <= 0 or a key-0 bias or ALiBi term must be added in
+        # log2 units
+        FOLD_SCALE=(p.scale_positive or p.softcap > 0) and not p.bias_key0 and not p.alibi,
         TMA_KV=tma,
         SOFTCAP=kernel_softcap(p.softcap, gluon=False),
         RETURN_LSE=p.return_lse,
+        HAS_ALIBI=p.alibi,
     )
     tiles = f"{cfg.block_m}x{cfg.block_n}, {cfg.num_warps} warps, {cfg.num_stages} stages"
     return LaunchPlan(
