@@ -62,6 +62,7 @@ WINDOW_FORMS: dict[str, dict] = {
     "bidirectional": dict(causal=False, left=100, right=30, sinks="bias_key0"),
     "noncausal": dict(causal=False, wide_window=True),
     "window_lse": dict(left=4095, lse=True, wide_window=True),
+    "alibi_sinks": dict(left=1023, alibi=True, sinks="bias_key0", lse=True),  # ALiBi with a key-0 sink
 }
 #: head sizes per table bucket: (the narrower or padded class, the exact bucket size)
 HEADS = {64: (32, 64), 128: (80, 128), 256: (192, 256)}
@@ -137,7 +138,7 @@ def _prefix_rows(target: str) -> list[Case]:
 
 
 def _window_rows(target: str) -> list[Case]:
-    """The window-prefill cases of one target: per bucket 5 rows, then the narrowest head; on sm90 the
+    """The window-prefill cases of one target: per bucket 6 rows, then the narrowest head; on sm90 the
     Gluon kernel's choices too."""
     rows = []
 
@@ -151,6 +152,7 @@ def _window_rows(target: str) -> list[Case]:
             c(small, "bf16", "sliding_softcap"),
             c(small, "fp16", "bidirectional"),
             c(exact, "fp32", "sliding_sinks"),
+            c(small, "bf16", "alibi_sinks"),
         ]
     rows.append(c(TINY_HEAD, "fp16", "bidirectional"))
     if target == "sm90":
@@ -308,6 +310,7 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
     starts = _meta(3, dtype=torch.int32)
     lens = _meta(2, dtype=torch.int32) if opts.get("lens") else None
     sinks = _meta(HEADS_Q, dtype=torch.float32) if opts.get("sinks") else None
+    alibi = _meta(HEADS_Q, dtype=torch.float32) if opts.get("alibi") else None
     lse = _meta(HEADS_Q, tokens, dtype=torch.float32) if opts.get("lse") else None
     causal, left, right = opts.get("causal", True), opts.get("left", -1), opts.get("right", -1)
     softcap = opts.get("softcap", 0.0)
@@ -317,7 +320,7 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
         form = _softcap_form(softcap, device, q.dtype)
         p = launch.describe(q, k, v, lens, causal=causal, window_left=left, window_right=right,
                             softmax_scale=0.1, sinks=sinks, bias_key0=opts.get("sinks") == "bias_key0",
-                            softcap=softcap, return_lse=lse is not None)  # fmt: skip
+                            softcap=softcap, return_lse=lse is not None, alibi_slopes=alibi)  # fmt: skip
     p = dataclasses.replace(p, arch=arch, softcap=form, gluon=case.gluon)
     chosen = plan(p)
     record: list = []
@@ -327,7 +330,7 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
     try:
         launch.run(chosen, q, k, v, o, starts if lens is None else starts[:2], lens, max_len, 2,
                    window_left=left, window_right=right, softmax_scale=0.1, sinks=sinks, softcap=softcap,
-                   lse=lse)  # fmt: skip
+                   lse=lse, alibi_slopes=alibi)  # fmt: skip
     finally:
         launch._fwd_kernel, launch._gluon_fwd_kernel = saved
     return [Launch(*r, chosen) for r in _with_tile_counters(record)]

@@ -102,7 +102,10 @@ def _attn_block(
         b_s = b_s * qk_scale  # [BM, BN] log2 units
     if HAS_ALIBI:
         tl.static_assert(not FOLD, "the ALiBi bias is in log2 units: no folded scale")
-        b_s = b_s - slope2 * tl.abs(offs_m[:, None] - offs_k[None, :]).to(tl.float32)  # [BM, BN]
+        # positions as float32 (exact below 2**24): a subtract and an FMA a score, no conversion per score
+        q_f = offs_m.to(tl.float32)  # [BM]
+        k_f = offs_k.to(tl.float32)  # [BN]
+        b_s = b_s - slope2 * tl.abs(q_f[:, None] - k_f[None, :])  # [BM, BN]
     if MASKED:
         if (IS_CAUSAL or HAS_RIGHT) and HAS_LEFT:
             # visible iff lo <= q - k <= window_left, lo = 0 (causal) or -window_right: one unsigned
