@@ -75,10 +75,11 @@ def window_problems(draw) -> dict:
         "softcap": draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
         "return_lse": draw(st.booleans()),  # with the Pythonic form only
+        "alibi": draw(st.booleans()),  # with the Pythonic form only
     }
     spec["sinks"] = _sinks(draw, heads) if spec["sinks_mode"] else None
-    # the vLLM form cannot express a window side of 0 (0 means unbounded there) nor a softcap
-    wp_only = 0 in spec["window"] or spec["softcap"] > 0
+    # the vLLM form cannot express a window side of 0 (0 means unbounded there), a softcap nor ALiBi
+    wp_only = 0 in spec["window"] or spec["softcap"] > 0 or spec["alibi"]
     spec["form"] = "wp" if wp_only else draw(st.sampled_from(["wp", "wcaf"]))
     return spec
 
@@ -98,6 +99,7 @@ def _run_window_problem(p: dict) -> None:
     v = torch.randn(total, kvh, d, device=DEVICE).to(dt)
     cu = cu_of(lens)
     mode = p["sinks_mode"] or "denominator"
+    slopes = (torch.rand(heads, device=DEVICE) * 0.5) if p["alibi"] else None
     out = poison(torch.empty_like(q))
     with_lse = p["form"] == "wp" and p["return_lse"]
     lse = poison(torch.empty(heads, total, dtype=torch.float32, device=DEVICE)) if with_lse else None
@@ -114,6 +116,7 @@ def _run_window_problem(p: dict) -> None:
             sinks=p["sinks"],
             sinks_mode=mode,
             softcap=p["softcap"],
+            alibi_slopes=slopes,
             out=out,
             return_lse=with_lse,
             lse=lse,
@@ -151,6 +154,7 @@ def _run_window_problem(p: dict) -> None:
         sinks=p["sinks"],
         sinks_mode=mode,
         softcap=p["softcap"],
+        alibi_slopes=slopes,
         return_lse=with_lse,
     )
     if with_lse:
