@@ -81,7 +81,7 @@ class Feature:
     """One row's options. ``window``: the left window (causal calls), -1 off; ``sinks``: a sinks mode
     (``"denominator"``, or ``"bias_key0"`` in window-prefill), None off; ``fp8``: the KV cache's fp8
     format (``"e4m3"``, ``"e5m2"``), None a bf16 cache; ``out_fp8``: the output's fp8 format (written as
-    ``clamp(out / fp8_out_scale)``, prefix-prefill only), None q's dtype; ``causal`` False: every new
+    ``clamp(out / fp8_out_scale)``), None q's dtype; ``causal`` False: every new
     token sees every other (prefix-prefill only)."""
 
     name: str
@@ -148,6 +148,7 @@ WINDOW = [
     Feature("softcap50+window4095", window=4095, softcap=50.0),
     Feature("window4095+sinks", window=4095, sinks="denominator"),
     Feature("alibi+window4095", window=4095, alibi=True),
+    Feature("out_fp8_e4m3", out_fp8="e4m3"),
 ]
 #: the features of a --quick run
 QUICK = ("plain", "fp8_e4m3", "sinks", "softcap50", "alibi", "window4095", "window127+sinks",
@@ -263,8 +264,10 @@ def window_entries(head: int, features: list[Feature], device: str, dtype) -> li
     cu = torch.tensor([0, n], device=device, dtype=torch.int32)
     entries = []
     for f in features:
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, dtype=FP8[f.out_fp8]) if f.out_fp8 else torch.empty_like(q)
         kw = dict(causal=True, window=(f.window, -1), softcap=f.softcap, out=out)
+        if f.out_fp8:
+            kw.update(fp8_out_scale=0.5)
         kw.update(per_head(heads, device, f))
         if f.sinks:
             kw.update(sinks_mode=f.sinks)

@@ -138,7 +138,7 @@ def _prefix_rows(target: str) -> list[Case]:
 
 
 def _window_rows(target: str) -> list[Case]:
-    """The window-prefill cases of one target: per bucket 6 rows, then the narrowest head; on sm90 the
+    """The window-prefill cases of one target: per bucket 7 rows, then the narrowest head; on sm90 the
     Gluon kernel's choices too."""
     rows = []
 
@@ -153,6 +153,7 @@ def _window_rows(target: str) -> list[Case]:
             c(small, "fp16", "bidirectional"),
             c(exact, "fp32", "sliding_sinks"),
             c(small, "bf16", "alibi_sinks"),
+            c(exact, "bf16", "bidirectional", out="fp8"),  # an fp8 output (vLLM's fused quantisation)
         ]
     rows.append(c(TINY_HEAD, "fp16", "bidirectional"))
     if target == "sm90":
@@ -305,7 +306,9 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
     dt = DTYPES[case.dtype]
     d, tokens = case.head, 64
     rows = 2**31 // (HEADS_KV * d) + 1 if case.wide else tokens  # k/v past 2**31 elements
-    q, o = _meta(tokens, HEADS_Q, d, dtype=dt), _meta(tokens, HEADS_Q, d, dtype=dt)
+    od = _fp8(target) if case.out == "fp8" else dt
+    q, o = _meta(tokens, HEADS_Q, d, dtype=dt), _meta(tokens, HEADS_Q, d, dtype=od)
+    out_scale = _meta(1, dtype=torch.float32) if case.out == "fp8" else None
     k, v = _meta(rows, HEADS_KV, d, dtype=dt), _meta(rows, HEADS_KV, d, dtype=dt)
     starts = _meta(3, dtype=torch.int32)
     lens = _meta(2, dtype=torch.int32) if opts.get("lens") else None
@@ -320,7 +323,8 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
         form = _softcap_form(softcap, device, q.dtype)
         p = launch.describe(q, k, v, lens, causal=causal, window_left=left, window_right=right,
                             softmax_scale=0.1, sinks=sinks, bias_key0=opts.get("sinks") == "bias_key0",
-                            softcap=softcap, return_lse=lse is not None, alibi_slopes=alibi)  # fmt: skip
+                            softcap=softcap, return_lse=lse is not None, alibi_slopes=alibi,
+                            out_dtype=od)  # fmt: skip
     p = dataclasses.replace(p, arch=arch, softcap=form, gluon=case.gluon)
     chosen = plan(p)
     record: list = []
@@ -330,7 +334,7 @@ def _window_launches(case: Case, target: Target) -> list[Launch]:
     try:
         launch.run(chosen, q, k, v, o, starts if lens is None else starts[:2], lens, max_len, 2,
                    window_left=left, window_right=right, softmax_scale=0.1, sinks=sinks, softcap=softcap,
-                   lse=lse, alibi_slopes=alibi)  # fmt: skip
+                   lse=lse, alibi_slopes=alibi, out_scale=out_scale)  # fmt: skip
     finally:
         launch._fwd_kernel, launch._gluon_fwd_kernel = saved
     return [Launch(*r, chosen) for r in _with_tile_counters(record)]

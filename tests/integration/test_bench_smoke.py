@@ -228,7 +228,8 @@ def test_feature_cost_smoke(tmp_path):
     want = {("prefix", lay, f) for lay in ("nhd", "split")
             for f in ("plain", "fp8_e4m3", "window127+sinks", "out_fp8_e4m3", "alibi")}  # fmt: skip
     want |= {("prefix", "split", "skip_decode")}
-    want |= {("window", "-", f) for f in ("plain", "sinks_bias_key0", "window127+sinks", "alibi")}
+    want |= {("window", "-", f)
+             for f in ("plain", "sinks_bias_key0", "window127+sinks", "out_fp8_e4m3", "alibi")}  # fmt: skip
     assert got == want, got
     for r in rows:
         assert float(r["ms"]) > 0 and r["kernel"] and "NON-FINITE" not in r["reason"], r

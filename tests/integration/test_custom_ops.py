@@ -92,6 +92,13 @@ def _with_lse(args: tuple) -> tuple:
     return (*args, 0.0, poison(torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)))
 
 
+def _fp8_out(args: tuple) -> tuple:
+    """The window op's arguments with ``out`` made float8_e4m3fn (NaN-poisoned), no status or slopes, and
+    the output's quantisation scale: what ``window_prefill(out=<fp8>, fp8_out_scale=...)`` passes."""
+    out = poison(torch.empty(args[3].shape, dtype=torch.float8_e4m3fn, device=args[3].device))
+    return (*args[:3], out, *args[4:], None, None, torch.full((1,), 0.25, device=out.device))
+
+
 OP_CASES = {
     "window-cu_seqlens": (lambda dev, dt: _window_op_args(dev, dt, False), "window_prefill"),
     "window-starts_lens_sinks": (lambda dev, dt: _window_op_args(dev, dt, True), "window_prefill"),
@@ -105,6 +112,11 @@ OP_CASES = {
     # ALiBi slopes, the window op's last argument (after lse and status)
     "window-cu_seqlens-alibi": (
         lambda dev, dt: (*_with_lse(_window_op_args(dev, dt, False)), None, torch.rand(H, device=dev)),
+        "window_prefill",
+    ),
+    # an fp8 output and its scale, the window op's last argument (after the slopes)
+    "window-cu_seqlens-fp8_out": (
+        lambda dev, dt: _fp8_out(_with_lse(_window_op_args(dev, dt, False))),
         "window_prefill",
     ),
     "prefix-new_kv_sinks-lse": (
@@ -138,8 +150,9 @@ def test_op_namespaces_exist_after_import():
         mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
         # lse: the optional softmax LSE (return_lse=True); status: the optional malformed-metadata report
         assert mutated == ["out", "lse", "status"], schema
-        optional = {a.name: a for a in schema.arguments if a.name in ("lse", "status", "alibi_slopes")}
-        for name in ("lse", "status") if pkg == "prefix_prefill" else ("lse", "status", "alibi_slopes"):
+        window_only = ("alibi_slopes", "out_scale")
+        optional = {a.name: a for a in schema.arguments if a.name in ("lse", "status", *window_only)}
+        for name in ("lse", "status") if pkg == "prefix_prefill" else ("lse", "status", *window_only):
             arg = optional[name]
             assert str(arg.type) == "Optional[Tensor]" and arg.default_value is None, arg
 
@@ -155,7 +168,10 @@ def test_opcheck(case, requires_grad):
     args = list(make(DEVICE, torch.float16))
     if requires_grad:  # the op has no backward: autograd must still be registered consistently
         args[0] = args[0].detach().requires_grad_()
-    result = torch.library.opcheck(getattr(torch.ops, pkg).fwd.default, tuple(args), test_utils=OPCHECK_UTILS)
+    utils = OPCHECK_UTILS
+    if "fp8_out" in case:  # test_schema compares tensors by arithmetic torch has no fp8 kernels for; the
+        utils = tuple(u for u in utils if u != "test_schema")  # schema is the other window cases' (checked)
+    result = torch.library.opcheck(getattr(torch.ops, pkg).fwd.default, tuple(args), test_utils=utils)
     assert all(v == "SUCCESS" for v in result.values()), result
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, DTYPES
+from conftest import DEVICE, DTYPES, ON_GPU, poison
 from wp_util import cu_of, make_qkv, reference, run, run_plan, spy_triton
 
 from attn_reference import attention_varlen, compare, compare_lse, negative_control
@@ -400,3 +400,77 @@ def test_alibi_slopes_in_other_dtypes():
     want = run(q, k, v, cu, 40, window=(7, -1), alibi_slopes=slopes)
     for s in (slopes.half(), slopes.bfloat16(), torch.stack([slopes, slopes], 1)[:, 0]):
         assert torch.equal(run(q, k, v, cu, 40, window=(7, -1), alibi_slopes=s), want), s
+
+
+_FP8_OUTS = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("out_dtype", _FP8_OUTS, ids=str)
+@pytest.mark.parametrize(
+    "causal,window,extra",
+    [
+        (True, (-1, -1), {}),
+        (True, (10, -1), dict(sinks_mode="bias_key0")),
+        (False, (5, 8), dict(softcap=10.0)),
+    ],
+)
+def test_fp8_output(out_dtype, causal, window, extra):
+    """``out=<fp8>, fp8_out_scale=s`` writes ``clamp(attention / s)`` in the fp8 format, with windows, a
+    key-0 sink (whose ``-inf`` on one head leaves rows that see no key: 0) and soft-capping; warm calls take
+    each call's scale (a float, then a tensor). On the GPU the values match the float64 reference within
+    the fp8 tolerance; the interpreter rounds float32 to fp8 wrongly near a power of two (7.98 -> 4), so on
+    the CPU the values are checked within half their size, the sign, and rows without a key exactly 0."""
+    lens = [150, 1, 37, 96]
+    q, k, v, cu = make_qkv(lens, 4, 2, 32, torch.float16)
+    kw = dict(causal=causal, window=window, softcap=extra.get("softcap", 0.0))
+    if "sinks_mode" in extra:
+        sinks = torch.tensor([1.0, float("-inf"), 0.5, -2.0], device=DEVICE)
+        kw.update(sinks=sinks, sinks_mode=extra["sinks_mode"])
+    ref = reference(q, k, v, cu, **kw)
+    assert explain(q, k, v, cu, max(lens), out=torch.empty(q.shape, dtype=out_dtype, device=DEVICE),
+                   fp8_out_scale=0.5, **kw).kernel == "triton"  # fmt: skip
+    for scale in (0.25, torch.tensor([0.5], device=DEVICE), 0.25, torch.tensor(0.125, device=DEVICE)):
+        out = poison(torch.empty(q.shape, dtype=out_dtype, device=DEVICE))
+        assert window_prefill(q, k, v, cu, max(lens), out=out, fp8_out_scale=scale, **kw) is out
+        s = float(scale)
+        got = out.double() * s
+        assert torch.isfinite(got).all()
+        if ON_GPU:
+            c = compare(got, ref, out_dtype)
+            assert c, c
+        else:
+            assert ((got - ref).abs() <= 0.55 * ref.abs() + 0.05 * s).all(), s
+            assert torch.equal(got.sign(), torch.where(ref.abs() < 0.05 * s, got.sign(), ref.sign()))
+        assert torch.equal(got[ref == 0], ref[ref == 0])  # rows that see no key (and only those exact 0s)
+
+
+@pytest.mark.parametrize("out_dtype", _FP8_OUTS, ids=str)
+def test_fp8_output_clamps(out_dtype):
+    """A scale far below the values saturates: every output is the fp8 format's largest finite value with
+    the reference's sign (exact: the clamp's bound is representable); the 16-bit call's output divided by
+    a larger scale is not clamped (the negative control: the clamp is the scale's doing)."""
+    q, k, v, cu = make_qkv([40, 9], 2, 1, 32, torch.float16)
+    v = v.abs() + 0.5  # every output element >= 0.5
+    ref = reference(q, k, v, cu, window=(7, -1))
+    top = torch.finfo(out_dtype).max
+    out = poison(torch.empty(q.shape, dtype=out_dtype, device=DEVICE))
+    window_prefill(q, k, v, cu, 40, window=(7, -1), out=out, fp8_out_scale=1e-6)
+    assert torch.equal(out.double(), torch.full_like(ref, top))
+    window_prefill(q, k, v, cu, 40, window=(7, -1), out=out, fp8_out_scale=1.0)
+    assert (out.double() < top).all()
+
+
+def test_fp8_output_bf16():
+    """A bfloat16 call with an fp8 output (under the interpreter computed in float32 and quantised on the
+    host, as the kernel's epilogue does): the bf16 answer divided by the scale, within the fp8 check."""
+    q, k, v, cu = make_qkv([40, 9], 2, 1, 32, torch.bfloat16)
+    ref = reference(q, k, v, cu, window=(7, -1))
+    out = poison(torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=DEVICE))
+    window_prefill(q, k, v, cu, 40, window=(7, -1), out=out, fp8_out_scale=0.5)
+    got = out.double() * 0.5
+    assert torch.isfinite(got).all()
+    if ON_GPU:
+        c = compare(got, ref, torch.float8_e4m3fn)
+        assert c, c
+    else:
+        assert ((got - ref).abs() <= 0.55 * ref.abs() + 0.03).all()

@@ -54,6 +54,7 @@ def gluon_expected(p: Problem) -> bool:
         and p.q_tma
         and p.kv_tma
         and not p.alibi
+        and p.fp8_out_limit == 0.0
         and p.wide_window
     )
 
@@ -114,6 +115,7 @@ REFUSALS = [
     ("q-rows", dict(q_tma=False), "TMA"),
     ("kv-rows", dict(kv_tma=False), "TMA"),
     ("alibi", dict(alibi=True), "ALiBi"),
+    ("fp8-out", dict(fp8_out_limit=448.0), "fp8 output"),
     ("narrow", dict(wide_window=False), f"fewer than {wp_plan._GLUON_MIN_WIDTH[128]} keys"),
     ("config", dict(config=Config(64, 32, 4, 3)), "config does not ask"),
 ]
@@ -202,6 +204,8 @@ def test_alibi_runs_the_triton_kernel(over):
         (dict(kv_tma=False), dict(TMA_KV=False)),
         (dict(alibi=True), dict(HAS_ALIBI=True, FOLD_SCALE=False)),  # the bias is in log2 units
         (dict(alibi=True, softcap=2, sinks=True), dict(HAS_ALIBI=True, FOLD_SCALE=False, SOFTCAP=2)),
+        (dict(), dict(FP8_OUT_MAX=0.0)),
+        (dict(fp8_out_limit=57344.0, sinks=True), dict(FP8_OUT_MAX=57344.0, HAS_SINKS=True)),
     ],
 )
 def test_triton_options_reach_its_constexprs(over, want):
@@ -319,6 +323,9 @@ def test_describe_reads_metadata_only():
     assert (p.heads, p.kv_heads, p.head_dim, p.dtype) == (4, 2, 64, torch.float16)
     assert p.has_left and not p.has_right and p.cumulative_starts and not p.wide_window
     assert p.q_tma and p.kv_tma and not p.wide_offsets and p.gluon is wl.gluon_offered()
+    assert p.fp8_out_limit == 0.0 and wl.describe(q, k, v, None, out_dtype=q.dtype, **kw).fp8_out_limit == 0.0
+    for fp8, top in ((torch.float8_e4m3fn, 448.0), (torch.float8_e5m2, 57344.0)):
+        assert wl.describe(q, k, v, None, out_dtype=fp8, **kw).fp8_out_limit == top
     qkv = torch.randn(29, 8, 64, dtype=torch.float16, device=DEVICE)
     assert wl.describe(qkv[:, :4], qkv[:, 4:6], qkv[:, 6:], None, **kw).kv_tma
     gap = torch.randn(29, 2, 128, dtype=torch.float16, device=DEVICE)[:, :, :64]

@@ -35,11 +35,11 @@ def stub_triton(monkeypatch):
     return jit
 
 
-def _generic(prep, q, k, v, out, cu, max_len, status=None, alibi_slopes=None) -> None:
+def _generic(prep, q, k, v, out, cu, max_len, status=None, alibi_slopes=None, out_scale=None) -> None:
     """``prep``'s call launched as forward() launches it (the direct launch without a frame)."""
     wp_launch._run(prep.plan, prep.kw, q, k, v, out, cu, None, max_len, cu.shape[0] - 1, prep.window_left,
                    prep.window_right, prep.softmax_scale, None, prep.softcap, None, status,
-                   alibi_slopes)  # fmt: skip
+                   alibi_slopes, out_scale)  # fmt: skip
 
 
 def test_frame_call_is_the_generic_launch(stub_triton):
@@ -88,6 +88,31 @@ def test_frame_takes_each_calls_slopes(stub_triton):
             _generic(prep, q, k, v, out, cu, 30, None, slopes)
             assert framed == pointers(c_calls[-1])
     assert len(stub_triton.triton_calls) == 1
+
+
+def test_frame_takes_each_calls_fp8_out_scale(stub_triton):
+    """Warm calls with an fp8 output: a frame's call passes each call's own scale tensor (a per-call slot),
+    and its C arguments are the generic launch's; a float scale's tensor is made once (the same pointer
+    each call)."""
+    c_calls = stub_triton.compiled.run.c_calls
+    q, k, v, cu = make_qkv([30, 7], 4, 2, 64, torch.float16, "cpu")
+    out = torch.empty(q.shape, dtype=torch.float8_e4m3fn)
+    for step in range(4):
+        scale = torch.rand(1) + step
+        window_prefill(q, k, v, cu, 30, window=(15, -1), out=out, fp8_out_scale=scale)
+        if step >= 2:
+            framed = c_calls[-1]
+            assert not any(isinstance(x, torch.Tensor) for x in framed)
+            assert scale.data_ptr() in framed
+            (prep,) = wp_api.SEEN.entries.values()
+            _generic(prep, q, k, v, out, cu, 30, out_scale=scale)
+            assert framed == pointers(c_calls[-1])
+    floats = set()
+    for step in range(4):  # a new signature (the float is part of it), then its frame's calls
+        window_prefill(q, k, v, cu, 30, window=(15, -1), out=out, fp8_out_scale=0.75)
+        if step >= 1:
+            floats.add(tuple(c_calls[-1]))
+    assert len(floats) == 1 and len(stub_triton.triton_calls) == 1  # one variant for both forms
 
 
 def test_warm_calls_check_what_the_signature_leaves_open(stub_triton):

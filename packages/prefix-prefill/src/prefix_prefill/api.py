@@ -15,6 +15,7 @@ import torch
 
 from prefill_runtime import LaunchPlan, check_lse
 from prefill_runtime.checks import validate_requested
+from prefill_runtime.fp8 import scale_of
 from prefill_runtime.signatures import bump_versions
 from prefill_runtime.status import check_status
 from prefill_runtime.vllm_plugin import ENV_VAR as _PLUGIN_ENV
@@ -280,9 +281,9 @@ def context_attention_fwd(
         if kv_cache_dtype != "auto":
             kc_, vc_ = _vllm_caches(kv_cache_dtype, q, k_cache, v_cache)
         fp8 = kc_.dtype in FP8_DTYPES
-        ks = signatures.scale_of(k_scale, "k_scale", q.device) if fp8 else None
-        vs = signatures.scale_of(v_scale, "v_scale", q.device) if fp8 else None
-        os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
+        ks = scale_of(k_scale, "k_scale", q.device) if fp8 else None
+        vs = scale_of(v_scale, "v_scale", q.device) if fp8 else None
+        os_ = None if fp8_out_scale is None else scale_of(fp8_out_scale, "fp8_out_scale", q.device)
         if signatures.repeat(
             prep,
             q,
@@ -333,9 +334,9 @@ def context_attention_fwd(
     alibi_slopes = checks.check_per_head(alibi_slopes, "alibi_slopes", num_heads, q.device)
     sinks = checks.check_per_head(sinks, "sinks", num_heads, q.device)
     cache_fp8 = k_cache.dtype in FP8_DTYPES
-    ks = signatures.scale_of(k_scale, "k_scale", q.device) if cache_fp8 else None
-    vs = signatures.scale_of(v_scale, "v_scale", q.device) if cache_fp8 else None
-    os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
+    ks = scale_of(k_scale, "k_scale", q.device) if cache_fp8 else None
+    vs = scale_of(v_scale, "v_scale", q.device) if cache_fp8 else None
+    os_ = None if fp8_out_scale is None else scale_of(fp8_out_scale, "fp8_out_scale", q.device)
     if validate_requested(validate):
         checks.check_device_values(
             q, k is None, kc, b_loc, b_start_loc, b_seq_len, max_input_len, skip_decode, _VLLM_NAMES
@@ -438,9 +439,9 @@ def _py_args(
     alibi_slopes = checks.check_per_head(alibi_slopes, "alibi_slopes", num_heads, q.device)
     sinks = checks.check_per_head(sinks, "sinks", num_heads, q.device)
     cache_fp8 = k_cache.dtype in FP8_DTYPES
-    ks = signatures.scale_of(k_scale, "k_scale", q.device) if cache_fp8 else None
-    vs = signatures.scale_of(v_scale, "v_scale", q.device) if cache_fp8 else None
-    os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
+    ks = scale_of(k_scale, "k_scale", q.device) if cache_fp8 else None
+    vs = scale_of(v_scale, "v_scale", q.device) if cache_fp8 else None
+    os_ = None if fp8_out_scale is None else scale_of(fp8_out_scale, "fp8_out_scale", q.device)
     return (
         q,
         k,
@@ -607,9 +608,9 @@ def prefix_prefill(
             target = checks.e4m3_dtype(q.device)
             kc_, vc_ = kc_.view(target), vc_.view(target)
         fp8 = kc_.dtype in FP8_DTYPES
-        ks = signatures.scale_of(k_scale, "k_scale", q.device) if fp8 else None
-        vs = signatures.scale_of(v_scale, "v_scale", q.device) if fp8 else None
-        os_ = None if fp8_out_scale is None else signatures.scale_of(fp8_out_scale, "fp8_out_scale", q.device)
+        ks = scale_of(k_scale, "k_scale", q.device) if fp8 else None
+        vs = scale_of(v_scale, "v_scale", q.device) if fp8 else None
+        os_ = None if fp8_out_scale is None else scale_of(fp8_out_scale, "fp8_out_scale", q.device)
         o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
         buf = None
         if return_lse is True:

@@ -8,22 +8,15 @@ or value) naming the argument and what was expected, before anything is launched
 from __future__ import annotations
 
 import math
-from typing import Union
 
 import torch
 
 from paged_kv_offsets import LAYOUTS, CacheView, describe_kv_cache, validate_block_table
+from prefill_runtime.fp8 import FP8_DTYPES, Scale, check_fp8_supported, scale_tensor  # noqa: F401 (re-exported)
 from prefix_prefill.configs import MAX_GRID_YZ, MAX_HEAD_SIZE, detect_arch
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FP8_DTYPES = tuple(
-    getattr(torch, n)
-    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, n)
-)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-
-Scale = Union[float, torch.Tensor, None]
 
 
 def is_tensor(t: object, name: str) -> torch.Tensor:
@@ -61,35 +54,6 @@ def e4m3_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda" and getattr(torch.version, "hip", None) and detect_arch(device) == "gfx942":
         return torch.float8_e4m3fnuz
     return torch.float8_e4m3fn
-
-
-def check_fp8_supported(dtype: torch.dtype, device: torch.device, name: str) -> None:
-    if device.type != "cuda" or getattr(torch.version, "hip", None):
-        return
-    if dtype in (torch.float8_e4m3fn,) and torch.cuda.get_device_capability(device) < (8, 9):
-        cap = torch.cuda.get_device_capability(device)
-        raise ValueError(
-            f"{name} is {dtype}, which Triton supports only on compute capability >= 8.9 "
-            f"(this device is {cap[0]}.{cap[1]}); use fp8_e5m2 or a 16-bit dtype"
-        )
-
-
-def scale_tensor(s: Scale, name: str, device: torch.device) -> torch.Tensor | None:
-    """A per-tensor scale as a 1-element device tensor (no host sync; None stays None)."""
-    if s is None:
-        return None
-    if isinstance(s, torch.Tensor):
-        if s.numel() != 1:
-            raise ValueError(f"{name} must hold one value (per-tensor scale), got shape {tuple(s.shape)}")
-        if not s.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor, got {s.dtype}")
-        check_device(s, name, device)
-        return s.reshape(1)
-    if isinstance(s, (int, float)) and not isinstance(s, bool):
-        if not (math.isfinite(float(s)) and float(s) > 0):
-            raise ValueError(f"{name} must be a finite positive fp8 dequantisation scale, got {s}")
-        return torch.full((1,), float(s), dtype=torch.float32, device=device)
-    raise TypeError(f"{name} must be a float or a 1-element tensor, got {type(s).__name__}")
 
 
 def check_per_head(t: object, name: str, num_heads: int, device: torch.device) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ import torch
 
 from prefill_runtime.signatures import Seen, bump_versions, index_key, rows_key, table_key, whole_key
 from prefix_prefill import checks, gluon_launch, launch, ops
-from prefix_prefill.checks import FP8_DTYPES, Scale
+from prefix_prefill.checks import FP8_DTYPES
 
 # call signature -> the launch.Prepared it runs
 SEEN = Seen(256)
@@ -132,23 +132,3 @@ def repeat(
         )
     bump_versions(o, lse, status)
     return True
-
-
-def scale_of(s: Scale, name: str, device: torch.device) -> torch.Tensor:
-    """An fp8 scale as the kernel reads it: a 1-element device tensor (a tensor given stays itself; a float,
-    or None for 1.0, becomes a float32 tensor made once per value and device, so that a call launches
-    nothing else; during a CUDA-graph capture a new one, recorded into the graph)."""
-    if isinstance(s, torch.Tensor):
-        return checks.scale_tensor(s, name, device)
-    value = 1.0 if s is None else s
-    key = (value, device)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    t = None if capturing else _SCALES.get(key)
-    if t is None:
-        t = checks.scale_tensor(value, name, device)
-        if not capturing and len(_SCALES) < 64:
-            _SCALES[key] = t
-    return t
-
-
-_SCALES: dict = {}

@@ -26,6 +26,7 @@ import torch
 from prefill_runtime import LaunchPlan, check_lse
 from prefill_runtime.checks import validate_requested
 from prefill_runtime.compiled_launch import launch_directly
+from prefill_runtime.fp8 import FP8_DTYPES, Scale, check_fp8_supported, scale_of
 from prefill_runtime.signatures import Seen, bump_versions, index_key, rows_key, whole_key
 from prefill_runtime.status import check_status
 from window_prefill import launch, ops  # ops registers torch.ops.window_prefill.fwd
@@ -36,6 +37,10 @@ from window_prefill.plan import plan
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes the kernels compute in
 _INDEX_DTYPES = (torch.int32, torch.int64)  # of cu_seqlens, b_start_loc, b_seq_len: read as they are
 _MAX_BATCH = 65535  # the grid's z dimension holds one sequence each: CUDA's limit
+_FP8_OUT_NEEDS_OUT = (
+    "fp8_out_scale needs out: an fp8 tensor of q's shape [total_tokens, num_heads, head_dim] for the kernel "
+    "to write"
+)
 # call signature (prefill_runtime.signatures) -> the launch.Prepared its later calls repeat: a signature's
 # first call runs every check; a later one checks what the signature leaves open (token count, batch,
 # max length) and launches (launch.repeat). Only calls whose checks pass their tensors on as they are
@@ -59,6 +64,7 @@ def window_prefill(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    fp8_out_scale: Scale = None,
     return_lse: bool = False,
     lse: torch.Tensor | None = None,
     validate: bool = False,
@@ -99,7 +105,13 @@ def window_prefill(
             key ``j`` of head ``h``, after ``softmax_scale`` and ``softcap``, before a ``bias_key0``
             sink.
         out: optional ``[total_tokens, num_heads, head_dim]`` buffer of q's dtype, written in place;
-            allocated (contiguous) when None. Tokens outside every sequence are left untouched.
+            allocated (contiguous) when None. Tokens outside every sequence are left untouched. With
+            ``fp8_out_scale``: required, q's shape in float8_e4m3fn or float8_e5m2 (float8_e4m3fnuz on
+            MI300).
+        fp8_out_scale: the output's fp8 quantisation scale (a float or a 1-element floating-point tensor
+            on q's device, finite and > 0): ``out = clamp(attention / fp8_out_scale)`` to the fp8
+            format's finite range, as vLLM's fused output quantisation (and prefix-prefill's
+            ``fp8_out_scale``); None (default): ``out`` in q's dtype. A row that sees no key is 0.
         return_lse: also return each row's softmax log-sum-exp (FlashAttention's
             ``return_softmax_lse``, FlashInfer's ``return_lse``; engines merge partial attention
             states with it): natural log, ``lse[h, i] = log(sum_j exp(s_ij))`` over the keys row ``i``
@@ -151,7 +163,7 @@ def window_prefill(
     key = None
     if _may_repeat(q, config, validate):
         key = _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap,
-                      return_lse, lse, status, alibi_slopes)  # fmt: skip
+                      return_lse, lse, status, alibi_slopes, fp8_out_scale)  # fmt: skip
         prep = SEEN.lookup(key) if key is not None else None
         if prep is not None:
             tokens, batch = q.shape[0], cu_seqlens.shape[0] - 1
@@ -169,15 +181,20 @@ def window_prefill(
                     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
                 if return_lse and lse is None:
                     lse = torch.empty((q.shape[1], tokens), dtype=torch.float32, device=q.device)
+                os_ = None if fp8_out_scale is None else scale_of(fp8_out_scale, "fp8_out_scale", q.device)
                 launch.repeat(prep, q, k, v, out, cu_seqlens, None, max_seqlen, batch, sinks, lse, status,
-                              alibi_slopes)  # fmt: skip
+                              alibi_slopes, os_)  # fmt: skip
                 bump_versions(out, lse, status)
                 return (out, lse) if return_lse else out
+    out_fp8 = fp8_out_scale is not None
     if out is None:
         _check_qkvo(q, k, v, q, "out")
+        if out_fp8:
+            raise ValueError(_FP8_OUT_NEEDS_OUT)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     else:
-        _check_qkvo(q, k, v, out, "out")
+        _check_qkvo(q, k, v, out, "out", out_fp8)
+    os_ = scale_of(fp8_out_scale, "fp8_out_scale", q.device) if out_fp8 else None
     lse = check_lse(return_lse, lse, q, "total_tokens")
     status = check_status(status, q.device)
     cu, max_len, left, right, scale, sinks_t, bias_key0, cap = _window_args(
@@ -186,7 +203,7 @@ def window_prefill(
     slopes = _check_alibi(alibi_slopes, q.shape[1], q.device)
     ops.call(
         q, k, v, out, cu, None, max_len, bool(causal), left, right, scale, sinks_t, bias_key0,
-        *ops.config_ints(config), cap, lse, status, slopes,
+        *ops.config_ints(config), cap, lse, status, slopes, os_,
     )  # fmt: skip
     if (
         key is not None
@@ -199,7 +216,7 @@ def window_prefill(
         prep = launch.prepare(q, k, v, out, cu, None, max_len, causal=bool(causal),
                               window_left=left, window_right=right, softmax_scale=scale, sinks=sinks_t,
                               bias_key0=bias_key0, config=None, softcap=cap, lse=lse,
-                              status=status, alibi_slopes=slopes)  # fmt: skip
+                              status=status, alibi_slopes=slopes, out_scale=os_)  # fmt: skip
         if prep is not None:
             SEEN.remember(key, prep)
     if return_lse:
@@ -222,6 +239,7 @@ def explain(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    fp8_out_scale: Scale = None,
     return_lse: bool = False,
     lse: torch.Tensor | None = None,
     validate: bool = False,
@@ -234,7 +252,12 @@ def explain(
     what the kernel compiles with (:mod:`window_prefill.plan`). The arguments are checked as
     :func:`window_prefill` checks them (``status`` plays no part in the plan); nothing is allocated or
     launched. A call without sequences or tokens launches nothing at all; its plan is still returned."""
-    _check_qkvo(q, k, v, q if out is None else out, "out")
+    out_fp8 = fp8_out_scale is not None
+    _check_qkvo(q, k, v, q if out is None else out, "out", out_fp8 and out is not None)
+    if out_fp8:
+        if out is None:
+            raise ValueError(_FP8_OUT_NEEDS_OUT)
+        scale_of(fp8_out_scale, "fp8_out_scale", q.device)
     if lse is not None or not return_lse:
         check_lse(return_lse, lse, q, "total_tokens")
     elif not isinstance(return_lse, bool):  # pragma: no cover - True passes the test above
@@ -249,7 +272,7 @@ def explain(
         launch.describe(
             q, k, v, None, causal=bool(causal), window_left=left, window_right=right,
             softmax_scale=scale, sinks=sinks_t, bias_key0=bias_key0, softcap=cap, return_lse=bool(return_lse),
-            config=config, alibi_slopes=slopes,
+            config=config, alibi_slopes=slopes, out_dtype=None if out is None else out.dtype,
         )
     )  # fmt: skip
 
@@ -392,7 +415,7 @@ def _may_repeat(q: object, config: object, validate: bool) -> bool:
 
 
 def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sinks_mode, softcap, return_lse,
-            lse, status, alibi_slopes) -> tuple | None:  # fmt: skip
+            lse, status, alibi_slopes, fp8_out_scale) -> tuple | None:  # fmt: skip
     """The signature of a :func:`window_prefill` call; None where an argument is not of a type the key
     can read (the full checks reject it)."""
     try:
@@ -402,7 +425,7 @@ def _py_key(q, k, v, out, cu_seqlens, causal, window, softmax_scale, sinks, sink
         return ("py", rows_key(q), rows_key(k), rows_key(v), rows_key(out), index_key(cu_seqlens), causal,
                 tuple(window) if isinstance(window, list) else window, softmax_scale, whole_key(sinks),
                 sinks_mode, softcap, return_lse, lse_key,
-                whole_key(status), whole_key(alibi_slopes))  # fmt: skip
+                whole_key(status), whole_key(alibi_slopes), whole_key(fp8_out_scale))  # fmt: skip
     except (AttributeError, TypeError, IndexError):
         return None
 
@@ -434,8 +457,9 @@ _SHAPES = {
 }
 
 
-def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str) -> None:
-    """Host-only (shape/dtype/device/stride) checks of q, k, v and the output buffer."""
+def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str, out_fp8: bool = False) -> None:
+    """Host-only (shape/dtype/device/stride) checks of q, k, v and the output buffer (``out_fp8``: an fp8
+    output, quantised by a scale the caller gave; else one in q's dtype)."""
     named = (("q", q), ("k", k), ("v", v), (out_name, o))
     for name, t in named:
         if not isinstance(t, torch.Tensor):
@@ -449,7 +473,13 @@ def _check_qkvo(q: object, k: object, v: object, o: object, out_name: str) -> No
     if dtype not in _FLOAT_DTYPES:
         raise TypeError(f"q must be float16, bfloat16 or float32, got {dtype}")
     for name, t in named[1:]:
-        if t.dtype != dtype:
+        if name == out_name and out_fp8:
+            if t.dtype not in FP8_DTYPES:
+                raise TypeError(f"{name} must be an fp8 tensor when fp8_out_scale is given, got {t.dtype}")
+            check_fp8_supported(t.dtype, device, name)
+        elif name == "out" and t.dtype in FP8_DTYPES:
+            raise TypeError(f"{name} is {t.dtype}: an fp8 output needs its quantisation scale, fp8_out_scale")
+        elif t.dtype != dtype:
             raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {dtype}")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but q is on {device}")

@@ -21,6 +21,8 @@ Conventions (host side documents tensors; here only what the kernel assumes):
   only when every element of K and V lies less than 2**31 elements from the tensor's start).
 * ``HAS_ALIBI``: ``- slope * |i - j|`` (``slope`` = ``Alibi[head]``, times log2(e)) joins each score after
   the scale and cap, before the key-0 sink; the scale is then not folded into exp2's FMA.
+* ``OutScale`` (an fp8 ``O``): the epilogue stores ``clamp(out / OutScale[0], -FP8_OUT_MAX, FP8_OUT_MAX)``
+  in O's fp8 format (vLLM's fused output quantisation); rows that see no key stay 0.
 * ``RETURN_LSE``: the epilogue also stores each row's softmax log-sum-exp. The running max ``m_i``
   and sum ``l_i`` are in the log2 domain above (``l_i = sum_j exp2(s2_j - m_i)``, the denominator sink
   included), so the natural-log LSE is ``(m_i + log2(l_i)) * ln(2)``; ``-inf`` where ``l_i == 0``.
@@ -350,6 +352,7 @@ def _fwd_kernel(
     max_len,  # the caller's (sizes the grid): a longer sequence is reported
     Status,  # [1] int32 (the caller's status=): malformed metadata ORs its bits in; else None
     Alibi,  # [num_heads] float ALiBi slopes with HAS_ALIBI, else None
+    OutScale,  # [1] float: an fp8 O's quantisation scale (O = clamp(out / scale)), else None
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -367,6 +370,7 @@ def _fwd_kernel(
     SOFTCAP: tl.constexpr,  # logits softcap * tanh(scale * q.k / softcap): qk_scale = softcap * log2(e); 2: tanh.approx
     RETURN_LSE: tl.constexpr,  # also store each row's softmax log-sum-exp (natural log) in Lse
     HAS_ALIBI: tl.constexpr,  # - Alibi[head] * |q - k| on every logit (FOLD_SCALE off)
+    FP8_OUT_MAX: tl.constexpr,  # an fp8 O: its format's largest finite value (with OutScale); else 0.0
 ):
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch). Starts[b] = first token of sequence b; its
     length is Lens[b], or Starts[b + 1] - Starts[b] when LENS_FROM_STARTS (cu_seqlens form).
@@ -457,6 +461,9 @@ def _fwd_kernel(
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
     b_o = acc * (1.0 / l_safe)[:, None]  # [BM, BD] one reciprocal per row, a multiply per element
+    if OutScale is not None:  # an fp8 O: quantised by the caller's scale, clamped to the format's range
+        b_o = b_o * (1.0 / tl.load(OutScale).to(tl.float32))  # [BM, BD]
+        b_o = tl.minimum(tl.maximum(b_o, -FP8_OUT_MAX), FP8_OUT_MAX)  # [BM, BD]
     p_o = (
         O
         + head.to(tl.int64) * stride_oh

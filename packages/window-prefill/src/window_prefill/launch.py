@@ -35,6 +35,7 @@ from prefill_runtime import (
     softcap_form,
 )
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
+from prefill_runtime.fp8 import FP8_DTYPES
 from prefill_runtime.gluon_host import multiprocessors, persistent_grid, tile_counter
 from window_prefill.configs import detect_arch
 from window_prefill.kernel import _fwd_kernel
@@ -55,6 +56,7 @@ except Exception:  # pragma: no cover - any import failure means "no Gluon"
 _UNBOUNDED_WINDOW = 1 << 30
 _LOG2E = math.log2(math.e)  # the kernels' scores are in log2 units
 _ELEMENT_SIZE = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}  # bytes, without a tensor call
+_FP8_MAX = {t: float(torch.finfo(t).max) for t in FP8_DTYPES}  # an fp8 output's clamp, by its dtype
 
 # Each kernel's compiled variants by call key (:func:`_key`), launched without Triton's per-call binder
 _TRITON = CompiledLaunches(_fwd_kernel)
@@ -118,17 +120,17 @@ def describe(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor | None, *,
     causal: bool, window_left: int, window_right: int, softmax_scale: float, sinks: torch.Tensor | None,
     bias_key0: bool, softcap: float, return_lse: bool, config: object = None,
-    alibi_slopes: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
 ) -> Problem:  # fmt: skip
     """The :class:`~window_prefill.plan.Problem` of a checked call (windows inclusive, ``-1`` unbounded,
-    widths of ``_UNBOUNDED_WINDOW`` or more already mapped to ``-1``): tensor metadata and host values
-    only."""
+    widths of ``_UNBOUNDED_WINDOW`` or more already mapped to ``-1``; ``out_dtype``: the output's, None
+    for q's): tensor metadata and host values only."""
     return Problem(*_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
-                            bias_key0, softcap, return_lse, config, alibi_slopes))  # fmt: skip
+                            bias_key0, softcap, return_lse, config, alibi_slopes, out_dtype))  # fmt: skip
 
 
 def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks, bias_key0,
-            softcap, return_lse, config, alibi_slopes) -> tuple:  # fmt: skip
+            softcap, return_lse, config, alibi_slopes, out_dtype) -> tuple:  # fmt: skip
     """A problem's fields, in :class:`~window_prefill.plan.Problem`'s order: the plan cache's key (a
     tuple is cheaper to build and hash than the dataclass, which is made on a cache miss only)."""
     total, heads, head_dim = q.shape
@@ -164,6 +166,7 @@ def _fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sin
         and _tma_rows(v, vst, kv_heads, head_dim, elem),  # kv_tma
         gluon_offered(),  # gluon
         config,
+        _FP8_MAX.get(out_dtype, 0.0),  # fp8_out_limit
     )
 
 
@@ -172,13 +175,14 @@ def forward(
     lens: torch.Tensor | None, max_len: int, *, causal: bool, window_left: int, window_right: int,
     softmax_scale: float, sinks: torch.Tensor | None, bias_key0: bool, config: object = None,
     softcap: float = 0.0, lse: torch.Tensor | None = None, status: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None, out_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """The custom op's body (:mod:`window_prefill.ops`): describe the call, look up its plan, launch it.
     A call without sequences or tokens launches nothing; ``max_len`` 0 still launches one query tile a
     sequence (the kernel writes the rows a too small ``max_len`` leaves out as 0). ``status``: an int32
     ``[1]`` tensor the kernel ORs the bits of :mod:`prefill_runtime.status` into on malformed metadata,
-    or None."""
+    or None. ``out_scale``: with an fp8 ``out``, its quantisation scale (a float ``[1]`` tensor), else
+    None."""
     batch = starts.shape[0] - 1 if lens is None else lens.shape[0]
     if batch <= 0 or q.shape[0] == 0:
         return
@@ -189,14 +193,18 @@ def forward(
                 window_left=window_left, window_right=window_right, softmax_scale=softmax_scale, sinks=sinks,
                 bias_key0=bias_key0, config=config, softcap=softcap, lse=lse, status=status,
                 alibi_slopes=alibi_slopes)  # fmt: skip
+        if out_scale is not None:  # the kernel's fp8 epilogue, on the float32 rows
+            top = _FP8_MAX[out.dtype]
+            wide = (wide * (1.0 / out_scale.float())).clamp_(-top, top)
         out.copy_(wide)
         return
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     p, kw = _planned(_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
-                             bias_key0, softcap, lse is not None, config, alibi_slopes))  # fmt: skip
+                             bias_key0, softcap, lse is not None, config, alibi_slopes,
+                             out.dtype))  # fmt: skip
     _run(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
-         softcap, lse, status, alibi_slopes)  # fmt: skip
+         softcap, lse, status, alibi_slopes, out_scale)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -217,7 +225,8 @@ class Prepared:
 
 
 def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_right, softmax_scale, sinks,
-            bias_key0, config, softcap, lse, status=None, alibi_slopes=None) -> Prepared | None:  # fmt: skip
+            bias_key0, config, softcap, lse, status=None, alibi_slopes=None,
+            out_scale=None) -> Prepared | None:  # fmt: skip
     """What the later calls of a call's signature repeat (the call, :func:`forward`'s arguments, ran);
     None where they cannot skip :func:`forward` (bf16 under the interpreter, a Gluon plan whose kernel
     failed)."""
@@ -226,10 +235,11 @@ def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_
     window_left = -1 if window_left >= _UNBOUNDED_WINDOW else window_left
     window_right = -1 if window_right >= _UNBOUNDED_WINDOW else window_right
     p, kw = _planned(_fields(q, k, v, lens, causal, window_left, window_right, softmax_scale, sinks,
-                             bias_key0, softcap, lse is not None, config, alibi_slopes))  # fmt: skip
+                             bias_key0, softcap, lse is not None, config, alibi_slopes,
+                             out.dtype))  # fmt: skip
     if p.kernel == "gluon" and not _gluon_ok:
         return None
-    key = _key(p, q, k, v, out, sinks, starts, lens, lse, status, alibi_slopes)
+    key = _key(p, q, k, v, out, sinks, starts, lens, lse, status, alibi_slopes, out_scale)
     return Prepared(p, kw, window_left, window_right, softmax_scale, softcap, key)
 
 
@@ -241,7 +251,7 @@ def still_planned(prep: Prepared) -> bool:
 
 def repeat(
     prep: Prepared, q, k, v, o, starts, lens, max_len: int, batch: int, sinks, lse, status=None,
-    alibi_slopes=None,
+    alibi_slopes=None, out_scale=None,
 ) -> bool:  # fmt: skip
     """A call of ``prep``'s signature (checked for what the signature leaves open): through the frame of
     its compiled variant where one is kept (the grid, the stream and the per-call arguments written into
@@ -264,7 +274,7 @@ def repeat(
         index != torch._C._cuda_getDevice()  # (a frame exists only after a CUDA launch: CUDA is initialised)
     ):  # fmt: skip
         _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
-             prep.softmax_scale, sinks, prep.softcap, lse, status, alibi_slopes)  # fmt: skip
+             prep.softmax_scale, sinks, prep.softcap, lse, status, alibi_slopes, out_scale)  # fmt: skip
         return False
     lens_ = lens if lens is not None else starts
     tail = (starts.data_ptr(), lens_.data_ptr(), None if lse is None else lse.data_ptr(),
@@ -279,7 +289,8 @@ def repeat(
     else:
         s = sinks if sinks is not None else q
         alibi = None if alibi_slopes is None else alibi_slopes.data_ptr()
-        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, alibi, q.shape[0])
+        scale = None if out_scale is None else out_scale.data_ptr()
+        bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, alibi, scale, q.shape[0])
     heads = q.shape[1]
     grid = _gluon_grid(p, max_len, heads, batch, index) if gluon else _one_tile_grid(p, max_len, heads, batch)
     prep.frame[1](*grid, stream, q.shape[0], bases, plain)
@@ -303,18 +314,19 @@ def run(
     starts: torch.Tensor, lens: torch.Tensor | None, max_len: int, batch: int, *, window_left: int,
     window_right: int, softmax_scale: float, sinks: torch.Tensor | None, softcap: float,
     lse: torch.Tensor | None, status: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Launch the kernel ``p`` names on the grid ``(cdiv(max_len, p.block_m), num_heads, batch)``
     (windows as :func:`describe` takes them). A Gluon plan whose launch fails runs its Triton
     fallback (and the Gluon kernel is not offered again in this process). Benchmarks and tests run
     a changed plan through it (:meth:`~prefill_runtime.LaunchPlan.replace`)."""
     _run(p, _kwargs(p), q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale,
-         sinks, softcap, lse, status, alibi_slopes)  # fmt: skip
+         sinks, softcap, lse, status, alibi_slopes, out_scale)  # fmt: skip
 
 
 def _run(
     p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks,
-    softcap, lse, status=None, alibi_slopes=None,
+    softcap, lse, status=None, alibi_slopes=None, out_scale=None,
 ) -> None:  # fmt: skip
     if not _primed and q.is_cuda:
         _prime_triton()
@@ -325,16 +337,16 @@ def _run(
         p = p.get("fallback")
         kw = _kwargs(p)
     _launch_triton(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                   softmax_scale, sinks, softcap, lse, status, alibi_slopes)  # fmt: skip
+                   softmax_scale, sinks, softcap, lse, status, alibi_slopes, out_scale)  # fmt: skip
 
 
 def _launch_triton(
     p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
-    lse, status, alibi_slopes,
+    lse, status, alibi_slopes, out_scale,
 ) -> None:  # fmt: skip
     k_desc = v_desc = None
     direct = _fwd_kernel is _TRITON.jit_fn  # (else a test's recorder stands in for the kernel)
-    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes) if direct else None
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes, out_scale) if direct else None
     warm = direct and not _TRITON.verify and _TRITON.has(key)
     if kw["TMA_KV"]:  # interior K/V blocks: descriptors over [tokens, kv_heads * head_dim]
         d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
@@ -361,6 +373,7 @@ def _launch_triton(
         max_len,
         status,  # None without status=: a constexpr, as lse
         alibi_slopes,  # None without ALiBi: a constexpr, as lse
+        out_scale,  # None but with an fp8 o: a constexpr, as lse
     )  # fmt: skip
     if not direct:
         _fwd_kernel[grid](*args, **kw)
@@ -394,6 +407,7 @@ _TRITON_PER_CALL = (
     "Status",
     "max_len",
     "Alibi",
+    "OutScale",
     "n_tokens",
 )
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
@@ -402,13 +416,13 @@ _GLUON_PER_CALL = (
 )  # fmt: skip
 
 
-def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None, alibi_slopes=None) -> tuple:
+def _key(p, q, k, v, o, sinks, starts, lens, lse, status=None, alibi_slopes=None, out_scale=None) -> tuple:
     """What Triton specialises a launch of plan ``p`` on beyond the plan: the exact strides of q/k/v/o
     and the group size (a superset of "1 or a multiple of 16"), the dtypes and 16-byte alignment of
     every tensor argument (the windows and the LSE stride are ``do_not_specialize``; descriptors
     specialise on the dtype and block shape, both fixed by ``p`` and q's dtype), and the device (a
     variant is loaded on one)."""
-    tensors = (q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes)
+    tensors = (q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes, out_scale)
     return (
         p, q.stride(), k.stride(), v.stride(), o.stride(), q.shape[1] // k.shape[1],
         tuple(None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors), q.get_device(),

@@ -14,7 +14,7 @@ Schema (every argument a tensor, an optional tensor, an int, a float or a bool):
                         float softmax_scale, Tensor? sinks, bool sinks_bias_key0, SymInt block_m=0,
                         SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, SymInt tma=0,
                         float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None,
-                        Tensor? alibi_slopes=None) -> ()
+                        Tensor? alibi_slopes=None, Tensor? out_scale=None) -> ()
 
 Tensors as documented at :func:`window_prefill.window_prefill`; ``starts`` is ``cu_seqlens`` when
 ``lens`` is None, else the first token of each sequence with ``lens`` its length (vLLM's
@@ -28,7 +28,8 @@ log-sum-exp (``return_lse=True`` of :func:`window_prefill.window_prefill`, which
 None (the kernel compiles without it); ``status``: an int32 ``[1]`` tensor the op also mutates (the
 kernel ORs the bits of :mod:`prefill_runtime.status` into it when it meets malformed metadata and
 writes nothing otherwise), or None; ``alibi_slopes``: ``[num_heads]`` floating-point ALiBi slopes
-(``- slope * |i - j|`` on each logit), or None. The op does no argument
+(``- slope * |i - j|`` on each logit), or None; ``out_scale``: with an fp8 ``out``, its float ``[1]``
+quantisation scale (``out = clamp(attention / out_scale)``), else None. The op does no argument
 checking (the public functions do), never synchronises with the host and allocates nothing: it is
 CUDA-graph capturable.
 
@@ -58,7 +59,7 @@ SCHEMA = (
     "bool causal, SymInt window_left, SymInt window_right, float softmax_scale, Tensor? sinks, "
     "bool sinks_bias_key0, SymInt block_m=0, SymInt block_n=0, SymInt num_warps=0, SymInt num_stages=0, "
     "SymInt tma=0, float softcap=0.0, Tensor(b!)? lse=None, Tensor(c!)? status=None, "
-    "Tensor? alibi_slopes=None) -> ()"
+    "Tensor? alibi_slopes=None, Tensor? out_scale=None) -> ()"
 )
 #: The config ints meaning "use the per-architecture table".
 NO_CONFIG = (0, 0, 0, 0, 0)
@@ -105,6 +106,7 @@ def _fwd_impl(
     lse: torch.Tensor | None = None,
     status: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> None:
     """The op's kernel on every device: the planned kernel launch on checked arguments, writing ``out``
     (and ``lse``, ``status`` when given)."""
@@ -116,6 +118,7 @@ def _fwd_impl(
             q, k, v, out, starts, lens, max_len, causal=causal, window_left=window_left,
             window_right=window_right, softmax_scale=softmax_scale, sinks=sinks, bias_key0=sinks_bias_key0,
             config=config, softcap=softcap, lse=lse, status=status, alibi_slopes=alibi_slopes,
+            out_scale=out_scale,
         )  # fmt: skip
     bump_versions(out, lse, status)
 

@@ -17,14 +17,15 @@ kernel      when
 ==========  =========================================================================================
 ``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
-            readable by TMA, no ALiBi, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per
-            head size); sinks (both modes) and soft-capping are the kernel's ``SINKS`` and ``SOFTCAP``;
-            windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys and causal calls run its persistent
-            form (``PERSISTENT``).
+            readable by TMA, no ALiBi, an output in q's dtype, and a row may see at least
+            :data:`_GLUON_MIN_WIDTH` keys (per head size); sinks (both modes) and soft-capping are the
+            kernel's ``SINKS`` and ``SOFTCAP``; windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys
+            and causal calls run its persistent form (``PERSISTENT``).
             Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
-            interpreter), 16-bit, an unpadded head size and K/V readable by TMA.
+            interpreter), 16-bit, an unpadded head size and K/V readable by TMA; an fp8 output
+            quantised in the epilogue (``FP8_OUT_MAX``).
 ==========  =========================================================================================
 
 A Gluon plan carries its call's Triton plan as ``extra["fallback"]``: the launch runs it if this
@@ -82,7 +83,8 @@ class Problem:
     tensor descriptors). ``wide_window``: a row may see at least ``_GLUON_MIN_WIDTH[head_dim]`` keys
     (:func:`wide_window`); ``narrow_window``: at most :data:`_PERSISTENT_MAX_WIDTH` (:func:`narrow_window`).
     ``gluon``: this process runs the Gluon kernel (Triton has Gluon,
-    ``WINDOW_PREFILL_GLUON`` is not 0, no launch of it failed)."""
+    ``WINDOW_PREFILL_GLUON`` is not 0, no launch of it failed). ``fp8_out_limit``: the output is fp8 (with
+    its quantisation scale), this the format's largest finite value; 0.0: the output is in q's dtype."""
 
     dtype: torch.dtype
     heads: int
@@ -106,6 +108,7 @@ class Problem:
     kv_tma: bool
     gluon: bool
     config: Config | None = None
+    fp8_out_limit: float = 0.0
 
 
 def window_keys(causal: bool, window_left: int, window_right: int) -> int | None:
@@ -148,6 +151,7 @@ def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
         (p.q_tma and p.kv_tma, "q/k/v not readable by TMA"),
         (not p.alibi, "ALiBi"),
         (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH.get(p.head_dim)} keys"),
+        (p.fp8_out_limit == 0.0, "an fp8 output"),
     )
     return next((why for ok, why in checks if not ok), None)
 
@@ -180,6 +184,7 @@ def _triton_plan(p: Problem, cfg: Config, source: str, why_not_gluon: str) -> La
         SOFTCAP=kernel_softcap(p.softcap, gluon=False),
         RETURN_LSE=p.return_lse,
         HAS_ALIBI=p.alibi,
+        FP8_OUT_MAX=p.fp8_out_limit,
     )
     tiles = f"{cfg.block_m}x{cfg.block_n}, {cfg.num_warps} warps, {cfg.num_stages} stages"
     return LaunchPlan(
