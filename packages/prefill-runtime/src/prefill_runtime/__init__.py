@@ -15,6 +15,9 @@ Modules, each owning one concern (every public name below is importable from ``p
 * :mod:`~prefill_runtime.checks`: :func:`softcap_form` (which soft-capping form a kernel compiles for a
   device), :func:`check_lse` (the softmax log-sum-exp buffer of a ``return_lse=True`` call),
   :func:`~prefill_runtime.checks.validate_requested` (``validate=True`` or ``PREFILL_VALIDATE=1``).
+* :mod:`~prefill_runtime.fp8`: the fp8 dtypes, :func:`~prefill_runtime.fp8.check_fp8_supported` and the
+  per-tensor scales as kernels read them (:func:`~prefill_runtime.fp8.scale_of`: a float's 1-element tensor
+  made once per value and device).
 * :mod:`~prefill_runtime.gluon_host`: the Gluon kernels' host side: :func:`gluon_applies`,
   :func:`~prefill_runtime.gluon_host.multiprocessors` (the persistent forms' grids),
   :func:`gluon_token_rows` / :func:`gluon_descriptor` (TMA descriptors; Gluon imported on first use),
