@@ -417,7 +417,8 @@ _FP8_OUTS = [torch.float8_e4m3fn, torch.float8_e5m2]
 def test_fp8_output(out_dtype, causal, window, extra):
     """``out=<fp8>, fp8_out_scale=s`` writes ``clamp(attention / s)`` in the fp8 format, with windows, a
     key-0 sink (whose ``-inf`` on one head leaves rows that see no key: 0) and soft-capping; warm calls take
-    each call's scale (a float, then a tensor). On the GPU the values match the float64 reference within
+    each call's scale (a float, then a tensor); the LSE beside an fp8 output is the softmax's, unscaled. On
+    the GPU the values match the float64 reference within
     the fp8 tolerance; the interpreter rounds float32 to fp8 wrongly near a power of two (7.98 -> 4), so on
     the CPU the values are checked within half their size, the sign, and rows without a key exactly 0."""
     lens = [150, 1, 37, 96]
@@ -429,9 +430,15 @@ def test_fp8_output(out_dtype, causal, window, extra):
     ref = reference(q, k, v, cu, **kw)
     assert explain(q, k, v, cu, max(lens), out=torch.empty(q.shape, dtype=out_dtype, device=DEVICE),
                    fp8_out_scale=0.5, **kw).kernel == "triton"  # fmt: skip
+    _, ref_lse = attention_varlen(q, k, v, cu, cu, return_lse=True, **kw)
     for scale in (0.25, torch.tensor([0.5], device=DEVICE), 0.25, torch.tensor(0.125, device=DEVICE)):
         out = poison(torch.empty(q.shape, dtype=out_dtype, device=DEVICE))
         assert window_prefill(q, k, v, cu, max(lens), out=out, fp8_out_scale=scale, **kw) is out
+        res, lse = window_prefill(q, k, v, cu, max(lens), out=torch.empty_like(out), fp8_out_scale=scale,
+                                  return_lse=True, **kw)  # fmt: skip
+        assert torch.equal(res.view(torch.uint8), out.view(torch.uint8))  # the LSE changes no output bit
+        c_lse = compare_lse(lse, ref_lse)  # the scale is not the softmax's: the LSE is the 16-bit call's
+        assert c_lse, c_lse
         s = float(scale)
         got = out.double() * s
         assert torch.isfinite(got).all()

@@ -71,22 +71,30 @@ def test_frame_call_is_the_generic_launch(stub_triton):
     assert len(wp_launch._TRITON._frames) == 4  # one frame per (variant, scale, window)
 
 
-def test_frame_takes_each_calls_slopes(stub_triton):
-    """Warm calls with ALiBi slopes: a frame's call passes each call's own slopes tensor (a per-call slot,
-    as the sinks'), and its C arguments are the generic launch's."""
+def _frames_take_each_calls(stub_triton, q, k, v, cu, out, arg: str, make) -> None:
+    """Four calls of one signature, each passing a new tensor ``make(step)`` as ``arg``: from the third on,
+    a frame's call (pointers only) holding that tensor's pointer, whose C arguments are the generic
+    launch's (the tensor passed to it as the launch's ``alibi_slopes`` / ``out_scale``)."""
     c_calls = stub_triton.compiled.run.c_calls
-    q, k, v, cu = make_qkv([30, 7], 4, 2, 64, torch.float16, "cpu")
-    out = torch.empty_like(q)
+    launch_arg = {"alibi_slopes": "alibi_slopes", "fp8_out_scale": "out_scale"}[arg]
     for step in range(4):
-        slopes = torch.rand(4) * (step + 1)
-        window_prefill(q, k, v, cu, 30, window=(15, -1), alibi_slopes=slopes, out=out)
+        t = make(step)
+        window_prefill(q, k, v, cu, 30, window=(15, -1), out=out, **{arg: t})
         if step >= 2:
             framed = c_calls[-1]
             assert not any(isinstance(x, torch.Tensor) for x in framed)
-            assert slopes.data_ptr() in framed
+            assert t.data_ptr() in framed
             (prep,) = wp_api.SEEN.entries.values()
-            _generic(prep, q, k, v, out, cu, 30, None, slopes)
+            _generic(prep, q, k, v, out, cu, 30, **{launch_arg: t})
             assert framed == pointers(c_calls[-1])
+
+
+def test_frame_takes_each_calls_slopes(stub_triton):
+    """Warm calls with ALiBi slopes: a frame's call passes each call's own slopes tensor (a per-call slot,
+    as the sinks'), and its C arguments are the generic launch's."""
+    q, k, v, cu = make_qkv([30, 7], 4, 2, 64, torch.float16, "cpu")
+    _frames_take_each_calls(stub_triton, q, k, v, cu, torch.empty_like(q), "alibi_slopes",
+                            lambda step: torch.rand(4) * (step + 1))  # fmt: skip
     assert len(stub_triton.triton_calls) == 1
 
 
@@ -97,16 +105,7 @@ def test_frame_takes_each_calls_fp8_out_scale(stub_triton):
     c_calls = stub_triton.compiled.run.c_calls
     q, k, v, cu = make_qkv([30, 7], 4, 2, 64, torch.float16, "cpu")
     out = torch.empty(q.shape, dtype=torch.float8_e4m3fn)
-    for step in range(4):
-        scale = torch.rand(1) + step
-        window_prefill(q, k, v, cu, 30, window=(15, -1), out=out, fp8_out_scale=scale)
-        if step >= 2:
-            framed = c_calls[-1]
-            assert not any(isinstance(x, torch.Tensor) for x in framed)
-            assert scale.data_ptr() in framed
-            (prep,) = wp_api.SEEN.entries.values()
-            _generic(prep, q, k, v, out, cu, 30, out_scale=scale)
-            assert framed == pointers(c_calls[-1])
+    _frames_take_each_calls(stub_triton, q, k, v, cu, out, "fp8_out_scale", lambda step: torch.rand(1) + step)
     floats = set()
     for step in range(4):  # a new signature (the float is part of it), then its frame's calls
         window_prefill(q, k, v, cu, 30, window=(15, -1), out=out, fp8_out_scale=0.75)

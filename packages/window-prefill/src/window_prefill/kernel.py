@@ -460,9 +460,11 @@ def _fwd_kernel(
 
     # Rows that saw no key (l == 0) have acc == 0: write 0, never NaN.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # [BM]
-    b_o = acc * (1.0 / l_safe)[:, None]  # [BM, BD] one reciprocal per row, a multiply per element
-    if OutScale is not None:  # an fp8 O: quantised by the caller's scale, clamped to the format's range
-        b_o = b_o * (1.0 / tl.load(OutScale).to(tl.float32))  # [BM, BD]
+    l_o = l_safe  # [BM] the output's divisor
+    if OutScale is not None:  # an fp8 O: the caller's scale folds into the row's reciprocal
+        l_o = l_safe * tl.load(OutScale).to(tl.float32)  # [BM]
+    b_o = acc * (1.0 / l_o)[:, None]  # [BM, BD] one reciprocal per row, a multiply per element
+    if OutScale is not None:  # clamped to the fp8 format's range
         b_o = tl.minimum(tl.maximum(b_o, -FP8_OUT_MAX), FP8_OUT_MAX)  # [BM, BD]
     p_o = (
         O
