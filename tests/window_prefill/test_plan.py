@@ -53,8 +53,6 @@ def gluon_expected(p: Problem) -> bool:
         and (p.scale_positive or p.softcap > 0)
         and p.q_tma
         and p.kv_tma
-        and not p.alibi
-        and p.fp8_out_limit == 0.0
         and p.wide_window
     )
 
@@ -114,8 +112,6 @@ REFUSALS = [
     ("scale", dict(scale_positive=False), "softmax_scale"),
     ("q-rows", dict(q_tma=False), "TMA"),
     ("kv-rows", dict(kv_tma=False), "TMA"),
-    ("alibi", dict(alibi=True), "ALiBi"),
-    ("fp8-out", dict(fp8_out_limit=448.0), "fp8 output"),
     ("narrow", dict(wide_window=False), f"fewer than {wp_plan._GLUON_MIN_WIDTH[128]} keys"),
     ("config", dict(config=Config(64, 32, 4, 3)), "config does not ask"),
 ]
@@ -162,32 +158,22 @@ def test_gluon_options_reach_its_constexprs(head_dim, dtype, opts):
         (dict(softcap=3), dict(SOFTCAP=3, SINKS=0)),  # a bounded cap: the consumers pin the max
         (dict(softcap=3, sinks=True), dict(SOFTCAP=2, SINKS=1)),  # a sink is past the cap's bounds
         (dict(softcap=3, sinks=True, bias_key0=True), dict(SOFTCAP=2, SINKS=2)),
+        (dict(alibi=True), dict(HAS_ALIBI=True, SINKS=0, SOFTCAP=0)),
+        (dict(alibi=True, softcap=3), dict(HAS_ALIBI=True, SOFTCAP=2)),  # ALiBi is past the cap's bounds
+        (dict(alibi=True, sinks=True, has_left=True, narrow_window=True), dict(HAS_ALIBI=True, SINKS=1)),
     ],
 )
 def test_gluon_takes_sinks_and_softcap(over, want):
-    """Sinks (both modes) and soft-capping (either tanh form; with it a scale <= 0 too) run the Gluon
-    kernel, as its ``SINKS`` / ``SOFTCAP`` constexprs (the pinned-max form 3 only without sinks); its
-    Triton fallback keeps its own flags, the hardware tanh of form 3 as 2."""
+    """Sinks (both modes), soft-capping (either tanh form; with it a scale <= 0 too) and ALiBi run the
+    Gluon kernel, as its ``SINKS`` / ``SOFTCAP`` / ``HAS_ALIBI`` constexprs (the pinned-max form 3 only
+    without sinks or ALiBi); its Triton fallback keeps its own flags, the hardware tanh of form 3 as 2."""
     lp = plan(problem(**over))
     assert lp.kernel == "gluon", lp.reason
     c = lp.consts()
     assert {k: c[k] for k in want} == want
     fb = lp.get("fallback").consts()
     assert fb["HAS_SINKS"] is over.get("sinks", False) and fb["SOFTCAP"] == min(over.get("softcap", 0), 2)
-    assert fb["HAS_ALIBI"] is False
-
-
-ALIBI_WITH = [{}, dict(sinks=True, has_left=True, narrow_window=True), dict(softcap=2)]
-
-
-@pytest.mark.parametrize("over", ALIBI_WITH, ids=["plain", "sinks", "cap"])
-def test_alibi_runs_the_triton_kernel(over):
-    """ALiBi keeps a call on the Triton kernel (``HAS_ALIBI``, the scale not folded), whatever else it
-    asks for, and the plan says why."""
-    lp = plan(problem(alibi=True, **over))
-    assert lp.kernel == "triton" and lp.reason.endswith("not gluon: ALiBi"), lp.reason
-    c = lp.consts()
-    assert c["HAS_ALIBI"] is True and c["FOLD_SCALE"] is False
+    assert c["HAS_ALIBI"] is fb["HAS_ALIBI"] is over.get("alibi", False)
 
 
 @pytest.mark.parametrize(
@@ -427,3 +413,14 @@ def test_explain_matches_the_launch(monkeypatch):
         explain(q, k, v, cu, 30, window=(-3, 1))
     # an empty batch launches nothing and plans as any batch of its window does
     assert explain(q, k, v, cu_of([]), 0).kernel == explain(q, k, v, cu, 30).kernel
+
+
+@pytest.mark.parametrize("limit", [448.0, 57344.0])
+def test_gluon_takes_fp8_outputs(limit):
+    """An fp8 output runs the Gluon kernel, its format's largest value as ``OUT_MAX`` (the consumers'
+    epilogue); the Triton fallback has it as ``FP8_OUT_MAX``; a 16-bit output compiles neither."""
+    lp = plan(problem(fp8_out_limit=limit))
+    assert lp.kernel == "gluon", lp.reason
+    assert lp.consts()["OUT_MAX"] == limit and lp.get("fallback").consts()["FP8_OUT_MAX"] == limit
+    plain = plan(problem())
+    assert plain.consts()["OUT_MAX"] == 0.0 and plain.get("fallback").consts()["FP8_OUT_MAX"] == 0.0

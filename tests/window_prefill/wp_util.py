@@ -206,7 +206,7 @@ def any_width_is_wide(monkeypatch: pytest.MonkeyPatch, width: int = 1) -> None:
 
 # Head of the scripts that compile the Gluon kernel offline (after conftest's GLUON_COMPILE_PREAMBLE):
 # compile_wp(head_dim, lse, sinks, softcap, **consts) compiles one form (bf16, 128-row tiles, the
-# consumers' key blocks, the plan's ring slots) and returns the compiled kernel.
+# consumers' key blocks, the plan's ring slots; an e4m3 O with OUT_MAX) and returns the compiled kernel.
 WP_COMPILE_HEAD = """
 import window_prefill.launch as wl
 import window_prefill.plan as wp_plan
@@ -220,12 +220,15 @@ def compile_wp(head_dim, lse, sinks=0, softcap=0, **consts):
         "Q_desc": f"tensordesc<bf16[64, {head_dim}],{lay_q!r}>",
         "K_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
         "V_desc": f"tensordesc<bf16[{bn}, {head_dim}],{lay_k!r}>",
-        "O": "*bf16", "Starts": "*i32", "Lens": "*i32", "qk_scale": "fp32", "window_left": "i32",
+        "O": "*fp8e4nv" if consts.get("OUT_MAX") else "*bf16", "Starts": "*i32", "Lens": "*i32",
+        "qk_scale": "fp32", "window_left": "i32",
         "window_right": "i32", "group_size": "i32", "stride_ot": "i32", "stride_oh": "i32",
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
         "Sinks": "*fp32" if sinks else "constexpr", "tanh_scale": "fp32" if softcap else "constexpr",
         "max_len": "i32", "Status": "*i32" if lse else "constexpr",  # (with and without status=)
         "n_seqs": "i32", "TileCounter": "*i32" if consts.get("PERSISTENT") else "constexpr",
+        "Slopes": "*fp32" if consts.get("HAS_ALIBI") else "constexpr",
+        "OutScale": "*fp32" if consts.get("OUT_MAX") else "constexpr",
     }
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=128, BLOCK_N=bn, LENS_FROM_STARTS=True, RETURN_LSE=lse,
                   NUM_STAGES=wp_plan._GLUON_STAGES, SOFTCAP=softcap, SINKS=sinks, **consts)

@@ -21,7 +21,9 @@ size 64, 128 or 256, ``softmax_scale > 0`` (or soft-capping), Q/K/V each with on
 contiguous and 16-byte rows (TMA); any causal/window combination, the ``cu_seqlens`` or ``(starts,
 lens)`` forms, optional LSE, sinks in both modes (``SINKS`` 1: an extra logit of the denominator; 2: a
 bias on key 0, whose block is then always masked), soft-capping (``SOFTCAP``: the consumer's
-``tanh``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``). Query tiles of 128
+``tanh``, ``tanh_scale = scale / softcap``, ``qk_scale = softcap * log2(e)``), ALiBi (``HAS_ALIBI``:
+the consumer's slope term, ``- Slopes[head] * |i - j|``; queries and keys share positions, so the
+consumer's query shift is 0). Query tiles of 128
 rows, key blocks of 128 (64 at head 256: the [64, 256] output tile takes the registers).
 
 Persistent form (``PERSISTENT``, the plan's choice for causal calls and windows of at most
@@ -53,7 +55,7 @@ the status report) and its rows past the grid, written as 0 here by
 Tensors (host side): Q, K, V viewed as ``[total_tokens, heads * HEAD_DIM]`` through descriptors of
 block ``[BLOCK_M / 2, HEAD_DIM]`` (Q) and ``[BLOCK_N, HEAD_DIM]`` (K, V); O by pointer with strides
 ``(stride_ot, stride_oh, 1)``; ``Lse`` ``[num_heads, total_tokens]`` float32, token stride 1;
-``Sinks`` ``[num_heads]`` float32.
+``Sinks`` ``[num_heads]`` float32; ``Slopes`` ``[num_heads]`` floating point.
 """
 
 from triton.experimental import gluon
@@ -246,12 +248,24 @@ def _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M: gl.conste
 
 
 @gluon.jit
+def _out_scale(OutScale, qk_scale, OUT_MAX: gl.constexpr):
+    """An fp8 output's scale ``OutScale[0]`` as float32, loaded once per program where ``OUT_MAX > 0``;
+    else ``qk_scale``, a placeholder (a partition's arguments cannot be None) the consumers never read."""
+    if OUT_MAX > 0:
+        out_scale = gl.load(OutScale).to(gl.float32)
+    else:
+        out_scale = qk_scale
+    return out_scale
+
+
+@gluon.jit
 def _persistent_consumer(
-    WG: gl.constexpr, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks,
+    WG: gl.constexpr, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, Slopes,
     qk_scale, tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
-    RETURN_LSE: gl.constexpr, SOFTCAP: gl.constexpr, SINKS: gl.constexpr,
+    RETURN_LSE: gl.constexpr, SOFTCAP: gl.constexpr, SINKS: gl.constexpr, HAS_ALIBI: gl.constexpr, out_scale,
+    OUT_MAX: gl.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``WG`` of a persistent program: ``prefill_runtime.gluon.consumer`` over the tiles
     the producer takes (:func:`_persistent_producer`), each read from ``tile_slot`` once its Q has landed
@@ -272,15 +286,15 @@ def _persistent_consumer(
         n_lo, n_blocks, key_lo, key_hi, n_full_lo, n_full_hi = _tile_blocks(
             c_m0, c_len, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, SINKS,
         )  # fmt: skip
-        score = score_terms(qk_scale, tanh_scale, Sinks, Sinks, c_head, SOFTCAP, False, SINKS)
+        score = score_terms(qk_scale, tanh_scale, Sinks, Slopes, c_head, SOFTCAP, HAS_ALIBI, SINKS)
         z = c_m0 * 0  # segment B is empty; A is the tile's key range
         n_fix = consumer(
             WG, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, c_m0,
             c_tok0, c_len, c_head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z,
             z, z, z, z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-            False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS, False, None, 0.0, None,
-            False, (base, n_done & 1, n_fix, q_empty), PINGPONG,
+            False, False, 1, None, 0, 64, None, score, SOFTCAP, HAS_ALIBI, SINKS, False, out_scale, OUT_MAX,
+            None, False, (base, n_done & 1, n_fix, q_empty), PINGPONG,
         )  # fmt: skip
         base += n_blocks
         n_done += 1
@@ -346,11 +360,12 @@ def _persistent_producer(
 
 @gluon.jit
 def _persistent_partitions(
-    Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, qk_scale, tanh_scale, window_left,
+    Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, Slopes, qk_scale, tanh_scale, window_left,
     window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, RETURN_LSE: gl.constexpr,
-    SOFTCAP: gl.constexpr, SINKS: gl.constexpr, TileCounter,
+    SOFTCAP: gl.constexpr, SINKS: gl.constexpr, HAS_ALIBI: gl.constexpr, TileCounter, out_scale,
+    OUT_MAX: gl.constexpr,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the launch's tile
     space (the ``n_m * n_seqs * heads`` tiles of the one-tile grid, ``n_m`` from ``max_len``;
@@ -391,16 +406,16 @@ def _persistent_partitions(
     gl.warp_specialize(
         [
             (_persistent_consumer, (
-                0, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, qk_scale,
-                tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M,
-                BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP,
-                SINKS,
+                0, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, Slopes,
+                qk_scale, tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM,
+                BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE,
+                SOFTCAP, SINKS, HAS_ALIBI, out_scale, OUT_MAX,
             )),
             (_persistent_consumer, (
-                1, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, qk_scale,
-                tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM, BLOCK_M,
-                BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP,
-                SINKS,
+                1, O, Lse, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, sched, Sinks, Slopes,
+                qk_scale, tanh_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h, HEAD_DIM,
+                BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE,
+                SOFTCAP, SINKS, HAS_ALIBI, out_scale, OUT_MAX,
             )),
             (_persistent_producer, (
                 Q_desc, K_desc, V_desc, Starts, Lens, n_tokens, table, rings, q_empty, tile_slot, TileCounter,
@@ -416,29 +431,32 @@ def _persistent_partitions(
 @gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len", "n_seqs"])
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, O, Starts, Lens, qk_scale, window_left, window_right, group_size,
-    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status, Sinks, tanh_scale, n_seqs,
+    stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status, Sinks, tanh_scale, n_seqs, Slopes, OutScale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, SOFTCAP: gl.constexpr = 0, SINKS: gl.constexpr = 0,
-    PERSISTENT: gl.constexpr = False, TileCounter=None,
+    HAS_ALIBI: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0, PERSISTENT: gl.constexpr = False,
+    TileCounter=None,
 ):  # fmt: skip
-    """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps:
-    the default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp).
-    ``qk_scale`` = softmax scale * log2(e) (> 0), or with ``SOFTCAP`` softcap * log2(e) and
-    ``tanh_scale`` = softmax scale / softcap (else None); ``Sinks``: with ``SINKS`` (1 denominator, 2
-    key-0 bias), else None. Tensors: see the module docstring. Sequences come clamped into ``Q_desc``'s
-    token count and reported into ``Status`` (None: no report) as in the Triton kernel, whose program
-    setup this is (``program_tile``); the rows past the grid of a sequence longer than ``max_len`` are
-    written as 0 by each head's program of the last query tile. ``n_seqs``: the batch (read by the
-    persistent form only). ``PERSISTENT``: grid ``(programs, 1, 1)``, each program taking the launch's next
-    tile from ``TileCounter`` until none is left (:func:`_persistent_partitions`; None in the one-tile
-    form)."""
+    """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps: the
+    default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp). ``qk_scale``
+    = softmax scale * log2(e) (> 0), or with ``SOFTCAP`` softcap * log2(e) and ``tanh_scale`` = softmax scale
+    / softcap (else None); ``Sinks``: with ``SINKS`` (1 denominator, 2 key-0 bias), else None; ``Slopes``: the
+    ALiBi slopes with ``HAS_ALIBI``, else None; ``OutScale``: an fp8 ``O``'s quantisation scale (float
+    ``[1]``) with ``OUT_MAX`` (the format's largest finite value: ``O = clamp(out / scale)``), else None.
+    Tensors: see the module docstring. Sequences come clamped into ``Q_desc``'s token count and reported into
+    ``Status`` (None: no report) as in the Triton kernel, whose program setup this is (``program_tile``); the
+    rows past the grid of a sequence longer than ``max_len`` are written as 0 by each head's program of the
+    last query tile. ``n_seqs``: the batch (read by the persistent form only). ``PERSISTENT``: grid
+    ``(programs, 1, 1)``, each program taking the launch's next tile from ``TileCounter`` until none is left
+    (:func:`_persistent_partitions`; None in the one-tile form)."""
     if PERSISTENT:
         _persistent_partitions(
-            Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, qk_scale, tanh_scale, window_left,
-            window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM, BLOCK_M,
-            BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS,
-            TileCounter,
+            Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, Slopes, qk_scale, tanh_scale,
+            window_left, window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs,
+            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS,
+            RETURN_LSE, SOFTCAP, SINKS, HAS_ALIBI, TileCounter, _out_scale(OutScale, qk_scale, OUT_MAX),
+            OUT_MAX,
         )  # fmt: skip
         return
     # (tok0 int32)
@@ -459,7 +477,8 @@ def _gluon_fwd_kernel(
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
-    score = score_terms(qk_scale, tanh_scale, Sinks, Sinks, head, SOFTCAP, False, SINKS)
+    score = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, SINKS)
+    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
     z = m0 * 0  # segment B is empty; A is the tile's key range
     gl.warp_specialize(
         [
@@ -468,14 +487,16 @@ def _gluon_fwd_kernel(
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS,
+                False, False, 1, None, 0, 64, None, score, SOFTCAP, HAS_ALIBI, SINKS, False, out_scale,
+                OUT_MAX,
             )),
             (consumer, (
                 1, O, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f, m0, tok0,
                 seq_len, head, n_blocks, n_blocks, n_lo, key_lo, key_hi, z, n_full_lo, n_full_hi, z, z, z, z,
                 z, z, qk_scale, window_left, window_right, stride_ot, stride_oh, stride_lse_h,
                 HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE,
-                False, False, 1, None, 0, 64, None, score, SOFTCAP, False, SINKS,
+                False, False, 1, None, 0, 64, None, score, SOFTCAP, HAS_ALIBI, SINKS, False, out_scale,
+                OUT_MAX,
             )),
             (_ws_producer, (
                 Q_desc, K_desc, V_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,

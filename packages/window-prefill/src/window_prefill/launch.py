@@ -282,13 +282,15 @@ def repeat(
             max_len)  # fmt: skip
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     stream = torch._C._cuda_getCurrentRawStream(index)
+    alibi = None if alibi_slopes is None else alibi_slopes.data_ptr()
     if gluon:
         counter = tile_counter(index, stream) if prep.kw.get("PERSISTENT") else None
         bases = (qp, kp, vp)
-        plain = (o.data_ptr(), *tail, None if sinks is None else sinks.data_ptr(), batch, counter)
+        scale = None if out_scale is None else out_scale.data_ptr()
+        s = None if sinks is None else sinks.data_ptr()
+        plain = (o.data_ptr(), *tail, s, batch, alibi, scale, counter)
     else:
         s = sinks if sinks is not None else q
-        alibi = None if alibi_slopes is None else alibi_slopes.data_ptr()
         scale = None if out_scale is None else out_scale.data_ptr()
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, alibi, scale, q.shape[0])
     heads = q.shape[1]
@@ -332,7 +334,7 @@ def _run(
         _prime_triton()
     if p.kernel == "gluon":
         if _launch_gluon(p, kw, q, k, v, out, starts, lens, max_len, batch, window_left, window_right,
-                         softmax_scale, sinks, softcap, lse, status, alibi_slopes):  # fmt: skip
+                         softmax_scale, sinks, softcap, lse, status, alibi_slopes, out_scale):  # fmt: skip
             return
         p = p.get("fallback")
         kw = _kwargs(p)
@@ -412,7 +414,8 @@ _TRITON_PER_CALL = (
 )
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
 _GLUON_PER_CALL = (
-    "O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks", "n_seqs", "TileCounter",
+    "O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks", "n_seqs", "Slopes",
+    "OutScale", "TileCounter",
 )  # fmt: skip
 
 
@@ -447,13 +450,13 @@ def _gluon_grid(p: LaunchPlan, max_len: int, heads: int, batch: int, index: int)
 
 def _launch_gluon(
     p, kw, q, k, v, o, starts, lens, max_len, batch, window_left, window_right, softmax_scale, sinks, softcap,
-    lse, status, alibi_slopes,
+    lse, status, alibi_slopes, out_scale,
 ) -> bool:  # fmt: skip
     """Launch the Gluon kernel; False when this Triton's Gluon could not (``_gluon_ok`` then clears)."""
     global _gluon_ok
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
     direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
-    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes) if direct else None
+    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes, out_scale) if direct else None
     if direct and not _GLUON.verify and _GLUON.has(key):  # compiled: the descriptors' per-call part only
         descs = [Descriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1]) for t in (q, k, v)]
     else:
@@ -468,7 +471,7 @@ def _launch_gluon(
         *descs, o, starts, lens if lens is not None else starts, logit, max(window_left, 0),
         max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
         lse.stride(0) if lse is not None else None, max_len, status, sinks,
-        softmax_scale / softcap if capped else None, batch,
+        softmax_scale / softcap if capped else None, batch, alibi_slopes, out_scale,
     )  # fmt: skip
     kw = {**kw, "TileCounter": tile_counter(q.get_device()) if kw.get("PERSISTENT") else None}
     if not direct:

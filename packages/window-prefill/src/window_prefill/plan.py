@@ -17,10 +17,11 @@ kernel      when
 ==========  =========================================================================================
 ``gluon``   the entry asks for it (``Config.gluon``: sm90 16-bit heads 64/128/256), this process has
             Gluon, sm90, 16-bit, head 64/128/256, ``softmax_scale > 0`` or soft-capping, q/k/v
-            readable by TMA, no ALiBi, an output in q's dtype, and a row may see at least
-            :data:`_GLUON_MIN_WIDTH` keys (per head size); sinks (both modes) and soft-capping are the
-            kernel's ``SINKS`` and ``SOFTCAP``; windows of at most :data:`_PERSISTENT_MAX_WIDTH` keys
-            and causal calls run its persistent form (``PERSISTENT``).
+            readable by TMA, and a row may see at least :data:`_GLUON_MIN_WIDTH` keys (per head size);
+            sinks (both modes), soft-capping, ALiBi and an fp8 output are the kernel's ``SINKS``,
+            ``SOFTCAP``, ``HAS_ALIBI`` and ``OUT_MAX``; windows of at most
+            :data:`_PERSISTENT_MAX_WIDTH` keys and causal calls run its persistent form
+            (``PERSISTENT``).
             Tiles 128 x 128 (128 x 64 at head 256), :data:`_GLUON_STAGES` K/V slots, 4 warps.
 ``triton``  every other call: the entry's tiles, warps and stages; interior K/V blocks through TMA
             descriptors (``TMA_KV``) where the entry asks for it (``Config.tma``) on sm90 (or the
@@ -149,9 +150,7 @@ def _gluon_refusal(p: Problem, cfg: Config) -> str | None:
         (p.head_dim in _GLUON_HEADS, f"head size {p.head_dim}"),
         (p.scale_positive or p.softcap > 0, "softmax_scale <= 0"),
         (p.q_tma and p.kv_tma, "q/k/v not readable by TMA"),
-        (not p.alibi, "ALiBi"),
         (p.wide_window, f"a row sees fewer than {_GLUON_MIN_WIDTH.get(p.head_dim)} keys"),
-        (p.fp8_out_limit == 0.0, "an fp8 output"),
     )
     return next((why for ok, why in checks if not ok), None)
 
@@ -222,9 +221,12 @@ def plan(problem: Problem) -> LaunchPlan:
         LENS_FROM_STARTS=p.cumulative_starts,
         RETURN_LSE=p.return_lse,
         NUM_STAGES=_GLUON_STAGES,
-        SOFTCAP=kernel_softcap(p.softcap, gluon=True, shifted=p.sinks),  # (sinks shift logits past the cap)
+        # (sinks and ALiBi shift logits past the cap's bounds: no pinned max)
+        SOFTCAP=kernel_softcap(p.softcap, gluon=True, shifted=p.sinks or p.alibi),
         # sinks: 1 an extra logit of the denominator, 2 a bias on key 0 (sinks_mode "bias_key0")
         SINKS=(2 if p.bias_key0 else 1) if p.sinks else 0,
+        HAS_ALIBI=p.alibi,
+        OUT_MAX=p.fp8_out_limit,  # an fp8 output: clamp(out / scale) in the consumers' epilogue
         # narrow windows and causal calls: one program a multiprocessor takes tile after tile
         PERSISTENT=persistent,
     )
