@@ -104,8 +104,6 @@ def _window_call(row, l2: float, softcap: float):
     import window_prefill.launch as wl
     from window_prefill import window_prefill
 
-    if row.kind != "varlen":
-        raise SystemExit(f"{row.name} is a prefix row: --impl prefix, ours_kv or a peer")
     if l2 != 1 and hasattr(wl, "device_caches"):
         real = wl.device_caches
         wl.device_caches = lambda i: (lambda c: (c[0], int(c[1] * l2)))(real(i))
@@ -119,6 +117,17 @@ def _window_call(row, l2: float, softcap: float):
     return call
 
 
+def impl_refusal(impl: str, kind: str) -> str | None:
+    """Why ``--impl impl`` cannot profile a row of ``kind`` (``"varlen"`` or ``"prefix"``), or None:
+    prefix-prefill's calls (``prefix``, ``ours_kv``) take prefix rows only, window_prefill's (``ours``)
+    varlen rows only; a peer takes either."""
+    if impl in ("prefix", "ours_kv") and kind != "prefix":
+        return f"--impl {impl} on a {kind} row: prefix and ours_kv take prefix rows only"
+    if impl == "ours" and kind == "prefix":
+        return "--impl ours on a prefix row: --impl prefix, ours_kv or a peer"
+    return None
+
+
 def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from trees_ab import row_table
@@ -127,6 +136,9 @@ def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
     if shape not in rows:
         raise SystemExit(f"unknown row {shape!r}; known: {sorted(rows)}")
     row = rows[shape]
+    why = impl_refusal(impl, row.kind)
+    if why:
+        raise SystemExit(f"{shape}: {why}")
     import anchors
     import torch
 
@@ -135,8 +147,6 @@ def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
     else:  # anchors' call of the row (a peer's, or prefix-prefill's), the row's own options
         if l2 != 1 or softcap > 0:
             raise SystemExit("--l2 and --softcap are for window_prefill's own call (a *_cap50 row has a cap)")
-        if (impl in ("prefix", "ours_kv")) != (row.kind == "prefix"):
-            raise SystemExit(f"--impl {impl} on a {row.kind} row: prefix and ours_kv take the prefix rows")
         build = anchors.varlen_calls if row.kind == "varlen" else anchors.prefix_calls
         calls, notes = build(row, "cuda", torch.bfloat16)
         name = "ours" if impl == "prefix" else impl  # (anchors' name of prefix-prefill's call)

@@ -453,6 +453,15 @@ def test_anchors_ragged_problem_and_gathered_kv():
     assert not ref.compare(out, bad)
 
 
+def test_window_ncu_impl_rows():
+    """bench/window_ncu.py profiles a peer on either kind of row, our calls on their own kind only."""
+    refusal = bench_module("window_ncu").impl_refusal
+    assert refusal("fa3", "prefix") is None and refusal("flashinfer", "varlen") is None
+    assert refusal("prefix", "prefix") is None and refusal("ours", "varlen") is None
+    assert "prefix rows only" in refusal("ours_kv", "varlen")
+    assert "prefix row" in refusal("ours", "prefix")
+
+
 def test_window_ncu_summary(tmp_path):
     """bench/window_ncu.py --summary on made-up csv exports: each report's metrics in one row (a missing
     one as "-"), and its instructions ordered by stall samples with their leading reasons."""
