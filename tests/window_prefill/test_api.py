@@ -216,7 +216,7 @@ BAD_INPUTS = [
     ("window not a pair", _wp(window=(3,)), ValueError, "window"),
     ("window float", _wp(window=(3.0, 1)), TypeError, "window"),
     ("sinks shape", _wp(sinks=torch.zeros(2, dtype=torch.float32, device=DEVICE)), ValueError, "sinks"),
-    ("sinks dtype", _wp(sinks=torch.zeros(4, dtype=torch.float16, device=DEVICE)), TypeError, "sinks"),
+    ("sinks dtype", _wp(sinks=torch.zeros(4, dtype=torch.float64, device=DEVICE)), TypeError, "sinks"),
     ("sinks_mode", _wp(sinks_mode="bias"), ValueError, "sinks_mode"),
     ("cu_seqlens dtype", _wp(cu_seqlens=cu_of([10, 14]).float()), TypeError, "cu_seqlens"),
     ("cu_seqlens 2-D", _wp(cu_seqlens=cu_of([10, 14])[None]), ValueError, "cu_seqlens"),

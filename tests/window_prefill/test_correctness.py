@@ -116,6 +116,24 @@ def test_sinks_all_minus_inf_equal_no_sinks(sinks_mode):
         assert torch.equal(out, no_sinks)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sinks_mode", ["denominator", "bias_key0"])
+def test_sinks_16_bit(dtype, sinks_mode):
+    """16-bit sinks (a checkpoint's dtype) give the bits of the same values held in float32; a sink of the
+    other mode does not (the comparison can fail)."""
+    q, k, v, cu = make_qkv(LENS, 4, 2, 32, torch.float16)
+    sinks = (torch.randn(4, dtype=torch.float32, device=DEVICE) * 2).to(dtype)
+    sinks[2] = float("-inf")
+    kw = dict(causal=True, window=(10, -1), sinks_mode=sinks_mode)
+    out = run(q, k, v, cu, MAX_LEN, sinks=sinks, **kw)
+    assert torch.equal(out, run(q, k, v, cu, MAX_LEN, sinks=sinks.float(), **kw))
+    other = "bias_key0" if sinks_mode == "denominator" else "denominator"
+    assert not torch.equal(out, run(q, k, v, cu, MAX_LEN, sinks=sinks.float(), **{**kw, "sinks_mode": other}))
+    ref = reference(q, k, v, cu, causal=True, window=(10, -1), sinks=sinks.float(), sinks_mode=sinks_mode)
+    c = compare(out, ref)
+    assert c, str(c)
+
+
 def test_rows_without_visible_key_are_zero():
     """Causal + bias_key0 sink of -inf: row 0 of each sequence only sees key 0, whose logit is -inf."""
     lens = [1, 18, 35]

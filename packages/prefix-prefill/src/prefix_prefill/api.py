@@ -243,7 +243,8 @@ def context_attention_fwd(
         sm_scale: logit scale, default ``1 / sqrt(D)``.
         skip_decode: skip sequences whose query length is 1.
         fp8_out_scale: with an fp8 ``o``: ``o = clamp(out / fp8_out_scale)`` to the fp8 range.
-        sinks: ``[H]`` float (fp32): one extra logit ``sinks[h]`` in each row's softmax denominator.
+        sinks: ``[H]`` float (read as float32): one extra logit ``sinks[h]`` in each row's softmax
+            denominator.
         is_block_table_ptr: ``b_loc`` holds each block's address, ``k_cache.data_ptr() + id *
             k_cache.stride(0) * k_cache.element_size()`` (entries <= 0 are taken as block ids), as
             vLLM's: converted to block ids on the device before the launch (a few elementwise torch

@@ -93,7 +93,8 @@ def window_prefill(
             ``(right == -1 or j - i <= right)``. ``-1`` = unbounded, ``(-1, -1)`` = full attention,
             ``0`` = that side stops at the diagonal; widths beyond any sequence are unbounded.
         softmax_scale: logits are ``softmax_scale * q.k``; default ``1 / sqrt(head_dim)``.
-        sinks: optional float32 ``[num_heads]``, one logit per head. ``-inf`` disables a head's sink.
+        sinks: optional ``[num_heads]`` float16/bfloat16/float32 (read as float32), one logit per head.
+            ``-inf`` disables a head's sink.
         sinks_mode: ``"denominator"``: ``sinks[h]`` is an extra logit in the softmax denominator
             only (gpt-oss); ``"bias_key0"``: ``sinks[h]`` is added to the logit of key 0 of each
             sequence, where visible.
@@ -329,8 +330,8 @@ def context_attention_fwd(
     * ``b_seq_len``: int32/int64 ``[batch]``: each sequence's length. ``b_start_loc`` and ``b_seq_len``
       of different lengths are a ``ValueError``.
     * ``max_input_len``: Python int >= every ``b_seq_len``; only sizes the launch grid.
-    * ``sinks``: optional float32 ``[num_heads]``: an extra logit in the softmax denominator, or, with
-      ``sinks_bias_key0=True``, a bias added to the logit of key 0 of each sequence.
+    * ``sinks``: optional float16/bfloat16/float32 ``[num_heads]``: an extra logit in the softmax
+      denominator, or, with ``sinks_bias_key0=True``, a bias added to the logit of key 0 of each sequence.
 
     Masking: key ``j`` visible to query ``i`` (positions within the sequence) iff
     ``(not is_causal or j <= i)`` and, when ``sliding_window_q`` is given and > 0,
@@ -538,13 +539,17 @@ def _check_max_len(name: str, value: object) -> int:
     return int(value)
 
 
+# the per-head float tensors' dtypes: the kernels read them as float32 whatever they are stored in
+_PER_HEAD_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def _check_sinks(sinks: object, heads: int, device: torch.device) -> torch.Tensor | None:
-    return _check_per_head("sinks", sinks, (torch.float32,), "float32", heads, device)
+    return _check_per_head("sinks", sinks, _PER_HEAD_FLOATS, "float16, bfloat16 or float32", heads, device)
 
 
 def _check_alibi(slopes: object, heads: int, device: torch.device) -> torch.Tensor | None:
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    return _check_per_head("alibi_slopes", slopes, floats, "float16, bfloat16 or float32", heads, device)
+    return _check_per_head("alibi_slopes", slopes, _PER_HEAD_FLOATS, "float16, bfloat16 or float32", heads,
+                           device)  # fmt: skip
 
 
 def _check_per_head(name: str, t: object, dtypes: tuple, dtype_doc: str, heads: int,

@@ -55,7 +55,7 @@ the status report) and its rows past the grid, written as 0 here by
 Tensors (host side): Q, K, V viewed as ``[total_tokens, heads * HEAD_DIM]`` through descriptors of
 block ``[BLOCK_M / 2, HEAD_DIM]`` (Q) and ``[BLOCK_N, HEAD_DIM]`` (K, V); O by pointer with strides
 ``(stride_ot, stride_oh, 1)``; ``Lse`` ``[num_heads, total_tokens]`` float32, token stride 1;
-``Sinks`` ``[num_heads]`` float32; ``Slopes`` ``[num_heads]`` floating point.
+``Sinks``, ``Slopes`` ``[num_heads]`` float16/bfloat16/float32 (read as float32).
 """
 
 from triton.experimental import gluon
