@@ -226,11 +226,11 @@ def test_gpu_fp8_output(out_dtype, case, monkeypatch):
 def test_gpu_default_route_and_warm_calls(monkeypatch):
     """With the shipped table and width rule, a wide window with sinks and soft-capping (Gemma 2 / gpt-oss
     layers) takes the Gluon kernel; warm calls of one signature (the frame) take each call's own sinks
-    and lengths and stay right."""
+    and lengths and stay right; sinks held in float32, bfloat16 and float16."""
     launches = count_gluon_launches(monkeypatch)
     q, k, v, cu = make_qkv([4096, 300], 8, 2, 128, torch.bfloat16)
-    for step in range(3):
-        sinks = torch.randn(8, device="cuda") * (step + 1)
+    for step, sinks_dtype in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+        sinks = (torch.randn(8, device="cuda") * (step + 1)).to(sinks_dtype)
         kw = dict(causal=True, window=(2047, -1), softcap=50.0, sinks=sinks)
         assert explain(q, k, v, cu, 4096, **kw).kernel == "gluon"
         out = run(q, k, v, cu, 4096, **kw)
