@@ -201,7 +201,7 @@ CASES: list[tuple[str, str, Mut, type[Exception], str, str, str | None]] = [
     ("window-right-below-1", "wp", _set(window=(3, -7)), ValueError, "window", "-1", None),
     ("sinks-length", "wp", _set(sinks=torch.zeros(H + 1, device=DEVICE)), ValueError, "sinks", "num_heads",
      None),
-    ("sinks-dtype", "wp", _set(sinks=torch.zeros(H, dtype=torch.float16, device=DEVICE)), TypeError, "sinks",
+    ("sinks-dtype", "wp", _set(sinks=torch.zeros(H, dtype=torch.int32, device=DEVICE)), TypeError, "sinks",
      "float32", None),
     ("alibi-length", "wp", _set(alibi_slopes=torch.zeros(H + 1, device=DEVICE)), ValueError, "alibi_slopes",
      "num_heads", None),
