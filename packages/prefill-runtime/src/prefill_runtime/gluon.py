@@ -30,7 +30,11 @@ less ``slope * |q_pos - k_pos|`` (``q_pos = r + shift``,
 the slope in raw units: ``slope * log2(e) / qk_scale``; with ``CAUSAL`` every visible key has ``k_pos <=
 q_pos``, so the consumer adds ``slope * (k_pos - ref)`` instead, one term per key with ``ref`` the tile's
 first row's position, and the rows' own term ``slope * (q_pos - ref)``, a constant of each row, drops out
-of the softmax: the sink logit and the LSE take it back); ``SINKS == 1`` the running max and denominator
+of the softmax: the sink logit and the LSE take it back; ``ALIBI == 2`` forms ``k_pos - ref`` from the
+block's columns converted to float32 once and held across the key loop, one float add a block, where
+``ALIBI == 1`` adds the columns as integers and converts every block: the held columns cost registers a
+thread, which the prefix consumers spare and the window consumers do not, so each kernel picks its
+form); ``SINKS == 1`` the running max and denominator
 start at the sink (``sink * log2(e)``) and 1 (0 for a sink of ``-inf``), ``SINKS == 2`` the sink is a
 bias on the score of key 0 (raw units; the caller masks the block holding key 0). These are the Triton
 kernels' semantics (``window_prefill.kernel``, ``prefix_prefill.kernel``) with the bias terms in raw
@@ -271,8 +275,12 @@ def softmax_step(
         b_s = tanh(b_s * score[0], SOFTCAP >= 2)  # [BM, BN] in (-1, 1); times qk_scale = softcap * log2(e)
     if ALIBI:
         if CAUSAL:  # + slope * (k_pos - ref): the rows' - slope * (q_pos - ref) is a constant of each row
-            k_rel = n0 - (row0 + shift) + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
-            b_s = b_s + (score[1] * k_rel.to(gl.float32))[None, :]  # [BM, BN]
+            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))  # [BN]
+            if ALIBI == 2:  # the columns in float32, loop invariant (positions exact below 2**24)
+                k_rel = (n0 - (row0 + shift)).to(gl.float32) + cols.to(gl.float32)  # [BN]
+            else:
+                k_rel = (n0 - (row0 + shift) + cols).to(gl.float32)  # [BN]
+            b_s = b_s + (score[1] * k_rel)[None, :]  # [BM, BN]
         else:  # - slope * |q_pos - k_pos|, positions exact in float32 (< 2**24)
             k_f = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))).to(gl.float32)  # [BN]
             q_f = (offs_r + shift).to(gl.float32)  # [BM]

@@ -357,7 +357,8 @@ def _prefix_consumer(
             b_end, z, b_full_lo, b_full, qk_scale, window_left, window_right, st_o, sh_o, stride_lse_h,
             HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, HAS_LEFT, HAS_RIGHT, RETURN_LSE, SPLIT, CP_FILL,
             WARPGROUPS, K_VIEW, 0,
-            K_COLS, V_ROWS, score, SOFTCAP, HAS_ALIBI, 1 if HAS_SINKS else 0, PAIRED, out_scale, OUT_MAX,
+            K_COLS, V_ROWS, score, SOFTCAP, 2 if HAS_ALIBI else 0, 1 if HAS_SINKS else 0, PAIRED, out_scale,
+            OUT_MAX,
             terms, FP8_KV, ring, PINGPONG,
         )  # fmt: skip
         if ring is not None:  # (a one-tile consumer returns nothing)
