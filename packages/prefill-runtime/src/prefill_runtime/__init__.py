@@ -41,8 +41,7 @@ Modules, each owning one concern (every public name below is importable from ``p
   :func:`~prefill_runtime.signatures.bump_versions` (the version counters of a launch's outputs).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
-Versioned on its own: window-prefill pins ``prefill-runtime>=0.27.0,<1``, prefix-prefill
-``prefill-runtime>=0.28.0,<1``.
+Versioned on its own: window-prefill and prefix-prefill pin ``prefill-runtime>=0.28.0,<1``.
 """
 
 __version__ = "0.28.0"

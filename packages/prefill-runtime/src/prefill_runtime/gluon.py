@@ -255,6 +255,18 @@ def score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP: gl.constexpr
 
 
 @gluon.jit
+def out_scale_of(OutScale, placeholder, OUT_MAX: gl.constexpr):
+    """The :func:`consumer`'s ``out_scale``: an fp8 output's scale ``OutScale[0]`` as float32, loaded once
+    per program where ``OUT_MAX > 0``; else ``placeholder`` (a float the caller has, e.g. ``qk_scale``: a
+    partition's arguments cannot be None), which the consumer never reads."""
+    if OUT_MAX > 0:
+        out_scale = gl.load(OutScale).to(gl.float32)
+    else:
+        out_scale = placeholder
+    return out_scale
+
+
+@gluon.jit
 def softmax_step(
     b_s, m_i, l_i, qk_scale, offs_r, n0, lo, hi, shift, window_left, window_right, masked,
     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,

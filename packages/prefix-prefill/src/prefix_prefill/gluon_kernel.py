@@ -74,6 +74,7 @@ from prefill_runtime.gluon import (
     live_tile_number,
     load_q_halves,
     next_tile,
+    out_scale_of,
     read_tile_slot,
     score_terms,
     takes_turns,
@@ -305,17 +306,6 @@ def _program(
 
 
 @gluon.jit
-def _out_scale(OutScale, qk_scale, OUT_MAX: gl.constexpr):
-    """The fp8 output's scale ``OutScale[0]`` as float32, loaded once per program where ``OUT_MAX > 0``;
-    else ``qk_scale``, a placeholder (a partition's arguments cannot be None) the consumers never read."""
-    if OUT_MAX > 0:
-        out_scale = gl.load(OutScale).to(gl.float32)
-    else:
-        out_scale = qk_scale
-    return out_scale
-
-
-@gluon.jit
 def _prefix_consumer(
     WG: gl.constexpr, O, Lse, rings, tile, stride_lse_h, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr,
@@ -330,7 +320,7 @@ def _prefix_consumer(
     whole sequence), B = the new tokens (``CAUSAL``, or not; ``HAS_RIGHT``: a right window). ``rings``:
     the nine values of ``allocate_rings``; ``tile``: ``(m0, q_tok0, q_len, head, seg, qk_scale, score,
     window_left, window_right, stride_ot, stride_oh, out_scale)`` (``seg``, ``score``, the windows:
-    :func:`_program_options`'; ``out_scale``: :func:`_out_scale`'s).
+    :func:`_program_options`'; ``out_scale``: ``prefill_runtime.gluon.out_scale_of``'s).
     ``SPLIT``: the split kernel's V slots (``[D, BLOCK_N]``, filled by ``cp.async``); ``WARPGROUPS``,
     ``K_VIEW``, ``K_COLS``, ``V_ROWS``: see the consumer; ``HAS_LEFT`` (the left window),
     ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``: the consumer's window term and score options; ``IDLE``: a
@@ -697,7 +687,7 @@ def _gluon_fwd_kernel(
         _persistent_partitions(
             prog, (Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc),
             (group_size, page_size, oob_row, block_rows, head_rows, head_cols),
-            _out_scale(OutScale, qk_scale, OUT_MAX), n_seqs, TileCounter,
+            out_scale_of(OutScale, qk_scale, OUT_MAX), n_seqs, TileCounter,
             HEAD_DIM, BLOCK_M, BLOCK_N, BOX, KV_FROM_CACHE, RETURN_LSE, NUM_STAGES, HAS_LEFT, SOFTCAP,
             HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
         )  # fmt: skip
@@ -719,7 +709,7 @@ def _gluon_fwd_kernel(
         EMPTY_COUNT=256 if ONE_CONSUMER else 2, V_LAYOUT=RING, K_RING=RING,
     )  # fmt: skip
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    out_scale = out_scale_of(OutScale, qk_scale, OUT_MAX)
     tile, tile1, terms, terms1, v_mul = _tiles(
         m0, q_tok0, q_len, head, seg, qk_scale, tanh_scale, score, Sinks, Slopes, w_left, w_right, stride_ot,
         stride_oh, out_scale, KScale, VScale, SOFTCAP, HAS_ALIBI, HAS_SINKS, PAIR_HEADS, CACHE_FP8,

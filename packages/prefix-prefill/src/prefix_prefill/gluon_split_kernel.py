@@ -27,13 +27,12 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from paged_kv_offsets.gluon import slot_offset
-from prefill_runtime.gluon import allocate_rings, load_q_halves
+from prefill_runtime.gluon import allocate_rings, load_q_halves, out_scale_of
 from prefix_prefill.gluon_kernel import (
     FP8_STAGING,
     _fp8_converter,
     _fp8_new_blocks,
     _fp8_staging,
-    _out_scale,
     _prefix_consumer,
     _program,
     _tiles,
@@ -651,7 +650,7 @@ def _gluon_split_kernel(
         v_stage = v_smem
         v_stage_bar = k_ready
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
-    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    out_scale = out_scale_of(OutScale, qk_scale, OUT_MAX)
     if CACHE_FP8:
         gl.static_assert(Q_desc.dtype == gl.float16, "fp8 caches convert into float16 rings: q is float16")
         gl.static_assert(not (K_TMA or V_TMA or V_STAGE), "fp8 split caches: K and V gathered, no V staging")

@@ -73,6 +73,7 @@ from prefill_runtime.gluon import (
     live_tile_number,
     load_q_halves,
     next_tile,
+    out_scale_of,
     read_tile_slot,
     score_terms,
     takes_turns,
@@ -245,17 +246,6 @@ def _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M: gl.conste
     r = t % per_level
     tok0, seq_len = _seq_span(table, Starts, Lens, r // heads, n_tokens, LENS_FROM_STARTS)
     return r % heads, m0, tok0, seq_len
-
-
-@gluon.jit
-def _out_scale(OutScale, qk_scale, OUT_MAX: gl.constexpr):
-    """An fp8 output's scale ``OutScale[0]`` as float32, loaded once per program where ``OUT_MAX > 0``;
-    else ``qk_scale``, a placeholder (a partition's arguments cannot be None) the consumers never read."""
-    if OUT_MAX > 0:
-        out_scale = gl.load(OutScale).to(gl.float32)
-    else:
-        out_scale = qk_scale
-    return out_scale
 
 
 @gluon.jit
@@ -455,7 +445,7 @@ def _gluon_fwd_kernel(
             Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, Slopes, qk_scale, tanh_scale,
             window_left, window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs,
             HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS,
-            RETURN_LSE, SOFTCAP, SINKS, HAS_ALIBI, TileCounter, _out_scale(OutScale, qk_scale, OUT_MAX),
+            RETURN_LSE, SOFTCAP, SINKS, HAS_ALIBI, TileCounter, out_scale_of(OutScale, qk_scale, OUT_MAX),
             OUT_MAX,
         )  # fmt: skip
         return
@@ -478,7 +468,7 @@ def _gluon_fwd_kernel(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES
     )
     score = score_terms(qk_scale, tanh_scale, Sinks, Slopes, head, SOFTCAP, HAS_ALIBI, SINKS)
-    out_scale = _out_scale(OutScale, qk_scale, OUT_MAX)
+    out_scale = out_scale_of(OutScale, qk_scale, OUT_MAX)
     z = m0 * 0  # segment B is empty; A is the tile's key range
     gl.warp_specialize(
         [
