@@ -596,6 +596,15 @@ def tiny_problem(env: Env, dt=None) -> dict:
     p["o"] = torch.zeros_like(p["q"])
     p["lse"] = torch.zeros(h, new, dtype=torch.float32, device=dev)
     p["max_seq"], p["max_q"] = ctx + new, new
+    # the model options' inputs (FEATURES): fp8 e4m3 caches, per-head ALiBi slopes and sinks, an fp8 output
+    f8 = torch.float8_e4m3fn
+    p["k_cache8"] = randn(nb, hk, d // 16, page, 16).to(f8)  # an fp8 split cache packs 16 features a slot
+    p["v_cache8"] = p["v_cache"].to(f8)
+    p["k_nhd8"], p["v_nhd8"] = p["k_nhd"].to(f8), p["v_nhd"].to(f8)
+    p["k_hnd8"], p["v_hnd8"] = p["k_hnd"].to(f8), p["v_hnd"].to(f8)
+    p["slopes"] = torch.linspace(0.5, 0.01, h, device=dev, dtype=torch.float32)
+    p["sinks"] = torch.zeros(h, device=dev, dtype=torch.float32)
+    p["o8"] = torch.zeros(new, h, d, device=dev, dtype=f8)
     p["q4"] = p["q"].transpose(0, 1).unsqueeze(0)  # [1, H, S, D]
     p["k4"] = randn(1, h, new, d)  # equal heads: the plainest SDPA call
     p["v4"] = randn(1, h, new, d)
@@ -603,14 +612,17 @@ def tiny_problem(env: Env, dt=None) -> dict:
 
 
 def tiny_call(
-    env: Env, p: dict, entry: str, layout: str = "split", kv: str = "given", lse: bool = False, left: int = -1
-):
+    env: Env, p: dict, entry: str, layout: str = "split", kv: str = "given", lse: bool = False,
+    left: int = -1, feature: str = "",
+):  # fmt: skip
     """A callable for one entry point on the tiny problem (None when it does not exist); ``left`` >= 0: a
-    causal window of ``left`` keys behind each query (``ours_pp`` / ``ours_wp``)."""
+    causal window of ``left`` keys behind each query (``ours_pp`` / ``ours_wp``); ``feature``: one model
+    option of :data:`FEATURES` on that call (``fp8_cache``: ``ours_pp`` only)."""
     q, o = p["q"], p["o"]
     k, v = (p["k"], p["v"]) if kv == "given" else (None, None)
     kc, vc = {"split": ("k_cache", "v_cache"), "nhd": ("k_nhd", "v_nhd"), "hnd": ("k_hnd", "v_hnd")}[layout]
-    kc, vc = p[kc], p[vc]
+    fp8 = "8" if feature == "fp8_cache" else ""  # the fp8 copies of the caches
+    kc, vc = p[kc + fp8], p[vc + fp8]
     if entry in ("ours_pp_caf", "vllm_pp"):
         f = env.pp.context_attention_fwd if entry == "ours_pp_caf" else env.vllm_pp
         if f is None:
@@ -626,6 +638,9 @@ def tiny_call(
         extra = {"return_lse": True, "lse": p["lse"]} if lse else {}
         if left >= 0:
             extra["window"] = (left, -1)
+        extra.update(feature_options(p, feature))
+        if feature == "fp8_out":
+            o = p["o8"]
         return lambda: pp(*args, kv_layout=layout, out=o, **extra)
     kk, vv = p["k"], p["v"]  # varlen: the new tokens' own K/V (8/2 heads)
     if entry in ("ours_wp_caf", "vllm_wp"):
@@ -639,6 +654,11 @@ def tiny_call(
         extra = {"return_lse": True, "lse": p["lse"]} if lse else {}
         if left >= 0:
             extra["window"] = (left, -1)
+        if feature == "fp8_cache":
+            return None
+        extra.update(feature_options(p, feature))
+        if feature == "fp8_out":
+            o = p["o8"]
         return lambda: wp(q, kk, vv, p["cu"], p["max_q"], causal=True, out=o, **extra)
     if entry == "sdpa":
         sdpa = env.torch.nn.functional.scaled_dot_product_attention
@@ -647,18 +667,44 @@ def tiny_call(
     raise ValueError(entry)
 
 
-HOST_ROWS = [  # (row name, entry, layout, left window or -1)
-    ("ours_pp_caf", "ours_pp_caf", "split", -1),
-    ("ours_pp_split", "ours_pp", "split", -1),
-    ("ours_pp_nhd", "ours_pp", "nhd", -1),
-    ("ours_pp_nhd_w127", "ours_pp", "nhd", 127),
-    ("ours_wp_caf", "ours_wp_caf", "split", -1),
-    ("ours_wp", "ours_wp", "split", -1),
-    ("ours_wp_w127", "ours_wp", "split", 127),
-    ("vllm_pp", "vllm_pp", "split", -1),
-    ("vllm_wp", "vllm_wp", "split", -1),
-    ("sdpa", "sdpa", "split", -1),
+#: The model options a host row may add to ``ours_pp`` / ``ours_wp`` (``tiny_call``'s ``feature``).
+FEATURES = ("alibi", "sinks", "cap50", "fp8_out", "fp8_cache")
+
+
+def feature_options(p: dict, feature: str) -> dict:
+    """The keyword arguments of one of :data:`FEATURES` on the tiny problem ``p`` (``fp8_cache``: its
+    scales; ``tiny_call`` swaps in the fp8 caches); ``""``: none."""
+    return {
+        "": {},
+        "alibi": {"alibi_slopes": p["slopes"]},
+        "sinks": {"sinks": p["sinks"]},
+        "cap50": {"softcap": 50.0},
+        "fp8_out": {"fp8_out_scale": p["scale"]},
+        "fp8_cache": {"k_scale": p["scale"], "v_scale": p["scale"]},
+    }[feature]
+
+
+HOST_ROWS = [  # (row name, entry, layout, left window or -1, feature of FEATURES or "")
+    ("ours_pp_caf", "ours_pp_caf", "split", -1, ""),
+    ("ours_pp_split", "ours_pp", "split", -1, ""),
+    ("ours_pp_nhd", "ours_pp", "nhd", -1, ""),
+    ("ours_pp_nhd_w127", "ours_pp", "nhd", 127, ""),
+    *[(f"ours_pp_nhd_{f}", "ours_pp", "nhd", -1, f) for f in FEATURES],
+    ("ours_wp_caf", "ours_wp_caf", "split", -1, ""),
+    ("ours_wp", "ours_wp", "split", -1, ""),
+    ("ours_wp_w127", "ours_wp", "split", 127, ""),
+    *[(f"ours_wp_{f}", "ours_wp", "split", -1, f) for f in FEATURES if f != "fp8_cache"],
+    ("vllm_pp", "vllm_pp", "split", -1, ""),
+    ("vllm_wp", "vllm_wp", "split", -1, ""),
+    ("sdpa", "sdpa", "split", -1, ""),
 ]
+FEATURE_NOTES = {
+    "alibi": "per-head ALiBi slopes (float32)",
+    "sinks": "per-head sinks (float32)",
+    "cap50": "softcap 50",
+    "fp8_out": "an fp8 e4m3 output (fp8_out_scale: a 1-element tensor)",
+    "fp8_cache": "fp8 e4m3 caches (k_scale / v_scale: 1-element tensors)",
+}
 HOST_NOTES = {
     "ours_pp_caf": "prefix_prefill.context_attention_fwd, split cache",
     "ours_pp_split": "prefix_prefill.prefix_prefill(), split cache",
@@ -667,6 +713,11 @@ HOST_NOTES = {
     "ours_wp_caf": "window_prefill.context_attention_fwd",
     "ours_wp": "window_prefill.window_prefill()",
     "ours_wp_w127": "window_prefill.window_prefill(), window (127, -1) (the Gluon kernel on sm90)",
+    **{
+        f"ours_pp_nhd_{f}": f"prefix_prefill.prefix_prefill(), NHD cache, {n}"
+        for f, n in FEATURE_NOTES.items()
+    },
+    **{f"ours_wp_{f}": f"window_prefill.window_prefill(), {n}" for f, n in FEATURE_NOTES.items()},
     "vllm_pp": "vLLM 0.33 prefix_prefill.context_attention_fwd",
     "vllm_wp": "vLLM 0.33 triton_prefill_attention.context_attention_fwd",
     "sdpa": "torch SDPA [1, 8, 16, 128] (q, k, v), default backend",
@@ -685,8 +736,8 @@ def host_table(env: Env, cfg: dict) -> list[dict]:
     slower after it), then each entry's launches and CUDA-graph time."""
     p = tiny_problem(env)
     rows, fns = [], []
-    for name, entry, layout, left in HOST_ROWS:
-        fn = tiny_call(env, p, entry, layout, left=left)
+    for name, entry, layout, left, feature in HOST_ROWS:
+        fn = tiny_call(env, p, entry, layout, left=left, feature=feature)
         if fn is None:
             continue
         row = {

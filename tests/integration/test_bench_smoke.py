@@ -185,6 +185,9 @@ def test_engine_step_smoke(tmp_path):
         "ours_pp_nhd",
         "ours_wp_caf",
         "ours_wp",
+        # the model options' rows (engine_step.FEATURES)
+        *(f"ours_pp_nhd_{f}" for f in ("alibi", "sinks", "cap50", "fp8_out", "fp8_cache")),
+        *(f"ours_wp_{f}" for f in ("alibi", "sinks", "cap50", "fp8_out")),
     }
     assert all(float(r["host_us"]) > 0 and "failed" not in r["note"] for r in host), host
     launches = read("engine_launches")
