@@ -117,6 +117,22 @@ def _window_call(row, l2: float, softcap: float):
     return call
 
 
+def warm(call, sync) -> None:
+    """Run ``call`` until it launches its final kernels: three calls, then prefix-prefill's
+    ``finish_compiles()`` (the first calls of its Gluon kernels run a quick compile tier, its full form
+    compiling meanwhile: a profile before it would be the quick form's), then two calls; ``sync`` after
+    each stage (``torch.cuda.synchronize``)."""
+    from prefix_prefill import finish_compiles
+
+    for _ in range(3):
+        call()
+    sync()
+    finish_compiles()
+    for _ in range(2):
+        call()
+    sync()
+
+
 def impl_refusal(impl: str, kind: str) -> str | None:
     """Why ``--impl impl`` cannot profile a row of ``kind`` (``"varlen"`` or ``"prefix"``), or None:
     prefix-prefill's calls (``prefix``, ``ours_kv``) take prefix rows only, window_prefill's (``ours``)
@@ -154,9 +170,7 @@ def profile(shape: str, l2: float, softcap: float, impl: str = "ours") -> None:
             raise SystemExit(f"{impl} has no call on {shape}: {notes}")
         call = calls[name]
 
-    for _ in range(4):
-        call()
-    torch.cuda.synchronize()
+    warm(call, torch.cuda.synchronize)
     torch.cuda.profiler.start()
     call()
     torch.cuda.synchronize()

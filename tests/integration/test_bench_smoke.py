@@ -465,6 +465,20 @@ def test_window_ncu_impl_rows():
     assert "prefix row" in refusal("ours", "prefix")
 
 
+def test_window_ncu_profiles_final_kernels(monkeypatch):
+    """bench/window_ncu.py profiles after prefix-prefill's finish_compiles() (the full Gluon forms, not the
+    quick compile tier the first calls run), with calls after it: a profile before it is the quick
+    form's."""
+    import prefix_prefill
+
+    events = []
+    monkeypatch.setattr(prefix_prefill, "finish_compiles", lambda *a, **k: events.append("finish"))
+    bench_module("window_ncu").warm(lambda: events.append("call"), lambda: events.append("sync"))
+    assert "finish" in events and events[-1] == "sync", events
+    assert events.index("finish") > events.index("call"), events
+    assert "call" in events[events.index("finish") :], events
+
+
 def test_window_ncu_summary(tmp_path):
     """bench/window_ncu.py --summary on made-up csv exports: each report's metrics in one row (a missing
     one as "-"), and its instructions ordered by stall samples with their leading reasons."""
