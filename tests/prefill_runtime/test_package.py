@@ -20,7 +20,7 @@ _PUBLIC = (
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.28.0"
+    assert prefill_runtime.__version__ == "0.28.1"
 
 
 def test_public_names():

@@ -44,7 +44,7 @@ Modules, each owning one concern (every public name below is importable from ``p
 Versioned on its own: window-prefill and prefix-prefill pin ``prefill-runtime>=0.28.0,<1``.
 """
 
-__version__ = "0.28.0"
+__version__ = "0.28.1"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles
