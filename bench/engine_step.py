@@ -717,7 +717,11 @@ HOST_NOTES = {
         f"ours_pp_nhd_{f}": f"prefix_prefill.prefix_prefill(), NHD cache, {n}"
         for f, n in FEATURE_NOTES.items()
     },
-    **{f"ours_wp_{f}": f"window_prefill.window_prefill(), {n}" for f, n in FEATURE_NOTES.items()},
+    **{
+        f"ours_wp_{f}": f"window_prefill.window_prefill(), {n}"
+        for f, n in FEATURE_NOTES.items()
+        if f != "fp8_cache"
+    },
     "vllm_pp": "vLLM 0.33 prefix_prefill.context_attention_fwd",
     "vllm_wp": "vLLM 0.33 triton_prefill_attention.context_attention_fwd",
     "sdpa": "torch SDPA [1, 8, 16, 128] (q, k, v), default backend",
