@@ -87,6 +87,33 @@ def _plan(persistent: bool, block_m: int = 128) -> LaunchPlan:
     return LaunchPlan("gluon", "", block_m, LaunchPlan.items({"PERSISTENT": persistent}))
 
 
+@pytest.mark.parametrize("kv_heads,group", [(8, 4), (2, 8), (1, 32), (6, 2), (12, 1), (5, 3)])
+@pytest.mark.parametrize("n_tokens", [0, 1, 2400, 8192, 16384, 65536, 1 << 20])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_head_section(kv_heads, group, n_tokens, head_dim):
+    """The persistent order's section: whole KV-head groups, a power-of-two count of KV heads that divides
+    them, the most whose K/V fit ``L2_KV_BYTES`` (at least one): against a search over every count."""
+    heads = kv_heads * group
+    got = wl.head_section(n_tokens, heads, kv_heads, head_dim)
+    per_kv = n_tokens * 4 * head_dim  # K and V of one KV head, 16 bits each
+    fits = [n for n in range(1, kv_heads + 1)
+            if kv_heads % n == 0 and n & (n - 1) == 0 and n * per_kv <= wl.L2_KV_BYTES]  # fmt: skip
+    assert got == max(fits, default=1) * group
+    assert heads % got == 0
+
+
+@pytest.mark.parametrize("n_tokens,sections", [(1, False), (2400, False), (4096, False), (4097, True),
+                                               (32768, True)])  # fmt: skip
+def test_sections_variant(n_tokens, sections):
+    """A persistent launch takes the head-sections variant (``SECTIONS``, its own compiled key) only where
+    its K/V exceed ``L2_KV_BYTES`` (32/8 heads, d128: past 4096 tokens); else the variant key is the plain
+    one, so launches whose K/V fit run the order without sections' arithmetic."""
+    got = wl.head_section(n_tokens, 32, 8, 128) < 32
+    assert got == sections
+    key = ("plan", (1, 2), "cuda:0")
+    assert (wl._sections_key(key, got) == key) == (not sections)
+
+
 def test_persistent_grid(monkeypatch):
     """A persistent plan's grid is ``(min(multiprocessors, n_m * heads * batch), 1, 1)``: one program a
     multiprocessor over the one-tile grid's tiles; the one-tile form's ``(cdiv(max_len, 128), heads,
@@ -105,16 +132,17 @@ _COMPILE_SCRIPT = """
 CASES = ((128, False, 0, 0, True, True, False), (128, True, 1, 2, True, False, False),
          (64, True, 2, 2, False, True, True), (256, False, 1, 0, True, True, False),
          (256, True, 0, 3, True, True, False), (64, False, 0, 0, True, False, False))
-for head_dim, lse, sinks, softcap, causal, left, right in CASES:
+for i, (head_dim, lse, sinks, softcap, causal, left, right) in enumerate(CASES):
     compile_wp(head_dim, lse, sinks, softcap, IS_CAUSAL=causal, HAS_LEFT=left, HAS_RIGHT=right,
-               PERSISTENT=True)
+               PERSISTENT=True, SECTIONS=i % 2 == 0)  # (head sections in every other form)
 """
 
 
 @pytest.mark.compile_check
 def test_persistent_forms_compile_for_sm90():
     """The persistent form compiles for sm90 (no GPU needed) at heads 64 / 128 / 256 with the LSE, both
-    sinks modes, soft-capping and both-way windows, within one program's shared memory (227 KiB)."""
+    sinks modes, soft-capping, both-way windows and head sections (``SECTIONS``), within one program's
+    shared memory (227 KiB)."""
     if wl._gluon_fwd_kernel is None:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(WP_COMPILE_HEAD + _COMPILE_SCRIPT)

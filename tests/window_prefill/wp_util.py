@@ -226,7 +226,8 @@ def compile_wp(head_dim, lse, sinks=0, softcap=0, **consts):
         "Lse": "*fp32" if lse else "constexpr", "stride_lse_h": "i32" if lse else "constexpr",
         "Sinks": "*fp32" if sinks else "constexpr", "tanh_scale": "fp32" if softcap else "constexpr",
         "max_len": "i32", "Status": "*i32" if lse else "constexpr",  # (with and without status=)
-        "n_seqs": "i32", "TileCounter": "*i32" if consts.get("PERSISTENT") else "constexpr",
+        "n_seqs": "i32", "head_section": "i32",
+        "TileCounter": "*i32" if consts.get("PERSISTENT") else "constexpr",
         "Slopes": "*fp32" if consts.get("HAS_ALIBI") else "constexpr",
         "OutScale": "*fp32" if consts.get("OUT_MAX") else "constexpr",
     }

@@ -15,7 +15,7 @@ its plan) -> :mod:`~window_prefill.plan` (the one kernel choice, cached) ->
 no autotuning on the call path and no host synchronisation unless ``validate=True``.
 """
 
-__version__ = "0.22.0"
+__version__ = "0.23.0"
 
 from window_prefill.api import context_attention_fwd, explain, window_prefill
 from window_prefill.configs import Config, detect_arch, get_config, shared_memory_bytes

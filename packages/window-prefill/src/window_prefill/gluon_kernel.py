@@ -236,16 +236,33 @@ def _seq_span(table, Starts, Lens, seq, n_tokens, LENS_FROM_STARTS: gl.constexpr
 def _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M: gl.constexpr,
                      LENS_FROM_STARTS: gl.constexpr):  # fmt: skip
     """Tile ``t`` of a persistent launch's tile space (``sched = (heads, n_m, batch, tiles)``, ``tiles = n_m *
-    batch * heads``) as ``(head, m0, tok0, seq_len)``: the latest query tiles of every sequence first (under
-    causality they carry the most keys), then sequence by sequence, a sequence's heads back to back (a KV
-    head's query heads read its keys while they are in L2). ``m0 >= seq_len``: a tile past its sequence's
-    end."""
-    heads = sched[0]
-    per_level = sched[2] * heads
-    m0 = (sched[1] - 1 - t // per_level) * BLOCK_M
-    r = t % per_level
-    tok0, seq_len = _seq_span(table, Starts, Lens, r // heads, n_tokens, LENS_FROM_STARTS)
-    return r % heads, m0, tok0, seq_len
+    batch * heads``, or with head sections ``(heads, n_m, batch, tiles, section)``) as ``(head, m0, tok0,
+    seq_len)``: the latest query tiles of every sequence first (under causality they carry the most keys),
+    then sequence by sequence, a sequence's heads back to back (a KV head's query heads read its keys while
+    they are in L2); with sections, the heads in sections of ``section`` (whole KV heads' groups,
+    ``window_prefill.launch.head_section``), that order within each. ``m0 >= seq_len``: a tile past its
+    sequence's end."""
+    if len(sched) == 5:  # head sections (the launch's SECTIONS)
+        section = sched[4]
+        sec = t * 0
+        r = t
+        if section < sched[0]:  # (the live numbering's order is one section: no division for it)
+            per_section = sched[1] * sched[2] * section
+            sec = t // per_section
+            r = t - sec * per_section
+        per_level = sched[2] * section
+        m0 = (sched[1] - 1 - r // per_level) * BLOCK_M
+        r = r % per_level
+        tok0, seq_len = _seq_span(table, Starts, Lens, r // section, n_tokens, LENS_FROM_STARTS)
+        head = sec * section + r % section
+    else:
+        heads = sched[0]
+        per_level = sched[2] * heads
+        m0 = (sched[1] - 1 - t // per_level) * BLOCK_M
+        r = t % per_level
+        tok0, seq_len = _seq_span(table, Starts, Lens, r // heads, n_tokens, LENS_FROM_STARTS)
+        head = r % heads
+    return head, m0, tok0, seq_len
 
 
 @gluon.jit
@@ -351,11 +368,12 @@ def _persistent_producer(
 @gluon.jit
 def _persistent_partitions(
     Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, Slopes, qk_scale, tanh_scale, window_left,
-    window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, HEAD_DIM: gl.constexpr,
+    window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs, head_section,
+    HEAD_DIM: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr, RETURN_LSE: gl.constexpr,
     SOFTCAP: gl.constexpr, SINKS: gl.constexpr, HAS_ALIBI: gl.constexpr, TileCounter, out_scale,
-    OUT_MAX: gl.constexpr,
+    OUT_MAX: gl.constexpr, SECTIONS: gl.constexpr,
 ):  # fmt: skip
     """:func:`_gluon_fwd_kernel`'s ``PERSISTENT`` form: grid ``(programs, 1, 1)`` over the launch's tile
     space (the ``n_m * n_seqs * heads`` tiles of the one-tile grid, ``n_m`` from ``max_len``;
@@ -387,9 +405,14 @@ def _persistent_partitions(
     # among short ones: the cursor's cost per tile is below the dead tiles' atomics), else the whole space
     # with its dead tiles skipped (the cursor would cost more than those few atomics)
     numbered = n_m * n_seqs
+    section = head_section
     if live * 2 < numbered:
         numbered = live
-    sched = (heads, n_m, n_seqs, numbered * heads)
+        section = heads  # (the live numbering's order is one section)
+    if SECTIONS:
+        sched = (heads, n_m, n_seqs, numbered * heads, section)
+    else:
+        sched = (heads, n_m, n_seqs, numbered * heads)
     rings = allocate_rings(Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
     q_empty = allocate_q_empty()
     tile_slot = allocate_tile_slot()
@@ -418,15 +441,17 @@ def _persistent_partitions(
     )  # fmt: skip
 
 
-@gluon.jit(do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len", "n_seqs"])
+@gluon.jit(
+    do_not_specialize=["window_left", "window_right", "stride_lse_h", "max_len", "n_seqs", "head_section"]
+)
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, O, Starts, Lens, qk_scale, window_left, window_right, group_size,
     stride_ot, stride_oh, Lse, stride_lse_h, max_len, Status, Sinks, tanh_scale, n_seqs, Slopes, OutScale,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
+    head_section, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LENS_FROM_STARTS: gl.constexpr,
     RETURN_LSE: gl.constexpr, NUM_STAGES: gl.constexpr, SOFTCAP: gl.constexpr = 0, SINKS: gl.constexpr = 0,
     HAS_ALIBI: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0, PERSISTENT: gl.constexpr = False,
-    TileCounter=None,
+    SECTIONS: gl.constexpr = False, TileCounter=None,
 ):  # fmt: skip
     """Grid (cdiv(max_len, BLOCK_M), num_heads, batch), as the Triton kernel; launched with 4 warps: the
     default partition is consumer 0, the workers consumer 1 (4 warps) and the producer (1 warp). ``qk_scale``
@@ -437,16 +462,18 @@ def _gluon_fwd_kernel(
     Tensors: see the module docstring. Sequences come clamped into ``Q_desc``'s token count and reported into
     ``Status`` (None: no report) as in the Triton kernel, whose program setup this is (``program_tile``); the
     rows past the grid of a sequence longer than ``max_len`` are written as 0 by each head's program of the
-    last query tile. ``n_seqs``: the batch (read by the persistent form only). ``PERSISTENT``: grid
+    last query tile. ``n_seqs``: the batch, read by the persistent form only; ``head_section``: the query
+    heads a section of the persistent order (:func:`_persistent_tile`), read with ``SECTIONS`` only (a
+    persistent launch whose K/V exceed the L2 budget). ``PERSISTENT``: grid
     ``(programs, 1, 1)``, each program taking the launch's next tile from ``TileCounter`` until none is left
     (:func:`_persistent_partitions`; None in the one-tile form)."""
     if PERSISTENT:
         _persistent_partitions(
             Q_desc, K_desc, V_desc, O, Starts, Lens, Lse, Status, Sinks, Slopes, qk_scale, tanh_scale,
             window_left, window_right, group_size, stride_ot, stride_oh, stride_lse_h, max_len, n_seqs,
-            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT, LENS_FROM_STARTS,
-            RETURN_LSE, SOFTCAP, SINKS, HAS_ALIBI, TileCounter, out_scale_of(OutScale, qk_scale, OUT_MAX),
-            OUT_MAX,
+            head_section, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, IS_CAUSAL, HAS_LEFT, HAS_RIGHT,
+            LENS_FROM_STARTS, RETURN_LSE, SOFTCAP, SINKS, HAS_ALIBI, TileCounter,
+            out_scale_of(OutScale, qk_scale, OUT_MAX), OUT_MAX, SECTIONS,
         )  # fmt: skip
         return
     # (tok0 int32)

@@ -222,6 +222,7 @@ class Prepared:
     softcap: float
     key: tuple
     frame: tuple | None = None
+    frame_sections: tuple | None = None  # (a persistent Gluon plan's variant with head sections)
 
 
 def prepare(q, k, v, out, starts, lens, max_len, *, causal, window_left, window_right, softmax_scale, sinks,
@@ -264,13 +265,23 @@ def repeat(
     gluon = p.kernel == "gluon"
     fast = _GLUON if gluon else _TRITON
     real = fast is not None and (_gluon_fwd_kernel if gluon else _fwd_kernel) is fast.jit_fn  # (recorders)
-    if real and not fast.verify and (prep.frame is None or prep.frame[0] is not fast):
+    heads = q.shape[1]
+    persistent = gluon and prep.kw.get("PERSISTENT", False)
+    section = head_section(q.shape[0], heads, k.shape[1], q.shape[2]) if persistent else heads
+    sections = section < heads  # (the launch's K/V past the L2 budget: the variant with head sections)
+    cached = prep.frame_sections if sections else prep.frame
+    if real and not fast.verify and (cached is None or cached[0] is not fast):
+        key = _sections_key(prep.key, sections)
         frame = fast.frame(
-            _frame_key(prep.key, prep.window_left, prep.window_right, prep.softmax_scale, prep.softcap)
+            _frame_key(key, prep.window_left, prep.window_right, prep.softmax_scale, prep.softcap)
         )
-        prep.frame = (fast, frame) if frame is not None else None
+        cached = (fast, frame) if frame is not None else None
+        if sections:
+            prep.frame_sections = cached
+        else:
+            prep.frame = cached
     index = q.get_device()
-    if not real or prep.frame is None or fast.verify or not fast.direct_now() or (
+    if not real or cached is None or fast.verify or not fast.direct_now() or (
         index != torch._C._cuda_getDevice()  # (a frame exists only after a CUDA launch: CUDA is initialised)
     ):  # fmt: skip
         _run(p, prep.kw, q, k, v, o, starts, lens, max_len, batch, prep.window_left, prep.window_right,
@@ -284,18 +295,17 @@ def repeat(
     stream = torch._C._cuda_getCurrentRawStream(index)
     alibi = None if alibi_slopes is None else alibi_slopes.data_ptr()
     if gluon:
-        counter = tile_counter(index, stream) if prep.kw.get("PERSISTENT") else None
+        counter = tile_counter(index, stream) if persistent else None
         bases = (qp, kp, vp)
         scale = None if out_scale is None else out_scale.data_ptr()
         s = None if sinks is None else sinks.data_ptr()
-        plain = (o.data_ptr(), *tail, s, batch, alibi, scale, counter)
+        plain = (o.data_ptr(), *tail, s, batch, alibi, scale, section, counter)
     else:
         s = sinks if sinks is not None else q
         scale = None if out_scale is None else out_scale.data_ptr()
         bases, plain = (kp, vp), (qp, kp, vp, o.data_ptr(), s.data_ptr(), *tail, alibi, scale, q.shape[0])
-    heads = q.shape[1]
     grid = _gluon_grid(p, max_len, heads, batch, index) if gluon else _one_tile_grid(p, max_len, heads, batch)
-    prep.frame[1](*grid, stream, q.shape[0], bases, plain)
+    cached[1](*grid, stream, q.shape[0], bases, plain)
     return True
 
 
@@ -415,7 +425,7 @@ _TRITON_PER_CALL = (
 # the Gluon kernel's: its per-call descriptors are Q_desc, K_desc, V_desc (rows of q, k, v)
 _GLUON_PER_CALL = (
     "O", "Starts", "Lens", "Lse", "stride_lse_h", "Status", "max_len", "Sinks", "n_seqs", "Slopes",
-    "OutScale", "TileCounter",
+    "OutScale", "head_section", "TileCounter",
 )  # fmt: skip
 
 
@@ -438,6 +448,30 @@ def _one_tile_grid(p: LaunchPlan, max_len: int, heads: int, batch: int) -> tuple
     return max(-(-max_len // p.block_m), 1), heads, batch
 
 
+#: The persistent Gluon form's L2 budget for K/V: its tile order takes the query heads in sections whose
+#: KV heads' keys and values (over all the launch's tokens, 16 bits each) fit this many bytes, so a
+#: section's tiles find them in the L2 while Q and O stream through it.
+L2_KV_BYTES = 16 << 20
+
+
+@functools.lru_cache(maxsize=256)
+def head_section(n_tokens: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """The query heads a section of the persistent order takes (:data:`L2_KV_BYTES`): the KV heads of the
+    largest power-of-two count that divides ``kv_heads`` and whose K/V fit the budget (at least one), times
+    the group size. The order never changes a tile's arithmetic: any section gives the same bits. Cached: a
+    warm call pays a dictionary lookup (~0.1 us), not the arithmetic."""
+    fit = L2_KV_BYTES // max(n_tokens * 4 * head_dim, 1)  # KV heads whose K/V fit the budget
+    n_kv = min(kv_heads & -kv_heads, 1 << (fit.bit_length() - 1)) if fit else 1
+    return n_kv * (heads // kv_heads)
+
+
+def _sections_key(key: tuple, sections: bool) -> tuple:
+    """The Gluon variant's key: :func:`_key`'s, marked where the launch takes head sections (``SECTIONS``:
+    a persistent launch whose K/V exceed :data:`L2_KV_BYTES`, a variant of its own, so a launch whose K/V
+    fit runs the order without sections' arithmetic)."""
+    return (*key, "sections") if sections else key
+
+
 def _gluon_grid(p: LaunchPlan, max_len: int, heads: int, batch: int, index: int) -> tuple[int, int, int]:
     """The Gluon launch's grid: ``(cdiv(max_len, block_m), heads, batch)`` (at least one query tile), or for
     a persistent plan ``(programs, 1, 1)``: one program a multiprocessor of device ``index``, never more
@@ -456,7 +490,14 @@ def _launch_gluon(
     global _gluon_ok
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
     direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
-    key = _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes, out_scale) if direct else None
+    persistent = kw.get("PERSISTENT", False)
+    section = head_section(q.shape[0], q.shape[1], k.shape[1], d) if persistent else q.shape[1]
+    sections = section < q.shape[1]
+    key = None
+    if direct:
+        key = _sections_key(
+            _key(p, q, k, v, o, sinks, starts, lens, lse, status, alibi_slopes, out_scale), sections
+        )
     if direct and not _GLUON.verify and _GLUON.has(key):  # compiled: the descriptors' per-call part only
         descs = [Descriptor(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1]) for t in (q, k, v)]
     else:
@@ -471,9 +512,9 @@ def _launch_gluon(
         *descs, o, starts, lens if lens is not None else starts, logit, max(window_left, 0),
         max(window_right, 0), q.shape[1] // k.shape[1], o.stride(0), o.stride(1), lse,
         lse.stride(0) if lse is not None else None, max_len, status, sinks,
-        softmax_scale / softcap if capped else None, batch, alibi_slopes, out_scale,
+        softmax_scale / softcap if capped else None, batch, alibi_slopes, out_scale, section,
     )  # fmt: skip
-    kw = {**kw, "TileCounter": tile_counter(q.get_device()) if kw.get("PERSISTENT") else None}
+    kw = {**kw, "SECTIONS": sections, "TileCounter": tile_counter(q.get_device()) if persistent else None}
     if not direct:
         launch = lambda: _gluon_fwd_kernel[grid](*args, **kw)  # noqa: E731
     elif not _GLUON.verify and _GLUON.has(key):  # then its later calls through a frame (repeat())
