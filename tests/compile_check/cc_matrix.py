@@ -269,8 +269,8 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
     saved = launch._fwd_kernel, gluon_launch._gluon_fwd_kernel, gluon_launch._gluon_split_kernel
     # (a bf16 call over an fp8 cache first copies q/k/v to float16: an elementwise kernel the matrix
     # leaves out, recorded nowhere, so the case's one launch is the attention kernel's)
-    saved_copies = float16_copies._float16_copies_kernel
-    float16_copies._float16_copies_kernel = _Recorder(saved_copies, [])
+    saved_copies = float16_copies._COPIES.jit_fn
+    float16_copies._COPIES.jit_fn = _Recorder(saved_copies, [])
     launch._fwd_kernel = _Recorder(saved[0], record)
     gluon_launch._gluon_fwd_kernel = _Recorder(saved[1], record) if saved[1] is not None else None
     gluon_launch._gluon_split_kernel = _Recorder(saved[2], record) if saved[2] is not None else None
@@ -287,7 +287,7 @@ def _prefix_launches(case: Case, target: Target) -> list[Launch]:
                        lse=t["lse"], plan_override=chosen)  # fmt: skip
     finally:
         launch._fwd_kernel, gluon_launch._gluon_fwd_kernel, gluon_launch._gluon_split_kernel = saved
-        float16_copies._float16_copies_kernel = saved_copies
+        float16_copies._COPIES.jit_fn = saved_copies
         gluon_launch._multiprocessors, gluon_launch._KEY_HEADS = saved_mp
     if chosen.kernel == "triton":  # the ptxas flag the launcher adds on a GPU of this target (not on meta)
         from prefill_runtime import ptxas_launch_options

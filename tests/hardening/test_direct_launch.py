@@ -65,6 +65,25 @@ def test_prefix_repeat_calls(layout, head, page):
                     assert compare(run_pcaf(c), want), (seqs, from_cache)
 
 
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_prefix_fp8_cache_repeat_calls(layout):
+    """A bfloat16 call over an fp8 cache runs on float16 copies of q, k and v (``prefix_prefill.
+    float16_copies``), whose kernel launches directly after its first call: over token counts, k given
+    or read from the cache and q, k, v shifted (16-byte aligned or not), every launch is the variant
+    Triton picks and every answer matches the reference."""
+    for seqs in ([(300, 20)], [(600, 100), (0, 33)], [(17, 1), (1000, 300), (5, 5)]):
+        for from_cache in (False, True):
+            c = paged_case(seqs, heads=8, kv_heads=2, head=128, page=16, dtype=torch.bfloat16,
+                           layout=layout, kv_from_cache=from_cache, fp8=True)  # fmt: skip
+            want = paged_ref(c)
+            for shift in (0, 0, 1, 8):
+                if shift:
+                    c.q = _shifted(c.q, shift)
+                    if c.k is not None:
+                        c.k, c.v = _shifted(c.k, shift), _shifted(c.v, shift)
+                assert compare(run_pp(c), want), (seqs, from_cache, shift)
+
+
 @pytest.mark.parametrize(("entry", "layout", "head"), [("pp", "split", 128), ("pp", "nhd", 128),
                                                        ("pp", "hnd", 128), ("pp", "split", 256),
                                                        ("wp", None, 128)])  # fmt: skip

@@ -4,7 +4,9 @@ times a power of two, and the new tokens' k and v, in one kernel launch.
 Why: every fp8 value is a float16, so the Gluon kernel's converter turns an fp8 pair into float16 in one
 instruction where bfloat16 would take an integer sequence; the call then computes in float16 and q, k and
 v must be float16 too. One launch (:func:`float16_copies`) writes all three, where torch's ``mul`` and
-``to`` take one or two kernels each.
+``to`` take one or two kernels each, into one allocation; the launch goes straight to the compiled
+variant after its first call (``prefill_runtime.compiled_launch``), not through ``kernel[grid]``, whose
+binding and specialisation of 17 arguments would cost more host time than the attention's own launch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from prefill_runtime.compiled_launch import CompiledLaunches
 
 
 @triton.jit
@@ -52,23 +56,38 @@ def _float16_copies_kernel(
 def float16_copies(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_mul: float) -> tuple:
     """``(q16, k16, v16)``: contiguous float16 copies of q ``[tokens, heads, D]`` times ``q_mul`` (a power of
     two) and of k, v ``[tokens, kv_heads, D]`` (None: None), each with a unit feature stride and D a power
-    of two (the fp8-cache Gluon forms' heads 64 and 128), in one launch."""
+    of two (the fp8-cache Gluon forms' heads 64 and 128), in one launch. The three copies are views of
+    one allocation (each starts at a multiple of ``D`` elements: 128-byte aligned)."""
     rows_block = 32
-    q16 = torch.empty(q.shape, dtype=torch.float16, device=q.device)
     tokens, heads, d = q.shape
+    n_q = q.numel()
+    n_kv = 0 if k is None else k.numel()
+    buf = torch.empty(n_q + 2 * n_kv, dtype=torch.float16, device=q.device)
+    q16 = buf[:n_q].view(q.shape)
     if k is None:
         k16 = v16 = None
         kv_rows, kv_heads, ks, vs, kv_args = 0, 1, (0, 0), (0, 0), (q, q, q16, q16)
     else:
-        k16 = torch.empty(k.shape, dtype=torch.float16, device=k.device)
-        v16 = torch.empty(v.shape, dtype=torch.float16, device=v.device)
+        k16 = buf[n_q : n_q + n_kv].view(k.shape)
+        v16 = buf[n_q + n_kv :].view(v.shape)
         kv_rows, kv_heads = k.shape[0] * k.shape[1], k.shape[1]
         ks, vs, kv_args = (k.stride(0), k.stride(1)), (v.stride(0), v.stride(1)), (k, v, k16, v16)
     q_rows = tokens * heads
-    grid = (triton.cdiv(q_rows, rows_block) + 2 * triton.cdiv(kv_rows, rows_block),)
+    grid = (triton.cdiv(q_rows, rows_block) + 2 * triton.cdiv(kv_rows, rows_block), 1, 1)
     if grid[0] > 0:
-        _float16_copies_kernel[grid](
-            q, kv_args[0], kv_args[1], q16, kv_args[2], kv_args[3], q_rows, kv_rows, heads, kv_heads,
-            q.stride(0), q.stride(1), *ks, *vs, q_mul, HEAD_DIM=d, ROWS=rows_block,
-        )  # fmt: skip
+        args = (q, kv_args[0], kv_args[1], q16, kv_args[2], kv_args[3], q_rows, kv_rows, heads, kv_heads,
+                q.stride(0), q.stride(1), *ks, *vs, q_mul)  # fmt: skip
+        _COPIES.launch(_copies_key(q, k, v, d), grid, args, {"HEAD_DIM": d, "ROWS": rows_block}, {}, q.device)
     return q16, k16, v16
+
+
+#: The copy kernel's compiled variants, launched directly after each one's first call.
+_COPIES = CompiledLaunches(_float16_copies_kernel, maxsize=64)
+
+
+def _copies_key(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, d: int) -> tuple:
+    """What fixes Triton's specialisation of a :func:`float16_copies` launch: the sources' dtypes and
+    16-byte alignment (the float16 copies are fresh allocations: aligned), the head size and the device.
+    The integers are ``do_not_specialize`` and ``q_mul`` a float, so no value enters the key."""
+    srcs = (q,) if k is None else (q, k, v)
+    return (q.device.index, d, k is None, *((t.dtype, t.data_ptr() % 16 == 0) for t in srcs))
