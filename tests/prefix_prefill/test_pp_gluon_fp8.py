@@ -1,11 +1,12 @@
 """fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with per-tensor ``k_scale`` / ``v_scale``) on the Gluon
 kernels' ``CACHE_FP8`` forms (:mod:`prefix_prefill.gluon_kernel`: the context's fp8 blocks land by TMA in
-staging slots, or by the split kernel's gathers (:mod:`prefix_prefill.gluon_split_kernel`), a 4-warp partition
-converts them into float16 rings, the consumers fold the scales into each context block's terms; a bfloat16
-call runs as a float16 one, its q/k/v copied first).
+staging slots, or by the split kernel's gathers (:mod:`prefix_prefill.gluon_split_kernel`), a partition of 4
+warps (2 at head 256) converts them into float16 rings, the consumers fold the scales into each context
+block's terms; a bfloat16 call runs as a float16 one, its q/k/v copied first).
 
-CPU: the plan rule (NHD, HND, interleaved and vLLM's split caches at heads 64 and 128 take a Gluon kernel with
-``CACHE_FP8``; head 256 and AMD's fnuz types keep the Triton kernel and the reason says why); the launcher's
+CPU: the plan rule (NHD, HND and interleaved caches at heads 64, 128 and 256 and vLLM's split caches at heads
+64 and 128 take a Gluon kernel with ``CACHE_FP8``; the split cache at head 256 and AMD's fnuz types keep the
+Triton kernel and the reason says why); the launcher's
 arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows the producer reads, the rings'
 layout, the scale tensors; a launch without them is refused); a bfloat16 call's float16 copies (exact in their
 stated range); warm frames taking each call's scale tensors; the rings' protocol played in random
@@ -53,15 +54,17 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), cache=E4M3, dtype=to
 
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize("cache", [E4M3, E5M2])
-@pytest.mark.parametrize("head", [64, 128])
+@pytest.mark.parametrize("head", [64, 128, 256])
 @pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED, "split"])
 @pytest.mark.parametrize("from_cache", [False, True])
 def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
-    """fp8 e4m3fn / e5m2 caches at heads 64 and 128 run a Gluon kernel with ``CACHE_FP8``, whatever the
-    query dtype, k given or not: the NHD/HND kernel over caches TMA reads as views of rows (NHD, HND,
-    interleaved pages), the split kernel over vLLM's split layout (``x = 16``), whose form gathers K and V
-    (no TMA producer, no V staging, two consumer partitions); the reason names the fp8 cache; a 16-bit
-    cache's plan has ``CACHE_FP8`` off."""
+    """fp8 e4m3fn / e5m2 caches run a Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or
+    not: the NHD/HND kernel over caches TMA reads as views of rows (NHD, HND, interleaved pages) at heads
+    64, 128 and 256, the split kernel over vLLM's split layout (``x = 16``) at heads 64 and 128, whose form
+    gathers K and V (no TMA producer, no V staging, two consumer partitions); the reason names the fp8
+    cache; a 16-bit cache's plan has ``CACHE_FP8`` off."""
+    if layout == "split" and head == 256:
+        pytest.skip("the split cache at head 256 keeps the Triton kernel (test_fp8_caches_keep_triton)")
     for dtype in (torch.bfloat16, torch.float16):
         case = _case(layout, head, cache=cache, dtype=dtype, kv_from_cache=from_cache)
         chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
@@ -76,15 +79,15 @@ def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
 
 @pytest.mark.parametrize(
     "what,why",
-    [("head_256", "head size 256"), ("split_256", "head size 256"),
+    [("split_256", "an fp8 split cache at head size 256"),
      ("fnuz", "cache dtype torch.float8_e4m3fnuz"), ("e5m2_fnuz", "cache dtype torch.float8_e5m2fnuz")],
 )  # fmt: skip
 def test_fp8_caches_keep_triton(what, why):
-    """Head 256 (the converter's 16 warps leave a consumer too few registers), in either layout, and AMD's
-    fnuz types keep the Triton kernel, its plan's ``CACHE_FP8`` on and the reason saying why; the same
-    call with a 16-bit cache (head 256) takes a Gluon kernel."""
+    """vLLM's split cache at head 256 (its gathering partitions and the converter leave a consumer too few
+    registers) and AMD's fnuz types keep the Triton kernel, its plan's ``CACHE_FP8`` on and the reason
+    saying why; the same call with a 16-bit cache (head 256) takes a Gluon kernel."""
     layout = "split" if what == "split_256" else "nhd"
-    head = 256 if what in ("head_256", "split_256") else 128
+    head = 256 if what == "split_256" else 128
     cache = {"fnuz": torch.float8_e4m3fnuz, "e5m2_fnuz": torch.float8_e5m2fnuz}.get(what, E4M3)
     chosen = plan.plan(problem_of(_case(layout, head, cache=cache), arch="sm90", gluon=True))
     assert chosen.kernel == "triton" and why in chosen.reason, chosen.reason
@@ -371,17 +374,40 @@ def _blocks(rng: random.Random, context: bool = False) -> tuple[int, int]:
     return n_a, n_a + rng.randint(1 if context or n_a == 0 else 0, 5)
 
 
-def test_fp8_rings_protocol():
+@pytest.mark.parametrize("staging", [2, 1], ids=["heads-64-128", "head-256"])
+def test_fp8_rings_protocol(staging):
     """The fp8 forms' barriers (staging slots, the rings' ready and empty barriers and their parities,
     copies landing at random later turns, the consumers' K-ahead-of-V order) played in 3000 random
-    interleavings of programs with 0..7 context blocks and 0..5 new-token blocks: no read sees its slot
-    overwritten, nothing deadlocks, every block reaches both consumers."""
+    interleavings of programs with 0..7 context blocks and 0..5 new-token blocks, with each head size's
+    staging slots (:func:`test_fp8_staging_slots`): no read sees its slot overwritten, nothing deadlocks,
+    every block reaches both consumers."""
     for seed in range(3000):
         rng = random.Random(seed)
         n_a, n_blocks = _blocks(rng)
-        seen = play(n_a, n_blocks, rng)
+        seen = play(n_a, n_blocks, rng, staging=staging)
         want = sorted((kv, j) for kv in "KV" for j in range(n_blocks))
         assert sorted(seen[0]) == want and sorted(seen[1]) == want, (seed, n_a, n_blocks)
+
+
+def test_fp8_staging_slots():
+    """The staging slots a ring (``gluon_kernel.fp8_staging``) and the converter's warps and registers the
+    kernel takes at each head size: 2 slots and 4 warps at 32 registers at heads 64 and 128; 1 slot and 2
+    warps at 40 at head 256, within the multiprocessor's shared memory and registers (the compile tests
+    check the kernels)."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    from prefix_prefill import gluon_kernel as gk
+
+    got = {d: (gk.fp8_staging.fn(d), gk.fp8_converter_warps.fn(d), gk.fp8_converter_regs.fn(d))
+           for d in (64, 128, 256)}  # fmt: skip
+    assert got == {64: (2, 4, 32), 128: (2, 4, 32), 256: (1, 2, 40)}, got
+    for d, (slots, warps, regs) in got.items():
+        rings = (
+            2 * d * 2 * (plan.GLUON_STAGES * plan.GLUON_BLOCK_N[d] + 64)
+        )  # Q halves and K/V rings, float16
+        assert rings + 2 * slots * plan.GLUON_BLOCK_N[d] * d <= 227 * 1024 - 1024, (d, rings)
+        consumer_warps = 8
+        assert 32 * (consumer_warps * 232 + warps * regs + 2 * 24) <= 65536, (d, warps, regs)
 
 
 def test_fp8_rings_protocol_negative_control():
@@ -418,6 +444,10 @@ FORMS = [
     dict(head=128, box=16, from_cache=False, lse=False, one=True, out="bf16"),
     dict(head=64, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, cache="fp8e5", **ALL),
     dict(head=128, box=16, from_cache=False, lse=False, out="fp8e4nv", OUT_MAX=448.0),
+    dict(head=256, box=16, from_cache=False, lse=True, out="bf16"),
+    dict(head=256, box=64, from_cache=True, lse=False, cache="fp8e5", **ALL),
+    dict(head=256, box=16, from_cache=False, lse=False, PAIR_HEADS=True, SOFTCAP=2, out="bf16"),
+    dict(head=256, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, out="bf16", **BOTH_WAYS),
 ]
 for form in FORMS:
     _, kernel = compile_nhd_fp8(**form)
@@ -430,13 +460,13 @@ for form in FORMS:
 @pytest.mark.compile_check
 def test_fp8_cache_forms_compile_for_sm90():
     """The ``CACHE_FP8`` forms compile for sm90 (no GPU needed) in the forms plans and launches take (heads
-    64 / 128, e4m3 / e5m2, float16 queries with bfloat16 or float16 outputs (a bfloat16 call runs as a
+    64 / 128 / 256, e4m3 / e5m2, float16 queries with bfloat16 or float16 outputs (a bfloat16 call runs as a
     float16 one), k given or from the cache, every option, non-causal
     with a window both ways, the LSE, an fp8 output, the paired, idle and quick one-partition forms, the
     quick one with LLVM at O0 as the compile tiers build it)
     within one program's shared memory (227 KiB), each converting its own fp8 type and no other (e4m3
     by the hardware's conversion; e5m2 into float16 by byte moves)."""
-    _check_fp8_compiles(_COMPILE_SCRIPT, 12)
+    _check_fp8_compiles(_COMPILE_SCRIPT, 16)
 
 
 def _check_fp8_compiles(script: str, forms: int) -> None:
@@ -555,6 +585,9 @@ FORMS = [
     (64, torch.float16, E4M3, 1056),
     (64, torch.bfloat16, E5M2, 16),
     (64, torch.float16, E5M2, 544),
+    (256, torch.bfloat16, E4M3, 16),
+    (256, torch.float16, E5M2, 544),
+    (256, torch.bfloat16, E4M3, 1056),
 ]
 #: vLLM's split layout (``x = 16``): the split kernel's gathered fp8 form, every head, q dtype, fp8 type and
 #: page class
@@ -615,6 +648,17 @@ def test_gpu_fp8_options(dtype, cache, page, from_cache, option, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("option", ["softcap", "window", "all", "noncausal_all"])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_fp8_head256_options(from_cache, option, monkeypatch):
+    """The options on the head-256 fp8 form (its 2-warp converter and one staging slot a ring; bfloat16
+    over e4m3, page 16), with the LSE."""
+    _check("nhd", from_cache, 256, torch.bfloat16, E4M3, 16, SCALES[1], monkeypatch, GPU_OPTIONS[option],
+           lse=True)  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("option", ["softcap", "noncausal_window", "all", "noncausal_all"])
 @pytest.mark.parametrize("from_cache", [False, True])
 def test_gpu_fp8_split_options(from_cache, option, monkeypatch):
@@ -641,8 +685,20 @@ def test_gpu_fp8_short_queries(layout, heads, from_cache, opts, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("layout", ["nhd", "split"])
-def test_gpu_fp8_quick_form(layout, monkeypatch):
+@pytest.mark.parametrize("opts", ["plain", "all"])
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=["paired", "idle"])
+def test_gpu_fp8_head256_short_queries(heads, opts, monkeypatch):
+    """Queries of at most 64 rows at head 256 over an fp8 NHD cache: the paired-heads and idle-warpgroup
+    forms with the 2-warp converter."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    _check("nhd", False, 256, torch.float16, E5M2, 16, SCALES[2], monkeypatch, GPU_OPTIONS.get(opts),
+           SHORT_SEQS, heads)  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layout,head", [("nhd", 128), ("split", 128), ("nhd", 256)])
+def test_gpu_fp8_quick_form(layout, head, monkeypatch):
     """The compile tiers' quick form (one 8-warp consumer partition) over an fp8 cache: a fresh tier key
     runs it first."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "1")
@@ -652,7 +708,7 @@ def test_gpu_fp8_quick_form(layout, monkeypatch):
     monkeypatch.setattr(gluon_launch, "_NHD", gluon_launch.CompiledLaunches(gluon_launch._gluon_fwd_kernel))
     split = gluon_launch.CompiledLaunches(gluon_launch._gluon_split_kernel)
     monkeypatch.setattr(gluon_launch, "_SPLIT", split)
-    _check(layout, False, 128, torch.bfloat16, E4M3, 16, SCALES[2], monkeypatch)
+    _check(layout, False, head, torch.bfloat16, E4M3, 16, SCALES[2], monkeypatch)
     gluon_launch.finish_compiles()
 
 

@@ -56,7 +56,7 @@ def _float16_copies_kernel(
 def float16_copies(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_mul: float) -> tuple:
     """``(q16, k16, v16)``: contiguous float16 copies of q ``[tokens, heads, D]`` times ``q_mul`` (a power of
     two) and of k, v ``[tokens, kv_heads, D]`` (None: None), each with a unit feature stride and D a power
-    of two (the fp8-cache Gluon forms' heads 64 and 128), in one launch. The three copies are views of
+    of two (the fp8-cache Gluon forms' heads 64, 128 and 256), in one launch. The three copies are views of
     one allocation (each starts at a multiple of ``D`` elements: 128-byte aligned)."""
     rows_block = 32
     tokens, heads, d = q.shape

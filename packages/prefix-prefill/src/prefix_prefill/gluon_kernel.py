@@ -3,7 +3,7 @@
 split-cache kernel (:mod:`prefix_prefill.gluon_split_kernel`).
 
 The same attention as :func:`prefix_prefill.kernel._fwd_kernel` for 16-bit caches and fp8 ones (e4m3fn,
-e5m2; heads 64 and 128: the ``CACHE_FP8`` forms, see below): query row ``r`` of a
+e5m2; heads 64, 128 and 256: the ``CACHE_FP8`` forms, see below): query row ``r`` of a
 sequence (new token ``r``, at position ``ctx_len + r``) sees every cached context key and the new tokens
 ``0..r`` (causal; not causal: all of them), within the window and with the score options
 (:func:`_gluon_fwd_kernel`; an fp8 output among them). The structure is
@@ -29,15 +29,17 @@ is handed back after each tile's last ``Q K^T`` (``q_empty``), so the next tile'
 while the consumers finish the current one.
 
 fp8 caches (``CACHE_FP8``, :func:`_fp8_partitions`): the context's blocks land as fp8 bytes by TMA in
-:data:`FP8_STAGING` unswizzled staging slots a ring (:func:`_fp8_producer`); a 4-warp partition
-(:func:`_fp8_converter`) converts each exactly into the float16 K/V rings the consumers read (K as it is,
-V times a power of two, :func:`_v_terms`), and the consumers fold ``k_scale`` into the context blocks'
-logit multiplier (or soft cap's factor) and ``v_scale`` into their P
+:func:`fp8_staging` unswizzled staging slots a ring (:func:`_fp8_producer`); a partition of 4 warps (2
+at head 256: :func:`fp8_converter_warps`; :func:`_fp8_converter`) converts each exactly into the float16
+K/V rings the consumers read (K as it is, V times a power of two, :func:`_v_terms`), and the consumers
+fold ``k_scale`` into the context blocks' logit multiplier (or soft cap's factor) and ``v_scale`` into
+their P
 (``prefill_runtime.gluon.segment_terms``); the new tokens' blocks come from ``k``/``v`` as in the
 16-bit forms. q is float16: a bfloat16 call runs as a float16 one
 (``prefix_prefill.gluon_launch._float16_operands``), since every fp8 value is a float16 (one conversion
 instruction a pair) where bfloat16 would take an integer sequence. 16 warps (consumers at 232
-registers, the converter at 32, the producers at 24).
+registers, the converter at 32, the producers at 24); at head 256, 12 (the converter's 2 at 40, one
+staging slot a ring: :func:`fp8_staging`).
 
 Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head_size]`` (NHD) or
 ``[num_blocks, num_kv_heads, page_size, head_size]`` (HND) seen as the 2-D view of rows of
@@ -433,8 +435,29 @@ def _context_copy(C_desc, CB_desc, bar, buf, p_table_row, pos0, a_end, page_size
             tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
 
 
-#: fp8 caches: staging slots a ring has for the fp8 context blocks TMA lands (:func:`_fp8_producer`)
-FP8_STAGING = gl.constexpr(2)
+@gluon.constexpr_function
+def fp8_staging(HEAD_DIM):
+    """fp8 caches: the staging slots a ring has for the fp8 context blocks (:func:`_fp8_producer`): 2, and
+    1 at head 256, where the float16 Q tile and rings take 192 KB of shared memory and two slots a ring
+    (64 KB) would pass the multiprocessor's 227 KB."""
+    return 1 if HEAD_DIM > 128 else 2
+
+
+@gluon.constexpr_function
+def fp8_converter_warps(HEAD_DIM):
+    """fp8 caches: the warps of :func:`_fp8_converter`: 4, and 2 at head 256, where a 16-warp kernel caps
+    each thread at 128 registers under ptxas's ceiling for the launch, fewer than the consumer's
+    ``[64, 256]`` float32 accumulator and its wgmma take (ptxas C7602); 12 warps leave 170."""
+    return 2 if HEAD_DIM > 128 else 4
+
+
+@gluon.constexpr_function
+def fp8_converter_regs(HEAD_DIM):
+    """fp8 caches: :func:`_fp8_converter`'s registers a thread: 32 (16 elements a pass, one pass's load
+    ahead), 40 at head 256 (32 elements a pass, see :func:`_fp8_convert_block`; 12 warps: the consumers'
+    256 threads at 232, the converter's 64 at 40 and the producers' 64 at 24 take 63,488 of 65,536; ptxas
+    spills more of the partitions' values at 48-64, 12 bytes at 40)."""
+    return 40 if HEAD_DIM > 128 else 32
 
 
 @gluon.jit
@@ -443,7 +466,7 @@ def _fp8_producer(
     NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, NEW: gl.constexpr = True,
 ):  # fmt: skip
     """:func:`_producer` over an fp8 cache: one warp filling ring ``KV`` (``args`` as there). Context
-    blocks ``j < n_a`` land as fp8 bytes in staging slot ``j % FP8_STAGING`` of ``stage_args = (stage,
+    blocks ``j < n_a`` land as fp8 bytes in staging slot ``j % fp8_staging(D)`` of ``stage_args = (stage,
     st_ready, st_empty)`` once :func:`_fp8_converter` released it (it converts them into the ring); the
     new tokens' blocks go to the ring as :func:`_producer` fills it, after the converter's last context
     block (:func:`_fp8_new_blocks` says why). ``NEW`` False
@@ -453,11 +476,12 @@ def _fp8_producer(
      block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end,
      n_blocks) = args  # fmt: skip
     stage, st_ready, st_empty = stage_args
+    STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_a):
-        st = j % FP8_STAGING
-        mbarrier.wait(st_empty.index(st), ((j // FP8_STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
+        st = j % STAGING
+        mbarrier.wait(st_empty.index(st), ((j // STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
         bar = st_ready.index(st)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
         _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
@@ -479,9 +503,10 @@ def _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, col, n_a, n_bl
     slots, the ring wait would otherwise look at the ring's empty barrier two rounds ahead of the
     converter's fills, where an mbarrier parity wait passes at once (the converter's own ring waits, block
     after block, keep that block's round the one the wait sees)."""
+    STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
     if (n_a > 0) & (n_blocks > n_a):
         last = n_a - 1
-        mbarrier.wait(st_empty.index(last % FP8_STAGING), (last // FP8_STAGING) & 1)
+        mbarrier.wait(st_empty.index(last % STAGING), (last // STAGING) & 1)
     if AS_ROWS:
         ring = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
     else:
@@ -495,27 +520,29 @@ def _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, col, n_a, n_bl
 
 
 @gluon.constexpr_function
-def _fp8_pass_layout(HEAD_DIM):
+def _fp8_pass_layout(HEAD_DIM, WARPS):
     """The converter's register layout of one pass: 8 contiguous features a thread (an 8-byte fp8 load,
-    a 16-byte ring store), ``D / 8`` threads along a row (at most 32), 4 warps: a half warp's loads read
-    128 contiguous staging bytes (one wavefront, no bank conflict, where rows 128 bytes apart would fall
-    on the same banks) and a quarter warp's stores fall on 8 distinct 16-byte chunks of a 128-byte
-    swizzled line."""
+    a 16-byte ring store), ``D / 8`` threads along a row (at most 32), ``WARPS`` warps: a half warp's
+    loads read 128 contiguous staging bytes (one wavefront, no bank conflict, where rows 128 bytes apart
+    would fall on the same banks) and a quarter warp's stores fall on 8 distinct 16-byte chunks of a
+    128-byte swizzled line."""
     along = min(HEAD_DIM // 8, 32)
-    return gl.BlockedLayout([1, 8], [32 // along, along], [4, 1], [1, 0])
+    return gl.BlockedLayout([1, 8], [32 // along, along], [WARPS, 1], [1, 0])
 
 
 @gluon.jit
 def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_phase, r_ready, mul,
-                       SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+                       SHIFT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       WARPS: gl.constexpr):  # fmt: skip
     """One fp8 block from staging slot ``stage`` (landed: ``st_ready`` at ``st_phase``) into float16 ring
     slot ``ring`` (released: ``r_empty`` at ``r_phase``), exactly (every e4m3 and e5m2 value is a
     float16), times ``mul`` (a power of two, float16) with ``SHIFT``; then the ring slot announced on
     ``r_ready`` (after a proxy fence: wgmma reads it) and the staging slot released on ``st_empty``.
-    Slots ``[BLOCK_N, HEAD_DIM]`` (rows, columns: the split kernel's V slots pass ``[D, BLOCK_N]``), in
-    passes of 16 elements a thread (``2048 / HEAD_DIM`` rows)."""
-    ROWS: gl.constexpr = 2048 // HEAD_DIM
-    layout: gl.constexpr = _fp8_pass_layout(HEAD_DIM)
+    Slots ``[BLOCK_N, HEAD_DIM]`` (rows, columns: the split kernel's V slots pass ``[D, BLOCK_N]``), by
+    ``WARPS`` warps in passes of ``512 * WARPS / HEAD_DIM`` rows (16 elements a thread), at least 8: a
+    ring slot's 128-byte swizzle repeats every 8 rows, and a pass stores whole repeats."""
+    ROWS: gl.constexpr = max(512 * WARPS // HEAD_DIM, 8)
+    layout: gl.constexpr = _fp8_pass_layout(HEAD_DIM, WARPS)
     PASSES: gl.constexpr = BLOCK_N // ROWS
     mbarrier.wait(st_ready, st_phase)
     b_x = stage.slice(0, ROWS).load(layout)  # [ROWS, D] fp8
@@ -539,7 +566,8 @@ def _fp8_convert_block(stage, st_ready, st_phase, st_empty, ring, r_empty, r_pha
 @gluon.jit
 def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                    V_T: gl.constexpr = False):  # fmt: skip
-    """The 4-warp partition of the fp8 forms: the ``n_a`` context blocks, K then V, each from its staging
+    """The partition of the fp8 forms (:func:`fp8_converter_warps` warps): the ``n_a`` context blocks, K
+    then V, each from its staging
     slot (filled by :func:`_fp8_producer`, or the split kernel's gathering producers) into its ring slot
     (block ``j``: slot ``j % NUM_STAGES``, once both consumers released it), as :func:`_fp8_convert_block`
     does. K converts unscaled (``k_scale`` is folded into the consumers' logit multiplier); V times
@@ -550,17 +578,19 @@ def _fp8_converter(args, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAG
     V_COLS: gl.constexpr = BLOCK_N if V_T else HEAD_DIM
     (k_stage, v_stage, ks_ready, ks_empty, vs_ready, vs_empty, k_smem, v_smem, k_ready, k_empty, v_ready,
      v_empty, n_a, v_mul) = args  # fmt: skip
+    STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
+    WARPS: gl.constexpr = fp8_converter_warps(HEAD_DIM)
     for j in range(n_a):
-        st = j % FP8_STAGING
-        st_phase = (j // FP8_STAGING) & 1
+        st = j % STAGING
+        st_phase = (j // STAGING) & 1
         slot = j % NUM_STAGES
         r_phase = ((j // NUM_STAGES) & 1) ^ 1  # a fresh barrier passes round 0
         _fp8_convert_block(k_stage.index(st), ks_ready.index(st), st_phase, ks_empty.index(st),
                            k_smem.index(slot), k_empty.index(slot), r_phase, k_ready.index(slot), v_mul,
-                           False, BLOCK_N, HEAD_DIM)  # fmt: skip
+                           False, BLOCK_N, HEAD_DIM, WARPS)  # fmt: skip
         _fp8_convert_block(v_stage.index(st), vs_ready.index(st), st_phase, vs_empty.index(st),
                            v_smem.index(slot), v_empty.index(slot), r_phase, v_ready.index(slot), v_mul,
-                           True, V_ROWS, V_COLS)  # fmt: skip
+                           True, V_ROWS, V_COLS, WARPS)  # fmt: skip
 
 
 @gluon.jit
@@ -668,11 +698,11 @@ def _gluon_fwd_kernel(
     into ``Q_desc``'s token count, cached keys into the table). ``OUT_MAX > 0``: ``O`` is fp8 (this
     largest finite value), written as ``clamp(o / OutScale[0])`` (``OutScale``: a 1-element float
     tensor, read once per program; None with ``OUT_MAX`` 0). ``CACHE_FP8`` (an e4m3fn or e5m2 cache, q
-    float16; heads 64 and 128): the cache descriptors are fp8 (no swizzle, ``KC_desc``... block rows as
+    float16; heads 64, 128 and 256): the cache descriptors are fp8 (no swizzle, ``KC_desc``... block rows as
     above), ``RING`` the float16 rings' layout (``K_desc``/``V_desc`` may then be the caches'), ``KScale``
     / ``VScale`` 1-element float tensors (``k_scale``, ``v_scale`` > 0): context blocks land as fp8 in
-    staging slots (:func:`_fp8_producer`), a 4-warp partition converts them into the rings
-    (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
+    staging slots (:func:`_fp8_producer`), a partition (:func:`fp8_converter_warps`) converts them into
+    the rings (:func:`_fp8_converter`), and the consumers fold the scales into each context block's terms
     (``prefill_runtime.gluon.segment_terms``: ``qk_scale * k_scale``, or the soft cap's factor times
     ``k_scale``; V's scale through P, :func:`_v_terms`). ``PERSISTENT`` (16-bit caches, two consumer
     warpgroups): grid ``(programs, 1, 1)``, each program taking tiles of the launch's ``n_seqs`` sequences
@@ -775,13 +805,14 @@ def _fp8_staging(
     V_T: gl.constexpr,
     READY_COUNT: gl.constexpr,
 ):
-    """The fp8 forms' staging slots, ``FP8_STAGING`` a ring in ``dtype``: K ``[BLOCK_N, D]`` slots in
+    """The fp8 forms' staging slots, :func:`fp8_staging` a ring in ``dtype``: K ``[BLOCK_N, D]`` slots in
     ``K_LAYOUT``, V ``[BLOCK_N, D]`` (``V_T``: ``[D, BLOCK_N]``) in ``V_LAYOUT``, their ready barriers
     counting ``READY_COUNT`` arrivals (1: a TMA copy's expect-tx; a gathering partition's threads) and empty
     ones 1 (the converter), initialised. Returns ``(conv_args, k_stage_args, v_stage_args)``: the
     :func:`_fp8_converter`'s arguments over ``rings`` (``allocate_rings``' nine values), ``n_a`` and
     ``v_mul``, and each producer's ``(stage, st_ready, st_empty)``."""
     _, k_smem, v_smem, _, k_ready, k_empty, v_ready, v_empty, _ = rings
+    FP8_STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
     k_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, BLOCK_N, HEAD_DIM], K_LAYOUT)
     if V_T:
         v_stage = gl.allocate_shared_memory(dtype, [FP8_STAGING, HEAD_DIM, BLOCK_N], V_LAYOUT)
@@ -812,11 +843,11 @@ def _fp8_partitions(
     NEW: gl.constexpr,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
-    forms', with segment A's terms from an fp8 cache), the 4-warp :func:`_fp8_converter` and the two
-    :func:`_fp8_producer` warps, over ``FP8_STAGING`` fp8 staging slots a ring (no swizzle: the converter
-    reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions at 232 registers (16
-    warps: 128 consumer threads a warpgroup at 232, the converter's 128 at 32, the producers' 64 at 24,
-    within the register file's 64K: the converter's 32 hold one pass's load ahead), or with
+    forms', with segment A's terms from an fp8 cache), :func:`_fp8_converter` (:func:`fp8_converter_warps`
+    warps) and the two :func:`_fp8_producer` warps, over :func:`fp8_staging` fp8 staging slots a ring (no
+    swizzle: the converter reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions
+    at 232 registers (16 warps, 12 at head 256: 128 consumer threads a warpgroup at 232, the converter's
+    at :func:`fp8_converter_regs`, the producers' 64 at 24, within the register file's 64K), or with
     ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
     straight into the rings)."""
     STAGE: gl.constexpr = KCB_desc.layout  # (TMA lands the blocks in the descriptor's layout)
@@ -837,8 +868,8 @@ def _fp8_partitions(
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
             ],
-            [4, 1, 1],
-            [32, 24, 24],
+            [fp8_converter_warps(HEAD_DIM), 1, 1],
+            [fp8_converter_regs(HEAD_DIM), 24, 24],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -859,8 +890,8 @@ def _fp8_partitions(
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
             ],
-            [4, 4, 1, 1],
-            [232, 32, 24, 24],
+            [4, fp8_converter_warps(HEAD_DIM), 1, 1],
+            [232, fp8_converter_regs(HEAD_DIM), 24, 24],
         )  # fmt: skip
 
 

@@ -15,10 +15,10 @@ where they are; with ``V_STAGE`` the V producer transposes their rows into the V
 
 fp8 caches (``CACHE_FP8``: e4m3fn / e5m2, vLLM's ``x = 16``; heads 64 and 128): the gathering producers
 copy each context block's fp8 bytes (16 features of a key, or 16 keys of a feature, a copy) into
-``FP8_STAGING`` swizzled staging slots (:func:`_split_fp8_producer`), and the NHD kernel's 4-warp
-converter (``prefix_prefill.gluon_kernel._fp8_converter``) turns them into the float16 rings, V in its
-``[D, BLOCK_N]`` form; the consumers fold the scales in as the NHD kernel's fp8 forms do (q float16: a
-bfloat16 call runs as a float16 one).
+``prefix_prefill.gluon_kernel.fp8_staging`` swizzled staging slots (:func:`_split_fp8_producer`), and the
+NHD kernel's 4-warp converter (``prefix_prefill.gluon_kernel._fp8_converter``) turns them into the float16
+rings, V in its ``[D, BLOCK_N]`` form; the consumers fold the scales in as the NHD kernel's fp8 forms do
+(q float16: a bfloat16 call runs as a float16 one).
 """
 
 from triton.experimental import gluon
@@ -29,13 +29,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves, out_scale_of
 from prefix_prefill.gluon_kernel import (
-    FP8_STAGING,
     _fp8_converter,
     _fp8_new_blocks,
     _fp8_staging,
     _prefix_consumer,
     _program,
     _tiles,
+    fp8_staging,
 )
 
 #: a gathering producer's warps
@@ -444,7 +444,7 @@ def _split_fp8_producer(
     NEW: gl.constexpr = True,
 ):  # fmt: skip
     """:func:`_split_producer` over an fp8 split cache (``args`` as there): context blocks ``j < n_a`` are
-    gathered as fp8 bytes into staging slot ``j % FP8_STAGING`` of ``stage_args = (stage, st_ready,
+    gathered as fp8 bytes into staging slot ``j % fp8_staging(D)`` of ``stage_args = (stage, st_ready,
     st_empty)`` (K ``[BLOCK_N, D]``, V ``[D, BLOCK_N]``) once ``prefix_prefill.gluon_kernel._fp8_converter``
     released it, each thread arriving on ``st_ready`` when its copies land; the converter turns them into
     the float16 ring. The new tokens' blocks (``NEW``) go to the ring by TMA
@@ -453,12 +453,13 @@ def _split_fp8_producer(
      c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, _,
      max_block) = args  # fmt: skip
     stage, st_ready, st_empty = stage_args
+    STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     head_off = kv_head.to(gl.int64) * c_head
     for j in range(n_a):
-        st = j % FP8_STAGING
-        mbarrier.wait(st_empty.index(st), ((j // FP8_STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
+        st = j % STAGING
+        mbarrier.wait(st_empty.index(st), ((j // STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
         pos0 = a_base + j * BLOCK_N
         if KV == 0:
             _gather_k_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
@@ -484,7 +485,7 @@ def _split_fp8_partitions(
     """The partitions of :func:`_gluon_split_kernel`'s ``CACHE_FP8`` forms: the consumers (segment A's terms
     from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (4 warps, V slots ``[D,
     BLOCK_N]``) and the two gathering :func:`_split_fp8_producer` partitions (2 warps each), over
-    ``FP8_STAGING`` fp8 staging slots a ring (:func:`_staging_layout`). 16 warps: the consumers at 224
+    ``fp8_staging(D)`` fp8 staging slots a ring (:func:`_staging_layout`). 16 warps: the consumers at 224
     registers, the converter and the producers at 32. ``NEW``: the new tokens' K/V come from ``k``/``v``
     (float16, by TMA into the rings)."""
     # (ready barriers: one arrival per gathering thread)

@@ -10,7 +10,7 @@ order; the first that applies wins:
 kernel                  when
 ======================  =========================================================================
 ``"gluon-nhd"``         Hopper (sm90) with the Gluon kernels supported (``prefill_runtime``'s Triton
-                        allowlist), 16-bit q and cache of one dtype (or, at heads 64/128, an
+                        allowlist), 16-bit q and cache of one dtype (or an
                         fp8 cache of :data:`GLUON_FP8_CACHES`, ``CACHE_FP8``), out in it or in one of
                         :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
@@ -25,7 +25,8 @@ kernel                  when
                         :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache its persistent form
                         (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
-``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots)
+``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one at
+                        heads 64/128: :data:`GLUON_FP8_SPLIT_HEADS`)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -113,11 +114,14 @@ GLUON_FP8_OUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: NHD/HND Gluon kernel: the fp8 cache dtypes it converts (``CACHE_FP8``: NVIDIA's e4m3fn and e5m2, each
 #: value exactly a float16 and a bfloat16; the fnuz types, AMD's, keep the Triton kernel).
 GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
-#: ... at these head sizes, in every layout (vLLM's split one by gathers into fp8 staging slots). Head 256
-#: keeps the Triton kernel: the converter partition makes the kernel 16 warps, which leaves each consumer
-#: thread at most 128 registers under ptxas's per-thread ceiling for the launch, fewer than a 64 x 256
-#: float32 accumulator's wgmma takes (ptxas C7602).
-GLUON_FP8_CACHE_HEADS = frozenset({64, 128})
+#: ... at these head sizes over an NHD or HND cache (head 256: a 2-warp converter and one staging slot a
+#: ring, ``prefix_prefill.gluon_kernel.fp8_converter_warps`` / ``fp8_staging``) ...
+GLUON_FP8_CACHE_HEADS = frozenset({64, 128, 256})
+#: ... and these over vLLM's split cache (gathers into fp8 staging slots). Head 256 keeps the Triton kernel
+#: there: its two 2-warp gathering partitions and the converter make the kernel 14 warps or more, which
+#: leaves each consumer thread at most 144 registers under ptxas's per-thread ceiling for the launch, fewer
+#: than a 64 x 256 float32 accumulator's wgmma takes (ptxas C7602 asks for 158).
+GLUON_FP8_SPLIT_HEADS = frozenset({64, 128})
 
 
 @dataclass(frozen=True)
@@ -311,7 +315,13 @@ def _gluon_unmet(p: Problem) -> str | None:
         ),
         (
             p.cache_dtype not in GLUON_FP8_CACHES or p.head_size in GLUON_FP8_CACHE_HEADS,
-            f"an fp8 cache at head size {p.head_size} (fp8 caches on Gluon: heads 64/128)",
+            f"an fp8 cache at head size {p.head_size} (fp8 caches on Gluon: heads 64/128/256)",
+        ),
+        (
+            p.cache_dtype not in GLUON_FP8_CACHES
+            or p.layout != "split"
+            or p.head_size in GLUON_FP8_SPLIT_HEADS,
+            f"an fp8 split cache at head size {p.head_size} (fp8 split caches on Gluon: heads 64/128)",
         ),
         (
             p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
