@@ -62,6 +62,8 @@ set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH="$(ls -d "${PACKAGES_DIR:-$PWD/packages}"/*/src | paste -sd:):$PWD/.peers"
+# (the bench scripts put BENCH_PACKAGES's packages first, bench/common.py: the same tree for them)
+[[ -n ${PACKAGES_DIR:-} ]] && export BENCH_PACKAGES="$PACKAGES_DIR"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 {
   date -u; echo "commit ${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
