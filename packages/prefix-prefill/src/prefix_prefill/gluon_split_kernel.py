@@ -35,6 +35,7 @@ from prefix_prefill.gluon_kernel import (
     _prefix_consumer,
     _program,
     _tiles,
+    fp8_converter_warps,
     fp8_staging,
 )
 
@@ -483,11 +484,11 @@ def _split_fp8_partitions(
     CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr, NEW: gl.constexpr,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_split_kernel`'s ``CACHE_FP8`` forms: the consumers (segment A's terms
-    from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (4 warps, V slots ``[D,
-    BLOCK_N]``) and the two gathering :func:`_split_fp8_producer` partitions (2 warps each), over
-    ``fp8_staging(D)`` fp8 staging slots a ring (:func:`_staging_layout`). 16 warps: the consumers at 224
-    registers, the converter and the producers at 32. ``NEW``: the new tokens' K/V come from ``k``/``v``
-    (float16, by TMA into the rings)."""
+    from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (``fp8_converter_warps``: 4
+    warps at heads 64/128; V slots ``[D, BLOCK_N]``) and the two gathering :func:`_split_fp8_producer`
+    partitions (2 warps each), over ``fp8_staging(D)`` fp8 staging slots a ring (:func:`_staging_layout`).
+    16 warps: the consumers at 224 registers, the converter and the producers at 32. ``NEW``: the new
+    tokens' K/V come from ``k``/``v`` (float16, by TMA into the rings)."""
     # (ready barriers: one arrival per gathering thread)
     conv_args, k_stage_args, v_stage_args = _fp8_staging(
         rings, n_a, v_mul, K_cache.dtype.element_ty, BLOCK_N, HEAD_DIM, _staging_layout(HEAD_DIM),
@@ -507,7 +508,7 @@ def _split_fp8_partitions(
                 (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, False, NEW)),
             ],
-            [4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [fp8_converter_warps(HEAD_DIM), PRODUCER_WARPS, PRODUCER_WARPS],
             [32, 32, 32],
         )  # fmt: skip
     else:
@@ -529,7 +530,7 @@ def _split_fp8_partitions(
                 (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, False, NEW)),
             ],
-            [4, 4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [4, fp8_converter_warps(HEAD_DIM), PRODUCER_WARPS, PRODUCER_WARPS],
             [224, 32, 32, 32],
         )  # fmt: skip
 

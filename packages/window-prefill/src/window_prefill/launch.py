@@ -267,7 +267,7 @@ def repeat(
     real = fast is not None and (_gluon_fwd_kernel if gluon else _fwd_kernel) is fast.jit_fn  # (recorders)
     heads = q.shape[1]
     persistent = gluon and prep.kw.get("PERSISTENT", False)
-    section = head_section(q.shape[0], heads, k.shape[1], q.shape[2]) if persistent else heads
+    section = _launch_section(persistent, q, k)
     sections = section < heads  # (the launch's K/V past the L2 budget: the variant with head sections)
     cached = prep.frame_sections if sections else prep.frame
     if real and not fast.verify and (cached is None or cached[0] is not fast):
@@ -465,6 +465,13 @@ def head_section(n_tokens: int, heads: int, kv_heads: int, head_dim: int) -> int
     return n_kv * (heads // kv_heads)
 
 
+def _launch_section(persistent: bool, q: torch.Tensor, k: torch.Tensor) -> int:
+    """A Gluon launch's ``head_section`` argument: :func:`head_section` of its q/k for a persistent plan,
+    else every query head (one section: the kernel then reads no section)."""
+    heads = q.shape[1]
+    return head_section(q.shape[0], heads, k.shape[1], q.shape[2]) if persistent else heads
+
+
 def _sections_key(key: tuple, sections: bool) -> tuple:
     """The Gluon variant's key: :func:`_key`'s, marked where the launch takes head sections (``SECTIONS``:
     a persistent launch whose K/V exceed :data:`L2_KV_BYTES`, a variant of its own, so a launch whose K/V
@@ -491,7 +498,7 @@ def _launch_gluon(
     d, bn = kw["HEAD_DIM"], kw["BLOCK_N"]
     direct = _GLUON is not None and _gluon_fwd_kernel is _GLUON.jit_fn  # (else a test's recorder)
     persistent = kw.get("PERSISTENT", False)
-    section = head_section(q.shape[0], q.shape[1], k.shape[1], d) if persistent else q.shape[1]
+    section = _launch_section(persistent, q, k)
     sections = section < q.shape[1]
     key = None
     if direct:
