@@ -84,15 +84,20 @@ def test_prefix_fp8_cache_repeat_calls(layout):
                 assert compare(run_pp(c), want), (seqs, from_cache, shift)
 
 
-@pytest.mark.parametrize(("entry", "layout", "head"), [("pp", "split", 128), ("pp", "nhd", 128),
-                                                       ("pp", "hnd", 128), ("pp", "split", 256),
-                                                       ("wp", None, 128)])  # fmt: skip
-def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
+@pytest.mark.parametrize(("entry", "layout", "head", "fp8"), [("pp", "split", 128, False),
+                                                              ("pp", "nhd", 128, False),
+                                                              ("pp", "hnd", 128, False),
+                                                              ("pp", "split", 256, False),
+                                                              ("pp", "nhd", 128, True),
+                                                              ("pp", "split", 128, True),
+                                                              ("wp", None, 128, False)])  # fmt: skip
+def test_warm_calls_match_the_first(entry, layout, head, fp8, monkeypatch):
     """The warm path as shipped (no verify: per-call descriptors made light, the caches' descriptors kept
-    in a frame per (key, cache pointers), Triton 3.6's C launcher called directly): a signature's first call
-    goes through Triton, and later calls of other tensors (another layer's caches) and of the first
-    tensors again (their kept descriptors) give the reference's answer, the first tensors' bit for bit
-    what Triton's path gave."""
+    in a frame per (key, cache pointers), Triton 3.6's C launcher called directly; over an fp8 cache the
+    float16 copies of q, k and v through their own frame too): a signature's first call goes through
+    Triton, and later calls of other tensors (another layer's caches) and of the first tensors again
+    (their kept descriptors) give the reference's answer, the first tensors' bit for bit what Triton's
+    path gave."""
     from prefix_prefill import gluon_launch, signatures
     from window_prefill import launch as wp_launch
 
@@ -104,7 +109,7 @@ def test_warm_calls_match_the_first(entry, layout, head, monkeypatch):
     window = (4095, -1)
     if entry == "pp":
         make = lambda: paged_case([(600, 100), (0, 33), (17, 1)], heads=8, kv_heads=2, head=head, page=16,  # noqa: E731
-                                  dtype=torch.bfloat16, layout=layout)  # fmt: skip
+                                  dtype=torch.bfloat16, layout=layout, fp8=fp8)  # fmt: skip
         run, ref = run_pp, paged_ref
     else:
         make = lambda: dense_case([300, 2300, 7], 8, 2, head, torch.bfloat16)  # noqa: E731

@@ -23,6 +23,7 @@ scale values, each asserting that the Gluon kernel ran.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 
@@ -164,7 +165,8 @@ def _scales(case, device="cpu") -> gluon_launch.Options:
 
 def _torch_copies(monkeypatch) -> None:
     """The host-side tests' CPU tensors with the Triton interpreter off (a GPU machine): the float16 copies
-    of a bfloat16 call (``gluon_launch.float16_copies``, a Triton kernel) by torch, the same values
+    of a bfloat16 call (``gluon_launch.float16_copies`` and the warm path's ``float16_copy_pointers``, a
+    Triton kernel) by torch, the same values
     (``test_bf16_call_as_float16`` checks the kernel on the device the suite runs on)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
 
@@ -176,7 +178,13 @@ def _torch_copies(monkeypatch) -> None:
             )
             return ((q.float() * mul).to(torch.float16).contiguous(), *half)
 
+        def copy_pointers(q, k, v, mul, stream):
+            q16, k16, v16 = copies(q, k, v, mul)
+            qp = q16.data_ptr()
+            return (q16, k16, v16), qp, *(qp if t is None else t.data_ptr() for t in (k16, v16))
+
         monkeypatch.setattr(gluon_launch, "float16_copies", copies)
+        monkeypatch.setattr(gluon_launch, "float16_copy_pointers", copy_pointers)
 
 
 def _launch(case, opts: gluon_launch.Options) -> bool:
@@ -312,6 +320,54 @@ def test_bf16_call_as_float16(with_k):
     assert 0 < err.abs().max() <= 2.0**-17
     big = torch.full((1, 1, 8), 2.0**24, dtype=torch.bfloat16, device=DEVICE)
     assert torch.isinf(gluon_launch._float16_operands(big, None, None, 1.0)[0]).all()
+
+
+def _at(buf: torch.Tensor, ptr: int, shape: tuple) -> torch.Tensor:
+    """The float16 ``shape`` elements at data pointer ``ptr`` inside ``buf``'s storage."""
+    whole = torch.empty(0, dtype=torch.float16, device=buf.device).set_(buf.untyped_storage())
+    start = ptr - whole.data_ptr()
+    assert start % 2 == 0 and 0 <= start and start // 2 + math.prod(shape) <= whole.numel()
+    return whole[start // 2 : start // 2 + math.prod(shape)].view(shape)
+
+
+@pytest.mark.parametrize("with_k", [True, False])
+def test_copy_pointers_address_the_copies(with_k):
+    """``float16_copy_pointers`` (a warm call's copies, as pointers into the allocation it returns): over
+    token counts, head counts, contiguous or strided sources, 16-byte aligned or not, each call's
+    pointers hold what ``float16_copies`` writes (q times the shift, k and v in float16), bit for bit;
+    later calls of a geometry go through the frame its first call kept (on a GPU with Triton 3.6;
+    elsewhere through ``float16_copies`` again), so a frame that kept a wrong stride, row count or
+    pointer shows here.
+    Negative control: a pointer one row off does not match."""
+    from prefix_prefill import float16_copies as fc
+
+    gen = torch.Generator().manual_seed(11)
+    stream = torch.cuda.current_stream().cuda_stream if DEVICE == "cuda" else 0
+    for tokens, heads, kv_heads, d in ((5, 4, 2, 64), (37, 8, 2, 128), (1, 2, 1, 256), (70, 8, 2, 128)):
+        for shift in (0, 0, 1, 0):  # (a repeat, then sources 2 bytes off 16-byte alignment)
+            width = heads + 2 * kv_heads + 1
+            wide = torch.randn(tokens + 1, width, d, generator=gen).to(DEVICE, torch.bfloat16)
+            fused = wide.flatten()[shift : shift + tokens * width * d].view(tokens, width, d)  # (qkv slices)
+            q = fused[:, :heads]
+            k, v = (
+                (fused[:, heads : heads + kv_heads], fused[:, heads + kv_heads + 1 :])
+                if with_k
+                else (None,) * 2
+            )
+            if tokens == 37:  # (contiguous sources)
+                q, k, v = (None if t is None else t.contiguous() for t in (q, k, v))
+            want = fc.float16_copies(q, k, v, gluon_launch._Q_SHIFT)
+            for _ in range(2):
+                buf, qp, kp, vp = fc.float16_copy_pointers(q, k, v, gluon_launch._Q_SHIFT, stream)
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                assert torch.equal(_at(buf, qp, q.shape), want[0]), (tokens, heads, d, shift)
+                if with_k:
+                    assert torch.equal(_at(buf, kp, k.shape), want[1]), (tokens, heads, d, shift)
+                    assert torch.equal(_at(buf, vp, v.shape), want[2]), (tokens, heads, d, shift)
+                    assert not torch.equal(_at(buf, vp - 2 * d, v.shape), want[2])  # (the negative control)
+                else:
+                    assert kp == vp == qp
 
 
 def test_fp8_launch_needs_scales(monkeypatch):

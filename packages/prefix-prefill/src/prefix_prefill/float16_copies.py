@@ -7,6 +7,10 @@ v must be float16 too. One launch (:func:`float16_copies`) writes all three, whe
 ``to`` take one or two kernels each, into one allocation; the launch goes straight to the compiled
 variant after its first call (``prefill_runtime.compiled_launch``), not through ``kernel[grid]``, whose
 binding and specialisation of 17 arguments would cost more host time than the attention's own launch.
+A warm call (:func:`float16_copy_pointers`) goes one step further: it takes the copies as data pointers
+into the allocation (no views: three tensor views cost more host time than the rest of the copy) and
+launches through a frame (``compiled_launch.Frame``) kept per geometry, which fills only the pointers,
+the row counts and the grid.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ def float16_copies(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | No
     two) and of k, v ``[tokens, kv_heads, D]`` (None: None), each with a unit feature stride and D a power
     of two (the fp8-cache Gluon forms' heads 64, 128 and 256), in one launch. The three copies are views of
     one allocation (each starts at a multiple of ``D`` elements: 128-byte aligned)."""
-    rows_block = 32
     tokens, heads, d = q.shape
     n_q = q.numel()
     n_kv = 0 if k is None else k.numel()
@@ -73,12 +76,56 @@ def float16_copies(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | No
         kv_rows, kv_heads = k.shape[0] * k.shape[1], k.shape[1]
         ks, vs, kv_args = (k.stride(0), k.stride(1)), (v.stride(0), v.stride(1)), (k, v, k16, v16)
     q_rows = tokens * heads
-    grid = (triton.cdiv(q_rows, rows_block) + 2 * triton.cdiv(kv_rows, rows_block), 1, 1)
+    grid = (-(-q_rows // _ROWS) + 2 * -(-kv_rows // _ROWS), 1, 1)
     if grid[0] > 0:
         args = (q, kv_args[0], kv_args[1], q16, kv_args[2], kv_args[3], q_rows, kv_rows, heads, kv_heads,
                 q.stride(0), q.stride(1), *ks, *vs, q_mul)  # fmt: skip
-        _COPIES.launch(_copies_key(q, k, v, d), grid, args, {"HEAD_DIM": d, "ROWS": rows_block}, {}, q.device)
+        key = _copies_key(q, k, v, d)
+        _COPIES.launch(key, grid, args, {"HEAD_DIM": d, "ROWS": _ROWS}, {}, q.device)
+        frame_key = _frame_key(key, q, k, v, q_mul)
+        if _COPIES.frame(frame_key) is None:
+            _COPIES.make_frame(key, frame_key, args, {"HEAD_DIM": d, "ROWS": _ROWS}, {}, _PER_CALL)
     return q16, k16, v16
+
+
+def float16_copy_pointers(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_mul: float,
+                          stream: int) -> tuple:  # fmt: skip
+    """:func:`float16_copies` for a warm call on ``stream`` (the current raw stream of q's device):
+    ``(buffer, q16, k16, v16)`` with the copies as data pointers into ``buffer`` (the allocation: the
+    caller holds it until its own launch is enqueued; k16 and v16 are q16's pointer with ``k=None``),
+    launched through the frame kept for this geometry (sources' dtypes, alignment, heads, strides; made
+    by :func:`float16_copies`' first launch of it). Where there is none yet (or a launch hook is
+    installed) it runs :func:`float16_copies` and returns its tensors' pointers."""
+    d = q.shape[2]
+    key = _copies_key(q, k, v, d)
+    frame = _COPIES.frame(_frame_key(key, q, k, v, q_mul))
+    if frame is None:
+        q16, k16, v16 = float16_copies(q, k, v, q_mul)
+        qp = q16.data_ptr()
+        return q16, qp, (qp if k16 is None else k16.data_ptr()), (qp if v16 is None else v16.data_ptr())
+    tokens, heads = q.shape[0], q.shape[1]
+    q_rows = tokens * heads
+    n_q = q_rows * d
+    if k is None:
+        buf = torch.empty(n_q, dtype=torch.float16, device=q.device)
+        qp = kp = vp = buf.data_ptr()
+        src_q = src_k = src_v = q.data_ptr()
+        kv_rows = 0
+    else:
+        kv_rows = k.shape[0] * k.shape[1]
+        buf = torch.empty(n_q + 2 * kv_rows * d, dtype=torch.float16, device=q.device)
+        qp = buf.data_ptr()
+        kp = qp + 2 * n_q  # (float16: two bytes an element)
+        vp = kp + 2 * kv_rows * d
+        src_q, src_k, src_v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    grid0 = -(-q_rows // _ROWS) + 2 * -(-kv_rows // _ROWS)
+    if grid0 > 0:
+        frame(grid0, 1, 1, stream, 0, (), (src_q, src_k, src_v, qp, kp, vp, q_rows, kv_rows))
+    return buf, qp, kp, vp
+
+
+#: Rows of the sources a program copies.
+_ROWS = 32
 
 
 #: The copy kernel's compiled variants, launched directly after each one's first call.
@@ -89,5 +136,20 @@ def _copies_key(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
     """What fixes Triton's specialisation of a :func:`float16_copies` launch: the sources' dtypes and
     16-byte alignment (the float16 copies are fresh allocations: aligned), the head size and the device.
     The integers are ``do_not_specialize`` and ``q_mul`` a float, so no value enters the key."""
-    srcs = (q,) if k is None else (q, k, v)
-    return (q.device.index, d, k is None, *((t.dtype, t.data_ptr() % 16 == 0) for t in srcs))
+    if k is None:
+        return (q.get_device(), d, True, q.dtype, q.data_ptr() % 16 == 0)
+    return (q.get_device(), d, False, q.dtype, q.data_ptr() % 16 == 0, k.dtype, k.data_ptr() % 16 == 0,
+            v.dtype, v.data_ptr() % 16 == 0)  # fmt: skip
+
+
+#: A frame's per-call arguments (:func:`float16_copy_pointers` passes them in this order).
+_PER_CALL = ("Q", "K", "V", "Q16", "K16", "V16", "q_rows", "kv_rows")
+
+
+def _frame_key(key: tuple, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_mul: float):
+    """A copy frame's key: the variant's ``key`` and every argument the frame keeps (heads and strides,
+    ``q_mul``), the ones :data:`_PER_CALL` names aside."""
+    if k is None:
+        return (key, q.shape[1], q.stride(0), q.stride(1), q_mul)
+    return (key, q.shape[1], q.stride(0), q.stride(1), k.shape[1], k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), q_mul)  # fmt: skip

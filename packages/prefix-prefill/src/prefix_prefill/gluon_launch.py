@@ -54,7 +54,7 @@ from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefill_runtime.gluon_host import multiprocessors as _multiprocessors
 from prefill_runtime.gluon_host import persistent_grid, tile_counter
-from prefix_prefill.float16_copies import float16_copies
+from prefix_prefill.float16_copies import float16_copies, float16_copy_pointers
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import (
     TMA_KERNELS,
@@ -253,14 +253,17 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     tokens = q.shape[0]
     if batch == 0 or tokens == 0:
         return True
-    if half:
-        q, k, v = float16_copies(q, k, v, _Q_SHIFT)
-    qp = q.data_ptr()
-    if k is None:
-        bases = (qp, qp, qp, qp)
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    if half:  # (copies: the float16 allocation, held until this call's launch is enqueued)
+        copies, qp, kp, vp = float16_copy_pointers(q, k, v, _Q_SHIFT, stream)
+        bases = (qp, qp, qp, qp) if k is None else (qp, kp, vp, kp)
     else:
-        kp = k.data_ptr()
-        bases = (qp, kp, v.data_ptr(), kp)  # (the bases of _per_call_descs, in its order)
+        qp = q.data_ptr()
+        if k is None:
+            bases = (qp, qp, qp, qp)
+        else:
+            kp = k.data_ptr()
+            bases = (qp, kp, v.data_ptr(), kp)  # (the bases of _per_call_descs, in its order)
     plain = (
         o.data_ptr(),
         block_table.data_ptr(),
@@ -278,7 +281,6 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     )
     if opts.k_scale is not None:  # an fp8 cache's plan (the frame has the scales' slots: _per_call_plain)
         plain += (opts.k_scale.data_ptr(), opts.v_scale.data_ptr())
-    stream = torch._C._cuda_getCurrentRawStream(index)
     heads = q.shape[1]  # (:func:`_grid`'s grid, inline on this per-call path)
     n_m = max(-(-max_query_len // plan.block_m), 1)
     if key.__class__ is tuple:
@@ -288,6 +290,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
         n_m, heads, batch = persistent_grid(n_m * heads * batch, _multiprocessors(index))
         plain += (seq_lens.shape[0], tile_counter(index, stream))  # (_per_call_plain's last two slots)
     frame(n_m, heads, batch, stream, tokens, bases, plain)
+    if half:
+        del copies  # (after the launch that reads them is enqueued)
     return True
 
 
