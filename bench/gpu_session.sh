@@ -44,8 +44,8 @@
 #  size) and each soft-cap of NCU_SOFTCAP (0: off), then bench/window_ncu.py --summary, into ncu.tgz;
 #  ncufeatures: Nsight Compute (--set full, ncu's clocks) of one warm call of each feature of NCU_FEATURES
 #  (default "plain fp8_e4m3"; bench/feature_ncu.py on NCU_PACKAGE prefix|window, NCU_LAYOUT, default
-#  prefix nhd; kernels matching NCU_KERNEL, default gluon), one process and report each, then
-#  bench/window_ncu.py --summary, into ncu.tgz;
+#  prefix nhd, NCU_HEAD, default 128; kernels matching NCU_KERNEL, default gluon), one process and report
+#  each, then bench/window_ncu.py --summary (with the samples by execution count), into ncu.tgz;
 #  persistent: the persistent form of the prefix NHD/HND Gluon kernel (narrow windows): PERSIST_STEPS
 #  (default smoke,tests,time) of: smoke (one GPU case under SMOKE_TIMEOUT; a failure skips the rest), tests (PERSIST_TESTS, default its test file, under TEST_TIMEOUT), time
 #  (bench/feature_cost.py over PERSIST_FEATURE_ARGS with the plan's rule and with the one-tile form,
@@ -335,11 +335,12 @@ if [[ $what == ncuwindow ]]; then
 fi
 if [[ $what == ncufeatures ]]; then
   res=$OUT/ncu; mkdir -p "$res"
-  pkg=${NCU_PACKAGE:-prefix}; lay=${NCU_LAYOUT:-nhd}
+  pkg=${NCU_PACKAGE:-prefix}; lay=${NCU_LAYOUT:-nhd}; head=${NCU_HEAD:-128}
   for feat in ${NCU_FEATURES:-plain fp8_e4m3}; do
-    tag=${pkg}_${lay}_${feat}
+    tag=${pkg}_${lay}_d${head}_${feat}
     timeout 200 ncu --profile-from-start off --set full --import-source no -k regex:${NCU_KERNEL:-gluon} -f \
-      -o "$res/$tag" python3 bench/feature_ncu.py --package $pkg --layout $lay --features $feat >"$res/$tag.log" 2>&1
+      -o "$res/$tag" python3 bench/feature_ncu.py --package $pkg --layout $lay --head $head --features $feat \
+      >"$res/$tag.log" 2>&1
     echo "$tag rc $?"
     ncu -i "$res/$tag.ncu-rep" --page details --csv >"$res/$tag.details.csv" 2>&1
     ncu -i "$res/$tag.ncu-rep" --page source --csv --print-source sass >"$res/$tag.sass.csv" 2>&1

@@ -80,6 +80,42 @@ def stalls(path: Path, top: int = 8) -> list[tuple[int, int, str, str]]:
     return sorted(out, reverse=True)[:top]
 
 
+def by_count(path: Path, top: int = 6) -> list[tuple[int, int, int, float, str]]:
+    """The warp stall samples of an ``ncu --page source --csv --print-source sass`` export grouped by
+    instruction execution count, the ``top`` groups by samples: ``(executions, instructions, samples,
+    share of all samples, leading reasons with their shares)``. A warp-specialised kernel's partitions
+    run their loops a different number of times (a converter once a key block a warp, the consumers once
+    a block a warp of theirs...), so a group is mostly one partition's loop: its samples a warp against
+    another's tell which partition waits on which."""
+    with path.open() as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 3:
+        return []
+    head = rows[1]
+    reasons = [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
+    groups: dict[int, list] = {}
+    total = 0
+    for r in rows[2:]:
+        rec = dict(zip(head, r, strict=False))
+        try:
+            n = int(rec.get("Warp Stall Sampling (All Samples)") or 0)
+            e = int(rec.get("Instructions Executed") or 0)
+        except ValueError:
+            continue
+        g = groups.setdefault(e, [0, 0, dict.fromkeys(reasons, 0)])
+        g[0] += 1
+        g[1] += n
+        for x in reasons:
+            g[2][x] += int(rec.get(x) or 0)
+        total += n
+    out = []
+    for e, (count, n, why) in groups.items():
+        lead = sorted(((k, x[6:]) for x, k in why.items()), key=lambda t: (-t[0], t[1]))[:3]
+        text = ", ".join(f"{name} {k / n:.0%}" for k, name in lead if k and n)
+        out.append((e, count, n, n / total if total else 0.0, text))
+    return sorted(out, key=lambda g: -g[2])[:top]
+
+
 def summary(folder: Path) -> str:
     """The Markdown summary of every ``<tag>.details.csv`` (and its ``<tag>.sass.csv``) in ``folder``."""
     tags = sorted(p.name[: -len(".details.csv")] for p in folder.glob("*.details.csv"))
@@ -93,6 +129,10 @@ def summary(folder: Path) -> str:
             continue
         lines += ["", f"**{tag}**: instructions with the most stall samples", ""]
         lines += [f"- {n} samples, {e} executions: `{src[:70]}` ({why})" for n, e, src, why in stalls(sass)]
+        lines += ["", f"**{tag}**: samples by instruction execution count (mostly one partition's loop each)",
+                  "", "| executions | instructions | samples | share | leading reasons |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {e} | {c} | {n} | {f:.1%} | {why} |" for e, c, n, f, why in by_count(sass)]
     return "\n".join(lines) + "\n"
 
 

@@ -498,6 +498,24 @@ def test_window_ncu_summary(tmp_path):
     lines = [x for x in text.splitlines() if x.startswith("- ")]
     assert lines[0].startswith("- 90 samples, 800 executions: `@!P1 BRA 0x10` (long_sb 89, barrier 1)"), lines
     assert lines[1].startswith("- 5 samples"), lines
+    assert "| 800 | 1 | 90 | 94.7% | long_sb 99%, barrier 1% |" in text, text
+    assert "| 4 | 1 | 5 | 5.3% | barrier 100% |" in text, text
+
+
+def test_window_ncu_by_count(tmp_path):
+    """bench/window_ncu.py's samples grouped by execution count: instructions run as often fall in one
+    group (a partition's loop), groups ordered by samples, each with its instructions, its share of all
+    samples and its leading reasons' shares."""
+    path = tmp_path / "k.sass.csv"
+    path.write_text(
+        '"Kernel Name","k",\n'
+        '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_short_sb",'
+        '"stall_long_sb","stall_wait"\n'
+        '"0x10","  LDS R1","30","64","20","0","10"\n"0x20","  STS R1","10","64","0","0","10"\n'
+        '"0x30","  @!P1 BRA 0x10","60","8","0","60","0"\n"0x40","  EXIT","0","1","0","0","0"\n'
+    )
+    groups = bench_module("window_ncu").by_count(path, top=2)
+    assert groups == [(8, 1, 60, 0.6, "long_sb 100%"), (64, 2, 40, 0.4, "short_sb 50%, wait 50%")], groups
 
 
 _SASS = """
