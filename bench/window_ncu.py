@@ -57,15 +57,15 @@ def details(path: Path) -> dict[str, str]:
     return out
 
 
-def stalls(path: Path, top: int = 8) -> list[tuple[int, int, str, str]]:
-    """The ``top`` instructions by warp stall samples of an ``ncu --page source --csv --print-source
-    sass`` export: ``(samples, executions, instruction, leading reasons)``."""
+def _sass_rows(path: Path) -> tuple[list[str], list[tuple[dict, int, int]]]:
+    """An ``ncu --page source --csv --print-source sass`` export's stall-reason columns (``stall_*``, the
+    issued and not-issued samples together) and its instructions as ``(record, samples, executions)``
+    (rows whose counts do not parse left out)."""
     with path.open() as f:
         rows = list(csv.reader(f))
     if len(rows) < 3:
-        return []
+        return [], []
     head = rows[1]
-    reasons = [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
     out = []
     for r in rows[2:]:
         rec = dict(zip(head, r, strict=False))
@@ -74,6 +74,16 @@ def stalls(path: Path, top: int = 8) -> list[tuple[int, int, str, str]]:
             e = int(rec.get("Instructions Executed") or 0)
         except ValueError:
             continue
+        out.append((rec, n, e))
+    return [h for h in head if h.startswith("stall_") and "Not Issued" not in h], out
+
+
+def stalls(path: Path, top: int = 8) -> list[tuple[int, int, str, str]]:
+    """The ``top`` instructions by warp stall samples of an ``ncu --page source --csv --print-source
+    sass`` export: ``(samples, executions, instruction, leading reasons)``."""
+    reasons, rows = _sass_rows(path)
+    out = []
+    for rec, n, e in rows:
         lead = sorted(((int(rec.get(x) or 0), x[6:]) for x in reasons), reverse=True)[:2]
         why = ", ".join(f"{name} {k}" for k, name in lead if k)
         out.append((n, e, rec.get("Source", "").strip(), why))
@@ -87,27 +97,15 @@ def by_count(path: Path, top: int = 6) -> list[tuple[int, int, int, float, str]]
     run their loops a different number of times (a converter once a key block a warp, the consumers once
     a block a warp of theirs...), so a group is mostly one partition's loop: its samples a warp against
     another's tell which partition waits on which."""
-    with path.open() as f:
-        rows = list(csv.reader(f))
-    if len(rows) < 3:
-        return []
-    head = rows[1]
-    reasons = [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
+    reasons, rows = _sass_rows(path)
     groups: dict[int, list] = {}
-    total = 0
-    for r in rows[2:]:
-        rec = dict(zip(head, r, strict=False))
-        try:
-            n = int(rec.get("Warp Stall Sampling (All Samples)") or 0)
-            e = int(rec.get("Instructions Executed") or 0)
-        except ValueError:
-            continue
+    for rec, n, e in rows:
         g = groups.setdefault(e, [0, 0, dict.fromkeys(reasons, 0)])
         g[0] += 1
         g[1] += n
         for x in reasons:
             g[2][x] += int(rec.get(x) or 0)
-        total += n
+    total = sum(n for _, n, _ in rows)
     out = []
     for e, (count, n, why) in groups.items():
         lead = sorted(((k, x[6:]) for x, k in why.items()), key=lambda t: (-t[0], t[1]))[:3]
