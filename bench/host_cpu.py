@@ -142,23 +142,6 @@ def _fake_sm90():
     return launch_kernels
 
 
-def _fp8_cache_call(torch):
-    """prefix-prefill over an fp8 e4m3 NHD cache (k_scale / v_scale 1-element tensors) on the tiny problem
-    of ``host_probe._calls`` (bfloat16 q: the call runs on float16 copies, two launches)."""
-    import prefix_prefill as pp
-
-    q = torch.randn(16, 8, 128, dtype=torch.bfloat16)
-    k, v = (torch.randn(16, 2, 128, dtype=torch.bfloat16) for _ in range(2))
-    o = torch.empty_like(q)
-    kc, vc = (torch.randn(8, 16, 2, 128).to(torch.float8_e4m3fn) for _ in range(2))
-    bt = torch.tensor([[3, 5, 0, 0]], dtype=torch.int32)
-    cu = torch.tensor([0, 16], dtype=torch.int32)
-    sl = torch.tensor([32], dtype=torch.int32)
-    one = torch.ones(1)
-    return lambda: pp.prefix_prefill(q, k, v, kc, vc, bt, cu, sl, 16, out=o, kv_layout="nhd", k_scale=one,
-                                     v_scale=one)  # fmt: skip
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000)
@@ -172,8 +155,7 @@ def main() -> None:
     import torch
 
     kernels = _fake_sm90()
-    calls = _calls(torch, "cpu", window_dtype=torch.float16)
-    calls.append(("pp_nhd_fp8", _fp8_cache_call(torch)))
+    calls = _calls(torch, "cpu", window_dtype=torch.float16, fp8=True)
     for _, fn in calls:
         for _ in range(3):
             fn()

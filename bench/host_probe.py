@@ -39,11 +39,13 @@ def _where() -> str:
         return "?"
 
 
-def _calls(torch, dev="cuda", window_dtype=None, peers=False):
+def _calls(torch, dev="cuda", window_dtype=None, peers=False, fp8=False):
     """(name, zero-argument call) of every entry point on a tiny problem (16 new tokens on a 16-token
     context, 8/2 heads, d128, page 16; bf16, or ``window_dtype`` for window-prefill's) on ``dev``:
     prefix-prefill's four first. ``peers``: then torch SDPA on the same queries (8 kv heads) and, where
-    ``.peers`` is on the path, vLLM 0.33's prefix ``context_attention_fwd`` on the same arguments."""
+    ``.peers`` is on the path, vLLM 0.33's prefix ``context_attention_fwd`` on the same arguments.
+    ``fp8``: last, ``pp_nhd_fp8``, the NHD call over the caches in fp8 e4m3 (1-element scale tensors;
+    a bfloat16 call over an fp8 cache runs on float16 copies: two launches)."""
     import prefix_prefill as pp
     import window_prefill as wp
 
@@ -82,7 +84,13 @@ def _calls(torch, dev="cuda", window_dtype=None, peers=False):
         ("wp_caf", lambda: wp.context_attention_fwd(wq, wk, wv, wo, start, lens, 16)),
         ("wp", lambda: wp.window_prefill(wq, wk, wv, cu, 16, out=wo)),
     ]
-    return calls + _peer_calls(torch, q, caf_args) if peers else calls
+    if peers:
+        calls += _peer_calls(torch, q, caf_args)
+    if fp8:
+        kc8, vc8 = kc_nhd.to(torch.float8_e4m3fn), vc_nhd.to(torch.float8_e4m3fn)
+        calls.append(("pp_nhd_fp8", lambda: pp.prefix_prefill(q, k, v, kc8, vc8, bt, cu, sl, 16, out=o,
+                                                               k_scale=one, v_scale=one)))  # fmt: skip
+    return calls
 
 
 def _peer_calls(torch, q, vllm_args: tuple) -> list:

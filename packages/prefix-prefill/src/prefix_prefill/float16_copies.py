@@ -76,13 +76,12 @@ def float16_copies(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | No
         kv_rows, kv_heads = k.shape[0] * k.shape[1], k.shape[1]
         ks, vs, kv_args = (k.stride(0), k.stride(1)), (v.stride(0), v.stride(1)), (k, v, k16, v16)
     q_rows = tokens * heads
-    grid = (-(-q_rows // _ROWS) + 2 * -(-kv_rows // _ROWS), 1, 1)
+    grid = (_programs(q_rows, kv_rows), 1, 1)
     if grid[0] > 0:
         args = (q, kv_args[0], kv_args[1], q16, kv_args[2], kv_args[3], q_rows, kv_rows, heads, kv_heads,
                 q.stride(0), q.stride(1), *ks, *vs, q_mul)  # fmt: skip
-        key = _copies_key(q, k, v, d)
+        key, frame_key = _keys(q, k, v, q_mul)
         _COPIES.launch(key, grid, args, {"HEAD_DIM": d, "ROWS": _ROWS}, {}, q.device)
-        frame_key = _frame_key(key, q, k, v, q_mul)
         if _COPIES.direct_now() and _COPIES.frame(frame_key) is None:  # (a profiler's hooks: no frames)
             _COPIES.make_frame(key, frame_key, args, {"HEAD_DIM": d, "ROWS": _ROWS}, {}, _PER_CALL)
     return q16, k16, v16
@@ -96,14 +95,12 @@ def float16_copy_pointers(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tens
     launched through the frame kept for this geometry (sources' dtypes, alignment, heads, strides; made
     by :func:`float16_copies`' first launch of it). Where there is none yet (or a launch hook is
     installed) it runs :func:`float16_copies` and returns its tensors' pointers."""
-    d = q.shape[2]
-    key = _copies_key(q, k, v, d)
-    frame = _COPIES.frame(_frame_key(key, q, k, v, q_mul))
+    frame = _COPIES.frame(_keys(q, k, v, q_mul)[1])
     if frame is None:
         q16, k16, v16 = float16_copies(q, k, v, q_mul)
         qp = q16.data_ptr()
         return q16, qp, (qp if k16 is None else k16.data_ptr()), (qp if v16 is None else v16.data_ptr())
-    tokens, heads = q.shape[0], q.shape[1]
+    tokens, heads, d = q.shape
     q_rows = tokens * heads
     n_q = q_rows * d
     if k is None:
@@ -118,7 +115,7 @@ def float16_copy_pointers(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tens
         kp = qp + 2 * n_q  # (float16: two bytes an element)
         vp = kp + 2 * kv_rows * d
         src_q, src_k, src_v = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    grid0 = -(-q_rows // _ROWS) + 2 * -(-kv_rows // _ROWS)
+    grid0 = _programs(q_rows, kv_rows)
     if grid0 > 0:
         frame(grid0, 1, 1, stream, 0, (), (src_q, src_k, src_v, qp, kp, vp, q_rows, kv_rows))
     return buf, qp, kp, vp
@@ -128,28 +125,30 @@ def float16_copy_pointers(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tens
 _ROWS = 32
 
 
+def _programs(q_rows: int, kv_rows: int) -> int:
+    """The copy kernel's grid: q's programs, then k's and v's (:data:`_ROWS` rows each)."""
+    return -(-q_rows // _ROWS) + 2 * -(-kv_rows // _ROWS)
+
+
 #: The copy kernel's compiled variants, launched directly after each one's first call.
 _COPIES = CompiledLaunches(_float16_copies_kernel, maxsize=64)
 
 
-def _copies_key(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, d: int) -> tuple:
-    """What fixes Triton's specialisation of a :func:`float16_copies` launch: the sources' dtypes and
-    16-byte alignment (the float16 copies are fresh allocations: aligned), the head size and the device.
-    The integers are ``do_not_specialize`` and ``q_mul`` a float, so no value enters the key."""
+def _keys(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_mul: float) -> tuple:
+    """``(variant key, frame key)`` of a :func:`float16_copies` launch. The variant key is what fixes
+    Triton's specialisation: the sources' dtypes and 16-byte alignment (the float16 copies are fresh
+    allocations: aligned), the head size and the device (the integers are ``do_not_specialize`` and
+    ``q_mul`` a float, so no value enters it). The frame key adds every argument a frame keeps (heads,
+    strides, ``q_mul``), the ones :data:`_PER_CALL` names aside."""
+    dev, d = q.get_device(), q.shape[2]
     if k is None:
-        return (q.get_device(), d, True, q.dtype, q.data_ptr() % 16 == 0)
-    return (q.get_device(), d, False, q.dtype, q.data_ptr() % 16 == 0, k.dtype, k.data_ptr() % 16 == 0,
-            v.dtype, v.data_ptr() % 16 == 0)  # fmt: skip
+        key = (dev, d, True, q.dtype, q.data_ptr() % 16 == 0)
+        return key, (key, q.shape[1], q.stride(0), q.stride(1), q_mul)
+    key = (dev, d, False, q.dtype, q.data_ptr() % 16 == 0, k.dtype, k.data_ptr() % 16 == 0, v.dtype,
+           v.data_ptr() % 16 == 0)  # fmt: skip
+    return key, (key, q.shape[1], q.stride(0), q.stride(1), k.shape[1], k.stride(0), k.stride(1), v.stride(0),
+                 v.stride(1), q_mul)  # fmt: skip
 
 
 #: A frame's per-call arguments (:func:`float16_copy_pointers` passes them in this order).
 _PER_CALL = ("Q", "K", "V", "Q16", "K16", "V16", "q_rows", "kv_rows")
-
-
-def _frame_key(key: tuple, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_mul: float):
-    """A copy frame's key: the variant's ``key`` and every argument the frame keeps (heads and strides,
-    ``q_mul``), the ones :data:`_PER_CALL` names aside."""
-    if k is None:
-        return (key, q.shape[1], q.stride(0), q.stride(1), q_mul)
-    return (key, q.shape[1], q.stride(0), q.stride(1), k.shape[1], k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), q_mul)  # fmt: skip
