@@ -114,6 +114,7 @@ PREFIX_FP8 = [
     ("split", 128, 16, False, True, "gluon-split", False, False, (8, 2), torch.float8_e4m3fn, False),
     ("split", 64, 32, True, False, "gluon-split", True, False, (8, 2), torch.float8_e5m2, False),
     ("split", 128, 16, False, False, "gluon-split", True, True, (32, 8), torch.float8_e4m3fn, False),
+    ("split", 256, 16, False, True, "gluon-split", True, False, (8, 2), torch.float8_e4m3fn, False),
 ]
 # the persistent form of the NHD/HND kernel (a narrow left window, 127, with sinks; PERSISTENT), numbered
 # after the cases above: the fields of PREFIX_FP8 (no fp8 cache) and ``narrow``; with 32 / 8 heads the

@@ -4,9 +4,9 @@ staging slots, or by the split kernel's gathers (:mod:`prefix_prefill.gluon_spli
 warps (2 at head 256) converts them into float16 rings, the consumers fold the scales into each context
 block's terms; a bfloat16 call runs as a float16 one, its q/k/v copied first).
 
-CPU: the plan rule (NHD, HND and interleaved caches at heads 64, 128 and 256 and vLLM's split caches at heads
-64 and 128 take a Gluon kernel with ``CACHE_FP8``; the split cache at head 256 and AMD's fnuz types keep the
-Triton kernel and the reason says why); the launcher's
+CPU: the plan rule (NHD, HND and interleaved caches and vLLM's split caches at heads 64, 128 and 256 take a
+Gluon kernel with ``CACHE_FP8``; AMD's fnuz types keep the Triton kernel and the reason says why); the
+launcher's
 arguments (fp8 cache descriptors in the no-swizzle staging layout at the rows the producer reads, the rings'
 layout, the scale tensors; a launch without them is refused); a bfloat16 call's float16 copies (exact in their
 stated range); warm frames taking each call's scale tensors; the rings' protocol played in random
@@ -61,11 +61,9 @@ def _case(layout="nhd", head=128, page=16, seqs=((40, 5),), cache=E4M3, dtype=to
 def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
     """fp8 e4m3fn / e5m2 caches run a Gluon kernel with ``CACHE_FP8``, whatever the query dtype, k given or
     not: the NHD/HND kernel over caches TMA reads as views of rows (NHD, HND, interleaved pages) at heads
-    64, 128 and 256, the split kernel over vLLM's split layout (``x = 16``) at heads 64 and 128, whose form
+    64, 128 and 256, the split kernel over vLLM's split layout (``x = 16``) at the same heads, whose form
     gathers K and V (no TMA producer, no V staging, two consumer partitions); the reason names the fp8
     cache; a 16-bit cache's plan has ``CACHE_FP8`` off."""
-    if layout == "split" and head == 256:
-        pytest.skip("the split cache at head 256 keeps the Triton kernel (test_fp8_caches_keep_triton)")
     for dtype in (torch.bfloat16, torch.float16):
         case = _case(layout, head, cache=cache, dtype=dtype, kv_from_cache=from_cache)
         chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
@@ -80,22 +78,17 @@ def test_fp8_caches_planned_on_gluon(layout, head, cache, from_cache):
 
 @pytest.mark.parametrize(
     "what,why",
-    [("split_256", "an fp8 split cache at head size 256"),
-     ("fnuz", "cache dtype torch.float8_e4m3fnuz"), ("e5m2_fnuz", "cache dtype torch.float8_e5m2fnuz")],
+    [("fnuz", "cache dtype torch.float8_e4m3fnuz"), ("e5m2_fnuz", "cache dtype torch.float8_e5m2fnuz")],
 )  # fmt: skip
 def test_fp8_caches_keep_triton(what, why):
-    """vLLM's split cache at head 256 (its gathering partitions and the converter leave a consumer too few
-    registers) and AMD's fnuz types keep the Triton kernel, its plan's ``CACHE_FP8`` on and the reason
-    saying why; the same call with a 16-bit cache (head 256) takes a Gluon kernel."""
-    layout = "split" if what == "split_256" else "nhd"
-    head = 256 if what == "split_256" else 128
-    cache = {"fnuz": torch.float8_e4m3fnuz, "e5m2_fnuz": torch.float8_e5m2fnuz}.get(what, E4M3)
-    chosen = plan.plan(problem_of(_case(layout, head, cache=cache), arch="sm90", gluon=True))
+    """AMD's fnuz types keep the Triton kernel, its plan's ``CACHE_FP8`` on and the reason saying why; the
+    same call with an e4m3fn cache takes a Gluon kernel."""
+    cache = {"fnuz": torch.float8_e4m3fnuz, "e5m2_fnuz": torch.float8_e5m2fnuz}[what]
+    chosen = plan.plan(problem_of(_case("nhd", 128, cache=cache), arch="sm90", gluon=True))
     assert chosen.kernel == "triton" and why in chosen.reason, chosen.reason
     assert chosen.consts()["CACHE_FP8"] is True
-    if head == 256:
-        control = plan.plan(problem_of(_case(layout, head, cache=None), arch="sm90", gluon=True))
-        assert control.kernel == f"gluon-{layout}"
+    control = plan.plan(problem_of(_case("nhd", 128, cache=E4M3), arch="sm90", gluon=True))
+    assert control.kernel == "gluon-nhd"
 
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])
@@ -549,6 +542,10 @@ FORMS = [
     dict(head=128, from_cache=True, lse=True, CAUSAL=False, HAS_LEFT=True, HAS_RIGHT=True),
     dict(head=128, from_cache=False, lse=False, PAIR_HEADS=True, SOFTCAP=2, out="bf16"),
     dict(head=128, from_cache=False, lse=False, one=True, llvm_o0=True, out="bf16", **ALL),
+    dict(head=256, from_cache=False, lse=True, out="bf16"),
+    dict(head=256, from_cache=True, lse=False, cache="fp8e5", **ALL),
+    dict(head=256, from_cache=False, lse=False, PAIR_HEADS=True, SOFTCAP=2, out="bf16"),
+    dict(head=256, from_cache=False, lse=False, one=True, llvm_o0=True, out="bf16"),
 ]
 for form in FORMS:
     _, kernel = compile_split_fp8(**form)
@@ -560,10 +557,10 @@ for form in FORMS:
 @pytest.mark.compile_check
 def test_fp8_split_cache_forms_compile_for_sm90():
     """The split kernel's ``CACHE_FP8`` forms compile for sm90 in the forms plans and launches take (heads
-    64 / 128, e4m3 / e5m2, k given or from the cache, every option, non-causal with a window both ways,
-    the LSE, the paired form, the quick one-partition form at LLVM O0) within one program's shared memory,
-    each converting its own fp8 type and no other."""
-    _check_fp8_compiles(_SPLIT_COMPILE_SCRIPT, 5)
+    64 / 128 / 256 (one gathering warp a ring there), e4m3 / e5m2, k given or from the cache, every option,
+    non-causal with a window both ways, the LSE, the paired form, the quick one-partition form at LLVM
+    O0) within one program's shared memory, each converting its own fp8 type and no other."""
+    _check_fp8_compiles(_SPLIT_COMPILE_SCRIPT, 9)
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -652,6 +649,8 @@ SPLIT_FORMS = [
     (128, torch.float16, E5M2, 544),
     (64, torch.float16, E4M3, 1056),
     (64, torch.bfloat16, E5M2, 16),
+    (256, torch.bfloat16, E4M3, 16),
+    (256, torch.float16, E5M2, 1056),
 ]
 LAYOUT_FORMS = [("nhd", *f) for f in FORMS] + [("split", *f) for f in SPLIT_FORMS]
 FORM_IDS = [f"{lay}-d{h}-{str(t)[6:]}-{str(c)[6:]}-p{p}" for lay, h, t, c, p in LAYOUT_FORMS]
@@ -753,7 +752,7 @@ def test_gpu_fp8_head256_short_queries(heads, opts, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("layout,head", [("nhd", 128), ("split", 128), ("nhd", 256)])
+@pytest.mark.parametrize("layout,head", [("nhd", 128), ("split", 128), ("nhd", 256), ("split", 256)])
 def test_gpu_fp8_quick_form(layout, head, monkeypatch):
     """The compile tiers' quick form (one 8-warp consumer partition) over an fp8 cache: a fresh tier key
     runs it first."""

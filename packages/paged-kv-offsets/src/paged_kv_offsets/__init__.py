@@ -15,7 +15,7 @@ Versioned on its own: kernels pin ``paged-kv-offsets>=3,<4``; the device-functio
 only change with a major version.
 """
 
-__version__ = "3.0.0"
+__version__ = "3.1.0"
 
 from paged_kv_offsets.index import offsets_fit_int32
 from paged_kv_offsets.layouts import (

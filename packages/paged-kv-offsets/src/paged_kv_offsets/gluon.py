@@ -1,6 +1,6 @@
 """Gluon device functions (Triton >= 3.5, ``triton.experimental.gluon``): paged addressing for TMA
-copies (``page_row``) and for gathers (``slot_offset``), and the check of a sequence's block ids
-(``bad_block_ids``).
+copies (``page_row``; a run of boxes without a division a box: ``page_row_at`` and ``next_box``) and for
+gathers (``slot_offset``), and the check of a sequence's block ids (``bad_block_ids``).
 
 A TMA copy reads a box of rows from a 2-D view of the cache (:func:`paged_kv_offsets.tma_rows`: NHD
 rows are one slot's heads, HND rows one head's slot; slot ``s`` of block ``b`` and KV head ``h`` at
@@ -22,11 +22,28 @@ def page_row(p_table_row, pos, seq_end, page_size, oob_row, block_rows, head_row
     view's rows a block, ``head_row`` the KV head times the view's ``head_rows`` (0 for NHD). ``oob_row``
     (a row past the view's end: the TMA copy reads zeros) when ``pos >= seq_end``, and then no
     block-table entry is read."""
-    ok = pos < seq_end
     page = pos // page_size
+    return page_row_at(p_table_row, page, pos - page * page_size, pos, seq_end, oob_row, block_rows, head_row)
+
+
+@gluon.jit
+def page_row_at(p_table_row, page, slot, pos, seq_end, oob_row, block_rows, head_row):
+    """:func:`page_row` of position ``pos`` where its page (``pos // page_size``) and slot in the page
+    (``pos % page_size``) are known: no division. A run of boxes walks its pages with
+    :func:`next_box`."""
+    ok = pos < seq_end
     block = gl.load(p_table_row + page, mask=ok, other=0).to(gl.int32)  # int32 or int64 tables
-    row = block * block_rows + head_row + (pos - page * page_size)
-    return gl.where(ok, row, oob_row)
+    return gl.where(ok, block * block_rows + head_row + slot, oob_row)
+
+
+@gluon.jit
+def next_box(page, slot, page_size, BOX: gl.constexpr):
+    """``(page, slot)`` of the box ``BOX`` tokens after the one at ``(page, slot)``, ``BOX`` dividing
+    ``page_size`` (each box inside one page): the slot moves on by ``BOX``, onto the next page's first
+    slot at the page's end. An add, a compare and two selects, where :func:`page_row` divides."""
+    slot = slot + BOX
+    wrap = slot >= page_size
+    return gl.where(wrap, page + 1, page), gl.where(wrap, slot - page_size, slot)
 
 
 @gluon.jit

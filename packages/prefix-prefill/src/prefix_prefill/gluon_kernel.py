@@ -63,7 +63,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from paged_kv_offsets.gluon import bad_block_ids, page_row
+from paged_kv_offsets.gluon import bad_block_ids, next_box, page_row, page_row_at
 from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, clamp_span, report
 from prefill_runtime.gluon import (
     allocate_q_empty,
@@ -426,13 +426,17 @@ def _context_copy(C_desc, CB_desc, bar, buf, p_table_row, pos0, a_end, page_size
     if BOX == BLOCK_N:  # pages are multiples of the block: every block lies inside one page
         row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
         tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
-    elif pos0 % page_size + BLOCK_N <= page_size:  # inside one page
-        row = page_row(p_table_row, pos0, a_end, page_size, oob_row, block_rows, c_row)
-        tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
     else:
-        for i in gl.static_range(BLOCK_N // BOX):
-            row = page_row(p_table_row, pos0 + i * BOX, a_end, page_size, oob_row, block_rows, c_row)
-            tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
+        page = pos0 // page_size  # (one division a block; the boxes walk the pages from here)
+        slot = pos0 - page * page_size
+        if slot + BLOCK_N <= page_size:  # inside one page
+            row = page_row_at(p_table_row, page, slot, pos0, a_end, oob_row, block_rows, c_row)
+            tma.async_copy_global_to_shared(CB_desc, [row, c_col], bar, buf)
+        else:
+            for i in gl.static_range(BLOCK_N // BOX):
+                row = page_row_at(p_table_row, page, slot, pos0 + i * BOX, a_end, oob_row, block_rows, c_row)
+                tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
+                page, slot = next_box(page, slot, page_size, BOX)
 
 
 @gluon.constexpr_function

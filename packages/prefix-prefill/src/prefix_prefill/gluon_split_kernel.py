@@ -44,6 +44,32 @@ PRODUCER_WARPS = gl.constexpr(2)
 
 
 @gluon.constexpr_function
+def fp8_gather_warps(HEAD_DIM):
+    """The warps of each gathering producer of the ``CACHE_FP8`` forms: :data:`PRODUCER_WARPS`, and 1 at
+    head 256. There the consumers' ``[64, 256]`` float32 accumulator and its wgmma need ptxas's per-thread
+    ceiling for the launch at 158 registers or more (C7602), which a kernel of 12 warps leaves (168) and
+    one of 14 does not (144): 8 consumer warps, the converter's 2 and one warp a ring."""
+    return 1 if HEAD_DIM > 128 else PRODUCER_WARPS
+
+
+@gluon.constexpr_function
+def fp8_consumer_regs(HEAD_DIM):
+    """The consumer partitions' registers in the ``CACHE_FP8`` forms: 224 of the 16-warp kernel's 128 a
+    thread at heads 64/128 (the rest to the converter's 4 warps and the producers' 4 at 32); 232 of the
+    12-warp kernel's 168 at head 256 (:func:`fp8_split_converter_regs`' 2 warps at 48, the producers' 2 at
+    32: 64,512)."""
+    return 232 if HEAD_DIM > 128 else 224
+
+
+@gluon.constexpr_function
+def fp8_split_converter_regs(HEAD_DIM):
+    """The converter's registers in the ``CACHE_FP8`` forms: 32, and 48 at head 256, where its V slots
+    ``[D, BLOCK_N]`` pass 16 rows of 64 keys at a time (offline, sm90, Triton 3.6: 28 bytes of spill at
+    48, 36 at 40, 80 at 32; consumers at 240 with the converter at 40: 40)."""
+    return 48 if HEAD_DIM > 128 else 32
+
+
+@gluon.constexpr_function
 def _x_of(dtype):
     """Elements of a 16-byte copy of ``dtype`` (vLLM's split K cache's ``x``): 8 (16-bit), 16 (fp8)."""
     return 128 // dtype.primitive_bitwidth
@@ -485,14 +511,18 @@ def _split_fp8_partitions(
 ):  # fmt: skip
     """The partitions of :func:`_gluon_split_kernel`'s ``CACHE_FP8`` forms: the consumers (segment A's terms
     from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (``fp8_converter_warps``: 4
-    warps at heads 64/128; V slots ``[D, BLOCK_N]``) and the two gathering :func:`_split_fp8_producer`
-    partitions (2 warps each), over ``fp8_staging(D)`` fp8 staging slots a ring (:func:`_staging_layout`).
-    16 warps: the consumers at 224 registers, the converter and the producers at 32. ``NEW``: the new
-    tokens' K/V come from ``k``/``v`` (float16, by TMA into the rings)."""
+    warps at heads 64/128, 2 at 256; V slots ``[D, BLOCK_N]``) and the two gathering
+    :func:`_split_fp8_producer` partitions (:func:`fp8_gather_warps`: 2 warps each, 1 at head 256), over
+    ``fp8_staging(D)`` fp8 staging slots a ring (:func:`_staging_layout`). 16 warps: the consumers at 224
+    registers, the converter and the producers at 32; at head 256 12 (:func:`fp8_consumer_regs`,
+    :func:`fp8_split_converter_regs`). ``NEW``: the new tokens' K/V come from ``k``/``v`` (float16, by TMA
+    into the rings)."""
     # (ready barriers: one arrival per gathering thread)
+    PW: gl.constexpr = fp8_gather_warps(HEAD_DIM)
+    REGS: gl.constexpr = fp8_split_converter_regs(HEAD_DIM)
     conv_args, k_stage_args, v_stage_args = _fp8_staging(
         rings, n_a, v_mul, K_cache.dtype.element_ty, BLOCK_N, HEAD_DIM, _staging_layout(HEAD_DIM),
-        _staging_layout(BLOCK_N), True, 32 * PRODUCER_WARPS,
+        _staging_layout(BLOCK_N), True, 32 * PW,
     )  # fmt: skip
     if ONE_CONSUMER:
         gl.warp_specialize(
@@ -508,8 +538,8 @@ def _split_fp8_partitions(
                 (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, False, NEW)),
             ],
-            [fp8_converter_warps(HEAD_DIM), PRODUCER_WARPS, PRODUCER_WARPS],
-            [32, 32, 32],
+            [fp8_converter_warps(HEAD_DIM), PW, PW],
+            [REGS, 32, 32],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -530,8 +560,8 @@ def _split_fp8_partitions(
                 (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, False, NEW)),
             ],
-            [4, fp8_converter_warps(HEAD_DIM), PRODUCER_WARPS, PRODUCER_WARPS],
-            [224, 32, 32, 32],
+            [4, fp8_converter_warps(HEAD_DIM), PW, PW],
+            [fp8_consumer_regs(HEAD_DIM), REGS, 32, 32],
         )  # fmt: skip
 
 
@@ -598,8 +628,9 @@ def _gluon_split_kernel(
         CX: gl.constexpr = _x_of(V_cache.dtype.element_ty)
     V_TPR: gl.constexpr = BLOCK_N // CX  # threads along a feature row's keys in the V gathers
     TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_k_block)
-    K_SUB: gl.constexpr = 32 * PRODUCER_WARPS if TPD == 1 else 32 // TPD  # keys per K gather step
-    V_SUB: gl.constexpr = max(16, PRODUCER_WARPS * 32 // V_TPR)  # features per V gather step
+    GW: gl.constexpr = fp8_gather_warps(HEAD_DIM) if CACHE_FP8 else PRODUCER_WARPS  # a gatherer's warps
+    K_SUB: gl.constexpr = 32 * GW if TPD == 1 else 32 // TPD  # keys per K gather step
+    V_SUB: gl.constexpr = max(16, GW * 32 // V_TPR)  # features per V gather step
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64

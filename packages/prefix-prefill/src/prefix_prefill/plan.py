@@ -26,7 +26,7 @@ kernel                  when
                         (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one at
-                        heads 64/128: :data:`GLUON_FP8_SPLIT_HEADS`)
+                        heads 64/128/256: :data:`GLUON_FP8_SPLIT_HEADS`)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -117,11 +117,9 @@ GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: ... at these head sizes over an NHD or HND cache (head 256: a 2-warp converter and one staging slot a
 #: ring, ``prefix_prefill.gluon_kernel.fp8_converter_warps`` / ``fp8_staging``) ...
 GLUON_FP8_CACHE_HEADS = frozenset({64, 128, 256})
-#: ... and these over vLLM's split cache (gathers into fp8 staging slots). Head 256 keeps the Triton kernel
-#: there: its two 2-warp gathering partitions and the converter make the kernel 14 warps or more, which
-#: leaves each consumer thread at most 144 registers under ptxas's per-thread ceiling for the launch, fewer
-#: than a 64 x 256 float32 accumulator's wgmma takes (ptxas C7602 asks for 158).
-GLUON_FP8_SPLIT_HEADS = frozenset({64, 128})
+#: ... and these over vLLM's split cache (gathers into fp8 staging slots; head 256: a 1-warp gatherer a
+#: ring, ``prefix_prefill.gluon_split_kernel.fp8_gather_warps``, so the kernel stays at 12 warps).
+GLUON_FP8_SPLIT_HEADS = frozenset({64, 128, 256})
 
 
 @dataclass(frozen=True)
@@ -321,7 +319,7 @@ def _gluon_unmet(p: Problem) -> str | None:
             p.cache_dtype not in GLUON_FP8_CACHES
             or p.layout != "split"
             or p.head_size in GLUON_FP8_SPLIT_HEADS,
-            f"an fp8 split cache at head size {p.head_size} (fp8 split caches on Gluon: heads 64/128)",
+            f"an fp8 split cache at head size {p.head_size} (fp8 split caches on Gluon: heads 64/128/256)",
         ),
         (
             p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,
