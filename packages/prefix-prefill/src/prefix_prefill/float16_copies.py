@@ -63,9 +63,7 @@ def float16_copies(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | No
     of two (the fp8-cache Gluon forms' heads 64, 128 and 256), in one launch. The three copies are views of
     one allocation (each starts at a multiple of ``D`` elements: 128-byte aligned)."""
     tokens, heads, d = q.shape
-    n_q = q.numel()
-    n_kv = 0 if k is None else k.numel()
-    buf = torch.empty(n_q + 2 * n_kv, dtype=torch.float16, device=q.device)
+    buf, n_q, n_kv = _allocation(q, k)
     q16 = buf[:n_q].view(q.shape)
     if k is None:
         k16 = v16 = None
@@ -100,25 +98,31 @@ def float16_copy_pointers(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tens
         q16, k16, v16 = float16_copies(q, k, v, q_mul)
         qp = q16.data_ptr()
         return q16, qp, (qp if k16 is None else k16.data_ptr()), (qp if v16 is None else v16.data_ptr())
-    tokens, heads, d = q.shape
-    q_rows = tokens * heads
-    n_q = q_rows * d
+    shape = q.shape
+    q_rows = shape[0] * shape[1]
+    buf, n_q, n_kv = _allocation(q, k)
+    qp = buf.data_ptr()
     if k is None:
-        buf = torch.empty(n_q, dtype=torch.float16, device=q.device)
-        qp = kp = vp = buf.data_ptr()
+        kp = vp = qp
         src_q = src_k = src_v = q.data_ptr()
         kv_rows = 0
     else:
-        kv_rows = k.shape[0] * k.shape[1]
-        buf = torch.empty(n_q + 2 * kv_rows * d, dtype=torch.float16, device=q.device)
-        qp = buf.data_ptr()
-        kp = qp + 2 * n_q  # (float16: two bytes an element)
-        vp = kp + 2 * kv_rows * d
+        kp = qp + 2 * n_q  # (the views float16_copies makes, as pointers: two bytes an element)
+        vp = kp + 2 * n_kv
         src_q, src_k, src_v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        kv_rows = k.shape[0] * k.shape[1]
     grid0 = _programs(q_rows, kv_rows)
     if grid0 > 0:
         frame(grid0, 1, 1, stream, 0, (), (src_q, src_k, src_v, qp, kp, vp, q_rows, kv_rows))
     return buf, qp, kp, vp
+
+
+def _allocation(q: torch.Tensor, k: torch.Tensor | None) -> tuple:
+    """``(buffer, n_q, n_kv)``: the one float16 allocation of the copies, q's ``n_q`` elements then k's and
+    v's ``n_kv`` each (0 with ``k=None``)."""
+    n_q = q.numel()
+    n_kv = 0 if k is None else k.numel()
+    return torch.empty(n_q + 2 * n_kv, dtype=torch.float16, device=q.device), n_q, n_kv
 
 
 #: Rows of the sources a program copies.

@@ -25,8 +25,8 @@ kernel                  when
                         :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache its persistent form
                         (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
-``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one at
-                        heads 64/128/256: :data:`GLUON_FP8_SPLIT_HEADS`)
+``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one
+                        too, gathered into fp8 staging slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -114,12 +114,10 @@ GLUON_FP8_OUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: NHD/HND Gluon kernel: the fp8 cache dtypes it converts (``CACHE_FP8``: NVIDIA's e4m3fn and e5m2, each
 #: value exactly a float16 and a bfloat16; the fnuz types, AMD's, keep the Triton kernel).
 GLUON_FP8_CACHES = (torch.float8_e4m3fn, torch.float8_e5m2)
-#: ... at these head sizes over an NHD or HND cache (head 256: a 2-warp converter and one staging slot a
-#: ring, ``prefix_prefill.gluon_kernel.fp8_converter_warps`` / ``fp8_staging``) ...
+#: ... at these head sizes, in every layout (head 256: a 2-warp converter and one staging slot a ring,
+#: ``prefix_prefill.gluon_kernel.fp8_converter_warps`` / ``fp8_staging``; over vLLM's split cache a 1-warp
+#: gatherer a ring, ``prefix_prefill.gluon_split_kernel.fp8_gather_warps``, so the kernel stays at 12 warps).
 GLUON_FP8_CACHE_HEADS = frozenset({64, 128, 256})
-#: ... and these over vLLM's split cache (gathers into fp8 staging slots; head 256: a 1-warp gatherer a
-#: ring, ``prefix_prefill.gluon_split_kernel.fp8_gather_warps``, so the kernel stays at 12 warps).
-GLUON_FP8_SPLIT_HEADS = frozenset({64, 128, 256})
 
 
 @dataclass(frozen=True)
@@ -314,12 +312,6 @@ def _gluon_unmet(p: Problem) -> str | None:
         (
             p.cache_dtype not in GLUON_FP8_CACHES or p.head_size in GLUON_FP8_CACHE_HEADS,
             f"an fp8 cache at head size {p.head_size} (fp8 caches on Gluon: heads 64/128/256)",
-        ),
-        (
-            p.cache_dtype not in GLUON_FP8_CACHES
-            or p.layout != "split"
-            or p.head_size in GLUON_FP8_SPLIT_HEADS,
-            f"an fp8 split cache at head size {p.head_size} (fp8 split caches on Gluon: heads 64/128/256)",
         ),
         (
             p.out_dtype == p.q_dtype or p.out_dtype in GLUON_FP8_OUTS,

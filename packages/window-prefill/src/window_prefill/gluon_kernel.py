@@ -242,27 +242,20 @@ def _persistent_tile(t, sched, table, Starts, Lens, n_tokens, BLOCK_M: gl.conste
     they are in L2); with sections, the heads in sections of ``section`` (whole KV heads' groups,
     ``window_prefill.launch.head_section``), that order within each. ``m0 >= seq_len``: a tile past its
     sequence's end."""
+    section = sched[0]  # (no sections: all heads one section, ``sec`` 0)
+    sec = t * 0
+    r = t
     if len(sched) == 5:  # head sections (the launch's SECTIONS)
         section = sched[4]
-        sec = t * 0
-        r = t
         if section < sched[0]:  # (the live numbering's order is one section: no division for it)
             per_section = sched[1] * sched[2] * section
             sec = t // per_section
             r = t - sec * per_section
-        per_level = sched[2] * section
-        m0 = (sched[1] - 1 - r // per_level) * BLOCK_M
-        r = r % per_level
-        tok0, seq_len = _seq_span(table, Starts, Lens, r // section, n_tokens, LENS_FROM_STARTS)
-        head = sec * section + r % section
-    else:
-        heads = sched[0]
-        per_level = sched[2] * heads
-        m0 = (sched[1] - 1 - t // per_level) * BLOCK_M
-        r = t % per_level
-        tok0, seq_len = _seq_span(table, Starts, Lens, r // heads, n_tokens, LENS_FROM_STARTS)
-        head = r % heads
-    return head, m0, tok0, seq_len
+    per_level = sched[2] * section
+    m0 = (sched[1] - 1 - r // per_level) * BLOCK_M
+    r = r % per_level
+    tok0, seq_len = _seq_span(table, Starts, Lens, r // section, n_tokens, LENS_FROM_STARTS)
+    return sec * section + r % section, m0, tok0, seq_len
 
 
 @gluon.jit
