@@ -14,12 +14,13 @@ ptxas at ``--opt-level 1``; ``modeled``: with ``--modeled-arrivals``) and writes
 ``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
 packages' Gluon plans (``bench/plan_override.py``).
 Each case is one planned Gluon form (``explain()`` must name a Gluon kernel, else the case fails):
-prefix-prefill's NHD kernel (heads 64/128/256, pages 16 and 544, new K/V given or read from the cache)
-and its split-cache kernel (K by gathers, by 16-key TMA runs and by wide boxes; V by gathers and by
-TMA), and window-prefill's kernel (heads 64/128/256, full causal and a wide left window). Each case
-runs twice, before and after :func:`prefix_prefill.finish_compiles` (the first call may run the
-quick-compiling form), and both answers are compared with ``attn_reference``. Prints ``N cases OK``
-(exit 0) or the failing cases (exit 1); needs an sm90 GPU.
+prefix-prefill's NHD kernel (heads 64/128/256, pages 16 and 544, and pages of 8 or 8 times an odd
+number, new K/V given or read from the cache) and its split-cache kernel (K by gathers, by 16-key TMA
+runs and by wide boxes; V by gathers and by TMA), and window-prefill's kernel (heads 64/128/256, full
+causal and a wide left window). Each case runs twice, before and after
+:func:`prefix_prefill.finish_compiles` (the first call may run the quick-compiling form), and both answers
+are compared with ``attn_reference``. Prints ``N cases OK`` (exit 0) or the failing cases (exit 1); needs
+an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -125,6 +126,17 @@ PREFIX_FP8 = [
 PREFIX_PERSISTENT = [
     ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (32, 8), None, False, True),
     ("hnd", 64, 544, True, False, "gluon-hnd", False, False, (8, 2), None, False, True),
+]
+# pages of 8 tokens (or 8 times an odd number) on the NHD/HND kernel: boxes of 8 rows, 16 a key block at
+# heads 64/128, with the producers' larger register budget (numbered after the cases above): the fields of
+# PREFIX_FP8 and, last, ``narrow`` (the persistent form)
+PREFIX_EIGHT = [
+    ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (8, 2), None, False, False),
+    ("hnd", 64, 24, True, False, "gluon-hnd", True, False, (8, 2), None, False, False),
+    ("nhd", 256, 40, False, False, "gluon-nhd", False, False, (8, 2), None, False, False),
+    ("nhd", 128, 24, False, True, "gluon-nhd", False, True, (32, 8), None, False, False),  # paired
+    ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn, False, False),
+    ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (32, 8), None, False, True),  # persistent
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -277,6 +289,12 @@ def _cases() -> list[tuple[str, object, tuple]]:
         (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} persistent (left 127, sinks), "
          f"heads {c[8][0]}/{c[8][1]}", _prefix_case, c)
         for c in PREFIX_PERSISTENT
+    ] + [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} boxes of 8 rows, heads "
+         f"{c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}"
+         f"{f', fp8 cache {str(c[9])[6:]}' if c[9] is not None else ''}"
+         f"{', persistent (left 127, sinks)' if c[11] else ''}", _prefix_case, c)
+        for c in PREFIX_EIGHT
     ]  # fmt: skip
 
 

@@ -3,7 +3,7 @@ prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
 AMD's fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls,
-pages that are not multiples of 16, NHD/HND caches TMA
+pages that are not multiples of 8 (16 on vLLM's split layout), NHD/HND caches TMA
 cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
 pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
 which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
@@ -64,15 +64,15 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "fp32", "page_8", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
-     "fp8_fnuz", "scale"],
+    ["interpreter", "fp32", "page_12", "narrow_window", "narrow_two_sided", "head_96", "no_gluon",
+     "bt_stride", "fp8_fnuz", "scale"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
 def test_gluon_not_taken(what, layout):
     """Problems no Gluon kernel takes (NHD or HND caches): the plan names the Triton kernel and says
     why."""
     dtype = torch.float32 if what == "fp32" else torch.float16
-    page = 8 if what == "page_8" else 16
+    page = 12 if what == "page_12" else 16
     head = 96 if what == "head_96" else 128
     extra = (
         {"cache_dtype": torch.float8_e4m3fnuz, "k_scale": 0.5, "v_scale": 0.5} if what == "fp8_fnuz" else {}
@@ -111,6 +111,28 @@ def test_tma_cache_layouts_planned(layout):
     both = torch.stack([case.k_cache, case.v_cache])  # vLLM's [2, num_blocks, ...]
     case.k_cache, case.v_cache = both[0], both[1]
     assert plan.plan(_sm90(case)).kernel == f"gluon-{case.layout}"
+
+
+@pytest.mark.parametrize("page", [8, 24, 40])
+@pytest.mark.parametrize("head", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
+def test_pages_of_eight(layout, head, page):
+    """Pages that are multiples of 8 and not of 16: the NHD/HND kernel takes them, a context block that
+    crosses pages as boxes of 8 rows (``BOX`` 8, one swizzle atom of the rings' layout); vLLM's split
+    cache keeps the Triton kernel (its gathers copy 16-key runs) and the reason names its multiple. A
+    page of 4 keeps the Triton kernel on every layout."""
+    case = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
+                     device="cpu", layout=layout)  # fmt: skip
+    chosen = plan.plan(_sm90(case))
+    if layout == "split":
+        assert chosen.kernel == "triton" and "split caches: multiples of 16" in chosen.reason, chosen
+    else:
+        assert chosen.kernel == f"gluon-{layout}" and chosen.consts()["BOX"] == 8, chosen
+    assert plan.gluon_page_multiple(layout) == (16 if layout == "split" else 8)
+    four = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=4, dtype=torch.float16,
+                     device="cpu", layout=layout)  # fmt: skip
+    chosen = plan.plan(_sm90(four))
+    assert chosen.kernel == "triton" and "page size 4" in chosen.reason, chosen
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -406,7 +428,10 @@ def _producer_reads_every_slot(case, args: tuple, kw: dict, block_rows=None) -> 
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-@pytest.mark.parametrize("from_cache,page,head", [(False, 16, 128), (True, 32, 64), (False, 544, 64)])
+@pytest.mark.parametrize(
+    "from_cache,page,head",
+    [(False, 16, 128), (True, 32, 64), (False, 544, 64), (False, 8, 128), (True, 24, 256)],
+)
 def test_tma_cache_views_host_side(layout, from_cache, page, head, monkeypatch):
     """The NHD/HND kernel's host glue on the CPU (the kernel replaced by a recorder): its cache
     descriptors (``[rows, row_elems]``, strides ``[row_stride, 1]``: the caches' views of rows, block
@@ -566,7 +591,7 @@ _COMPILE_SCRIPT = (
     + PP_COMPILE_HEAD
     + """
 # head, box, new tokens from the cache
-CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True))
+CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True), (128, 8, False))
 for head, box, from_cache in CASES:
     src, kernel = compile_nhd(head, box, from_cache, False)
     n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
@@ -706,7 +731,7 @@ def test_gluon_kernel_compiles_for_sm90():
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 18 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 22 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -764,6 +789,18 @@ def test_gpu_gluon_tma_layouts(layout, page, head, dtype, from_cache, gluon_laun
     (NHD and HND: blocks twice a page apart, the other half NaN where no query may read), as
     :func:`test_gpu_gluon_pages` checks NHD: page classes 16 / 544 / 1056, heads 64 / 128 / 256, k
     given or read from the cache, ragged batches with empty contexts and one-token queries, the LSE."""
+    _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [8, 24, 40])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+def test_gpu_gluon_pages_of_eight(layout, page, head, dtype, from_cache, gluon_launches):
+    """The NHD/HND kernel over pages that are multiples of 8 and not of 16 (boxes of 8 rows: 16 a key
+    block at heads 64 / 128, 8 at 256), as :func:`test_gpu_gluon_pages` checks the other page classes."""
     _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
 
 

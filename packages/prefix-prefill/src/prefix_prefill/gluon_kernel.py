@@ -47,7 +47,8 @@ Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head
 at row ``b * block_rows + h * head_rows + s``, column ``h * head_cols`` (NHD: ``head_rows = 0``; HND:
 ``head_cols = 0``), runtime integers, so both layouts run one compiled kernel; q, k, v as
 ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
-``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
+``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 8 (a box of ``BOX``
+rows fills whole swizzle atoms of a ring slot, 8 rows each).
 
 Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows clamped
 into ``Q_desc``'s token count and cached keys to the block table's width
@@ -399,6 +400,26 @@ def _producer(
                           oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
         else:
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
+
+
+@gluon.constexpr_function
+def producer_regs(BLOCK_N, BOX, PERSISTENT=False):
+    """The registers of a TMA producer warp (:func:`_producer`, :func:`_fp8_producer`,
+    :func:`_persistent_producer` with ``PERSISTENT``): 24, and more where a context block that crosses
+    pages takes more than 8 boxes (``BLOCK_N / BOX`` of 16: pages of 8 tokens, or of an odd multiple of
+    8, at key blocks of 128), whose unrolled block-id loads ptxas keeps live together: 40, the persistent
+    form's producer 56 (offline, sm90, Triton 3.6, head 128: 208 bytes of spill at 24 registers, 16 at 32,
+    none at 40; the persistent form's 468 at 24, 100 at 40, 32 at 56, where its page-16 form has 16)."""
+    if BLOCK_N // BOX <= 8:
+        return 24
+    return 56 if PERSISTENT else 40
+
+
+@gluon.constexpr_function
+def consumer_regs(BLOCK_N, BOX, regs, PERSISTENT=False):
+    """The registers of the consumer partition beside two :func:`producer_regs` warps: ``regs``, less 16
+    beside 40-register producers and 24 beside 56-register ones (the register file they share)."""
+    return regs - {24: 0, 40: 16, 56: 24}[producer_regs(BLOCK_N, BOX, PERSISTENT)]
 
 
 @gluon.jit
@@ -773,7 +794,7 @@ def _gluon_fwd_kernel(
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [1, 1],
-            [24, 24],
+            [producer_regs(BLOCK_N, BOX), producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -792,7 +813,7 @@ def _gluon_fwd_kernel(
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [4, 1, 1],
-            [240, 24, 24],
+            [consumer_regs(BLOCK_N, BOX, 240), producer_regs(BLOCK_N, BOX), producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
 
 
@@ -851,8 +872,9 @@ def _fp8_partitions(
     warps) and the two :func:`_fp8_producer` warps, over :func:`fp8_staging` fp8 staging slots a ring (no
     swizzle: the converter reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions
     at 232 registers (16 warps, 12 at head 256: 128 consumer threads a warpgroup at 232, the converter's
-    at :func:`fp8_converter_regs`, the producers' 64 at 24, within the register file's 64K), or with
-    ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
+    at :func:`fp8_converter_regs`, the producers' 64 at 24, within the register file's 64K; pages whose
+    blocks take 16 boxes: :func:`producer_regs`, :func:`consumer_regs`), or with ``ONE_CONSUMER`` one
+    8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
     straight into the rings)."""
     STAGE: gl.constexpr = KCB_desc.layout  # (TMA lands the blocks in the descriptor's layout)
     conv_args, k_stage_args, v_stage_args = _fp8_staging(
@@ -873,7 +895,7 @@ def _fp8_partitions(
                                  NEW)),
             ],
             [fp8_converter_warps(HEAD_DIM), 1, 1],
-            [fp8_converter_regs(HEAD_DIM), 24, 24],
+            [fp8_converter_regs(HEAD_DIM), producer_regs(BLOCK_N, BOX), producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -895,7 +917,8 @@ def _fp8_partitions(
                                  NEW)),
             ],
             [4, fp8_converter_warps(HEAD_DIM), 1, 1],
-            [232, fp8_converter_regs(HEAD_DIM), 24, 24],
+            [consumer_regs(BLOCK_N, BOX, 232), fp8_converter_regs(HEAD_DIM), producer_regs(BLOCK_N, BOX),
+             producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
 
 
@@ -1200,5 +1223,6 @@ def _persistent_partitions(
             )),
         ],
         [4, 1, 1],
-        [240, 24, 24],
+        [consumer_regs(BLOCK_N, BOX, 240, True), producer_regs(BLOCK_N, BOX, True),
+         producer_regs(BLOCK_N, BOX, True)],
     )  # fmt: skip

@@ -14,7 +14,7 @@ kernel                  when
                         fp8 cache of :data:`GLUON_FP8_CACHES`, ``CACHE_FP8``), out in it or in one of
                         :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
-                        :func:`min_window` keys (or none), pages a multiple of 16, an NHD cache
+                        :func:`min_window` keys (or none), pages a multiple of 8, an NHD cache
                         TMA reads as one view of rows (:func:`paged_kv_offsets.tma_rows`: unit feature
                         stride, a slot's heads adjacent, 16-byte slots, a block stride of whole slots,
                         so FlashInfer's interleaved K/V pages too; K and V of one geometry, 16-byte
@@ -26,7 +26,7 @@ kernel                  when
                         (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one
-                        too, gathered into fp8 staging slots)
+                        too, gathered into fp8 staging slots), pages a multiple of 16
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -297,6 +297,14 @@ def split_gather_ok(p: Problem) -> bool:
     )
 
 
+def gluon_page_multiple(layout: str) -> int:
+    """The page sizes the Gluon kernels take on a cache of ``layout``: multiples of this. NHD/HND: 8, the
+    rows of one swizzle atom of the rings' NVMMA layout (a TMA box inside one page is
+    ``gcd(page_size, BLOCK_N)`` rows, and a ring slot splits only at whole atoms); vLLM's split layout:
+    16 (its gathers copy 8 or 16 keys of a V feature at once, its K boxes are 16-key runs)."""
+    return 16 if layout == "split" else 8
+
+
 def _gluon_unmet(p: Problem) -> str | None:
     """Why neither Gluon kernel runs ``p`` (None: one of them may, layout permitting)."""
     half = p.q_dtype in (torch.float16, torch.bfloat16)
@@ -319,7 +327,11 @@ def _gluon_unmet(p: Problem) -> str | None:
         ),
         (p.wide_window, f"a window narrower than {min_window(p.cache_dtype in GLUON_FP8_CACHES)} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
-        (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
+        (
+            p.kc.page_size % gluon_page_multiple(p.layout) == 0,
+            f"page size {p.kc.page_size} (Gluon kernels on {p.layout} caches: multiples of "
+            f"{gluon_page_multiple(p.layout)})",
+        ),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
         (p.bt_col_stride == 1, "block table with a non-unit column stride"),
     )
