@@ -61,6 +61,11 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("llama_fp8_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 8, "fp8": True}),
     ("llama_w127_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 8, "left": 127}),
     ("specdec_p8", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "page": 8}),
+    # pages that are no multiple of 8 (the NHD/HND Gluon kernel's gathering form)
+    ("llama_p1", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1}),
+    ("qwen_p1", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 1}),
+    ("llama_p12", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 12}),
+    ("specdec_p1", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "page": 1}),
 )
 
 

@@ -3,7 +3,7 @@ prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host
 
 CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
 AMD's fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls,
-pages that are not multiples of 8 (16 on vLLM's split layout), NHD/HND caches TMA
+pages that are not multiples of 16 on vLLM's split layout (8 under an fp8 NHD/HND cache), NHD/HND caches TMA
 cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
 pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
 which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
@@ -64,15 +64,15 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "fp32", "page_12", "narrow_window", "narrow_two_sided", "head_96", "no_gluon",
-     "bt_stride", "fp8_fnuz", "scale"],
+    ["interpreter", "fp32", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
+     "fp8_fnuz", "scale"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
 def test_gluon_not_taken(what, layout):
     """Problems no Gluon kernel takes (NHD or HND caches): the plan names the Triton kernel and says
     why."""
     dtype = torch.float32 if what == "fp32" else torch.float16
-    page = 12 if what == "page_12" else 16
+    page = 16
     head = 96 if what == "head_96" else 128
     extra = (
         {"cache_dtype": torch.float8_e4m3fnuz, "k_scale": 0.5, "v_scale": 0.5} if what == "fp8_fnuz" else {}
@@ -113,26 +113,70 @@ def test_tma_cache_layouts_planned(layout):
     assert plan.plan(_sm90(case)).kernel == f"gluon-{case.layout}"
 
 
-@pytest.mark.parametrize("page", [8, 24, 40])
+@pytest.mark.parametrize("page", [1, 3, 4, 8, 12, 24, 40])
 @pytest.mark.parametrize("head", [64, 128, 256])
 @pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
-def test_pages_of_eight(layout, head, page):
-    """Pages that are multiples of 8 and not of 16: the NHD/HND kernel takes them, a context block that
-    crosses pages as boxes of 8 rows (``BOX`` 8, one swizzle atom of the rings' layout); vLLM's split
-    cache keeps the Triton kernel (its gathers copy 16-key runs) and the reason names its multiple. A
-    page of 4 keeps the Triton kernel on every layout."""
+def test_small_page_classes(layout, head, page):
+    """Pages that are not multiples of 16 on NHD/HND caches take the NHD/HND kernel: multiples of 8 as
+    boxes of 8 rows (``BOX`` 8, one swizzle atom of the rings' layout), the others with the context's
+    key rows gathered (``GATHER``; ``BOX`` the key block, the persistent form off: a narrow window runs
+    one tile a program); an fp8 cache keeps the Triton kernel below multiples of 8; vLLM's split cache
+    keeps it below multiples of 16 (its gathers copy 16-key runs); each reason names the multiple."""
     case = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
                      device="cpu", layout=layout)  # fmt: skip
     chosen = plan.plan(_sm90(case))
+    narrow = plan.plan(_sm90(case, left=127))
+    block_n = plan.GLUON_BLOCK_N[head]
     if layout == "split":
         assert chosen.kernel == "triton" and "split caches: multiples of 16" in chosen.reason, chosen
+        return
+    assert chosen.kernel == f"gluon-{layout}", chosen
+    consts, gather = chosen.consts(), page % 8 != 0
+    assert consts["GATHER"] is gather and consts["BOX"] == (block_n if gather else 8), chosen
+    assert ("gathered" in chosen.reason) is gather
+    assert narrow.consts()["PERSISTENT"] is not gather, narrow
+    fp8 = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
+                    device="cpu", layout=layout, cache_dtype=torch.float8_e4m3fn, k_scale=0.5,
+                    v_scale=0.5)  # fmt: skip
+    chosen = plan.plan(_sm90(fp8))
+    if gather:
+        assert chosen.kernel == "triton" and "fp8 " in chosen.reason and "multiples of 8" in chosen.reason
     else:
-        assert chosen.kernel == f"gluon-{layout}" and chosen.consts()["BOX"] == 8, chosen
-    assert plan.gluon_page_multiple(layout) == (16 if layout == "split" else 8)
-    four = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=4, dtype=torch.float16,
-                     device="cpu", layout=layout)  # fmt: skip
-    chosen = plan.plan(_sm90(four))
-    assert chosen.kernel == "triton" and "page size 4" in chosen.reason, chosen
+        assert chosen.kernel == f"gluon-{layout}" and not chosen.consts()["GATHER"], chosen
+    assert [plan.gluon_page_multiple(layout, f) for f in (False, True)] == [1, 8]
+    assert plan.gluon_page_multiple("split") == 16
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+@pytest.mark.parametrize("from_cache,page,head", [(False, 1, 128), (True, 12, 64), (False, 5, 256)])
+def test_gather_host_side(layout, from_cache, page, head, monkeypatch):
+    """The gathering form's host glue on the CPU (the kernel replaced by a recorder): ``K_cache`` /
+    ``V_cache`` are the caches themselves and ``c_block``, ``c_slot``, ``c_head`` their element strides, so
+    ``b * c_block + s * c_slot + h * c_head`` is the offset of slot ``s`` of block ``b`` and KV head ``h``
+    in both (interleaved K/V pages too); a mutant with the slot and head strides swapped misses."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = make_layout_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head,
+                            page=page, dtype=torch.bfloat16, device="cpu", layout=layout,
+                            kv_from_cache=from_cache)  # fmt: skip
+    assert plan.plan(_sm90(case)).consts()["GATHER"]
+    assert _launch(case) is True
+    ((_, _, kw),) = rec.calls
+    assert kw["GATHER"] is True and kw["PERSISTENT"] is False
+    hnd = case.layout == "hnd"
+    strides = (kw["c_block"], kw["c_slot"], kw["c_head"])
+    for cache, name in ((case.k_cache, "K_cache"), (case.v_cache, "V_cache")):
+        assert kw[name] is cache
+        base = cache[0, 0, 0, 0].data_ptr()
+        for b, s, h in ((0, 0, 1), (3, page - 1, 0), (cache.shape[0] - 1, page // 2, 1)):
+            at = cache[b, h, s, 0] if hnd else cache[b, s, h, 0]
+            want = (at.data_ptr() - base) // cache.element_size()
+            assert b * strides[0] + s * strides[1] + h * strides[2] == want
+            if page > 1:
+                assert b * strides[0] + s * strides[2] + h * strides[1] != want or s == h
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -606,6 +650,21 @@ for head, box, from_cache in CASES:
     _, kernel = compile_nhd(head, box, from_cache, False, PAIR_HEADS=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") == n_wgmma
 
+# pages that are no multiple of 8: the context's key rows gathered by cp.async (16-byte copies only, each
+# gathering thread arriving when its own copies land), full and quick, and the short-query forms
+for head, from_cache in ((128, False), (256, True)):
+    bn = itf_plan.GLUON_BLOCK_N[head]
+    src, kernel = compile_nhd(head, bn, from_cache, True, GATHER=True)
+    check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2
+    n_wgmma = ptx.count("wgmma.mma_async")
+    _, kernel = compile_nhd(head, bn, from_cache, False, one=True, llvm_o0=True, GATHER=True)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma
+    _, kernel = compile_nhd(head, bn, from_cache, False, IDLE_WG1=True, GATHER=True)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 == n_wgmma
+
 # an HND cache's launch as the launcher builds it (descriptors over the cache's view of rows, the view's
 # integers) on CPU tensors: its arguments' signature is the NHD form's, and it compiles
 import torch
@@ -724,14 +783,15 @@ def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full, as its quick form (one 8-warp consumer partition: half the wgmma
     instructions, the consumer compiled once), with an idle second warpgroup (half the wgmma
-    instructions: the second consumer issues none) and with paired heads (all of them); an HND cache
-    with interleaved pages as the launcher passes it (``"gluon-hnd"``: its arguments' types are the NHD
-    form's, the view's geometry runtime integers) compiles too; on Triton 3.6 the launcher-source guess
-    of prefill_runtime's prebuild matches."""
+    instructions: the second consumer issues none) and with paired heads (all of them); the gathering
+    form (``GATHER``: pages no multiple of 8) full, quick and idle, with 16-byte ``cp.async`` gathers
+    only and one arrival a gathering thread; an HND cache with interleaved pages as the launcher passes
+    it (``"gluon-hnd"``: its arguments' types are the NHD form's, the view's geometry runtime integers)
+    compiles too; on Triton 3.6 the launcher-source guess of prefill_runtime's prebuild matches."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 22 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 28 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -794,13 +854,14 @@ def test_gpu_gluon_tma_layouts(layout, page, head, dtype, from_cache, gluon_laun
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("page", [8, 24, 40])
+@pytest.mark.parametrize("page", [1, 3, 12, 8, 24, 40])
 @pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
 @pytest.mark.parametrize("from_cache", [False, True])
 @pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-def test_gpu_gluon_pages_of_eight(layout, page, head, dtype, from_cache, gluon_launches):
-    """The NHD/HND kernel over pages that are multiples of 8 and not of 16 (boxes of 8 rows: 16 a key
-    block at heads 64 / 128, 8 at 256), as :func:`test_gpu_gluon_pages` checks the other page classes."""
+def test_gpu_gluon_small_pages(layout, page, head, dtype, from_cache, gluon_launches):
+    """The NHD/HND kernel over pages that are not multiples of 16: the gathering form (``GATHER``: pages
+    1, 3, 12) and boxes of 8 rows (8, 24, 40: 16 boxes a key block at heads 64 / 128, 8 at 256), as
+    :func:`test_gpu_gluon_pages` checks the other page classes."""
     _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
 
 
