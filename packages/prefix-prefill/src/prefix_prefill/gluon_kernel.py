@@ -366,6 +366,15 @@ def _prefix_consumer(
 
 
 @gluon.jit
+def _claim_slot(empty, ready, smem, r, NUM_STAGES: gl.constexpr):
+    """A producer's ring slot for the ring's block ``r``: waits until the consumers have released the
+    slot's previous round (a fresh barrier passes round 0); returns ``(ready barrier, slot buffer)``."""
+    slot = r % NUM_STAGES
+    mbarrier.wait(empty.index(slot), ((r // NUM_STAGES) & 1) ^ 1)
+    return ready.index(slot), smem.index(slot)
+
+
+@gluon.jit
 def _producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, ring=None,
@@ -396,11 +405,7 @@ def _producer(
             mbarrier.wait(q_empty, q_phase ^ 1)
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_blocks):
-        r = base + j  # the ring's block
-        slot = r % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((r // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, base + j, NUM_STAGES)  # (the ring's block base + j)
         mbarrier.expect(bar, kv_bytes)
         if j < n_a:
             _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size,
@@ -542,10 +547,7 @@ def _gather_producer(
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
         if j < n_a:
             _gather_rows(Cache, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size, c_block, None,
                          head_off, max_block, BLOCK_N, HEAD_DIM, SUB, c_slot)  # fmt: skip
@@ -601,11 +603,9 @@ def _fp8_producer(
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_a):
-        st = j % STAGING
-        mbarrier.wait(st_empty.index(st), ((j // STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = st_ready.index(st)
+        bar, buf = _claim_slot(st_empty, st_ready, stage, j, STAGING)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
-        _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
+        _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end,
                       page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
     if NEW:
         _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, kv_col, n_a, n_blocks, BLOCK_N,

@@ -30,6 +30,7 @@ from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves, out_scale_of
 from prefix_prefill.gluon_kernel import (
     PRODUCER_WARPS,
+    _claim_slot,
     _fp8_converter,
     _fp8_new_blocks,
     _fp8_staging,
@@ -167,10 +168,7 @@ def _split_producer(
         for h in gl.static_range(2):
             _load_v_half(N_desc, stage, stage_bar, h, n_tok0, kv_head * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
         if j < n_a:
             pos0 = a_base + j * BLOCK_N
             if KV == 0:
@@ -201,7 +199,9 @@ def _split_producer(
                     tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
                 else:  # V as key rows: the slot seen in N_desc's layout
                     rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
-                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+                    tma.async_copy_global_to_shared(
+                        N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(j % NUM_STAGES)
+                    )
 
 
 @gluon.jit
@@ -219,10 +219,7 @@ def _split_v_tma_producer(
     arrival per slot."""
     NB: gl.constexpr = BLOCK_N // 16
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
             for i in gl.static_range(NB):
@@ -236,7 +233,9 @@ def _split_v_tma_producer(
         else:
             rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+            tma.async_copy_global_to_shared(
+                N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(j % NUM_STAGES)
+            )
 
 
 @gluon.jit
