@@ -129,8 +129,9 @@ PREFIX_PERSISTENT = [
 ]
 # pages that are not multiples of 16 on the NHD/HND kernel (numbered after the cases above): 8 tokens or 8
 # times an odd number, boxes of 8 rows (16 a key block at heads 64/128, the producers' larger register
-# budget), and the others, the context's rows gathered by cp.async (GATHER, the last four): the fields of
-# PREFIX_FP8 and, last, ``narrow`` (the persistent form)
+# budget), and the others, the context's rows gathered by cp.async (GATHER, the four after them); vLLM's split
+# cache at pages of 8 and 24 (K and V gathered, the last two): the fields of PREFIX_FP8 and, last, ``narrow``
+# (the persistent form)
 PREFIX_SMALL_PAGES = [
     ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (8, 2), None, False, False),
     ("hnd", 64, 24, True, False, "gluon-hnd", True, False, (8, 2), None, False, False),
@@ -142,6 +143,8 @@ PREFIX_SMALL_PAGES = [
     ("hnd", 64, 12, True, False, "gluon-hnd", True, False, (8, 2), None, False, False),
     ("nhd", 256, 3, False, False, "gluon-nhd", False, True, (32, 8), None, False, False),  # paired
     ("nhd", 128, 5, True, True, "gluon-nhd", True, True, (6, 2), None, False, False),  # idle
+    ("split", 128, 8, False, True, "gluon-split", False, False, (8, 2), None, False, False),  # K, V gathered
+    ("split", 64, 24, True, False, "gluon-split", True, True, (32, 8), None, False, False),
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -296,7 +299,7 @@ def _cases() -> list[tuple[str, object, tuple]]:
         for c in PREFIX_PERSISTENT
     ] + [
         (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} "
-         f"{'boxes of 8 rows' if c[2] % 8 == 0 else 'rows gathered'}, heads "
+         f"{'rows gathered' if c[2] % 8 or c[0] == 'split' else 'boxes of 8 rows'}, heads "
          f"{c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}"
          f"{f', fp8 cache {str(c[9])[6:]}' if c[9] is not None else ''}"
          f"{', persistent (left 127, sinks)' if c[11] else ''}", _prefix_case, c)

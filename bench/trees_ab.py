@@ -66,6 +66,7 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("qwen_p1", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 1}),
     ("llama_p12", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 12}),
     ("specdec_p1", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "page": 1}),
+    ("llama_split_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "layout": "split", "page": 8}),
 )
 
 

@@ -1,22 +1,21 @@
 """The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and HND caches;
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
-CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
-AMD's fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls,
-pages that are not multiples of 16 on vLLM's split layout (8 under an fp8 NHD/HND cache), NHD/HND caches TMA
-cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
-pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
-which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
-head size and page), the kernels' host glue (the split kernel's descriptors, the new tokens' copies,
-compile tiers; the NHD/HND kernel's cache descriptors against the rows its producer reads) with the
-kernel replaced by a recorder, and that both kernels compile for sm90 with the installed Triton (a
-subprocess: no GPU needed) within one program's shared memory. sm90 GPU: against the float64 reference
-into NaN-poisoned outputs for every page-size class (16 .. 2048, powers of two or not), heads
-64/128/256, both 16-bit dtypes, ragged batches with empty contexts and one-token queries, k given or
-read from the cache, GQA, the LSE, the other form of each choice the plan makes (for caches whose
-strides take it); every cache slot no query may see is NaN and block-table entries past a sequence's
-need point outside the cache; a count proves the kernel ran; negative controls; no recompiles;
-CUDA-graph replay; compile tiers.
+CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never AMD's
+fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls, pages that are
+no multiple of 8 on vLLM's split layout (16 for an fp8 one; 8 under an fp8 NHD/HND cache), NHD/HND caches TMA
+cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V pages:
+yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with which settings
+(K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per head size and page),
+the kernels' host glue (the split kernel's descriptors, the new tokens' copies, compile tiers; the NHD/HND
+kernel's cache descriptors against the rows its producer reads) with the kernel replaced by a recorder, and
+that both kernels compile for sm90 with the installed Triton (a subprocess: no GPU needed) within one
+program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned outputs for every page-size
+class (1 .. 2048, powers of two or not), heads 64/128/256, both 16-bit dtypes, ragged batches with empty
+contexts and one-token queries, k given or read from the cache, GQA, the LSE, the other form of each choice
+the plan makes (for caches whose strides take it); every cache slot no query may see is NaN and block-table
+entries past a sequence's need point outside the cache; a count proves the kernel ran; negative controls; no
+recompiles; CUDA-graph replay; compile tiers.
 """
 
 from __future__ import annotations
@@ -120,15 +119,27 @@ def test_small_page_classes(layout, head, page):
     """Pages that are not multiples of 16 on NHD/HND caches take the NHD/HND kernel: multiples of 8 as
     boxes of 8 rows (``BOX`` 8, one swizzle atom of the rings' layout), the others with the context's
     key rows gathered (``GATHER``; ``BOX`` the key block, the persistent form off: a narrow window runs
-    one tile a program); an fp8 cache keeps the Triton kernel below multiples of 8; vLLM's split cache
-    keeps it below multiples of 16 (its gathers copy 16-key runs); each reason names the multiple."""
+    one tile a program); an fp8 cache keeps the Triton kernel below multiples of 8. vLLM's split cache
+    takes pages of 8 tokens or 8 times an odd number with K and V gathered (its boxes are 16-key runs)
+    and keeps the Triton kernel below multiples of 8 (16 for an fp8 one: its V gathers copy 8 or 16 keys
+    of a feature); each reason names the multiple."""
     case = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
                      device="cpu", layout=layout)  # fmt: skip
     chosen = plan.plan(_sm90(case))
     narrow = plan.plan(_sm90(case, left=127))
     block_n = plan.GLUON_BLOCK_N[head]
     if layout == "split":
-        assert chosen.kernel == "triton" and "split caches: multiples of 16" in chosen.reason, chosen
+        if page % 8:
+            assert chosen.kernel == "triton" and "split caches: multiples of 8" in chosen.reason, chosen
+        else:
+            consts = chosen.consts()
+            assert chosen.kernel == "gluon-split" and not (consts["K_TMA"] or consts["V_TMA"]), chosen
+        fp8 = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                        dtype=torch.float16, device="cpu", layout=layout, cache_dtype=torch.float8_e4m3fn,
+                        k_scale=0.5, v_scale=0.5)  # fmt: skip
+        chosen = plan.plan(_sm90(fp8))
+        assert chosen.kernel == "triton" and "fp8 split caches: multiples of 16" in chosen.reason, chosen
+        assert [plan.gluon_page_multiple(layout, f) for f in (False, True)] == [8, 16]
         return
     assert chosen.kernel == f"gluon-{layout}", chosen
     consts, gather = chosen.consts(), page % 8 != 0
@@ -144,7 +155,6 @@ def test_small_page_classes(layout, head, page):
     else:
         assert chosen.kernel == f"gluon-{layout}" and not chosen.consts()["GATHER"], chosen
     assert [plan.gluon_page_multiple(layout, f) for f in (False, True)] == [1, 8]
-    assert plan.gluon_page_multiple("split") == 16
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
@@ -863,6 +873,17 @@ def test_gpu_gluon_small_pages(layout, page, head, dtype, from_cache, gluon_laun
     1, 3, 12) and boxes of 8 rows (8, 24, 40: 16 boxes a key block at heads 64 / 128, 8 at 256), as
     :func:`test_gpu_gluon_pages` checks the other page classes."""
     _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [8, 24])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_split_pages_of_eight(page, head, dtype, from_cache, gluon_launches):
+    """The split kernel over vLLM's split cache with pages of 8 tokens or 8 times an odd number (K and V
+    gathered), as :func:`test_gpu_gluon_pages` checks the other page classes."""
+    _check_pages("split", page, head, dtype, from_cache, gluon_launches)
 
 
 def _check_pages(layout, page, head, dtype, from_cache, gluon_launches) -> None:

@@ -28,7 +28,8 @@ kernel                  when
                         persistent form (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one
-                        too, gathered into fp8 staging slots), pages a multiple of 16
+                        too, gathered into fp8 staging slots), pages a multiple of 8 (fp8: of 16;
+                        K and V gathered where a page is no multiple of 16)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -304,10 +305,11 @@ def gluon_page_multiple(layout: str, fp8: bool = False) -> int:
     of this. NHD/HND: any page, by TMA boxes of ``gcd(page_size, BLOCK_N)`` rows where that is a multiple
     of 8 (a box fills whole swizzle atoms of the rings' NVMMA layout, 8 rows; a ring slot splits only
     there), else by ``cp.async`` gathers of key rows (``GATHER``, 16-bit caches); an fp8 cache's staging
-    slots take boxes only: 8. vLLM's split layout: 16 (its gathers copy 8 or 16 keys of a V feature at
-    once, its K boxes are 16-key runs)."""
+    slots take boxes only: 8. vLLM's split layout: 8 (its V gathers copy ``x`` keys of a feature at once,
+    8 for a 16-bit cache: a copy stays inside a page), 16 for an fp8 one (``x = 16``); its K and V boxes
+    are 16-key runs, so pages that are no multiple of 16 take its gathers (:func:`_gluon_split_plan`)."""
     if layout == "split":
-        return 16
+        return 16 if fp8 else 8
     return 8 if fp8 else 1
 
 
@@ -451,6 +453,7 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
     fp8 = p.cache_dtype in GLUON_FP8_CACHES  # K and V gathered into fp8 staging, converted (one form)
     k_tma = (
         not fp8
+        and page % 16 == 0  # (16-key runs: pages of 8 tokens or 8 times an odd number take the gathers)
         and d in SPLIT_K_TMA_HEADS
         and kc.stride_dim == page * 8
         and kc.stride_head == g * page * 8
