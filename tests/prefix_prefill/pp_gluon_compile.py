@@ -7,8 +7,7 @@ scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 # out, llvm_o0, **opts) (an fp8 split cache): one form of each kernel (bf16, 128-row tiles, the
 # plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8
 # warps; ``out``: O's Triton type, bf16 or an fp8 one with OUT_MAX in ``opts``), its score and window
-# options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
-# GATHER (compile_nhd: the gathering form; pass box = the key block);
+# options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX;
 # each option's argument typed as the launcher passes it, None where off); returns ``(source, compiled
 # kernel)``.
 PP_COMPILE_HEAD = """
@@ -26,8 +25,6 @@ def option_sig(opts):
     if opts.get("PERSISTENT"):  # the persistent form's batch and tile counter (NHD/HND kernel only)
         sig["n_seqs"] = "i32"
         sig["TileCounter"] = "*i32"
-    if opts.get("GATHER"):  # the gathering form's caches and strides (NHD/HND kernel only)
-        sig.update(K_cache="*bf16", V_cache="*bf16", c_block="i32", c_slot="i32", c_head="i32")
     return sig
 
 
@@ -62,9 +59,7 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)
     finish(sig, consts, lse)
-    aligned = ("K_cache", "V_cache") if opts.get("GATHER") else ()  # (the gathers' 16-byte copies)
-    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, aligned=aligned, num_warps=8 if one else 4,
-                        llvm_o0=llvm_o0)
+    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 
 
 def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="fp16", cache="fp8e4nv", out=None, llvm_o0=False,

@@ -1,21 +1,22 @@
 """The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and HND caches;
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
-CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never AMD's
-fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls, pages that are
-no multiple of 8 on vLLM's split layout (16 for an fp8 one; 8 under an fp8 NHD/HND cache), NHD/HND caches TMA
-cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V pages:
-yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with which settings
-(K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per head size and page),
-the kernels' host glue (the split kernel's descriptors, the new tokens' copies, compile tiers; the NHD/HND
-kernel's cache descriptors against the rows its producer reads) with the kernel replaced by a recorder, and
-that both kernels compile for sm90 with the installed Triton (a subprocess: no GPU needed) within one
-program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned outputs for every page-size
-class (1 .. 2048, powers of two or not), heads 64/128/256, both 16-bit dtypes, ragged batches with empty
-contexts and one-token queries, k given or read from the cache, GQA, the LSE, the other form of each choice
-the plan makes (for caches whose strides take it); every cache slot no query may see is NaN and block-table
-entries past a sequence's need point outside the cache; a count proves the kernel ran; negative controls; no
-recompiles; CUDA-graph replay; compile tiers.
+CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
+AMD's fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls,
+pages that are not multiples of 16, NHD/HND caches TMA
+cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
+pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
+which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
+head size and page), the kernels' host glue (the split kernel's descriptors, the new tokens' copies,
+compile tiers; the NHD/HND kernel's cache descriptors against the rows its producer reads) with the
+kernel replaced by a recorder, and that both kernels compile for sm90 with the installed Triton (a
+subprocess: no GPU needed) within one program's shared memory. sm90 GPU: against the float64 reference
+into NaN-poisoned outputs for every page-size class (16 .. 2048, powers of two or not), heads
+64/128/256, both 16-bit dtypes, ragged batches with empty contexts and one-token queries, k given or
+read from the cache, GQA, the LSE, the other form of each choice the plan makes (for caches whose
+strides take it); every cache slot no query may see is NaN and block-table entries past a sequence's
+need point outside the cache; a count proves the kernel ran; negative controls; no recompiles;
+CUDA-graph replay; compile tiers.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "fp32", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
+    ["interpreter", "fp32", "page_8", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
      "fp8_fnuz", "scale"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -71,7 +72,7 @@ def test_gluon_not_taken(what, layout):
     """Problems no Gluon kernel takes (NHD or HND caches): the plan names the Triton kernel and says
     why."""
     dtype = torch.float32 if what == "fp32" else torch.float16
-    page = 16
+    page = 8 if what == "page_8" else 16
     head = 96 if what == "head_96" else 128
     extra = (
         {"cache_dtype": torch.float8_e4m3fnuz, "k_scale": 0.5, "v_scale": 0.5} if what == "fp8_fnuz" else {}
@@ -110,83 +111,6 @@ def test_tma_cache_layouts_planned(layout):
     both = torch.stack([case.k_cache, case.v_cache])  # vLLM's [2, num_blocks, ...]
     case.k_cache, case.v_cache = both[0], both[1]
     assert plan.plan(_sm90(case)).kernel == f"gluon-{case.layout}"
-
-
-@pytest.mark.parametrize("page", [1, 3, 4, 8, 12, 24, 40])
-@pytest.mark.parametrize("head", [64, 128, 256])
-@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
-def test_small_page_classes(layout, head, page):
-    """Pages that are not multiples of 16 on NHD/HND caches take the NHD/HND kernel: multiples of 8 as
-    boxes of 8 rows (``BOX`` 8, one swizzle atom of the rings' layout), the others with the context's
-    key rows gathered (``GATHER``; ``BOX`` the key block, the persistent form off: a narrow window runs
-    one tile a program); an fp8 cache keeps the Triton kernel below multiples of 8. vLLM's split cache
-    takes pages of 8 tokens or 8 times an odd number with K and V gathered (its boxes are 16-key runs)
-    and keeps the Triton kernel below multiples of 8 (16 for an fp8 one: its V gathers copy 8 or 16 keys
-    of a feature); each reason names the multiple."""
-    case = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
-                     device="cpu", layout=layout)  # fmt: skip
-    chosen = plan.plan(_sm90(case))
-    narrow = plan.plan(_sm90(case, left=127))
-    block_n = plan.GLUON_BLOCK_N[head]
-    if layout == "split":
-        if page % 8:
-            assert chosen.kernel == "triton" and "split caches: multiples of 8" in chosen.reason, chosen
-        else:
-            consts = chosen.consts()
-            assert chosen.kernel == "gluon-split" and not (consts["K_TMA"] or consts["V_TMA"]), chosen
-        fp8 = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
-                        dtype=torch.float16, device="cpu", layout=layout, cache_dtype=torch.float8_e4m3fn,
-                        k_scale=0.5, v_scale=0.5)  # fmt: skip
-        chosen = plan.plan(_sm90(fp8))
-        assert chosen.kernel == "triton" and "fp8 split caches: multiples of 16" in chosen.reason, chosen
-        assert [plan.gluon_page_multiple(layout, f) for f in (False, True)] == [8, 16]
-        return
-    assert chosen.kernel == f"gluon-{layout}", chosen
-    consts, gather = chosen.consts(), page % 8 != 0
-    assert consts["GATHER"] is gather and consts["BOX"] == (block_n if gather else 8), chosen
-    assert ("gathered" in chosen.reason) is gather
-    assert narrow.consts()["PERSISTENT"] is not gather, narrow
-    fp8 = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
-                    device="cpu", layout=layout, cache_dtype=torch.float8_e4m3fn, k_scale=0.5,
-                    v_scale=0.5)  # fmt: skip
-    chosen = plan.plan(_sm90(fp8))
-    if gather:
-        assert chosen.kernel == "triton" and "fp8 " in chosen.reason and "multiples of 8" in chosen.reason
-    else:
-        assert chosen.kernel == f"gluon-{layout}" and not chosen.consts()["GATHER"], chosen
-    assert [plan.gluon_page_multiple(layout, f) for f in (False, True)] == [1, 8]
-
-
-@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-@pytest.mark.parametrize("from_cache,page,head", [(False, 1, 128), (True, 12, 64), (False, 5, 256)])
-def test_gather_host_side(layout, from_cache, page, head, monkeypatch):
-    """The gathering form's host glue on the CPU (the kernel replaced by a recorder): ``K_cache`` /
-    ``V_cache`` are the caches themselves and ``c_block``, ``c_slot``, ``c_head`` their element strides, so
-    ``b * c_block + s * c_slot + h * c_head`` is the offset of slot ``s`` of block ``b`` and KV head ``h``
-    in both (interleaved K/V pages too); a mutant with the slot and head strides swapped misses."""
-    if not HAS_GLUON:
-        pytest.skip("this Triton has no Gluon")
-    rec = _RecordingKernel()
-    monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
-    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    case = make_layout_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=head,
-                            page=page, dtype=torch.bfloat16, device="cpu", layout=layout,
-                            kv_from_cache=from_cache)  # fmt: skip
-    assert plan.plan(_sm90(case)).consts()["GATHER"]
-    assert _launch(case) is True
-    ((_, _, kw),) = rec.calls
-    assert kw["GATHER"] is True and kw["PERSISTENT"] is False
-    hnd = case.layout == "hnd"
-    strides = (kw["c_block"], kw["c_slot"], kw["c_head"])
-    for cache, name in ((case.k_cache, "K_cache"), (case.v_cache, "V_cache")):
-        assert kw[name] is cache
-        base = cache[0, 0, 0, 0].data_ptr()
-        for b, s, h in ((0, 0, 1), (3, page - 1, 0), (cache.shape[0] - 1, page // 2, 1)):
-            at = cache[b, h, s, 0] if hnd else cache[b, s, h, 0]
-            want = (at.data_ptr() - base) // cache.element_size()
-            assert b * strides[0] + s * strides[1] + h * strides[2] == want
-            if page > 1:
-                assert b * strides[0] + s * strides[2] + h * strides[1] != want or s == h
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -482,10 +406,7 @@ def _producer_reads_every_slot(case, args: tuple, kw: dict, block_rows=None) -> 
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-@pytest.mark.parametrize(
-    "from_cache,page,head",
-    [(False, 16, 128), (True, 32, 64), (False, 544, 64), (False, 8, 128), (True, 24, 256)],
-)
+@pytest.mark.parametrize("from_cache,page,head", [(False, 16, 128), (True, 32, 64), (False, 544, 64)])
 def test_tma_cache_views_host_side(layout, from_cache, page, head, monkeypatch):
     """The NHD/HND kernel's host glue on the CPU (the kernel replaced by a recorder): its cache
     descriptors (``[rows, row_elems]``, strides ``[row_stride, 1]``: the caches' views of rows, block
@@ -645,7 +566,7 @@ _COMPILE_SCRIPT = (
     + PP_COMPILE_HEAD
     + """
 # head, box, new tokens from the cache
-CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True), (128, 8, False))
+CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True))
 for head, box, from_cache in CASES:
     src, kernel = compile_nhd(head, box, from_cache, False)
     n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
@@ -659,21 +580,6 @@ for head, box, from_cache in CASES:
     # ... with an even number of query heads a KV head: both warpgroups compute, on two heads
     _, kernel = compile_nhd(head, box, from_cache, False, PAIR_HEADS=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") == n_wgmma
-
-# pages that are no multiple of 8: the context's key rows gathered by cp.async (16-byte copies only, each
-# gathering thread arriving when its own copies land), full and quick, and the short-query forms
-for head, from_cache in ((128, False), (256, True)):
-    bn = itf_plan.GLUON_BLOCK_N[head]
-    src, kernel = compile_nhd(head, bn, from_cache, True, GATHER=True)
-    check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
-    ptx = kernel.asm["ptx"]
-    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
-    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2
-    n_wgmma = ptx.count("wgmma.mma_async")
-    _, kernel = compile_nhd(head, bn, from_cache, False, one=True, llvm_o0=True, GATHER=True)
-    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma
-    _, kernel = compile_nhd(head, bn, from_cache, False, IDLE_WG1=True, GATHER=True)
-    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 == n_wgmma
 
 # an HND cache's launch as the launcher builds it (descriptors over the cache's view of rows, the view's
 # integers) on CPU tensors: its arguments' signature is the NHD form's, and it compiles
@@ -793,15 +699,14 @@ def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full, as its quick form (one 8-warp consumer partition: half the wgmma
     instructions, the consumer compiled once), with an idle second warpgroup (half the wgmma
-    instructions: the second consumer issues none) and with paired heads (all of them); the gathering
-    form (``GATHER``: pages no multiple of 8) full, quick and idle, with 16-byte ``cp.async`` gathers
-    only and one arrival a gathering thread; an HND cache with interleaved pages as the launcher passes
-    it (``"gluon-hnd"``: its arguments' types are the NHD form's, the view's geometry runtime integers)
-    compiles too; on Triton 3.6 the launcher-source guess of prefill_runtime's prebuild matches."""
+    instructions: the second consumer issues none) and with paired heads (all of them); an HND cache
+    with interleaved pages as the launcher passes it (``"gluon-hnd"``: its arguments' types are the NHD
+    form's, the view's geometry runtime integers) compiles too; on Triton 3.6 the launcher-source guess
+    of prefill_runtime's prebuild matches."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 28 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 18 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -860,30 +765,6 @@ def test_gpu_gluon_tma_layouts(layout, page, head, dtype, from_cache, gluon_laun
     :func:`test_gpu_gluon_pages` checks NHD: page classes 16 / 544 / 1056, heads 64 / 128 / 256, k
     given or read from the cache, ragged batches with empty contexts and one-token queries, the LSE."""
     _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("page", [1, 3, 12, 8, 24, 40])
-@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
-@pytest.mark.parametrize("from_cache", [False, True])
-@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-def test_gpu_gluon_small_pages(layout, page, head, dtype, from_cache, gluon_launches):
-    """The NHD/HND kernel over pages that are not multiples of 16: the gathering form (``GATHER``: pages
-    1, 3, 12) and boxes of 8 rows (8, 24, 40: 16 boxes a key block at heads 64 / 128, 8 at 256), as
-    :func:`test_gpu_gluon_pages` checks the other page classes."""
-    _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("page", [8, 24])
-@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
-@pytest.mark.parametrize("from_cache", [False, True])
-def test_gpu_split_pages_of_eight(page, head, dtype, from_cache, gluon_launches):
-    """The split kernel over vLLM's split cache with pages of 8 tokens or 8 times an odd number (K and V
-    gathered), as :func:`test_gpu_gluon_pages` checks the other page classes."""
-    _check_pages("split", page, head, dtype, from_cache, gluon_launches)
 
 
 def _check_pages(layout, page, head, dtype, from_cache, gluon_launches) -> None:

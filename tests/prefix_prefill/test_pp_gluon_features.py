@@ -409,21 +409,6 @@ def test_gpu_all_options_every_form(layout, from_cache, head, dtype, page, monke
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("page", [1, 12, 24])
-@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
-@pytest.mark.parametrize("opts", ["all", "noncausal_all"])
-@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-def test_gpu_all_options_small_pages(layout, opts, head, dtype, page, monkeypatch):
-    """Every option together, causal or not, over pages that are not multiples of 16 (1 and 12: the
-    gathering form; 24: boxes of 8 rows), k given, and the short-query forms (paired heads) from the
-    cache."""
-    _check_options(layout, False, head, dtype, page, GPU_OPTIONS[opts], monkeypatch)
-    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
-    _check_options(layout, True, head, dtype, page, GPU_OPTIONS[opts], monkeypatch, SHORT_SEQS, (32, 8))
-
-
-@pytest.mark.gpu
-@needs_sm90
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
 @pytest.mark.parametrize("from_cache", [False, True])

@@ -516,11 +516,6 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     fp8 = consts["CACHE_FP8"]  # (launch() refused an fp8 call without its scales)
     consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None,
                   RING=_swizzled(block_n, d, True) if fp8 else None)  # fmt: skip
-    # the GATHER form's caches by pointer and element strides (K and V of one geometry: the plan checked)
-    gather = consts["GATHER"]
-    consts.update(K_cache=k_cache if gather else None, V_cache=v_cache if gather else None,
-                  c_block=kc.stride_block if gather else None, c_slot=kc.stride_slot if gather else None,
-                  c_head=kc.stride_head if gather else None)  # fmt: skip
     return args, consts, grid
 
 

@@ -29,21 +29,18 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves, out_scale_of
 from prefix_prefill.gluon_kernel import (
-    PRODUCER_WARPS,
-    _claim_slot,
     _fp8_converter,
     _fp8_new_blocks,
     _fp8_staging,
-    _gather_rows,
-    _k_threads_along_features,
     _prefix_consumer,
     _program,
-    _publish_gathers,
     _tiles,
-    _x_of,
     fp8_converter_warps,
     fp8_staging,
 )
+
+#: a gathering producer's warps
+PRODUCER_WARPS = gl.constexpr(2)
 
 
 @gluon.constexpr_function
@@ -70,6 +67,41 @@ def fp8_split_converter_regs(HEAD_DIM):
     ``[D, BLOCK_N]`` pass 16 rows of 64 keys at a time (offline, sm90, Triton 3.6: 28 bytes of spill at
     48, 36 at 40, 80 at 32; consumers at 240 with the converter at 40: 40)."""
     return 48 if HEAD_DIM > 128 else 32
+
+
+@gluon.constexpr_function
+def _x_of(dtype):
+    """Elements of a 16-byte copy of ``dtype`` (vLLM's split K cache's ``x``): 8 (16-bit), 16 (fp8)."""
+    return 128 // dtype.primitive_bitwidth
+
+
+@gluon.constexpr_function
+def _k_threads_along_features(head_dim, x):
+    """A K gather's threads along a key's features: one thread a key row (at most 16 copies a thread a
+    step) up to ``16 * x`` features, more beyond."""
+    return max(head_dim // (16 * x), 1)
+
+
+@gluon.jit
+def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off, max_block,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
+    """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
+    ``SUB`` keys per step, one 16-byte copy a key's ``x`` features (``x = 16 / element bytes``: 8 for a
+    16-bit cache, 16 for an fp8 one); keys ``>= seq_end`` are zero-filled and read no block-table entry;
+    block ids clamped to ``[0, max_block]``."""
+    X: gl.constexpr = _x_of(Cache.dtype.element_ty)
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, X)
+    PW: gl.constexpr = gl.num_warps()
+    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (one thread a key row), else the features
+    L: gl.constexpr = gl.BlockedLayout([1, X], [32 // TPD, TPD], [WK, PW // WK], [1, 0])  # x features each
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
+    col = (offs_d // X) * c_group.to(gl.int32) + offs_d % X  # [D] int32 (the host checks the range)
+    for i in gl.static_range(BLOCK_N // SUB):
+        pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
+        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, X, max_block) + head_off  # [SUB]
+        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, X]), [1, X])  # [SUB, D]
+        ok = (pos < seq_end)[:, None]  # [SUB, 1]
+        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
 
 
 @gluon.jit
@@ -135,6 +167,17 @@ def _load_v_half(N_desc, stage, stage_bar, h, tok, col, HALF: gl.constexpr, HEAD
 
 
 @gluon.jit
+def _publish_gathers(bar):
+    """A gathering thread's arrival on a slot's ready barrier once its own ``cp.async`` copies have landed
+    (``cp.async.mbarrier.arrive.noinc``: the barrier counts one arrival per producer thread); the
+    consumers' wait on that barrier then orders the copies before their reads. (Triton 3.6's ConSan does
+    not model this completion path and reports the copies as pending: triton-lang/triton#11626;
+    ``bench/sanitize_gluon.py --modeled-arrivals`` checks the protocol with the copies completed by
+    ``wait_group`` instead.)"""
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
@@ -168,11 +211,14 @@ def _split_producer(
         for h in gl.static_range(2):
             _load_v_half(N_desc, stage, stage_bar, h, n_tok0, kv_head * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
     for j in range(n_blocks):
-        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
         if j < n_a:
             pos0 = a_base + j * BLOCK_N
             if KV == 0:
-                _gather_rows(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
+                _gather_k_block(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
                                 max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
                 _gather_v_block(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
@@ -199,9 +245,7 @@ def _split_producer(
                     tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
                 else:  # V as key rows: the slot seen in N_desc's layout
                     rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
-                    tma.async_copy_global_to_shared(
-                        N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(j % NUM_STAGES)
-                    )
+                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
 
 
 @gluon.jit
@@ -219,7 +263,10 @@ def _split_v_tma_producer(
     arrival per slot."""
     NB: gl.constexpr = BLOCK_N // 16
     for j in range(n_blocks):
-        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
+        bar = ready.index(slot)
+        buf = smem.index(slot)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
             for i in gl.static_range(NB):
@@ -233,9 +280,7 @@ def _split_v_tma_producer(
         else:
             rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            tma.async_copy_global_to_shared(
-                N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(j % NUM_STAGES)
-            )
+            tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
 
 
 @gluon.jit
@@ -444,7 +489,7 @@ def _split_fp8_producer(
         mbarrier.wait(st_empty.index(st), ((j // STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
         pos0 = a_base + j * BLOCK_N
         if KV == 0:
-            _gather_rows(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
+            _gather_k_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
                             head_off, max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
         else:
             _gather_v_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
@@ -582,7 +627,7 @@ def _gluon_split_kernel(
     else:  # the caches' elements a 16-byte gather copy (vLLM's x), from their element type
         CX: gl.constexpr = _x_of(V_cache.dtype.element_ty)
     V_TPR: gl.constexpr = BLOCK_N // CX  # threads along a feature row's keys in the V gathers
-    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_rows)
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_k_block)
     GW: gl.constexpr = fp8_gather_warps(HEAD_DIM) if CACHE_FP8 else PRODUCER_WARPS  # a gatherer's warps
     K_SUB: gl.constexpr = 32 * GW if TPD == 1 else 32 // TPD  # keys per K gather step
     V_SUB: gl.constexpr = max(16, GW * 32 // V_TPR)  # features per V gather step

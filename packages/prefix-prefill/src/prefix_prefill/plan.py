@@ -14,9 +14,7 @@ kernel                  when
                         fp8 cache of :data:`GLUON_FP8_CACHES`, ``CACHE_FP8``), out in it or in one of
                         :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
-                        :func:`min_window` keys (or none), any page size (:func:`gluon_page_multiple`:
-                        TMA boxes, or ``GATHER``'s ``cp.async`` gathers where a page is no
-                        multiple of 8; an fp8 cache's pages a multiple of 8), an NHD cache
+                        :func:`min_window` keys (or none), pages a multiple of 16, an NHD cache
                         TMA reads as one view of rows (:func:`paged_kv_offsets.tma_rows`: unit feature
                         stride, a slot's heads adjacent, 16-byte slots, a block stride of whole slots,
                         so FlashInfer's interleaved K/V pages too; K and V of one geometry, 16-byte
@@ -24,12 +22,11 @@ kernel                  when
                         adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, the windows (a right
                         one only without causality, where it is moot), causal or not, and
                         skip_decode are its constexprs; a window of at most
-                        :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache of boxes its
-                        persistent form (``PERSISTENT``)
+                        :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache its persistent form
+                        (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one
-                        too, gathered into fp8 staging slots), pages a multiple of 8 (fp8: of 16;
-                        K and V gathered where a page is no multiple of 16)
+                        too, gathered into fp8 staging slots)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -300,23 +297,9 @@ def split_gather_ok(p: Problem) -> bool:
     )
 
 
-def gluon_page_multiple(layout: str, fp8: bool = False) -> int:
-    """The page sizes the Gluon kernels take on a cache of ``layout`` (``fp8``: an fp8 cache): multiples
-    of this. NHD/HND: any page, by TMA boxes of ``gcd(page_size, BLOCK_N)`` rows where that is a multiple
-    of 8 (a box fills whole swizzle atoms of the rings' NVMMA layout, 8 rows; a ring slot splits only
-    there), else by ``cp.async`` gathers of key rows (``GATHER``, 16-bit caches); an fp8 cache's staging
-    slots take boxes only: 8. vLLM's split layout: 8 (its V gathers copy ``x`` keys of a feature at once,
-    8 for a 16-bit cache: a copy stays inside a page), 16 for an fp8 one (``x = 16``); its K and V boxes
-    are 16-key runs, so pages that are no multiple of 16 take its gathers (:func:`_gluon_split_plan`)."""
-    if layout == "split":
-        return 16 if fp8 else 8
-    return 8 if fp8 else 1
-
-
 def _gluon_unmet(p: Problem) -> str | None:
     """Why neither Gluon kernel runs ``p`` (None: one of them may, layout permitting)."""
     half = p.q_dtype in (torch.float16, torch.bfloat16)
-    fp8 = p.cache_dtype in GLUON_FP8_CACHES
     checks = (
         (p.gluon, "Gluon kernels unsupported here (architecture, Triton version or PREFILL_GLUON)"),
         (p.arch == "sm90", f"architecture {p.arch} (Gluon kernels: sm90)"),
@@ -336,11 +319,7 @@ def _gluon_unmet(p: Problem) -> str | None:
         ),
         (p.wide_window, f"a window narrower than {min_window(p.cache_dtype in GLUON_FP8_CACHES)} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
-        (
-            p.kc.page_size % gluon_page_multiple(p.layout, fp8) == 0,
-            f"page size {p.kc.page_size} (Gluon kernels on {'fp8 ' if fp8 else ''}{p.layout} caches: "
-            f"multiples of {gluon_page_multiple(p.layout, fp8)})",
-        ),
+        (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
         (p.bt_col_stride == 1, "block table with a non-unit column stride"),
     )
@@ -386,22 +365,16 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     if not (rows and tma_cache_views(p)):
         return None
     block_n = GLUON_BLOCK_N[d]
-    box = math.gcd(p.kc.page_size, block_n)
-    gather = box % 8 != 0  # (16-bit caches: _gluon_unmet keeps an fp8 cache's pages at multiples of 8)
-    consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=block_n if gather else box,
+    consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
                   # an fp8 cache converted into float16 rings (a 4-warp partition; a bf16 call as a fp16 one)
                   CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES,
-                  # narrow windows: one program takes tile after tile (16-bit caches, boxes)
-                  PERSISTENT=p.narrow_window and p.cache_dtype not in GLUON_FP8_CACHES and not gather,
-                  # pages that are not multiples of 8: the context's key rows by cp.async gathers
-                  GATHER=gather,
+                  # narrow windows: one program takes tile after tile (16-bit caches)
+                  PERSISTENT=p.narrow_window and p.cache_dtype not in GLUON_FP8_CACHES,
                   **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     if consts["PERSISTENT"]:
         why += "; persistent (a narrow window)"
-    if gather:
-        why += f"; context rows gathered (page size {p.kc.page_size})"
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
 
@@ -453,7 +426,6 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
     fp8 = p.cache_dtype in GLUON_FP8_CACHES  # K and V gathered into fp8 staging, converted (one form)
     k_tma = (
         not fp8
-        and page % 16 == 0  # (16-key runs: pages of 8 tokens or 8 times an odd number take the gathers)
         and d in SPLIT_K_TMA_HEADS
         and kc.stride_dim == page * 8
         and kc.stride_head == g * page * 8
