@@ -14,12 +14,13 @@ ptxas at ``--opt-level 1``; ``modeled``: with ``--modeled-arrivals``) and writes
 ``consan.md`` into ``--out``. ``--set NAME=VALUE`` overrides a constexpr of both
 packages' Gluon plans (``bench/plan_override.py``).
 Each case is one planned Gluon form (``explain()`` must name a Gluon kernel, else the case fails):
-prefix-prefill's NHD kernel (heads 64/128/256, pages 16 and 544, new K/V given or read from the cache)
-and its split-cache kernel (K by gathers, by 16-key TMA runs and by wide boxes; V by gathers and by
-TMA), and window-prefill's kernel (heads 64/128/256, full causal and a wide left window). Each case
-runs twice, before and after :func:`prefix_prefill.finish_compiles` (the first call may run the
-quick-compiling form), and both answers are compared with ``attn_reference``. Prints ``N cases OK``
-(exit 0) or the failing cases (exit 1); needs an sm90 GPU.
+prefix-prefill's NHD kernel (heads 64/128/256, pages 16 and 544, and pages of 1 to 40 tokens: boxes
+of 8 rows or gathered rows, new K/V given or read from the cache) and its split-cache kernel (K by
+gathers, by 16-key TMA runs and by wide boxes; V by gathers and by TMA), and window-prefill's kernel
+(heads 64/128/256, full causal and a wide left window). Each case runs twice, before and after
+:func:`prefix_prefill.finish_compiles` (the first call may run the quick-compiling form), and both answers
+are compared with ``attn_reference``. Prints ``N cases OK`` (exit 0) or the failing cases (exit 1); needs
+an sm90 GPU.
 """
 
 from __future__ import annotations
@@ -126,6 +127,35 @@ PREFIX_PERSISTENT = [
     ("nhd", 128, 16, False, True, "gluon-nhd", False, False, (32, 8), None, False, True),
     ("hnd", 64, 544, True, False, "gluon-hnd", False, False, (8, 2), None, False, True),
 ]
+# pages that are not multiples of 16 on the NHD/HND kernel (numbered after the cases above): 8 tokens or 8
+# times an odd number, boxes of 8 rows (16 a key block at heads 64/128, the producers' larger register
+# budget), and the others at head 256, the context's rows gathered by cp.async (GATHER, the four after them);
+# vLLM's split cache at pages of 8 and 24 (K and V gathered, the last two): the fields of PREFIX_FP8 and,
+# last, ``narrow`` (the persistent form)
+PREFIX_SMALL_PAGES = [
+    ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (8, 2), None, False, False),
+    ("hnd", 64, 24, True, False, "gluon-hnd", True, False, (8, 2), None, False, False),
+    ("nhd", 256, 40, False, False, "gluon-nhd", False, False, (8, 2), None, False, False),
+    ("nhd", 128, 24, False, True, "gluon-nhd", False, True, (32, 8), None, False, False),  # paired
+    ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (8, 2), torch.float8_e4m3fn, False, False),
+    ("nhd", 128, 8, False, True, "gluon-nhd", False, False, (32, 8), None, False, True),  # persistent
+    ("nhd", 256, 1, False, True, "gluon-nhd", False, False, (8, 2), None, False, False),
+    ("hnd", 256, 12, True, False, "gluon-hnd", True, False, (8, 2), None, False, False),
+    ("nhd", 256, 3, False, False, "gluon-nhd", False, True, (32, 8), None, False, False),  # paired
+    ("nhd", 256, 5, True, True, "gluon-nhd", True, True, (6, 2), None, False, False),  # idle
+    ("split", 128, 8, False, True, "gluon-split", False, False, (8, 2), None, False, False),  # K, V gathered
+    ("split", 64, 24, True, False, "gluon-split", True, True, (32, 8), None, False, False),
+]
+# queries of at most 8 tokens on the 16-bit forms: a KV head's query heads packed into the first consumer
+# warpgroup's rows (PACK: 4, 8 and 3 heads a KV head, 16, 8 and 16 rows each, the last with 16 padding rows),
+# numbered after the cases above: (layout, head, page, kv_from_cache, return_lse, plan, heads)
+PREFIX_PACKED = [
+    ("nhd", 128, 16, False, True, "gluon-nhd", (32, 8)),
+    ("hnd", 64, 544, True, False, "gluon-hnd", (16, 2)),
+    ("nhd", 256, 24, False, True, "gluon-nhd", (6, 2)),
+    ("split", 128, 16, False, True, "gluon-split", (32, 8)),  # K by 16-key TMA runs, V by gathers
+    ("split", 64, 24, True, False, "gluon-split", (16, 2)),  # K and V gathered
+]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
     (64, [2100, 300], (2047, -1), False),
@@ -147,6 +177,7 @@ def _prefix_case(
     fp8: torch.dtype | None = None,
     aligned: bool = False,
     narrow: bool = False,
+    packed: bool = False,
 ) -> list[str]:
     ctx, new = ([2400, 37], [300, 70]) if options else ([300, 37], [150, 70])
     if narrow:  # (one long query, a short one, a one-token one: live and dead tiles of the persistent form)
@@ -157,6 +188,8 @@ def _prefix_case(
     if short:  # max_query_len <= 64: the second consumer warpgroup pairs heads (with 32 / 8 heads over
         # these 6 sequences the idle grid, 192 programs, is more than one wave) or idles (6 / 2)
         ctx, new = [2400, 37, 600, 0, 129, 1700], [4, 60, 8, 64, 37, 1]
+    if packed:  # max_query_len <= 8: a KV head's query heads packed into one warpgroup's rows
+        ctx, new = [2400, 37, 600, 0, 129, 1700], [4, 8, 8, 3, 7, 1]
     seq = [c + n for c, n in zip(ctx, new, strict=True)]
     pages = [-(-s // page) for s in seq]
     nb = sum(pages) + 1
@@ -277,6 +310,18 @@ def _cases() -> list[tuple[str, object, tuple]]:
         (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} persistent (left 127, sinks), "
          f"heads {c[8][0]}/{c[8][1]}", _prefix_case, c)
         for c in PREFIX_PERSISTENT
+    ] + [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} "
+         f"{'rows gathered' if c[2] % 8 or c[0] == 'split' else 'boxes of 8 rows'}, heads "
+         f"{c[8][0]}/{c[8][1]}{', queries <= 64' if c[7] else ''}{' all options' if c[6] else ''}"
+         f"{f', fp8 cache {str(c[9])[6:]}' if c[9] is not None else ''}"
+         f"{', persistent (left 127, sinks)' if c[11] else ''}", _prefix_case, c)
+        for c in PREFIX_SMALL_PAGES
+    ] + [
+        (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} queries <= 8, heads "
+         f"{c[6][0]}/{c[6][1]} packed", _prefix_case,
+         (*c[:6], False, False, c[6], None, False, False, True))
+        for c in PREFIX_PACKED
     ]  # fmt: skip
 
 
@@ -292,8 +337,9 @@ def _modeled_arrivals():
     """Both per-thread ``cp.async.mbarrier.arrive.noinc`` arrivals of the Gluon kernels replaced by the
     form Triton 3.6's ConSan models, with the same ordering (installed before the first compile):
 
-    * the split kernel's gathering threads publish a slot after ``commit_group`` / ``wait_group(0)``
-      (their copies landed) by one elected arrival of the partition's thread count;
+    * the gathering threads (the split kernel's, the NHD/HND kernel's ``GATHER`` form) publish a slot
+      after ``commit_group`` / ``wait_group(0)`` (their copies landed) by one elected arrival of the
+      partition's thread count;
     * a consumer partition of 8 warps (``WARPGROUPS == 2``: the NHD kernel's quick form, the split
       kernel's one-consumer forms) releases a slot by one elected arrival of its 256 threads' count
       (Triton puts a barrier of the partition before an elected arrival, so every thread's wgmma wait
@@ -305,9 +351,10 @@ def _modeled_arrivals():
     the producers' next write (where the report's own text is lost: ``__assertfail`` faults as an
     illegal instruction in the producer warp)."""
     import prefill_runtime.gluon as rt_gluon
+    import prefix_prefill.gluon_kernel as nhd
     import prefix_prefill.gluon_split_kernel as split
 
-    split._publish_gathers = _publish_waited
+    split._publish_gathers = nhd._publish_gathers = _publish_waited  # (the split kernel imports it by name)
     rt_gluon._release = _release_elected
 
 

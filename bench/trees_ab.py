@@ -36,6 +36,7 @@ _RAGGED = tuple((0, n) for n in (8192, 100, 3000, 1, 700, 5000, 129))
 _RND = random.Random(7)
 _RAND16 = tuple((0, _RND.randint(1, 4096)) for _ in range(16))
 _RAND64 = tuple((0, _RND.randint(64, 1024)) for _ in range(64))
+_SPEC = tuple((_RND.randint(2048, 8192), 4) for _ in range(32))  # 32 x 4 new tokens on 2k-8k contexts
 EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords (anchors.Row)
     ("causal8k_d64", "varlen", 1, 8192, 32, 8, 64, {}),
     ("causal8k_d256", "varlen", 1, 8192, 16, 2, 256, {}),
@@ -53,6 +54,21 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("llama_w127_p1056", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1056, "left": 127}),
     ("llama_w511", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "left": 511}),
     ("llama_fp8_w127", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "left": 127, "fp8": True}),
+    # pages of 8 tokens or 8 times an odd number (the NHD/HND Gluon kernel's boxes of 8 rows)
+    ("llama_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 8}),
+    ("llama_p24", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 24}),
+    ("qwen_p8", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 8}),
+    ("llama_fp8_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 8, "fp8": True}),
+    ("llama_w127_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 8, "left": 127}),
+    ("specdec_p8", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "page": 8}),
+    # pages that are no multiple of 8 (the NHD/HND Gluon kernel's gathering form)
+    ("llama_p1", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1}),
+    ("qwen_p1", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 1}),
+    ("llama_p12", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 12}),
+    ("specdec_p1", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "page": 1}),
+    ("llama_d64_p1", "prefix", 8, 4096, 32, 8, 64, {"ctx": 4096, "page": 1}),
+    ("qwen_p12", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 12}),
+    ("llama_split_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "layout": "split", "page": 8}),
 )
 
 

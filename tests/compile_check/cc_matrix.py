@@ -9,7 +9,7 @@ each recorded launch holds exactly the arguments, constexprs and options the lau
 
 The matrix (:func:`cases`) covers, for every target, every table entry the plan can pick (head-size
 bucket x dtype class; the window table's causality too) in each cache layout, both 16-bit dtypes and
-fp32, fp8 caches and fp8 output (prefix), page sizes 1, 16, 544 and 1056 (prefix), every option (causal
+fp32, fp8 caches and fp8 output (prefix), page sizes 1, 8, 16, 24, 544 and 1056 (prefix), every option (causal
 or not, left/right windows, ALiBi, sinks of both modes, soft-capping, skip_decode, k=None, the LSE) in
 the combinations models use (:data:`PREFIX_FORMS`, :data:`WINDOW_FORMS`), 64-bit offsets, and every
 head-size class (the exact bucket sizes 64/128/256, the padded 80/192, the narrow 32 and 8). On
@@ -50,7 +50,7 @@ PREFIX_FORMS: dict[str, dict] = {
 #: (page, form) of the sm90 rows that take the Gluon kernels, per head size and layout
 GLUON_PAGE_FORMS = ((16, "causal"), (544, "causal"), (1056, "k_none"), (16, "specdec"), (16, "specdec_batch"))
 #: (page, form) of the sm90 rows over an HND cache (the NHD kernel reading one head's slots a row view)
-GLUON_HND_PAGE_FORMS = ((16, "causal"), (544, "sliding_sinks"))
+GLUON_HND_PAGE_FORMS = ((16, "causal"), (544, "sliding_sinks"), (8, "causal"), (24, "sliding_sinks"))
 #: multiprocessors of the targets the Gluon launcher weighs a short-query batch against (H100/H200)
 MULTIPROCESSORS = {"sm90": 132}
 #: forms of a window-prefill call (``lens``: starts and lengths, vLLM's form, instead of cu_seqlens;

@@ -364,11 +364,11 @@ def test_gpu_prefix_batch_invariance_bf16(window, page):
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_gpu_prefix_batch_invariance_short_query_bf16(layout, heads, monkeypatch):
     """A speculative-decoding sized query (4 rows on a 3000-token context) alone runs, on Hopper, the
-    short-query Gluon form whose second warpgroup idles (``max_query_len <= 64``, a grid of one wave);
-    among eleven other short queries, with 16 / 4 heads, the form whose second warpgroup takes the next
-    head (192 idle programs: more than one wave), with 12 / 4 the idle one; beside longer queries, the
-    form with two warpgroups on one head's rows: its rows are the same bit for bit in every form (the
-    full forms, compile tiers off)."""
+    short-query Gluon form that packs its KV head's query heads into the first warpgroup's rows (4 rows
+    within ``packed_tokens(64, 4) = 16``; its second warpgroup idles); among eleven other short queries,
+    with 16 / 4 heads, the form whose second warpgroup takes the next head (192 idle programs: more than
+    one wave), with 12 / 4 the idle one; beside longer queries, the form with two warpgroups on one head's
+    rows: its rows are the same bit for bit in every form (the full forms, compile tiers off)."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
     for others in ([(0, 2048), (5000, 1), (100, 60)], [(200, 4)] * 10 + [(100, 60)]):
         _prefix_batch_invariance(torch.bfloat16, (3000, 4), others, *heads, 128, 16, (-1, -1), layout)

@@ -20,7 +20,7 @@ _PUBLIC = (
 
 
 def test_version():
-    assert prefill_runtime.__version__ == "0.28.1"
+    assert prefill_runtime.__version__ == "0.29.0"
 
 
 def test_public_names():

@@ -7,7 +7,8 @@ scripts that ``conftest.compile_gluon_for_sm90`` runs after its preamble."""
 # out, llvm_o0, **opts) (an fp8 split cache): one form of each kernel (bf16, 128-row tiles, the
 # plan's key blocks, ring slots and V staging; ``one``: one 8-warp consumer partition, Q in one box, 8
 # warps; ``out``: O's Triton type, bf16 or an fp8 one with OUT_MAX in ``opts``), its score and window
-# options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX;
+# options in ``opts`` (HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, SKIP_DECODE, CAUSAL, HAS_RIGHT, OUT_MAX,
+# GATHER (compile_nhd: the gathering form; pass box = the key block);
 # each option's argument typed as the launcher passes it, None where off); returns ``(source, compiled
 # kernel)``.
 PP_COMPILE_HEAD = """
@@ -25,6 +26,8 @@ def option_sig(opts):
     if opts.get("PERSISTENT"):  # the persistent form's batch and tile counter (NHD/HND kernel only)
         sig["n_seqs"] = "i32"
         sig["TileCounter"] = "*i32"
+    if opts.get("GATHER"):  # the gathering form's caches and strides (NHD/HND kernel only)
+        sig.update(K_cache="*bf16", V_cache="*bf16", c_block="i32", c_slot="i32", c_head="i32")
     return sig
 
 
@@ -38,14 +41,15 @@ def finish(sig, consts, lse):
     consts.update({n: None for n, t in sig.items() if t == "constexpr"})
 
 
-def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16", **opts):
+def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16", q_rows=0, **opts):
+    # q_rows: Q's box rows when not the form's half (or whole) tile: a packed form's, in the half's layout
     bn = itf_plan.GLUON_BLOCK_N[head]
     rows = 128 if one else 64
     lq = gl.NVMMASharedLayout.get_default_for([rows, head], gl.bfloat16)
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], gl.bfloat16)
     lb = gl.NVMMASharedLayout.get_default_for([box, head], gl.bfloat16)
     sig = {
-        "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
+        "Q_desc": f"tensordesc<bf16[{q_rows or rows}, {head}],{lq!r}>",
         "K_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "V_desc": f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "KC_desc": f"tensordesc<bf16[{box}, {head}],{lb!r}>",
@@ -59,7 +63,9 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
     consts = dict(HEAD_DIM=head, BLOCK_M=128, BLOCK_N=bn, BOX=box, KV_FROM_CACHE=from_cache, RETURN_LSE=lse,
                   NUM_STAGES=itf_plan.GLUON_STAGES, ONE_CONSUMER=one, **opts)
     finish(sig, consts, lse)
-    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
+    aligned = ("K_cache", "V_cache") if opts.get("GATHER") else ()  # (the gathers' 16-byte copies)
+    return compile_sm90(itf._gluon_fwd_kernel, sig, consts, aligned=aligned, num_warps=8 if one else 4,
+                        llvm_o0=llvm_o0)
 
 
 def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="fp16", cache="fp8e4nv", out=None, llvm_o0=False,
@@ -92,7 +98,9 @@ def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="fp16", cache="fp8e
     return compile_sm90(itf._gluon_fwd_kernel, sig, consts, num_warps=8 if one else 4, llvm_o0=llvm_o0)
 
 
-def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, out="bf16", **opts):
+def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o0=False, out="bf16", q_rows=0,
+                  **opts):  # fmt: skip
+    # q_rows: as compile_nhd's
     lc = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     lw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
     l4 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
@@ -109,7 +117,7 @@ def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o
     vn = bn // 2 if v_stage else bn
     lvn = gl.NVMMASharedLayout.get_default_for([vn, head], gl.bfloat16)
     sig = {
-        "Q_desc": f"tensordesc<bf16[{rows}, {head}],{lq!r}>",
+        "Q_desc": f"tensordesc<bf16[{q_rows or rows}, {head}],{lq!r}>",
         "K_desc": f"tensordesc<bf16[8, 8, 8],{lw!r}>" if k_tma else f"tensordesc<bf16[{bn}, {head}],{lk!r}>",
         "V_desc": f"tensordesc<bf16[{vn}, {head}],{lvn!r}>",
         "K_cache": f"tensordesc<bf16[8, 64],{lc!r}>" if k_tma else "*bf16",

@@ -1,22 +1,21 @@
 """The warp-specialised Gluon kernels of prefix-prefill (prefix_prefill.gluon_kernel: NHD and HND caches;
 prefix_prefill.gluon_split_kernel: vLLM's split layout): their plans, their host side and their answers.
 
-CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never
-AMD's fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls,
-pages that are not multiples of 16, NHD/HND caches TMA
-cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V
-pages: yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with
-which settings (K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per
-head size and page), the kernels' host glue (the split kernel's descriptors, the new tokens' copies,
-compile tiers; the NHD/HND kernel's cache descriptors against the rows its producer reads) with the
-kernel replaced by a recorder, and that both kernels compile for sm90 with the installed Triton (a
-subprocess: no GPU needed) within one program's shared memory. sm90 GPU: against the float64 reference
-into NaN-poisoned outputs for every page-size class (16 .. 2048, powers of two or not), heads
-64/128/256, both 16-bit dtypes, ragged batches with empty contexts and one-token queries, k given or
-read from the cache, GQA, the LSE, the other form of each choice the plan makes (for caches whose
-strides take it); every cache slot no query may see is NaN and block-table entries past a sequence's
-need point outside the cache; a count proves the kernel ran; negative controls; no recompiles;
-CUDA-graph replay; compile tiers.
+CPU: which problems :func:`prefix_prefill.plan.plan` hands to them (never under the interpreter, never AMD's
+fnuz fp8 caches (NVIDIA's fp8 caches: test_pp_gluon_fp8.py), narrow windows, non-causal calls, pages that are
+no multiple of 8 on vLLM's split layout (16 for an fp8 one; 8 under an fp8 NHD/HND cache), NHD/HND caches TMA
+cannot read as one view of rows, split caches the gathers cannot read; HND caches and interleaved K/V pages:
+yes; windows, ALiBi, sinks, soft-capping and skip_decode: test_pp_gluon_features.py) and with which settings
+(K and V by TMA or by gathers, wide K boxes or 16-key runs, the chunk-major K ring, per head size and page),
+the kernels' host glue (the split kernel's descriptors, the new tokens' copies, compile tiers; the NHD/HND
+kernel's cache descriptors against the rows its producer reads) with the kernel replaced by a recorder, and
+that both kernels compile for sm90 with the installed Triton (a subprocess: no GPU needed) within one
+program's shared memory. sm90 GPU: against the float64 reference into NaN-poisoned outputs for every page-size
+class (1 .. 2048, powers of two or not), heads 64/128/256, both 16-bit dtypes, ragged batches with empty
+contexts and one-token queries, k given or read from the cache, GQA, the LSE, the other form of each choice
+the plan makes (for caches whose strides take it); every cache slot no query may see is NaN and block-table
+entries past a sequence's need point outside the cache; a count proves the kernel ran; negative controls; no
+recompiles; CUDA-graph replay; compile tiers.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ import prefill_runtime as runtime
 from attn_reference import compare
 from paged_kv_offsets import describe_kv_cache
 from prefill_runtime.compiled_launch import CompiledLaunches
+from prefill_runtime.plan import packed_tokens
 from prefix_prefill import gluon_launch, launch, plan, prefix_prefill
 
 HAS_GLUON = gluon_launch._gluon_fwd_kernel is not None and gluon_launch._gluon_split_kernel is not None
@@ -64,7 +64,7 @@ def _sm90(case, **opts) -> plan.Problem:
 # ------------------------------------------------------------------------- CPU: plans
 @pytest.mark.parametrize(
     "what",
-    ["interpreter", "fp32", "page_8", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
+    ["interpreter", "fp32", "narrow_window", "narrow_two_sided", "head_96", "no_gluon", "bt_stride",
      "fp8_fnuz", "scale"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -72,7 +72,7 @@ def test_gluon_not_taken(what, layout):
     """Problems no Gluon kernel takes (NHD or HND caches): the plan names the Triton kernel and says
     why."""
     dtype = torch.float32 if what == "fp32" else torch.float16
-    page = 8 if what == "page_8" else 16
+    page = 16
     head = 96 if what == "head_96" else 128
     extra = (
         {"cache_dtype": torch.float8_e4m3fnuz, "k_scale": 0.5, "v_scale": 0.5} if what == "fp8_fnuz" else {}
@@ -111,6 +111,90 @@ def test_tma_cache_layouts_planned(layout):
     both = torch.stack([case.k_cache, case.v_cache])  # vLLM's [2, num_blocks, ...]
     case.k_cache, case.v_cache = both[0], both[1]
     assert plan.plan(_sm90(case)).kernel == f"gluon-{case.layout}"
+
+
+@pytest.mark.parametrize("page", [1, 3, 4, 8, 12, 24, 40])
+@pytest.mark.parametrize("head", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
+def test_small_page_classes(layout, head, page):
+    """Pages that are not multiples of 16 on NHD/HND caches take the NHD/HND kernel: multiples of 8 as
+    boxes of 8 rows (``BOX`` 8, one swizzle atom of the rings' layout), the others at head 256 with the
+    context's key rows gathered (``GATHER``; ``BOX`` the key block, the persistent form off: a narrow
+    window runs one tile a program) and at heads 64 and 128 on the Triton kernel (measured faster there);
+    an fp8 cache keeps the Triton kernel below multiples of 8. vLLM's split cache
+    takes pages of 8 tokens or 8 times an odd number with K and V gathered (its boxes are 16-key runs)
+    and keeps the Triton kernel below multiples of 8 (16 for an fp8 one: its V gathers copy 8 or 16 keys
+    of a feature); each reason names the multiple."""
+    case = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
+                     device="cpu", layout=layout)  # fmt: skip
+    chosen = plan.plan(_sm90(case))
+    narrow = plan.plan(_sm90(case, left=127))
+    block_n = plan.GLUON_BLOCK_N[head]
+    if layout == "split":
+        if page % 8:
+            why = f"split caches at head {head}: multiples of 8"
+            assert chosen.kernel == "triton" and why in chosen.reason, chosen
+        else:
+            consts = chosen.consts()
+            assert chosen.kernel == "gluon-split" and not (consts["K_TMA"] or consts["V_TMA"]), chosen
+        fp8 = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page,
+                        dtype=torch.float16, device="cpu", layout=layout, cache_dtype=torch.float8_e4m3fn,
+                        k_scale=0.5, v_scale=0.5)  # fmt: skip
+        chosen = plan.plan(_sm90(fp8))
+        why = f"fp8 split caches at head {head}: multiples of 16"
+        assert chosen.kernel == "triton" and why in chosen.reason, chosen
+        assert [plan.gluon_page_multiple(layout, head, f) for f in (False, True)] == [8, 16]
+        return
+    gather = page % 8 != 0
+    assert [plan.gluon_page_multiple(layout, head, f) for f in (False, True)] == [1 if head == 256 else 8, 8]
+    if gather and head != 256:
+        assert chosen.kernel == "triton" and f"at head {head}: multiples of 8" in chosen.reason, chosen
+        return
+    assert chosen.kernel == f"gluon-{layout}", chosen
+    consts = chosen.consts()
+    assert consts["GATHER"] is gather and consts["BOX"] == (block_n if gather else 8), chosen
+    assert ("gathered" in chosen.reason) is gather
+    assert narrow.consts()["PERSISTENT"] is not gather, narrow
+    fp8 = make_case([(40, 5)], num_heads=4, num_kv_heads=2, head_size=head, page=page, dtype=torch.float16,
+                    device="cpu", layout=layout, cache_dtype=torch.float8_e4m3fn, k_scale=0.5,
+                    v_scale=0.5)  # fmt: skip
+    chosen = plan.plan(_sm90(fp8))
+    if gather:
+        assert chosen.kernel == "triton" and "fp8 " in chosen.reason and "multiples of 8" in chosen.reason
+    else:
+        assert chosen.kernel == f"gluon-{layout}" and not chosen.consts()["GATHER"], chosen
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+@pytest.mark.parametrize("from_cache,page", [(False, 1), (True, 12), (False, 5)])
+def test_gather_host_side(layout, from_cache, page, monkeypatch):
+    """The gathering form's host glue on the CPU (the kernel replaced by a recorder): ``K_cache`` /
+    ``V_cache`` are the caches themselves and ``c_block``, ``c_slot``, ``c_head`` their element strides, so
+    ``b * c_block + s * c_slot + h * c_head`` is the offset of slot ``s`` of block ``b`` and KV head ``h``
+    in both (interleaved K/V pages too); a mutant with the slot and head strides swapped misses."""
+    if not HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    rec = _RecordingKernel()
+    monkeypatch.setattr(gluon_launch, "_gluon_fwd_kernel", rec)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    case = make_layout_case([(40, 5), (0, 19), (70, 130)], num_heads=4, num_kv_heads=2, head_size=256,
+                            page=page, dtype=torch.bfloat16, device="cpu", layout=layout,
+                            kv_from_cache=from_cache)  # fmt: skip
+    assert plan.plan(_sm90(case)).consts()["GATHER"]
+    assert _launch(case) is True
+    ((_, _, kw),) = rec.calls
+    assert kw["GATHER"] is True and kw["PERSISTENT"] is False
+    hnd = case.layout == "hnd"
+    strides = (kw["c_block"], kw["c_slot"], kw["c_head"])
+    for cache, name in ((case.k_cache, "K_cache"), (case.v_cache, "V_cache")):
+        assert kw[name] is cache
+        base = cache[0, 0, 0, 0].data_ptr()
+        for b, s, h in ((0, 0, 1), (3, page - 1, 0), (cache.shape[0] - 1, page // 2, 1)):
+            at = cache[b, h, s, 0] if hnd else cache[b, s, h, 0]
+            want = (at.data_ptr() - base) // cache.element_size()
+            assert b * strides[0] + s * strides[1] + h * strides[2] == want
+            if page > 1:
+                assert b * strides[0] + s * strides[2] + h * strides[1] != want or s == h
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -159,6 +243,35 @@ def test_split_gather_ok():
         assert not plan.split_gather_ok(p) and plan.plan(p).kernel == "triton"
 
 
+def test_pack_heads_rule():
+    """Packed heads on a Gluon kernel over a 16-bit cache (NHD/HND read by TMA, or vLLM's split one with
+    two consumer partitions), a group of 2 to 8 query heads a KV head, every query within
+    ``packed_tokens(64, group)`` rows (32, 16, 16, 8, 8, 8, 8 at groups 2-8; a group of 9 fits no 8-row
+    atom a head), with sinks too; never with ALiBi, an fp8 cache, the gathering form, one consumer partition,
+    the Triton kernel or one query head a KV head."""
+    assert [packed_tokens(64, g) for g in range(1, 10)] == [64, 32, 16, 16, 8, 8, 8, 8, 0]
+    assert packed_tokens(64, 0) == 0
+    for layout, page in (("nhd", 16), ("hnd", 16), ("nhd", 24), ("hnd", 544), ("split", 16), ("split", 8)):
+        for heads, kv in ((8, 4), (6, 2), (16, 2), (8, 1), (9, 1)):
+            case = make_case([(40, 9)], num_heads=heads, num_kv_heads=kv, head_size=128, page=page,
+                             dtype=torch.bfloat16, device="cpu", layout=layout)  # fmt: skip
+            chosen = plan.plan(_sm90(case))
+            assert chosen.kernel in (*plan.TMA_KERNELS, "gluon-split"), (layout, page)
+            group, rows = heads // kv, packed_tokens(64, heads // kv)
+            for n in (1, rows, rows + 1, 64):
+                want = group if 2 <= group <= 8 and 1 <= n <= rows else 0
+                assert plan.pack_heads(chosen, group, n) == want, (layout, page, group, n)
+            sinks = chosen.replace(constexprs={"HAS_SINKS": True})
+            assert plan.pack_heads(sinks, group, 1) == (group if 2 <= group <= 8 else 0)
+            for name in ("HAS_ALIBI", "CACHE_FP8", "GATHER", "ONE_CONSUMER"):
+                assert plan.pack_heads(chosen.replace(constexprs={name: True}), group, 1) == 0, name
+            assert plan.pack_heads(chosen.replace(kernel="triton"), group, 1) == 0
+    for layout, page in (("nhd", 1), ("split", 544)):  # (the gathering form; one consumer partition)
+        case = make_case([(40, 9)], num_heads=8, num_kv_heads=2, head_size=128, page=page,
+                         dtype=torch.bfloat16, device="cpu", layout=layout)  # fmt: skip
+        assert plan.pack_heads(plan.plan(_sm90(case)), 4, 1) == 0, layout
+
+
 def test_pair_heads_rule():
     """Paired heads where each KV head has an even number of query heads (8 / 2, 4 / 2: yes; 6 / 2, 2 / 2:
     the idle form) and the idle grid takes more than one wave of the multiprocessors (132 on an H200:
@@ -171,9 +284,11 @@ def test_pair_heads_rule():
 @pytest.mark.parametrize("layout", ["nhd", "split"])
 def test_short_form_weighs_the_batch(layout, monkeypatch):
     """The launcher's short-query form (the variant key's second entry): the idle form's rule
-    (``max_query_len <= 64``, two consumer partitions), then the batch's sequences times the query heads
-    (the idle grid) against the device's multiprocessors (here 132, as an H200): 34 sequences x 4 heads
-    pair, 33 idle, an odd group idles at any batch, a 65-row query takes neither (the key alone)."""
+    (``max_query_len <= 64``, two consumer partitions); the packed form where every query fits
+    ``packed_tokens`` rows a head (32 at 2 heads a KV head, 16 at 3), at any batch; then the
+    batch's sequences times the query heads (the idle grid) against the device's multiprocessors (here
+    132, as an H200): 34 sequences x 4 heads pair, 33 idle, an odd group idles at any batch, a 65-row
+    query takes neither (the key alone)."""
     monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 132)
     monkeypatch.setattr(gluon_launch, "_KEY_HEADS", {})
     for key, (heads, kv) in enumerate(((4, 2), (6, 2))):
@@ -188,10 +303,13 @@ def test_short_form_weighs_the_batch(layout, monkeypatch):
             return gluon_launch._form(vkey)
 
         paired = "pair" if heads // kv % 2 == 0 else "idle"
-        assert form(64, batch=132 // heads + 1) == paired and form(1, batch=1000) == paired
-        assert form(64, batch=132 // heads) == "idle" and form(4, batch=3) == "idle"
+        rows = packed_tokens(64, heads // kv)
+        assert rows == {2: 32, 3: 16}[heads // kv]
+        assert form(64, batch=132 // heads + 1) == paired and form(rows + 1, batch=1000) == paired
+        assert form(64, batch=132 // heads) == "idle" and form(rows + 1, batch=3) == "idle"
+        assert form(rows, batch=1000) == "pack" and form(1, batch=1) == "pack"
         assert form(65, batch=1000) is None and gluon_launch._variant(chosen, key, 65, None, None, 9) == key
-        assert gluon_launch._KEY_HEADS[key] == (heads, heads // kv, 132)
+        assert gluon_launch._KEY_HEADS[key] == (heads, heads // kv, 132, rows)
 
 
 @pytest.mark.parametrize("layout", ["nhd", "split"])
@@ -406,7 +524,10 @@ def _producer_reads_every_slot(case, args: tuple, kw: dict, block_rows=None) -> 
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
-@pytest.mark.parametrize("from_cache,page,head", [(False, 16, 128), (True, 32, 64), (False, 544, 64)])
+@pytest.mark.parametrize(
+    "from_cache,page,head",
+    [(False, 16, 128), (True, 32, 64), (False, 544, 64), (False, 8, 128), (True, 24, 256)],
+)
 def test_tma_cache_views_host_side(layout, from_cache, page, head, monkeypatch):
     """The NHD/HND kernel's host glue on the CPU (the kernel replaced by a recorder): its cache
     descriptors (``[rows, row_elems]``, strides ``[row_stride, 1]``: the caches' views of rows, block
@@ -566,7 +687,7 @@ _COMPILE_SCRIPT = (
     + PP_COMPILE_HEAD
     + """
 # head, box, new tokens from the cache
-CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True))
+CASES = ((128, 16, False), (256, 64, True), (128, 128, False), (64, 16, True), (128, 8, False))
 for head, box, from_cache in CASES:
     src, kernel = compile_nhd(head, box, from_cache, False)
     n_wgmma = kernel.asm["ptx"].count("wgmma.mma_async")
@@ -575,11 +696,35 @@ for head, box, from_cache in CASES:
     _, kernel = compile_nhd(head, box, from_cache, False, one=True, llvm_o0=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma, "the consumer is not compiled once"
     # queries of <= 64 rows: the second consumer warpgroup issues no wgmma
-    _, kernel = compile_nhd(head, box, from_cache, False, IDLE_WG1=True)
+    _, kernel = compile_nhd(head, box, from_cache, True, IDLE_WG1=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 == n_wgmma, "the idle warpgroup computes"
+    n_copies = kernel.asm["ptx"].count("cp.async.bulk.tensor")  # (two of them Q's halves)
     # ... with an even number of query heads a KV head: both warpgroups compute, on two heads
     _, kernel = compile_nhd(head, box, from_cache, False, PAIR_HEADS=True)
     assert kernel.asm["ptx"].count("wgmma.mma_async") == n_wgmma
+    # ... a KV head's 4 (or 8) query heads packed into the first warpgroup's rows, 16 (8) a head, Q in
+    # boxes of that many rows, one copy a head: the second warpgroup idle
+    for group, rows in ((4, 16), (8, 8)) if box == 16 else ():
+        _, kernel = compile_nhd(head, box, from_cache, True, q_rows=rows, IDLE_WG1=True, PACK=group)
+        ptx = kernel.asm["ptx"]
+        assert ptx.count("wgmma.mma_async") * 2 == n_wgmma, "the packed form computes in one warpgroup"
+        # (a box of 64 features a bulk copy: 128-byte swizzle rows)
+        assert ptx.count("cp.async.bulk.tensor") == n_copies + (group - 2) * head // 64, "a Q copy a head"
+
+# pages that are no multiple of 8: the context's key rows gathered by cp.async (16-byte copies only, each
+# gathering thread arriving when its own copies land), full and quick, and the short-query forms
+for head, from_cache in ((256, False), (256, True)):  # (GATHER_HEADS)
+    bn = itf_plan.GLUON_BLOCK_N[head]
+    src, kernel = compile_nhd(head, bn, from_cache, True, GATHER=True)
+    check_launcher_guess(itf._gluon_fwd_kernel, src, kernel)
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" not in ptx
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == 2
+    n_wgmma = ptx.count("wgmma.mma_async")
+    _, kernel = compile_nhd(head, bn, from_cache, False, one=True, llvm_o0=True, GATHER=True)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 <= n_wgmma
+    _, kernel = compile_nhd(head, bn, from_cache, False, IDLE_WG1=True, GATHER=True)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") * 2 == n_wgmma
 
 # an HND cache's launch as the launcher builds it (descriptors over the cache's view of rows, the view's
 # integers) on CPU tensors: its arguments' signature is the NHD form's, and it compiles
@@ -680,33 +825,41 @@ for head, from_cache, lse, v_tma, k_tma, k_wide in CASES:
         if cm:
             no_base_offsets(idle)
             no_base_offsets(pair)
+        if head != 256:  # a KV head's 4 query heads packed into the first warpgroup's rows (16 a head)
+            _, pack = compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, q_rows=16, IDLE_WG1=True,
+                                    PACK=4)  # fmt: skip
+            assert pack.asm["ptx"].count("wgmma.mma_async") * 2 == n, "the packed form computes in both"
+            if cm:
+                no_base_offsets(pack)
 """
 )
 
 
 def test_gluon_split_kernel_compiles_for_sm90():
     """The split-layout kernel compiles for sm90 (no GPU needed) in every form a plan takes, full and
-    quick, and with an idle second warpgroup or paired heads where the plan has two consumer partitions,
-    with 16-byte ``cp.async`` gathers only (16-byte alignment of every gather proven to the compiler),
-    within one program's shared memory."""
+    quick, and with an idle second warpgroup, paired heads or (below head 256) packed heads where the plan
+    has two consumer partitions, with 16-byte ``cp.async`` gathers only (16-byte alignment of every gather
+    proven to the compiler), within one program's shared memory."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_SPLIT_COMPILE_SCRIPT)
-    assert len(shared) == 34 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 39 and max(shared) <= 227 * 1024, out
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """The NHD kernel compiles for sm90 with the installed Triton (no GPU needed) in one program's
     shared memory (227 KiB), full, as its quick form (one 8-warp consumer partition: half the wgmma
     instructions, the consumer compiled once), with an idle second warpgroup (half the wgmma
-    instructions: the second consumer issues none) and with paired heads (all of them); an HND cache
-    with interleaved pages as the launcher passes it (``"gluon-hnd"``: its arguments' types are the NHD
-    form's, the view's geometry runtime integers) compiles too; on Triton 3.6 the launcher-source guess
-    of prefill_runtime's prebuild matches."""
+    instructions: the second consumer issues none), with paired heads (all of them) and with packed
+    heads (4 and 8 a KV head at boxes of 16: the idle form's wgmma, one Q copy a head); the gathering
+    form (``GATHER``: pages no multiple of 8, head 256) full, quick and idle, with 16-byte ``cp.async``
+    gathers only and one arrival a gathering thread; an HND cache with interleaved pages as the launcher
+    passes it (``"gluon-hnd"``: its arguments' types are the NHD form's, the view's geometry runtime
+    integers) compiles too; on Triton 3.6 the launcher-source guess of prefill_runtime's prebuild matches."""
     if not HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     shared, out = compile_gluon_for_sm90(_COMPILE_SCRIPT)
-    assert len(shared) == 18 and max(shared) <= 227 * 1024, out
+    assert len(shared) == 32 and max(shared) <= 227 * 1024, out
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -765,6 +918,34 @@ def test_gpu_gluon_tma_layouts(layout, page, head, dtype, from_cache, gluon_laun
     :func:`test_gpu_gluon_pages` checks NHD: page classes 16 / 544 / 1056, heads 64 / 128 / 256, k
     given or read from the cache, ragged batches with empty contexts and one-token queries, the LSE."""
     _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "page,head,dtype",
+    [(p, h, dt) for p in (8, 24, 40) for h, dt in ((128, torch.bfloat16), (256, torch.float16),
+                                                  (64, torch.bfloat16))]
+    + [(p, 256, dt) for p in (1, 3, 12) for dt in (torch.float16, torch.bfloat16)],
+)  # fmt: skip
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+def test_gpu_gluon_small_pages(layout, page, head, dtype, from_cache, gluon_launches):
+    """The NHD/HND kernel over pages that are not multiples of 16: boxes of 8 rows (8, 24, 40: 16 boxes a
+    key block at heads 64 / 128, 8 at 256) and, at head 256, the gathering form (``GATHER``: pages 1, 3,
+    12), as :func:`test_gpu_gluon_pages` checks the other page classes."""
+    _check_pages(layout, page, head, dtype, from_cache, gluon_launches)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("page", [8, 24])
+@pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_gpu_split_pages_of_eight(page, head, dtype, from_cache, gluon_launches):
+    """The split kernel over vLLM's split cache with pages of 8 tokens or 8 times an odd number (K and V
+    gathered), as :func:`test_gpu_gluon_pages` checks the other page classes."""
+    _check_pages("split", page, head, dtype, from_cache, gluon_launches)
 
 
 def _check_pages(layout, page, head, dtype, from_cache, gluon_launches) -> None:

@@ -409,6 +409,24 @@ def test_gpu_all_options_every_form(layout, from_cache, head, dtype, page, monke
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize(
+    "page,head,dtype",
+    [(24, 128, torch.bfloat16), (24, 256, torch.float16), (24, 64, torch.bfloat16), (1, 256, torch.float16),
+     (12, 256, torch.bfloat16)],
+)  # fmt: skip
+@pytest.mark.parametrize("opts", ["all", "noncausal_all"])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", *INTERLEAVED])
+def test_gpu_all_options_small_pages(layout, opts, head, dtype, page, monkeypatch):
+    """Every option together, causal or not, over pages that are not multiples of 16 (24: boxes of 8
+    rows; 1 and 12 at head 256: the gathering form), k given, and the short-query forms (paired heads)
+    from the cache."""
+    _check_options(layout, False, head, dtype, page, GPU_OPTIONS[opts], monkeypatch)
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    _check_options(layout, True, head, dtype, page, GPU_OPTIONS[opts], monkeypatch, SHORT_SEQS, (32, 8))
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("head,dtype", [(128, torch.bfloat16), (256, torch.float16), (64, torch.bfloat16)])
 @pytest.mark.parametrize("from_cache", [False, True])
@@ -453,6 +471,59 @@ def test_gpu_short_queries_every_form(heads, layout, from_cache, head, dtype, pa
     assert paired is (not one and heads[0] // heads[1] % 2 == 0)
     _check_options(layout, from_cache, head, dtype, page, GPU_OPTIONS.get(opts, {}), monkeypatch, SHORT_SEQS,
                    heads)  # fmt: skip
+
+
+# queries of at most 8 tokens (speculative decoding): the packed form, where it applies
+PACK_SEQS = [(2300, 4), (0, 8), (1700, 1), (129, 7), (600, 8), (37, 3)]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "head,dtype,page",
+    [(128, torch.bfloat16, 16), (256, torch.float16, 16), (64, torch.bfloat16, 16),
+     (128, torch.bfloat16, 544), (128, torch.bfloat16, 24)],
+)  # fmt: skip
+@pytest.mark.parametrize("opts", ["plain", "softcap_window", "noncausal_window", "window_sinks"])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("layout", ["nhd", "hnd", "split"])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 2), (6, 2)], ids=["g4", "g8", "g3"])
+def test_gpu_packed_heads(heads, layout, from_cache, opts, head, dtype, page, monkeypatch):
+    """Queries within :func:`prefill_runtime.plan.packed_tokens` rows a head run the packed form on every
+    16-bit layout (``PACK``:
+    a KV head's 4, 8 or 3 query heads in the first warpgroup's rows, 16, 8 and 16 rows each, the last
+    with 16 padding rows; plain, soft-capped with a window, non-causal with windows both ways, gpt-oss's
+    window 127 with sinks) against the reference, output and LSE, NaN in every slot no query may read;
+    then the same call with packing turned off (the paired or idle form) gives the same bits. (vLLM's
+    split cache at head 128 with pages of a key block or more and the new tokens given has one consumer
+    partition: no short-query form, checked against the reference only.)"""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    group = heads[0] // heads[1]
+    case = make_layout_case(PACK_SEQS, num_heads=heads[0], num_kv_heads=heads[1], head_size=head, page=page,
+                            dtype=dtype, device=DEVICE, layout=layout, kv_from_cache=from_cache)  # fmt: skip
+    chosen = plan.plan(problem_of(case, arch="sm90", gluon=True))
+    one = chosen.consts().get("ONE_CONSUMER", False)  # (the split plan's one partition: no idle form)
+    assert plan.pack_heads(chosen, group, case.max_query_len) == (0 if one else group)
+    opts = GPU_OPTIONS.get(opts, {})
+    _check_options(layout, from_cache, head, dtype, page, opts, monkeypatch, PACK_SEQS, heads)
+    if one:
+        return
+    kw = _kw(opts, heads[0])
+    args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+            case.seq_lens, case.max_query_len)  # fmt: skip
+    got, forms = [], []
+    variant = gluon_launch._variant
+    monkeypatch.setattr(gluon_launch, "_variant", lambda *a: forms.append(variant(*a)) or forms[-1])
+    for packed in (True, False):
+        if not packed:  # (the per-key rule's cache emptied, so the rule is asked again)
+            monkeypatch.setattr(gluon_launch, "pack_heads", lambda *a: 0)
+            monkeypatch.setattr(gluon_launch, "_KEY_HEADS", {})
+        out = poison(torch.empty_like(case.q))
+        lse = poison(torch.empty(heads[0], case.q.shape[0], dtype=torch.float32, device=DEVICE))
+        prefix_prefill(*args, kv_layout=case.layout, out=out, return_lse=True, lse=lse, **kw)
+        got.append((out, lse))
+        assert (gluon_launch._form(forms[-1]) == "pack") is packed, forms[-1]
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
 
 
 @pytest.mark.gpu

@@ -641,6 +641,9 @@ FORMS = [
     (256, torch.bfloat16, E4M3, 16),
     (256, torch.float16, E5M2, 544),
     (256, torch.bfloat16, E4M3, 1056),
+    (128, torch.bfloat16, E4M3, 8),  # pages of 8 (NHD/HND only): boxes of 8 rows
+    (64, torch.float16, E5M2, 24),
+    (256, torch.float16, E4M3, 40),
 ]
 #: vLLM's split layout (``x = 16``): the split kernel's gathered fp8 form, every head, q dtype, fp8 type and
 #: page class

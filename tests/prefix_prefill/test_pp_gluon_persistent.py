@@ -240,7 +240,9 @@ def _run(case, kw, lse_heads, max_query_len=None):
      ("hnd", True, 128, torch.bfloat16, 544, "all"),
      ("nhd", False, 64, torch.float16, 1056, "softcap_window"),
      ("nhd-interleaved", False, 256, torch.bfloat16, 16, "noncausal_window"),
-     ("nhd", True, 256, torch.float16, 16, "window")],
+     ("nhd", True, 256, torch.float16, 16, "window"),
+     ("hnd", False, 128, torch.bfloat16, 8, "window_sinks"),  # boxes of 8 rows
+     ("nhd", True, 64, torch.float16, 24, "all")],
 )  # fmt: skip
 def test_gpu_persistent_against_reference(layout, from_cache, head, dtype, page, option, programs,
                                           monkeypatch):  # fmt: skip

@@ -22,6 +22,7 @@ from pp_cases import make_case, problem_of
 
 import prefill_runtime.compiled_launch as cl
 from paged_kv_offsets import describe_kv_cache
+from prefill_runtime.plan import packed_tokens
 from prefix_prefill import gluon_launch, plan
 
 HAS_GLUON = gluon_launch._gluon_split_kernel is not None
@@ -73,9 +74,10 @@ def test_frame_call_is_the_generic_launch(warm_split):
     its caches; a frame's call for new tokens, batch, lengths and block table over those caches hands
     the C launcher exactly the arguments the generic direct launch hands it for that call. A batch of
     queries no longer than 64 rows runs a short-query form, a variant of its own:
-    its first call goes through Triton once (here two query heads a KV head, and off CUDA no
-    multiprocessor count to weigh the batch against: the paired-heads form, ``PAIR_HEADS``, over a grid
-    of head pairs)."""
+    its first call goes through Triton once (here two query heads a KV head: queries of at most 32 rows
+    pack both into the first warpgroup's rows, ``PACK``, over a grid of KV heads; longer ones, off CUDA
+    with no multiprocessor count to weigh the batch against, the paired-heads form, ``PAIR_HEADS``, over
+    a grid of head pairs)."""
     a = _split_case()
     key = _call(a)
     assert isinstance(key, int) and len(warm_split.triton_calls) == 1
@@ -87,20 +89,24 @@ def test_frame_call_is_the_generic_launch(warm_split):
         b = _split_case(seqs)
         b.k_cache, b.v_cache = a.k_cache, a.v_cache  # an engine's next step on the same layer
         o = torch.empty_like(b.q)
+        n_triton = len(warm_split.triton_calls)
         for _ in range(3):  # (another scale or form: the same key, another frame, made by an early call)
             _call(b, key, o=o, scale=scale)
         short = b.max_query_len <= 64
-        assert warm_split.triton_calls[-1][2]["PAIR_HEADS"] == short
-        assert warm_split.triton_calls[-1][2]["IDLE_WG1"] is False
+        packed = b.max_query_len <= packed_tokens(64, 2)  # (both heads of a KV head in one warpgroup's rows)
+        if len(warm_split.triton_calls) > n_triton:  # (a form's first call: through Triton, its constexprs)
+            kw = warm_split.triton_calls[-1][2]
+            assert kw["PAIR_HEADS"] == (short and not packed) and kw["PACK"] == (2 if packed else 0)
+            assert kw["IDLE_WG1"] is packed
         framed = c_calls[-1]
         assert not any(isinstance(x, torch.Tensor) for x in framed)  # a frame's call: pointers only
         _call(b, key, generic=True, o=o, scale=scale)
         assert framed == pointers(c_calls[-1])
         assert framed[0] == -(-b.max_query_len // 128) and framed[2] == len(seqs)
-        assert framed[1] == (2 if short else 4)  # head pairs, or heads
+        assert framed[1] == (2 if short else 4)  # KV heads (packed), head pairs, or heads
         maps = [x for x in framed if isinstance(x, tuple) and x[:1] == ("map",)]
         assert any(m[1] == b.q.data_ptr() for m in maps) and any(m[1] == b.k.data_ptr() for m in maps)
-    assert len(warm_split.triton_calls) == 2  # the full form and the paired-heads form
+    assert len(warm_split.triton_calls) == 3  # the full form, the packed and the paired-heads forms
     st = torch.zeros(1, dtype=torch.int32)  # with status=: another variant, whose frame passes each call's
     skey = _call(a, status=st)
     for seqs in ([(3, 1)], [(0, 64), (100, 37)]):

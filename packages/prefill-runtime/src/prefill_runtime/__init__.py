@@ -41,10 +41,10 @@ Modules, each owning one concern (every public name below is importable from ``p
   :func:`~prefill_runtime.signatures.bump_versions` (the version counters of a launch's outputs).
 * :mod:`~prefill_runtime.host`: the names this module held before the split, re-exported.
 
-Versioned on its own: window-prefill and prefix-prefill pin ``prefill-runtime>=0.28.0,<1``.
+Versioned on its own: window-prefill pins ``prefill-runtime>=0.28.0,<1``, prefix-prefill ``>=0.29.0,<1``.
 """
 
-__version__ = "0.28.1"
+__version__ = "0.29.0"
 
 from prefill_runtime.checks import check_lse, softcap_form
 from prefill_runtime.compiler_hooks import clear_noswizzle_base_offsets, hook_compiles

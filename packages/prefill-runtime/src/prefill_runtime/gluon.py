@@ -65,6 +65,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from prefill_runtime.plan import packed_tokens as _packed_tokens
+
+#: :func:`prefill_runtime.plan.packed_tokens` at compile time (a packed consumer's tokens a head)
+packed_tokens = gluon.constexpr_function(_packed_tokens)
+
 
 @gluon.jit
 def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -75,7 +80,8 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
                    K_RING: gl.constexpr = None):  # fmt: skip
     """Shared memory and mbarriers of a warp-specialised kernel, initialised: the two Q halves
     ``[2, HALF_M, D]`` (``q_bar``, count 1 each; one ``[1, 2 * HALF_M, D]`` buffer when ``Q_desc``'s
-    block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``), K and V rings ``[NUM_STAGES,
+    block has ``2 * HALF_M`` rows, announced on ``q_bar.index(0)``; the two halves too when it has fewer than
+    ``HALF_M``: a packed form's, :func:`load_q_halves`), K and V rings ``[NUM_STAGES,
     BLOCK_N, D]`` in the descriptors' layouts (``*_ready``: count 1, the producer's expect-tx;
     ``*_empty``: ``EMPTY_COUNT``, one arrival per consumer or, with one 8-warp consumer partition, one
     per consumer thread; ``K_LAYOUT``: a K ring of 64-wide rows instead, ``[NUM_STAGES, BLOCK_N * D /
@@ -90,7 +96,7 @@ def allocate_rings(Q_desc, K_desc, V_desc, HALF_M: gl.constexpr, BLOCK_N: gl.con
     (``[NUM_STAGES, BLOCK_N, D]``) when it is not ``K_desc``'s (None: ``K_desc.layout``). Returns
     ``(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, fix_bar)``."""
     dtype: gl.constexpr = Q_desc.dtype
-    Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
+    Q_ROWS: gl.constexpr = max(Q_desc.block_shape[0], HALF_M)  # (a packed form's box of fewer rows)
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     q_smem = gl.allocate_shared_memory(dtype, [2 * HALF_M // Q_ROWS, Q_ROWS, HEAD_DIM], Q_desc.layout)
     if K_RING is not None:
@@ -196,20 +202,31 @@ def read_tile_slot(slot):
 
 @gluon.jit
 def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PAIRED: gl.constexpr = False):  # fmt: skip
+                  PAIRED: gl.constexpr = False, PACK: gl.constexpr = 0):  # fmt: skip
     """Producer side: the tile's two 16-bit Q halves, rows ``row0 + h * HALF_M`` at column ``col`` of
     ``Q_desc``, into ``q_smem.index(h)``, each announced on ``q_bar.index(h)`` (one per consumer); or,
     when ``Q_desc``'s block has ``2 * HALF_M`` rows, the whole tile in one copy on ``q_bar.index(0)``.
     ``PAIRED`` (two consumers on two adjacent heads, see :func:`consumer`): both halves are rows
-    ``row0 + [0, HALF_M)``, half ``h`` at column ``col + h * HEAD_DIM`` (the next head's features)."""
+    ``row0 + [0, HALF_M)``, half ``h`` at column ``col + h * HEAD_DIM`` (the next head's features).
+    ``PACK`` (``Q_desc``'s block ``[T, D]``, ``T = pack_rows(HALF_M, PACK)``: :func:`consumer`'s packed
+    rows): the first half only, the ``PACK`` heads from column ``col`` one after another, head ``g``'s rows
+    ``row0 + [0, T)`` at the half's rows ``g * T``; the half's rows past ``PACK * T`` are left unwritten
+    (padding rows, never stored)."""
     Q_ROWS: gl.constexpr = Q_desc.block_shape[0]
-    for h in gl.static_range(2 * HALF_M // Q_ROWS):
-        mbarrier.expect(q_bar.index(h), Q_ROWS * HEAD_DIM * 2)
-        if PAIRED:
-            tma.async_copy_global_to_shared(Q_desc, [row0, col + h * HEAD_DIM], q_bar.index(h),
-                                            q_smem.index(h))  # fmt: skip
-        else:
-            tma.async_copy_global_to_shared(Q_desc, [row0 + h * Q_ROWS, col], q_bar.index(h), q_smem.index(h))
+    if PACK > 0:
+        mbarrier.expect(q_bar.index(0), PACK * Q_ROWS * HEAD_DIM * 2)
+        for g in gl.static_range(PACK):
+            tma.async_copy_global_to_shared(Q_desc, [row0, col + g * HEAD_DIM], q_bar.index(0),
+                                            q_smem.index(0).slice(g * Q_ROWS, Q_ROWS))  # fmt: skip
+    else:
+        for h in gl.static_range(2 * HALF_M // Q_ROWS):
+            mbarrier.expect(q_bar.index(h), Q_ROWS * HEAD_DIM * 2)
+            if PAIRED:
+                tma.async_copy_global_to_shared(Q_desc, [row0, col + h * HEAD_DIM], q_bar.index(h),
+                                                q_smem.index(h))  # fmt: skip
+            else:
+                tma.async_copy_global_to_shared(Q_desc, [row0 + h * Q_ROWS, col], q_bar.index(h),
+                                                q_smem.index(h))  # fmt: skip
 
 
 @gluon.jit
@@ -662,6 +679,7 @@ def consumer(
     V_ROWS: gl.constexpr = None, score=None, SOFTCAP: gl.constexpr = 0, ALIBI: gl.constexpr = False,
     SINKS: gl.constexpr = 0, PAIRED: gl.constexpr = False, out_scale=None, OUT_MAX: gl.constexpr = 0.0,
     terms=None, FP8_KV: gl.constexpr = False, ring=None, PINGPONG: gl.constexpr = False,
+    PACK: gl.constexpr = 0, Sinks=None,
 ):  # fmt: skip
     """One consumer warpgroup (4 warps): query rows ``row0 + WG * HALF_M + [0, HALF_M)`` (indices in the
     sequence; rows ``>= n_rows`` are padding, never stored) against every key block, then its rows of O
@@ -700,8 +718,18 @@ def consumer(
     tile, from the rings' first block. ``PINGPONG`` (a persistent form's two 4-warp consumers, see
     :func:`takes_turns`): the warpgroups take turns at the tensor cores (:func:`turn`): each issues its
     ``S_j`` and ``P_{j-1} V_{j-1}`` in its turn, with every mbarrier wait and its V-row fix made before
-    the turn, so one warpgroup's softmax runs beside the other's wgmmas (FlashAttention-3's ping-pong)."""
+    the turn, so one warpgroup's softmax runs beside the other's wgmmas (FlashAttention-3's ping-pong).
+    ``PACK`` (> 0: the first of two consumers, ``WARPGROUPS == 1``, whose second runs :func:`drain`): the
+    warpgroup's rows hold ``PACK`` query heads of one KV head, ``T = packed_tokens(HALF_M, PACK)`` rows
+    each: row ``r`` is row ``row0 + r % T`` of head ``head + r // T`` (rows past ``PACK * T`` are padding,
+    never stored; every query of the tile within its first ``T`` rows), so one pass over the keys serves
+    all of them (speculative decoding's few tokens a sequence). Each row's arithmetic is the unpacked
+    row's, so its output is the same bit for bit. ``score`` is the first head's: no ALiBi; sinks
+    (``SINKS == 1``) from ``Sinks``, each row its head's (``Sinks[head + r // T] * log2(e)``)."""
     ROW_OFF: gl.constexpr = 0 if PAIRED else WG * HALF_M  # the warpgroup's first row in the tile
+    PACK_OK: gl.constexpr = WG == 0 and WARPGROUPS == 1 and not PAIRED and SINKS != 2 and not ALIBI
+    gl.static_assert(PACK == 0 or (PACK_OK and ring is None), "PACK: a one-tile first consumer, no ALiBi")
+    PT: gl.constexpr = packed_tokens(HALF_M, PACK)  # (0 unpacked)
     NW: gl.constexpr = 4 * WARPGROUPS
     VS: gl.constexpr = V_STAGES if V_STAGES > 0 else NUM_STAGES
     ROWS: gl.constexpr = HALF_M * WARPGROUPS
@@ -714,13 +742,21 @@ def consumer(
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
     q_buf = q_smem.index(WG)  # [ROWS, D] (WARPGROUPS == 2: the whole tile, one buffer)
-    offs_r = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+    if PACK > 0:  # row r: the tile's row r % PT (of head head + r // PT)
+        offs_r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % PT  # [BM / 2]
+    else:
+        offs_r = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     gl.static_assert(SOFTCAP != 3 or (SINKS == 0 and not ALIBI), "pinned max (SOFTCAP 3): no sinks or ALiBi")
     if SOFTCAP == 3:  # the pinned max (module docstring)
         m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + (qk_scale - PIN_HEADROOM)
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     elif SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
-        m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + score[2]  # [BM / 2]
+        if PACK > 0:  # each row its head's
+            r_h = head + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) // PT  # [BM / 2]
+            sink = gl.load(Sinks + gl.minimum(r_h, head + PACK - 1)).to(gl.float32) * 1.4426950408889634
+        else:
+            sink = score[2]
+        m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + sink  # [BM / 2]
         if ALIBI and CAUSAL:  # raised by the rows' ALiBi term, as softmax_step raises the keys' logits
             m_i = m_i + (score[1] * qk_scale) * (offs_r - row0).to(gl.float32)  # [BM / 2]
         l_i = gl.where(m_i == float("-inf"), 0.0, 1.0)  # [BM / 2]
@@ -830,18 +866,30 @@ def consumer(
     else:
         ST_LAYOUT: gl.constexpr = _store_layout(ROWS, HEAD_DIM, NW)
         b_o = gl.convert_layout(b_o, ST_LAYOUT)  # [BM / 2, D] whole sectors a store
-    offs_ro = row0 + ROW_OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ST_LAYOUT))  # [BM / 2]
+    r_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ST_LAYOUT))  # [BM / 2]
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ST_LAYOUT))  # [D]
-    p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]
+    if PACK > 0:  # each row's head and row (padding rows past PACK * PT stored nowhere)
+        offs_ro = row0 + r_o % PT  # [BM / 2]
+        p_row = O + (head + r_o // PT).to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot
+        row_ok = (offs_ro < n_rows) & (r_o < PACK * PT)  # [BM / 2]
+    else:
+        offs_ro = row0 + ROW_OFF + r_o  # [BM / 2]
+        p_row = O + head.to(gl.int64) * stride_oh + (tok_o + offs_ro).to(gl.int64) * stride_ot  # [BM / 2]
+        row_ok = offs_ro < n_rows  # [BM / 2]
     p_o = p_row[:, None] + offs_d[None, :]  # [BM / 2, D]
-    gl.store(p_o, b_o, mask=(offs_ro < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :])
+    gl.store(p_o, b_o, mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
     if RETURN_LSE:
         b_log2 = m_i + gl.log2(l_safe)  # [BM / 2]
         if ALIBI and CAUSAL:  # less the rows' ALiBi term that softmax_step leaves out
             b_log2 = b_log2 - (score[1] * qk_scale) * (offs_r - row0).to(gl.float32)  # [BM / 2]
         b_lse = gl.where(l_i == 0.0, float("-inf"), b_log2 * 0.6931471805599453)  # [BM / 2]
-        p_lse = Lse + head.to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)  # [BM / 2]
-        gl.store(p_lse, b_lse, mask=offs_r < n_rows)
+        if PACK > 0:
+            r_l = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
+            p_lse = Lse + (head + r_l // PT).to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)
+            gl.store(p_lse, b_lse, mask=(offs_r < n_rows) & (r_l < PACK * PT))
+        else:
+            p_lse = Lse + head.to(gl.int64) * stride_lse_h + (tok_o + offs_r).to(gl.int64)  # [BM / 2]
+            gl.store(p_lse, b_lse, mask=offs_r < n_rows)
     if ring is not None:
         return n_fix
 

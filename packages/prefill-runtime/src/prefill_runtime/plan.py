@@ -63,3 +63,10 @@ class LaunchPlan:
         if constexprs is not None:
             changes["constexprs"] = self.items({**self.consts(), **constexprs})
         return dataclasses.replace(self, **changes)
+
+
+def packed_tokens(half_m: int, group: int) -> int:
+    """Tokens a packed consumer warpgroup holds of each of ``group`` query heads (``prefill_runtime.gluon
+    .consumer``'s ``PACK``): the most that fit its ``half_m`` rows in whole 8-row swizzle atoms (a head's
+    rows start on one, where its Q box lands); 0 where not one atom a head fits (``group > half_m / 8``)."""
+    return (half_m // group) // 8 * 8 if group > 0 else 0

@@ -47,7 +47,8 @@ Cache view: ``k_cache``/``v_cache`` ``[num_blocks, page_size, num_kv_heads, head
 at row ``b * block_rows + h * head_rows + s``, column ``h * head_cols`` (NHD: ``head_rows = 0``; HND:
 ``head_cols = 0``), runtime integers, so both layouts run one compiled kernel; q, k, v as
 ``[total_tokens, heads * head_size]``; O by pointer (strides ``(stride_ot, stride_oh, 1)``);
-``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 16.
+``Lse`` ``[num_heads, total_q]`` float32, token stride 1. Page sizes: multiples of 8 (a box of ``BOX``
+rows fills whole swizzle atoms of a ring slot, 8 rows each).
 
 Bounds, whatever the device metadata holds (:func:`_program`, before the partitions start): rows clamped
 into ``Q_desc``'s token count and cached keys to the block table's width
@@ -61,9 +62,10 @@ addresses rows outside the view: zeros), and the split kernel's gathers clamp bl
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from paged_kv_offsets.gluon import bad_block_ids, next_box, page_row, page_row_at
+from paged_kv_offsets.gluon import bad_block_ids, next_box, page_row, page_row_at, slot_offset
 from prefill_runtime.bounds import BLOCK_ID, MAX_LEN, clamp_span, report
 from prefill_runtime.gluon import (
     allocate_q_empty,
@@ -77,6 +79,7 @@ from prefill_runtime.gluon import (
     load_q_halves,
     next_tile,
     out_scale_of,
+    packed_tokens,
     read_tile_slot,
     score_terms,
     takes_turns,
@@ -86,27 +89,38 @@ from prefill_runtime.gluon import (
 from prefill_runtime.gluon_bounds import zero_rows
 from prefix_prefill.sequence import sequence_geometry
 
+#: a gathering producer's warps (the ``GATHER`` form's, the split kernel's)
+PRODUCER_WARPS = gl.constexpr(2)
 #: sequences whose query-tile counts a persistent program keeps in shared memory (4 KB); the K warp reads a
 #: later sequence's from global memory as its tile cursor passes it (:func:`_chunk_live`).
 SEQ_TABLE = gl.constexpr(1024)
 
 
+@gluon.constexpr_function
+def program_heads(PAIR_HEADS, PACK):
+    """The query heads a one-tile program computes: 2 paired, ``PACK`` packed, else 1."""
+    return 2 if PAIR_HEADS else max(PACK, 1)
+
+
 @gluon.jit
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
                   KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False, pid_m=None,
-                  head=None, seq_geo=None, seq=None):  # fmt: skip
+                  head=None, seq_geo=None, seq=None, PACK: gl.constexpr = 0):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
     and status bits of :func:`prefix_prefill.kernel.sequence_geometry` (rows clamped into the
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
-    (1, heads / 2, batch), ``head`` the first of the program's two heads. ``pid_m``/``head`` given (a
-    persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and
-    status bits ``seq_geo`` holds."""
+    (1, heads / 2, batch), ``head`` the first of the program's two heads; ``PACK`` (a KV head's ``PACK``
+    query heads in one warpgroup's rows): grid (1, KV heads, batch), ``head`` the KV head's first.
+    ``pid_m``/``head`` given (a persistent program's tile, :func:`_persistent_tile`): that tile of
+    sequence ``seq``, whose lengths and status bits ``seq_geo`` holds."""
     if pid_m is None:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         if PAIR_HEADS:
             head = gl.program_id(1) * 2
+        elif PACK > 0:
+            head = gl.program_id(1) * PACK
         else:
             head = gl.program_id(1)
     if seq is None:
@@ -134,7 +148,7 @@ def _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, K
 def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                    num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h,
                    BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, IDLE_WG1: gl.constexpr,
-                   PAIR_HEADS: gl.constexpr = False, n_m=None):  # fmt: skip
+                   PAIR_HEADS: gl.constexpr = False, n_m=None, PACK: gl.constexpr = 0):  # fmt: skip
     """Program setup of both Gluon kernels, before any program returns: head 0's program of a sequence's
     last query tile reports its malformed metadata into ``Status`` (when given: the bits of
     ``flags``, ``MAX_LEN`` for a query longer than ``max_query_len``, ``BLOCK_ID`` from a scan of the
@@ -142,9 +156,15 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
     the grid (a ``max_query_len`` smaller than the sequence) as 0
     (``prefill_runtime.gluon_bounds.zero_rows``). With ``IDLE_WG1`` (one tile, whose second warpgroup
     computes nothing) or ``PAIR_HEADS`` (one tile, its warpgroups on two heads, ``head`` and ``head + 1``)
-    the grid covers the first ``BLOCK_M / 2`` rows. ``n_m``: the query tiles of a sequence when they are
-    not the grid's first dimension (a persistent launch)."""
-    COVER: gl.constexpr = BLOCK_M // 2 if IDLE_WG1 or PAIR_HEADS else BLOCK_M
+    the grid covers the first ``BLOCK_M / 2`` rows; with ``PACK`` (one tile, ``PACK`` heads from ``head``
+    in its first warpgroup) the first ``packed_tokens(BLOCK_M / 2, PACK)``. ``n_m``: the query tiles of a
+    sequence when they are not the grid's first dimension (a persistent launch)."""
+    if PACK > 0:
+        COVER: gl.constexpr = packed_tokens(BLOCK_M // 2, PACK)
+    elif IDLE_WG1 or PAIR_HEADS:
+        COVER: gl.constexpr = BLOCK_M // 2
+    else:
+        COVER: gl.constexpr = BLOCK_M
     if n_m is None:
         n_m = gl.num_programs(0)
     grid_rows = n_m * COVER  # query rows the grid covers
@@ -155,7 +175,7 @@ def _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need
             flags |= bad_block_ids(p_table_row, need, n_bt_cols, num_blocks, page_size) * BLOCK_ID
             report(Status, flags)
     if last & (q_len > grid_rows):
-        for h in gl.static_range(2 if PAIR_HEADS else 1):
+        for h in gl.static_range(program_heads(PAIR_HEADS, PACK)):
             zero_rows(O, stride_ot, stride_oh, q_tok0, grid_rows, q_len, head + h, Lse, stride_lse_h,
                       HEAD_DIM)  # fmt: skip
 
@@ -245,7 +265,7 @@ def _program_options(q_len, ctx_len, cache_len, m0, head, window_left, window_ri
 @gluon.jit
 def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.constexpr,
                      SKIP_DECODE: gl.constexpr, PAIR_HEADS: gl.constexpr = False,
-                     WRITES: gl.constexpr = True):  # fmt: skip
+                     WRITES: gl.constexpr = True, PACK: gl.constexpr = 0):  # fmt: skip
     """Whether this program has nothing to compute: its tile starts past its sequence's new tokens, or
     (``SKIP_DECODE``) the sequence has one new token, left to a decode kernel: that row's output is left as
     it is and, with ``RETURN_LSE``, its LSE is ``-inf`` (written where ``WRITES``)."""
@@ -253,7 +273,7 @@ def _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE: gl.
     if SKIP_DECODE:
         decode = (q_len == 1) & (m0 == 0)
         if RETURN_LSE and WRITES:
-            for h in gl.static_range(2 if PAIR_HEADS else 1):
+            for h in gl.static_range(program_heads(PAIR_HEADS, PACK)):
                 gl.store(Lse + (head + h).to(gl.int64) * stride_lse_h + q_tok0, float("-inf"), mask=decode)
         skip = skip | decode
     return skip
@@ -268,6 +288,7 @@ def _program(
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr = False,
     PAIR_HEADS: gl.constexpr = False, CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False,
     pid_m=None, head=None, n_m=None, WRITES: gl.constexpr = True, seq_geo=None, seq=None,
+    PACK: gl.constexpr = 0,
 ):  # fmt: skip
     """The program setup of both Gluon kernels: its rows (:func:`_program_rows`), the report and the rows
     past the grid (:func:`_program_guard`), a decode row left alone (:func:`_program_skipped`), its
@@ -279,19 +300,20 @@ def _program(
     persistent program's tile, :func:`_persistent_tile`): the tile, of ``n_m`` query tiles a sequence
     (``seq``, whose geometry ``seq_geo`` holds);
     ``WRITES`` False: the setup's writes (report, rows past the grid, a skipped row's LSE, an empty
-    tile's rows) are another partition's, this one only reads the tile's geometry."""
+    tile's rows) are another partition's, this one only reads the tile's geometry. ``PACK``: the
+    program's heads are the ``PACK`` from ``head`` (:func:`_program_rows`)."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
         CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
-        pid_m, head, seq_geo, seq,
+        pid_m, head, seq_geo, seq, PACK,
     )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     if WRITES:
         _program_guard(O, Lse, Status, p_table_row, head, pid_m, q_tok0, q_len, need, flags, n_bt_cols,
                        num_blocks, page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, BLOCK_M,
-                       HEAD_DIM, IDLE_WG1, PAIR_HEADS, n_m)  # fmt: skip
+                       HEAD_DIM, IDLE_WG1, PAIR_HEADS, n_m, PACK)  # fmt: skip
     m0 = pid_m * BLOCK_M
     skip = _program_skipped(Lse, stride_lse_h, head, q_tok0, q_len, m0, RETURN_LSE, SKIP_DECODE, PAIR_HEADS,
-                            WRITES)  # fmt: skip
+                            WRITES, PACK)  # fmt: skip
     w_left, w_right, seg, score = _program_options(
         q_len, ctx_len, cache_len, m0, head, window_left, window_right, qk_scale, tanh_scale, Sinks, Slopes,
         BLOCK_M, BLOCK_N, KV_FROM_CACHE, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, CAUSAL, HAS_RIGHT,
@@ -300,7 +322,7 @@ def _program(
         empty = (seg[0] == 0) & (m0 < q_len) & (skip == 0)
         if WRITES:
             if empty:  # the table holds no key of the tile (malformed metadata): its rows are 0
-                for h in gl.static_range(2 if PAIR_HEADS else 1):
+                for h in gl.static_range(program_heads(PAIR_HEADS, PACK)):
                     zero_rows(O, stride_ot, stride_oh, q_tok0, m0, gl.minimum(m0 + BLOCK_M, q_len), head + h,
                               Lse, stride_lse_h, HEAD_DIM)  # fmt: skip
         skip = skip | empty
@@ -316,6 +338,7 @@ def _prefix_consumer(
     HAS_SINKS: gl.constexpr = False, IDLE: gl.constexpr = False, PAIRED: gl.constexpr = False,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OUT_MAX: gl.constexpr = 0.0,
     terms=None, FP8_KV: gl.constexpr = False, ring=None, PINGPONG: gl.constexpr = False,
+    GATHERED: gl.constexpr = False, PACK: gl.constexpr = 0, Sinks=None,
 ):  # fmt: skip
     """``prefill_runtime.gluon.consumer`` with prefix-prefill's two key segments: A = the cached context
     (``shift = ctx_len``: every context key precedes every query; with the new tokens in the cache, the
@@ -330,14 +353,18 @@ def _prefix_consumer(
     ``PAIRED``: the consumer's (two warpgroups on the same rows of two heads, ``tile`` giving each its head
     and score); ``OUT_MAX``: the consumer's fp8 output (0: O in q's dtype); ``FP8_KV``, ``terms``: the
     consumer's (segment A from an fp8 cache: ``tile``'s ``qk_scale`` and ``score`` are A's); ``ring``: the
-    consumer's (a persistent program's tile: the V-row handshake count after it is returned)."""
+    consumer's (a persistent program's tile: the V-row handshake count after it is returned);
+    ``GATHERED``: the ``GATHER`` form's rings (key rows filled by ``cp.async``: a proxy fence after each
+    wait, as the split kernel's); ``PACK``, ``Sinks``: the consumer's (``PACK`` heads from ``tile``'s in its
+    rows, their sinks from ``Sinks``)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = rings
     m0, q_tok0, q_len, head, seg, qk_scale, score, window_left, window_right, st_o, sh_o, out_scale = tile
     n_blocks, n_a, a_base, a_lo, a_end, a_shift, a_full_lo, a_full, b_base, b_end, b_full_lo, b_full = seg
     z = m0 * 0
-    # slots filled by cp.async (the split kernel's gathers) need a proxy fence after each wait; an fp8
+    # slots filled by cp.async (the split kernel's gathers, the GATHER form's) need a proxy fence after each
+    # wait; an fp8
     # cache's rings are filled by the converter (which fences its stores) and by TMA
-    CP_FILL: gl.constexpr = SPLIT and not FP8_KV
+    CP_FILL: gl.constexpr = (SPLIT and not FP8_KV) or GATHERED
     if IDLE:
         drain(k_ready, k_empty, v_ready, v_empty, v_smem, bar_f, n_blocks, n_a, a_base, a_lo, a_end,
               a_full_lo, a_full, b_base, z, b_end, b_full_lo, b_full, a_shift, z, WG, BLOCK_N, NUM_STAGES,
@@ -351,19 +378,30 @@ def _prefix_consumer(
             WARPGROUPS, K_VIEW, 0,
             K_COLS, V_ROWS, score, SOFTCAP, 2 if HAS_ALIBI else 0, 1 if HAS_SINKS else 0, PAIRED, out_scale,
             OUT_MAX,
-            terms, FP8_KV, ring, PINGPONG,
+            terms, FP8_KV, ring, PINGPONG, PACK, Sinks,
         )  # fmt: skip
         if ring is not None:  # (a one-tile consumer returns nothing)
             return n_fix
 
 
 @gluon.jit
+def _claim_slot(empty, ready, smem, r, NUM_STAGES: gl.constexpr):
+    """A producer's ring slot for the ring's block ``r``: waits until the consumers have released the
+    slot's previous round (a fresh barrier passes round 0); returns ``(ready barrier, slot buffer)``."""
+    slot = r % NUM_STAGES
+    mbarrier.wait(empty.index(slot), ((r // NUM_STAGES) & 1) ^ 1)
+    return ready.index(slot), smem.index(slot)
+
+
+@gluon.jit
 def _producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, ring=None,
+    PACK: gl.constexpr = 0,
 ):  # fmt: skip
     """One warp filling one ring: K (``KV == 0``, which also loads the two Q halves; ``PAIRED``: the same
-    rows of heads ``head`` and ``head + 1``) or V. ``args``:
+    rows of heads ``head`` and ``head + 1``; ``PACK``: the first half only, the rows of ``PACK`` heads from
+    ``head``, ``prefill_runtime.gluon.load_q_halves``) or V. ``args``:
     ``(Q_desc, N_desc, C_desc, CB_desc, q_smem, smem, q_bar, ready, empty, p_table_row, page_size,
     oob_row, block_rows, c_row, c_col, q_tok0, n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks)``
     (``c_row``/``c_col``: the KV head's row and column in the caches' view of rows, ``kv_col``: its
@@ -386,19 +424,37 @@ def _producer(
     if KV == 0:
         if ring is not None:  # (the first tile's wait passes on the fresh barrier)
             mbarrier.wait(q_empty, q_phase ^ 1)
-        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED, PACK)
     for j in range(n_blocks):
-        r = base + j  # the ring's block
-        slot = r % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((r // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, base + j, NUM_STAGES)  # (the ring's block base + j)
         mbarrier.expect(bar, kv_bytes)
         if j < n_a:
             _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size,
                           oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
         else:
             tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
+
+
+@gluon.constexpr_function
+def producer_regs(BLOCK_N, BOX, PERSISTENT=False):
+    """The registers of a TMA producer warp (:func:`_producer`, :func:`_fp8_producer`,
+    :func:`_persistent_producer` with ``PERSISTENT``): 24, and more where ptxas keeps a block's unrolled
+    block-id loads live together: 40 where a context block that crosses pages takes more than 8 boxes
+    (``BLOCK_N / BOX`` of 16: pages of 8 tokens, or of an odd multiple of 8, at key blocks of 128), and
+    the persistent form's producer 56 at every box of 8 rows (offline, sm90, Triton 3.6: head 128 208
+    bytes of spill at 24 registers, 16 at 32, none at 40; the persistent form's 468 at 24, 100 at 40, 32
+    at 56, where its page-16 form has 16; at head 256, 8 boxes a block, 564 bytes at 24, at 56 as its
+    page-16 form)."""
+    if PERSISTENT:
+        return 56 if BOX < 16 else 24
+    return 40 if BLOCK_N // BOX > 8 else 24
+
+
+@gluon.constexpr_function
+def consumer_regs(BLOCK_N, BOX, regs, PERSISTENT=False):
+    """The registers of the consumer partition beside two :func:`producer_regs` warps: ``regs``, less 16
+    beside 40-register producers and 24 beside 56-register ones (the register file they share)."""
+    return regs - {24: 0, 40: 16, 56: 24}[producer_regs(BLOCK_N, BOX, PERSISTENT)]
 
 
 @gluon.jit
@@ -437,6 +493,92 @@ def _context_copy(C_desc, CB_desc, bar, buf, p_table_row, pos0, a_end, page_size
                 row = page_row_at(p_table_row, page, slot, pos0 + i * BOX, a_end, oob_row, block_rows, c_row)
                 tma.async_copy_global_to_shared(C_desc, [row, c_col], bar, buf.slice(i * BOX, BOX))
                 page, slot = next_box(page, slot, page_size, BOX)
+
+
+@gluon.constexpr_function
+def _x_of(dtype):
+    """Elements of a 16-byte copy of ``dtype`` (vLLM's split K cache's ``x``): 8 (16-bit), 16 (fp8)."""
+    return 128 // dtype.primitive_bitwidth
+
+
+@gluon.constexpr_function
+def _k_threads_along_features(head_dim, x):
+    """A K gather's threads along a key's features: one thread a key row (at most 16 copies a thread a
+    step) up to ``16 * x`` features, more beyond."""
+    return max(head_dim // (16 * x), 1)
+
+
+@gluon.jit
+def _gather_rows(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off, max_block,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr, c_slot=None):  # fmt: skip
+    """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]`` by
+    ``cp.async``, ``SUB`` keys per step, one 16-byte copy a key's ``x`` features (``x = 16 / element
+    bytes``: 8 for a 16-bit cache, 16 for an fp8 one); keys ``>= seq_end`` are zero-filled and read no
+    block-table entry; block ids clamped to ``[0, max_block]``. vLLM's split K cache: slots of ``x``
+    elements, a key's feature groups ``c_group`` apart; ``c_slot`` given (an NHD/HND cache's K or V, the
+    ``GATHER`` form): slots ``c_slot`` apart, a key's features contiguous (``c_group`` not read)."""
+    X: gl.constexpr = _x_of(Cache.dtype.element_ty)
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, X)
+    PW: gl.constexpr = gl.num_warps()
+    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (one thread a key row), else the features
+    L: gl.constexpr = gl.BlockedLayout([1, X], [32 // TPD, TPD], [WK, PW // WK], [1, 0])  # x features each
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
+    if c_slot is None:
+        col = (offs_d // X) * c_group.to(gl.int32) + offs_d % X  # [D] int32 (the host checks the range)
+    else:
+        col = offs_d  # [D]
+    for i in gl.static_range(BLOCK_N // SUB):
+        pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
+        if c_slot is None:
+            row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, X, max_block) + head_off  # [SUB]
+        else:
+            row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, c_slot, max_block) + head_off
+        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, X]), [1, X])  # [SUB, D]
+        ok = (pos < seq_end)[:, None]  # [SUB, 1]
+        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
+
+
+@gluon.jit
+def _publish_gathers(bar):
+    """A gathering thread's arrival on a slot's ready barrier once its own ``cp.async`` copies have landed
+    (``cp.async.mbarrier.arrive.noinc``: the barrier counts one arrival per producer thread); the
+    consumers' wait on that barrier then orders the copies before their reads. (Triton 3.6's ConSan does
+    not model this completion path and reports the copies as pending: triton-lang/triton#11626;
+    ``bench/sanitize_gluon.py --modeled-arrivals`` checks the protocol with the copies completed by
+    ``wait_group`` instead.)"""
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
+def _gather_producer(
+    KV: gl.constexpr, args, gather, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_STAGES: gl.constexpr, PAIRED: gl.constexpr = False,
+):  # fmt: skip
+    """The ``GATHER`` form's partition filling one ring (:data:`PRODUCER_WARPS` warps): K (``KV == 0``,
+    which also loads the two Q halves; ``PAIRED`` as :func:`_producer`'s) or V. ``args`` as
+    :func:`_producer`'s; ``gather``: ``(Cache, c_block, c_slot, head_off, max_block)``, the cache's
+    pointer, its block and slot strides and the KV head's offset (elements), and its last block id.
+    Context blocks ``j < n_a`` by ``cp.async`` gathers of whole key rows (:func:`_gather_rows`: any page
+    size), each thread then arriving on the slot's ready barrier (one count a thread) when its copies
+    land; new-token blocks by one TMA copy (one expect-tx arrival and the rest in one)."""
+    (Q_desc, N_desc, _, _, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, _, q_tok0,
+     n_tok0, m0, head, kv_col, n_a, a_base, a_end, n_blocks) = args  # fmt: skip
+    Cache, c_block, c_slot, head_off, max_block = gather
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, _x_of(Cache.dtype.element_ty))
+    SUB: gl.constexpr = 32 * gl.num_warps() if TPD == 1 else 32 // TPD  # keys a gather step
+    kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+    if KV == 0:
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+    for j in range(n_blocks):
+        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
+        if j < n_a:
+            _gather_rows(Cache, buf, p_table_row, a_base + j * BLOCK_N, a_end, page_size, c_block, None,
+                         head_off, max_block, BLOCK_N, HEAD_DIM, SUB, c_slot)  # fmt: skip
+            _publish_gathers(bar)
+        else:
+            mbarrier.expect(bar, kv_bytes)
+            mbarrier.arrive(bar, count=32 * gl.num_warps() - 1)
+            tma.async_copy_global_to_shared(N_desc, [n_tok0 + (j - n_a) * BLOCK_N, kv_col], bar, buf)
 
 
 @gluon.constexpr_function
@@ -484,11 +626,9 @@ def _fp8_producer(
     if KV == 0:
         load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
     for j in range(n_a):
-        st = j % STAGING
-        mbarrier.wait(st_empty.index(st), ((j // STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = st_ready.index(st)
+        bar, buf = _claim_slot(st_empty, st_ready, stage, j, STAGING)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
-        _context_copy(C_desc, CB_desc, bar, stage.index(st), p_table_row, a_base + j * BLOCK_N, a_end,
+        _context_copy(C_desc, CB_desc, bar, buf, p_table_row, a_base + j * BLOCK_N, a_end,
                       page_size, oob_row, block_rows, c_row, c_col, BLOCK_N, BOX)  # fmt: skip
     if NEW:
         _fp8_new_blocks(N_desc, smem, ready, empty, st_empty, n_tok0, kv_col, n_a, n_blocks, BLOCK_N,
@@ -659,7 +799,7 @@ def _tiles(m0, q_tok0, q_len, head, seg, qk_scale, tanh_scale, score, Sinks, Slo
 
 @gluon.jit(do_not_specialize=["stride_bt", "page_size", "oob_row", "block_rows", "head_rows", "head_cols",
                               "stride_lse_h", "n_bt_cols", "num_blocks", "max_query_len", "window_left",
-                              "window_right"])  # fmt: skip
+                              "window_right", "c_block", "c_slot", "c_head"])  # fmt: skip
 def _gluon_fwd_kernel(
     Q_desc, K_desc, V_desc, KC_desc, VC_desc, KCB_desc, VCB_desc, O, BlockTable, CuSeqlensQ, SeqLens,
     qk_scale, group_size, stride_ot, stride_oh, stride_bt, page_size, oob_row, block_rows, head_rows,
@@ -673,7 +813,8 @@ def _gluon_fwd_kernel(
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
     KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, RING: gl.constexpr = None,
-    PERSISTENT: gl.constexpr = False, n_seqs=None, TileCounter=None,
+    PERSISTENT: gl.constexpr = False, n_seqs=None, TileCounter=None, GATHER: gl.constexpr = False,
+    K_cache=None, V_cache=None, c_block=None, c_slot=None, c_head=None, PACK: gl.constexpr = 0,
 ):  # fmt: skip
     """Grid (cdiv(max_query_len, BLOCK_M), num_heads, batch), 4 warps (+ a consumer warpgroup and two
     producer warps as workers). ``qk_scale`` = softmax scale * log2(e) (> 0). ``KC_desc``/``VC_desc``:
@@ -697,6 +838,10 @@ def _gluon_fwd_kernel(
     ``PAIR_HEADS`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``, an even number of query
     heads per KV head; ``prefix_prefill.plan.pair_heads``): grid (1, num_heads / 2, batch), the two
     warpgroups compute the same rows of two adjacent heads over the KV head's keys, read once for both.
+    ``PACK`` (with ``IDLE_WG1``; 16-bit caches by TMA, no ALiBi; ``prefix_prefill.plan.pack_heads``):
+    grid (1, KV heads, batch), ``PACK == group_size``; the first warpgroup's rows hold the KV head's query
+    heads, ``packed_tokens(BLOCK_M / 2, PACK)`` rows each (``prefill_runtime.gluon.consumer``), ``Q_desc``'s
+    block that many rows: the KV head's keys read once for all its heads.
     ``n_bt_cols``: the block table's width; ``num_blocks``: the caches'; ``max_query_len``: the caller's;
     ``Status``: the caller's ``status=`` tensor or None (see :func:`_program_guard`; rows come clamped
     into ``Q_desc``'s token count, cached keys into the table). ``OUT_MAX > 0``: ``O`` is fp8 (this
@@ -712,7 +857,14 @@ def _gluon_fwd_kernel(
     warpgroups): grid ``(programs, 1, 1)``, each program taking tiles of the launch's ``n_seqs`` sequences
     one after another through one set of rings, each taken from ``TileCounter`` (int32 ``[2]``, zero at the
     launch; :func:`_persistent_partitions`); ``n_seqs`` and ``TileCounter`` are read there only (None
-    elsewhere)."""
+    elsewhere). ``GATHER`` (16-bit caches, one tile a program; the plan's form for pages that are not
+    multiples of 8): the context's key rows are gathered by ``cp.async`` from ``K_cache``/``V_cache``
+    (slot ``s`` of block ``b`` and KV head ``h`` at element ``b * c_block + s * c_slot + h * c_head``,
+    features contiguous) by :func:`_gather_producer` partitions of :data:`PRODUCER_WARPS` warps, the new
+    tokens' by TMA; the cache descriptors then only give the rings' layout."""
+    gl.static_assert(PACK == 0 or (IDLE_WG1 and not (CACHE_FP8 or GATHER or ONE_CONSUMER or PERSISTENT
+                                                     or PAIR_HEADS or HAS_ALIBI)),
+                     "PACK: the idle form over 16-bit caches by TMA, no ALiBi")  # fmt: skip
     if PERSISTENT:
         gl.static_assert(not (CACHE_FP8 or ONE_CONSUMER or IDLE_WG1 or PAIR_HEADS), "persistent: 16-bit")
         prog = (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols,
@@ -730,7 +882,7 @@ def _gluon_fwd_kernel(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
         tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
-        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
+        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT, PACK=PACK,
     )  # fmt: skip
     if skip:
         return
@@ -740,6 +892,7 @@ def _gluon_fwd_kernel(
     # (RING: None for a 16-bit cache, the rings then in the descriptors' layouts)
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f = allocate_rings(
         Q_desc, K_desc, V_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+        READY_COUNT=32 * PRODUCER_WARPS if GATHER else 1,  # (GATHER: one arrival a gathering thread)
         EMPTY_COUNT=256 if ONE_CONSUMER else 2, V_LAYOUT=RING, K_RING=RING,
     )  # fmt: skip
     rings = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, bar_f)
@@ -756,7 +909,46 @@ def _gluon_fwd_kernel(
                             p_table_row, geo, q_tok0, m0, head, seg, HEAD_DIM)  # fmt: skip
     v_args = _producer_args((Q_desc, V_desc, VC_desc, VCB_desc), q_smem, v_smem, q_bar, v_ready, v_empty,
                             p_table_row, geo, q_tok0, m0, head, seg, HEAD_DIM)  # fmt: skip
-    if CACHE_FP8:
+    if GATHER:
+        gl.static_assert(not CACHE_FP8, "GATHER: 16-bit caches")
+        kv_off = (head // group_size).to(gl.int64) * c_head
+        k_gather = (K_cache, c_block, c_slot, kv_off, num_blocks - 1)
+        v_gather = (V_cache, c_block, c_slot, kv_off, num_blocks - 1)
+        if ONE_CONSUMER:
+            gl.warp_specialize(
+                [
+                    (_prefix_consumer, (
+                        0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                        RETURN_LSE, False, 2, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False,
+                        False, CAUSAL, HAS_RIGHT, OUT_MAX, None, False, None, False, True,
+                    )),
+                    (_gather_producer, (0, k_args, k_gather, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                    (_gather_producer, (1, v_args, v_gather, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                ],
+                [PRODUCER_WARPS, PRODUCER_WARPS],
+                [32, 32],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [
+                    (_prefix_consumer, (
+                        0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                        RETURN_LSE, False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False,
+                        PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX, None, False, None, False, True,
+                    )),
+                    (_prefix_consumer, (
+                        1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                        RETURN_LSE, False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+                        IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX, None, False, None, False, True,
+                    )),
+                    (_gather_producer, (0, k_args, k_gather, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                        PAIR_HEADS)),
+                    (_gather_producer, (1, v_args, v_gather, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES)),
+                ],
+                [4, PRODUCER_WARPS, PRODUCER_WARPS],
+                [240, 32, 32],
+            )  # fmt: skip
+    elif CACHE_FP8:
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
                         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
@@ -773,7 +965,7 @@ def _gluon_fwd_kernel(
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [1, 1],
-            [24, 24],
+            [producer_regs(BLOCK_N, BOX), producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -781,18 +973,18 @@ def _gluon_fwd_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT, OUT_MAX,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, None, False, None, False, False, PACK, Sinks,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS,
                     CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
-                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIR_HEADS)),
+                (_producer, (0, k_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, PAIR_HEADS, None, PACK)),
                 (_producer, (1, v_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX)),
             ],
             [4, 1, 1],
-            [240, 24, 24],
+            [consumer_regs(BLOCK_N, BOX, 240), producer_regs(BLOCK_N, BOX), producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
 
 
@@ -851,8 +1043,9 @@ def _fp8_partitions(
     warps) and the two :func:`_fp8_producer` warps, over :func:`fp8_staging` fp8 staging slots a ring (no
     swizzle: the converter reads them, TMA lands them in ``KCB_desc``'s layout). Two consumer partitions
     at 232 registers (16 warps, 12 at head 256: 128 consumer threads a warpgroup at 232, the converter's
-    at :func:`fp8_converter_regs`, the producers' 64 at 24, within the register file's 64K), or with
-    ``ONE_CONSUMER`` one 8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
+    at :func:`fp8_converter_regs`, the producers' 64 at 24, within the register file's 64K; pages whose
+    blocks take 16 boxes: :func:`producer_regs`, :func:`consumer_regs`), or with ``ONE_CONSUMER`` one
+    8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
     straight into the rings)."""
     STAGE: gl.constexpr = KCB_desc.layout  # (TMA lands the blocks in the descriptor's layout)
     conv_args, k_stage_args, v_stage_args = _fp8_staging(
@@ -873,7 +1066,7 @@ def _fp8_partitions(
                                  NEW)),
             ],
             [fp8_converter_warps(HEAD_DIM), 1, 1],
-            [fp8_converter_regs(HEAD_DIM), 24, 24],
+            [fp8_converter_regs(HEAD_DIM), producer_regs(BLOCK_N, BOX), producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
     else:
         gl.warp_specialize(
@@ -895,7 +1088,8 @@ def _fp8_partitions(
                                  NEW)),
             ],
             [4, fp8_converter_warps(HEAD_DIM), 1, 1],
-            [232, fp8_converter_regs(HEAD_DIM), 24, 24],
+            [consumer_regs(BLOCK_N, BOX, 232), fp8_converter_regs(HEAD_DIM), producer_regs(BLOCK_N, BOX),
+             producer_regs(BLOCK_N, BOX)],
         )  # fmt: skip
 
 
@@ -1200,5 +1394,6 @@ def _persistent_partitions(
             )),
         ],
         [4, 1, 1],
-        [240, 24, 24],
+        [consumer_regs(BLOCK_N, BOX, 240, True), producer_regs(BLOCK_N, BOX, True),
+         producer_regs(BLOCK_N, BOX, True)],
     )  # fmt: skip

@@ -19,9 +19,11 @@ new tokens' descriptors, the output and index pointers, the block table's stride
 the status, the sinks, ALiBi slopes and fp8 output scale) and launches.
 
 Short-query forms: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full form
-with ``PAIR_HEADS`` where each KV head has an even number of query heads and the idle form's grid would
-take more than one wave of the device's multiprocessors (the two warpgroups on two heads, grid over head
-pairs; ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
+with ``PACK`` where the first warpgroup's rows hold all of a KV head's query heads (grid over KV heads;
+``prefix_prefill.plan.pack_heads``: 16-bit caches, no ALiBi), else with ``PAIR_HEADS``
+where each KV head has an even number of query heads and the idle form's grid would take more than one
+wave of the device's multiprocessors (the two warpgroups on two heads, grid over head pairs;
+``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
 (``prefix_prefill.plan.idle_second_warpgroup``): each a compiled variant, frame and compile tier of its
 own (:func:`_variant`, which decides it once per call; the launch code reads it back from the
 variant's key), the same rows bit for bit.
@@ -54,12 +56,14 @@ from prefill_runtime import LaunchPlan
 from prefill_runtime.compiled_launch import CompiledLaunches, Descriptor
 from prefill_runtime.gluon_host import multiprocessors as _multiprocessors
 from prefill_runtime.gluon_host import persistent_grid, tile_counter
+from prefill_runtime.plan import packed_tokens
 from prefix_prefill.float16_copies import float16_copies, float16_copy_pointers
 from prefix_prefill.kernel import LOG2E
 from prefix_prefill.plan import (
     TMA_KERNELS,
     cache_views,
     idle_second_warpgroup,
+    pack_heads,
     pair_heads,
 )
 
@@ -79,9 +83,10 @@ _TIERS = runtime.CompileTiers()
 # never reused, so a dropped key's id cannot name another problem's variant)
 _KEY_IDS: dict[tuple, int] = {}
 _KEY_IDS_MAX = 4096
-# key id -> (query heads, query heads a KV head, the device's multiprocessors): what the short-query form
-# weighs per call (:func:`_variant`), read once per key (cleared with _KEY_IDS)
-_KEY_HEADS: dict[int, tuple[int, int, int]] = {}
+# key id -> (query heads, query heads a KV head, the device's multiprocessors, the packed form's rows a head
+# or 0): what the short-query form weighs per call (:func:`_variant`), read once per key (cleared with
+# _KEY_IDS)
+_KEY_HEADS: dict[int, tuple[int, int, int, int]] = {}
 _NEXT_ID = itertools.count()
 # Windows at least this wide reach past any position (int32 in the kernels): passed as this
 _WINDOW_CAP = 1 << 30
@@ -286,6 +291,8 @@ def warm(plan: LaunchPlan, key: int, q, k, v, o, k_cache, v_cache, block_table, 
     if key.__class__ is tuple:
         if key[1] == "pair":  # grid over head pairs
             heads //= 2
+        elif key[1] == "pack":  # grid over KV heads
+            heads //= _KEY_HEADS[key[0]][1]
     elif plan.constexpr_map.get("PERSISTENT", False):  # one program a multiprocessor, tile after tile
         n_m, heads, batch = persistent_grid(n_m * heads * batch, _multiprocessors(index))
         plain += (seq_lens.shape[0], tile_counter(index, stream))  # (_per_call_plain's last two slots)
@@ -327,15 +334,20 @@ def launch(plan: LaunchPlan, problem, q, k, v, o, k_cache, v_cache, kc, vc, bloc
 def _variant(plan: LaunchPlan, key: int, max_query_len: int, q, k_cache, batch: int):
     """The compiled variant's key of a call over ``batch`` sequences with :func:`launch_key` ``key``:
     ``key``, or ``(key, form)`` for a short-query form (:func:`prefix_prefill.plan.idle_second_warpgroup`):
-    ``"pair"`` where :func:`prefix_prefill.plan.pair_heads` says so, else ``"idle"``. The key fixes the
-    head counts and the device, read once per key."""
+    ``"pack"`` where :func:`prefix_prefill.plan.pack_heads` says so, ``"pair"`` where
+    :func:`prefix_prefill.plan.pair_heads` does, else ``"idle"``. The key fixes the head counts, the
+    device and the packed form's rows (the rule's part that is not the call's length), read once per key."""
     if not idle_second_warpgroup(plan, max_query_len):
         return key
     heads = _KEY_HEADS.get(key)
     if heads is None:
         kv_heads = k_cache.shape[2] if plan.kernel == "gluon-nhd" else k_cache.shape[1]  # (HND, split: dim 1)
         n = q.shape[1]
-        heads = _KEY_HEADS[key] = (n, n // kv_heads, _multiprocessors(q.get_device()))
+        group = n // kv_heads
+        rows = packed_tokens(plan.block_m // 2, group) if pack_heads(plan, group, 1) else 0
+        heads = _KEY_HEADS[key] = (n, group, _multiprocessors(q.get_device()), rows)
+    if max_query_len <= heads[3]:  # (pack_heads(plan, group, max_query_len), its length test alone)
+        return (key, "pack")
     return (key, "pair" if pair_heads(heads[1], heads[0] * batch, heads[2]) else "idle")
 
 
@@ -346,14 +358,14 @@ def _form(key, full: bool = True) -> str | None:
 
 
 def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | None,
-          persistent: bool = False, device: int = -1) -> tuple[int, int, int]:  # fmt: skip
-    """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, sequences); a
-    ``persistent`` launch's: (one program a multiprocessor of CUDA device ``device``, at most the one-tile
-    grid's tiles; 1; 1)."""
+          persistent: bool = False, device: int = -1, group: int = 1) -> tuple[int, int, int]:  # fmt: skip
+    """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, for the
+    ``"pack"`` form KV heads (``group`` query heads each), sequences); a ``persistent`` launch's: (one
+    program a multiprocessor of CUDA device ``device``, at most the one-tile grid's tiles; 1; 1)."""
     n_m = max(-(-max_query_len // block_m), 1)
     if persistent:
         return persistent_grid(n_m * heads * batch, _multiprocessors(device))
-    return n_m, heads // 2 if form == "pair" else heads, batch
+    return n_m, heads // 2 if form == "pair" else heads // group if form == "pack" else heads, batch
 
 
 def _warm(fast, call, plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_seqlens_q, seq_lens,
@@ -433,11 +445,11 @@ def _unswizzled(rank: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=rank)
 
 
-def _rows(t: torch.Tensor, block: int, light: bool):
+def _rows(t: torch.Tensor, block: int, light: bool, layout_rows: int = 0):
     """``t`` ``[tokens, heads, D]`` (the plan checked TMA can read it) as ``[tokens, heads * D]`` rows,
-    block ``[block, D]``."""
+    block ``[block, D]`` in the shared layout of a ``[layout_rows, D]`` block (0: of ``block`` rows)."""
     d = t.shape[2]
-    layout = None if light else _swizzled(block, d, t.dtype == torch.float16)
+    layout = None if light else _swizzled(layout_rows or block, d, t.dtype == torch.float16)
     return _tma(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [block, d], layout, light)
 
 
@@ -489,7 +501,9 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     form = _form(key, full)
     # the persistent form is the full form's for calls past the short-query forms
     persistent = consts.get("PERSISTENT", False) and full and form is None
-    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form, persistent, q.get_device())
+    group = q.shape[1] // kc.num_kv_heads
+    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form, persistent, q.get_device(),
+                 group)  # fmt: skip
     views = cache_views(kc, vc, k_cache.element_size())
     if views is None:
         raise ValueError("the NHD/HND Gluon kernel needs caches TMA reads as one view of rows (see plan())")
@@ -501,13 +515,15 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
         k_desc, v_desc = kcb, vcb  # (an fp8 cache: RING gives it)
     else:
         k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
-    args = (_rows(q, block_m // 2 if full else block_m, light), k_desc, v_desc, kbox, vbox, kcb, vcb, o,
-            block_table, cu_seqlens_q, seq_lens, _option_args(consts, scale, opts),
-            q.shape[1] // kc.num_kv_heads, o.stride(0), o.stride(1), block_table.stride(0), kc.page_size,
-            max(kv.rows, vv.rows), *kv.kernel_args(), lse, lse.stride(0) if lse is not None else None,
-            block_table.shape[1], kc.num_blocks, max_query_len, status)  # fmt: skip
-    consts.update(ONE_CONSUMER=not full, IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
-                  LLVM_O0=not full and _tiered(), PERSISTENT=persistent,
+    # Q's box: half a tile (the full form), a whole one (the quick form), a packed head's rows ("pack")
+    q_box = packed_tokens(block_m // 2, group) if form == "pack" else block_m // 2 if full else block_m
+    args = (_rows(q, q_box, light, block_m // 2 if full else block_m), k_desc, v_desc, kbox, vbox, kcb, vcb,
+            o, block_table, cu_seqlens_q, seq_lens, _option_args(consts, scale, opts), group, o.stride(0),
+            o.stride(1), block_table.stride(0), kc.page_size, max(kv.rows, vv.rows), *kv.kernel_args(), lse,
+            lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
+            status)  # fmt: skip
+    consts.update(ONE_CONSUMER=not full, IDLE_WG1=form in ("idle", "pack"), PAIR_HEADS=form == "pair",
+                  PACK=group if form == "pack" else 0, LLVM_O0=not full and _tiered(), PERSISTENT=persistent,
                   n_seqs=seq_lens.shape[0] if persistent else None,
                   TileCounter=tile_counter(q.get_device()) if persistent else None)  # fmt: skip
     # an fp8 cache's scales and the float16 rings' layout (its descriptors are fp8; q is float16 there:
@@ -516,6 +532,11 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     fp8 = consts["CACHE_FP8"]  # (launch() refused an fp8 call without its scales)
     consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None,
                   RING=_swizzled(block_n, d, True) if fp8 else None)  # fmt: skip
+    # the GATHER form's caches by pointer and element strides (K and V of one geometry: the plan checked)
+    gather = consts["GATHER"]
+    consts.update(K_cache=k_cache if gather else None, V_cache=v_cache if gather else None,
+                  c_block=kc.stride_block if gather else None, c_slot=kc.stride_slot if gather else None,
+                  c_head=kc.stride_head if gather else None)  # fmt: skip
     return args, consts, grid
 
 
@@ -603,7 +624,8 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     # the new tokens' rows (with k = None never read: q's rows give the descriptors' types)
     k_rows, v_rows = (q, q) if k is None else (k, v)
     form = _form(key, full)
-    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form)
+    group = q.shape[1] // hk
+    grid = _grid(block_m, max_query_len, q.shape[1], seq_lens.shape[0], form, group=group)
 
     def caches() -> tuple:
         v_cache_arg, k_cache_arg, kw_desc, kr_desc = v_cache, k_cache, None, None
@@ -627,15 +649,17 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     one = consts["ONE_CONSUMER"] or not full  # one 8-warp consumer partition: the plan's, or the quick form
     v_block = block_n // 2 if consts["V_STAGE"] else block_n  # (V_STAGE: half blocks, which it transposes)
     qk_scale = _option_args(consts, scale, opts)
-    args = (_rows(q, block_m if one else block_m // 2, light), k_desc, _rows(v_rows, v_block, light),
-            k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, qk_scale, q.shape[1] // hk,
+    q_rows = block_m if one else block_m // 2  # (a packed form: Q's box a head's rows, in the half's layout)
+    q_box = packed_tokens(q_rows, group) if form == "pack" else q_rows
+    args = (_rows(q, q_box, light, q_rows), k_desc, _rows(v_rows, v_block, light),
+            k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, qk_scale, group,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
             lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
             status)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one,
-                  IDLE_WG1=form == "idle", PAIR_HEADS=form == "pair",
-                  LLVM_O0=not full and _tiered())  # fmt: skip
+                  IDLE_WG1=form in ("idle", "pack"), PAIR_HEADS=form == "pair",
+                  PACK=group if form == "pack" else 0, LLVM_O0=not full and _tiered())  # fmt: skip
     # an fp8 cache's scales (the caches gathered by pointer; q and the rings float16, as _nhd_call's)
     fp8 = consts["CACHE_FP8"]
     consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None)

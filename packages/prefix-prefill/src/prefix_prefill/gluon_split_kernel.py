@@ -29,18 +29,22 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from paged_kv_offsets.gluon import slot_offset
 from prefill_runtime.gluon import allocate_rings, load_q_halves, out_scale_of
 from prefix_prefill.gluon_kernel import (
+    PRODUCER_WARPS,
+    _claim_slot,
     _fp8_converter,
     _fp8_new_blocks,
     _fp8_staging,
+    _gather_rows,
+    _k_threads_along_features,
     _prefix_consumer,
     _program,
+    _publish_gathers,
     _tiles,
+    _x_of,
     fp8_converter_warps,
     fp8_staging,
+    program_heads,
 )
-
-#: a gathering producer's warps
-PRODUCER_WARPS = gl.constexpr(2)
 
 
 @gluon.constexpr_function
@@ -67,41 +71,6 @@ def fp8_split_converter_regs(HEAD_DIM):
     ``[D, BLOCK_N]`` pass 16 rows of 64 keys at a time (offline, sm90, Triton 3.6: 28 bytes of spill at
     48, 36 at 40, 80 at 32; consumers at 240 with the converter at 40: 40)."""
     return 48 if HEAD_DIM > 128 else 32
-
-
-@gluon.constexpr_function
-def _x_of(dtype):
-    """Elements of a 16-byte copy of ``dtype`` (vLLM's split K cache's ``x``): 8 (16-bit), 16 (fp8)."""
-    return 128 // dtype.primitive_bitwidth
-
-
-@gluon.constexpr_function
-def _k_threads_along_features(head_dim, x):
-    """A K gather's threads along a key's features: one thread a key row (at most 16 copies a thread a
-    step) up to ``16 * x`` features, more beyond."""
-    return max(head_dim // (16 * x), 1)
-
-
-@gluon.jit
-def _gather_k_block(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_group, head_off, max_block,
-                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
-    """Context keys ``[pos0, +BLOCK_N)`` of one KV head (``head_off``) into ``buf`` ``[BLOCK_N, D]``,
-    ``SUB`` keys per step, one 16-byte copy a key's ``x`` features (``x = 16 / element bytes``: 8 for a
-    16-bit cache, 16 for an fp8 one); keys ``>= seq_end`` are zero-filled and read no block-table entry;
-    block ids clamped to ``[0, max_block]``."""
-    X: gl.constexpr = _x_of(Cache.dtype.element_ty)
-    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, X)
-    PW: gl.constexpr = gl.num_warps()
-    WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (one thread a key row), else the features
-    L: gl.constexpr = gl.BlockedLayout([1, X], [32 // TPD, TPD], [WK, PW // WK], [1, 0])  # x features each
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
-    col = (offs_d // X) * c_group.to(gl.int32) + offs_d % X  # [D] int32 (the host checks the range)
-    for i in gl.static_range(BLOCK_N // SUB):
-        pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
-        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, X, max_block) + head_off  # [SUB]
-        off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, X]), [1, X])  # [SUB, D]
-        ok = (pos < seq_end)[:, None]  # [SUB, 1]
-        async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)
 
 
 @gluon.jit
@@ -167,24 +136,14 @@ def _load_v_half(N_desc, stage, stage_bar, h, tok, col, HALF: gl.constexpr, HEAD
 
 
 @gluon.jit
-def _publish_gathers(bar):
-    """A gathering thread's arrival on a slot's ready barrier once its own ``cp.async`` copies have landed
-    (``cp.async.mbarrier.arrive.noinc``: the barrier counts one arrival per producer thread); the
-    consumers' wait on that barrier then orders the copies before their reads. (Triton 3.6's ConSan does
-    not model this completion path and reports the copies as pending: triton-lang/triton#11626;
-    ``bench/sanitize_gluon.py --modeled-arrivals`` checks the protocol with the copies completed by
-    ``wait_group`` instead.)"""
-    async_copy.mbarrier_arrive(bar, increment_count=False)
-
-
-@gluon.jit
 def _split_producer(
     KV: gl.constexpr, args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, STAGE: gl.constexpr = False, stage=None,
-    stage_bar=None, PAIRED: gl.constexpr = False,
+    stage_bar=None, PAIRED: gl.constexpr = False, PACK: gl.constexpr = 0,
 ):  # fmt: skip
     """A partition of two warps filling one ring from vLLM's split cache by gathers: K (``KV == 0``,
-    which also loads the two Q halves; ``PAIRED``: the same rows of heads ``head`` and ``head + 1``) or V.
+    which also loads the two Q halves; ``PAIRED``: the same rows of heads ``head`` and ``head + 1``;
+    ``PACK``: the packed rows of ``PACK`` heads, ``prefill_runtime.gluon.load_q_halves``) or V.
     Context blocks ``j < n_a`` by ``cp.async`` gathers
     (``c_block``/``c_head``/``c_feat``: the cache's block, head and feature-group (K) or feature (V)
     strides), each thread then arriving on the slot's ready barrier (one count per thread) when its
@@ -205,20 +164,17 @@ def _split_producer(
      max_block) = args  # fmt: skip
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * 2
     if KV == 0:
-        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED, PACK)
     head_off = kv_head.to(gl.int64) * c_head
     if KV == 1 and STAGE:  # the first new-token block's halves, while the context blocks go by
         for h in gl.static_range(2):
             _load_v_half(N_desc, stage, stage_bar, h, n_tok0, kv_head * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
         if j < n_a:
             pos0 = a_base + j * BLOCK_N
             if KV == 0:
-                _gather_k_block(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
+                _gather_rows(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
                                 max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
             else:
                 _gather_v_block(Cache, buf, p_table_row, pos0, a_end, page_size, c_block, c_feat, head_off,
@@ -245,7 +201,9 @@ def _split_producer(
                     tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, buf)
                 else:  # V as key rows: the slot seen in N_desc's layout
                     rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
-                    tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+                    tma.async_copy_global_to_shared(
+                        N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(j % NUM_STAGES)
+                    )
 
 
 @gluon.jit
@@ -263,10 +221,7 @@ def _split_v_tma_producer(
     arrival per slot."""
     NB: gl.constexpr = BLOCK_N // 16
     for j in range(n_blocks):
-        slot = j % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
-        bar = ready.index(slot)
-        buf = smem.index(slot)
+        bar, buf = _claim_slot(empty, ready, smem, j, NUM_STAGES)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
         if j < n_a:
             for i in gl.static_range(NB):
@@ -280,7 +235,9 @@ def _split_v_tma_producer(
         else:
             rows = smem._reinterpret(smem.dtype, [smem.shape[0], BLOCK_N, HEAD_DIM], N_desc.layout)
             tok = n_tok0 + (j - n_a) * BLOCK_N
-            tma.async_copy_global_to_shared(N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(slot))
+            tma.async_copy_global_to_shared(
+                N_desc, [tok, kv_head * HEAD_DIM], bar, rows.index(j % NUM_STAGES)
+            )
 
 
 @gluon.jit
@@ -337,9 +294,10 @@ def _split_k_tma_producer(
     head, kv_head, kv_heads, n_a, a_base, a_end, n_blocks, b_end, HALF_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, W_desc=None, R_desc=None, K_WIDE: gl.constexpr = 1,
-    CM: gl.constexpr = False, NW_desc=None, PAIRED: gl.constexpr = False,
+    CM: gl.constexpr = False, NW_desc=None, PAIRED: gl.constexpr = False, PACK: gl.constexpr = 0,
 ):  # fmt: skip
-    """The K ring by TMA (one warp; also loads the two Q halves, ``PAIRED`` as :func:`_split_producer`).
+    """The K ring by TMA (one warp; also loads the two Q halves, ``PAIRED`` and ``PACK`` as
+    :func:`_split_producer`).
     A slot holds, per 64 features (part
     ``p``), ``BLOCK_N / 8`` chunks of 8 keys, each ``[8 feature groups, 8 keys, 8 features]`` dense (1 KB):
     wgmma's no-swizzle K-major core matrices, 128 bytes apart along the features and 1 KB apart along the
@@ -379,7 +337,7 @@ def _split_k_tma_producer(
         news = smem._reinterpret(smem.dtype, [NUM_STAGES, NC, G, 8, 8], NW_desc.layout)
     else:  # every part of the ring as [NC, 8, 8, 8] (a full new-token block: a box per part)
         news = smem._reinterpret(smem.dtype, [NUM_STAGES * NP, NC, 8, 8, 8], NW_desc.layout)
-    load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+    load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED, PACK)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)  # a fresh barrier passes round 0
@@ -422,19 +380,22 @@ def _split_k_partition(
     K_TMA: gl.constexpr, args, kv_heads, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, W_desc=None, R_desc=None,
     K_WIDE: gl.constexpr = 0, CM: gl.constexpr = False, NW_desc=None, PAIRED: gl.constexpr = False,
+    PACK: gl.constexpr = 0,
 ):  # fmt: skip
     """The K ring's producer (``args`` as :func:`_split_producer`'s): :func:`_split_k_tma_producer` with
     ``K_TMA`` (``Cache`` is then the K cache's descriptor; ``W_desc``, ``R_desc``, ``K_WIDE``, ``CM``,
-    ``NW_desc`` as there), else :func:`_split_producer`'s gathers; ``PAIRED``: the Q halves' form."""
+    ``NW_desc`` as there), else :func:`_split_producer`'s gathers; ``PAIRED``, ``PACK``: the Q halves'
+    form."""
     if K_TMA:
         (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, _, _, _, q_tok0,
          n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, b_end, _) = args  # fmt: skip
         _split_k_tma_producer(Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row,
                               page_size, q_tok0, n_tok0, m0, head, kv_head, kv_heads, n_a, a_base, a_end,
                               n_blocks, b_end, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, W_desc, R_desc, K_WIDE,
-                              CM, NW_desc, PAIRED)  # fmt: skip
+                              CM, NW_desc, PAIRED, PACK)  # fmt: skip
     else:
-        _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, False, None, None, PAIRED)
+        _split_producer(0, args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, SUB, V_TPR, False, None, None, PAIRED,
+                        PACK)  # fmt: skip
 
 
 @gluon.jit
@@ -489,7 +450,7 @@ def _split_fp8_producer(
         mbarrier.wait(st_empty.index(st), ((j // STAGING) & 1) ^ 1)  # a fresh barrier passes round 0
         pos0 = a_base + j * BLOCK_N
         if KV == 0:
-            _gather_k_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
+            _gather_rows(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
                             head_off, max_block, BLOCK_N, HEAD_DIM, SUB)  # fmt: skip
         else:
             _gather_v_block(Cache, stage.index(st), p_table_row, pos0, a_end, page_size, c_block, c_feat,
@@ -581,7 +542,7 @@ def _gluon_split_kernel(
     HAS_ALIBI: gl.constexpr = False, HAS_SINKS: gl.constexpr = False, SKIP_DECODE: gl.constexpr = False,
     IDLE_WG1: gl.constexpr = False, PAIR_HEADS: gl.constexpr = False, window_right=None,
     CAUSAL: gl.constexpr = True, HAS_RIGHT: gl.constexpr = False, OutScale=None, OUT_MAX: gl.constexpr = 0.0,
-    KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False,
+    KScale=None, VScale=None, CACHE_FP8: gl.constexpr = False, PACK: gl.constexpr = 0,
 ):  # fmt: skip
     """:func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` over vLLM's split cache (see the module
     docstring): same grid, warps and segments.
@@ -614,9 +575,9 @@ def _gluon_split_kernel(
     (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
     ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``,
     ``CAUSAL``, ``window_right`` and ``HAS_RIGHT``, ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions
-    only), ``OutScale`` and ``OUT_MAX`` (an fp8 output), ``KScale``, ``VScale`` and ``CACHE_FP8`` (an fp8
-    cache gathered by pointer, K and V: :func:`_split_fp8_partitions`; ``V_RING`` and the descriptors
-    float16): the options of
+    only), ``PACK`` (16-bit caches), ``OutScale`` and ``OUT_MAX`` (an fp8 output), ``KScale``, ``VScale``
+    and ``CACHE_FP8`` (an fp8 cache gathered by pointer, K and V: :func:`_split_fp8_partitions`; ``V_RING``
+    and the descriptors float16): the options of
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first visible key are
     never copied, gathered or boxed). ``n_bt_cols``, ``num_blocks``, ``max_query_len``,
     ``Status``: as there; the gathers clamp every block id into ``[0, num_blocks)`` (a TMA box needs no
@@ -627,18 +588,20 @@ def _gluon_split_kernel(
     else:  # the caches' elements a 16-byte gather copy (vLLM's x), from their element type
         CX: gl.constexpr = _x_of(V_cache.dtype.element_ty)
     V_TPR: gl.constexpr = BLOCK_N // CX  # threads along a feature row's keys in the V gathers
-    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_k_block)
+    TPD: gl.constexpr = _k_threads_along_features(HEAD_DIM, CX)  # the K gathers' (_gather_rows)
     GW: gl.constexpr = fp8_gather_warps(HEAD_DIM) if CACHE_FP8 else PRODUCER_WARPS  # a gatherer's warps
     K_SUB: gl.constexpr = 32 * GW if TPD == 1 else 32 // TPD  # keys per K gather step
     V_SUB: gl.constexpr = max(16, GW * 32 // V_TPR)  # features per V gather step
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
+    gl.static_assert(PACK == 0 or (IDLE_WG1 and not (CACHE_FP8 or ONE_CONSUMER or PAIR_HEADS or HAS_ALIBI)),
+                     "PACK: the idle form over 16-bit caches, no ALiBi")  # fmt: skip
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
         tanh_scale, Sinks, Slopes, BLOCK_M, BLOCK_N, HEAD_DIM, KV_FROM_CACHE, RETURN_LSE, SKIP_DECODE,
-        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
+        HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT, PACK=PACK,
     )  # fmt: skip
     if skip:
         return
@@ -702,7 +665,7 @@ def _gluon_split_kernel(
     v_args = (Q_desc, V_desc, V_cache, q_smem, v_smem, q_bar, v_ready, v_empty, p_table_row, page_size,
               vc_block, vc_head, vc_dim, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks,
               n_new, num_blocks - 1)  # fmt: skip
-    kv_heads = gl.num_programs(1) * (2 if PAIR_HEADS else 1) // group_size
+    kv_heads = gl.num_programs(1) * program_heads(PAIR_HEADS, PACK) // group_size
     # The producer entries repeat in both lists: Gluon cannot bind a (function, arguments) pair to a
     # name, and an argument tuple bound to a name loses its constexprs.
     if CACHE_FP8:
@@ -733,7 +696,7 @@ def _gluon_split_kernel(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, K_VIEW, K_COLS, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False,
-                    PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
+                    PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX, None, False, None, False, False, PACK, Sinks,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
@@ -741,7 +704,7 @@ def _gluon_split_kernel(
                     PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
                 )),
                 (_split_k_partition, (K_TMA, k_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, PAIR_HEADS)),
+                                       V_TPR, KW_desc, KR_desc, K_WIDE, K_CM, KN_desc, PAIR_HEADS, PACK)),
                 (_split_v_partition, (V_TMA, v_args, kv_heads, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, V_STAGE, v_stage, v_stage_bar)),
             ],

@@ -14,7 +14,9 @@ kernel                  when
                         fp8 cache of :data:`GLUON_FP8_CACHES`, ``CACHE_FP8``), out in it or in one of
                         :data:`GLUON_FP8_OUTS` (``OUT_MAX``), head size 64/128/256, a positive
                         scale or soft-capping, a window that lets a row see at least
-                        :func:`min_window` keys (or none), pages a multiple of 16, an NHD cache
+                        :func:`min_window` keys (or none), pages a multiple of 8
+                        (:func:`gluon_page_multiple`: TMA boxes; at head 256 any page, by ``GATHER``'s
+                        ``cp.async`` gathers where a page is no multiple of 8, 16-bit caches), an NHD cache
                         TMA reads as one view of rows (:func:`paged_kv_offsets.tma_rows`: unit feature
                         stride, a slot's heads adjacent, 16-byte slots, a block stride of whole slots,
                         so FlashInfer's interleaved K/V pages too; K and V of one geometry, 16-byte
@@ -22,11 +24,12 @@ kernel                  when
                         adjacent, 16-byte aligned); ALiBi, sinks, soft-capping, the windows (a right
                         one only without causality, where it is moot), causal or not, and
                         skip_decode are its constexprs; a window of at most
-                        :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache its persistent form
-                        (``PERSISTENT``)
+                        :data:`PERSISTENT_MAX_WINDOW` keys over a 16-bit cache of boxes its
+                        persistent form (``PERSISTENT``)
 ``"gluon-hnd"``         the same kernel over an HND cache (its view's rows: one head's slots)
 ``"gluon-split"``       the same over vLLM's split cache (``x = 8``, contiguous 16-byte slots; an fp8 one
-                        too, gathered into fp8 staging slots)
+                        too, gathered into fp8 staging slots), pages a multiple of 8 (fp8: of 16;
+                        K and V gathered where a page is no multiple of 16)
 ``"triton"``            everything else: :func:`prefix_prefill.kernel._fwd_kernel` with the tiles of
                         :mod:`prefix_prefill.configs` (per architecture, head size, dtype class, page
                         class; narrow heads and fp8 caches change a few fields)
@@ -34,10 +37,10 @@ kernel                  when
 
 The Triton kernel's constexprs are derived here too (layout hints, int32 or int64 offsets, granule
 edges, the merged masked loop, block ids read ahead); every one is a function of the problem. One rule
-reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup` and
-:func:`pair_heads` (which also weighs the batch against the device's multiprocessors), the Gluon form a
-launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's (rows the same bit for bit in every
-form).
+reads a call's ``max_query_len``, outside the plan, in each kernel: :func:`idle_second_warpgroup`,
+:func:`pack_heads` and :func:`pair_heads` (which also weighs the batch against the device's
+multiprocessors), the Gluon form a launch of the plan runs, and :func:`pack_gqa`, the Triton kernel's
+(rows the same bit for bit in every form).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import torch
 from paged_kv_offsets import CacheView, TmaRows, offsets_fit_int32, tma_rows
 from prefill_runtime import LaunchPlan
 from prefill_runtime.checks import kernel_softcap
+from prefill_runtime.plan import packed_tokens
 from prefix_prefill.configs import MAX_GRID_YZ, get_config
 
 #: The plans of the NHD/HND Gluon kernel (one kernel over a cache's view of rows).
@@ -297,9 +301,32 @@ def split_gather_ok(p: Problem) -> bool:
     )
 
 
+#: Head sizes at which NHD/HND pages that are no multiple of 8 take the Gluon kernel's ``GATHER`` form (the
+#: context's key rows gathered by ``cp.async``, one block-table read a key row): 256, where it ran
+#: 0.29-0.35x the Triton kernel's time (H100, 4 x (8192 + 2048), 16/2 heads, pages 1 and 12); at heads 64
+#: and 128 it ran 1.43-1.59x the Triton kernel's (8 x (4096 + 4096), 32/8 heads, pages 1 and 12: twice the
+#: key rows a byte of head 256's), so those keep the Triton kernel (bench/results/NOTES.md).
+GATHER_HEADS = (256,)
+
+
+def gluon_page_multiple(layout: str, head_size: int, fp8: bool = False) -> int:
+    """The page sizes the Gluon kernels take on a cache of ``layout`` at ``head_size`` (``fp8``: an fp8
+    cache): multiples of this. NHD/HND: by TMA boxes of ``gcd(page_size, BLOCK_N)`` rows where that is a
+    multiple of 8 (a box fills whole swizzle atoms of the rings' NVMMA layout, 8 rows; a ring slot splits
+    only there), so 8; at the heads of :data:`GATHER_HEADS` any page, the others by ``cp.async`` gathers
+    of key rows (``GATHER``, 16-bit caches; an fp8 cache's staging slots take boxes only). vLLM's split
+    layout: 8 (its V gathers copy ``x`` keys of a feature at once,
+    8 for a 16-bit cache: a copy stays inside a page), 16 for an fp8 one (``x = 16``); its K and V boxes
+    are 16-key runs, so pages that are no multiple of 16 take its gathers (:func:`_gluon_split_plan`)."""
+    if layout == "split":
+        return 16 if fp8 else 8
+    return 1 if head_size in GATHER_HEADS and not fp8 else 8
+
+
 def _gluon_unmet(p: Problem) -> str | None:
     """Why neither Gluon kernel runs ``p`` (None: one of them may, layout permitting)."""
     half = p.q_dtype in (torch.float16, torch.bfloat16)
+    fp8 = p.cache_dtype in GLUON_FP8_CACHES
     checks = (
         (p.gluon, "Gluon kernels unsupported here (architecture, Triton version or PREFILL_GLUON)"),
         (p.arch == "sm90", f"architecture {p.arch} (Gluon kernels: sm90)"),
@@ -319,7 +346,11 @@ def _gluon_unmet(p: Problem) -> str | None:
         ),
         (p.wide_window, f"a window narrower than {min_window(p.cache_dtype in GLUON_FP8_CACHES)} keys"),
         (p.scale_positive or p.softcap > 0, "softmax scale <= 0"),
-        (p.kc.page_size % 16 == 0, f"page size {p.kc.page_size} (Gluon kernels: multiples of 16)"),
+        (
+            p.kc.page_size % gluon_page_multiple(p.layout, p.head_size, fp8) == 0,
+            f"page size {p.kc.page_size} (Gluon kernels on {'fp8 ' if fp8 else ''}{p.layout} caches at head "
+            f"{p.head_size}: multiples of {gluon_page_multiple(p.layout, p.head_size, fp8)})",
+        ),
         (p.num_heads <= MAX_GRID_YZ, "more than 65535 heads"),
         (p.bt_col_stride == 1, "block table with a non-unit column stride"),
     )
@@ -365,16 +396,22 @@ def _gluon_tma_plan(p: Problem) -> LaunchPlan | None:
     if not (rows and tma_cache_views(p)):
         return None
     block_n = GLUON_BLOCK_N[d]
-    consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=math.gcd(p.kc.page_size, block_n),
+    box = math.gcd(p.kc.page_size, block_n)
+    gather = box % 8 != 0  # (16-bit caches: _gluon_unmet keeps an fp8 cache's pages at multiples of 8)
+    consts = dict(HEAD_DIM=d, BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, BOX=block_n if gather else box,
                   KV_FROM_CACHE=p.kv_from_cache, RETURN_LSE=p.lse, NUM_STAGES=GLUON_STAGES,
                   # an fp8 cache converted into float16 rings (a 4-warp partition; a bf16 call as a fp16 one)
                   CACHE_FP8=p.cache_dtype in GLUON_FP8_CACHES,
-                  # narrow windows: one program takes tile after tile (16-bit caches)
-                  PERSISTENT=p.narrow_window and p.cache_dtype not in GLUON_FP8_CACHES,
+                  # narrow windows: one program takes tile after tile (16-bit caches, boxes)
+                  PERSISTENT=p.narrow_window and p.cache_dtype not in GLUON_FP8_CACHES and not gather,
+                  # pages that are not multiples of 8: the context's key rows by cp.async gathers
+                  GATHER=gather,
                   **_gluon_options(p))  # fmt: skip
     why = f"sm90, {p.layout.upper()} cache TMA can read" + _options_note(p)
     if consts["PERSISTENT"]:
         why += "; persistent (a narrow window)"
+    if gather:
+        why += f"; context rows gathered (page size {p.kc.page_size})"
     return LaunchPlan(f"gluon-{p.layout}", why, GLUON_BLOCK_M, LaunchPlan.items(consts))
 
 
@@ -399,6 +436,27 @@ def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = Tru
     if not full or 2 * max_query_len > plan.block_m or plan.kernel not in (*TMA_KERNELS, "gluon-split"):
         return False
     return not plan.constexpr_map.get("ONE_CONSUMER", False)
+
+
+def pack_heads(plan: LaunchPlan, queries_per_kv: int, max_query_len: int) -> int:
+    """The query heads a KV head has (``queries_per_kv``) when a Gluon launch to which
+    :func:`idle_second_warpgroup` gives an idle second warpgroup packs them all into its first
+    warpgroup's rows (``PACK``; grid over KV heads), else 0: a 16-bit cache (not ``CACHE_FP8``; on the
+    NHD/HND kernel read by TMA, not ``GATHER``), no ALiBi (its slopes are a head's term in every score;
+    a sink is each row's head's, once a row), grouped heads,
+    and every query within :func:`prefill_runtime.plan.packed_tokens` rows a head (at most 8 heads a KV
+    head; speculative decoding's few tokens a sequence). A packed program runs the idle form's program
+    (one warpgroup's wgmmas over the same key blocks) for all its heads at once, reading the keys once
+    where the idle form reads them a head and the paired form every two heads, so it is taken wherever it
+    applies; each row's arithmetic is the idle form's, so the choice never changes a row. Integers and
+    the plan's constexprs only: the launcher asks it per call, after :func:`idle_second_warpgroup`."""
+    c = plan.constexpr_map
+    if plan.kernel not in (*TMA_KERNELS, "gluon-split") or queries_per_kv < 2:
+        return 0
+    if any(c.get(n) for n in ("CACHE_FP8", "GATHER", "ONE_CONSUMER", "HAS_ALIBI")):
+        return 0
+    rows = packed_tokens(plan.block_m // 2, queries_per_kv)
+    return queries_per_kv if rows and max_query_len <= rows else 0
 
 
 def pair_heads(queries_per_kv: int, programs: int, sms: int) -> bool:
@@ -426,6 +484,7 @@ def _gluon_split_plan(p: Problem) -> LaunchPlan | None:
     fp8 = p.cache_dtype in GLUON_FP8_CACHES  # K and V gathered into fp8 staging, converted (one form)
     k_tma = (
         not fp8
+        and page % 16 == 0  # (16-key runs: pages of 8 tokens or 8 times an odd number take the gathers)
         and d in SPLIT_K_TMA_HEADS
         and kc.stride_dim == page * 8
         and kc.stride_head == g * page * 8
