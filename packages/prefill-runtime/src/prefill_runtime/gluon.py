@@ -208,7 +208,7 @@ def load_q_halves(Q_desc, q_smem, q_bar, row0, col, HALF_M: gl.constexpr, HEAD_D
     when ``Q_desc``'s block has ``2 * HALF_M`` rows, the whole tile in one copy on ``q_bar.index(0)``.
     ``PAIRED`` (two consumers on two adjacent heads, see :func:`consumer`): both halves are rows
     ``row0 + [0, HALF_M)``, half ``h`` at column ``col + h * HEAD_DIM`` (the next head's features).
-    ``PACK`` (``Q_desc``'s block ``[T, D]``, ``T = pack_rows(HALF_M, PACK)``: :func:`consumer`'s packed
+    ``PACK`` (``Q_desc``'s block ``[T, D]``, ``T = packed_tokens(HALF_M, PACK)``: :func:`consumer`'s packed
     rows): the first half only, the ``PACK`` heads from column ``col`` one after another, head ``g``'s rows
     ``row0 + [0, T)`` at the half's rows ``g * T``; the half's rows past ``PACK * T`` are left unwritten
     (padding rows, never stored)."""
