@@ -148,13 +148,15 @@ PREFIX_SMALL_PAGES = [
 ]
 # queries of at most 8 tokens on the 16-bit forms: a KV head's query heads packed into the first consumer
 # warpgroup's rows (PACK: 4, 8 and 3 heads a KV head, 16, 8 and 16 rows each, the last with 16 padding rows),
-# numbered after the cases above: (layout, head, page, kv_from_cache, return_lse, plan, heads)
+# numbered after the cases above: (layout, head, page, kv_from_cache, return_lse, plan, heads[, fp8 cache])
 PREFIX_PACKED = [
     ("nhd", 128, 16, False, True, "gluon-nhd", (32, 8)),
     ("hnd", 64, 544, True, False, "gluon-hnd", (16, 2)),
     ("nhd", 256, 24, False, True, "gluon-nhd", (6, 2)),
     ("split", 128, 16, False, True, "gluon-split", (32, 8)),  # K by 16-key TMA runs, V by gathers
     ("split", 64, 24, True, False, "gluon-split", (16, 2)),  # K and V gathered
+    ("nhd", 128, 16, False, True, "gluon-nhd", (32, 8), torch.float8_e4m3fn),  # beside the converter
+    ("split", 128, 16, True, False, "gluon-split", (16, 2), torch.float8_e5m2),
 ]
 # window: (head, sequence lengths, window, return_lse)
 WINDOW = [
@@ -319,8 +321,8 @@ def _cases() -> list[tuple[str, object, tuple]]:
         for c in PREFIX_SMALL_PAGES
     ] + [
         (f"prefix {c[0]} d{c[1]} page {c[2]} kv_from_cache={c[3]} lse={c[4]} queries <= 8, heads "
-         f"{c[6][0]}/{c[6][1]} packed", _prefix_case,
-         (*c[:6], False, False, c[6], None, False, False, True))
+         f"{c[6][0]}/{c[6][1]} packed{f', fp8 cache {str(c[7])[6:]}' if len(c) > 7 else ''}", _prefix_case,
+         (*c[:6], False, False, c[6], c[7] if len(c) > 7 else None, False, False, True))
         for c in PREFIX_PACKED
     ]  # fmt: skip
 

@@ -69,7 +69,7 @@ def compile_nhd(head, box, from_cache, lse, one=False, llvm_o0=False, out="bf16"
 
 
 def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="fp16", cache="fp8e4nv", out=None, llvm_o0=False,
-                    **opts):
+                    q_rows=0, **opts):  # fmt: skip
     # an fp8 cache (CACHE_FP8): the caches' descriptors fp8 with no swizzle, the rings float16 (RING), q
     # float16 (a bfloat16 call's too, launched as a float16 one with ``out="bf16"``), k_scale / v_scale
     # tensors; ``cache``: "fp8e4nv" or "fp8e5"
@@ -83,7 +83,7 @@ def compile_nhd_fp8(head, box, from_cache, lse, one=False, q="fp16", cache="fp8e
     if from_cache:  # (the caches' descriptors stand in)
         new_rows = f"tensordesc<{cache}[{bn}, {head}],{l8!r}>"
     sig = {
-        "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>", "K_desc": new_rows, "V_desc": new_rows,
+        "Q_desc": f"tensordesc<{q}[{q_rows or rows}, {head}],{lq!r}>", "K_desc": new_rows, "V_desc": new_rows,
         "KC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",
         "VC_desc": f"tensordesc<{cache}[{box}, {head}],{l8!r}>",
         "KCB_desc": f"tensordesc<{cache}[{bn}, {head}],{l8!r}>",
@@ -143,7 +143,7 @@ def compile_split(head, from_cache, lse, v_tma, k_tma, k_wide, one=False, llvm_o
 
 
 def compile_split_fp8(head, from_cache, lse, one=False, q="fp16", cache="fp8e4nv", out=None, llvm_o0=False,
-                      **opts):
+                      q_rows=0, **opts):  # fmt: skip
     # an fp8 split cache (CACHE_FP8): K and V gathered by pointer into fp8 staging, the rings float16 (q
     # float16; a bfloat16 call's output ``out="bf16"``), k_scale / v_scale tensors, no V staging
     bn = itf_plan.GLUON_BLOCK_N[head]
@@ -153,7 +153,7 @@ def compile_split_fp8(head, from_cache, lse, one=False, q="fp16", cache="fp8e4nv
     lk = gl.NVMMASharedLayout.get_default_for([bn, head], qt)
     lv = gl.NVMMASharedLayout.get_default_for([head, bn], qt)
     sig = {
-        "Q_desc": f"tensordesc<{q}[{rows}, {head}],{lq!r}>",
+        "Q_desc": f"tensordesc<{q}[{q_rows or rows}, {head}],{lq!r}>",
         "K_desc": f"tensordesc<{q}[{bn}, {head}],{lk!r}>", "V_desc": f"tensordesc<{q}[{bn}, {head}],{lk!r}>",
         "K_cache": f"*{cache}", "V_cache": f"*{cache}", "O": f"*{out or q}", "BlockTable": "*i32",
         "CuSeqlensQ": "*i32", "SeqLens": "*i32", "qk_scale": "fp32", "group_size": "i32", "stride_ot": "i32",

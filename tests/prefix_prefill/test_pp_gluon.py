@@ -247,7 +247,7 @@ def test_pack_heads_rule():
     """Packed heads on a Gluon kernel over a 16-bit cache (NHD/HND read by TMA, or vLLM's split one with
     two consumer partitions), a group of 2 to 8 query heads a KV head, every query within
     ``packed_tokens(64, group)`` rows (32, 16, 16, 8, 8, 8, 8 at groups 2-8; a group of 9 fits no 8-row
-    atom a head), with sinks too; never with ALiBi, an fp8 cache, the gathering form, one consumer partition,
+    atom a head), with sinks and fp8 caches too; never with ALiBi, the gathering form, one consumer partition,
     the Triton kernel or one query head a KV head."""
     assert [packed_tokens(64, g) for g in range(1, 10)] == [64, 32, 16, 16, 8, 8, 8, 8, 0]
     assert packed_tokens(64, 0) == 0
@@ -263,7 +263,9 @@ def test_pack_heads_rule():
                 assert plan.pack_heads(chosen, group, n) == want, (layout, page, group, n)
             sinks = chosen.replace(constexprs={"HAS_SINKS": True})
             assert plan.pack_heads(sinks, group, 1) == (group if 2 <= group <= 8 else 0)
-            for name in ("HAS_ALIBI", "CACHE_FP8", "GATHER", "ONE_CONSUMER"):
+            fp8 = chosen.replace(constexprs={"CACHE_FP8": True})
+            assert plan.pack_heads(fp8, group, 1) == (group if 2 <= group <= 8 else 0)
+            for name in ("HAS_ALIBI", "GATHER", "ONE_CONSUMER"):
                 assert plan.pack_heads(chosen.replace(constexprs={name: True}), group, 1) == 0, name
             assert plan.pack_heads(chosen.replace(kernel="triton"), group, 1) == 0
     for layout, page in (("nhd", 1), ("split", 544)):  # (the gathering form; one consumer partition)

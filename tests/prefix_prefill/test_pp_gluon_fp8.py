@@ -497,6 +497,8 @@ FORMS = [
     dict(head=256, box=64, from_cache=True, lse=False, cache="fp8e5", **ALL),
     dict(head=256, box=16, from_cache=False, lse=False, PAIR_HEADS=True, SOFTCAP=2, out="bf16"),
     dict(head=256, box=16, from_cache=False, lse=False, one=True, llvm_o0=True, out="bf16", **BOTH_WAYS),
+    dict(head=128, box=16, from_cache=False, lse=True, IDLE_WG1=True, PACK=4, q_rows=16, HAS_SINKS=True,
+         SOFTCAP=2, out="bf16"),
 ]
 for form in FORMS:
     _, kernel = compile_nhd_fp8(**form)
@@ -515,7 +517,7 @@ def test_fp8_cache_forms_compile_for_sm90():
     quick one with LLVM at O0 as the compile tiers build it)
     within one program's shared memory (227 KiB), each converting its own fp8 type and no other (e4m3
     by the hardware's conversion; e5m2 into float16 by byte moves)."""
-    _check_fp8_compiles(_COMPILE_SCRIPT, 16)
+    _check_fp8_compiles(_COMPILE_SCRIPT, 17)
 
 
 def _check_fp8_compiles(script: str, forms: int) -> None:
@@ -546,6 +548,7 @@ FORMS = [
     dict(head=256, from_cache=True, lse=False, cache="fp8e5", **ALL),
     dict(head=256, from_cache=False, lse=False, PAIR_HEADS=True, SOFTCAP=2, out="bf16"),
     dict(head=256, from_cache=False, lse=False, one=True, llvm_o0=True, out="bf16"),
+    dict(head=128, from_cache=False, lse=True, IDLE_WG1=True, PACK=4, q_rows=16, HAS_SINKS=True),
 ]
 for form in FORMS:
     _, kernel = compile_split_fp8(**form)
@@ -560,7 +563,7 @@ def test_fp8_split_cache_forms_compile_for_sm90():
     64 / 128 / 256 (one gathering warp a ring there), e4m3 / e5m2, k given or from the cache, every option,
     non-causal with a window both ways, the LSE, the paired form, the quick one-partition form at LLVM
     O0) within one program's shared memory, each converting its own fp8 type and no other."""
-    _check_fp8_compiles(_SPLIT_COMPILE_SCRIPT, 9)
+    _check_fp8_compiles(_SPLIT_COMPILE_SCRIPT, 10)
 
 
 # ------------------------------------------------------------------------- GPU (sm90)
@@ -739,6 +742,31 @@ def test_gpu_fp8_short_queries(layout, heads, from_cache, opts, monkeypatch):
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
     _check(layout, from_cache, 128, torch.float16, E4M3, 16, SCALES[0], monkeypatch, GPU_OPTIONS.get(opts),
            SHORT_SEQS, heads)  # fmt: skip
+
+
+# queries of at most 8 tokens (speculative decoding): the packed form
+PACK_SEQS = [(2300, 4), (0, 8), (1700, 1), (129, 7), (600, 8), (37, 3)]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("opts", ["plain", "sinks", "softcap", "noncausal_window"])
+@pytest.mark.parametrize("from_cache", [False, True])
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=["g4", "g3"])
+@pytest.mark.parametrize(
+    "layout,head", [("nhd", 128), ("split", 128), ("nhd", 256), ("hnd", 64), ("split", 64)]
+)
+def test_gpu_fp8_packed_heads(layout, head, heads, from_cache, opts, monkeypatch):
+    """Queries within ``packed_tokens`` rows a head over an fp8 cache: a KV head's query heads packed into
+    the first warpgroup's rows (``PACK``, beside the converter partition), every launch of the call in that
+    form, against the reference (output and LSE)."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    forms = []
+    variant = gluon_launch._variant
+    monkeypatch.setattr(gluon_launch, "_variant", lambda *a: forms.append(variant(*a)) or forms[-1])
+    _check(layout, from_cache, head, torch.float16, E4M3, 16, SCALES[0], monkeypatch, GPU_OPTIONS.get(opts),
+           PACK_SEQS, heads, lse=True)  # fmt: skip
+    assert forms and all(gluon_launch._form(f) == "pack" for f in forms), forms
 
 
 @pytest.mark.gpu

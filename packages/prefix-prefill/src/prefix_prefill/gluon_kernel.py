@@ -610,8 +610,10 @@ def fp8_converter_regs(HEAD_DIM):
 def _fp8_producer(
     KV: gl.constexpr, args, stage_args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, BOX: gl.constexpr, PAIRED: gl.constexpr = False, NEW: gl.constexpr = True,
+    PACK: gl.constexpr = 0,
 ):  # fmt: skip
-    """:func:`_producer` over an fp8 cache: one warp filling ring ``KV`` (``args`` as there). Context
+    """:func:`_producer` over an fp8 cache: one warp filling ring ``KV`` (``args``, ``PAIRED`` and ``PACK``
+    as there). Context
     blocks ``j < n_a`` land as fp8 bytes in staging slot ``j % fp8_staging(D)`` of ``stage_args = (stage,
     st_ready, st_empty)`` once :func:`_fp8_converter` released it (it converts them into the ring); the
     new tokens' blocks go to the ring as :func:`_producer` fills it, after the converter's last context
@@ -624,7 +626,7 @@ def _fp8_producer(
     stage, st_ready, st_empty = stage_args
     STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
     if KV == 0:
-        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED, PACK)
     for j in range(n_a):
         bar, buf = _claim_slot(st_empty, st_ready, stage, j, STAGING)
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM)  # (one byte an element)
@@ -838,7 +840,7 @@ def _gluon_fwd_kernel(
     ``PAIR_HEADS`` (two consumer warpgroups, ``max_query_len <= BLOCK_M / 2``, an even number of query
     heads per KV head; ``prefix_prefill.plan.pair_heads``): grid (1, num_heads / 2, batch), the two
     warpgroups compute the same rows of two adjacent heads over the KV head's keys, read once for both.
-    ``PACK`` (with ``IDLE_WG1``; 16-bit caches by TMA, no ALiBi; ``prefix_prefill.plan.pack_heads``):
+    ``PACK`` (with ``IDLE_WG1``; caches read by TMA, no ALiBi; ``prefix_prefill.plan.pack_heads``):
     grid (1, KV heads, batch), ``PACK == group_size``; the first warpgroup's rows hold the KV head's query
     heads, ``packed_tokens(BLOCK_M / 2, PACK)`` rows each (``prefill_runtime.gluon.consumer``), ``Q_desc``'s
     block that many rows: the KV head's keys read once for all its heads.
@@ -862,9 +864,9 @@ def _gluon_fwd_kernel(
     (slot ``s`` of block ``b`` and KV head ``h`` at element ``b * c_block + s * c_slot + h * c_head``,
     features contiguous) by :func:`_gather_producer` partitions of :data:`PRODUCER_WARPS` warps, the new
     tokens' by TMA; the cache descriptors then only give the rings' layout."""
-    gl.static_assert(PACK == 0 or (IDLE_WG1 and not (CACHE_FP8 or GATHER or ONE_CONSUMER or PERSISTENT
-                                                     or PAIR_HEADS or HAS_ALIBI)),
-                     "PACK: the idle form over 16-bit caches by TMA, no ALiBi")  # fmt: skip
+    gl.static_assert(PACK == 0 or (IDLE_WG1 and not (GATHER or ONE_CONSUMER or PERSISTENT or PAIR_HEADS
+                                                     or HAS_ALIBI)),
+                     "PACK: the idle form over caches read by TMA, no ALiBi")  # fmt: skip
     if PERSISTENT:
         gl.static_assert(not (CACHE_FP8 or ONE_CONSUMER or IDLE_WG1 or PAIR_HEADS), "persistent: 16-bit")
         prog = (O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols,
@@ -952,7 +954,7 @@ def _gluon_fwd_kernel(
         _fp8_partitions(O, Lse, rings, tile, tile1, terms, terms1, stride_lse_h, k_args, v_args, n_a, v_mul,
                         KCB_desc, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, RETURN_LSE, ONE_CONSUMER,
                         HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT,
-                        OUT_MAX, not KV_FROM_CACHE)  # fmt: skip
+                        OUT_MAX, not KV_FROM_CACHE, PACK, Sinks)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp partition runs both warpgroups' rows (the kernel launched with 8 warps)
         gl.warp_specialize(
             [
@@ -1036,7 +1038,7 @@ def _fp8_partitions(
     BOX: gl.constexpr, RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr,
     PAIR_HEADS: gl.constexpr, CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr,
-    NEW: gl.constexpr,
+    NEW: gl.constexpr, PACK: gl.constexpr = 0, Sinks=None,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_fwd_kernel`'s ``CACHE_FP8`` forms: the consumers (as the 16-bit
     forms', with segment A's terms from an fp8 cache), :func:`_fp8_converter` (:func:`fp8_converter_warps`
@@ -1046,7 +1048,7 @@ def _fp8_partitions(
     at :func:`fp8_converter_regs`, the producers' 64 at 24, within the register file's 64K; pages whose
     blocks take 16 boxes: :func:`producer_regs`, :func:`consumer_regs`), or with ``ONE_CONSUMER`` one
     8-warp partition. ``NEW``: the new tokens' K/V come from ``k``/``v`` (16-bit,
-    straight into the rings)."""
+    straight into the rings). ``PACK``, ``Sinks``: the packed form's (:func:`_prefix_consumer`)."""
     STAGE: gl.constexpr = KCB_desc.layout  # (TMA lands the blocks in the descriptor's layout)
     conv_args, k_stage_args, v_stage_args = _fp8_staging(
         rings, n_a, v_mul, KCB_desc.dtype, BLOCK_N, HEAD_DIM, STAGE, STAGE, False, 1
@@ -1074,7 +1076,7 @@ def _fp8_partitions(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     False, 1, None, 64, None, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True, None, False, False, PACK, Sinks,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
@@ -1083,7 +1085,7 @@ def _fp8_partitions(
                 )),
                 (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES)),
                 (_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX,
-                                 PAIR_HEADS, NEW)),
+                                 PAIR_HEADS, NEW, PACK)),
                 (_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, BOX, False,
                                  NEW)),
             ],

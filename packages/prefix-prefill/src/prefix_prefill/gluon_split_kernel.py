@@ -429,21 +429,21 @@ def _staging_layout(cols):
 def _split_fp8_producer(
     KV: gl.constexpr, args, stage_args, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     NUM_STAGES: gl.constexpr, SUB: gl.constexpr, V_TPR: gl.constexpr, PAIRED: gl.constexpr = False,
-    NEW: gl.constexpr = True,
+    NEW: gl.constexpr = True, PACK: gl.constexpr = 0,
 ):  # fmt: skip
-    """:func:`_split_producer` over an fp8 split cache (``args`` as there): context blocks ``j < n_a`` are
-    gathered as fp8 bytes into staging slot ``j % fp8_staging(D)`` of ``stage_args = (stage, st_ready,
-    st_empty)`` (K ``[BLOCK_N, D]``, V ``[D, BLOCK_N]``) once ``prefix_prefill.gluon_kernel._fp8_converter``
-    released it, each thread arriving on ``st_ready`` when its copies land; the converter turns them into
-    the float16 ring. The new tokens' blocks (``NEW``) go to the ring by TMA
-    (``prefix_prefill.gluon_kernel._fp8_new_blocks``)."""
+    """:func:`_split_producer` over an fp8 split cache (``args``, ``PAIRED`` and ``PACK`` as there): context
+    blocks ``j < n_a`` are gathered as fp8 bytes into staging slot ``j % fp8_staging(D)`` of ``stage_args
+    = (stage, st_ready, st_empty)`` (K ``[BLOCK_N, D]``, V ``[D, BLOCK_N]``) once
+    ``prefix_prefill.gluon_kernel._fp8_converter`` released it, each thread arriving on ``st_ready`` when
+    its copies land; the converter turns them into the float16 ring. The new tokens' blocks (``NEW``) go to
+    the ring by TMA (``prefix_prefill.gluon_kernel._fp8_new_blocks``)."""
     (Q_desc, N_desc, Cache, q_smem, smem, q_bar, ready, empty, p_table_row, page_size, c_block, c_head,
      c_feat, q_tok0, n_tok0, m0, head, kv_head, n_a, a_base, a_end, n_blocks, _,
      max_block) = args  # fmt: skip
     stage, st_ready, st_empty = stage_args
     STAGING: gl.constexpr = fp8_staging(HEAD_DIM)
     if KV == 0:
-        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED)
+        load_q_halves(Q_desc, q_smem, q_bar, q_tok0 + m0, head * HEAD_DIM, HALF_M, HEAD_DIM, PAIRED, PACK)
     head_off = kv_head.to(gl.int64) * c_head
     for j in range(n_a):
         st = j % STAGING
@@ -469,6 +469,7 @@ def _split_fp8_partitions(
     RETURN_LSE: gl.constexpr, ONE_CONSUMER: gl.constexpr, HAS_LEFT: gl.constexpr, SOFTCAP: gl.constexpr,
     HAS_ALIBI: gl.constexpr, HAS_SINKS: gl.constexpr, IDLE_WG1: gl.constexpr, PAIR_HEADS: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_RIGHT: gl.constexpr, OUT_MAX: gl.constexpr, NEW: gl.constexpr,
+    PACK: gl.constexpr = 0, Sinks=None,
 ):  # fmt: skip
     """The partitions of :func:`_gluon_split_kernel`'s ``CACHE_FP8`` forms: the consumers (segment A's terms
     from the fp8 cache), ``prefix_prefill.gluon_kernel._fp8_converter`` (``fp8_converter_warps``: 4
@@ -508,7 +509,7 @@ def _split_fp8_partitions(
                 (_prefix_consumer, (
                     0, O, Lse, rings, tile, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
                     True, 1, None, 64, V_ROWS, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS, False, PAIR_HEADS,
-                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True,
+                    CAUSAL, HAS_RIGHT, OUT_MAX, terms, True, None, False, False, PACK, Sinks,
                 )),
                 (_prefix_consumer, (
                     1, O, Lse, rings, tile1, stride_lse_h, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE,
@@ -517,7 +518,7 @@ def _split_fp8_partitions(
                 )),
                 (_fp8_converter, (conv_args, BLOCK_N, HEAD_DIM, NUM_STAGES, True)),
                 (_split_fp8_producer, (0, k_args, k_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB,
-                                       V_TPR, PAIR_HEADS, NEW)),
+                                       V_TPR, PAIR_HEADS, NEW, PACK)),
                 (_split_fp8_producer, (1, v_args, v_stage_args, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_SUB,
                                        V_TPR, False, NEW)),
             ],
@@ -575,7 +576,7 @@ def _gluon_split_kernel(
     (:func:`_split_producer`), so the consumers run one loop. ``Sinks``, ``Slopes``, ``tanh_scale``,
     ``window_left`` and ``HAS_LEFT``, ``SOFTCAP``, ``HAS_ALIBI``, ``HAS_SINKS``, ``SKIP_DECODE``,
     ``CAUSAL``, ``window_right`` and ``HAS_RIGHT``, ``IDLE_WG1``, ``PAIR_HEADS`` (two consumer partitions
-    only), ``PACK`` (16-bit caches), ``OutScale`` and ``OUT_MAX`` (an fp8 output), ``KScale``, ``VScale``
+    only), ``PACK``, ``OutScale`` and ``OUT_MAX`` (an fp8 output), ``KScale``, ``VScale``
     and ``CACHE_FP8`` (an fp8 cache gathered by pointer, K and V: :func:`_split_fp8_partitions`; ``V_RING``
     and the descriptors float16): the options of
     :func:`prefix_prefill.gluon_kernel._gluon_fwd_kernel` (blocks before a window's first visible key are
@@ -595,8 +596,8 @@ def _gluon_split_kernel(
     K_PW: gl.constexpr = 1 if K_TMA else PRODUCER_WARPS  # the K producer's warps
     V_PW: gl.constexpr = 1 if V_TMA else PRODUCER_WARPS  # the V producer's warps
     K_COLS: gl.constexpr = HEAD_DIM if K_CM else 64
-    gl.static_assert(PACK == 0 or (IDLE_WG1 and not (CACHE_FP8 or ONE_CONSUMER or PAIR_HEADS or HAS_ALIBI)),
-                     "PACK: the idle form over 16-bit caches, no ALiBi")  # fmt: skip
+    gl.static_assert(PACK == 0 or (IDLE_WG1 and not (ONE_CONSUMER or PAIR_HEADS or HAS_ALIBI)),
+                     "PACK: the idle form, no ALiBi")  # fmt: skip
     skip, head, q_tok0, q_len, m0, p_table_row, w_left, w_right, seg, score = _program(
         O, BlockTable, CuSeqlensQ, SeqLens, Lse, Status, Q_desc.shape[0], stride_bt, n_bt_cols, num_blocks,
         page_size, max_query_len, stride_ot, stride_oh, stride_lse_h, window_left, window_right, qk_scale,
@@ -673,7 +674,7 @@ def _gluon_split_kernel(
                               v_mul, K_cache, HALF_M, BLOCK_N, HEAD_DIM, NUM_STAGES, K_SUB, V_SUB, V_TPR,
                               V_ROWS, RETURN_LSE, ONE_CONSUMER, HAS_LEFT, SOFTCAP, HAS_ALIBI, HAS_SINKS,
                               IDLE_WG1, PAIR_HEADS, CAUSAL, HAS_RIGHT, OUT_MAX,
-                              not KV_FROM_CACHE)  # fmt: skip
+                              not KV_FROM_CACHE, PACK, Sinks)  # fmt: skip
     elif ONE_CONSUMER:  # one 8-warp consumer partition (the kernel launched with 8 warps)
         gl.warp_specialize(
             [

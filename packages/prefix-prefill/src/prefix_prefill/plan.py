@@ -441,9 +441,9 @@ def idle_second_warpgroup(plan: LaunchPlan, max_query_len: int, full: bool = Tru
 def pack_heads(plan: LaunchPlan, queries_per_kv: int, max_query_len: int) -> int:
     """The query heads a KV head has (``queries_per_kv``) when a Gluon launch to which
     :func:`idle_second_warpgroup` gives an idle second warpgroup packs them all into its first
-    warpgroup's rows (``PACK``; grid over KV heads), else 0: a 16-bit cache (not ``CACHE_FP8``; on the
-    NHD/HND kernel read by TMA, not ``GATHER``), no ALiBi (its slopes are a head's term in every score;
-    a sink is each row's head's, once a row), grouped heads,
+    warpgroup's rows (``PACK``; grid over KV heads), else 0: any cache the plan's kernel reads (16-bit or
+    fp8; on the NHD/HND kernel by TMA, not ``GATHER``), no ALiBi (its slopes are a head's term in every
+    score; a sink is each row's head's, once a row), grouped heads,
     and every query within :func:`prefill_runtime.plan.packed_tokens` rows a head (at most 8 heads a KV
     head; speculative decoding's few tokens a sequence). A packed program runs the idle form's program
     (one warpgroup's wgmmas over the same key blocks) for all its heads at once, reading the keys once
@@ -453,7 +453,7 @@ def pack_heads(plan: LaunchPlan, queries_per_kv: int, max_query_len: int) -> int
     c = plan.constexpr_map
     if plan.kernel not in (*TMA_KERNELS, "gluon-split") or queries_per_kv < 2:
         return 0
-    if any(c.get(n) for n in ("CACHE_FP8", "GATHER", "ONE_CONSUMER", "HAS_ALIBI")):
+    if any(c.get(n) for n in ("GATHER", "ONE_CONSUMER", "HAS_ALIBI")):
         return 0
     rows = packed_tokens(plan.block_m // 2, queries_per_kv)
     return queries_per_kv if rows and max_query_len <= rows else 0
