@@ -751,9 +751,10 @@ def consumer(
         m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + (qk_scale - PIN_HEADROOM)
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # [BM / 2]
     elif SINKS == 1:  # the sink is one more logit of the denominator: the softmax starts from it
-        if PACK > 0:  # each row its head's
+        if PACK > 0:  # each row its head's (score_terms' sink of the rows' heads, padding rows the last's)
             r_h = head + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) // PT  # [BM / 2]
-            sink = gl.load(Sinks + gl.minimum(r_h, head + PACK - 1)).to(gl.float32) * 1.4426950408889634
+            r_h = gl.minimum(r_h, head + PACK - 1)  # [BM / 2]
+            sink = score_terms(qk_scale, qk_scale, Sinks, None, r_h, 0, False, 1)[2]  # [BM / 2]
         else:
             sink = score[2]
         m_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT)) + sink  # [BM / 2]

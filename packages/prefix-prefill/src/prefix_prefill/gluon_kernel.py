@@ -523,16 +523,15 @@ def _gather_rows(Cache, buf, p_table_row, pos0, seq_end, page_size, c_block, c_g
     WK: gl.constexpr = PW if TPD == 1 else 1  # warps along the keys (one thread a key row), else the features
     L: gl.constexpr = gl.BlockedLayout([1, X], [32 // TPD, TPD], [WK, PW // WK], [1, 0])  # x features each
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))  # [D]
-    if c_slot is None:
+    if c_slot is None:  # (a split K slot: x elements)
         col = (offs_d // X) * c_group.to(gl.int32) + offs_d % X  # [D] int32 (the host checks the range)
+        slot_stride = X
     else:
         col = offs_d  # [D]
+        slot_stride = c_slot
     for i in gl.static_range(BLOCK_N // SUB):
         pos = pos0 + i * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(1, L))  # [SUB] key positions
-        if c_slot is None:
-            row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, X, max_block) + head_off  # [SUB]
-        else:
-            row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, c_slot, max_block) + head_off
+        row = slot_offset(p_table_row, pos, seq_end, page_size, c_block, slot_stride, max_block) + head_off
         off = gl.max_contiguous(gl.multiple_of(row[:, None] + col[None, :], [1, X]), [1, X])  # [SUB, D]
         ok = (pos < seq_end)[:, None]  # [SUB, 1]
         async_copy.async_copy_global_to_shared(buf.slice(i * SUB, SUB), Cache + off, mask=ok)

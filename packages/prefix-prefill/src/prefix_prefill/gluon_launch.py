@@ -20,7 +20,7 @@ the status, the sinks, ALiBi slopes and fp8 output scale) and launches.
 
 Short-query forms: a call whose queries all fit half a tile (``max_query_len <= 64``) runs the full form
 with ``PACK`` where the first warpgroup's rows hold all of a KV head's query heads (grid over KV heads;
-``prefix_prefill.plan.pack_heads``: 16-bit caches, no ALiBi), else with ``PAIR_HEADS``
+``prefix_prefill.plan.pack_heads``: no ALiBi, no gathering form), else with ``PAIR_HEADS``
 where each KV head has an even number of query heads and the idle form's grid would take more than one
 wave of the device's multiprocessors (the two warpgroups on two heads, grid over head pairs;
 ``prefix_prefill.plan.pair_heads``), else with ``IDLE_WG1``
@@ -357,6 +357,16 @@ def _form(key, full: bool = True) -> str | None:
     return key[1] if full and key.__class__ is tuple else None
 
 
+def _form_consts(form: str | None, group: int, rows: int) -> tuple[int, dict]:
+    """The rows of a form's Q box and its short-query constexprs (``IDLE_WG1``, ``PAIR_HEADS``, ``PACK``)
+    for a launch of ``group`` query heads a KV head (both kernels): ``rows``, a consumer partition's rows
+    (half a tile, or the whole tile for one partition), or for the packed form ``packed_tokens(rows,
+    group)``, one head's rows."""
+    pack = form == "pack"
+    box = packed_tokens(rows, group) if pack else rows
+    return box, dict(IDLE_WG1=form in ("idle", "pack"), PAIR_HEADS=form == "pair", PACK=group if pack else 0)
+
+
 def _grid(block_m: int, max_query_len: int, heads: int, batch: int, form: str | None,
           persistent: bool = False, device: int = -1, group: int = 1) -> tuple[int, int, int]:  # fmt: skip
     """The grid of a launch: (query tiles, heads or, for the ``"pair"`` form, head pairs, for the
@@ -516,14 +526,14 @@ def _nhd_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu_s
     else:
         k_desc, v_desc = _rows(k, block_n, light), _rows(v, block_n, light)
     # Q's box: half a tile (the full form), a whole one (the quick form), a packed head's rows ("pack")
-    q_box = packed_tokens(block_m // 2, group) if form == "pack" else block_m // 2 if full else block_m
-    args = (_rows(q, q_box, light, block_m // 2 if full else block_m), k_desc, v_desc, kbox, vbox, kcb, vcb,
+    q_rows = block_m // 2 if full else block_m
+    q_box, short = _form_consts(form, group, q_rows)
+    args = (_rows(q, q_box, light, q_rows), k_desc, v_desc, kbox, vbox, kcb, vcb,
             o, block_table, cu_seqlens_q, seq_lens, _option_args(consts, scale, opts), group, o.stride(0),
             o.stride(1), block_table.stride(0), kc.page_size, max(kv.rows, vv.rows), *kv.kernel_args(), lse,
             lse.stride(0) if lse is not None else None, block_table.shape[1], kc.num_blocks, max_query_len,
             status)  # fmt: skip
-    consts.update(ONE_CONSUMER=not full, IDLE_WG1=form in ("idle", "pack"), PAIR_HEADS=form == "pair",
-                  PACK=group if form == "pack" else 0, LLVM_O0=not full and _tiered(), PERSISTENT=persistent,
+    consts.update(ONE_CONSUMER=not full, **short, LLVM_O0=not full and _tiered(), PERSISTENT=persistent,
                   n_seqs=seq_lens.shape[0] if persistent else None,
                   TileCounter=tile_counter(q.get_device()) if persistent else None)  # fmt: skip
     # an fp8 cache's scales and the float16 rings' layout (its descriptors are fp8; q is float16 there:
@@ -650,7 +660,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
     v_block = block_n // 2 if consts["V_STAGE"] else block_n  # (V_STAGE: half blocks, which it transposes)
     qk_scale = _option_args(consts, scale, opts)
     q_rows = block_m if one else block_m // 2  # (a packed form: Q's box a head's rows, in the half's layout)
-    q_box = packed_tokens(q_rows, group) if form == "pack" else q_rows
+    q_box, short = _form_consts(form, group, q_rows)
     args = (_rows(q, q_box, light, q_rows), k_desc, _rows(v_rows, v_block, light),
             k_cache_arg, v_cache_arg, o, block_table, cu_seqlens_q, seq_lens, qk_scale, group,
             o.stride(0), o.stride(1), block_table.stride(0), page, *strides, lse,
@@ -658,8 +668,7 @@ def _split_call(plan, key, q, k, v, o, k_cache, v_cache, kc, vc, block_table, cu
             status)  # fmt: skip
     consts.update(K_VIEW=_k_view(block_n, head, k_cm) if k_tma else None, V_RING=v_ring, KW_desc=kw_desc,
                   KR_desc=kr_desc, KN_desc=kn_desc, ONE_CONSUMER=one,
-                  IDLE_WG1=form in ("idle", "pack"), PAIR_HEADS=form == "pair",
-                  PACK=group if form == "pack" else 0, LLVM_O0=not full and _tiered())  # fmt: skip
+                  **short, LLVM_O0=not full and _tiered())  # fmt: skip
     # an fp8 cache's scales (the caches gathered by pointer; q and the rings float16, as _nhd_call's)
     fp8 = consts["CACHE_FP8"]
     consts.update(KScale=opts.k_scale if fp8 else None, VScale=opts.v_scale if fp8 else None)

@@ -315,9 +315,9 @@ def gluon_page_multiple(layout: str, head_size: int, fp8: bool = False) -> int:
     multiple of 8 (a box fills whole swizzle atoms of the rings' NVMMA layout, 8 rows; a ring slot splits
     only there), so 8; at the heads of :data:`GATHER_HEADS` any page, the others by ``cp.async`` gathers
     of key rows (``GATHER``, 16-bit caches; an fp8 cache's staging slots take boxes only). vLLM's split
-    layout: 8 (its V gathers copy ``x`` keys of a feature at once,
-    8 for a 16-bit cache: a copy stays inside a page), 16 for an fp8 one (``x = 16``); its K and V boxes
-    are 16-key runs, so pages that are no multiple of 16 take its gathers (:func:`_gluon_split_plan`)."""
+    layout: 8 (its V gathers copy ``x`` keys of a feature at once, 8 for a 16-bit cache: a copy stays
+    inside a page), 16 for an fp8 one (``x = 16``); its K and V boxes are 16-key runs, so pages that are no
+    multiple of 16 take its gathers (:func:`_gluon_split_plan`)."""
     if layout == "split":
         return 16 if fp8 else 8
     return 1 if head_size in GATHER_HEADS and not fp8 else 8
