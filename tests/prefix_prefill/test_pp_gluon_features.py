@@ -526,6 +526,37 @@ def test_gpu_packed_heads(heads, layout, from_cache, opts, head, dtype, page, mo
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
 
 
+def _order_seqs(batch: int, q_len: int, seed: int) -> list[tuple[int, int]]:
+    """``batch`` sequences of ``q_len`` new tokens for the short-query forms' order: contexts of few
+    distinct lengths (ties the order breaks by index), some empty, one long."""
+    rng = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(0, 4, (batch,), generator=rng) * 97
+    ctx[batch // 2] = 1500
+    return [(int(c), q_len) for c in ctx]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("batch", [1, 40, 128, 129])
+@pytest.mark.parametrize("form", ["pack", "pair", "idle"])
+@pytest.mark.parametrize("layout", ["nhd", "split"])
+def test_gpu_short_query_order(layout, form, batch, monkeypatch):
+    """The short-query forms take their sequences longest first (``gluon_kernel._longest_first``: a
+    batch of up to ``ORDER_SEQS`` sequences, lengths with ties; one more keeps launch order): every
+    sequence is computed once, right, against the reference, output and LSE, NaN in every slot no query
+    may read, in each form (packed: 32 / 8 heads and 4 tokens; paired: 32 / 8 and 20 tokens, past the
+    packed rows; idle: 6 / 2 and 20 tokens)."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    heads, q_len = ((6, 2), 20) if form == "idle" else ((32, 8), 4 if form == "pack" else 20)
+    seqs = _order_seqs(batch, q_len, batch)
+    forms = []
+    variant = gluon_launch._variant
+    monkeypatch.setattr(gluon_launch, "_variant", lambda *a: forms.append(variant(*a)) or forms[-1])
+    monkeypatch.setattr(gluon_launch, "pair_heads", lambda group, programs, sms: group % 2 == 0)
+    _check_options(layout, False, 128, torch.bfloat16, 16, {}, monkeypatch, seqs, heads)
+    assert [gluon_launch._form(f) for f in forms] == [form], forms
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if not o.endswith("all")])

@@ -94,6 +94,12 @@ PRODUCER_WARPS = gl.constexpr(2)
 #: sequences whose query-tile counts a persistent program keeps in shared memory (4 KB); the K warp reads a
 #: later sequence's from global memory as its tile cursor passes it (:func:`_chunk_live`).
 SEQ_TABLE = gl.constexpr(1024)
+#: the largest batch whose one-tile short-query programs take their sequences longest first
+#: (:func:`_longest_first`); a larger batch's programs fill the multiprocessors for several waves, where
+#: the order matters less than the setup's O(batch²) compares would cost.
+ORDER_SEQS = gl.constexpr(128)
+#: the sequences :func:`_longest_first` compares against its candidates at once (registers a thread)
+ORDER_CH = gl.constexpr(16)
 
 
 @gluon.constexpr_function
@@ -102,10 +108,47 @@ def program_heads(PAIR_HEADS, PACK):
     return 2 if PAIR_HEADS else max(PACK, 1)
 
 
+@gluon.constexpr_function
+def one_tile_form(IDLE_WG1, PAIR_HEADS, PACK):
+    """Whether a launch is one of the short-query forms, one query tile a sequence (grid ``(1, heads or
+    KV heads, batch)``): the idle, paired and packed forms."""
+    return bool(IDLE_WG1 or PAIR_HEADS or PACK)
+
+
+@gluon.jit
+def _longest_first(SeqLens, rank, n_seqs):
+    """The sequence a short-query program computes (:func:`one_tile_form`), ``rank`` its batch coordinate
+    (``program_id(2)``) of ``n_seqs``: the batch's sequences ordered by ``seq_lens`` (the keys a program
+    reads, so its work), longest first, ties by index, when ``n_seqs <= ORDER_SEQS``; else ``rank``.
+    The multiprocessors start programs in launch order, so the longest sequences start in the first wave
+    and the short ones fill the gaps the long ones leave, instead of a long sequence starting last and
+    running alone (a speculative-decoding batch of 32 sequences on 2k-8k keys, 8 KV heads: two ragged
+    waves of 256 programs). Whatever ``SeqLens`` holds, the order is a total one (length, then index), so
+    the ranks are a permutation of ``[0, n_seqs)`` and every sequence runs exactly once; which program runs
+    a sequence never changes its rows. Each thread of the default partition holds one candidate sequence
+    ``s`` and counts the sequences ordered before it, :data:`ORDER_CH` a step; the program takes the one
+    whose count is ``rank``."""
+    seq = rank
+    if n_seqs <= ORDER_SEQS:
+        NW: gl.constexpr = gl.num_warps()
+        L: gl.constexpr = gl.BlockedLayout([1, ORDER_CH], [32, 1], [NW, 1], [1, 0])
+        s = gl.arange(0, ORDER_SEQS, layout=gl.SliceLayout(1, L))  # [S] candidates
+        len_s = gl.load(SeqLens + s, mask=s < n_seqs, other=0)[:, None]  # [S, 1]
+        before = gl.zeros([ORDER_SEQS], gl.int32, layout=gl.SliceLayout(1, L))  # [S]
+        for t0 in range(0, n_seqs, ORDER_CH):
+            t = t0 + gl.arange(0, ORDER_CH, layout=gl.SliceLayout(0, L))  # [CH]
+            len_t = gl.load(SeqLens + t, mask=t < n_seqs, other=0)[None, :]  # [1, CH]
+            ahead = (len_t > len_s) | ((len_t == len_s) & (t[None, :] < s[:, None]))  # [S, CH]
+            before += gl.sum((ahead & (t[None, :] < n_seqs)).to(gl.int32), 1)
+        seq = gl.sum(gl.where((before == rank) & (s < n_seqs), s, 0), 0)
+    return seq
+
+
 @gluon.jit
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
                   KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False, pid_m=None,
-                  head=None, seq_geo=None, seq=None, PACK: gl.constexpr = 0):  # fmt: skip
+                  head=None, seq_geo=None, seq=None, PACK: gl.constexpr = 0,
+                  ORDERED: gl.constexpr = False):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
@@ -113,8 +156,10 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
     (1, heads / 2, batch), ``head`` the first of the program's two heads; ``PACK`` (a KV head's ``PACK``
     query heads in one warpgroup's rows): grid (1, KV heads, batch), ``head`` the KV head's first.
-    ``pid_m``/``head`` given (a persistent program's tile, :func:`_persistent_tile`): that tile of
-    sequence ``seq``, whose lengths and status bits ``seq_geo`` holds."""
+    ``ORDERED`` (a short-query form, :func:`one_tile_form`): the sequences longest first
+    (:func:`_longest_first`). ``pid_m``/``head`` given (a persistent program's tile,
+    :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and status bits ``seq_geo``
+    holds."""
     if pid_m is None:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         if PAIR_HEADS:
@@ -124,9 +169,13 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
         else:
             head = gl.program_id(1)
     if seq is None:
-        seq = gl.program_id(2)
+        if ORDERED:
+            seq = _longest_first(SeqLens, gl.program_id(2), gl.num_programs(2))
+        else:
+            seq = gl.program_id(2)
     if seq_geo is None:
-        seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE)
+        seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE,
+                            seq)  # fmt: skip
     q_tok0, q_len, ctx_len, need, cache_len, flags = seq_geo
     return head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags
 
@@ -304,7 +353,7 @@ def _program(
     program's heads are the ``PACK`` from ``head`` (:func:`_program_rows`)."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
         CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
-        pid_m, head, seq_geo, seq, PACK,
+        pid_m, head, seq_geo, seq, PACK, one_tile_form(IDLE_WG1, PAIR_HEADS, PACK),
     )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     if WRITES:
