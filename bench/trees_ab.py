@@ -38,6 +38,7 @@ _RAND16 = tuple((0, _RND.randint(1, 4096)) for _ in range(16))
 _RAND64 = tuple((0, _RND.randint(64, 1024)) for _ in range(64))
 _SPEC = tuple((_RND.randint(2048, 8192), 4) for _ in range(32))  # 32 x 4 new tokens on 2k-8k contexts
 _DECODE = tuple((_RND.randint(1024, 4096), 1) for _ in range(64))  # 64 one-token rows on 1k-4k contexts
+_TINY = tuple((_RND.randint(32, 256), 4) for _ in range(64))  # 64 x 4 new tokens on 32-256 contexts
 EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords (anchors.Row)
     ("causal8k_d64", "varlen", 1, 8192, 32, 8, 64, {}),
     ("causal8k_d256", "varlen", 1, 8192, 16, 2, 256, {}),
@@ -68,6 +69,9 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("specdec_mha", "prefix", 0, 0, 32, 32, 128, {"lens": _SPEC}),
     ("specdec_split", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "layout": "split"}),
     ("decode64", "prefix", 0, 0, 32, 8, 128, {"lens": _DECODE}),
+    ("specdec_tinyctx", "prefix", 0, 0, 32, 8, 128, {"lens": _TINY}),
+    # a ragged non-causal batch (the window kernel's one-tile form: its causal calls run the persistent one)
+    ("ragged_noncausal", "varlen", 0, 0, 32, 8, 128, {"lens": _RAGGED, "causal": False}),
     # pages that are no multiple of 8 (the NHD/HND Gluon kernel's gathering form)
     ("llama_p1", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "page": 1}),
     ("qwen_p1", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 1}),
