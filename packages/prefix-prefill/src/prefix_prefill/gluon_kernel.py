@@ -182,11 +182,10 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
 
 @gluon.jit
 def _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE: gl.constexpr,
-              seq=None):  # fmt: skip
-    """Sequence ``seq``'s (None: ``program_id(2)``'s) ``(q_tok0, q_len, ctx_len, need, cache_len, flags)``
-    (:func:`prefix_prefill.sequence.sequence_geometry`, ``q_tok0`` as int32)."""
-    if seq is None:
-        seq = gl.program_id(2)
+              seq):  # fmt: skip
+    """Sequence ``seq``'s ``(q_tok0, q_len, ctx_len, need, cache_len, flags)``
+    (:func:`prefix_prefill.sequence.sequence_geometry`, ``q_tok0`` as int32): the one-tile program's
+    (:func:`_program_rows`, which orders the batch) or a persistent program's tile's."""
     q_tok0, q_len, ctx_len, need, cache_len, flags = sequence_geometry(
         CuSeqlensQ, SeqLens, seq, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE
     )
