@@ -94,19 +94,12 @@ PRODUCER_WARPS = gl.constexpr(2)
 #: sequences whose query-tile counts a persistent program keeps in shared memory (4 KB); the K warp reads a
 #: later sequence's from global memory as its tile cursor passes it (:func:`_chunk_live`).
 SEQ_TABLE = gl.constexpr(1024)
-#: the largest batch whose one-tile programs (the short-query forms; the full forms from
-#: :data:`ORDER_MIN_TILES` query tiles a sequence) take their sequences longest first
+#: the largest batch whose one-tile short-query programs take their sequences longest first
 #: (:func:`_longest_first`); a larger batch's programs fill the multiprocessors for several waves, where
 #: the order matters less than the setup's O(batch²) compares would cost.
 ORDER_SEQS = gl.constexpr(128)
 #: the sequences :func:`_longest_first` compares against its candidates at once (registers a thread)
 ORDER_CH = gl.constexpr(16)
-#: a launch of the full forms (a query tile a program) takes its sequences longest first from this many
-#: query tiles a sequence (``max_query_len`` past 384 rows): a program then reads enough keys that the
-#: rank's L2 round trip (~0.5 us a program) is small beside it, and a long sequence's tiles starting
-#: last would leave a tail. With fewer tiles (short prompts) programs last a few microseconds and most of
-#: them are tiles past their prompt, which would pay the rank before returning.
-ORDER_MIN_TILES = gl.constexpr(4)
 
 
 @gluon.constexpr_function
@@ -124,9 +117,9 @@ def one_tile_form(IDLE_WG1, PAIR_HEADS, PACK):
 
 @gluon.jit
 def _longest_first(SeqLens, rank, n_seqs):
-    """The sequence a one-tile program computes (:func:`_program_rows`), ``rank`` its batch coordinate
+    """The sequence a short-query program computes (:func:`one_tile_form`), ``rank`` its batch coordinate
     (``program_id(2)``) of ``n_seqs``: the batch's sequences ordered by ``seq_lens`` (the keys a program
-    reads, so its work), longest first, ties by index, when ``1 < n_seqs <= ORDER_SEQS``; else ``rank``.
+    reads, so its work), longest first, ties by index, when ``n_seqs <= ORDER_SEQS``; else ``rank``.
     The multiprocessors start programs in launch order, so the longest sequences start in the first wave
     and the short ones fill the gaps the long ones leave, instead of a long sequence starting last and
     running alone (a speculative-decoding batch of 32 sequences on 2k-8k keys, 8 KV heads: two ragged
@@ -136,7 +129,7 @@ def _longest_first(SeqLens, rank, n_seqs):
     ``s`` and counts the sequences ordered before it, :data:`ORDER_CH` a step; the program takes the one
     whose count is ``rank``."""
     seq = rank
-    if (n_seqs > 1) & (n_seqs <= ORDER_SEQS):
+    if n_seqs <= ORDER_SEQS:
         NW: gl.constexpr = gl.num_warps()
         L: gl.constexpr = gl.BlockedLayout([1, ORDER_CH], [32, 1], [NW, 1], [1, 0])
         s = gl.arange(0, ORDER_SEQS, layout=gl.SliceLayout(1, L))  # [S] candidates
@@ -148,17 +141,6 @@ def _longest_first(SeqLens, rank, n_seqs):
             ahead = (len_t > len_s) | ((len_t == len_s) & (t[None, :] < s[:, None]))  # [S, CH]
             before += gl.sum((ahead & (t[None, :] < n_seqs)).to(gl.int32), 1)
         seq = gl.sum(gl.where((before == rank) & (s < n_seqs), s, 0), 0)
-    return seq
-
-
-@gluon.jit
-def _full_form_seq(SeqLens):
-    """The sequence a full-form program (a query tile of grid ``(n_m, heads, batch)``) computes: longest
-    first (:func:`_longest_first`) from :data:`ORDER_MIN_TILES` query tiles a sequence, else
-    ``program_id(2)``."""
-    seq = gl.program_id(2)
-    if gl.num_programs(0) >= ORDER_MIN_TILES:
-        seq = _longest_first(SeqLens, seq, gl.num_programs(2))
     return seq
 
 
@@ -175,9 +157,9 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
     (1, heads / 2, batch), ``head`` the first of the program's two heads; ``PACK`` (a KV head's ``PACK``
     query heads in one warpgroup's rows): grid (1, KV heads, batch), ``head`` the KV head's first.
     ``ORDERED`` (a short-query form, :func:`one_tile_form`): the sequences longest first
-    (:func:`_longest_first`); else the full forms' rule (:func:`_full_form_seq`). ``pid_m``/``head``
-    given (a persistent program's tile, :func:`_persistent_tile`): that tile of sequence ``seq``, whose
-    lengths and status bits ``seq_geo`` holds."""
+    (:func:`_longest_first`). ``pid_m``/``head`` given (a persistent program's tile,
+    :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and status bits ``seq_geo``
+    holds."""
     if pid_m is None:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         if PAIR_HEADS:
@@ -190,7 +172,7 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
         if ORDERED:
             seq = _longest_first(SeqLens, gl.program_id(2), gl.num_programs(2))
         else:
-            seq = _full_form_seq(SeqLens)
+            seq = gl.program_id(2)
     if seq_geo is None:
         seq_geo = _sequence(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, KV_FROM_CACHE,
                             seq)  # fmt: skip
