@@ -69,6 +69,9 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("specdec_mha", "prefix", 0, 0, 32, 32, 128, {"lens": _SPEC}),
     ("specdec_split", "prefix", 0, 0, 32, 8, 128, {"lens": _SPEC, "layout": "split"}),
     ("decode64", "prefix", 0, 0, 32, 8, 128, {"lens": _DECODE}),
+    # the full forms with most tiles past their queries (a vLLM step's decodes beside two prompts of 512:
+    # 4 query tiles a sequence, at most 72 of 264 a head with queries)
+    ("decode_mix", "prefix", 0, 0, 32, 8, 128, {"lens": (*_DECODE, (1536, 512), (3072, 512))}),
     ("specdec_tinyctx", "prefix", 0, 0, 32, 8, 128, {"lens": _TINY}),
     # a ragged non-causal batch (the window kernel's one-tile form: its causal calls run the persistent one)
     ("ragged_noncausal", "varlen", 0, 0, 32, 8, 128, {"lens": _RAGGED, "causal": False}),
