@@ -108,7 +108,7 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False):
     print("turns", consts.get("HEAD_DIM"), int(consts.get("PERSISTENT") is True),
           *(ptx.count(f"{op} {b}, 256;") for op in ("bar.sync", "bar.arrive") for b in (14, 15)))
     # the short-query forms' longest-first order reads the batch size (check_order)
-    short = any(consts.get(n) for n in ("IDLE_WG1", "PAIR_HEADS", "PACK"))
+    short = any(consts.get(n) for n in ("IDLE_WG1", "PAIR_HEADS", "PACK")) and not consts.get("SKIP_DECODE")
     print("order", int(short), ptx.count("%nctaid.z"))
     return src, kernel
 """
@@ -144,9 +144,10 @@ def check_tanh_forms(out: str) -> None:
 def check_order(out: str) -> None:
     """A compile script's lines ``order <short-query form> <reads of %nctaid.z in the PTX>`` (one a kernel
     ``compile_sm90`` compiled): the short-query forms (``IDLE_WG1``, ``PAIR_HEADS``, ``PACK``: one tile a
-    sequence) read the batch size, to take their sequences longest first
-    (``prefix_prefill.gluon_kernel._longest_first``); every other form keeps launch order and reads
-    none (a program of a query tile of a short prompt would pay the rank's round trip)."""
+    sequence) without ``SKIP_DECODE`` read the batch size, to take their sequences longest first
+    (``prefix_prefill.gluon_kernel.ordered_form``); every other form keeps launch order and reads
+    none (a program of a query tile of a short prompt, or of a skipped decode row, would pay the rank's
+    round trips)."""
     lines = [line.split()[1:] for line in out.splitlines() if line.startswith("order ")]
     assert lines, out
     for short, reads in lines:

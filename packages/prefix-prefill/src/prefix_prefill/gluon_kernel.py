@@ -115,6 +115,15 @@ def one_tile_form(IDLE_WG1, PAIR_HEADS, PACK):
     return bool(IDLE_WG1 or PAIR_HEADS or PACK)
 
 
+@gluon.constexpr_function
+def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
+    """Whether a launch's programs take their sequences longest first (:func:`_longest_first`): the
+    short-query forms (:func:`one_tile_form`) unless ``SKIP_DECODE``, whose batches may be mostly decode
+    rows left to a decode kernel: those rows' programs return at once, so the rank's loads (one a
+    :data:`ORDER_CH` sequences, in sequence) would be most of their time, for no order they use."""
+    return one_tile_form(IDLE_WG1, PAIR_HEADS, PACK) and not SKIP_DECODE
+
+
 @gluon.jit
 def _longest_first(SeqLens, rank, n_seqs):
     """The sequence a short-query program computes (:func:`one_tile_form`), ``rank`` its batch coordinate
@@ -156,7 +165,7 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
     (1, heads / 2, batch), ``head`` the first of the program's two heads; ``PACK`` (a KV head's ``PACK``
     query heads in one warpgroup's rows): grid (1, KV heads, batch), ``head`` the KV head's first.
-    ``ORDERED`` (a short-query form, :func:`one_tile_form`): the sequences longest first
+    ``ORDERED`` (:func:`ordered_form`): the sequences longest first
     (:func:`_longest_first`). ``pid_m``/``head`` given (a persistent program's tile,
     :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and status bits ``seq_geo``
     holds."""
@@ -352,7 +361,7 @@ def _program(
     program's heads are the ``PACK`` from ``head`` (:func:`_program_rows`)."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
         CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
-        pid_m, head, seq_geo, seq, PACK, one_tile_form(IDLE_WG1, PAIR_HEADS, PACK),
+        pid_m, head, seq_geo, seq, PACK, ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE),
     )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     if WRITES:
