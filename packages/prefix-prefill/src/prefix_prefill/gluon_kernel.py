@@ -126,7 +126,7 @@ def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
 
 @gluon.jit
 def _longest_first(SeqLens, rank, n_seqs):
-    """The sequence a short-query program computes (:func:`one_tile_form`), ``rank`` its batch coordinate
+    """The sequence a short-query program computes (:func:`ordered_form`), ``rank`` its batch coordinate
     (``program_id(2)``) of ``n_seqs``: the batch's sequences ordered by ``seq_lens`` (the keys a program
     reads, so its work), longest first, ties by index, when ``n_seqs <= ORDER_SEQS``; else ``rank``.
     The multiprocessors start programs in launch order, so the longest sequences start in the first wave
