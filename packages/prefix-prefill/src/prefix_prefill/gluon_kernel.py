@@ -109,19 +109,13 @@ def program_heads(PAIR_HEADS, PACK):
 
 
 @gluon.constexpr_function
-def one_tile_form(IDLE_WG1, PAIR_HEADS, PACK):
-    """Whether a launch is one of the short-query forms, one query tile a sequence (grid ``(1, heads or
-    KV heads, batch)``): the idle, paired and packed forms."""
-    return bool(IDLE_WG1 or PAIR_HEADS or PACK)
-
-
-@gluon.constexpr_function
 def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
     """Whether a launch's programs take their sequences longest first (:func:`_longest_first`): the
-    short-query forms (:func:`one_tile_form`) unless ``SKIP_DECODE``, whose batches may be mostly decode
-    rows left to a decode kernel: those rows' programs return at once, so the rank's loads (one a
-    :data:`ORDER_CH` sequences, in sequence) would be most of their time, for no order they use."""
-    return one_tile_form(IDLE_WG1, PAIR_HEADS, PACK) and not SKIP_DECODE
+    short-query forms (idle, paired, packed: one query tile a sequence, grid ``(1, heads or KV heads,
+    batch)``) unless ``SKIP_DECODE``, whose batches may be mostly decode rows left to a decode kernel:
+    those rows' programs return at once, so the rank's loads (one a :data:`ORDER_CH` sequences, in
+    sequence) would be most of their time, for no order they use."""
+    return bool(IDLE_WG1 or PAIR_HEADS or PACK) and not SKIP_DECODE
 
 
 @gluon.jit
