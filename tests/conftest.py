@@ -107,9 +107,12 @@ def compile_sm90(fn, sig, consts, aligned=(), num_warps=4, llvm_o0=False):
     # the consumers' turns at the tensor cores: 256-thread named barriers 14 and 15 (check_turns)
     print("turns", consts.get("HEAD_DIM"), int(consts.get("PERSISTENT") is True),
           *(ptx.count(f"{op} {b}, 256;") for op in ("bar.sync", "bar.arrive") for b in (14, 15)))
-    # the short-query forms' longest-first order reads the batch size (check_order)
-    short = any(consts.get(n) for n in ("IDLE_WG1", "PAIR_HEADS", "PACK")) and not consts.get("SKIP_DECODE")
-    print("order", int(short), ptx.count("%nctaid.z"))
+    # the prefix kernels' one-tile forms' longest-first order reads the batch size (check_order), but for
+    # the short-query forms with SKIP_DECODE
+    short = any(consts.get(n) for n in ("IDLE_WG1", "PAIR_HEADS", "PACK"))
+    ordered = (fn.fn.__module__.startswith("prefix_prefill.") and consts.get("PERSISTENT") is not True
+               and not (short and consts.get("SKIP_DECODE")))  # fmt: skip
+    print("order", int(ordered), ptx.count("%nctaid.z"))
     return src, kernel
 """
 
@@ -142,16 +145,16 @@ def check_tanh_forms(out: str) -> None:
 
 
 def check_order(out: str) -> None:
-    """A compile script's lines ``order <short-query form> <reads of %nctaid.z in the PTX>`` (one a kernel
-    ``compile_sm90`` compiled): the short-query forms (``IDLE_WG1``, ``PAIR_HEADS``, ``PACK``: one tile a
-    sequence) without ``SKIP_DECODE`` read the batch size, to take their sequences longest first
-    (``prefix_prefill.gluon_kernel.ordered_form``); every other form keeps launch order and reads
-    none (a program of a query tile of a short prompt, or of a skipped decode row, would pay the rank's
-    round trips)."""
+    """A compile script's lines ``order <one-tile prefix form> <reads of %nctaid.z in the PTX>`` (one a
+    kernel ``compile_sm90`` compiled): the prefix kernels' one-tile forms (a program a query tile or a
+    short query's sequence, not ``PERSISTENT``) read the batch size, to take their sequences longest
+    first (``prefix_prefill.gluon_kernel._longest_first``), but for the short-query forms with
+    ``SKIP_DECODE`` (launch order: their batches may be mostly decode rows, whose programs return at
+    once); the persistent forms (their own tile order) and window-prefill's kernels read none."""
     lines = [line.split()[1:] for line in out.splitlines() if line.startswith("order ")]
     assert lines, out
-    for short, reads in lines:
-        assert (int(reads) > 0) is (short == "1"), (short, reads)
+    for ordered, reads in lines:
+        assert (int(reads) > 0) is (ordered == "1"), (ordered, reads)
 
 
 def check_turns(out: str) -> None:

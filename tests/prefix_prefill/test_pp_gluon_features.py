@@ -559,6 +559,30 @@ def test_gpu_short_query_order(layout, form, batch, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("batch", [1, 2, 40, 128, 129])
+@pytest.mark.parametrize("queries", ["3tiles", "4tiles", "decodes"])
+@pytest.mark.parametrize("layout", ["nhd", "split", "hnd"])
+def test_gpu_full_form_order(layout, queries, batch, monkeypatch):
+    """The full forms (a query tile a program) take their sequences longest first from
+    ``ORDER_MIN_TILES`` query tiles a sequence when at least half the grid's tiles may hold queries
+    (``ORDER_LIVE_SHARE``), in a batch of 2 to ``ORDER_SEQS`` sequences: contexts with ties, some empty,
+    one long; queries of 1 to 385 tokens (``4tiles``: 4 tiles of 128 rows, ordered), 1 to 384 (``3tiles``:
+    launch order), or one of 385 among one-token ones (``decodes``: mostly tiles past their queries,
+    launch order in batches of 40 and more); every sequence computed once, right, against the reference,
+    output and LSE, NaN in every slot no query may read."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    q_max = 384 if queries == "3tiles" else 385
+    rng = torch.Generator().manual_seed(batch + q_max)
+    q_lens = torch.randint(1, q_max + 1, (batch,), generator=rng)
+    if queries == "decodes":
+        q_lens.fill_(1)
+    q_lens[batch // 3] = q_max
+    seqs = [(c, int(n)) for (c, _), n in zip(_order_seqs(batch, 1, batch), q_lens, strict=True)]
+    _check_options(layout, False, 128, torch.bfloat16, 16, {}, monkeypatch, seqs, (8, 2))
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("option", [o for o in GPU_OPTIONS if not o.endswith("all")])
 @pytest.mark.parametrize("page", [16, 544])
 @pytest.mark.parametrize("layout", ["nhd", "split", "hnd"])

@@ -94,12 +94,21 @@ PRODUCER_WARPS = gl.constexpr(2)
 #: sequences whose query-tile counts a persistent program keeps in shared memory (4 KB); the K warp reads a
 #: later sequence's from global memory as its tile cursor passes it (:func:`_chunk_live`).
 SEQ_TABLE = gl.constexpr(1024)
-#: the largest batch whose one-tile short-query programs take their sequences longest first
+#: the largest batch whose one-tile programs (the short-query forms; the full forms from
+#: :data:`ORDER_MIN_TILES` query tiles a sequence) take their sequences longest first
 #: (:func:`_longest_first`); a larger batch's programs fill the multiprocessors for several waves, where
 #: the order matters less than the setup's O(batch²) compares would cost.
 ORDER_SEQS = gl.constexpr(128)
 #: the sequences :func:`_longest_first` compares against its candidates at once (registers a thread)
 ORDER_CH = gl.constexpr(16)
+#: a launch of the full forms (a query tile a program) takes its sequences longest first from this many
+#: query tiles a sequence (``max_query_len`` past 384 rows): a program then reads enough keys that the
+#: rank (an L2 round trip and a pass over shared memory) is small beside it, and a long sequence's
+#: tiles starting last would leave a tail. With fewer tiles (short prompts) programs last a few
+#: microseconds and most of them are tiles past their prompt, which would pay the rank before returning.
+ORDER_MIN_TILES = gl.constexpr(4)
+#: ... and when at least one tile in this many may hold queries (:func:`_full_form_seq`)
+ORDER_LIVE_SHARE = gl.constexpr(2)
 
 
 @gluon.constexpr_function
@@ -110,40 +119,67 @@ def program_heads(PAIR_HEADS, PACK):
 
 @gluon.constexpr_function
 def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
-    """Whether a launch's programs take their sequences longest first (:func:`_longest_first`): the
-    short-query forms (idle, paired, packed: one query tile a sequence, grid ``(1, heads or KV heads,
-    batch)``) unless ``SKIP_DECODE``, whose batches may be mostly decode rows left to a decode kernel:
-    those rows' programs return at once, so the rank's loads (one a :data:`ORDER_CH` sequences, in
-    sequence) would be most of their time, for no order they use."""
-    return bool(IDLE_WG1 or PAIR_HEADS or PACK) and not SKIP_DECODE
+    """How a launch's one-tile programs pick their sequence (:func:`_program_rows`): ``"rank"``, longest
+    first (:func:`_longest_first`): the short-query forms (idle, paired, packed: one query tile a sequence,
+    grid ``(1, heads or KV heads, batch)``); ``"launch"``, ``program_id(2)``: the same forms with
+    ``SKIP_DECODE``, whose batches may be mostly decode rows left to a decode kernel: those rows' programs
+    return at once, so the rank's loads (one a :data:`ORDER_CH` sequences, in sequence) would be most of
+    their time, for no order they use; ``"tiles"``: the full forms, ranked when enough of the grid's tiles
+    may hold queries (:func:`_full_form_seq`)."""
+    if IDLE_WG1 or PAIR_HEADS or PACK:
+        return "launch" if SKIP_DECODE else "rank"
+    return "tiles"
 
 
 @gluon.jit
 def _longest_first(SeqLens, rank, n_seqs):
-    """The sequence a short-query program computes (:func:`ordered_form`), ``rank`` its batch coordinate
-    (``program_id(2)``) of ``n_seqs``: the batch's sequences ordered by ``seq_lens`` (the keys a program
-    reads, so its work), longest first, ties by index, when ``n_seqs <= ORDER_SEQS``; else ``rank``.
-    The multiprocessors start programs in launch order, so the longest sequences start in the first wave
-    and the short ones fill the gaps the long ones leave, instead of a long sequence starting last and
-    running alone (a speculative-decoding batch of 32 sequences on 2k-8k keys, 8 KV heads: two ragged
-    waves of 256 programs). Whatever ``SeqLens`` holds, the order is a total one (length, then index), so
-    the ranks are a permutation of ``[0, n_seqs)`` and every sequence runs exactly once; which program runs
-    a sequence never changes its rows. Each thread of the default partition holds one candidate sequence
-    ``s`` and counts the sequences ordered before it, :data:`ORDER_CH` a step; the program takes the one
-    whose count is ``rank``."""
+    """The sequence a one-tile program computes (:func:`ordered_form`, :func:`_full_form_seq`), ``rank``
+    its batch coordinate (``program_id(2)``) of ``n_seqs``: the batch's sequences ordered by ``seq_lens``
+    (the keys a program reads, so its work), longest first, ties by index, when ``1 < n_seqs <=
+    ORDER_SEQS``; else ``rank``. The multiprocessors start programs in launch order, so the longest
+    sequences start in the first wave and the short ones fill the gaps the long ones leave, instead of a
+    long sequence starting last and running alone (a speculative-decoding batch of 32 sequences on 2k-8k
+    keys, 8 KV heads: two ragged waves of 256 programs). Whatever ``SeqLens`` holds, the order is a total
+    one (length, then index), so the ranks are a permutation of ``[0, n_seqs)`` and every sequence runs
+    exactly once; which program runs a sequence never changes its rows. Each thread of the default
+    partition holds one candidate sequence ``s``, whose length it loads once into the batch's table of
+    lengths in shared memory (one global round trip a program, not one a :data:`ORDER_CH` sequences in
+    turn), and counts the sequences ordered before it from that table, :data:`ORDER_CH` a step; the
+    program takes the one whose count is ``rank``."""
     seq = rank
-    if n_seqs <= ORDER_SEQS:
+    if (n_seqs > 1) & (n_seqs <= ORDER_SEQS):
         NW: gl.constexpr = gl.num_warps()
         L: gl.constexpr = gl.BlockedLayout([1, ORDER_CH], [32, 1], [NW, 1], [1, 0])
         s = gl.arange(0, ORDER_SEQS, layout=gl.SliceLayout(1, L))  # [S] candidates
-        len_s = gl.load(SeqLens + s, mask=s < n_seqs, other=0)[:, None]  # [S, 1]
+        len_s = gl.load(SeqLens + s, mask=s < n_seqs, other=0)  # [S]
+        lens = gl.allocate_shared_memory(gl.int32, [ORDER_SEQS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        lens.store(len_s)
+        gl.thread_barrier()
+        len_s = len_s[:, None]  # [S, 1]
         before = gl.zeros([ORDER_SEQS], gl.int32, layout=gl.SliceLayout(1, L))  # [S]
-        for t0 in range(0, n_seqs, ORDER_CH):
-            t = t0 + gl.arange(0, ORDER_CH, layout=gl.SliceLayout(0, L))  # [CH]
-            len_t = gl.load(SeqLens + t, mask=t < n_seqs, other=0)[None, :]  # [1, CH]
-            ahead = (len_t > len_s) | ((len_t == len_s) & (t[None, :] < s[:, None]))  # [S, CH]
-            before += gl.sum((ahead & (t[None, :] < n_seqs)).to(gl.int32), 1)
+        for c in gl.static_range(ORDER_SEQS // ORDER_CH):
+            if c * ORDER_CH < n_seqs:
+                t = c * ORDER_CH + gl.arange(0, ORDER_CH, layout=gl.SliceLayout(0, L))  # [CH]
+                len_t = lens.slice(c * ORDER_CH, ORDER_CH).load(gl.SliceLayout(0, L))[None, :]  # [1, CH]
+                ahead = (len_t > len_s) | ((len_t == len_s) & (t[None, :] < s[:, None]))  # [S, CH]
+                before += gl.sum((ahead & (t[None, :] < n_seqs)).to(gl.int32), 1)
         seq = gl.sum(gl.where((before == rank) & (s < n_seqs), s, 0), 0)
+    return seq
+
+
+@gluon.jit
+def _full_form_seq(SeqLens, n_tokens, BLOCK_M: gl.constexpr):
+    """The sequence a full-form program (a query tile of grid ``(n_m, heads, batch)``) computes: longest
+    first (:func:`_longest_first`) from :data:`ORDER_MIN_TILES` query tiles a sequence when at least
+    ``1 / ORDER_LIVE_SHARE`` of the grid's tiles may hold queries, else ``program_id(2)``. The ``n_tokens``
+    queries fill at most ``n_tokens // BLOCK_M + batch`` tiles; the rest are tiles past their sequence's
+    queries, which would pay the rank only to return (a batch of decodes beside two prompts: 264 tiles a
+    head, at most 74 with queries)."""
+    seq = gl.program_id(2)
+    n_m = gl.num_programs(0)
+    n_seqs = gl.num_programs(2)
+    if (n_m >= ORDER_MIN_TILES) & (ORDER_LIVE_SHARE * (n_tokens // BLOCK_M + n_seqs) >= n_m * n_seqs):
+        seq = _longest_first(SeqLens, seq, n_seqs)
     return seq
 
 
@@ -151,7 +187,7 @@ def _longest_first(SeqLens, rank, n_seqs):
 def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M: gl.constexpr,
                   KV_FROM_CACHE: gl.constexpr, PAIR_HEADS: gl.constexpr = False, pid_m=None,
                   head=None, seq_geo=None, seq=None, PACK: gl.constexpr = 0,
-                  ORDERED: gl.constexpr = False):  # fmt: skip
+                  ORDER: gl.constexpr = "tiles"):  # fmt: skip
     """``(head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags)`` of this program: grid (query
     tiles, heads, batch), the latest query tiles first (they carry the most keys); rows ``[pid_m *
     BLOCK_M, +BLOCK_M)`` of sequence ``seq``, whose new tokens start at ``q_tok0`` (int32); the lengths
@@ -159,10 +195,10 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
     (1, heads / 2, batch), ``head`` the first of the program's two heads; ``PACK`` (a KV head's ``PACK``
     query heads in one warpgroup's rows): grid (1, KV heads, batch), ``head`` the KV head's first.
-    ``ORDERED`` (:func:`ordered_form`): the sequences longest first
-    (:func:`_longest_first`). ``pid_m``/``head`` given (a persistent program's tile,
-    :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and status bits ``seq_geo``
-    holds."""
+    ``ORDER`` (:func:`ordered_form`): the sequences longest first (:func:`_longest_first`), in launch
+    order, or by the full forms' rule (:func:`_full_form_seq`). ``pid_m``/``head`` given (a persistent
+    program's tile, :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and status
+    bits ``seq_geo`` holds."""
     if pid_m is None:
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         if PAIR_HEADS:
@@ -172,8 +208,10 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
         else:
             head = gl.program_id(1)
     if seq is None:
-        if ORDERED:
+        if ORDER == "rank":
             seq = _longest_first(SeqLens, gl.program_id(2), gl.num_programs(2))
+        elif ORDER == "tiles":
+            seq = _full_form_seq(SeqLens, n_tokens, BLOCK_M)
         else:
             seq = gl.program_id(2)
     if seq_geo is None:
