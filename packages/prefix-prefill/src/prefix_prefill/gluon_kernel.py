@@ -123,8 +123,8 @@ def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
     first (:func:`_longest_first`): the short-query forms (idle, paired, packed: one query tile a sequence,
     grid ``(1, heads or KV heads, batch)``); ``"launch"``, ``program_id(2)``: the same forms with
     ``SKIP_DECODE``, whose batches may be mostly decode rows left to a decode kernel: those rows' programs
-    return at once, so the rank's loads (one a :data:`ORDER_CH` sequences, in sequence) would be most of
-    their time, for no order they use; ``"tiles"``: the full forms, ranked when enough of the grid's tiles
+    return at once, so the rank (a global round trip and a pass over the batch's lengths) would be most
+    of their time, for no order they use; ``"tiles"``: the full forms, ranked when enough of the grid's tiles
     may hold queries (:func:`_full_form_seq`)."""
     if IDLE_WG1 or PAIR_HEADS or PACK:
         return "launch" if SKIP_DECODE else "rank"
