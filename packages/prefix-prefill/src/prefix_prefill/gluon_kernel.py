@@ -101,6 +101,9 @@ SEQ_TABLE = gl.constexpr(1024)
 ORDER_SEQS = gl.constexpr(128)
 #: the sequences :func:`_longest_first` compares against its candidates at once (registers a thread)
 ORDER_CH = gl.constexpr(16)
+#: Gluon's CTA-wide barrier: ``thread_barrier`` in Triton 3.6 (where the kernels run), ``barrier`` from 3.7
+#: (where the offline compiles of tests-cpu build them)
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 #: a launch of the full forms (a query tile a program) takes its sequences longest first from this many
 #: query tiles a sequence (``max_query_len`` past 384 rows): a program then reads enough keys that the
 #: rank (an L2 round trip and a pass over shared memory) is small beside it, and a long sequence's
@@ -154,7 +157,7 @@ def _longest_first(SeqLens, rank, n_seqs):
         len_s = gl.load(SeqLens + s, mask=s < n_seqs, other=0)  # [S]
         lens = gl.allocate_shared_memory(gl.int32, [ORDER_SEQS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         lens.store(len_s)
-        gl.thread_barrier()
+        _cta_barrier()
         len_s = len_s[:, None]  # [S, 1]
         before = gl.zeros([ORDER_SEQS], gl.int32, layout=gl.SliceLayout(1, L))  # [S]
         for c in gl.static_range(ORDER_SEQS // ORDER_CH):
