@@ -121,7 +121,7 @@ def program_heads(PAIR_HEADS, PACK):
 
 
 @gluon.constexpr_function
-def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
+def sequence_order(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
     """How a launch's one-tile programs pick their sequence (:func:`_program_rows`): ``"rank"``, longest
     first (:func:`_longest_first`): the short-query forms (idle, paired, packed: one query tile a sequence,
     grid ``(1, heads or KV heads, batch)``); ``"launch"``, ``program_id(2)``: the same forms with
@@ -136,7 +136,7 @@ def ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE):
 
 @gluon.jit
 def _longest_first(SeqLens, rank, n_seqs):
-    """The sequence a one-tile program computes (:func:`ordered_form`, :func:`_full_form_seq`), ``rank``
+    """The sequence a one-tile program computes (:func:`sequence_order`, :func:`_full_form_seq`), ``rank``
     its batch coordinate (``program_id(2)``) of ``n_seqs``: the batch's sequences ordered by ``seq_lens``
     (the keys a program reads, so its work), longest first, ties by index, when ``1 < n_seqs <=
     ORDER_SEQS``; else ``rank``. The multiprocessors start programs in launch order, so the longest
@@ -198,7 +198,7 @@ def _program_rows(CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_siz
     ``n_tokens`` of q, cached keys into the block table's ``n_bt_cols`` columns). ``PAIR_HEADS``: grid
     (1, heads / 2, batch), ``head`` the first of the program's two heads; ``PACK`` (a KV head's ``PACK``
     query heads in one warpgroup's rows): grid (1, KV heads, batch), ``head`` the KV head's first.
-    ``ORDER`` (:func:`ordered_form`): the sequences longest first (:func:`_longest_first`), in launch
+    ``ORDER`` (:func:`sequence_order`): the sequences longest first (:func:`_longest_first`), in launch
     order, or by the full forms' rule (:func:`_full_form_seq`). ``pid_m``/``head`` given (a persistent
     program's tile, :func:`_persistent_tile`): that tile of sequence ``seq``, whose lengths and status
     bits ``seq_geo`` holds."""
@@ -396,7 +396,7 @@ def _program(
     program's heads are the ``PACK`` from ``head`` (:func:`_program_rows`)."""
     head, seq, pid_m, q_tok0, q_len, ctx_len, need, cache_len, flags = _program_rows(
         CuSeqlensQ, SeqLens, n_tokens, n_bt_cols, num_blocks, page_size, BLOCK_M, KV_FROM_CACHE, PAIR_HEADS,
-        pid_m, head, seq_geo, seq, PACK, ordered_form(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE),
+        pid_m, head, seq_geo, seq, PACK, sequence_order(IDLE_WG1, PAIR_HEADS, PACK, SKIP_DECODE),
     )  # fmt: skip
     p_table_row = BlockTable + seq.to(gl.int64) * stride_bt
     if WRITES:
