@@ -114,6 +114,36 @@ def test_persistent_grids(layout, monkeypatch):
             assert grid[0] == 1 and (kw["IDLE_WG1"] or kw["PAIR_HEADS"]) and kw["n_seqs"] is None
 
 
+@pytest.mark.parametrize("layout,left", [("nhd", 127), ("nhd", -1), ("split", -1)])
+def test_per_call_integers_are_never_specialised(layout, left, monkeypatch):
+    """Every integer a launch passes per call through its frame (``gluon_launch._per_call_plain``: strides,
+    widths, ``max_query_len``, the persistent form's batch ``n_seqs``) is in its kernel's
+    ``do_not_specialize``. A compiled variant serves every call of its key, and Triton specialises an
+    integer argument of 1 into a constant (and marks a multiple of 16): specialised, a batch of 1 at the
+    key's first call would make every later call compute one sequence."""
+    from prefix_prefill.gluon_kernel import _gluon_fwd_kernel
+    from prefix_prefill.gluon_split_kernel import _gluon_split_kernel
+
+    kernel = _gluon_split_kernel if layout == "split" else _gluon_fwd_kernel
+    rec = record_gluon_kernel(layout, monkeypatch)
+    case = _case(layout, seqs=[(40, 300), (0, 19)])
+    kc, vc = describe_kv_cache(case.k_cache, case.v_cache, case.layout)
+    problem = problem_of(case, arch="sm90", left=left)
+    chosen = plan.plan(problem)
+    assert chosen.consts().get("PERSISTENT", False) is (left > 0)
+    o = torch.empty_like(case.q)
+    opts = gluon_launch.Options(0.0, left)
+    assert gluon_launch.launch(chosen, problem, case.q, case.k, case.v, o, case.k_cache, case.v_cache, kc, vc,
+                               case.block_table, case.cu_seqlens_q, case.seq_lens, case.max_query_len, 0.1,
+                               torch.empty(4, case.q.shape[0]), opts=opts)  # fmt: skip
+    _, args, kw = rec.calls[-1]
+    bound = dict(zip(rec.arg_names, args, strict=False)) | kw  # (the rest passed by keyword)
+    ints = {n for n in gluon_launch._per_call_plain(kw) if type(bound[n]) is int}
+    assert {"stride_bt", "n_bt_cols", "max_query_len", "stride_lse_h"} <= ints
+    assert ("n_seqs" in ints) is (left > 0)
+    assert ints <= set(kernel.do_not_specialize), ints - set(kernel.do_not_specialize)
+
+
 def test_quick_tier_is_one_tile(monkeypatch):
     """With the compile tiers on, the quick form (one 8-warp consumer partition) of a persistent plan runs
     one tile a program (its grid the one-tile grid)."""
@@ -365,3 +395,28 @@ def test_gpu_persistent_reports_sequences_without_a_last_level_tile(programs, mo
         assert explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
         prefix_prefill(*args, kv_layout=case.layout, out=out, status=st, **kw)
         assert int(st) == (status.BLOCK_ID if bad else 0), bad
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_persistent_batch_sizes_share_a_variant(monkeypatch):
+    """One call signature with batches of 1, 16 and 3 sequences in turn (the compiled variant of the
+    first call, launched directly and through its frame for the later ones): each against the float64
+    reference, NaN in every cache slot no query may read and in the output. A head count no other test
+    uses keeps the signature new to the process, so its first call (batch 1) compiles the variant."""
+    monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
+    gen = random.Random(5)
+    kw = dict(window=(100, -1))
+    for batch in (1, 16, 3, 16, 1):
+        seqs = [(gen.choice([0, 30, 200]), gen.choice([1, 70, 300])) for _ in range(batch)]
+        case = make_layout_case(seqs, num_heads=6, num_kv_heads=3, head_size=64, page=16,
+                                dtype=torch.bfloat16, device=DEVICE, layout="nhd")  # fmt: skip
+        args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
+                case.seq_lens, case.max_query_len)  # fmt: skip
+        assert explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
+        ref = reference(case, **kw)
+        _nan_invisible_slots(case, 100)
+        out = poison(torch.empty_like(case.q))
+        prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
+        c = compare(out, ref)
+        assert c, (batch, c)

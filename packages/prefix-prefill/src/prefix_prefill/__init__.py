@@ -12,7 +12,7 @@ torch custom op), ``kernel`` / ``gluon_kernel`` / ``gluon_split_kernel`` (device
 Triton kernel's tiles).
 """
 
-__version__ = "0.37.0"
+__version__ = "0.37.1"
 
 from prefix_prefill.api import KV_CACHE_DTYPES, context_attention_fwd, explain, prefix_prefill
 from prefix_prefill.configs import CONFIGS, KernelConfig, get_config, shared_memory_bytes
