@@ -6,13 +6,15 @@ after another from a counter, through one set of rings.
 CPU: the plan's rule (narrow windows on NHD/HND with 16-bit caches; not fp8 caches, not the split kernel,
 not wider windows); the grid (one program a multiprocessor, at most the one-tile grid's tiles); the
 launches' grids (the full form persistent, the quick tier and the short-query forms one tile a program,
-the warm frame's grid the generic launch's); a model of the ring protocol over random programs, and its
+the warm frame's grid the generic launch's); every integer a frame passes per call (the batch ``n_seqs``
+among them) never specialised; a model of the ring protocol over random programs, and its
 negative controls (:mod:`persistent_rings_model`); the form compiles for sm90 offline with its options at
 heads 64/128/256. sm90 GPU: against the float64 reference with every option and few programs (many tiles a
 program, of several sequences: the rings' slots and phases, Q's hand-back and the V-row handshake carried
 from tile to tile), ragged batches with empty contexts, one-token queries, rows past the grid and skipped
 decode rows, more sequences than the tile-count table holds; the status report of a sequence with no tile
-at the last query level; the rows bit for bit the one-tile form's whatever the program count.
+at the last query level; batches of 1, 16 and 3 through one compiled variant; the rows bit for bit the
+one-tile form's whatever the program count.
 """
 
 from __future__ import annotations
