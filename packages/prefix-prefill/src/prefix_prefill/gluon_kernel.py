@@ -950,13 +950,13 @@ def _gluon_fwd_kernel(
     warpgroups): grid ``(programs, 1, 1)``, each program taking tiles of the launch's ``n_seqs`` sequences
     one after another through one set of rings, each taken from ``TileCounter`` (int32 ``[2]``, zero at the
     launch; :func:`_persistent_partitions`); ``n_seqs`` and ``TileCounter`` are read there only (None
-    elsewhere). ``n_seqs`` changes from call to call of one compiled variant (the launcher's frames), so it is
-    never specialised: Triton would make a batch of 1 a constant and mark a multiple of 16 as such. ``GATHER``
-    (16-bit caches, one tile a program; the plan's form for pages that are not multiples of 8): the context's
-    key rows are gathered by ``cp.async`` from ``K_cache``/``V_cache`` (slot ``s`` of block ``b`` and KV head
-    ``h`` at element ``b * c_block + s * c_slot + h * c_head``, features contiguous) by
-    :func:`_gather_producer` partitions of :data:`PRODUCER_WARPS` warps, the new tokens' by TMA; the cache
-    descriptors then only give the rings' layout."""
+    elsewhere). ``n_seqs`` changes from call to call of one compiled variant (the launcher's frames),
+    so it is never specialised: Triton would make a batch of 1 a constant and mark a multiple of 16 as
+    such. ``GATHER`` (16-bit caches, one tile a program; the plan's form for pages that are not
+    multiples of 8): the context's key rows are gathered by ``cp.async`` from ``K_cache``/``V_cache``
+    (slot ``s`` of block ``b`` and KV head ``h`` at element ``b * c_block + s * c_slot + h * c_head``,
+    features contiguous) by :func:`_gather_producer` partitions of :data:`PRODUCER_WARPS` warps, the new
+    tokens' by TMA; the cache descriptors then only give the rings' layout."""
     gl.static_assert(PACK == 0 or (IDLE_WG1 and not (GATHER or ONE_CONSUMER or PERSISTENT or PAIR_HEADS
                                                      or HAS_ALIBI)),
                      "PACK: the idle form over caches read by TMA, no ALiBi")  # fmt: skip
