@@ -112,6 +112,7 @@ class Row:
     causal: bool = True
     softcap: float = 0.0
     fp8: bool = False
+    alibi: bool = False
 
     def pairs(self) -> list[tuple[int, int]]:
         """``(ctx, new)`` of each sequence."""
@@ -176,6 +177,15 @@ def visible_pairs(row: Row) -> int:
 
 
 # ------------------------------------------------------------------------------------- the calls
+def alibi_kw(row: Row, device: str) -> dict:
+    """Our calls' ``alibi_slopes`` for a row with ``alibi`` (the usual slopes ``2 ** (-8 (h + 1) / heads)``,
+    float32 ``[heads]``), else nothing."""
+    if not row.alibi:
+        return {}
+    h = torch.arange(row.heads, dtype=torch.float32, device=device)
+    return {"alibi_slopes": torch.pow(2.0, -8.0 * (h + 1) / row.heads)}
+
+
 def varlen_problem(row: Row, device: str, dtype) -> tuple:
     """A varlen row's random ``(q, k, v, cu_seqlens, longest)``: q ``[tokens, heads, head]``, k and v
     ``[tokens, kv_heads, head]``, the sequences packed in order."""
@@ -197,17 +207,18 @@ def varlen_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
 
     q, k, v, cu, longest = varlen_problem(row, device, dtype)
     out = torch.empty_like(q)
+    ab = alibi_kw(row, device)
     calls = {"ours": lambda: window_prefill(q, k, v, cu, longest, causal=row.causal, window=(row.left, -1),
-                                            softcap=row.softcap, out=out)}  # fmt: skip
+                                            softcap=row.softcap, out=out, **ab)}  # fmt: skip
     if _SETS:
         out_set = torch.empty_like(q)
         calls["ours_set"] = lambda: window_prefill(q, k, v, cu, longest, causal=row.causal,
                                                    softcap=row.softcap, window=(row.left, -1),
-                                                   out=out_set)  # fmt: skip
+                                                   out=out_set, **ab)  # fmt: skip
         _SET_PLANS["ours_set"] = ("window_prefill", "gluon")
     notes: list[str] = []
-    if device != "cuda":
-        return calls, ["peers: no CUDA device"]
+    if device != "cuda" or row.alibi:
+        return calls, ["peers: no CUDA device" if device != "cuda" else "peers: not on ALiBi rows"]
     if row.left < 0:
         fa3 = _fa3(notes)
         if fa3 is not None:
@@ -243,7 +254,7 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
     q, kc, vc, bt, cu, sl = p["q"], p["k_cache"], p["v_cache"], p["block_table"], p["cu"], p["seq_lens"]
     longest = max(new for _, new in pairs)
     out, out_kv = torch.empty_like(q), torch.empty_like(q)
-    kw: dict = {"softcap": row.softcap, "window": (row.left, -1)}
+    kw: dict = {"softcap": row.softcap, "window": (row.left, -1), **alibi_kw(row, device)}
     fp8 = torch.float8_e4m3fn if row.fp8 else None
     if fp8 is not None:  # the cache's values times 4 in e4m3, read back with scales 0.25
         kc, vc = (kc * 4).to(fp8), (vc * 4).to(fp8)
@@ -259,8 +270,10 @@ def prefix_calls(row: Row, device: str, dtype) -> tuple[dict, list[str]]:
         )
         _SET_PLANS["ours_set"] = ("prefix_prefill", "gluon-tma")
     notes = ["ours_kv: other new-token K/V than the cache's (no diff)"]
-    if device != "cuda" or row.layout != "nhd":
-        return calls, [*notes, "peers: no CUDA device" if device != "cuda" else "peers: NHD rows only"]
+    if device != "cuda" or row.layout != "nhd" or row.alibi:
+        why = "not on ALiBi rows" if row.alibi else "NHD rows only"
+        why = "no CUDA device" if device != "cuda" else why
+        return calls, [*notes, f"peers: {why}"]
     keys = [c + n for c, n in pairs]
     pages = p["pages"]
     if row.left >= 0:

@@ -83,6 +83,9 @@ EXTRA_ROWS = (  # name, kind, seqs, tokens, heads, kv_heads, head, then keywords
     ("llama_d64_p1", "prefix", 8, 4096, 32, 8, 64, {"ctx": 4096, "page": 1}),
     ("qwen_p12", "prefix", 4, 2048, 16, 2, 256, {"ctx": 8192, "page": 12}),
     ("llama_split_p8", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "layout": "split", "page": 8}),
+    # ALiBi (issue 46's feature rows; the soft-capped ones are anchors' *_cap50)
+    ("causal8k_alibi", "varlen", 1, 8192, 32, 8, 128, {"alibi": True}),
+    ("llama_alibi", "prefix", 8, 4096, 32, 8, 128, {"ctx": 4096, "alibi": True}),
 )
 
 
