@@ -399,20 +399,32 @@ def test_gpu_persistent_reports_sequences_without_a_last_level_tile(programs, mo
         assert int(st) == (status.BLOCK_ID if bad else 0), bad
 
 
+# the cache blocks of every call of test_gpu_persistent_batch_sizes_share_a_variant (16 sequences of at
+# most 500 tokens need 512 pages of 16)
+_SHARED_BLOCKS = 600
+
+
 @pytest.mark.gpu
 @needs_sm90
 def test_gpu_persistent_batch_sizes_share_a_variant(monkeypatch):
     """One call signature with batches of 1, 16 and 3 sequences in turn (the compiled variant of the
     first call, launched directly and through its frame for the later ones): each against the float64
     reference, NaN in every cache slot no query may read and in the output. A head count no other test
-    uses keeps the signature new to the process, so its first call (batch 1) compiles the variant."""
+    uses keeps the signature new to the process, so its first call (batch 1) compiles the variant; every
+    call's caches hold the same number of blocks, as an engine's do (the block count is part of the
+    signature: caches of other sizes would each compile their own variant). On prefix-prefill 0.37.0,
+    whose persistent form specialised ``n_seqs``, the batch of 16 computes its first sequence only."""
     monkeypatch.setenv("PREFIX_PREFILL_GLUON_TIERED", "0")
     gen = random.Random(5)
     kw = dict(window=(100, -1))
+    before = set(gluon_launch._NHD._kernels)
     for batch in (1, 16, 3, 16, 1):
         seqs = [(gen.choice([0, 30, 200]), gen.choice([1, 70, 300])) for _ in range(batch)]
+        blocks = sum(-(-(c + n) // 16) for c, n in seqs)
         case = make_layout_case(seqs, num_heads=6, num_kv_heads=3, head_size=64, page=16,
-                                dtype=torch.bfloat16, device=DEVICE, layout="nhd")  # fmt: skip
+                                dtype=torch.bfloat16, device=DEVICE, layout="nhd",
+                                spare_blocks=_SHARED_BLOCKS - blocks)  # fmt: skip
+        assert case.k_cache.shape[0] == _SHARED_BLOCKS
         args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
                 case.seq_lens, case.max_query_len)  # fmt: skip
         assert explain(*args, kv_layout=case.layout, **kw).consts()["PERSISTENT"]
@@ -422,3 +434,4 @@ def test_gpu_persistent_batch_sizes_share_a_variant(monkeypatch):
         prefix_prefill(*args, kv_layout=case.layout, out=out, **kw)
         c = compare(out, ref)
         assert c, (batch, c)
+    assert len(set(gluon_launch._NHD._kernels) - before) == 1  # (one variant served every batch)
