@@ -78,7 +78,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sustained as sustained_runs
-from common import attn_flops, prefix_problem, run_device, settle, start, tflops, write_rows
+from common import alibi_slopes, attn_flops, prefix_problem, run_device, settle, start, tflops, write_rows
 from plan_override import overridden, parse_sets
 
 SMOKE = "--smoke" in sys.argv
@@ -178,12 +178,8 @@ def visible_pairs(row: Row) -> int:
 
 # ------------------------------------------------------------------------------------- the calls
 def alibi_kw(row: Row, device: str) -> dict:
-    """Our calls' ``alibi_slopes`` for a row with ``alibi`` (the usual slopes ``2 ** (-8 (h + 1) / heads)``,
-    float32 ``[heads]``), else nothing."""
-    if not row.alibi:
-        return {}
-    h = torch.arange(row.heads, dtype=torch.float32, device=device)
-    return {"alibi_slopes": torch.pow(2.0, -8.0 * (h + 1) / row.heads)}
+    """Our calls' ``alibi_slopes`` for a row with ``alibi`` (``common.alibi_slopes``), else nothing."""
+    return {"alibi_slopes": alibi_slopes(torch, row.heads, device)} if row.alibi else {}
 
 
 def varlen_problem(row: Row, device: str, dtype) -> tuple:

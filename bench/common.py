@@ -191,6 +191,11 @@ def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def alibi_slopes(torch, heads: int, device: str):
+    """The usual ALiBi slopes ``2 ** (-8 (h + 1) / heads)``, float32 ``[heads]``, for the benches' calls."""
+    return 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device, dtype=torch.float32) / heads)
+
+
 def attn_flops(pairs: int, head_dim: int, heads: int, head_dim_v: int | None = None) -> float:
     """Useful FLOPs of attention over ``pairs`` visible (query, key) pairs per head:
     2*D for QK^T plus 2*Dv for PV, per pair, per head."""

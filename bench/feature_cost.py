@@ -56,6 +56,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
+    alibi_slopes,
     bench_ms,
     run_device,
     set_constants,
@@ -179,9 +180,7 @@ def per_head(heads: int, device: str, f: Feature) -> dict:
     if f.sinks:
         kw["sinks"] = torch.randn(heads, device=device, dtype=torch.float32) * 2
     if f.alibi:
-        kw["alibi_slopes"] = 2.0 ** (
-            -8.0 * torch.arange(1, heads + 1, device=device, dtype=torch.float32) / heads
-        )
+        kw["alibi_slopes"] = alibi_slopes(torch, heads, device)
     return kw
 
 

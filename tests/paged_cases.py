@@ -74,6 +74,7 @@ def make_case(
     kv_from_cache: bool = False,
     cache_dtype: torch.dtype | None = None,
     spare_blocks: int = 3,
+    num_blocks: int | None = None,
     table_pad: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
@@ -84,6 +85,8 @@ def make_case(
     when the new tokens come from ``k``/``v``), and entries past a sequence's need hold
     ``table_pad`` (default: an id outside the cache, which a kernel must never read).
 
+    ``num_blocks``: the cache's blocks (default: the sequences' pages plus ``spare_blocks``), e.g. one
+    cache size across calls, as an engine's.
     ``cache_dtype``: None (q's dtype), an fp8 dtype, or ``torch.uint8`` (bits of float8_e4m3fn).
     ``gen``: draw everything from this CPU generator (reproducible), else from the global RNG."""
     ctx_lens = [c for c, _ in seqs]
@@ -94,7 +97,10 @@ def make_case(
     # tokens before the call), but the table only has to be as wide as what is read
     pages_all = [math.ceil(n / page) for n in seq_lens]
     width = max([math.ceil(n / page) for n in cached], default=0)
-    num_blocks = sum(pages_all) + spare_blocks
+    if num_blocks is None:
+        num_blocks = sum(pages_all) + spare_blocks
+    elif num_blocks < sum(pages_all):
+        raise ValueError(f"num_blocks={num_blocks}: the sequences need {sum(pages_all)} pages")
     perm = torch.randperm(num_blocks, generator=gen)
     if num_blocks > 1 and bool((perm == torch.arange(num_blocks)).all()):
         perm = perm.roll(1)

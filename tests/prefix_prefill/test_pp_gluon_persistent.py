@@ -420,10 +420,9 @@ def test_gpu_persistent_batch_sizes_share_a_variant(monkeypatch):
     before = set(gluon_launch._NHD._kernels)
     for batch in (1, 16, 3, 16, 1):
         seqs = [(gen.choice([0, 30, 200]), gen.choice([1, 70, 300])) for _ in range(batch)]
-        blocks = sum(-(-(c + n) // 16) for c, n in seqs)
         case = make_layout_case(seqs, num_heads=6, num_kv_heads=3, head_size=64, page=16,
                                 dtype=torch.bfloat16, device=DEVICE, layout="nhd",
-                                spare_blocks=_SHARED_BLOCKS - blocks)  # fmt: skip
+                                num_blocks=_SHARED_BLOCKS)  # fmt: skip
         assert case.k_cache.shape[0] == _SHARED_BLOCKS
         args = (case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_table, case.cu_seqlens_q,
                 case.seq_lens, case.max_query_len)  # fmt: skip
